@@ -1,0 +1,1 @@
+"""kb-pipeline: from published to searchable, reliably."""

@@ -1,0 +1,1 @@
+"""`kb dev up|down|status`: embedded PostgreSQL + pgvector and a local Kafka broker."""

@@ -1,0 +1,312 @@
+"""A real Apache Kafka broker, KRaft single node, for development and tests.
+
+Its jars come from Maven Central (``org.apache.kafka:kafka_2.13`` and its runtime
+dependencies, via ``mvn dependency:copy-dependencies``) into a cache dir, or from an
+unpacked distribution named by ``KAFKA_HOME``. It runs on the machine's Java with a small
+heap, detached from the calling process, its pid and logs in the state dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from services.devstack.postgres import ServiceStatus
+from services.devstack.process import cmdline, pid_alive, port_open, read_pid, terminate
+from services.devstack.settings import DevStackSettings
+from services.runtime.errors import ConfigError, DependencyUnavailable, MissingTool
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>kb-pipeline</groupId>
+  <artifactId>kafka-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>kafka_2.13</artifactId>
+      <version>{version}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+_LOG4J2 = """status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = info
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
+
+
+def find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise MissingTool(
+            "Java 17 or newer is needed to run the local Kafka broker. Install it "
+            "(Debian/Ubuntu: apt-get install openjdk-17-jre-headless; macOS: brew install "
+            "openjdk@17), set JAVA_HOME, or set KAFKA_BOOTSTRAP_SERVERS to use an existing "
+            "broker instead."
+        )
+    return found
+
+
+class LocalKafka:
+    def __init__(self, settings: DevStackSettings) -> None:
+        self.settings = settings
+        self.dir = settings.kafka_dir
+        self.data_dir = self.dir / "data"
+        self.pid_file = self.dir / "kafka.pid"
+        self.log_file = self.dir / "server.log"
+        self.stdout_file = self.dir / "stdout.log"
+        self.config_file = self.dir / "server.properties"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.settings.kafka_port}"
+
+    # --- jars -----------------------------------------------------------------------------
+
+    def classpath(self) -> str:
+        kafka_home = os.environ.get("KAFKA_HOME")
+        if kafka_home:
+            libs = Path(kafka_home) / "libs"
+            if not any(libs.glob("kafka_2.13-*.jar")):
+                raise ConfigError(f"KAFKA_HOME={kafka_home} has no libs/kafka_2.13-*.jar")
+            return f"{libs}/*"
+        return f"{self.fetch_jars()}/*"
+
+    def fetch_jars(self) -> Path:
+        """Resolve the broker's jars once into the cache (atomically: a half-finished
+        download never looks complete)."""
+        version = self.settings.kafka_version
+        target = self.settings.cache_dir / "kafka" / version / "libs"
+        if (target / f"kafka_2.13-{version}.jar").exists():
+            return target
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise MissingTool(
+                "Maven (mvn) is needed once to fetch Kafka's jars from Maven Central. Install "
+                "it (Debian/Ubuntu: apt-get install maven; macOS: brew install maven), or set "
+                "KAFKA_HOME to an unpacked Kafka distribution, or set KAFKA_BOOTSTRAP_SERVERS "
+                "to use an existing broker."
+            )
+        work = target.parent / f"resolve-{uuid.uuid4().hex[:8]}"
+        work.mkdir(parents=True)
+        try:
+            (work / "pom.xml").write_text(_POM.format(version=version))
+            result = subprocess.run(
+                [
+                    mvn,
+                    "-q",
+                    "-B",
+                    "dependency:copy-dependencies",
+                    "-DincludeScope=runtime",
+                    f"-DoutputDirectory={work / 'libs'}",
+                ],
+                cwd=work,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise DependencyUnavailable(
+                    f"mvn could not resolve org.apache.kafka:kafka_2.13:{version}: "
+                    f"{(result.stdout + result.stderr).strip()[-2000:]}"
+                )
+            if target.exists():  # another process won the race
+                return target
+            (work / "libs").rename(target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return target
+
+    def preflight(self) -> None:
+        """Everything the broker needs that the machine may lack: Java, and the jars."""
+        if self.status().running:
+            return
+        find_java()
+        self.classpath()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def _our_pid(self) -> int | None:
+        pid = read_pid(self.pid_file)
+        if pid is None or not pid_alive(pid):
+            return None
+        # A recycled pid belongs to someone else: only a java running our config is ours.
+        return pid if str(self.config_file) in cmdline(pid) else None
+
+    def status(self) -> ServiceStatus:
+        recorded = read_pid(self.pid_file)
+        pid = self._our_pid()
+        if recorded is None:
+            return ServiceStatus("kafka", "stopped", f"not started (data: {self.data_dir})")
+        if pid is None:
+            return ServiceStatus(
+                "kafka", "dead", f"pid {recorded} is gone (killed?); run `kb dev up` to restart"
+            )
+        if not port_open("127.0.0.1", self.settings.kafka_port):
+            return ServiceStatus(
+                "kafka", "dead", f"pid {pid} runs but port {self.settings.kafka_port} is closed"
+            )
+        return ServiceStatus("kafka", "running", f"pid {pid}, data {self.data_dir}", self.bootstrap)
+
+    def _write_config(self) -> None:
+        s = self.settings
+        properties = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{s.kafka_controller_port}",
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{s.kafka_port},CONTROLLER://127.0.0.1:"
+                f"{s.kafka_controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            "num.partitions": "3",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "true",
+            "log.retention.hours": "24",
+            "log.segment.bytes": str(16 * 1024 * 1024),
+        }
+        self.config_file.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+        (self.dir / "log4j2.properties").write_text(_LOG4J2.format(log=self.log_file))
+
+    def _java(self, java: str, classpath: str, *args: str) -> list[str]:
+        return [
+            java,
+            f"-Xms{min(256, self.settings.kafka_heap_mb)}m",
+            f"-Xmx{self.settings.kafka_heap_mb}m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+            "-cp",
+            classpath,
+            *args,
+        ]
+
+    def up(self) -> ServiceStatus:
+        current = self.status()
+        if current.running:
+            self._wait_ready(time.monotonic() + self.settings.start_timeout_s)
+            return current
+        if port_open("127.0.0.1", self.settings.kafka_port):
+            raise ConfigError(
+                f"port {self.settings.kafka_port} is taken by another program; set "
+                "KB_DEV_KAFKA_PORT to a free port (or KAFKA_BOOTSTRAP_SERVERS to use that broker)"
+            )
+        java = find_java()
+        classpath = self.classpath()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        if not (self.data_dir / "meta.properties").exists():
+            cluster_id = _kafka_uuid()
+            result = subprocess.run(
+                self._java(
+                    java,
+                    classpath,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(self.config_file),
+                    "--standalone",
+                    "--ignore-formatted",
+                ),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise DependencyUnavailable(
+                    f"kafka storage format failed: {(result.stdout + result.stderr)[-2000:]}"
+                )
+        with open(self.stdout_file, "ab") as out:
+            process = subprocess.Popen(
+                self._java(java, classpath, "kafka.Kafka", str(self.config_file)),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                # Its own session: the broker outlives `kb dev up` and ignores our Ctrl-C.
+                start_new_session=True,
+                cwd=self.dir,
+            )
+        self.pid_file.write_text(f"{process.pid}\n")
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        while not port_open("127.0.0.1", self.settings.kafka_port):
+            if process.poll() is not None:
+                raise DependencyUnavailable(
+                    f"kafka exited with {process.returncode} during start-up; see "
+                    f"{self.stdout_file} and {self.log_file}"
+                )
+            if time.monotonic() > deadline:
+                raise DependencyUnavailable(f"kafka did not open its port; see {self.log_file}")
+            time.sleep(0.2)
+        self._wait_ready(deadline)
+        return self.status()
+
+    def _wait_ready(self, deadline: float) -> None:
+        """The port opens before the broker has joined its own quorum: wait until a
+        metadata request names a controller."""
+        asyncio.run(_wait_for_metadata(self.bootstrap, deadline))
+
+    def down(self) -> None:
+        pid = self._our_pid()
+        if pid is not None:
+            terminate(pid, grace_s=30)
+        self.pid_file.unlink(missing_ok=True)
+
+
+def _kafka_uuid() -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+async def _wait_for_metadata(bootstrap: str, deadline: float) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        try:
+            await admin.start()
+            cluster = await admin.describe_cluster()
+            if cluster.get("controller_id", -1) >= 0:
+                return
+        except Exception as exc:  # any failure here just means "not ready yet"
+            last_error = exc
+        finally:
+            await admin.close()
+        await asyncio.sleep(0.3)
+    raise DependencyUnavailable(f"kafka at {bootstrap} did not become ready: {last_error!r}")

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache() -> Path:
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kb-pipeline"
+
+
+class DevStackSettings(BaseSettings):
+    """Where and how the local services run. Ports are fixed (not random) so that the
+    printed URLs stay valid across `up`/`down` and match the services' defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="KB_DEV_", frozen=True, extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path.cwd() / ".kb" / "dev")
+    cache_dir: Path = Field(default_factory=_default_cache)
+    pg_port: int = Field(default=55432, ge=1, le=65535)
+    pg_database: str = "kb"
+    kafka_port: int = Field(default=59092, ge=1, le=65535)
+    kafka_controller_port: int = Field(default=59093, ge=1, le=65535)
+    kafka_version: str = "4.1.1"
+    kafka_heap_mb: int = Field(default=512, ge=128)
+    start_timeout_s: float = Field(default=120.0, gt=0)
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.home / "postgres"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.home / "kafka"

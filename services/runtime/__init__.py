@@ -1,0 +1,1 @@
+"""Shared runtime: settings, database pool, named SQL, errors, logging, migrations."""

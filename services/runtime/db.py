@@ -1,0 +1,95 @@
+"""asyncpg pool and the translation of driver errors into the domain error tree.
+
+Only adapters import this module; domain code sees :mod:`services.runtime.errors` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import asyncpg
+from pgvector.asyncpg import register_vector
+
+from services.runtime.errors import (
+    Conflict,
+    DatabaseUnavailable,
+    KbError,
+    SerializationConflict,
+)
+from services.runtime.settings import RuntimeSettings
+
+
+class DatabaseError(KbError):
+    code = "DATABASE_ERROR"
+
+
+async def _init_connection(conn: asyncpg.Connection[Any]) -> None:
+    # The vector type exists only after the first migration; a pool opened before it
+    # (``kb migrate`` itself, /readyz on an empty database) simply has no vector codec.
+    has_vector = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM pg_type WHERE typname = 'vector')"
+    )
+    if has_vector:
+        await register_vector(conn)
+
+
+async def create_pool(settings: RuntimeSettings, **overrides: Any) -> asyncpg.Pool[Any]:
+    options: dict[str, Any] = {
+        "min_size": settings.db_pool_min_size,
+        "max_size": settings.db_pool_max_size,
+        "init": _init_connection,
+        "server_settings": {
+            "application_name": "kb-pipeline",
+            "statement_timeout": str(settings.db_statement_timeout_ms),
+        },
+    }
+    options.update(overrides)
+    with translate_db_errors():
+        pool = await asyncpg.create_pool(settings.database_url, **options)
+    assert pool is not None
+    return pool
+
+
+async def connect(settings: RuntimeSettings) -> asyncpg.Connection[Any]:
+    with translate_db_errors():
+        conn: asyncpg.Connection[Any] = await asyncpg.connect(settings.database_url)
+    await _init_connection(conn)
+    return conn
+
+
+@contextlib.asynccontextmanager
+async def connection(settings: RuntimeSettings) -> AsyncIterator[asyncpg.Connection[Any]]:
+    conn = await connect(settings)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@contextlib.contextmanager
+def translate_db_errors() -> Iterator[None]:
+    """Map asyncpg/OS errors to domain errors. Adapters wrap their calls in this."""
+    try:
+        yield
+    except KbError:
+        raise
+    except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError) as exc:
+        raise SerializationConflict(str(exc)) from exc
+    except asyncpg.UniqueViolationError as exc:
+        raise Conflict(
+            f"unique constraint {exc.constraint_name} violated", code="UNIQUE_VIOLATION"
+        ) from exc
+    except (
+        asyncpg.PostgresConnectionError,
+        asyncpg.CannotConnectNowError,
+        asyncpg.TooManyConnectionsError,
+        asyncpg.InterfaceError,
+        ConnectionError,
+        OSError,
+        TimeoutError,
+    ) as exc:
+        raise DatabaseUnavailable(f"database unreachable: {exc}") from exc
+    except asyncpg.PostgresError as exc:
+        raise DatabaseError(f"{type(exc).__name__}: {exc}") from exc

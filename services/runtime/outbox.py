@@ -1,0 +1,60 @@
+"""The outbox writer: any producer adds an event inside its own transaction.
+
+The event is committed or rolled back together with the business change it announces;
+the relay (services/relay) later carries committed rows to Kafka. The body is already
+encoded (Avro single-object encoding, see ``schemas/``) so the relay never needs to
+understand it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from services.runtime.db import translate_db_errors
+from services.runtime.sql import queries_beside
+
+_QUERIES = queries_beside(__file__, "outbox.sql")
+
+
+def aggregate_key(tenant_id: str, document_id: uuid.UUID | str) -> str:
+    """The Kafka key: every event of one document goes to one partition, in order."""
+    return f"{tenant_id}/{document_id}"
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    event_type: str
+    tenant_id: str
+    tier: str
+    aggregate_key: str
+    payload: bytes
+    # Stable across retries of the same business change: consumers deduplicate on it.
+    event_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    position: int
+    event_id: uuid.UUID
+
+
+async def add_event(conn: asyncpg.Connection[Any], event: OutboxEvent) -> StoredEvent:
+    """Insert ``event`` in the caller's transaction (which must be open)."""
+    if not conn.is_in_transaction():
+        raise RuntimeError("add_event must run inside the producer's transaction")
+    with translate_db_errors():
+        row = await conn.fetchrow(
+            _QUERIES["insert_event"],
+            event.event_id,
+            event.event_type,
+            event.tenant_id,
+            event.tier,
+            event.aggregate_key,
+            event.payload,
+        )
+    assert row is not None
+    return StoredEvent(position=row["position"], event_id=row["event_id"])

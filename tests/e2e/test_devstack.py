@@ -1,0 +1,147 @@
+"""`kb dev up|down|status` as a user runs it, on ports of its own, killed as a crash would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.devstack.process import pid_alive, read_pid
+from tests.support.stack import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+KB = [sys.executable, "-m", "services.cli"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def dev_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_DEV_")}
+    env.pop("DATABASE_URL", None)
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+    env.update(
+        KB_DEV_HOME=str(tmp_path / "dev"),
+        KB_DEV_PG_PORT=str(_free_port()),
+        KB_DEV_KAFKA_PORT=str(_free_port()),
+        KB_DEV_KAFKA_CONTROLLER_PORT=str(_free_port()),
+    )
+    return env
+
+
+def kb(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*KB, *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _env_lines(stdout: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in stdout.splitlines())
+
+
+def test_up_twice_status_kill_and_down(dev_env: dict[str, str]) -> None:
+    home = Path(dev_env["KB_DEV_HOME"])
+    try:
+        first = kb(dev_env, "dev", "up")
+        assert first.returncode == 0, first.stderr
+        urls = _env_lines(first.stdout)
+        # stdout is only the two eval-able lines.
+        assert set(urls) == {"DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS"}
+        assert urls["DATABASE_URL"].endswith(f":{dev_env['KB_DEV_PG_PORT']}/kb")
+        assert urls["KAFKA_BOOTSTRAP_SERVERS"] == f"127.0.0.1:{dev_env['KB_DEV_KAFKA_PORT']}"
+
+        kafka_pid = read_pid(home / "kafka" / "kafka.pid")
+        second = kb(dev_env, "dev", "up")
+        assert second.returncode == 0, second.stderr
+        assert _env_lines(second.stdout) == urls
+        assert read_pid(home / "kafka" / "kafka.pid") == kafka_pid, "up twice restarted kafka"
+
+        migrate_env = {**dev_env, **urls}
+        migrated = kb(migrate_env, "migrate")
+        assert migrated.returncode == 0, migrated.stderr
+        assert "0001_knowledge_platform" in migrated.stderr
+
+        status = kb(dev_env, "dev", "status")
+        assert status.returncode == 0
+        assert _env_lines(status.stdout) == urls
+
+        assert kafka_pid is not None
+        os.kill(kafka_pid, signal.SIGKILL)
+        killed = kb(dev_env, "dev", "status")
+        assert killed.returncode == 1
+        assert "kafka     dead" in killed.stderr
+        assert "KAFKA_BOOTSTRAP_SERVERS" not in killed.stdout
+
+        pg_pid = read_pid(home / "postgres" / "data" / "postmaster.pid")
+        assert pg_pid is not None
+        os.kill(pg_pid, signal.SIGKILL)
+        both = kb(dev_env, "dev", "status")
+        assert both.returncode == 1
+        assert "postgres  dead" in both.stderr
+        assert both.stdout == ""
+
+        revived = kb(dev_env, "dev", "up")
+        assert revived.returncode == 0, revived.stderr
+        assert _env_lines(revived.stdout) == urls
+        # Data survived the crash: the migration is still recorded.
+        again = kb(migrate_env, "migrate")
+        assert "0 applied, 1 already there" in again.stderr
+    finally:
+        down = kb(dev_env, "dev", "down")
+    assert down.returncode == 0, down.stderr
+    final = kb(dev_env, "dev", "status")
+    assert final.returncode == 1
+    assert "postgres  stopped" in final.stderr
+    assert "kafka     stopped" in final.stderr
+    new_kafka_pid = read_pid(home / "kafka" / "kafka.pid")
+    assert new_kafka_pid is None or not pid_alive(new_kafka_pid)
+
+
+def test_missing_java_and_maven_give_one_clear_message(
+    dev_env: dict[str, str], tmp_path: Path
+) -> None:
+    # A PATH with python but neither java nor mvn, and a cold jar cache.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {**dev_env, "PATH": str(bin_dir), "KB_DEV_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("JAVA_HOME", None)
+    env.pop("KAFKA_HOME", None)
+    result = kb(env, "dev", "up")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "Java 17 or newer is needed" in result.stderr
+    assert "KAFKA_BOOTSTRAP_SERVERS" in result.stderr
+    kb(dev_env, "dev", "down")
+
+    import shutil
+
+    java_dir = tmp_path / "java-only"
+    java_dir.mkdir()
+    java = shutil.which("java")
+    assert java is not None
+    (java_dir / "java").symlink_to(java)
+    env["PATH"] = f"{bin_dir}:{java_dir}"
+    result = kb(env, "dev", "up")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "Maven (mvn) is needed" in result.stderr
+    assert "KAFKA_HOME" in result.stderr

@@ -1,0 +1,214 @@
+"""The migrated schema is what the code expects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.runtime.errors import MigrationChecksumMismatch, MigrationError
+from services.runtime.migrations import Migration, apply_migrations, load_migrations
+from services.runtime.sql import all_query_files, load_queries
+from tests.support.stack import REPO_ROOT, Stack, create_test_database, drop_test_database
+
+
+@pytest.fixture
+async def empty_database(stack: Stack) -> Any:
+    name = await create_test_database(stack, "template0")
+    conn = await asyncpg.connect(stack.database_url(name))
+    try:
+        yield conn
+    finally:
+        await conn.close()
+        await drop_test_database(stack, name)
+
+
+async def _columns(conn: asyncpg.Connection[Any]) -> dict[str, dict[str, str]]:
+    rows = await conn.fetch(
+        """
+        SELECT table_name, column_name, udt_name
+          FROM information_schema.columns
+         WHERE table_schema = 'public'
+        """
+    )
+    tables: dict[str, dict[str, str]] = {}
+    for row in rows:
+        tables.setdefault(row["table_name"], {})[row["column_name"]] = row["udt_name"]
+    return tables
+
+
+async def test_applying_twice_is_a_no_op(empty_database: asyncpg.Connection[Any]) -> None:
+    first = await apply_migrations(empty_database)
+    schema_after_first = await _columns(empty_database)
+    second = await apply_migrations(empty_database)
+
+    assert [m.version for m in first.applied] == [m.version for m in load_migrations()]
+    assert second.applied == []
+    assert len(second.already_applied) == len(first.applied)
+    assert await _columns(empty_database) == schema_after_first
+
+
+async def test_schema_has_every_table_and_key_of_the_design(
+    empty_database: asyncpg.Connection[Any],
+) -> None:
+    await apply_migrations(empty_database)
+    tables = await _columns(empty_database)
+
+    expected_columns = {
+        "tenant": {"tenant_id", "tier"},
+        "tenant_api_key": {"tenant_id", "key_hash"},
+        "document": {"tenant_id", "document_id", "revision", "latest_version", "published_version"},
+        "document_version": {
+            "tenant_id",
+            "document_id",
+            "version_number",
+            "content",
+            "media_type",
+            "sha256",
+            "size_bytes",
+            "status",
+        },
+        "document_acl": {"tenant_id", "document_id", "principal", "permission"},
+        "index_task": {
+            "task_id",
+            "tenant_id",
+            "document_id",
+            "version_number",
+            "task_type",
+            "status",
+            "attempts",
+            "lease_owner",
+            "lease_until",
+            "next_attempt_at",
+            "error_code",
+            "error_message",
+            "created_at",
+            "updated_at",
+            "tier",
+        },
+        "outbox": {
+            "position",
+            "txid",
+            "event_id",
+            "event_type",
+            "tenant_id",
+            "tier",
+            "aggregate_key",
+            "payload",
+            "created_at",
+        },
+        "knowledge_chunk": {
+            "tenant_id",
+            "document_id",
+            "version_number",
+            "embedding_model",
+            "chunk_id",
+            "ordinal",
+            "heading_path",
+            "text",
+            "content_digest",
+            "embedding",
+        },
+        "document_search_version": {
+            "tenant_id",
+            "document_id",
+            "version_number",
+            "embedding_model",
+        },
+    }
+    for table, columns in expected_columns.items():
+        assert table in tables, f"missing table {table}"
+        assert columns <= set(tables[table]), f"{table} lacks {columns - set(tables[table])}"
+    assert tables["knowledge_chunk"]["embedding"] == "vector"
+    assert tables["outbox"]["txid"] == "xid8"
+
+    unique_keys = await empty_database.fetch(
+        """
+        SELECT conrelid::regclass::text AS table_name,
+               array_agg(a.attname ORDER BY k.ordinality) AS columns
+          FROM pg_constraint c
+          CROSS JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, ordinality)
+          JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum
+         WHERE c.contype IN ('p', 'u')
+         GROUP BY c.oid, conrelid
+        """
+    )
+    keys = {(r["table_name"], tuple(r["columns"])) for r in unique_keys}
+    assert ("index_task", ("tenant_id", "document_id", "version_number", "task_type")) in keys
+    assert (
+        "knowledge_chunk",
+        ("tenant_id", "document_id", "version_number", "embedding_model", "chunk_id"),
+    ) in keys
+    assert ("document_search_version", ("tenant_id", "document_id")) in keys
+
+    # The claim must be able to use partial indexes that leave finished tasks out.
+    index_defs = await empty_database.fetch(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'index_task'"
+    )
+    partial = [r["indexdef"] for r in index_defs if " WHERE " in r["indexdef"]]
+    assert partial, "index_task needs partial indexes on claimable states"
+    assert all("SUCCEEDED" not in d and "DEAD" not in d for d in partial)
+
+
+async def test_every_named_query_prepares_against_the_migrated_schema(
+    conn: asyncpg.Connection[Any],
+) -> None:
+    files = all_query_files(REPO_ROOT / "services")
+    for path in files:
+        for name, sql in load_queries(path).items():
+            try:
+                await conn.prepare(sql)
+            except asyncpg.PostgresError as exc:  # pragma: no cover - the failure message
+                pytest.fail(f"{path.relative_to(REPO_ROOT)}:{name} does not prepare: {exc}")
+
+
+async def test_an_edited_applied_migration_is_refused(
+    empty_database: asyncpg.Connection[Any],
+) -> None:
+    migrations = load_migrations()
+    await apply_migrations(empty_database, migrations)
+    edited = [
+        Migration(migrations[0].version, migrations[0].name, migrations[0].sql + "\n-- edited\n"),
+        *migrations[1:],
+    ]
+    with pytest.raises(MigrationChecksumMismatch):
+        await apply_migrations(empty_database, edited)
+
+
+async def test_a_database_ahead_of_the_code_is_refused(
+    empty_database: asyncpg.Connection[Any],
+) -> None:
+    migrations = load_migrations()
+    await apply_migrations(empty_database, migrations)
+    await empty_database.execute(
+        "INSERT INTO schema_migration (version, name, checksum) VALUES (9999, 'future', 'x')"
+    )
+    with pytest.raises(MigrationError, match="does not know"):
+        await apply_migrations(empty_database, migrations)
+
+
+async def test_concurrent_migrate_runs_apply_each_file_once(
+    stack: Stack,
+) -> None:
+    name = await create_test_database(stack, "template0")
+    conns = [await asyncpg.connect(stack.database_url(name)) for _ in range(3)]
+    try:
+        import asyncio
+
+        reports = await asyncio.gather(*(apply_migrations(c) for c in conns))
+        applied = sorted(m.version for r in reports for m in r.applied)
+        assert applied == [m.version for m in load_migrations()]
+    finally:
+        for c in conns:
+            await c.close()
+        await drop_test_database(stack, name)
+
+
+def test_migration_files_are_plain_numbered_sql() -> None:
+    files = sorted(Path(REPO_ROOT / "migrations").glob("*"))
+    assert files, "no migrations"
+    for path in files:
+        assert path.suffix == ".sql", path
+    assert [m.version for m in load_migrations()] == sorted(m.version for m in load_migrations())
