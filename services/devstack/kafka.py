@@ -251,23 +251,15 @@ class LocalKafka:
                 raise DependencyUnavailable(
                     f"kafka storage format failed: {(result.stdout + result.stderr)[-2000:]}"
                 )
-        with open(self.stdout_file, "ab") as out:
-            process = subprocess.Popen(
-                self._java(java, classpath, "kafka.Kafka", str(self.config_file)),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                # Its own session: the broker outlives `kb dev up` and ignores our Ctrl-C.
-                start_new_session=True,
-                cwd=self.dir,
-            )
-        self.pid_file.write_text(f"{process.pid}\n")
+        pid = _spawn_detached(
+            self._java(java, classpath, "kafka.Kafka", str(self.config_file)), self.stdout_file
+        )
+        self.pid_file.write_text(f"{pid}\n")
         deadline = time.monotonic() + self.settings.start_timeout_s
         while not port_open("127.0.0.1", self.settings.kafka_port):
-            if process.poll() is not None:
+            if not pid_alive(pid):
                 raise DependencyUnavailable(
-                    f"kafka exited with {process.returncode} during start-up; see "
-                    f"{self.stdout_file} and {self.log_file}"
+                    f"kafka exited during start-up; see {self.stdout_file} and {self.log_file}"
                 )
             if time.monotonic() > deadline:
                 raise DependencyUnavailable(f"kafka did not open its port; see {self.log_file}")
@@ -285,6 +277,23 @@ class LocalKafka:
         if pid is not None:
             terminate(pid, grace_s=30)
         self.pid_file.unlink(missing_ok=True)
+
+
+def _spawn_detached(argv: list[str], output: Path) -> int:
+    """Start ``argv`` in a session of its own (it outlives `kb dev up` and ignores our
+    Ctrl-C), stdout and stderr appended to ``output``. posix_spawn rather than Popen: no
+    Popen object to be collected (and warn) while the broker keeps running."""
+    return os.posix_spawn(
+        argv[0],
+        argv,
+        dict(os.environ),
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(output), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        setsid=True,
+    )
 
 
 def _kafka_uuid() -> str:
