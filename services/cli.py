@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 
 import typer
+from pydantic import ValidationError
 
 from services.devstack.cli import app as dev_app
 from services.runtime.cli import migrate
 from services.runtime.cli_support import fail
-from services.runtime.errors import KbError
+from services.runtime.errors import ConfigError, KbError
 
 app = typer.Typer(
     help="kb-pipeline: from published to searchable, reliably.",
@@ -21,11 +22,21 @@ app.add_typer(dev_app, name="dev")
 app.command("migrate")(migrate)
 
 
+def _describe(error: ValidationError) -> str:
+    problems = [
+        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in error.errors()
+    ]
+    return "invalid configuration: " + "; ".join(problems)
+
+
 def main() -> None:
     try:
         app()
     except KbError as error:
         fail(error)
+    except ValidationError as error:
+        # Settings read from the environment (or options) that do not validate.
+        fail(ConfigError(_describe(error)))
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -13,6 +13,7 @@ import asyncpg
 from pgvector.asyncpg import register_vector
 
 from services.runtime.errors import (
+    ConfigError,
     Conflict,
     DatabaseUnavailable,
     KbError,
@@ -75,6 +76,8 @@ def translate_db_errors() -> Iterator[None]:
         yield
     except KbError:
         raise
+    except asyncpg.ClientConfigurationError as exc:
+        raise ConfigError(f"database configuration: {exc}") from exc
     except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError) as exc:
         raise SerializationConflict(str(exc)) from exc
     except asyncpg.UniqueViolationError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -33,6 +33,13 @@ class RuntimeSettings(BaseSettings):
     db_pool_min_size: int = Field(default=1, ge=0)
     db_pool_max_size: int = Field(default=10, ge=1)
     db_statement_timeout_ms: int = Field(default=30_000, ge=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("DATABASE_URL must be a postgresql:// URL")
+        return value
 
     def topic(self, name: str) -> str:
         return f"{self.kafka_topic_prefix}{name}"

@@ -39,6 +39,10 @@ class Stack:
 
 @contextmanager
 def running_stack() -> Iterator[Stack]:
+    if os.environ.get("KB_TEST_USE_TESTCONTAINERS") == "1":
+        with _testcontainers_stack() as stack:
+            yield stack
+        return
     settings = DevStackSettings(home=REPO_ROOT / ".kb" / "dev")
     started: list[EmbeddedPostgres | LocalKafka] = []
     admin_url = os.environ.get("DATABASE_URL")
@@ -120,3 +124,17 @@ async def drop_test_database(stack: Stack, name: str) -> None:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@contextmanager
+def _testcontainers_stack() -> Iterator[Stack]:
+    """Opt-in for machines with a Docker engine: the same images compose.yaml uses."""
+    from testcontainers.community.kafka import KafkaContainer
+    from testcontainers.community.postgres import PostgresContainer
+
+    with (
+        PostgresContainer("pgvector/pgvector:pg18", driver=None) as postgres,
+        KafkaContainer("apache/kafka:4.1.1").with_kraft() as kafka,
+    ):
+        admin_url = postgres.get_connection_url()
+        yield Stack(admin_url, kafka.get_bootstrap_server())
