@@ -1,0 +1,235 @@
+"""The PostgreSQL task queue: named queries in ``queries.sql``, one method per query.
+
+Every write is one short statement (``complete`` is one short transaction, with the sink's
+work inside it); no transaction or lock is ever held across indexing work.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import asyncpg
+
+from services.indexer.ports import Clock, DatabaseClock, InTransaction
+from services.indexer.task import (
+    FailureDecision,
+    IndexTask,
+    InvalidTransition,
+    Lease,
+    RequeueRecord,
+    TaskStatus,
+)
+from services.runtime.db import translate_db_errors
+from services.runtime.errors import LeaseLost, NotFound
+from services.runtime.sql import queries_beside
+
+QUERIES = queries_beside(__file__, "queries.sql")
+
+
+async def skip_session_reset(conn: asyncpg.Connection[Any]) -> None:
+    """``reset=`` for the indexer's pool. asyncpg's default runs ``RESET ALL; UNLISTEN *;
+    ...`` on every release: one more round trip per query, a third of the claim->complete
+    cost. The queue sets no session state (no SET, LISTEN, advisory lock or cursor), nor
+    may a sink's ``in_transaction`` hook, so only a transaction left open is undone."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
+class PgTaskQueue:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        *,
+        clock: Clock | None = None,
+        exhausted_per_claim: int = 100,
+        min_candidates: int = 32,
+    ) -> None:
+        self._pool = pool
+        self._clock = clock or DatabaseClock()
+        self._exhausted_per_claim = exhausted_per_claim
+        self._min_candidates = min_candidates
+
+    async def claim(
+        self, tier: str, owner: str, *, lease_seconds: float, limit: int = 1
+    ) -> list[Lease]:
+        if limit < 1:
+            return []
+        # Consider more candidates than we take: concurrent claimers skip each other's
+        # locked rows and must still find work in the same statement.
+        candidates = max(self._min_candidates, 4 * limit)
+        with translate_db_errors():
+            rows = await self._pool.fetch(
+                QUERIES["claim_tasks"],
+                tier,
+                owner,
+                float(lease_seconds),
+                limit,
+                candidates,
+                self._exhausted_per_claim,
+                self._clock.now(),
+            )
+        return [_lease(row) for row in rows]
+
+    async def heartbeat(self, lease: Lease, *, lease_seconds: float) -> Lease:
+        with translate_db_errors():
+            lease_until = await self._pool.fetchval(
+                QUERIES["heartbeat"],
+                lease.task_id,
+                lease.owner,
+                lease.lease_attempt,
+                float(lease_seconds),
+                self._clock.now(),
+            )
+        if lease_until is None:
+            raise _lost(lease)
+        return replace(lease, lease_until=lease_until)
+
+    async def complete(self, lease: Lease, *, in_transaction: InTransaction | None = None) -> None:
+        if in_transaction is None:
+            # Nothing to write with it: one autocommitted statement, one round trip.
+            with translate_db_errors():
+                done = await self._pool.fetchval(
+                    QUERIES["complete_task"],
+                    lease.task_id,
+                    lease.owner,
+                    lease.lease_attempt,
+                    self._clock.now(),
+                )
+            if done is None:
+                raise _lost(lease)
+            return
+        with translate_db_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                done = await conn.fetchval(
+                    QUERIES["complete_task"],
+                    lease.task_id,
+                    lease.owner,
+                    lease.lease_attempt,
+                    self._clock.now(),
+                )
+                if done is None:
+                    # Raising inside the block rolls the transaction back: nothing written.
+                    raise _lost(lease)
+                if in_transaction is not None:
+                    await in_transaction(conn)
+
+    async def fail(self, lease: Lease, decision: FailureDecision) -> IndexTask:
+        with translate_db_errors():
+            row = await self._pool.fetchrow(
+                QUERIES["fail_task"],
+                lease.task_id,
+                lease.owner,
+                lease.lease_attempt,
+                str(decision.status),
+                float(decision.delay_seconds),
+                decision.error_code,
+                decision.error_message,
+                self._clock.now(),
+            )
+        if row is None:
+            raise _lost(lease)
+        return task_from_row(row)
+
+    async def get(self, task_id: uuid.UUID) -> IndexTask | None:
+        with translate_db_errors():
+            row = await self._pool.fetchrow(QUERIES["get_task"], task_id)
+        return None if row is None else task_from_row(row)
+
+    async def list_tasks(
+        self,
+        *,
+        status: TaskStatus | None = None,
+        tenant_id: str | None = None,
+        tier: str | None = None,
+        limit: int = 100,
+    ) -> list[IndexTask]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(
+                QUERIES["list_tasks"],
+                None if status is None else str(status),
+                tenant_id,
+                tier,
+                limit,
+            )
+        return [task_from_row(row) for row in rows]
+
+    async def requeue(
+        self, task_id: uuid.UUID, *, by: str, reset_attempts: bool, budget: int
+    ) -> RequeueRecord:
+        with translate_db_errors():
+            row = await self._pool.fetchrow(
+                QUERIES["requeue_task"], task_id, by, reset_attempts, budget, self._clock.now()
+            )
+        if row is None:
+            current = await self.get(task_id)
+            if current is None:
+                raise NotFound(f"no index task {task_id}", code="TASK_NOT_FOUND")
+            raise InvalidTransition(
+                f"task {task_id} is {current.status}; only DEAD tasks can be requeued"
+            )
+        return _requeue_record(row)
+
+    async def requeue_history(self, task_id: uuid.UUID) -> list[RequeueRecord]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(QUERIES["requeue_history"], task_id)
+        return [_requeue_record(row) for row in rows]
+
+
+def _requeue_record(row: Mapping[str, Any]) -> RequeueRecord:
+    return RequeueRecord(
+        task_id=row["task_id"],
+        requeued_by=row["requeued_by"],
+        requeued_at=row["requeued_at"],
+        reset_attempts=row["reset_attempts"],
+        attempts=row["attempts"],
+        previous_max_attempts=row["previous_max_attempts"],
+        new_max_attempts=row["new_max_attempts"],
+        previous_error_code=row["previous_error_code"],
+        previous_error_message=row["previous_error_message"],
+    )
+
+
+def _lost(lease: Lease) -> LeaseLost:
+    return LeaseLost(
+        f"task {lease.task_id}: lease {lease.lease_attempt} of {lease.owner} no longer holds"
+    )
+
+
+def _lease(row: Mapping[str, Any]) -> Lease:
+    return Lease(
+        task_id=row["task_id"],
+        owner=row["lease_owner"],
+        lease_attempt=row["lease_attempt"],
+        lease_until=row["lease_until"],
+        tenant_id=row["tenant_id"],
+        document_id=row["document_id"],
+        version_number=row["version_number"],
+        task_type=row["task_type"],
+        tier=row["tier"],
+        max_attempts=row["max_attempts"],
+    )
+
+
+def task_from_row(row: Mapping[str, Any]) -> IndexTask:
+    return IndexTask(
+        task_id=row["task_id"],
+        tenant_id=row["tenant_id"],
+        document_id=row["document_id"],
+        version_number=row["version_number"],
+        task_type=row["task_type"],
+        tier=row["tier"],
+        status=TaskStatus(row["status"]),
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        lease_owner=row["lease_owner"],
+        lease_until=row["lease_until"],
+        next_attempt_at=row["next_attempt_at"],
+        error_code=row["error_code"],
+        error_message=row["error_message"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+    )

@@ -1,0 +1,387 @@
+"""Index tasks: the five states, the only transitions between them, and the retry policy.
+
+Pure Python (DESIGN §4): no driver, no clock of its own. The PostgreSQL adapter applies the
+same rules in SQL; the in-memory queue applies them through the functions below; one contract
+suite holds both to the same behaviour.
+
+Fencing: ``attempts`` after a claim is the lease generation (``lease_attempt``). It only ever
+grows: not on retry, not on takeover, not on requeue (a requeue renews the *budget* by
+raising ``max_attempts``), so a worker holding an old generation can never match a fence
+again, even with the same worker id after a restart.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import re
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import ClassVar, Final
+
+from services.runtime.errors import Conflict, KbError, LeaseLost
+
+
+class TaskStatus(enum.StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    RETRY_WAIT = "RETRY_WAIT"
+    SUCCEEDED = "SUCCEEDED"
+    DEAD = "DEAD"
+
+
+# Every edge of DESIGN §4. RUNNING -> RUNNING is a takeover of an expired lease (a new
+# generation); heartbeats keep RUNNING without a new generation and are not an edge.
+TRANSITIONS: Final[frozenset[tuple[TaskStatus, TaskStatus]]] = frozenset(
+    {
+        (TaskStatus.PENDING, TaskStatus.RUNNING),  # claim
+        (TaskStatus.RETRY_WAIT, TaskStatus.RUNNING),  # claim of a due retry
+        (TaskStatus.RUNNING, TaskStatus.RUNNING),  # takeover of an expired lease
+        (TaskStatus.RUNNING, TaskStatus.SUCCEEDED),  # complete
+        (TaskStatus.RUNNING, TaskStatus.RETRY_WAIT),  # fail, retryable, budget left
+        (TaskStatus.RUNNING, TaskStatus.DEAD),  # fail terminal / budget spent / lease exhausted
+        (TaskStatus.DEAD, TaskStatus.PENDING),  # operator requeue
+    }
+)
+
+TASK_TYPE_INDEX_VERSION: Final = "INDEX_VERSION"
+
+
+class ErrorCode:
+    """Stable failure codes (DESIGN §4). Policy keys on these, never on message text."""
+
+    UNSUPPORTED_DOCUMENT: ClassVar[str] = "UNSUPPORTED_DOCUMENT"
+    DOCUMENT_PARSE_FAILED: ClassVar[str] = "DOCUMENT_PARSE_FAILED"
+    DOCUMENT_TOO_LARGE: ClassVar[str] = "DOCUMENT_TOO_LARGE"
+    EMBEDDING_RATE_LIMITED: ClassVar[str] = "EMBEDDING_RATE_LIMITED"
+    EMBEDDING_TIMEOUT: ClassVar[str] = "EMBEDDING_TIMEOUT"
+    EMBEDDING_UNAVAILABLE: ClassVar[str] = "EMBEDDING_UNAVAILABLE"
+    EMBEDDING_RESPONSE_INVALID: ClassVar[str] = "EMBEDDING_RESPONSE_INVALID"
+    EMBEDDING_MODEL_CHANGED: ClassVar[str] = "EMBEDDING_MODEL_CHANGED"
+    LEASE_ATTEMPTS_EXHAUSTED: ClassVar[str] = "LEASE_ATTEMPTS_EXHAUSTED"
+    DOCUMENT_VERSION_MISSING: ClassVar[str] = "DOCUMENT_VERSION_MISSING"
+    # An exception the code did not expect: a bug. It is not dressed up as retryable.
+    INTERNAL_ERROR: ClassVar[str] = "INTERNAL_ERROR"
+
+
+TERMINAL_CODES: Final[frozenset[str]] = frozenset(
+    {
+        ErrorCode.UNSUPPORTED_DOCUMENT,
+        ErrorCode.DOCUMENT_PARSE_FAILED,
+        ErrorCode.DOCUMENT_TOO_LARGE,
+        # Terminal for this attempt's model: a new model means a new index and a new task.
+        ErrorCode.EMBEDDING_RESPONSE_INVALID,
+        ErrorCode.EMBEDDING_MODEL_CHANGED,
+        ErrorCode.LEASE_ATTEMPTS_EXHAUSTED,
+        ErrorCode.DOCUMENT_VERSION_MISSING,
+        ErrorCode.INTERNAL_ERROR,
+    }
+)
+
+RETRYABLE_CODES: Final[frozenset[str]] = frozenset(
+    {
+        ErrorCode.EMBEDDING_RATE_LIMITED,
+        ErrorCode.EMBEDDING_TIMEOUT,
+        ErrorCode.EMBEDDING_UNAVAILABLE,
+        # Infrastructure codes of services.runtime.errors: worth another attempt later.
+        "DEPENDENCY_UNAVAILABLE",
+        "DATABASE_UNAVAILABLE",
+        "KAFKA_UNAVAILABLE",
+        "SERIALIZATION_CONFLICT",
+    }
+)
+
+
+class IndexingFailed(KbError):
+    """What a ``DocumentVersionIndexer`` raises: a stable code, a message for operators
+    (redacted before it is stored) and, for rate limits, the provider's Retry-After."""
+
+    # Instances always carry the precise code; this is only the class's own name for it.
+    code = "INDEXING_FAILED"
+
+    def __init__(self, code: str, message: str, *, retry_after_seconds: float | None = None):
+        super().__init__(message, code=code)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class InvalidTransition(Conflict):
+    code = "INVALID_TASK_TRANSITION"
+
+
+@dataclass(frozen=True)
+class IndexTask:
+    task_id: uuid.UUID
+    tenant_id: str
+    document_id: uuid.UUID
+    version_number: int
+    task_type: str
+    tier: str
+    status: TaskStatus
+    attempts: int
+    max_attempts: int
+    lease_owner: str | None
+    lease_until: datetime | None
+    next_attempt_at: datetime
+    error_code: str | None
+    error_message: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    def is_due(self, now: datetime) -> bool:
+        """Claimable now: a due PENDING/RETRY_WAIT task, or an expired lease with budget left."""
+        if self.status in (TaskStatus.PENDING, TaskStatus.RETRY_WAIT):
+            return self.next_attempt_at <= now
+        return (
+            self.status is TaskStatus.RUNNING
+            and self.lease_expired(now)
+            and (self.attempts < self.max_attempts)
+        )
+
+    def lease_expired(self, now: datetime) -> bool:
+        return (
+            self.status is TaskStatus.RUNNING
+            and self.lease_until is not None
+            and self.lease_until <= now
+        )
+
+    def is_exhausted(self, now: datetime) -> bool:
+        """Its lease ran out and no attempt is left: the claim marks it DEAD."""
+        return self.lease_expired(now) and self.attempts >= self.max_attempts
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a worker holds after a claim: the fence it must present on every write."""
+
+    task_id: uuid.UUID
+    owner: str
+    lease_attempt: int
+    lease_until: datetime
+    tenant_id: str
+    document_id: uuid.UUID
+    version_number: int
+    task_type: str
+    tier: str
+    max_attempts: int
+
+
+@dataclass(frozen=True)
+class FailureDecision:
+    """Where a failed attempt goes: RETRY_WAIT after ``delay_seconds``, or DEAD."""
+
+    status: TaskStatus
+    error_code: str
+    error_message: str
+    delay_seconds: float
+
+
+@dataclass(frozen=True)
+class RequeueRecord:
+    """The audit of one operator requeue."""
+
+    task_id: uuid.UUID
+    requeued_by: str
+    requeued_at: datetime
+    reset_attempts: bool
+    attempts: int
+    previous_max_attempts: int
+    new_max_attempts: int
+    previous_error_code: str | None
+    previous_error_message: str | None
+
+
+# --- transitions ---------------------------------------------------------------------------
+
+
+def fence(task: IndexTask, lease: Lease, now: datetime) -> None:
+    """DESIGN §4: status RUNNING, same owner, same generation, lease not expired."""
+    holds = (
+        task.task_id == lease.task_id
+        and task.status is TaskStatus.RUNNING
+        and task.lease_owner == lease.owner
+        and task.attempts == lease.lease_attempt
+        and task.lease_until is not None
+        and task.lease_until > now
+    )
+    if not holds:
+        raise LeaseLost(f"task {lease.task_id} lease {lease.lease_attempt} of {lease.owner} lost")
+
+
+def claim(task: IndexTask, owner: str, now: datetime, lease_seconds: float) -> IndexTask:
+    if not task.is_due(now):
+        raise InvalidTransition(f"task {task.task_id} is {task.status} and not claimable")
+    return replace(
+        task,
+        status=TaskStatus.RUNNING,
+        attempts=task.attempts + 1,
+        lease_owner=owner,
+        lease_until=now + timedelta(seconds=lease_seconds),
+        updated_at=now,
+    )
+
+
+def mark_exhausted(task: IndexTask, now: datetime) -> IndexTask:
+    if not task.is_exhausted(now):
+        raise InvalidTransition(f"task {task.task_id} is not an exhausted expired lease")
+    return replace(
+        task,
+        status=TaskStatus.DEAD,
+        lease_until=None,
+        error_code=ErrorCode.LEASE_ATTEMPTS_EXHAUSTED,
+        error_message=f"lease expired {task.attempts} times; attempt budget "
+        f"{task.max_attempts} spent",
+        updated_at=now,
+        finished_at=now,
+    )
+
+
+def lease_of(task: IndexTask) -> Lease:
+    assert task.status is TaskStatus.RUNNING
+    assert task.lease_owner is not None
+    assert task.lease_until is not None
+    return Lease(
+        task_id=task.task_id,
+        owner=task.lease_owner,
+        lease_attempt=task.attempts,
+        lease_until=task.lease_until,
+        tenant_id=task.tenant_id,
+        document_id=task.document_id,
+        version_number=task.version_number,
+        task_type=task.task_type,
+        tier=task.tier,
+        max_attempts=task.max_attempts,
+    )
+
+
+def heartbeat(task: IndexTask, lease: Lease, now: datetime, lease_seconds: float) -> IndexTask:
+    fence(task, lease, now)
+    return replace(task, lease_until=now + timedelta(seconds=lease_seconds), updated_at=now)
+
+
+def complete(task: IndexTask, lease: Lease, now: datetime) -> IndexTask:
+    fence(task, lease, now)
+    return replace(
+        task,
+        status=TaskStatus.SUCCEEDED,
+        lease_until=None,
+        error_code=None,
+        error_message=None,
+        updated_at=now,
+        finished_at=now,
+    )
+
+
+def fail(task: IndexTask, lease: Lease, decision: FailureDecision, now: datetime) -> IndexTask:
+    fence(task, lease, now)
+    dead = decision.status is TaskStatus.DEAD
+    return replace(
+        task,
+        status=decision.status,
+        lease_until=None,
+        next_attempt_at=now + timedelta(seconds=decision.delay_seconds),
+        error_code=decision.error_code,
+        error_message=decision.error_message,
+        updated_at=now,
+        finished_at=now if dead else None,
+    )
+
+
+def requeue(
+    task: IndexTask, *, by: str, now: datetime, reset_attempts: bool, budget: int
+) -> tuple[IndexTask, RequeueRecord]:
+    """Operator requeue of a DEAD task. ``attempts`` (the fencing generation) is kept;
+    ``reset_attempts`` renews a full budget of ``budget`` attempts, otherwise the task gets
+    exactly one more attempt."""
+    if task.status is not TaskStatus.DEAD:
+        raise InvalidTransition(f"task {task.task_id} is {task.status}; only DEAD can be requeued")
+    new_max = requeued_max_attempts(task.attempts, reset_attempts=reset_attempts, budget=budget)
+    record = RequeueRecord(
+        task_id=task.task_id,
+        requeued_by=by,
+        requeued_at=now,
+        reset_attempts=reset_attempts,
+        attempts=task.attempts,
+        previous_max_attempts=task.max_attempts,
+        new_max_attempts=new_max,
+        previous_error_code=task.error_code,
+        previous_error_message=task.error_message,
+    )
+    requeued = replace(
+        task,
+        status=TaskStatus.PENDING,
+        max_attempts=new_max,
+        lease_until=None,
+        next_attempt_at=now,
+        error_code=None,
+        error_message=None,
+        updated_at=now,
+        finished_at=None,
+    )
+    return requeued, record
+
+
+def requeued_max_attempts(attempts: int, *, reset_attempts: bool, budget: int) -> int:
+    return attempts + (budget if reset_attempts else 1)
+
+
+# --- retry policy ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Decide by code: terminal codes go DEAD at once; retryable ones wait
+    ``min(cap, base * 2 ** (attempt - 1))`` shortened by up to ``jitter`` of itself (so
+    workers that failed together do not return together), never less than the provider's
+    Retry-After; once the attempt budget is spent the task goes DEAD with its last code."""
+
+    backoff_base_seconds: float = 2.0
+    backoff_cap_seconds: float = 600.0
+    jitter: float = 0.2
+
+    def backoff_seconds(self, lease_attempt: int, rng: random.Random | None = None) -> float:
+        exponent = max(0, lease_attempt - 1)
+        # Past ~60 doublings every float is far above any sensible cap.
+        raw = self.backoff_base_seconds * math.pow(2.0, min(exponent, 60))
+        capped = min(self.backoff_cap_seconds, raw)
+        draw = (rng or random).random()
+        return capped * (1.0 - self.jitter * draw)
+
+    def decide(
+        self,
+        lease: Lease,
+        error_code: str,
+        error_message: str,
+        *,
+        retry_after_seconds: float | None = None,
+        rng: random.Random | None = None,
+    ) -> FailureDecision:
+        message = redact(error_message)
+        retryable = error_code in RETRYABLE_CODES
+        if not retryable or lease.lease_attempt >= lease.max_attempts:
+            return FailureDecision(TaskStatus.DEAD, error_code, message, 0.0)
+        delay = self.backoff_seconds(lease.lease_attempt, rng)
+        if retry_after_seconds is not None and retry_after_seconds > delay:
+            delay = retry_after_seconds
+        return FailureDecision(TaskStatus.RETRY_WAIT, error_code, message, delay)
+
+
+_MAX_MESSAGE = 1000
+_SECRETS = (
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
+    re.compile(
+        r"(?i)((?:api[_-]?key|token|secret|password|passwd)[\"']?\s*[:=]\s*[\"']?)[^\s,\"'&]+"
+    ),
+    re.compile(r"(?i)(://[^/\s:@]+:)[^@\s/]+(@)"),
+)
+
+
+def redact(message: str) -> str:
+    """What may be stored in ``error_message``: credentials masked, length bounded."""
+    for pattern in _SECRETS:
+        message = pattern.sub(
+            lambda m: m.group(1) + "***" + (m.group(2) if m.lastindex == 2 else ""), message
+        )
+    return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 1] + "…"

@@ -1,0 +1,310 @@
+"""The claim loop: claim, heartbeat at lease/3, index, then complete or fail (DESIGN §4, §6).
+
+``run_once`` does one task; ``Worker.run`` keeps ``concurrency`` slots busy, polls on a timer
+with jittered idle backoff, wakes early on ``wake()`` (the hook for Kafka hints) and on
+``stop`` finishes running tasks within the grace period.
+
+A lost lease (a heartbeat, complete or fail that the fence refuses) stops the heartbeat,
+cancels the indexing work and writes nothing: the new owner carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+import random
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome, TaskQueue
+from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy
+from services.runtime.errors import KbError, LeaseLost
+from services.runtime.logging import get_logger
+
+log = get_logger(__name__)
+
+
+class RunOnceResult(enum.StrEnum):
+    IDLE = "IDLE"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    LOST_LEASE = "LOST_LEASE"
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    """Test-only signal: what just happened ("claimed", "heartbeat", "lease_lost",
+    "completed", "failed", "idle", "stopping", "stopped", "cancelled")."""
+
+    kind: str
+    task_id: uuid.UUID | None = None
+    detail: str | None = None
+
+
+def default_worker_id() -> str:
+    """host:pid:random. A restarted process is a new owner even on the same host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class _LeaseState:
+    lost: bool = False
+
+
+class Worker:
+    def __init__(
+        self,
+        queue: TaskQueue,
+        indexer: DocumentVersionIndexer,
+        *,
+        tier: str,
+        owner: str | None = None,
+        lease_seconds: float = 30.0,
+        policy: RetryPolicy | None = None,
+        concurrency: int = 1,
+        poll_interval_seconds: float = 5.0,
+        idle_backoff_min_seconds: float = 0.05,
+        grace_period_seconds: float = 30.0,
+        signals: asyncio.Queue[WorkerEvent] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.queue = queue
+        self.indexer = indexer
+        self.tier = tier
+        self.owner = owner or default_worker_id()
+        self.lease_seconds = lease_seconds
+        self.policy = policy or RetryPolicy()
+        self.concurrency = concurrency
+        self.poll_interval_seconds = poll_interval_seconds
+        self.idle_backoff_min_seconds = min(idle_backoff_min_seconds, poll_interval_seconds)
+        self.grace_period_seconds = grace_period_seconds
+        self._signals = signals
+        self._rng = rng or random.Random()
+        self._wake = asyncio.Event()
+
+    # --- one task ---------------------------------------------------------------------------
+
+    async def run_once(self) -> RunOnceResult:
+        """Claim one task of the tier and see it through; IDLE when nothing is due."""
+        leases = await self.queue.claim(
+            self.tier, self.owner, lease_seconds=self.lease_seconds, limit=1
+        )
+        if not leases:
+            self._emit(WorkerEvent("idle"))
+            return RunOnceResult.IDLE
+        return await self.process(leases[0])
+
+    async def process(self, lease: Lease) -> RunOnceResult:
+        """Index a claimed task under its lease and record the result (fenced)."""
+        bound = log.bind(
+            task_id=str(lease.task_id),
+            tenant_id=lease.tenant_id,
+            document_id=str(lease.document_id),
+            version_number=lease.version_number,
+            lease_attempt=lease.lease_attempt,
+            owner=self.owner,
+        )
+        bound.info("task.claimed")
+        self._emit(WorkerEvent("claimed", lease.task_id, str(lease.lease_attempt)))
+        state = _LeaseState()
+        work: asyncio.Task[IndexingOutcome] = asyncio.create_task(self.indexer.index(lease))
+        beat = asyncio.create_task(self._heartbeat(lease, work, state))
+        outcome: IndexingOutcome | None = None
+        failure: tuple[str, str, float | None] | None = None
+        try:
+            outcome = await work
+        except asyncio.CancelledError:
+            if not state.lost:
+                # We are being cancelled from outside (grace period over): write nothing,
+                # the lease simply expires and another worker takes the task over.
+                bound.warning("task.abandoned")
+                self._emit(WorkerEvent("cancelled", lease.task_id))
+                raise
+        except IndexingFailed as error:
+            failure = (error.code, error.message, error.retry_after_seconds)
+        except KbError as error:
+            failure = (error.code, error.message, None)
+        except Exception as error:
+            # A bug, not a transient condition: DEAD with INTERNAL_ERROR, traceback logged.
+            bound.exception("task.crashed")
+            failure = (ErrorCode.INTERNAL_ERROR, f"{type(error).__name__}: {error}", None)
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+
+        if state.lost:
+            return self._lost(lease)
+        try:
+            if failure is None:
+                assert outcome is not None
+                await self.queue.complete(lease, in_transaction=outcome.write)
+                bound.info("task.completed")
+                self._emit(WorkerEvent("completed", lease.task_id))
+                return RunOnceResult.SUCCEEDED
+            code, message, retry_after = failure
+            decision = self.policy.decide(
+                lease, code, message, retry_after_seconds=retry_after, rng=self._rng
+            )
+            await self.queue.fail(lease, decision)
+            bound.info(
+                "task.failed",
+                error_code=code,
+                next_status=str(decision.status),
+                delay_seconds=round(decision.delay_seconds, 3),
+            )
+            self._emit(WorkerEvent("failed", lease.task_id, f"{code} {decision.status}"))
+            return RunOnceResult.FAILED
+        except LeaseLost:
+            return self._lost(lease)
+
+    def _lost(self, lease: Lease) -> RunOnceResult:
+        log.warning(
+            "lease.lost",
+            task_id=str(lease.task_id),
+            lease_attempt=lease.lease_attempt,
+            owner=self.owner,
+        )
+        self._emit(WorkerEvent("lease_lost", lease.task_id))
+        return RunOnceResult.LOST_LEASE
+
+    async def _heartbeat(
+        self, lease: Lease, work: asyncio.Task[IndexingOutcome], state: _LeaseState
+    ) -> None:
+        interval = self.lease_seconds / 3
+        # Our own view of the lease: without a successful heartbeat it is gone by then,
+        # whatever the database says (it may be unreachable).
+        deadline = time.monotonic() + self.lease_seconds
+        current = lease
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                current = await self.queue.heartbeat(current, lease_seconds=self.lease_seconds)
+                deadline = time.monotonic() + self.lease_seconds
+                self._emit(WorkerEvent("heartbeat", lease.task_id))
+            except LeaseLost:
+                state.lost = True
+            except KbError as error:
+                # Unconfirmed is not held: retry a transient error until our own deadline,
+                # give up at once on anything else.
+                log.warning("lease.heartbeat_failed", task_id=str(lease.task_id), error=str(error))
+                if not error.retriable or time.monotonic() >= deadline:
+                    state.lost = True
+            if state.lost:
+                work.cancel()
+                return
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Claim now instead of at the next poll (a Kafka hint arrived)."""
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep up to ``concurrency`` tasks running until ``stop`` is set; then claim nothing
+        more, give running tasks ``grace_period_seconds`` and cancel what is left (their
+        leases expire and another worker takes them over)."""
+        running: set[asyncio.Task[RunOnceResult]] = set()
+        idle_delay = self.idle_backoff_min_seconds
+        stop_waiter = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                free = self.concurrency - len(running)
+                claimed = 0
+                if free > 0:
+                    try:
+                        leases = await self.queue.claim(
+                            self.tier, self.owner, lease_seconds=self.lease_seconds, limit=free
+                        )
+                    except KbError as error:
+                        if not error.retriable:
+                            raise
+                        log.warning("worker.claim_failed", error=str(error))
+                        leases = []
+                    for lease in leases:
+                        running.add(asyncio.create_task(self.process(lease)))
+                    claimed = len(leases)
+                if claimed:
+                    idle_delay = self.idle_backoff_min_seconds
+                    if len(running) < self.concurrency:
+                        continue  # more may be due right now
+                    timeout: float | None = None
+                elif free > 0:
+                    self._emit(WorkerEvent("idle"))
+                    timeout = idle_delay * (1.0 - 0.5 * self._rng.random())
+                    idle_delay = min(self.poll_interval_seconds, idle_delay * 2)
+                else:
+                    timeout = None
+                running = await self._wait(running, stop_waiter, timeout)
+        finally:
+            log.info("worker.stopping", running=len(running), owner=self.owner)
+            self._emit(WorkerEvent("stopping"))
+            stop_waiter.cancel()
+            await self._drain(running)
+            self._emit(WorkerEvent("stopped"))
+            log.info("worker.stopped", owner=self.owner)
+
+    async def _wait(
+        self,
+        running: set[asyncio.Task[RunOnceResult]],
+        stop_waiter: asyncio.Task[bool],
+        wait_seconds: float | None,
+    ) -> set[asyncio.Task[RunOnceResult]]:
+        """Until a slot frees, a wake-up, stop, or the timeout; returns the tasks still running."""
+        wake_waiter = asyncio.create_task(self._wake.wait())
+        waiters: set[asyncio.Future[object]] = {stop_waiter, wake_waiter, *running}  # type: ignore[arg-type]
+        try:
+            await asyncio.wait(waiters, timeout=wait_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake_waiter.cancel()
+        self._wake.clear()
+        still = {t for t in running if not t.done()}
+        for finished in running - still:
+            self._reap(finished)
+        return still
+
+    def _reap(self, finished: asyncio.Task[RunOnceResult]) -> None:
+        if finished.cancelled():
+            return
+        error = finished.exception()
+        if error is not None:
+            # Writing the result failed (database down): the lease expires, the task is
+            # taken over later. The loop itself carries on.
+            log.error("task.result_not_recorded", error=repr(error))
+
+    async def _drain(self, running: set[asyncio.Task[RunOnceResult]]) -> None:
+        if not running:
+            return
+        _, pending = await asyncio.wait(running, timeout=self.grace_period_seconds)
+        for task in pending:
+            task.cancel()
+        for task in running:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for task in running:
+            if task.done():
+                self._reap(task)
+
+    def _emit(self, event: WorkerEvent) -> None:
+        if self._signals is not None:
+            self._signals.put_nowait(event)
+
+
+async def run_until_signalled(worker: Worker, stop: asyncio.Event) -> None:
+    """``worker.run`` with SIGTERM/SIGINT setting ``stop`` (graceful shutdown)."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await worker.run(stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

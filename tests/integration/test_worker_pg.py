@@ -1,0 +1,224 @@
+"""run_once against PostgreSQL with the stand-in VersionCheckIndexer."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.indexer.ports import IndexingOutcome, ManualClock
+from services.indexer.queue_pg import PgTaskQueue
+from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
+from services.indexer.version_check import TestOnlyHangingIndexer, VersionCheckIndexer
+from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
+from tests.support.tasks import create_task
+
+pytestmark = pytest.mark.integration
+
+
+def worker(pool: asyncpg.Pool[Any], **options: Any) -> Worker:
+    return Worker(
+        PgTaskQueue(pool),
+        options.pop("indexer", None) or VersionCheckIndexer(pool),
+        tier="standard",
+        owner="it-worker",
+        policy=RetryPolicy(jitter=0),
+        **options,
+    )
+
+
+async def _status(pool: asyncpg.Pool[Any], task_id: uuid.UUID) -> tuple[str, str | None]:
+    row = await pool.fetchrow(
+        "SELECT status, error_code FROM index_task WHERE task_id = $1", task_id
+    )
+    assert row is not None
+    return row["status"], row["error_code"]
+
+
+async def test_an_intact_version_succeeds(pool: asyncpg.Pool[Any]) -> None:
+    created = await create_task(pool, media_type="text/markdown; charset=utf-8")
+    assert await worker(pool).run_once() is RunOnceResult.SUCCEEDED
+    assert await _status(pool, created.task_id) == ("SUCCEEDED", None)
+    assert await worker(pool).run_once() is RunOnceResult.IDLE
+
+
+@pytest.mark.parametrize(
+    ("options", "code"),
+    [
+        ({"stored_sha256": hashlib.sha256(b"other").digest()}, ErrorCode.DOCUMENT_PARSE_FAILED),
+        ({"stored_size": 3}, ErrorCode.DOCUMENT_PARSE_FAILED),
+        ({"media_type": "image/png"}, ErrorCode.UNSUPPORTED_DOCUMENT),
+    ],
+)
+async def test_a_bad_version_is_dead_with_a_stable_code(
+    pool: asyncpg.Pool[Any], options: dict[str, Any], code: str
+) -> None:
+    created = await create_task(pool, **options)
+    assert await worker(pool).run_once() is RunOnceResult.FAILED
+    assert await _status(pool, created.task_id) == ("DEAD", code)
+
+
+async def test_the_version_is_loaded_tenant_scoped(pool: asyncpg.Pool[Any]) -> None:
+    created = await create_task(pool, tenant_id="acme")
+    foreign = Lease(
+        task_id=created.task_id,
+        owner="x",
+        lease_attempt=1,
+        lease_until=datetime.now(UTC),
+        tenant_id="globex",  # the right document id, another tenant
+        document_id=created.document_id,
+        version_number=1,
+        task_type="INDEX_VERSION",
+        tier="standard",
+        max_attempts=8,
+    )
+    with pytest.raises(IndexingFailed) as raised:
+        await VersionCheckIndexer(pool).index(foreign)
+    assert raised.value.code == ErrorCode.DOCUMENT_VERSION_MISSING
+
+
+async def test_heartbeat_keeps_the_lease_while_the_work_runs(pool: asyncpg.Pool[Any]) -> None:
+    created = await create_task(pool)
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    hanging = TestOnlyHangingIndexer(VersionCheckIndexer(pool), hang_generations=1)
+    running = asyncio.create_task(
+        worker(pool, indexer=hanging, lease_seconds=0.6, signals=signals).run_once()
+    )
+    beats = 0
+    async with asyncio.timeout(10):
+        while beats < 3:
+            if (await signals.get()).kind == "heartbeat":
+                beats += 1
+    row = await pool.fetchrow(
+        "SELECT status, attempts, lease_until > now() AS live FROM index_task WHERE task_id = $1",
+        created.task_id,
+    )
+    assert row is not None
+    assert (row["status"], row["attempts"], row["live"]) == ("RUNNING", 1, True)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert await _status(pool, created.task_id) == (str(TaskStatus.RUNNING), None)
+
+
+class AlwaysFails:
+    def __init__(self, code: str, retry_after_seconds: float | None = None) -> None:
+        self.code = code
+        self.retry_after_seconds = retry_after_seconds
+
+    async def index(self, lease: Lease) -> Any:
+        raise IndexingFailed(
+            self.code, "provider says no", retry_after_seconds=self.retry_after_seconds
+        )
+
+
+async def _delay(pool: asyncpg.Pool[Any], task_id: uuid.UUID, now: datetime) -> float:
+    due = await pool.fetchval("SELECT next_attempt_at FROM index_task WHERE task_id = $1", task_id)
+    return float((due - now).total_seconds())
+
+
+async def test_retryable_failures_back_off_exponentially_up_to_the_cap_then_die(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    clock = ManualClock(datetime.now(UTC))
+    created = await create_task(pool, max_attempts=6, next_attempt_at=clock.now())
+    timing_out = Worker(
+        PgTaskQueue(pool, clock=clock),
+        AlwaysFails(ErrorCode.EMBEDDING_TIMEOUT),
+        tier="standard",
+        policy=RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=10, jitter=0),
+    )
+    delays = []
+    for _ in range(5):
+        assert await timing_out.run_once() is RunOnceResult.FAILED
+        assert await _status(pool, created.task_id) == ("RETRY_WAIT", "EMBEDDING_TIMEOUT")
+        delays.append(await _delay(pool, created.task_id, clock.now()))
+        clock.advance(delays[-1])
+    assert delays == [2, 4, 8, 10, 10]
+    assert await timing_out.run_once() is RunOnceResult.FAILED  # the 6th and last attempt
+    assert await _status(pool, created.task_id) == ("DEAD", "EMBEDDING_TIMEOUT")
+    clock.advance(3600)
+    assert await timing_out.run_once() is RunOnceResult.IDLE
+
+
+async def test_rate_limit_retry_after_is_respected(pool: asyncpg.Pool[Any]) -> None:
+    clock = ManualClock(datetime.now(UTC))
+    created = await create_task(pool, next_attempt_at=clock.now())
+    limited = Worker(
+        PgTaskQueue(pool, clock=clock),
+        AlwaysFails(ErrorCode.EMBEDDING_RATE_LIMITED, retry_after_seconds=120),
+        tier="standard",
+        policy=RetryPolicy(backoff_base_seconds=1, backoff_cap_seconds=30, jitter=0.5),
+    )
+    assert await limited.run_once() is RunOnceResult.FAILED
+    assert await _delay(pool, created.task_id, clock.now()) == 120
+    clock.advance(119)
+    assert await limited.run_once() is RunOnceResult.IDLE
+    clock.advance(1)
+    assert await limited.run_once() is RunOnceResult.FAILED
+
+
+@pytest.mark.parametrize(
+    "code",
+    [ErrorCode.DOCUMENT_TOO_LARGE, ErrorCode.EMBEDDING_RESPONSE_INVALID, "SOMETHING_NEW"],
+)
+async def test_terminal_and_unknown_codes_die_on_the_first_attempt(
+    pool: asyncpg.Pool[Any], code: str
+) -> None:
+    created = await create_task(pool)
+    assert await worker(pool, indexer=AlwaysFails(code)).run_once() is RunOnceResult.FAILED
+    assert await _status(pool, created.task_id) == ("DEAD", code)
+
+
+class Recording:
+    def __init__(self) -> None:
+        self.runs: list[tuple[uuid.UUID, int]] = []
+
+    async def index(self, lease: Lease) -> Any:
+        self.runs.append((lease.task_id, lease.lease_attempt))
+        await asyncio.sleep(0)  # let the other workers interleave
+
+        async def write(conn: asyncpg.Connection[Any]) -> None:
+            # Stands in for the sink: a row written only if the fenced complete commits.
+            await conn.execute("SELECT 1")
+
+        return IndexingOutcome(write=write)
+
+
+async def test_several_workers_drain_a_multi_tenant_queue_each_task_exactly_once(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    created = [await create_task(pool, tenant_id=f"tenant{i % 4}") for i in range(60)]
+    recording = Recording()
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    workers = [
+        Worker(
+            PgTaskQueue(pool),
+            recording,
+            tier="standard",
+            owner=f"worker-{n}",
+            concurrency=3,
+            poll_interval_seconds=0.05,
+            signals=signals,
+        )
+        for n in range(3)
+    ]
+    stop = asyncio.Event()
+    loops = [asyncio.create_task(w.run(stop)) for w in workers]
+    completed = 0
+    async with asyncio.timeout(30):
+        while completed < len(created):
+            if (await signals.get()).kind == "completed":
+                completed += 1
+    stop.set()
+    await asyncio.gather(*loops)
+
+    assert sorted(task_id for task_id, _ in recording.runs) == sorted(c.task_id for c in created)
+    assert {attempt for _, attempt in recording.runs} == {1}
+    statuses = await pool.fetch("SELECT status, count(*) FROM index_task GROUP BY status")
+    assert [(r["status"], r["count"]) for r in statuses] == [("SUCCEEDED", len(created))]

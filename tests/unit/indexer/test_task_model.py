@@ -1,0 +1,197 @@
+"""The pure task model: the state graph, the fence, requeue, and the retry policy."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.indexer import task as model
+from services.indexer.task import (
+    RETRYABLE_CODES,
+    TERMINAL_CODES,
+    TRANSITIONS,
+    ErrorCode,
+    IndexTask,
+    InvalidTransition,
+    RetryPolicy,
+    TaskStatus,
+    redact,
+)
+from services.runtime.errors import LeaseLost
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def pending(max_attempts: int = 3) -> IndexTask:
+    return IndexTask(
+        task_id=uuid.uuid4(),
+        tenant_id="acme",
+        document_id=uuid.uuid4(),
+        version_number=2,
+        task_type=model.TASK_TYPE_INDEX_VERSION,
+        tier="standard",
+        status=TaskStatus.PENDING,
+        attempts=0,
+        max_attempts=max_attempts,
+        lease_owner=None,
+        lease_until=None,
+        next_attempt_at=NOW,
+        error_code=None,
+        error_message=None,
+        created_at=NOW,
+        updated_at=NOW,
+        finished_at=None,
+    )
+
+
+def test_the_graph_is_exactly_design_section_4() -> None:
+    S = TaskStatus
+    assert {
+        (S.PENDING, S.RUNNING),
+        (S.RETRY_WAIT, S.RUNNING),
+        (S.RUNNING, S.RUNNING),
+        (S.RUNNING, S.SUCCEEDED),
+        (S.RUNNING, S.RETRY_WAIT),
+        (S.RUNNING, S.DEAD),
+        (S.DEAD, S.PENDING),
+    } == TRANSITIONS
+    assert not any(source is S.SUCCEEDED for source, _ in TRANSITIONS)
+    assert TERMINAL_CODES.isdisjoint(RETRYABLE_CODES)
+
+
+def test_claim_needs_a_due_task_and_starts_a_new_generation() -> None:
+    task = model.claim(pending(), "w1", NOW, 30)
+    assert task.status is TaskStatus.RUNNING
+    assert task.attempts == 1
+    assert task.lease_until == NOW + timedelta(seconds=30)
+    with pytest.raises(InvalidTransition):
+        model.claim(task, "w2", NOW, 30)  # lease still live
+    later = replace_due(pending(), NOW + timedelta(seconds=5))
+    with pytest.raises(InvalidTransition):
+        model.claim(later, "w1", NOW, 30)
+    taken = model.claim(task, "w2", NOW + timedelta(seconds=30), 30)
+    assert (taken.lease_owner, taken.attempts) == ("w2", 2)
+
+
+def replace_due(task: IndexTask, when: datetime) -> IndexTask:
+    from dataclasses import replace
+
+    return replace(task, next_attempt_at=when)
+
+
+def test_the_fence_checks_owner_generation_status_and_expiry() -> None:
+    running = model.claim(pending(), "w1", NOW, 30)
+    lease = model.lease_of(running)
+    from dataclasses import replace
+
+    for stale in (
+        replace(lease, owner="w2"),
+        replace(lease, lease_attempt=lease.lease_attempt - 1),
+        replace(lease, task_id=uuid.uuid4()),
+    ):
+        with pytest.raises(LeaseLost):
+            model.heartbeat(running, stale, NOW, 30)
+    with pytest.raises(LeaseLost):
+        model.complete(running, lease, NOW + timedelta(seconds=30))  # expired at lease_until
+    done = model.complete(running, lease, NOW + timedelta(seconds=29))
+    with pytest.raises(LeaseLost):
+        model.complete(done, lease, NOW)
+
+
+def test_exhausted_expired_lease_is_dead_with_its_code() -> None:
+    running = model.claim(pending(max_attempts=1), "w1", NOW, 30)
+    assert not running.is_exhausted(NOW)
+    later = NOW + timedelta(seconds=30)
+    assert running.is_exhausted(later)
+    assert not running.is_due(later)
+    dead = model.mark_exhausted(running, later)
+    assert dead.status is TaskStatus.DEAD
+    assert dead.error_code == ErrorCode.LEASE_ATTEMPTS_EXHAUSTED
+    assert not dead.is_due(later + timedelta(days=1))
+
+
+def test_requeue_only_from_dead_and_keeps_the_generation() -> None:
+    with pytest.raises(InvalidTransition):
+        model.requeue(pending(), by="ops", now=NOW, reset_attempts=True, budget=5)
+    running = model.claim(pending(max_attempts=1), "w1", NOW, 30)
+    dead = model.mark_exhausted(running, NOW + timedelta(seconds=31))
+    again, record = model.requeue(dead, by="ops", now=NOW, reset_attempts=False, budget=5)
+    assert again.status is TaskStatus.PENDING
+    assert again.attempts == 1
+    assert again.max_attempts == 2
+    assert record.previous_error_code == ErrorCode.LEASE_ATTEMPTS_EXHAUSTED
+    _, reset = model.requeue(dead, by="ops", now=NOW, reset_attempts=True, budget=5)
+    assert reset.new_max_attempts == 6
+
+
+def lease_at(attempt: int, max_attempts: int = 10) -> model.Lease:
+    task = pending(max_attempts)
+    from dataclasses import replace
+
+    running = replace(
+        task, status=TaskStatus.RUNNING, attempts=attempt, lease_owner="w", lease_until=NOW
+    )
+    return model.lease_of(running)
+
+
+@pytest.mark.parametrize("code", sorted(TERMINAL_CODES))
+def test_terminal_codes_go_dead_at_once(code: str) -> None:
+    decision = RetryPolicy().decide(lease_at(1), code, "broken")
+    assert decision.status is TaskStatus.DEAD
+    assert decision.error_code == code
+
+
+def test_unknown_codes_are_not_dressed_up_as_retryable() -> None:
+    assert RetryPolicy().decide(lease_at(1), "KEY_ERROR", "bug").status is TaskStatus.DEAD
+
+
+@pytest.mark.parametrize(
+    "code",
+    [ErrorCode.EMBEDDING_TIMEOUT, ErrorCode.EMBEDDING_UNAVAILABLE, "DATABASE_UNAVAILABLE"],
+)
+def test_retryable_codes_wait_and_back_off_exponentially_up_to_the_cap(code: str) -> None:
+    policy = RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0)
+    delays = [policy.decide(lease_at(n), code, "slow").delay_seconds for n in range(1, 9)]
+    assert delays == [2, 4, 8, 16, 32, 60, 60, 60]
+    assert all(policy.decide(lease_at(1), code, "x").status is TaskStatus.RETRY_WAIT for _ in "ab")
+
+
+def test_jitter_only_shortens_and_spreads_the_backoff() -> None:
+    policy = RetryPolicy(backoff_base_seconds=10, backoff_cap_seconds=1000, jitter=0.2)
+    rng = random.Random(7)
+    delays = [policy.backoff_seconds(3, rng) for _ in range(200)]
+    assert all(32 <= d <= 40 for d in delays)
+    assert len({round(d, 6) for d in delays}) > 100
+
+
+def test_retry_after_is_honoured_even_above_the_backoff() -> None:
+    policy = RetryPolicy(backoff_base_seconds=1, backoff_cap_seconds=10, jitter=0)
+    decision = policy.decide(
+        lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=120
+    )
+    assert decision.status is TaskStatus.RETRY_WAIT
+    assert decision.delay_seconds == 120
+    short = policy.decide(
+        lease_at(3), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=0.5
+    )
+    assert short.delay_seconds == 4  # the backoff is longer than what the provider asked
+
+
+def test_a_spent_budget_is_final_with_the_last_code() -> None:
+    decision = RetryPolicy().decide(lease_at(5, max_attempts=5), ErrorCode.EMBEDDING_TIMEOUT, "x")
+    assert decision.status is TaskStatus.DEAD
+    assert decision.error_code == ErrorCode.EMBEDDING_TIMEOUT
+
+
+def test_messages_are_redacted_and_bounded() -> None:
+    text = redact(
+        "POST failed: Authorization: Bearer sk-abc.def token=xyz123 "
+        "postgresql://kb:hunter2@db/kb api_key='k-9'"
+    )
+    for secret in ("sk-abc.def", "xyz123", "hunter2", "k-9"):
+        assert secret not in text
+    assert "postgresql://kb:***@db/kb" in text
+    assert len(redact("x" * 5000)) == 1000

@@ -1,0 +1,272 @@
+"""The worker against the in-memory queue and fake indexers. Steps are ordered with the
+worker's test-only signals and asyncio events, never with sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.indexer.ports import IndexingOutcome, ManualClock
+from services.indexer.queue_memory import InMemoryTaskQueue, InMemoryTransaction
+from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
+from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
+
+WAIT = 5.0  # generous upper bound for an awaited signal; tests finish far sooner
+
+
+class Succeeds:
+    def __init__(self) -> None:
+        self.seen: list[Lease] = []
+
+    async def index(self, lease: Lease) -> IndexingOutcome:
+        self.seen.append(lease)
+
+        async def write(tx: object) -> None:
+            assert isinstance(tx, InMemoryTransaction)
+            tx.writes.append(("chunks", lease.task_id))
+
+        return IndexingOutcome(write=write)
+
+
+class Fails:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def index(self, lease: Lease) -> IndexingOutcome:
+        raise self.error
+
+
+class Hangs:
+    """Blocks until released (or cancelled); records cancellation."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.cancelled = False
+        self.running = 0
+        self.max_running = 0
+        self._changed = asyncio.Condition()
+
+    async def wait_running(self, count: int) -> None:
+        async with asyncio.timeout(WAIT), self._changed:
+            await self._changed.wait_for(lambda: self.running == count)
+
+    async def index(self, lease: Lease) -> IndexingOutcome:
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        self.started.set()
+        async with self._changed:
+            self._changed.notify_all()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        finally:
+            self.running -= 1
+
+        async def write(tx: object) -> None:
+            assert isinstance(tx, InMemoryTransaction)
+            tx.writes.append(("chunks", lease.task_id))
+
+        return IndexingOutcome(write=write)
+
+
+def make(
+    indexer: object, *, lease: float = 30.0, **options: object
+) -> tuple[Worker, InMemoryTaskQueue, ManualClock, asyncio.Queue[WorkerEvent]]:
+    clock = ManualClock(datetime.now(UTC))
+    queue = InMemoryTaskQueue(clock)
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    worker = Worker(
+        queue,
+        indexer,  # type: ignore[arg-type]
+        tier="standard",
+        owner="w1",
+        lease_seconds=lease,
+        policy=RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0),
+        signals=signals,
+        **options,  # type: ignore[arg-type]
+    )
+    return worker, queue, clock, signals
+
+
+async def next_event(signals: asyncio.Queue[WorkerEvent], kind: str) -> WorkerEvent:
+    async with asyncio.timeout(WAIT):
+        while True:
+            event = await signals.get()
+            if event.kind == kind:
+                return event
+
+
+async def test_idle_when_nothing_is_due() -> None:
+    worker, queue, _, _ = make(Succeeds())
+    queue.new_task(tier="premium")
+    assert await worker.run_once() is RunOnceResult.IDLE
+
+
+async def test_success_completes_and_commits_the_sink_writes_with_it() -> None:
+    indexer = Succeeds()
+    worker, queue, _, _ = make(indexer)
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.SUCCEEDED
+    done = await queue.get(task.task_id)
+    assert done is not None
+    assert done.status is TaskStatus.SUCCEEDED
+    assert queue.committed_writes == [("chunks", task.task_id)]
+    assert indexer.seen[0].lease_attempt == 1
+
+
+async def test_terminal_failure_is_dead_with_its_code() -> None:
+    error = IndexingFailed(ErrorCode.DOCUMENT_PARSE_FAILED, "not a PDF")
+    worker, queue, _, signals = make(Fails(error))
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.FAILED
+    dead = await queue.get(task.task_id)
+    assert dead is not None
+    assert (dead.status, dead.error_code) == (TaskStatus.DEAD, ErrorCode.DOCUMENT_PARSE_FAILED)
+    assert (await next_event(signals, "failed")).detail == "DOCUMENT_PARSE_FAILED DEAD"
+
+
+async def test_rate_limit_waits_for_retry_after() -> None:
+    error = IndexingFailed(ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=90)
+    worker, queue, clock, _ = make(Fails(error))
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.FAILED
+    waiting = await queue.get(task.task_id)
+    assert waiting is not None
+    assert waiting.status is TaskStatus.RETRY_WAIT
+    assert waiting.next_attempt_at == clock.now() + timedelta(seconds=90)
+    assert await worker.run_once() is RunOnceResult.IDLE
+    clock.advance(90)
+    assert await worker.run_once() is RunOnceResult.FAILED  # the retry ran (and failed again)
+
+
+async def test_a_bug_is_dead_as_internal_error_not_retried() -> None:
+    worker, queue, _, _ = make(Fails(KeyError("chunk")))
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.FAILED
+    dead = await queue.get(task.task_id)
+    assert dead is not None
+    assert (dead.status, dead.error_code) == (TaskStatus.DEAD, ErrorCode.INTERNAL_ERROR)
+
+
+async def test_heartbeats_keep_a_long_task_alive() -> None:
+    indexer = Hangs()
+    worker, queue, _, signals = make(indexer, lease=0.3)
+    task = queue.new_task()
+    running = asyncio.create_task(worker.run_once())
+    for _ in range(3):
+        await next_event(signals, "heartbeat")
+    indexer.release.set()
+    assert await running is RunOnceResult.SUCCEEDED
+    assert (await queue.get(task.task_id)) is not None
+
+
+async def test_lost_lease_cancels_the_work_and_writes_nothing() -> None:
+    indexer = Hangs()
+    worker, queue, clock, signals = make(indexer, lease=0.3)
+    task = queue.new_task()
+    running = asyncio.create_task(worker.run_once())
+    await next_event(signals, "claimed")
+    await indexer.started.wait()
+
+    clock.advance(1)  # the lease expires; another worker takes the task over
+    [takeover] = await queue.claim("standard", "w2", lease_seconds=30)
+    taken = await queue.get(task.task_id)
+
+    assert await running is RunOnceResult.LOST_LEASE
+    assert indexer.cancelled
+    assert queue.committed_writes == []
+    assert await queue.get(task.task_id) == taken
+    await queue.complete(takeover)
+
+
+async def test_lost_lease_at_complete_writes_nothing() -> None:
+    indexer = Hangs()
+    worker, queue, clock, _ = make(indexer, lease=30)
+    task = queue.new_task()
+    running = asyncio.create_task(worker.run_once())
+    await indexer.started.wait()
+    clock.advance(31)
+    await queue.claim("standard", "w2", lease_seconds=30)
+    indexer.release.set()  # the work finishes, but the lease is gone
+    assert await running is RunOnceResult.LOST_LEASE
+    assert queue.committed_writes == []
+    current = await queue.get(task.task_id)
+    assert current is not None
+    assert (current.lease_owner, current.attempts) == ("w2", 2)
+
+
+async def test_run_keeps_concurrency_slots_busy_and_stops_cleanly() -> None:
+    indexer = Hangs()
+    worker, queue, _, signals = make(indexer, concurrency=3, poll_interval_seconds=0.05)
+    tasks = [queue.new_task(tenant_id=f"t{i % 2}") for i in range(7)]
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker.run(stop))
+    await indexer.wait_running(3)
+    indexer.release.set()
+    for _ in range(7):
+        await next_event(signals, "completed")
+    stop.set()
+    await asyncio.wait_for(loop, WAIT)
+    assert indexer.max_running == 3
+    for task in tasks:
+        done = await queue.get(task.task_id)
+        assert done is not None
+        assert done.status is TaskStatus.SUCCEEDED
+
+
+async def test_stop_lets_running_tasks_finish_within_the_grace_period() -> None:
+    indexer = Hangs()
+    worker, queue, _, signals = make(
+        indexer, concurrency=2, poll_interval_seconds=0.05, grace_period_seconds=WAIT
+    )
+    first = queue.new_task()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker.run(stop))
+    await next_event(signals, "claimed")
+    stop.set()
+    await next_event(signals, "stopping")
+    late = queue.new_task()  # arrives after stop: must not be claimed
+    indexer.release.set()
+    await asyncio.wait_for(loop, WAIT)
+    assert (await queue.get(first.task_id)).status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+    assert (await queue.get(late.task_id)).status is TaskStatus.PENDING  # type: ignore[union-attr]
+
+
+async def test_grace_period_over_abandons_the_task_to_its_lease() -> None:
+    indexer = Hangs()
+    worker, queue, _, signals = make(indexer, grace_period_seconds=0.05)
+    task = queue.new_task()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker.run(stop))
+    await next_event(signals, "claimed")
+    stop.set()
+    await asyncio.wait_for(loop, WAIT)
+    assert indexer.cancelled
+    await next_event(signals, "cancelled")
+    left = await queue.get(task.task_id)
+    assert left is not None
+    assert left.status is TaskStatus.RUNNING  # nothing written; the lease will expire
+
+
+async def test_wake_claims_without_waiting_for_the_poll_timer() -> None:
+    worker, queue, _, signals = make(Succeeds(), poll_interval_seconds=600)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker.run(stop))
+    await next_event(signals, "idle")
+    await next_event(signals, "idle")  # backoff has grown; the next poll is far away
+    task = queue.new_task()
+    worker.wake()
+    await next_event(signals, "completed")
+    stop.set()
+    await asyncio.wait_for(loop, WAIT)
+    assert (await queue.get(task.task_id)).status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_concurrency_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="concurrency"):
+        make(Succeeds(), concurrency=0)
