@@ -1,0 +1,91 @@
+"""`kb tenants create` and `kb serve`."""
+
+from __future__ import annotations
+
+import re
+import signal
+from types import FrameType
+from typing import Any
+
+import typer
+
+from services.publisher.auth import TENANT_ID_PATTERN, TIER_PATTERN, hash_api_key, new_api_key
+from services.publisher.settings import PublisherSettings
+from services.runtime.cli_support import run_async
+from services.runtime.db import connection
+from services.runtime.errors import BadInput
+from services.runtime.logging import configure_logging, get_logger
+
+tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
+
+
+@tenants_app.command("create")
+def create_tenant(
+    name: str = typer.Argument(help="Tenant id: lowercase letters, digits and '-' (max 63)."),
+    tier: str = typer.Option(..., "--tier", help="Indexing tier, e.g. standard or premium."),
+) -> None:
+    """Create a tenant; print its API key as KB_API_KEY=<key> (only its hash is stored)."""
+    if not re.fullmatch(TENANT_ID_PATTERN, name):
+        raise BadInput(
+            f"tenant name {name!r} is invalid: use 1-63 lowercase letters, digits and '-', "
+            "starting with a letter or digit",
+            code="TENANT_NAME_INVALID",
+        )
+    if not re.fullmatch(TIER_PATTERN, tier):
+        raise BadInput(
+            f"tier {tier!r} is invalid: use 1-32 lowercase letters, digits, '-' and '_'",
+            code="TIER_INVALID",
+        )
+    settings = PublisherSettings()
+    configure_logging(settings.log_level, settings.log_format, service="kb-tenants")
+    key = new_api_key(name)
+
+    async def _run() -> None:
+        from services.publisher.store_pg import PgTenantStore
+
+        async with connection(settings) as conn:
+            await PgTenantStore(conn).create_tenant(name, tier, hash_api_key(key))
+
+    run_async(_run())
+    get_logger(__name__).info("tenant.created", tenant_id=name, tier=tier)
+    typer.echo(f"KB_API_KEY={key}")
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="TCP port."),
+) -> None:
+    """Run the publisher HTTP API."""
+    import uvicorn
+
+    from services.publisher.api import create_app
+
+    settings = PublisherSettings()
+    configure_logging(settings.log_level, settings.log_format, service="kb-publisher")
+    config = uvicorn.Config(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=settings.log_level,
+        access_log=False,
+        lifespan="on",
+        # uvicorn's own startup/shutdown lines go to stderr like every log of ours.
+        log_config=None,
+    )
+    _graceful_server_class()(config).run()
+
+
+def _graceful_server_class() -> type[Any]:
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """SIGTERM is how orchestrators stop a service: a graceful stop is a success and
+        exits 0. uvicorn by default re-raises the signal after shutting down (exit -15),
+        which supervisors report as a crash."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM and sig in self._captured_signals:
+                self._captured_signals.remove(sig)
+
+    return GracefulServer

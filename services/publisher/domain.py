@@ -1,0 +1,457 @@
+"""Publisher domain: uploads, the one-transaction publish, and what a document's status is.
+
+No driver here: storage is reached through :mod:`services.publisher.ports`, events are
+encoded with the Avro registry (pure code) and handed to the transaction's outbox port.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from services.publisher.ports import (
+    DocumentStatusRecord,
+    IndexTaskRecord,
+    NewIndexTask,
+    NewVersion,
+    PendingEvent,
+    PublisherStore,
+    PublishTransaction,
+)
+from services.runtime.avro import SchemaRegistry, default_registry
+from services.runtime.errors import (
+    BadInput,
+    Conflict,
+    NotFound,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    ValidationFailed,
+)
+
+# What the indexer can parse (DESIGN §6); anything else is refused at upload with 415.
+ACCEPTED_MEDIA_TYPES: Final = frozenset(
+    {
+        "text/plain",
+        "text/markdown",
+        "text/html",
+        "application/pdf",
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    }
+)
+# Clients often send a file without a precise type; its extension then decides.
+_BY_EXTENSION: Final = {
+    ".txt": "text/plain",
+    ".text": "text/plain",
+    ".md": "text/markdown",
+    ".markdown": "text/markdown",
+    ".html": "text/html",
+    ".htm": "text/html",
+    ".pdf": "application/pdf",
+    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+}
+_UNSPECIFIC: Final = frozenset({"", "application/octet-stream", "binary/octet-stream"})
+_ALIASES: Final = {"text/x-markdown": "text/markdown"}
+
+TASK_TYPE_INDEX_VERSION: Final = "INDEX_VERSION"
+EVENT_INDEX_TASK_CREATED: Final = "IndexTaskCreated"
+EVENT_DOCUMENT_VERSION_PUBLISHED: Final = "DocumentVersionPublished"
+EVENT_DOCUMENT_SEARCH_VERSION_SWITCHED: Final = "DocumentSearchVersionSwitched"
+
+# uuid5 namespace of event ids: the same business change always gets the same event id.
+EVENT_ID_NAMESPACE: Final = uuid.UUID("6f1c54a2-3b8e-5d0a-9c1e-2b7d4e8f0a13")
+
+MAX_TITLE_LENGTH: Final = 500
+MAX_PRINCIPAL_LENGTH: Final = 200
+
+
+class RevisionConflict(Conflict):
+    """The client's revision is not the document's: someone changed it in between."""
+
+    code = "REVISION_CONFLICT"
+
+    def __init__(self, expected: int, current: int) -> None:
+        super().__init__(
+            f"the document is at revision {current}, not {expected}; "
+            "read it again and retry with the current revision"
+        )
+        self.current_revision = current
+
+    @property
+    def problem_fields(self) -> dict[str, Any]:
+        return {"currentRevision": self.current_revision}
+
+
+def document_not_found(document_id: uuid.UUID) -> NotFound:
+    return NotFound(f"no document {document_id} in this tenant", code="DOCUMENT_NOT_FOUND")
+
+
+def version_not_found(document_id: uuid.UUID, version_number: int) -> NotFound:
+    return NotFound(
+        f"document {document_id} has no version {version_number}", code="VERSION_NOT_FOUND"
+    )
+
+
+def index_task_not_found(task_id: uuid.UUID) -> NotFound:
+    return NotFound(f"no index task {task_id} in this tenant", code="INDEX_TASK_NOT_FOUND")
+
+
+class IndexStatus(enum.StrEnum):
+    NOT_PUBLISHED = "NOT_PUBLISHED"
+    INDEXING = "INDEXING"
+    SEARCHABLE = "SEARCHABLE"
+    FAILED = "FAILED"
+
+
+# --- uploads ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Upload:
+    content: bytes
+    declared_media_type: str | None
+    filename: str | None
+
+
+def resolve_media_type(declared: str | None, filename: str | None) -> str:
+    """The media type the indexer will parse the file as, or 415."""
+    media_type = (declared or "").split(";", 1)[0].strip().lower()
+    media_type = _ALIASES.get(media_type, media_type)
+    if media_type in _UNSPECIFIC and filename:
+        dot = filename.rfind(".")
+        media_type = _BY_EXTENSION.get(filename[dot:].lower(), media_type) if dot >= 0 else ""
+    if media_type not in ACCEPTED_MEDIA_TYPES:
+        accepted = ", ".join(sorted(ACCEPTED_MEDIA_TYPES))
+        raise UnsupportedMediaType(
+            f"media type {media_type or 'none'!r} cannot be indexed; accepted: {accepted}"
+        )
+    return media_type
+
+
+def check_upload(upload: Upload, max_upload_bytes: int) -> str:
+    """Validate an upload; its media type."""
+    if not upload.content:
+        raise BadInput("the file is empty", code="EMPTY_FILE")
+    if len(upload.content) > max_upload_bytes:
+        raise PayloadTooLarge(
+            f"the file has {len(upload.content)} bytes; the limit is {max_upload_bytes}"
+        )
+    return resolve_media_type(upload.declared_media_type, upload.filename)
+
+
+def check_title(title: str) -> str:
+    cleaned = title.strip()
+    if not cleaned:
+        raise ValidationFailed("the title is blank", code="TITLE_INVALID")
+    if len(cleaned) > MAX_TITLE_LENGTH:
+        raise ValidationFailed(
+            f"the title is longer than {MAX_TITLE_LENGTH} characters", code="TITLE_INVALID"
+        )
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in cleaned) or "\x00" in cleaned:
+        raise ValidationFailed("the title contains control characters", code="TITLE_INVALID")
+    return cleaned
+
+
+def check_principals(principals: list[str]) -> frozenset[str]:
+    cleaned: set[str] = set()
+    for principal in principals:
+        value = principal.strip()
+        if not value or len(value) > MAX_PRINCIPAL_LENGTH or "\x00" in value:
+            raise ValidationFailed(
+                f"a principal must have 1 to {MAX_PRINCIPAL_LENGTH} characters",
+                code="PRINCIPAL_INVALID",
+            )
+        cleaned.add(value)
+    return frozenset(cleaned)
+
+
+@dataclass(frozen=True)
+class VersionCreated:
+    document_id: uuid.UUID
+    version_number: int
+    revision: int
+
+
+@dataclass(frozen=True)
+class PublishOutcome:
+    document_id: uuid.UUID
+    version_number: int
+    revision: int
+    index_task_id: uuid.UUID
+    # False when the request changed nothing (a retry of a publish that already happened).
+    changed: bool
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+def event_id(event_type: str, *parts: object) -> uuid.UUID:
+    return uuid.uuid5(EVENT_ID_NAMESPACE, "/".join([event_type, *map(str, parts)]))
+
+
+def _occurred_at(now: datetime | None) -> datetime:
+    return now if now is not None else datetime.now(UTC)
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    error_code: str
+    message: str | None
+    attempts: int
+    failed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DocumentStatus:
+    document_id: uuid.UUID
+    title: str
+    revision: int
+    latest_version: int
+    published_version: int | None
+    published_at: datetime | None
+    search_version: int | None
+    search_switched_at: datetime | None
+    index_status: IndexStatus
+    index_task_id: uuid.UUID | None
+    failure: Failure | None
+    # When the published version became published while search still serves another one:
+    # how long the search version has been lagging. None when it does not lag.
+    search_lag_since: datetime | None
+
+
+def derive_status(record: DocumentStatusRecord) -> DocumentStatus:
+    task = record.task
+    failure: Failure | None = None
+    lag_since: datetime | None = None
+    if record.published_version is None:
+        status = IndexStatus.NOT_PUBLISHED
+    elif record.search_version == record.published_version:
+        status = IndexStatus.SEARCHABLE
+    else:
+        lag_since = record.published_at
+        if task is not None and task.status == "DEAD":
+            status = IndexStatus.FAILED
+            failure = Failure(
+                error_code=task.error_code or "UNKNOWN",
+                message=task.error_message,
+                attempts=task.attempts,
+                failed_at=task.finished_at or task.updated_at,
+            )
+        else:
+            status = IndexStatus.INDEXING
+    return DocumentStatus(
+        document_id=record.document_id,
+        title=record.title,
+        revision=record.revision,
+        latest_version=record.latest_version,
+        published_version=record.published_version,
+        published_at=record.published_at,
+        search_version=record.search_version,
+        search_switched_at=record.search_switched_at,
+        index_status=status,
+        index_task_id=task.task_id if task is not None else None,
+        failure=failure,
+        search_lag_since=lag_since,
+    )
+
+
+# --- the service ---------------------------------------------------------------------------
+
+
+class Publisher:
+    def __init__(
+        self,
+        store: PublisherStore,
+        *,
+        max_upload_bytes: int,
+        registry: SchemaRegistry | None = None,
+    ) -> None:
+        self._store = store
+        self._max_upload_bytes = max_upload_bytes
+        self._registry = registry or default_registry()
+
+    async def create_document(
+        self, tenant_id: str, title: str, upload: Upload, *, now: datetime | None = None
+    ) -> VersionCreated:
+        clean_title = check_title(title)
+        media_type = check_upload(upload, self._max_upload_bytes)
+        document_id = uuid.uuid4()
+        async with self._store.transaction() as tx:
+            await tx.insert_document(tenant_id, document_id, clean_title, now)
+            await tx.insert_version(
+                _new_version(tenant_id, document_id, 1, upload.content, media_type), now
+            )
+        return VersionCreated(document_id=document_id, version_number=1, revision=1)
+
+    async def add_version(
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        upload: Upload,
+        *,
+        now: datetime | None = None,
+    ) -> VersionCreated:
+        media_type = check_upload(upload, self._max_upload_bytes)
+        async with self._store.transaction() as tx:
+            document = await tx.lock_document(tenant_id, document_id)
+            if document is None:
+                raise document_not_found(document_id)
+            version_number = document.latest_version + 1
+            await tx.insert_version(
+                _new_version(tenant_id, document_id, version_number, upload.content, media_type),
+                now,
+            )
+            revision = await tx.record_new_version(tenant_id, document_id, version_number, now)
+        return VersionCreated(document_id, version_number, revision)
+
+    async def publish(
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        version_number: int,
+        *,
+        expected_revision: int,
+        read_principals: list[str],
+        now: datetime | None = None,
+    ) -> PublishOutcome:
+        """Publish ``version_number`` with its READ ACL, in one transaction.
+
+        The document row is locked first (``FOR UPDATE``): concurrent publishes of one
+        document run one after the other, so the second sees the first one's revision and
+        gets a 409. A request that would change nothing (this version is already the
+        published one, with this very ACL) is a retry: it answers the same task, bumps no
+        revision and adds no event.
+        """
+        principals = check_principals(read_principals)
+        async with self._store.transaction() as tx:
+            document = await tx.lock_document(tenant_id, document_id)
+            if document is None:
+                raise document_not_found(document_id)
+            version = await tx.get_version(tenant_id, document_id, version_number)
+            if version is None:
+                raise version_not_found(document_id, version_number)
+            current_acl = await tx.read_acl(tenant_id, document_id)
+            if document.published_version == version_number and current_acl == principals:
+                existing = await tx.find_index_task(
+                    tenant_id, document_id, version_number, TASK_TYPE_INDEX_VERSION
+                )
+                if existing is not None:
+                    return PublishOutcome(
+                        document_id, version_number, document.revision, existing, changed=False
+                    )
+            if expected_revision != document.revision:
+                raise RevisionConflict(expected_revision, document.revision)
+            if document.published_version is not None and version_number < (
+                document.published_version
+            ):
+                # Search only ever moves forward: an older version would never be served.
+                raise Conflict(
+                    f"version {version_number} is older than the published version "
+                    f"{document.published_version}; upload it again as a new version",
+                    code="VERSION_SUPERSEDED",
+                )
+            await tx.mark_version_published(tenant_id, document_id, version_number, now)
+            revision = await tx.set_published_version(tenant_id, document_id, version_number, now)
+            await tx.replace_acl(tenant_id, document_id, principals)
+            task = await tx.ensure_index_task(
+                NewIndexTask(
+                    task_id=uuid.uuid4(),
+                    tenant_id=tenant_id,
+                    document_id=document_id,
+                    version_number=version_number,
+                    task_type=TASK_TYPE_INDEX_VERSION,
+                    tier=document.tier,
+                ),
+                now,
+            )
+            occurred_at = _occurred_at(now)
+            if task.created:
+                await self._add_event(
+                    tx,
+                    EVENT_INDEX_TASK_CREATED,
+                    event_id(EVENT_INDEX_TASK_CREATED, task.task_id),
+                    tenant_id,
+                    document.tier,
+                    document_id,
+                    {
+                        "tenantId": tenant_id,
+                        "tier": document.tier,
+                        "documentId": document_id,
+                        "versionNumber": version_number,
+                        "taskId": task.task_id,
+                        "taskType": TASK_TYPE_INDEX_VERSION,
+                        "occurredAt": occurred_at,
+                    },
+                )
+            await self._add_event(
+                tx,
+                EVENT_DOCUMENT_VERSION_PUBLISHED,
+                # One event per revision: a retried transaction writes the same id.
+                event_id(EVENT_DOCUMENT_VERSION_PUBLISHED, tenant_id, document_id, revision),
+                tenant_id,
+                document.tier,
+                document_id,
+                {
+                    "tenantId": tenant_id,
+                    "tier": document.tier,
+                    "documentId": document_id,
+                    "versionNumber": version_number,
+                    "revision": revision,
+                    "previousPublishedVersion": document.published_version,
+                    "title": document.title,
+                    "mediaType": version.media_type,
+                    "sha256": version.sha256.hex(),
+                    "sizeBytes": version.size_bytes,
+                    "readPrincipals": sorted(principals),
+                    "indexTaskId": task.task_id,
+                    "occurredAt": occurred_at,
+                },
+            )
+        return PublishOutcome(document_id, version_number, revision, task.task_id, changed=True)
+
+    async def _add_event(
+        self,
+        tx: PublishTransaction,
+        event_type: str,
+        id_: uuid.UUID,
+        tenant_id: str,
+        tier: str,
+        document_id: uuid.UUID,
+        record: dict[str, Any],
+    ) -> None:
+        payload = self._registry.encode(event_type, {"eventId": id_, **record})
+        await tx.add_event(PendingEvent(id_, event_type, tenant_id, tier, document_id, payload))
+
+    async def document_status(self, tenant_id: str, document_id: uuid.UUID) -> DocumentStatus:
+        record = await self._store.document_status(tenant_id, document_id)
+        if record is None:
+            raise document_not_found(document_id)
+        return derive_status(record)
+
+    async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord:
+        task = await self._store.index_task(tenant_id, task_id)
+        if task is None:
+            raise index_task_not_found(task_id)
+        return task
+
+    async def readiness_problems(self) -> list[str]:
+        return await self._store.readiness_problems()
+
+
+def _new_version(
+    tenant_id: str, document_id: uuid.UUID, version_number: int, content: bytes, media_type: str
+) -> NewVersion:
+    return NewVersion(
+        tenant_id=tenant_id,
+        document_id=document_id,
+        version_number=version_number,
+        content=content,
+        media_type=media_type,
+        sha256=hashlib.sha256(content).digest(),
+    )

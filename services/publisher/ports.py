@@ -1,0 +1,172 @@
+"""What the publisher needs from storage, as data-access methods behind Protocols.
+
+One method per query, each taking plain values; the PostgreSQL adapter (``store_pg``) is the
+real implementation. Every method that reads or writes tenant data takes the tenant id and
+the adapter puts it in the WHERE clause: no query can wander into another tenant's rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LockedDocument:
+    """A document row, locked for the rest of the transaction (``FOR UPDATE``)."""
+
+    tenant_id: str
+    document_id: uuid.UUID
+    tier: str
+    title: str
+    revision: int
+    latest_version: int
+    published_version: int | None
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    version_number: int
+    status: str
+    media_type: str
+    sha256: bytes
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class NewVersion:
+    tenant_id: str
+    document_id: uuid.UUID
+    version_number: int
+    content: bytes
+    media_type: str
+    sha256: bytes
+
+
+@dataclass(frozen=True)
+class NewIndexTask:
+    task_id: uuid.UUID
+    tenant_id: str
+    document_id: uuid.UUID
+    version_number: int
+    task_type: str
+    tier: str
+
+
+@dataclass(frozen=True)
+class EnsuredTask:
+    task_id: uuid.UUID
+    created: bool
+
+
+@dataclass(frozen=True)
+class PendingEvent:
+    """An encoded event to add to the outbox in the current transaction."""
+
+    event_id: uuid.UUID
+    event_type: str
+    tenant_id: str
+    tier: str
+    document_id: uuid.UUID  # the aggregate: its key is "<tenant>/<document>"
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class IndexTaskRecord:
+    task_id: uuid.UUID
+    tenant_id: str
+    document_id: uuid.UUID
+    version_number: int
+    task_type: str
+    tier: str
+    status: str
+    attempts: int
+    max_attempts: int
+    lease_owner: str | None
+    lease_until: datetime | None
+    next_attempt_at: datetime
+    error_code: str | None
+    error_message: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DocumentStatusRecord:
+    document_id: uuid.UUID
+    title: str
+    revision: int
+    latest_version: int
+    published_version: int | None
+    published_at: datetime | None
+    search_version: int | None
+    search_switched_at: datetime | None
+    task: IndexTaskRecord | None  # the published version's index task
+
+
+class PublishTransaction(Protocol):
+    async def lock_document(
+        self, tenant_id: str, document_id: uuid.UUID
+    ) -> LockedDocument | None: ...
+
+    async def get_version(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int
+    ) -> VersionInfo | None: ...
+
+    async def read_acl(self, tenant_id: str, document_id: uuid.UUID) -> frozenset[str]: ...
+
+    async def insert_document(
+        self, tenant_id: str, document_id: uuid.UUID, title: str, now: datetime | None
+    ) -> None: ...
+
+    async def insert_version(self, version: NewVersion, now: datetime | None) -> None: ...
+
+    async def record_new_version(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
+    ) -> int:
+        """Set the document's latest version, bump its revision; the new revision."""
+        ...
+
+    async def mark_version_published(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
+    ) -> None: ...
+
+    async def set_published_version(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
+    ) -> int:
+        """Point the document at its published version, bump its revision; the new one."""
+        ...
+
+    async def replace_acl(
+        self, tenant_id: str, document_id: uuid.UUID, read_principals: frozenset[str]
+    ) -> None: ...
+
+    async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnsuredTask:
+        """Create the task unless its business key exists; either way, its id."""
+        ...
+
+    async def find_index_task(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int, task_type: str
+    ) -> uuid.UUID | None: ...
+
+    async def add_event(self, event: PendingEvent) -> None: ...
+
+
+class PublisherStore(Protocol):
+    def transaction(self) -> AbstractAsyncContextManager[PublishTransaction]: ...
+
+    async def api_key_is_valid(self, tenant_id: str, key_hash: bytes) -> bool: ...
+
+    async def document_status(
+        self, tenant_id: str, document_id: uuid.UUID
+    ) -> DocumentStatusRecord | None: ...
+
+    async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None: ...
+
+    async def readiness_problems(self) -> list[str]:
+        """Why the service cannot serve now (empty when ready)."""
+        ...

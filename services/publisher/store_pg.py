@@ -1,0 +1,263 @@
+"""The publisher's PostgreSQL adapter: one method per named query in ``queries.sql``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any, cast
+
+import asyncpg
+
+from services.publisher.ports import (
+    DocumentStatusRecord,
+    EnsuredTask,
+    IndexTaskRecord,
+    LockedDocument,
+    NewIndexTask,
+    NewVersion,
+    PendingEvent,
+    VersionInfo,
+)
+from services.runtime.db import translate_db_errors
+from services.runtime.errors import BadInput
+from services.runtime.migrations import pending_migrations
+from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.sql import queries_beside
+
+QUERIES = queries_beside(__file__, "queries.sql")
+_TASK_TYPE_INDEX_VERSION = "INDEX_VERSION"
+READINESS_TIMEOUT_SECONDS = 3.0
+
+
+def _task(row: asyncpg.Record, prefix: str = "") -> IndexTaskRecord:
+    return IndexTaskRecord(
+        task_id=row["task_id"],
+        tenant_id=row[f"{prefix}tenant_id"],
+        document_id=row[f"{prefix}document_id"],
+        version_number=row[f"{prefix}version_number"],
+        task_type=row["task_type"],
+        tier=row["tier"],
+        status=row["status"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        lease_owner=row["lease_owner"],
+        lease_until=row["lease_until"],
+        next_attempt_at=row["next_attempt_at"],
+        error_code=row["error_code"],
+        error_message=row["error_message"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+class PgPublishTransaction:
+    def __init__(self, conn: asyncpg.Connection[Any]) -> None:
+        self._conn = conn
+
+    async def lock_document(self, tenant_id: str, document_id: uuid.UUID) -> LockedDocument | None:
+        with translate_db_errors():
+            row = await self._conn.fetchrow(QUERIES["lock_document"], tenant_id, document_id)
+        if row is None:
+            return None
+        return LockedDocument(
+            tenant_id=row["tenant_id"],
+            document_id=row["document_id"],
+            tier=row["tier"],
+            title=row["title"],
+            revision=row["revision"],
+            latest_version=row["latest_version"],
+            published_version=row["published_version"],
+        )
+
+    async def get_version(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int
+    ) -> VersionInfo | None:
+        with translate_db_errors():
+            row = await self._conn.fetchrow(
+                QUERIES["get_version"], tenant_id, document_id, version_number
+            )
+        if row is None:
+            return None
+        return VersionInfo(
+            version_number=row["version_number"],
+            status=row["status"],
+            media_type=row["media_type"],
+            sha256=bytes(row["sha256"]),
+            size_bytes=row["size_bytes"],
+        )
+
+    async def read_acl(self, tenant_id: str, document_id: uuid.UUID) -> frozenset[str]:
+        with translate_db_errors():
+            rows = await self._conn.fetch(QUERIES["read_acl"], tenant_id, document_id)
+        return frozenset(row["principal"] for row in rows)
+
+    async def insert_document(
+        self, tenant_id: str, document_id: uuid.UUID, title: str, now: datetime | None
+    ) -> None:
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["insert_document"], tenant_id, document_id, title, now)
+
+    async def insert_version(self, version: NewVersion, now: datetime | None) -> None:
+        with translate_db_errors():
+            await self._conn.execute(
+                QUERIES["insert_version"],
+                version.tenant_id,
+                version.document_id,
+                version.version_number,
+                version.content,
+                version.media_type,
+                version.sha256,
+                now,
+            )
+
+    async def record_new_version(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
+    ) -> int:
+        with translate_db_errors():
+            revision: int = await self._conn.fetchval(
+                QUERIES["record_new_version"], tenant_id, document_id, version_number, now
+            )
+        return revision
+
+    async def mark_version_published(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
+    ) -> None:
+        with translate_db_errors():
+            await self._conn.execute(
+                QUERIES["mark_version_published"], tenant_id, document_id, version_number, now
+            )
+
+    async def set_published_version(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
+    ) -> int:
+        with translate_db_errors():
+            revision: int = await self._conn.fetchval(
+                QUERIES["set_published_version"], tenant_id, document_id, version_number, now
+            )
+        return revision
+
+    async def replace_acl(
+        self, tenant_id: str, document_id: uuid.UUID, read_principals: frozenset[str]
+    ) -> None:
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["delete_acl"], tenant_id, document_id)
+            if read_principals:
+                await self._conn.execute(
+                    QUERIES["insert_acl"], tenant_id, document_id, sorted(read_principals)
+                )
+
+    async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnsuredTask:
+        with translate_db_errors():
+            created = await self._conn.fetchval(
+                QUERIES["insert_index_task"],
+                task.task_id,
+                task.tenant_id,
+                task.document_id,
+                task.version_number,
+                task.task_type,
+                task.tier,
+                now,
+            )
+        if created is not None:
+            return EnsuredTask(task_id=created, created=True)
+        existing = await self.find_index_task(
+            task.tenant_id, task.document_id, task.version_number, task.task_type
+        )
+        assert existing is not None, "ON CONFLICT DO NOTHING implies the business key exists"
+        return EnsuredTask(task_id=existing, created=False)
+
+    async def find_index_task(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int, task_type: str
+    ) -> uuid.UUID | None:
+        with translate_db_errors():
+            task_id: uuid.UUID | None = await self._conn.fetchval(
+                QUERIES["find_index_task"], tenant_id, document_id, version_number, task_type
+            )
+        return task_id
+
+    async def add_event(self, event: PendingEvent) -> None:
+        await add_event(
+            self._conn,
+            OutboxEvent(
+                event_type=event.event_type,
+                tenant_id=event.tenant_id,
+                tier=event.tier,
+                aggregate_key=aggregate_key(event.tenant_id, event.document_id),
+                payload=event.payload,
+                event_id=event.event_id,
+            ),
+        )
+
+
+class PgPublisherStore:
+    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
+        self._pool = pool
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[PgPublishTransaction]:
+        with translate_db_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                # The pool's proxy forwards every call to the connection it wraps.
+                yield PgPublishTransaction(cast("asyncpg.Connection[Any]", conn))
+
+    async def api_key_is_valid(self, tenant_id: str, key_hash: bytes) -> bool:
+        with translate_db_errors():
+            valid: bool = await self._pool.fetchval(
+                QUERIES["api_key_is_valid"], tenant_id, key_hash
+            )
+        return valid
+
+    async def document_status(
+        self, tenant_id: str, document_id: uuid.UUID
+    ) -> DocumentStatusRecord | None:
+        with translate_db_errors():
+            row = await self._pool.fetchrow(
+                QUERIES["document_status"], tenant_id, document_id, _TASK_TYPE_INDEX_VERSION
+            )
+        if row is None:
+            return None
+        return DocumentStatusRecord(
+            document_id=row["document_id"],
+            title=row["title"],
+            revision=row["revision"],
+            latest_version=row["latest_version"],
+            published_version=row["published_version"],
+            published_at=row["published_at"],
+            search_version=row["search_version"],
+            search_switched_at=row["search_switched_at"],
+            task=_task(row, prefix="task_") if row["task_id"] is not None else None,
+        )
+
+    async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None:
+        with translate_db_errors():
+            row = await self._pool.fetchrow(QUERIES["index_task"], tenant_id, task_id)
+        return _task(row) if row is not None else None
+
+    async def readiness_problems(self) -> list[str]:
+        # A probe must answer quickly: an unreachable database is "not ready", not a hang.
+        with translate_db_errors():
+            async with asyncio.timeout(READINESS_TIMEOUT_SECONDS), self._pool.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+                pending = await pending_migrations(cast("asyncpg.Connection[Any]", conn))
+        return [f"migration {m.version:04d}_{m.name} is not applied" for m in pending]
+
+
+class PgTenantStore:
+    """Tenants and their API keys (the `kb tenants` commands)."""
+
+    def __init__(self, conn: asyncpg.Connection[Any]) -> None:
+        self._conn = conn
+
+    async def create_tenant(self, tenant_id: str, tier: str, key_hash: bytes) -> None:
+        with translate_db_errors():
+            async with self._conn.transaction():
+                created = await self._conn.fetchval(QUERIES["insert_tenant"], tenant_id, tier)
+                if created is None:
+                    raise BadInput(f"tenant {tenant_id!r} already exists", code="TENANT_EXISTS")
+                await self._conn.execute(
+                    QUERIES["insert_api_key"], uuid.uuid4(), tenant_id, key_hash
+                )

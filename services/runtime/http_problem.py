@@ -1,0 +1,171 @@
+"""RFC 9457 problem details (``application/problem+json``) for every HTTP error.
+
+Every error answer carries a stable ``errorCode`` (the ``KbError.code``, or one of the codes
+below for errors raised by the framework itself), so clients branch on the code and never
+on the message text. 5xx answers never echo internal details; they are logged instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any, Final
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.runtime.errors import KbError
+from services.runtime.logging import get_logger
+
+PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
+
+# Codes of the errors the framework raises before our code runs.
+FRAMEWORK_CODES: Final = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHENTICATED",
+    403: "FORBIDDEN",
+    404: "ROUTE_NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    406: "NOT_ACCEPTABLE",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    422: "VALIDATION_FAILED",
+}
+MALFORMED_JSON: Final = "MALFORMED_JSON"
+MALFORMED_BODY: Final = "MALFORMED_BODY"
+
+log = get_logger(__name__)
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """The body of every error answer."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    type: str = Field(description="A URI naming the kind of problem.")
+    title: str
+    status: int
+    detail: str
+    error_code: str = Field(alias="errorCode", description="Stable; branch on this.")
+    errors: list[FieldError] | None = Field(
+        default=None, description="Per-field details of a validation failure."
+    )
+
+
+PROBLEM_RESPONSE: Final[dict[str, Any]] = {
+    "model": Problem,
+    "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
+
+
+def problem_response(
+    status: int,
+    code: str,
+    detail: str,
+    *,
+    instance: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": f"urn:kb:problem:{code.lower().replace('_', '-')}",
+        "title": _title(status),
+        "status": status,
+        "detail": detail,
+        "errorCode": code,
+    }
+    if instance is not None:
+        body["instance"] = instance
+    if extra:
+        body.update(extra)
+    return JSONResponse(
+        body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=dict(headers or {})
+    )
+
+
+def _title(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def kb_error_response(error: KbError, instance: str | None = None) -> JSONResponse:
+    status = error.http_status
+    if status >= 500:
+        # Internal details stay in the log; the client gets the stable code only.
+        log.error("http.server_error", error_code=error.code, error=error.message)
+        detail = "the service could not complete the request; it is safe to retry"
+        if not error.retriable:
+            detail = "the service failed to complete the request"
+        return problem_response(status, error.code, detail, instance=instance)
+    extra = getattr(error, "problem_fields", None)
+    return problem_response(status, error.code, error.message, instance=instance, extra=extra)
+
+
+def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    errors = []
+    for error in exc.errors():
+        errors.append(
+            {
+                "loc": [part if isinstance(part, int) else str(part) for part in error["loc"]],
+                "msg": str(error.get("msg", "")),
+                "type": str(error.get("type", "")),
+            }
+        )
+    return errors
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Answer every error raised in ``app`` as problem+json."""
+
+    async def on_kb_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, KbError)
+        return kb_error_response(exc, request.url.path)
+
+    async def on_http_exception(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = FRAMEWORK_CODES.get(exc.status_code, "HTTP_ERROR")
+        detail = str(exc.detail) if exc.detail else _title(exc.status_code)
+        if exc.status_code == 400 and "parsing the body" in detail:
+            code = MALFORMED_BODY
+        return problem_response(
+            exc.status_code, code, detail, instance=request.url.path, headers=exc.headers
+        )
+
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = _field_errors(exc)
+        if any(e["type"] == "json_invalid" for e in errors):
+            return problem_response(
+                400,
+                MALFORMED_JSON,
+                "the request body is not valid JSON",
+                instance=request.url.path,
+                extra={"errors": errors},
+            )
+        return problem_response(
+            422,
+            FRAMEWORK_CODES[422],
+            "the request does not match the API: see errors",
+            instance=request.url.path,
+            extra={"errors": errors},
+        )
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("http.unhandled_error", path=request.url.path)
+        return problem_response(500, "INTERNAL_ERROR", "the service failed to complete the request")
+
+    app.add_exception_handler(KbError, on_kb_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_exception)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(Exception, on_unexpected)
