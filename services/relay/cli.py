@@ -1,0 +1,249 @@
+"""`kb relay run` and `kb relay replay`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import typer
+
+from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, PgWakeups, create_relay_pool
+from services.relay.ports import Lease, OutboxRecord, ReplayFilter
+from services.relay.relay import AfterAck, Relay
+from services.relay.replay import ReplayResult, replay
+from services.relay.settings import RelaySettings
+from services.relay.sink_kafka import KafkaSink
+from services.runtime.cli_support import run_async
+from services.runtime.errors import BadInput, DependencyUnavailable
+from services.runtime.logging import configure_logging, get_logger
+
+app = typer.Typer(help="Carry committed outbox rows to Kafka.", no_args_is_help=True)
+log = get_logger(__name__)
+
+# TEST ONLY: when set to a file path, `kb relay run` writes the event ids of the first batch
+# Kafka acknowledged to that file and then hangs *before* recording progress, so a test can
+# kill -9 it exactly between produce and progress commit. Never set it in production.
+TEST_ONLY_PAUSE_AFTER_ACK = "KB_RELAY_TEST_ONLY_PAUSE_AFTER_ACK"
+
+
+def _pause_after_ack_hook(path: Path) -> AfterAck:
+    async def pause(lease: Lease, records: Sequence[OutboxRecord]) -> None:
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps([str(r.event_id) for r in records]))
+        partial.rename(path)
+        log.warning("relay.test_only_paused", partition=lease.partition, events=len(records))
+        await asyncio.Event().wait()  # until killed
+
+    return pause
+
+
+@app.command("run")
+def run() -> None:
+    """Run the relay until SIGTERM/SIGINT (several instances may run at once)."""
+    settings = RelaySettings()
+    configure_logging(settings.log_level, settings.log_format, service="relay")
+    if settings.relay_metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.relay_metrics_port, addr="0.0.0.0")
+    pause_path = os.environ.get(TEST_ONLY_PAUSE_AFTER_ACK)
+    hook = _pause_after_ack_hook(Path(pause_path)) if pause_path else None
+    run_async(_run(settings, hook))
+
+
+async def _run(settings: RelaySettings, hook: AfterAck | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    pool = await _pool_when_reachable(settings, stop)
+    if pool is None:  # stopped before the database ever answered
+        return
+    relay = Relay(
+        settings,
+        leases=PgLeaseStore(pool),
+        source=PgOutboxSource(pool),
+        sink=KafkaSink(settings),
+        wakeups=PgWakeups(settings),
+        after_ack=hook,
+    )
+    try:
+        await relay.start()
+        stopped = asyncio.create_task(relay.wait_stopped())
+        signalled = asyncio.create_task(stop.wait())
+        await asyncio.wait({stopped, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        signalled.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await signalled
+    finally:
+        await relay.stop()
+        await pool.close()
+    if relay.failure is not None:
+        raise relay.failure
+
+
+async def _pool_when_reachable(
+    settings: RelaySettings, stop: asyncio.Event
+) -> asyncpg.Pool[Any] | None:
+    """A database that is not up yet is waited for (with backoff), not a crash loop."""
+    delay = settings.relay_backoff_initial_s
+    while not stop.is_set():
+        try:
+            return await create_relay_pool(settings)
+        except DependencyUnavailable as error:
+            log.warning("relay.database_unavailable", error=str(error), retry_in_s=delay)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await stop.wait()
+        delay = min(settings.relay_backoff_max_s, delay * 2)
+    return None
+
+
+@dataclass(frozen=True)
+class ReplayArgs:
+    where: ReplayFilter
+    rate: float | None
+
+
+def parse_replay_args(
+    *,
+    from_position: str | None,
+    since: str | None,
+    to: str | None,
+    tenant: str | None,
+    tier: str | None,
+    event_type: str | None,
+    rate: str | None,
+) -> ReplayArgs:
+    """Validate the command line; every mistake is a BadInput (exit 2) saying what to fix."""
+    if (from_position is None) == (since is None):
+        raise BadInput("give exactly one of --from POSITION or --since TIME")
+    after_position = 0
+    up_to: int | None = None
+    since_at: datetime | None = None
+    until: datetime | None = None
+    if from_position is not None:
+        start = _position("--from", from_position)
+        after_position = start - 1
+        if to is not None:
+            up_to = _position("--to", to)
+            if up_to < start:
+                raise BadInput(f"--to {up_to} is before --from {start}")
+    else:
+        assert since is not None
+        since_at = _time("--since", since)
+        if to is not None:
+            until = _time("--to", to)
+            if until <= since_at:
+                raise BadInput(f"--to {to} is not after --since {since}")
+    replay_rate: float | None = None
+    if rate is not None:
+        try:
+            replay_rate = float(rate)
+        except ValueError:
+            raise BadInput(f"--rate must be a number of events per second, not {rate!r}") from None
+        if not replay_rate > 0:
+            raise BadInput(f"--rate must be greater than 0, not {rate!r}")
+    for name, value in (("--tenant", tenant), ("--tier", tier), ("--type", event_type)):
+        if value is not None and not value.strip():
+            raise BadInput(f"{name} must not be empty")
+    return ReplayArgs(
+        where=ReplayFilter(
+            after_position=after_position,
+            up_to_position=up_to,
+            since=since_at,
+            until=until,
+            tenant_id=tenant,
+            tier=tier,
+            event_type=event_type,
+        ),
+        rate=replay_rate,
+    )
+
+
+def _position(option: str, value: str) -> int:
+    try:
+        position = int(value)
+    except ValueError:
+        raise BadInput(f"{option} must be an outbox position (an integer), not {value!r}") from None
+    if position < 1:
+        raise BadInput(f"{option} must be a position >= 1, not {position}")
+    return position
+
+
+def _time(option: str, value: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise BadInput(
+            f"{option} must be an ISO 8601 time such as 2026-01-31T12:00:00Z, not {value!r}"
+        ) from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+@app.command("replay")
+def replay_command(
+    from_position: str | None = typer.Option(
+        None, "--from", help="First outbox position to re-send (inclusive)."
+    ),
+    since: str | None = typer.Option(
+        None,
+        "--since",
+        help="Re-send rows created at or after this ISO 8601 time (UTC if no zone).",
+    ),
+    to: str | None = typer.Option(
+        None,
+        "--to",
+        help="End of the range: a position (inclusive) with --from, a time (exclusive) with "
+        "--since. Default: the last row there when the replay starts.",
+    ),
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant's events."),
+    tier: str | None = typer.Option(None, "--tier", help="Only events of this tier."),
+    event_type: str | None = typer.Option(None, "--type", help="Only this event type."),
+    rate: str | None = typer.Option(None, "--rate", help="At most N events per second."),
+) -> None:
+    """Re-send a range of outbox rows to Kafka with the header replay=true."""
+    args = parse_replay_args(
+        from_position=from_position,
+        since=since,
+        to=to,
+        tenant=tenant,
+        tier=tier,
+        event_type=event_type,
+        rate=rate,
+    )
+    settings = RelaySettings()
+    configure_logging(settings.log_level, settings.log_format, service="relay-replay")
+    result = run_async(_replay(settings, args))
+    typer.echo(
+        f"replayed {result.sent} events"
+        + (f", last position {result.last_position}" if result.last_position else "")
+    )
+
+
+async def _replay(settings: RelaySettings, args: ReplayArgs) -> ReplayResult:
+    pool = await create_relay_pool(settings, min_size=1, max_size=2)
+    sink = KafkaSink(settings, client_id="kb-relay-replay")
+    try:
+        await sink.start()
+        return await replay(
+            PgOutboxSource(pool),
+            sink,
+            args.where,
+            rate=args.rate,
+            batch_size=settings.relay_batch_size,
+            backoff_initial_s=settings.relay_backoff_initial_s,
+            backoff_max_s=settings.relay_backoff_max_s,
+        )
+    finally:
+        await sink.stop()
+        await pool.close()

@@ -1,0 +1,138 @@
+"""What the relay loop needs from the outside world, as protocols.
+
+The loop (``relay.py``) and the replay (``replay.py``) only see these; the adapters are
+``outbox_pg.py`` (PostgreSQL) and ``sink_kafka.py`` (aiokafka).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class OutboxRecord:
+    position: int
+    event_id: uuid.UUID
+    event_type: str
+    tenant_id: str
+    tier: str
+    aggregate_key: str
+    payload: bytes
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a partition stands (see migrations/0004_relay.sql): everything visible in
+    ``delivered`` is acknowledged; ``window`` (positions up to ``window_end``) is being
+    drained and is acknowledged up to ``window_position``."""
+
+    delivered: str
+    window: str | None = None
+    window_position: int = 0
+    window_end: int = 0
+
+
+@dataclass(frozen=True)
+class Lease:
+    partition: int
+    partition_count: int
+    owner: str
+    epoch: int
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class WindowBatch:
+    """The next records of a partition and where it stands once they are acknowledged
+    (``following.window is None``: the window is drained, wait for new rows)."""
+
+    records: Sequence[OutboxRecord]
+    following: Progress
+
+
+@dataclass(frozen=True)
+class Backlog:
+    rows: int
+    oldest_age_s: float
+
+
+@dataclass(frozen=True)
+class ReplayFilter:
+    after_position: int = 0
+    up_to_position: int | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    tenant_id: str | None = None
+    tier: str | None = None
+    event_type: str | None = None
+
+
+class LeaseStore(Protocol):
+    async def ensure_partitions(self, count: int) -> None: ...
+
+    async def acquire(self, owner: str, limit: int, lease_s: float) -> list[Lease]: ...
+
+    async def renew(self, lease: Lease, lease_s: float) -> bool: ...
+
+    async def commit_progress(self, lease: Lease, progress: Progress, lease_s: float) -> bool:
+        """Record ``progress`` and renew; False when the lease is lost (nothing written)."""
+        ...
+
+    async def release(self, lease: Lease, progress: Progress) -> None:
+        """Record ``progress`` and give the partition up (fenced: a lost lease writes nothing)."""
+        ...
+
+
+class OutboxSource(Protocol):
+    async def read_window_batch(
+        self, lease: Lease, progress: Progress, limit: int
+    ) -> WindowBatch: ...
+
+    async def backlog(self) -> Backlog: ...
+
+    async def delete_delivered(self, older_than_s: float, batch: int) -> int: ...
+
+    async def replay_last_position(self) -> int: ...
+
+    async def replay_count(self, where: ReplayFilter) -> int: ...
+
+    async def replay_batch(self, where: ReplayFilter, limit: int) -> list[OutboxRecord]: ...
+
+    async def known_tiers(self) -> list[str]: ...
+
+
+class EventSink(Protocol):
+    async def start(self, tiers: Iterable[str] = ()) -> None:
+        """Create the topics (where allowed) and connect; Kafka being down is no error."""
+        ...
+
+    async def send(self, records: Sequence[OutboxRecord], *, replay: bool) -> None:
+        """Return once Kafka acknowledged every record (acks=all); raise otherwise."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+class Wakeups(Protocol):
+    """Coalesced "new rows committed" signals (LISTEN/NOTIFY)."""
+
+    def subscribe(self) -> WakeupSubscription: ...
+
+    def unsubscribe(self, subscription: WakeupSubscription) -> None: ...
+
+    async def ensure(self) -> None:
+        """(Re)connect the listener if it is down; never raises."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class WakeupSubscription(Protocol):
+    def clear(self) -> None: ...
+
+    async def wait(self, within_s: float) -> bool: ...

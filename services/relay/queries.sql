@@ -1,0 +1,213 @@
+-- Relay queries. The technique (PgQ's snapshot-difference batches) is explained at the top
+-- of services/relay/outbox_pg.py; the short version sits with each query.
+
+-- name: insert_partitions
+-- $1 partition count. Idempotent: a second relay (or a restart) inserts nothing.
+INSERT INTO relay_partition (partition, partition_count)
+SELECT p, $1::integer FROM generate_series(0, $1::integer - 1) AS p
+ON CONFLICT (partition) DO NOTHING
+
+-- name: partition_layout
+-- What the table says the partitioning is; a relay configured otherwise refuses to start
+-- (rows would silently change partitions, and their progress would not follow them).
+SELECT count(*)::integer AS partitions,
+       min(partition_count) AS min_count,
+       max(partition_count) AS max_count
+  FROM relay_partition
+
+-- name: acquire_leases
+-- $1 owner, $2 how many at most, $3 lease seconds, $4 now (NULL = database clock).
+-- Takes partitions nobody holds or whose lease ran out. FOR UPDATE SKIP LOCKED plus the
+-- re-check PostgreSQL makes on a locked row that changed since the statement's snapshot
+-- means two relays racing for one partition cannot both win: the loser either skips the
+-- locked row or re-evaluates the WHERE against the winner's new lease_until and drops it.
+-- Every acquisition bumps the epoch: the fence for everything the new holder writes.
+WITH free AS (
+    SELECT partition
+      FROM relay_partition
+     WHERE owner IS NULL OR lease_until <= coalesce($4::timestamptz, now())
+     ORDER BY partition
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE relay_partition AS p
+   SET owner = $1,
+       epoch = p.epoch + 1,
+       lease_until = coalesce($4::timestamptz, now()) + make_interval(secs => $3::float8)
+  FROM free
+ WHERE p.partition = free.partition
+RETURNING p.partition, p.partition_count, p.epoch,
+          p.delivered_snapshot::text AS delivered_snapshot,
+          p.window_snapshot::text AS window_snapshot,
+          p.window_position, p.window_end
+
+-- name: renew_lease
+-- $1 partition, $2 owner, $3 epoch, $4 lease seconds, $5 now. No row back = lease lost.
+UPDATE relay_partition
+   SET lease_until = coalesce($5::timestamptz, now()) + make_interval(secs => $4::float8)
+ WHERE partition = $1 AND owner = $2 AND epoch = $3
+   AND lease_until > coalesce($5::timestamptz, now())
+RETURNING partition
+
+-- name: commit_progress
+-- $1 partition, $2 owner, $3 epoch, $4 delivered snapshot, $5 window snapshot (or NULL),
+-- $6 window position, $7 lease seconds, $8 now, $9 window end. Fenced like renew_lease: a
+-- relay whose lease ran out (or was taken over, epoch + 1) moves nothing. Renews the
+-- lease too.
+UPDATE relay_partition
+   SET delivered_snapshot = $4::text::pg_snapshot,
+       window_snapshot = $5::text::pg_snapshot,
+       window_position = $6,
+       window_end = $9,
+       progressed_at = coalesce($8::timestamptz, now()),
+       lease_until = coalesce($8::timestamptz, now()) + make_interval(secs => $7::float8)
+ WHERE partition = $1 AND owner = $2 AND epoch = $3
+   AND lease_until > coalesce($8::timestamptz, now())
+RETURNING partition
+
+-- name: release_lease
+-- $1 partition, $2 owner, $3 epoch, $4 delivered snapshot, $5 window snapshot, $6 window
+-- position, $7 now, $8 window end. A clean shutdown records where it stands (an idle partition's progress
+-- lives in memory between lease renewals) and hands the partition over at once. Fenced.
+UPDATE relay_partition
+   SET owner = NULL, lease_until = NULL,
+       delivered_snapshot = $4::text::pg_snapshot,
+       window_snapshot = $5::text::pg_snapshot,
+       window_position = $6,
+       window_end = $8
+ WHERE partition = $1 AND owner = $2 AND epoch = $3
+   AND lease_until > coalesce($7::timestamptz, now())
+RETURNING partition
+
+-- name: open_window
+-- $1 partition count, $2 partition, $3 delivered snapshot, $4 its in-progress txids
+-- (pg_snapshot_xip($3), passed as text[]: an index probe, not a subquery), $5 limit, $6 how many
+-- positions the first read may cover.
+-- Opens the next window at this statement's own snapshot (pg_current_snapshot() is the
+-- statement's snapshot, so what it reads and what it records are the same), finds the
+-- window's position range, and reads its first rows, all in one round trip. The window is
+-- every row whose txid is visible in the new snapshot but not in the delivered one; "not
+-- visible in delivered" is exactly "txid in its in-progress list, or txid >= its xmax",
+-- which makes both halves index probes/ranges on outbox_txid however old the oldest open
+-- transaction is: a long-open transaction only adds its own txid to the list, it does not
+-- widen the scan. Always at least one row back (NULL event columns when there is nothing).
+WITH w AS MATERIALIZED (
+    SELECT pg_current_snapshot() AS upto
+), bounds AS MATERIALIZED (
+    SELECT min(o.position) AS first_position, max(o.position) AS last_position
+      FROM outbox AS o, w
+     WHERE (o.txid = ANY ($4::text[]::xid8[])
+            OR (o.txid >= pg_snapshot_xmax($3::text::pg_snapshot)
+                AND o.txid < pg_snapshot_xmax(w.upto)))
+       AND pg_visible_in_snapshot(o.txid, w.upto)
+       AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
+)
+SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position,
+       r.position, r.event_id, r.event_type, r.tenant_id, r.tier, r.aggregate_key,
+       r.payload, r.created_at
+  FROM w
+ CROSS JOIN bounds AS b
+  LEFT JOIN LATERAL (
+        SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
+               o.payload, o.created_at
+          FROM outbox AS o
+         WHERE o.position >= b.first_position
+           AND o.position <= least(b.last_position, b.first_position - 1 + $6::bigint)
+           AND pg_visible_in_snapshot(o.txid, w.upto)
+           AND NOT pg_visible_in_snapshot(o.txid, $3::text::pg_snapshot)
+           AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
+         ORDER BY o.position
+         LIMIT $5
+       ) AS r ON true
+ ORDER BY r.position
+
+-- name: read_window_batch
+-- $1 partition count, $2 partition, $3 delivered snapshot, $4 window snapshot, $5 after
+-- position, $6 up to position (inclusive), $7 limit.
+-- The next rows of the open window in position order, from a bounded position range (a
+-- primary-key range: the cost of a read is bounded by the range, whatever plan is chosen,
+-- never by the size of the window or the table). Rows go out in position order inside a
+-- window: a writer that serialises on its document before inserting its outbox row gets a
+-- higher position than the writer it waited for. This statement's snapshot is newer than
+-- the window's, so it sees every row the window snapshot does.
+SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
+       o.payload, o.created_at
+  FROM outbox AS o
+ WHERE o.position > $5 AND o.position <= $6
+   AND pg_visible_in_snapshot(o.txid, $4::text::pg_snapshot)
+   AND NOT pg_visible_in_snapshot(o.txid, $3::text::pg_snapshot)
+   AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
+ ORDER BY o.position
+ LIMIT $7
+
+-- name: backlog_floor
+-- The oldest txid any partition may still owe: below every delivered snapshot's xmin all
+-- transactions had finished (and were delivered). Passed to backlog as a constant.
+SELECT min(pg_snapshot_xmin(delivered_snapshot))::text AS floor FROM relay_partition
+
+-- name: backlog
+-- $1 now, $2 backlog_floor. Committed rows no relay has had acknowledged yet, and the
+-- oldest one's age: not visible in their partition's delivered snapshot, and not among the
+-- part of the current window already sent. The floor makes it an index range scan over
+-- the recent end of the outbox, not a scan of everything retained.
+SELECT count(o.position)::bigint AS backlog_rows,
+       coalesce(extract(epoch FROM coalesce($1::timestamptz, now()) - min(o.created_at)),
+                0)::float8 AS oldest_age_s
+  FROM outbox AS o
+  JOIN relay_partition AS p
+    ON (hashtext(o.aggregate_key) & 2147483647) % p.partition_count = p.partition
+ WHERE o.txid >= $2::text::xid8
+   AND NOT pg_visible_in_snapshot(o.txid, p.delivered_snapshot)
+   AND NOT (p.window_snapshot IS NOT NULL
+            AND o.position <= p.window_position
+            AND pg_visible_in_snapshot(o.txid, p.window_snapshot))
+
+-- name: retention_range
+-- $1 cutoff. Positions of the rows old enough to go (delivered or not; delete_delivered
+-- keeps the undelivered ones).
+SELECT min(position) AS low, max(position) AS high
+  FROM outbox
+ WHERE created_at < $1
+
+-- name: delete_delivered
+-- $1 from position (inclusive), $2 to position (exclusive), $3 cutoff. One bounded range
+-- per statement and transaction: row locks only, no table lock, so replays and the live
+-- relay (which read under MVCC) are never blocked. A row is delivered by every partition
+-- once its txid is below every delivered snapshot's xmin (it finished before that
+-- snapshot was taken, so the snapshot sees it).
+DELETE FROM outbox
+ WHERE position >= $1 AND position < $2
+   AND created_at < $3
+   AND txid < (SELECT min(pg_snapshot_xmin(delivered_snapshot)) FROM relay_partition)
+
+-- name: replay_last_position
+SELECT coalesce(max(position), 0)::bigint AS last_position FROM outbox
+
+-- name: replay_batch
+-- $1 after position, $2 up to position (inclusive), $3 since, $4 until (exclusive),
+-- $5 tenant, $6 tier, $7 event type, $8 limit. Keyset pages in position order; reads only,
+-- so live delivery and its progress are untouched.
+SELECT position, event_id, event_type, tenant_id, tier, aggregate_key, payload, created_at
+  FROM outbox
+ WHERE position > $1 AND position <= $2
+   AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
+   AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
+   AND ($5::text IS NULL OR tenant_id = $5::text)
+   AND ($6::text IS NULL OR tier = $6::text)
+   AND ($7::text IS NULL OR event_type = $7::text)
+ ORDER BY position
+ LIMIT $8
+
+-- name: replay_count
+-- Same filter as replay_batch, for the replay progress gauge.
+SELECT count(*)::bigint AS total
+  FROM outbox
+ WHERE position > $1 AND position <= $2
+   AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
+   AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
+   AND ($5::text IS NULL OR tenant_id = $5::text)
+   AND ($6::text IS NULL OR tier = $6::text)
+   AND ($7::text IS NULL OR event_type = $7::text)
+
+-- name: known_tiers
+SELECT DISTINCT tier FROM tenant ORDER BY tier
