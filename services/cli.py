@@ -8,6 +8,9 @@ import typer
 from pydantic import ValidationError
 
 from services.devstack.cli import app as dev_app
+from services.indexer.cli import indexer_app, tasks_app
+from services.publisher.cli import serve, tenants_app
+from services.relay.cli import app as relay_app
 from services.runtime.cli import migrate
 from services.runtime.cli_support import fail
 from services.runtime.errors import ConfigError, KbError
@@ -20,6 +23,11 @@ app = typer.Typer(
 )
 app.add_typer(dev_app, name="dev")
 app.command("migrate")(migrate)
+app.add_typer(indexer_app, name="indexer")
+app.add_typer(tasks_app, name="tasks")
+app.add_typer(relay_app, name="relay")
+app.add_typer(tenants_app, name="tenants")
+app.command("serve")(serve)
 
 
 def _describe(error: ValidationError) -> str:
