@@ -16,7 +16,17 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, FastAPI, File, Form, Path, Request, Security, UploadFile
+from fastapi import (
+    APIRouter,
+    Depends,
+    FastAPI,
+    File,
+    Form,
+    Path,
+    Request,
+    Security,
+    UploadFile,
+)
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
 from prometheus_client import generate_latest
@@ -38,7 +48,7 @@ from services.publisher.domain import (
 from services.publisher.metrics import MetricsMiddleware, PublisherMetrics
 from services.publisher.ports import IndexTaskRecord, PublisherStore
 from services.publisher.settings import PublisherSettings
-from services.runtime.errors import KbError
+from services.runtime.errors import KbError, Unauthenticated
 from services.runtime.http_problem import (
     PROBLEM_RESPONSE,
     install_problem_handlers,
@@ -52,6 +62,7 @@ log = get_logger(__name__)
 MAX_INT32: Final = 2_147_483_647
 MAX_INT64: Final = 9_223_372_036_854_775_807
 MAX_PRINCIPALS: Final = 1000
+AUTHENTICATED_TENANT: Final = "kb.authenticated_tenant"
 _TENANT_PATH = re.compile(r"^/v1/tenants/(?P<tenant>[^/]*)(?:/|$)")
 
 # --- wire models ---------------------------------------------------------------------------
@@ -213,7 +224,7 @@ class TenantAuthMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = _TENANT_PATH.match(scope["path"]) if scope["type"] == "http" else None
+        match = _TENANT_PATH.match(_route_path(scope)) if scope["type"] == "http" else None
         if match is None:
             await self.app(scope, receive, send)
             return
@@ -247,9 +258,22 @@ class TenantAuthMiddleware:
                 instance=scope["path"],
             )
         else:
+            # Routes check this again (`_require_authenticated_tenant`): should a request ever
+            # reach them without passing here, it is refused, not served.
+            scope.setdefault("state", {})[AUTHENTICATED_TENANT] = presented.tenant_id
             await self.app(scope, receive, send)
             return
         await response(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path the router matches: behind a proxy prefix (``root_path``) the ASGI path
+    still carries the prefix, and the router strips it before matching."""
+    path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if root_path and path.startswith(root_path):
+        return path[len(root_path) :] or "/"
+    return path
 
 
 class BodyLimitMiddleware:
@@ -346,7 +370,17 @@ async def _counted(request: Request, operation: str) -> AsyncIterator[None]:
     metrics.operations.labels(operation, "ok").inc()
 
 
-tenant_router = APIRouter(prefix="/v1/tenants/{tenantId}", dependencies=[Security(bearer)])
+def _require_authenticated_tenant(request: Request, tenant_id: TenantId) -> None:
+    """Fail closed: serve a tenant path only to a request the middleware authenticated for
+    exactly that tenant."""
+    if request.scope.get("state", {}).get(AUTHENTICATED_TENANT) != tenant_id:
+        raise Unauthenticated("send a valid tenant API key: Authorization: Bearer <key>")
+
+
+tenant_router = APIRouter(
+    prefix="/v1/tenants/{tenantId}",
+    dependencies=[Security(bearer), Depends(_require_authenticated_tenant)],
+)
 
 
 @tenant_router.post(

@@ -9,10 +9,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import (
+    BASE_URL,
     ApiTenant,
     Harness,
     add_tenant,
@@ -338,6 +340,34 @@ async def test_every_tenant_call_needs_that_tenants_key(
             method, globex.path(rest), headers=acme.headers, content=b"{bad"
         )
         _problem(response, 403, "FORBIDDEN")
+    assert await snapshot(conn) == before
+
+
+async def test_a_proxy_path_prefix_does_not_bypass_authentication(
+    api: Harness, globex: ApiTenant, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    """Behind a reverse proxy that mounts the API under a prefix (uvicorn --root-path), the
+    ASGI path carries the prefix: the key check must still apply, and fail closed."""
+    document_id = (await upload(api.client, globex)).json()["documentId"]
+    before = await snapshot(conn)
+    transport = httpx.ASGITransport(app=api.app, root_path="/kb")
+    async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as prefixed:
+        anonymous = await prefixed.get(f"/kb{globex.path(f'/documents/{document_id}')}")
+        _problem(anonymous, 401, "UNAUTHENTICATED")
+        created = await prefixed.post(
+            f"/kb{globex.path('/documents')}",
+            files={"file": ("a.txt", b"hello", "text/plain")},
+            data={"title": "sneaky"},
+        )
+        _problem(created, 401, "UNAUTHENTICATED")
+        other = await prefixed.get(
+            f"/kb{globex.path(f'/documents/{document_id}')}", headers=acme.headers
+        )
+        _problem(other, 403, "FORBIDDEN")
+        allowed = await prefixed.get(
+            f"/kb{globex.path(f'/documents/{document_id}')}", headers=globex.headers
+        )
+        assert allowed.status_code == 200, allowed.text
     assert await snapshot(conn) == before
 
 
