@@ -565,7 +565,7 @@ def create_app(
         from services.runtime.db import create_pool
 
         pool = await create_pool(settings)
-        app.state.store = PgPublisherStore(pool)
+        app.state.store = PgPublisherStore(pool, acquire_timeout_s=settings.db_acquire_timeout_s)
         app.state.publisher = Publisher(app.state.store, max_upload_bytes=settings.max_upload_bytes)
         log.info("publisher.started")
         try:

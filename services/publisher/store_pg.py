@@ -194,30 +194,36 @@ class PgPublishTransaction:
 
 
 class PgPublisherStore:
-    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
+    def __init__(self, pool: asyncpg.Pool[Any], *, acquire_timeout_s: float = 10.0) -> None:
         self._pool = pool
+        # A request waits this long for a connection, then answers 503: with every connection
+        # busy (or the database hanging) requests must not pile up, each holding its upload.
+        self._acquire_timeout_s = acquire_timeout_s
+
+    def _connection(self) -> Any:
+        return self._pool.acquire(timeout=self._acquire_timeout_s)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[PgPublishTransaction]:
         with translate_db_errors():
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self._connection() as conn, conn.transaction():
                 # The pool's proxy forwards every call to the connection it wraps.
                 yield PgPublishTransaction(cast("asyncpg.Connection[Any]", conn))
 
     async def api_key_is_valid(self, tenant_id: str, key_hash: bytes) -> bool:
         with translate_db_errors():
-            valid: bool = await self._pool.fetchval(
-                QUERIES["api_key_is_valid"], tenant_id, key_hash
-            )
+            async with self._connection() as conn:
+                valid: bool = await conn.fetchval(QUERIES["api_key_is_valid"], tenant_id, key_hash)
         return valid
 
     async def document_status(
         self, tenant_id: str, document_id: uuid.UUID
     ) -> DocumentStatusRecord | None:
         with translate_db_errors():
-            row = await self._pool.fetchrow(
-                QUERIES["document_status"], tenant_id, document_id, _TASK_TYPE_INDEX_VERSION
-            )
+            async with self._connection() as conn:
+                row = await conn.fetchrow(
+                    QUERIES["document_status"], tenant_id, document_id, _TASK_TYPE_INDEX_VERSION
+                )
         if row is None:
             return None
         return DocumentStatusRecord(
@@ -234,7 +240,8 @@ class PgPublisherStore:
 
     async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None:
         with translate_db_errors():
-            row = await self._pool.fetchrow(QUERIES["index_task"], tenant_id, task_id)
+            async with self._connection() as conn:
+                row = await conn.fetchrow(QUERIES["index_task"], tenant_id, task_id)
         return _task(row) if row is not None else None
 
     async def readiness_problems(self) -> list[str]:

@@ -12,6 +12,10 @@ import asyncpg
 import httpx
 import pytest
 
+from services.publisher.api import create_app
+from services.publisher.settings import PublisherSettings
+from services.publisher.store_pg import PgPublisherStore
+from services.runtime.db import create_pool
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import (
     BASE_URL,
@@ -506,3 +510,27 @@ async def test_readiness_fails_while_a_migration_is_pending(
     last = await conn.fetchval("SELECT max(version) FROM schema_migration")
     await conn.execute("DELETE FROM schema_migration WHERE version = $1", last)
     _problem(await api.client.get("/readyz"), 503, "NOT_READY")
+
+
+async def test_a_request_that_cannot_get_a_connection_answers_503_quickly(
+    settings: RuntimeSettings, acme: ApiTenant
+) -> None:
+    """With every pool connection busy (or the database hanging), requests give up after
+    the acquire timeout with a retriable 503 instead of piling up."""
+    publisher_settings = PublisherSettings(
+        database_url=settings.database_url, db_pool_min_size=1, db_pool_max_size=1
+    )
+    pool = await create_pool(publisher_settings)
+    try:
+        app = create_app(publisher_settings, store=PgPublisherStore(pool, acquire_timeout_s=0.2))
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client,
+            pool.acquire(),
+        ):
+            response = await client.get(
+                acme.path(f"/documents/{uuid.uuid4()}"), headers=acme.headers
+            )
+        _problem(response, 503, "DATABASE_UNAVAILABLE")
+    finally:
+        await pool.close()
