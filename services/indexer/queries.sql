@@ -23,9 +23,15 @@
 --    claims in a row, whatever its backlog or its tasks' age -- and concurrent claimers
 --    (which all skip each other's locked rows down the same list) serve it in the same
 --    round. Tenants are found with a skip scan over index_task_due_by_tenant (one index
---    probe per tenant with queued work); each tenant contributes at most ceil($5 / T)
+--    probe per tenant with due work); each tenant contributes at most ceil($5 / T)
 --    candidates, so a claim reads O(T + $5) index entries whatever the backlog, and
---    SUCCEEDED/DEAD rows are in none of the partial indexes it reads.
+--    SUCCEEDED/DEAD rows are in none of the partial indexes it reads. Both probes of
+--    `tenant_with_work` must filter on next_attempt_at <= now like the candidates do: a
+--    tenant whose queued tasks are all in the future (RETRY_WAIT backing off) counted in T
+--    would shrink every tenant's share ceil($5 / T) to 1 and starve the claim. The filter is
+--    an index condition on the index's last column; PostgreSQL 18's btree skip scan jumps
+--    over such a tenant's future entries instead of reading them (EXPLAIN: a few "Index
+--    Searches" and no more buffers for a tenant with 10,000 future tasks).
 --
 -- 3. `locked` takes candidates in round order FOR UPDATE SKIP LOCKED, up to $4. Why it cannot
 --    double-claim: a row a concurrent claimer has locked is skipped, not waited for; a row
@@ -61,6 +67,7 @@ tenant_with_work (tenant_id) AS (
     (SELECT q.tenant_id
        FROM index_task q
       WHERE q.tier = $1 AND q.status IN ('PENDING', 'RETRY_WAIT')
+        AND q.next_attempt_at <= coalesce($7::timestamptz, now())
       ORDER BY q.tenant_id
       LIMIT 1)
     UNION ALL
@@ -68,6 +75,7 @@ tenant_with_work (tenant_id) AS (
               FROM index_task q
              WHERE q.tier = $1 AND q.status IN ('PENDING', 'RETRY_WAIT')
                AND q.tenant_id > w.tenant_id
+               AND q.next_attempt_at <= coalesce($7::timestamptz, now())
              ORDER BY q.tenant_id
              LIMIT 1)
       FROM tenant_with_work w

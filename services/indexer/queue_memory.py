@@ -93,8 +93,11 @@ class InMemoryTaskQueue:
                 running[held.tenant_id] += 1
         for exhausted in [t for t in in_tier if t.is_exhausted(now)][: self._exhausted_per_claim]:
             self._tasks[exhausted.task_id] = model.mark_exhausted(exhausted, now)
+        # T counts tenants with *due* queued work only, as in queries.sql.
         queued_statuses = (TaskStatus.PENDING, TaskStatus.RETRY_WAIT)
-        tenants = sorted({t.tenant_id for t in in_tier if t.status in queued_statuses})
+        tenants = sorted(
+            {t.tenant_id for t in in_tier if t.status in queued_statuses and t.is_due(now)}
+        )
         position = {
             tenant: (rank + self._turn) % len(tenants)
             for rank, tenant in enumerate(tenants, start=1)

@@ -88,6 +88,7 @@ RETRYABLE_CODES: Final[frozenset[str]] = frozenset(
         # Infrastructure codes of services.runtime.errors: worth another attempt later.
         "DEPENDENCY_UNAVAILABLE",
         "DATABASE_UNAVAILABLE",
+        "DATABASE_BUSY",
         "KAFKA_UNAVAILABLE",
         "SERIALIZATION_CONFLICT",
     }
@@ -332,7 +333,9 @@ def requeued_max_attempts(attempts: int, *, reset_attempts: bool, budget: int) -
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Decide by code: terminal codes go DEAD at once; retryable ones wait
+    """Decide by code and the error's ``retriable`` flag, never by message: terminal codes
+    go DEAD at once; a code in ``RETRYABLE_CODES``, or any other code whose error says it is
+    ``retriable`` (the infrastructure errors of services.runtime.errors), waits
     ``min(cap, base * 2 ** (attempt - 1))`` shortened by up to ``jitter`` of itself (so
     workers that failed together do not return together), never less than the provider's
     Retry-After; once the attempt budget is spent the task goes DEAD with its last code."""
@@ -356,10 +359,13 @@ class RetryPolicy:
         error_message: str,
         *,
         retry_after_seconds: float | None = None,
+        retriable: bool = False,
         rng: random.Random | None = None,
     ) -> FailureDecision:
         message = redact(error_message)
-        retryable = error_code in RETRYABLE_CODES
+        retryable = error_code not in TERMINAL_CODES and (
+            error_code in RETRYABLE_CODES or retriable
+        )
         if not retryable or lease.lease_attempt >= lease.max_attempts:
             return FailureDecision(TaskStatus.DEAD, error_code, message, 0.0)
         delay = self.backoff_seconds(lease.lease_attempt, rng)

@@ -6,6 +6,11 @@ with jittered idle backoff, wakes early on ``wake()`` (the hook for Kafka hints)
 
 A lost lease (a heartbeat, complete or fail that the fence refuses) stops the heartbeat,
 cancels the indexing work and writes nothing: the new owner carries on.
+
+Every failure of an attempt -- in the indexing work or in ``complete`` (the sink's write
+runs in its transaction) -- goes through the retry policy and the fenced ``fail``. A failed
+claim never ends ``run`` (only a configuration error does): the loop logs it and tries again
+after a jittered, capped backoff.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome, TaskQueue
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy
-from services.runtime.errors import KbError, LeaseLost
+from services.runtime.errors import ConfigError, KbError, LeaseLost
 from services.runtime.logging import get_logger
 
 log = get_logger(__name__)
@@ -38,7 +43,7 @@ class RunOnceResult(enum.StrEnum):
 @dataclass(frozen=True)
 class WorkerEvent:
     """Test-only signal: what just happened ("claimed", "heartbeat", "lease_lost",
-    "completed", "failed", "idle", "stopping", "stopped", "cancelled")."""
+    "completed", "failed", "idle", "claim_failed", "stopping", "stopped", "cancelled")."""
 
     kind: str
     task_id: uuid.UUID | None = None
@@ -53,6 +58,25 @@ def default_worker_id() -> str:
 @dataclass
 class _LeaseState:
     lost: bool = False
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Why an attempt failed, as the retry policy needs it: code and flag, never message."""
+
+    code: str
+    message: str
+    retry_after_seconds: float | None = None
+    retriable: bool = False
+
+    @classmethod
+    def of(cls, error: Exception) -> _Failure:
+        if isinstance(error, IndexingFailed):
+            return cls(error.code, error.message, error.retry_after_seconds, error.retriable)
+        if isinstance(error, KbError):
+            return cls(error.code, error.message, None, error.retriable)
+        # A bug, not a transient condition: DEAD with INTERNAL_ERROR.
+        return cls(ErrorCode.INTERNAL_ERROR, f"{type(error).__name__}: {error}")
 
 
 class Worker:
@@ -116,7 +140,7 @@ class Worker:
         work: asyncio.Task[IndexingOutcome] = asyncio.create_task(self.indexer.index(lease))
         beat = asyncio.create_task(self._heartbeat(lease, work, state))
         outcome: IndexingOutcome | None = None
-        failure: tuple[str, str, float | None] | None = None
+        failure: _Failure | None = None
         try:
             outcome = await work
         except asyncio.CancelledError:
@@ -126,14 +150,10 @@ class Worker:
                 bound.warning("task.abandoned")
                 self._emit(WorkerEvent("cancelled", lease.task_id))
                 raise
-        except IndexingFailed as error:
-            failure = (error.code, error.message, error.retry_after_seconds)
-        except KbError as error:
-            failure = (error.code, error.message, None)
         except Exception as error:
-            # A bug, not a transient condition: DEAD with INTERNAL_ERROR, traceback logged.
-            bound.exception("task.crashed")
-            failure = (ErrorCode.INTERNAL_ERROR, f"{type(error).__name__}: {error}", None)
+            if not isinstance(error, KbError):
+                bound.exception("task.crashed")  # a bug: its traceback is logged
+            failure = _Failure.of(error)
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -141,28 +161,44 @@ class Worker:
 
         if state.lost:
             return self._lost(lease)
-        try:
-            if failure is None:
-                assert outcome is not None
+        if failure is None:
+            assert outcome is not None
+            try:
                 await self.queue.complete(lease, in_transaction=outcome.write)
+            except LeaseLost:
+                return self._lost(lease)
+            except Exception as error:
+                # The result (or the sink's write in its transaction) was not recorded:
+                # the same policy as a failed indexing run, not a silent lease expiry.
+                if isinstance(error, KbError):
+                    bound.warning("task.complete_failed", error=str(error))
+                else:
+                    bound.exception("task.complete_crashed")
+                failure = _Failure.of(error)
+            else:
                 bound.info("task.completed")
                 self._emit(WorkerEvent("completed", lease.task_id))
                 return RunOnceResult.SUCCEEDED
-            code, message, retry_after = failure
-            decision = self.policy.decide(
-                lease, code, message, retry_after_seconds=retry_after, rng=self._rng
-            )
+        decision = self.policy.decide(
+            lease,
+            failure.code,
+            failure.message,
+            retry_after_seconds=failure.retry_after_seconds,
+            retriable=failure.retriable,
+            rng=self._rng,
+        )
+        try:
             await self.queue.fail(lease, decision)
-            bound.info(
-                "task.failed",
-                error_code=code,
-                next_status=str(decision.status),
-                delay_seconds=round(decision.delay_seconds, 3),
-            )
-            self._emit(WorkerEvent("failed", lease.task_id, f"{code} {decision.status}"))
-            return RunOnceResult.FAILED
         except LeaseLost:
             return self._lost(lease)
+        bound.info(
+            "task.failed",
+            error_code=failure.code,
+            next_status=str(decision.status),
+            delay_seconds=round(decision.delay_seconds, 3),
+        )
+        self._emit(WorkerEvent("failed", lease.task_id, f"{failure.code} {decision.status}"))
+        return RunOnceResult.FAILED
 
     def _lost(self, lease: Lease) -> RunOnceResult:
         log.warning(
@@ -191,11 +227,15 @@ class Worker:
             except LeaseLost:
                 state.lost = True
             except KbError as error:
-                # Unconfirmed is not held: retry a transient error until our own deadline,
+                # Unconfirmed is not held: retry a transient error (database busy or
+                # unreachable) at the next beat until our own view of the lease runs out;
                 # give up at once on anything else.
                 log.warning("lease.heartbeat_failed", task_id=str(lease.task_id), error=str(error))
                 if not error.retriable or time.monotonic() >= deadline:
                     state.lost = True
+            except Exception:
+                log.exception("lease.heartbeat_crashed", task_id=str(lease.task_id))
+                state.lost = True
             if state.lost:
                 work.cancel()
                 return
@@ -212,21 +252,32 @@ class Worker:
         leases expire and another worker takes them over)."""
         running: set[asyncio.Task[RunOnceResult]] = set()
         idle_delay = self.idle_backoff_min_seconds
+        failed_claims = 0
+        claim_again_at = 0.0  # monotonic; after a failed claim, no claim before then
         stop_waiter = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
                 free = self.concurrency - len(running)
+                resting = claim_again_at - time.monotonic()
+                if free > 0 and resting > 0:
+                    # A claim failed: neither a freed slot nor a wake-up shortens the pause.
+                    running = await self._wait(running, stop_waiter, resting, wakeable=False)
+                    continue
                 claimed = 0
                 if free > 0:
                     try:
                         leases = await self.queue.claim(
                             self.tier, self.owner, lease_seconds=self.lease_seconds, limit=free
                         )
-                    except KbError as error:
-                        if not error.retriable:
-                            raise
-                        log.warning("worker.claim_failed", error=str(error))
-                        leases = []
+                    except ConfigError:
+                        raise  # nothing a retry can fix: `kb indexer run` exits
+                    except Exception as error:
+                        failed_claims += 1
+                        pause = self._claim_backoff(failed_claims)
+                        claim_again_at = time.monotonic() + pause
+                        self._claim_failed(error, failed_claims, pause)
+                        continue
+                    failed_claims = 0
                     for lease in leases:
                         running.add(asyncio.create_task(self.process(lease)))
                     claimed = len(leases)
@@ -250,20 +301,50 @@ class Worker:
             self._emit(WorkerEvent("stopped"))
             log.info("worker.stopped", owner=self.owner)
 
+    def _claim_backoff(self, failures: int) -> float:
+        """Pause after the ``failures``-th failed claim in a row: doubling from the idle
+        backoff, capped at the poll interval, shortened by up to half at random (so workers
+        that failed together do not return together)."""
+        exponent = min(failures - 1, 60)
+        capped = min(self.poll_interval_seconds, self.idle_backoff_min_seconds * 2.0**exponent)
+        return capped * (1.0 - 0.5 * self._rng.random())
+
+    def _claim_failed(self, error: Exception, failures: int, pause: float) -> None:
+        code = error.code if isinstance(error, KbError) else ErrorCode.INTERNAL_ERROR
+        fields = {
+            "error_code": code,
+            "error": str(error),
+            "failures": failures,
+            "retry_in_seconds": round(pause, 3),
+            "owner": self.owner,
+        }
+        if isinstance(error, KbError):
+            log.warning("worker.claim_failed", **fields)
+        else:
+            log.exception("worker.claim_failed", **fields)  # a bug: keep its traceback
+        self._emit(WorkerEvent("claim_failed", detail=code))
+
     async def _wait(
         self,
         running: set[asyncio.Task[RunOnceResult]],
         stop_waiter: asyncio.Task[bool],
         wait_seconds: float | None,
+        *,
+        wakeable: bool = True,
     ) -> set[asyncio.Task[RunOnceResult]]:
-        """Until a slot frees, a wake-up, stop, or the timeout; returns the tasks still running."""
-        wake_waiter = asyncio.create_task(self._wake.wait())
-        waiters: set[asyncio.Future[object]] = {stop_waiter, wake_waiter, *running}  # type: ignore[arg-type]
+        """Until a slot frees, a wake-up (if ``wakeable``), stop, or the timeout; returns the
+        tasks still running."""
+        waiters: set[asyncio.Future[object]] = {stop_waiter, *running}  # type: ignore[arg-type]
+        wake_waiter = asyncio.create_task(self._wake.wait()) if wakeable else None
+        if wake_waiter is not None:
+            waiters.add(wake_waiter)  # type: ignore[arg-type]
         try:
             await asyncio.wait(waiters, timeout=wait_seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            wake_waiter.cancel()
-        self._wake.clear()
+            if wake_waiter is not None:
+                wake_waiter.cancel()
+        if wakeable:
+            self._wake.clear()
         still = {t for t in running if not t.done()}
         for finished in running - still:
             self._reap(finished)

@@ -15,6 +15,7 @@ from pgvector.asyncpg import register_vector
 from services.runtime.errors import (
     ConfigError,
     Conflict,
+    DatabaseBusy,
     DatabaseUnavailable,
     KbError,
     SerializationConflict,
@@ -94,5 +95,22 @@ def translate_db_errors() -> Iterator[None]:
         TimeoutError,
     ) as exc:
         raise DatabaseUnavailable(f"database unreachable: {exc}") from exc
+    # Transient server-side conditions: retriable, never the permanent DatabaseError below.
+    # Connected, but this statement could not finish now: statement_timeout or a cancel
+    # (57014), lock_timeout / NOWAIT (55P03), a transaction or idle-in-transaction timeout
+    # (25P03, 25P04), out of memory or disk (53xxx).
+    except (
+        asyncpg.QueryCanceledError,
+        asyncpg.LockNotAvailableError,
+        asyncpg.IdleInTransactionSessionTimeoutError,
+        asyncpg.TransactionTimeoutError,
+        asyncpg.InsufficientResourcesError,
+    ) as exc:
+        raise DatabaseBusy(f"{type(exc).__name__}: {exc}") from exc
+    # The server, or a writable primary, is gone for now: an operator or crash shut the
+    # backend down (57P01, 57P02, other 57xxx), or after a failover we are connected to a
+    # read-only standby (25006). A reconnect or the promotion fixes it.
+    except (asyncpg.OperatorInterventionError, asyncpg.ReadOnlySQLTransactionError) as exc:
+        raise DatabaseUnavailable(f"{type(exc).__name__}: {exc}") from exc
     except asyncpg.PostgresError as exc:
         raise DatabaseError(f"{type(exc).__name__}: {exc}") from exc

@@ -108,6 +108,15 @@ class DatabaseUnavailable(DependencyUnavailable):
     code = "DATABASE_UNAVAILABLE"
 
 
+class DatabaseBusy(DependencyUnavailable):
+    """The database is reachable but could not finish this statement now: a statement or
+    lock timeout, a cancelled query, exhausted server resources. Another attempt later
+    usually succeeds; a different code from ``DATABASE_UNAVAILABLE`` because it points
+    operators at long locks and slow queries rather than at connectivity or failover."""
+
+    code = "DATABASE_BUSY"
+
+
 class KafkaUnavailable(DependencyUnavailable):
     code = "KAFKA_UNAVAILABLE"
 

@@ -368,6 +368,25 @@ async def test_one_batch_serves_every_tenant_before_anyones_second(harness: Harn
     assert sorted(lease.tenant_id for lease in second) == ["alpha", "beta", "gamma"]
 
 
+async def test_tenants_whose_tasks_all_wait_for_later_do_not_shrink_a_claim(
+    harness: Harness,
+) -> None:
+    # Forty tenants whose only tasks failed and back off for an hour (RETRY_WAIT, not due)
+    # must not count as tenants with due work: they would cut every tenant's share of the
+    # candidates to one, and a claim of 8 would come back with 1.
+    for n in range(40):
+        await harness.create(tenant_id=f"waiting{n:02}")
+    failed = await harness.queue.claim("standard", "w0", lease_seconds=LEASE, limit=40)
+    assert len(failed) == 40
+    for lease in failed:
+        await harness.queue.fail(lease, _retry(delay=3600))
+    due = {await harness.create(tenant_id="busy", due_in=-60) for _ in range(12)}
+
+    batch = await harness.queue.claim("standard", "w1", lease_seconds=LEASE, limit=8)
+    assert len(batch) == 8
+    assert {lease.task_id for lease in batch} <= due
+
+
 async def test_list_filters(harness: Harness) -> None:
     a = await harness.create(tenant_id="acme")
     b = await harness.create(tenant_id="globex", tier="premium")

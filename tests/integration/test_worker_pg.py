@@ -16,6 +16,8 @@ from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
 from services.indexer.version_check import TestOnlyHangingIndexer, VersionCheckIndexer
 from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
+from services.runtime.db import create_pool, translate_db_errors
+from services.runtime.settings import RuntimeSettings
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
@@ -222,3 +224,114 @@ async def test_several_workers_drain_a_multi_tenant_queue_each_task_exactly_once
     assert {attempt for _, attempt in recording.runs} == {1}
     statuses = await pool.fetch("SELECT status, count(*) FROM index_task GROUP BY status")
     assert [(r["status"], r["count"]) for r in statuses] == [("SUCCEEDED", len(created))]
+
+
+async def _until(
+    signals: asyncio.Queue[WorkerEvent],
+    kind: str,
+    count: int = 1,
+    loop: asyncio.Task[None] | None = None,
+) -> None:
+    """Wait for ``count`` events of ``kind``; if ``loop`` ends first, raise what ended it."""
+    seen = 0
+    async with asyncio.timeout(15):
+        while seen < count:
+            getter = asyncio.ensure_future(signals.get())
+            waiters: set[asyncio.Future[Any]] = {getter}
+            if loop is not None:
+                waiters.add(loop)
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                assert loop is not None
+                loop.result()  # the worker loop's own error, if it died of one
+                raise AssertionError(f"the worker loop ended before {count} {kind!r} events")
+            if getter.result().kind == kind:
+                seen += 1
+
+
+class HitsStatementTimeout:
+    """An indexer whose own query runs into a (short) statement_timeout."""
+
+    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
+        self.pool = pool
+
+    async def index(self, lease: Lease) -> Any:
+        with translate_db_errors():
+            async with self.pool.acquire() as conn, conn.transaction():
+                await conn.execute("SET LOCAL statement_timeout = '50ms'")
+                await conn.execute("SELECT pg_sleep(10)")
+
+
+async def test_a_statement_timeout_while_indexing_is_retried_not_dead(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    created = await create_task(pool)
+    timing_out = worker(pool, indexer=HitsStatementTimeout(pool))
+    assert await timing_out.run_once() is RunOnceResult.FAILED
+    assert await _status(pool, created.task_id) == ("RETRY_WAIT", "DATABASE_BUSY")
+
+
+class WriteHasABug:
+    """Indexing succeeds; the sink's write inside complete's transaction writes a row and
+    then fails with a programming error."""
+
+    async def index(self, lease: Lease) -> Any:
+        async def write(conn: asyncpg.Connection[Any]) -> None:
+            await conn.execute(
+                "INSERT INTO tenant (tenant_id, tier) VALUES ('written-by-sink', 'standard')"
+            )
+            raise KeyError("chunk_id")
+
+        return IndexingOutcome(write=write)
+
+
+async def test_a_bug_in_the_write_inside_complete_is_dead_after_one_attempt(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    created = await create_task(pool)
+    assert await worker(pool, indexer=WriteHasABug()).run_once() is RunOnceResult.FAILED
+    row = await pool.fetchrow(
+        "SELECT status, error_code, error_message, attempts FROM index_task WHERE task_id = $1",
+        created.task_id,
+    )
+    assert row is not None
+    assert (row["status"], row["error_code"], row["attempts"]) == ("DEAD", "INTERNAL_ERROR", 1)
+    assert "KeyError" in row["error_message"]
+    # complete's transaction rolled back: neither SUCCEEDED nor the sink's row.
+    assert not await pool.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM tenant WHERE tenant_id = 'written-by-sink')"
+    )
+
+
+async def test_claims_blocked_past_the_statement_timeout_do_not_stop_the_worker(
+    pool: asyncpg.Pool[Any], settings: RuntimeSettings, database_url: str
+) -> None:
+    created = await create_task(pool)
+    # The worker's pool gives up on any statement after 200 ms.
+    short = await create_pool(
+        settings, min_size=1, max_size=4, server_settings={"statement_timeout": "200"}
+    )
+    holder = await asyncpg.connect(database_url)
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    stop = asyncio.Event()
+    loop: asyncio.Task[None] | None = None
+    try:
+        locked = holder.transaction()
+        await locked.start()
+        await holder.execute("LOCK TABLE index_task IN ACCESS EXCLUSIVE MODE")
+        running = worker(short, poll_interval_seconds=0.2, signals=signals)
+        loop = asyncio.create_task(running.run(stop))
+        # Timed out, backed off, timed out again: the loop is still there.
+        await _until(signals, "claim_failed", 2, loop)
+        await locked.rollback()  # the lock is gone: the next claim gets the task
+        await _until(signals, "completed", 1, loop)
+        stop.set()
+        await asyncio.wait_for(loop, 15)
+    finally:
+        stop.set()
+        if loop is not None and not loop.done():
+            loop.cancel()
+        await holder.close()
+        await short.close()
+    assert await _status(pool, created.task_id) == ("SUCCEEDED", None)

@@ -159,6 +159,23 @@ def test_retryable_codes_wait_and_back_off_exponentially_up_to_the_cap(code: str
     assert all(policy.decide(lease_at(1), code, "x").status is TaskStatus.RETRY_WAIT for _ in "ab")
 
 
+def test_an_error_that_says_it_is_retriable_waits_whatever_its_code() -> None:
+    # A DatabaseBusy (DATABASE_BUSY) or any later infrastructure error: the flag decides,
+    # not a list of codes the policy happens to know, and never the message.
+    policy = RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0)
+    decision = policy.decide(lease_at(2), "SOMETHING_TRANSIENT", "busy", retriable=True)
+    assert (decision.status, decision.delay_seconds) == (TaskStatus.RETRY_WAIT, 4)
+    assert policy.decide(lease_at(1), "DATABASE_BUSY", "x").status is TaskStatus.RETRY_WAIT
+    assert policy.decide(lease_at(1), "SOMETHING_TRANSIENT", "x").status is TaskStatus.DEAD
+    spent = policy.decide(lease_at(5, max_attempts=5), "SOMETHING_TRANSIENT", "x", retriable=True)
+    assert spent.status is TaskStatus.DEAD
+
+
+@pytest.mark.parametrize("code", sorted(TERMINAL_CODES))
+def test_a_terminal_code_stays_terminal_even_if_flagged_retriable(code: str) -> None:
+    assert RetryPolicy().decide(lease_at(1), code, "x", retriable=True).status is TaskStatus.DEAD
+
+
 def test_jitter_only_shortens_and_spreads_the_backoff() -> None:
     policy = RetryPolicy(backoff_base_seconds=10, backoff_cap_seconds=1000, jitter=0.2)
     rng = random.Random(7)

@@ -12,6 +12,8 @@ from services.indexer.ports import IndexingOutcome, ManualClock
 from services.indexer.queue_memory import InMemoryTaskQueue, InMemoryTransaction
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
 from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
+from services.runtime.db import DatabaseError
+from services.runtime.errors import ConfigError, DatabaseBusy
 
 WAIT = 5.0  # generous upper bound for an awaited signal; tests finish far sooner
 
@@ -74,11 +76,47 @@ class Hangs:
         return IndexingOutcome(write=write)
 
 
+class WriteFails:
+    """Indexing succeeds; the write it hands to ``complete`` raises inside its transaction."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def index(self, lease: Lease) -> IndexingOutcome:
+        async def write(tx: object) -> None:
+            assert isinstance(tx, InMemoryTransaction)
+            tx.writes.append(("chunks", lease.task_id))
+            raise self.error
+
+        return IndexingOutcome(write=write)
+
+
+class FlakyQueue(InMemoryTaskQueue):
+    """The fake queue, with errors to raise from the next claims and heartbeats first."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.claim_errors: list[Exception] = []
+        self.heartbeat_errors: list[Exception] = []
+
+    async def claim(
+        self, tier: str, owner: str, *, lease_seconds: float, limit: int = 1
+    ) -> list[Lease]:
+        if self.claim_errors:
+            raise self.claim_errors.pop(0)
+        return await super().claim(tier, owner, lease_seconds=lease_seconds, limit=limit)
+
+    async def heartbeat(self, lease: Lease, *, lease_seconds: float) -> Lease:
+        if self.heartbeat_errors:
+            raise self.heartbeat_errors.pop(0)
+        return await super().heartbeat(lease, lease_seconds=lease_seconds)
+
+
 def make(
     indexer: object, *, lease: float = 30.0, **options: object
-) -> tuple[Worker, InMemoryTaskQueue, ManualClock, asyncio.Queue[WorkerEvent]]:
+) -> tuple[Worker, FlakyQueue, ManualClock, asyncio.Queue[WorkerEvent]]:
     clock = ManualClock(datetime.now(UTC))
-    queue = InMemoryTaskQueue(clock)
+    queue = FlakyQueue(clock)
     signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
     worker = Worker(
         queue,
@@ -151,6 +189,67 @@ async def test_a_bug_is_dead_as_internal_error_not_retried() -> None:
     dead = await queue.get(task.task_id)
     assert dead is not None
     assert (dead.status, dead.error_code) == (TaskStatus.DEAD, ErrorCode.INTERNAL_ERROR)
+
+
+async def test_a_retriable_error_waits_whatever_its_code() -> None:
+    worker, queue, clock, signals = make(Fails(DatabaseBusy("statement timeout")))
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.FAILED
+    waiting = await queue.get(task.task_id)
+    assert waiting is not None
+    assert (waiting.status, waiting.error_code) == (TaskStatus.RETRY_WAIT, "DATABASE_BUSY")
+    assert waiting.next_attempt_at == clock.now() + timedelta(seconds=2)
+    assert (await next_event(signals, "failed")).detail == "DATABASE_BUSY RETRY_WAIT"
+
+
+async def test_a_bug_in_the_write_inside_complete_is_dead_after_one_attempt() -> None:
+    worker, queue, _, signals = make(WriteFails(KeyError("chunk_id")))
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.FAILED
+    dead = await queue.get(task.task_id)
+    assert dead is not None
+    assert (dead.status, dead.error_code, dead.attempts) == (
+        TaskStatus.DEAD,
+        ErrorCode.INTERNAL_ERROR,
+        1,
+    )
+    assert dead.error_message is not None
+    assert "KeyError" in dead.error_message
+    assert queue.committed_writes == []  # the transaction rolled back with it
+    assert (await next_event(signals, "failed")).detail == "INTERNAL_ERROR DEAD"
+
+
+async def test_a_transient_error_inside_complete_is_retried_with_backoff() -> None:
+    worker, queue, clock, _ = make(WriteFails(DatabaseBusy("lock timeout")))
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.FAILED
+    waiting = await queue.get(task.task_id)
+    assert waiting is not None
+    assert (waiting.status, waiting.error_code) == (TaskStatus.RETRY_WAIT, "DATABASE_BUSY")
+    assert waiting.next_attempt_at == clock.now() + timedelta(seconds=2)
+
+
+async def test_a_heartbeat_rides_out_a_transient_error_within_its_lease() -> None:
+    indexer = Hangs()
+    worker, queue, _, signals = make(indexer, lease=0.6)
+    queue.heartbeat_errors.append(DatabaseBusy("statement timeout"))
+    task = queue.new_task()
+    running = asyncio.create_task(worker.run_once())
+    await next_event(signals, "heartbeat")  # the beat after the failed one got through
+    indexer.release.set()
+    assert await running is RunOnceResult.SUCCEEDED
+    assert not indexer.cancelled
+    assert (await queue.get(task.task_id)).status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_a_heartbeat_gives_up_at_once_on_a_permanent_error() -> None:
+    indexer = Hangs()
+    worker, queue, _, _ = make(indexer, lease=0.3)
+    queue.heartbeat_errors.append(DatabaseError("UndefinedTableError: no index_task"))
+    queue.new_task()
+    assert await worker.run_once() is RunOnceResult.LOST_LEASE
+    assert indexer.cancelled
+    assert queue.committed_writes == []
 
 
 async def test_heartbeats_keep_a_long_task_alive() -> None:
@@ -254,17 +353,47 @@ async def test_grace_period_over_abandons_the_task_to_its_lease() -> None:
 
 
 async def test_wake_claims_without_waiting_for_the_poll_timer() -> None:
-    worker, queue, _, signals = make(Succeeds(), poll_interval_seconds=600)
+    # Even the shortest idle pause is 300 s or more: within the WAIT (5 s) the only thing
+    # that can make the worker claim again is wake().
+    worker, queue, _, signals = make(
+        Succeeds(), poll_interval_seconds=600, idle_backoff_min_seconds=600
+    )
     stop = asyncio.Event()
     loop = asyncio.create_task(worker.run(stop))
-    await next_event(signals, "idle")
-    await next_event(signals, "idle")  # backoff has grown; the next poll is far away
+    await next_event(signals, "idle")  # the first claim found nothing; the next poll is far
     task = queue.new_task()
     worker.wake()
     await next_event(signals, "completed")
     stop.set()
     await asyncio.wait_for(loop, WAIT)
     assert (await queue.get(task.task_id)).status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_failed_claims_do_not_end_the_loop() -> None:
+    worker, queue, _, signals = make(Succeeds(), poll_interval_seconds=0.05)
+    queue.claim_errors += [
+        DatabaseBusy("canceling statement due to statement timeout"),
+        DatabaseError("InternalServerError: something odd"),  # not retriable: still no exit
+        RuntimeError("a bug in the adapter"),
+    ]
+    task = queue.new_task()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker.run(stop))
+    details = [(await next_event(signals, "claim_failed")).detail for _ in range(3)]
+    assert details == ["DATABASE_BUSY", "DATABASE_ERROR", ErrorCode.INTERNAL_ERROR]
+    await next_event(signals, "completed")
+    assert not loop.done()
+    stop.set()
+    await asyncio.wait_for(loop, WAIT)
+    assert (await queue.get(task.task_id)).status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_a_configuration_error_from_claim_ends_the_loop() -> None:
+    worker, queue, _, signals = make(Succeeds())
+    queue.claim_errors.append(ConfigError("database configuration: bad sslmode"))
+    with pytest.raises(ConfigError):
+        await asyncio.wait_for(worker.run(asyncio.Event()), WAIT)
+    await next_event(signals, "stopped")
 
 
 def test_concurrency_must_be_positive() -> None:
