@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-BACKLOG_ROWS = Gauge("kb_relay_backlog_rows", "Committed outbox rows not yet acknowledged by Kafka")
+BACKLOG_ROWS = Gauge(
+    "kb_relay_backlog_rows",
+    "Committed outbox rows not yet acknowledged by Kafka (NaN: unknown, a partition is refused)",
+)
 OLDEST_UNDELIVERED_AGE = Gauge(
-    "kb_relay_oldest_undelivered_age_seconds", "Age of the oldest undelivered outbox row"
+    "kb_relay_oldest_undelivered_age_seconds",
+    "Age of the oldest undelivered outbox row (NaN: unknown, a partition is refused)",
+)
+REFUSED_PARTITIONS = Gauge(
+    "kb_relay_refused_partitions",
+    "Outbox partitions whose progress belongs to another PostgreSQL cluster: not driven "
+    "until re-seeded (see services/relay/outbox_pg.py)",
 )
 SEND_LATENCY = Histogram(
     "kb_relay_send_latency_seconds",

@@ -42,6 +42,48 @@ every access path is fixed by those bounds, relay connections use
 ``plan_cache_mode = force_generic_plan``: planning each statement anew (what PostgreSQL
 would otherwise do for these, the custom plans looking cheaper) costs more than running it
 at a thousand wake-ups a second.
+
+Progress belongs to one cluster
+-------------------------------
+Snapshots and ``outbox.txid`` are transaction ids: they mean something only within the
+transaction history of the cluster that assigned them. After a pg_dump/restore, logical
+replication or a managed blue/green switchover the new cluster's counter may be *behind*
+the stored snapshots; new rows would then look "already delivered" and be skipped in
+silence. So every partition records the cluster its progress was made on
+(``relay_partition.cluster_id`` = ``pg_control_system().system_identifier``, migration
+0005), and the relay refuses to drive a partition whose progress comes from another
+cluster or is ahead of this cluster's counter (``pg_snapshot_xmax(delivered) >
+pg_snapshot_xmax(pg_current_snapshot())``): ``acquire_leases`` does not hand it out, the
+supervisor logs ``relay.cluster_changed`` at error and sets ``kb_relay_refused_partitions``
+(the backlog gauges turn NaN: unknown), retention deletes nothing, and it keeps trying.
+Progress writes are guarded the same way (a relay whose connections now reach another
+cluster writes nothing), ``delivered`` never moves backwards, and a window opened behind
+the delivered snapshot is an error, not "nothing new". A partition without a recorded
+cluster (new, or progress from before migration 0005) records the one it runs on.
+
+Re-seeding a refused partition (an operator's decision, never automatic):
+
+1. Stop every ``kb relay run``.
+2. Note where live delivery will resume and make it the delivered point, in one
+   transaction on the new cluster::
+
+       BEGIN;
+       SELECT max(position) FROM outbox;               -- call it LAST
+       UPDATE relay_partition
+          SET delivered_snapshot = pg_current_snapshot(), window_snapshot = NULL,
+              window_position = 0, window_end = 0, cluster_id = NULL,
+              owner = NULL, lease_until = NULL;
+       COMMIT;
+
+3. Re-send what the old cluster may not have delivered, by position (positions survive a
+   move, transaction ids do not): ``kb relay replay --from FIRST --to LAST``, FIRST being
+   the first position that may be missing in Kafka (when in doubt, the first position
+   written since the switchover's last known delivery; duplicates are allowed, gaps not).
+4. Start the relays: they deliver every row committed after step 2.
+
+When the transaction history did carry over (``pg_upgrade`` keeps the xid counter but
+gives the cluster a new identifier), clearing ``cluster_id`` alone (``UPDATE
+relay_partition SET cluster_id = NULL``) is enough: the counter check still guards it.
 """
 
 from __future__ import annotations
@@ -54,10 +96,13 @@ from typing import Any
 import asyncpg
 
 from services.relay.ports import (
+    RESEED_HINT,
     Backlog,
+    ClusterChanged,
     Lease,
     OutboxRecord,
     Progress,
+    Refusal,
     ReplayFilter,
     WindowBatch,
 )
@@ -96,6 +141,11 @@ def _record(row: asyncpg.Record) -> OutboxRecord:
         payload=bytes(row["payload"]),
         created_at=row["created_at"],
     )
+
+
+def snapshot_xmax(snapshot: str) -> int:
+    """The xmax of a snapshot in its text form ``xmin:xmax:xip,xip,...``."""
+    return int(snapshot.split(":")[1])
 
 
 def in_progress_txids(snapshot: str) -> list[str]:
@@ -150,9 +200,24 @@ class PgLeaseStore:
             )
         return renewed is not None
 
+    async def _refuse_if_other_cluster(self, lease: Lease) -> None:
+        """After a guarded write touched nothing: a lost lease (return) or a partition
+        whose progress belongs to another cluster (raise ClusterChanged)."""
+        with translate_db_errors():
+            reason = await self._pool.fetchval(QUERIES["partition_refusal"], lease.partition)
+        if reason is not None:
+            raise ClusterChanged(f"relay partition {lease.partition}: {reason}; {RESEED_HINT}")
+
+    async def refused_partitions(self) -> list[Refusal]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(QUERIES["refused_partitions"])
+        return [Refusal(partition=row["partition"], reason=row["reason"]) for row in rows]
+
     async def commit_progress(
         self, lease: Lease, progress: Progress, lease_s: float, now: Any = None
     ) -> bool:
+        """Record ``progress`` and renew; False when the lease is lost. Raises
+        ClusterChanged when the progress belongs to another cluster."""
         with translate_db_errors():
             done = await self._pool.fetchval(
                 QUERIES["commit_progress"],
@@ -166,6 +231,8 @@ class PgLeaseStore:
                 now,
                 progress.window_end,
             )
+        if done is None:
+            await self._refuse_if_other_cluster(lease)
         return done is not None
 
     async def release(self, lease: Lease, progress: Progress, now: Any = None) -> None:
@@ -204,6 +271,13 @@ class PgOutboxSource:
                     span,
                 )
                 opened = rows[0]
+                if snapshot_xmax(opened["window_snapshot"]) < snapshot_xmax(progress.delivered):
+                    # This cluster's counter is behind the progress: another cluster's.
+                    raise ClusterChanged(
+                        f"relay partition {lease.partition}: the current snapshot "
+                        f"{opened['window_snapshot']} is behind the delivered one "
+                        f"{progress.delivered}; {RESEED_HINT}"
+                    )
                 if opened["first_position"] is None:  # nothing new: the window is done
                     return WindowBatch(
                         records=[], following=Progress(delivered=opened["window_snapshot"])
@@ -239,12 +313,18 @@ class PgOutboxSource:
 
     async def backlog(self, now: Any = None) -> Backlog:
         with translate_db_errors():
-            floor = await self._pool.fetchval(QUERIES["backlog_floor"])
-            if floor is None:  # no relay ever ran here
-                return Backlog(rows=0, oldest_age_s=0.0)
-            row = await self._pool.fetchrow(QUERIES["backlog"], now, floor)
+            partitions = await self._pool.fetchrow(QUERIES["backlog_floor"])
+            assert partitions is not None
+            refused: int = partitions["refused"]
+            if partitions["floor"] is None:  # no relay ever ran here (or all refused)
+                return Backlog(rows=0, oldest_age_s=0.0, refused_partitions=refused)
+            row = await self._pool.fetchrow(QUERIES["backlog"], now, partitions["floor"])
         assert row is not None
-        return Backlog(rows=row["backlog_rows"], oldest_age_s=row["oldest_age_s"])
+        return Backlog(
+            rows=row["backlog_rows"],
+            oldest_age_s=row["oldest_age_s"],
+            refused_partitions=refused,
+        )
 
     async def delete_delivered(self, older_than_s: float, batch: int, now: Any = None) -> int:
         """Delete delivered rows older than ``older_than_s`` in position ranges of

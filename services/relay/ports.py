@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from services.runtime.errors import KbError
+
 
 @dataclass(frozen=True)
 class OutboxRecord:
@@ -57,8 +59,37 @@ class WindowBatch:
 
 @dataclass(frozen=True)
 class Backlog:
+    """Undelivered rows of the partitions whose progress this cluster can trust, and how
+    many partitions it cannot (``refused_partitions``: progress from another cluster; their
+    backlog is unknown, see ``ClusterChanged``)."""
+
     rows: int
     oldest_age_s: float
+    refused_partitions: int = 0
+
+
+@dataclass(frozen=True)
+class Refusal:
+    partition: int
+    reason: str
+
+
+RESEED_HINT = (
+    "its progress cannot be trusted on this cluster, so the relay will not drive it "
+    "(nothing is skipped); to re-seed: stop the relays, reset relay_partition progress "
+    "to pg_current_snapshot() with cluster_id = NULL, replay what may be missing with "
+    "`kb relay replay --from FIRST --to LAST`, start the relays (see 'Progress belongs "
+    "to one cluster' in services/relay/outbox_pg.py)"
+)
+
+
+class ClusterChanged(KbError):
+    """A partition's progress was recorded on another PostgreSQL cluster (or is ahead of
+    this cluster's transaction counter): the relay refuses to drive it rather than skip
+    rows. See "Progress belongs to one cluster" in services/relay/outbox_pg.py for the
+    re-seed procedure."""
+
+    code = "RELAY_CLUSTER_CHANGED"
 
 
 @dataclass(frozen=True)
@@ -85,6 +116,11 @@ class LeaseStore(Protocol):
 
     async def release(self, lease: Lease, progress: Progress) -> None:
         """Record ``progress`` and give the partition up (fenced: a lost lease writes nothing)."""
+        ...
+
+    async def refused_partitions(self) -> list[Refusal]:
+        """Partitions ``acquire`` will not hand out because their progress belongs to
+        another cluster (see ``ClusterChanged``)."""
         ...
 
 

@@ -22,10 +22,15 @@ SELECT count(*)::integer AS partitions,
 -- means two relays racing for one partition cannot both win: the loser either skips the
 -- locked row or re-evaluates the WHERE against the winner's new lease_until and drops it.
 -- Every acquisition bumps the epoch: the fence for everything the new holder writes.
+-- Progress made on another cluster (or ahead of this one's transaction counter) is never
+-- driven: relay_partition_refusal (migrations/0005) keeps such a partition out, the relay
+-- reports it (refused_partitions) until an operator re-seeds it. A partition without a
+-- recorded cluster yet records this one.
 WITH free AS (
     SELECT partition
       FROM relay_partition
-     WHERE owner IS NULL OR lease_until <= coalesce($4::timestamptz, now())
+     WHERE (owner IS NULL OR lease_until <= coalesce($4::timestamptz, now()))
+       AND relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot) IS NULL
      ORDER BY partition
      LIMIT $2
        FOR UPDATE SKIP LOCKED
@@ -33,6 +38,7 @@ WITH free AS (
 UPDATE relay_partition AS p
    SET owner = $1,
        epoch = p.epoch + 1,
+       cluster_id = relay_cluster_id(),
        lease_until = coalesce($4::timestamptz, now()) + make_interval(secs => $3::float8)
   FROM free
  WHERE p.partition = free.partition
@@ -53,7 +59,9 @@ RETURNING partition
 -- $1 partition, $2 owner, $3 epoch, $4 delivered snapshot, $5 window snapshot (or NULL),
 -- $6 window position, $7 lease seconds, $8 now, $9 window end. Fenced like renew_lease: a
 -- relay whose lease ran out (or was taken over, epoch + 1) moves nothing. Renews the
--- lease too.
+-- lease too. Guarded against a change of cluster under a running relay (its connections
+-- now reach another cluster): progress is only written on the cluster that recorded it,
+-- and delivered never moves backwards (PgLeaseStore tells a refusal from a lost lease).
 UPDATE relay_partition
    SET delivered_snapshot = $4::text::pg_snapshot,
        window_snapshot = $5::text::pg_snapshot,
@@ -63,6 +71,8 @@ UPDATE relay_partition
        lease_until = coalesce($8::timestamptz, now()) + make_interval(secs => $7::float8)
  WHERE partition = $1 AND owner = $2 AND epoch = $3
    AND lease_until > coalesce($8::timestamptz, now())
+   AND cluster_id = relay_cluster_id()
+   AND pg_snapshot_xmax($4::text::pg_snapshot) >= pg_snapshot_xmax(delivered_snapshot)
 RETURNING partition
 
 -- name: release_lease
@@ -77,7 +87,22 @@ UPDATE relay_partition
        window_end = $8
  WHERE partition = $1 AND owner = $2 AND epoch = $3
    AND lease_until > coalesce($7::timestamptz, now())
+   AND cluster_id = relay_cluster_id()
+   AND pg_snapshot_xmax($4::text::pg_snapshot) >= pg_snapshot_xmax(delivered_snapshot)
 RETURNING partition
+
+-- name: partition_refusal
+-- $1 partition. Why its stored progress cannot be trusted on this cluster (NULL: it can).
+SELECT relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot) AS reason
+  FROM relay_partition
+ WHERE partition = $1
+
+-- name: refused_partitions
+-- Partitions no relay may drive on this cluster, and why (see acquire_leases).
+SELECT partition, relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot) AS reason
+  FROM relay_partition
+ WHERE relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot) IS NOT NULL
+ ORDER BY partition
 
 -- name: open_window
 -- $1 partition count, $2 partition, $3 delivered snapshot, $4 its in-progress txids
@@ -143,7 +168,14 @@ SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_ke
 -- name: backlog_floor
 -- The oldest txid any partition may still owe: below every delivered snapshot's xmin all
 -- transactions had finished (and were delivered). Passed to backlog as a constant.
-SELECT min(pg_snapshot_xmin(delivered_snapshot))::text AS floor FROM relay_partition
+-- Refused partitions (progress from another cluster) are left out here and in backlog:
+-- their snapshots mean nothing on this cluster; backlog reports them apart.
+SELECT min(pg_snapshot_xmin(delivered_snapshot)) FILTER (WHERE NOT refused)::text AS floor,
+       count(*) FILTER (WHERE refused)::integer AS refused
+  FROM (SELECT delivered_snapshot,
+               relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot)
+                   IS NOT NULL AS refused
+          FROM relay_partition) AS p
 
 -- name: backlog
 -- $1 now, $2 backlog_floor. Committed rows no relay has had acknowledged yet, and the
@@ -157,6 +189,7 @@ SELECT count(o.position)::bigint AS backlog_rows,
   JOIN relay_partition AS p
     ON (hashtext(o.aggregate_key) & 2147483647) % p.partition_count = p.partition
  WHERE o.txid >= $2::text::xid8
+   AND relay_partition_refusal(p.cluster_id, p.delivered_snapshot, p.window_snapshot) IS NULL
    AND NOT pg_visible_in_snapshot(o.txid, p.delivered_snapshot)
    AND NOT (p.window_snapshot IS NOT NULL
             AND o.position <= p.window_position
@@ -174,11 +207,16 @@ SELECT min(position) AS low, max(position) AS high
 -- per statement and transaction: row locks only, no table lock, so replays and the live
 -- relay (which read under MVCC) are never blocked. A row is delivered by every partition
 -- once its txid is below every delivered snapshot's xmin (it finished before that
--- snapshot was taken, so the snapshot sees it).
+-- snapshot was taken, so the snapshot sees it). Nothing goes while a partition's progress
+-- is refused (from another cluster): its snapshot says nothing about what was delivered.
 DELETE FROM outbox
  WHERE position >= $1 AND position < $2
    AND created_at < $3
    AND txid < (SELECT min(pg_snapshot_xmin(delivered_snapshot)) FROM relay_partition)
+   AND NOT EXISTS (
+        SELECT 1 FROM relay_partition
+         WHERE relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot)
+               IS NOT NULL)
 
 -- name: replay_last_position
 SELECT coalesce(max(position), 0)::bigint AS last_position FROM outbox

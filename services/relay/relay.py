@@ -14,6 +14,18 @@ owner and epoch. Kafka or PostgreSQL being down means: back off (exponential, ca
 jittered), keep renewing the lease, retry the same batch; nothing is lost and nothing
 crashes. A driver stops as soon as its lease is lost, by its own clock (which runs out
 before the database's) or because a fenced write touched no row.
+
+A send never outlasts the lease: a driver starts one only when it ends (the sink's
+``relay_send_timeout_s``, failure and producer close included) before the lease time it
+trusts, renewing first when the time left is too short, and it gives a send up (and
+stops driving) should one still run past that time. Another relay can therefore only
+take the partition over once this one can no longer put anything on Kafka for it. In one
+process, a partition taken again while its old driver still runs gets its old driver
+cancelled and awaited before the new one starts.
+
+A partition whose progress belongs to another PostgreSQL cluster is never driven (see
+"Progress belongs to one cluster" in ``outbox_pg.py``): the supervisor reports it
+(``relay.cluster_changed``, ``kb_relay_refused_partitions``) until it is re-seeded.
 """
 
 from __future__ import annotations
@@ -30,6 +42,8 @@ from types import TracebackType
 
 from services.relay import metrics
 from services.relay.ports import (
+    RESEED_HINT,
+    ClusterChanged,
     EventSink,
     Lease,
     LeaseStore,
@@ -56,6 +70,10 @@ class RelayState(enum.Enum):
     STOPPED = "stopped"
 
 
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -71,6 +89,7 @@ class Relay:
         wakeups: Wakeups,
         owner: str | None = None,
         after_ack: AfterAck | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.settings = settings
         self.owner = owner or default_owner()
@@ -82,8 +101,14 @@ class Relay:
         self._after_ack = after_ack
         self._stopping = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
+        # Test-only seam: the monotonic clock leases are timed with (None: the loop's).
+        self._clock = clock or _loop_time
         self._drivers: dict[int, asyncio.Task[None]] = {}
-        self._driving: set[int] = set()
+        # partition -> epoch of the lease its current driver holds.
+        self._driving: dict[int, int] = {}
+        self._refused: frozenset[int] = frozenset()
+        self._rounds = 0
+        self._refused_logged_at = float("-inf")
         self._retention: asyncio.Task[None] | None = None
         # Set when the relay gave up on a non-retriable start-up error (configuration).
         self.failure: KbError | None = None
@@ -100,6 +125,16 @@ class Relay:
         """Until this instance drives exactly ``count`` partitions (tests, health checks)."""
         async with self._partitions_changed:
             await self._partitions_changed.wait_for(lambda: len(self.partitions) == count)
+
+    @property
+    def rounds(self) -> int:
+        """Supervision rounds completed (each one tried to take free partitions)."""
+        return self._rounds
+
+    async def wait_for_rounds(self, count: int) -> None:
+        """Until the supervisor has completed ``count`` rounds (tests, health checks)."""
+        async with self._partitions_changed:
+            await self._partitions_changed.wait_for(lambda: self._rounds >= count)
 
     async def _announce_partitions(self) -> None:
         metrics.LEASES_HELD.set(len(self.partitions))
@@ -157,10 +192,10 @@ class Relay:
         backoff = _Backoff(s.relay_backoff_initial_s, s.relay_backoff_max_s)
         driver_backoff = _Backoff(s.relay_backoff_initial_s, s.relay_backoff_max_s)
         driver_backoff_until = 0.0
-        loop = asyncio.get_running_loop()
+        clock = self._clock
         started = False
-        next_retention = loop.time() + min(s.relay_retention_interval_s, 5.0)
-        next_metrics = loop.time()
+        next_retention = clock() + min(s.relay_retention_interval_s, 5.0)
+        next_metrics = clock()
         while not self._stopping.is_set():
             try:
                 if not started:
@@ -175,11 +210,11 @@ class Relay:
                     # A driver died of a non-retriable error (a bug, a broken row): do not
                     # spin on it; take partitions again after a growing pause.
                     wanted = 0
-                    driver_backoff_until = loop.time() + driver_backoff.next()
-                elif loop.time() < driver_backoff_until:
+                    driver_backoff_until = clock() + driver_backoff.next()
+                elif clock() < driver_backoff_until:
                     wanted = 0
                 if wanted > 0:
-                    asked = loop.time()  # the lease runs from before the request, to be safe
+                    asked = clock()  # the lease runs from before the request, to be safe
                     for lease in await self._leases.acquire(self.owner, wanted, s.relay_lease_s):
                         metrics.LEASE_CHANGES.labels(change="acquired").inc()
                         log.info(
@@ -188,13 +223,18 @@ class Relay:
                             partition=lease.partition,
                             epoch=lease.epoch,
                         )
-                        self._driving.add(lease.partition)
+                        # Our old driver of this partition may still run (stuck past its
+                        # lease): it is cancelled, and the new one waits for it to end.
+                        previous = self._drivers.get(lease.partition)
+                        if previous is not None:
+                            previous.cancel()
+                        self._driving[lease.partition] = lease.epoch
                         self._drivers[lease.partition] = asyncio.create_task(
-                            self._drive(lease, acquired_at=asked),
+                            self._drive(lease, acquired_at=asked, after=previous),
                             name=f"relay-partition-{lease.partition}",
                         )
                     await self._announce_partitions()
-                now = loop.time()
+                now = clock()
                 if now >= next_retention and 0 in self.partitions:
                     next_retention = now + s.relay_retention_interval_s
                     if self._retention is None or self._retention.done():
@@ -202,10 +242,20 @@ class Relay:
                 if now >= next_metrics:
                     next_metrics = now + s.relay_metrics_interval_s
                     backlog = await self._source.backlog()
-                    metrics.BACKLOG_ROWS.set(backlog.rows)
-                    metrics.OLDEST_UNDELIVERED_AGE.set(backlog.oldest_age_s)
+                    metrics.REFUSED_PARTITIONS.set(backlog.refused_partitions)
+                    if backlog.refused_partitions:
+                        # Unknown, not 0: those partitions' progress means nothing here.
+                        metrics.BACKLOG_ROWS.set(float("nan"))
+                        metrics.OLDEST_UNDELIVERED_AGE.set(float("nan"))
+                        await self._report_refused()
+                    else:
+                        metrics.BACKLOG_ROWS.set(backlog.rows)
+                        metrics.OLDEST_UNDELIVERED_AGE.set(backlog.oldest_age_s)
+                        self._refused = frozenset()
                 backoff.reset()
                 delay = tick
+                self._rounds += 1
+                await self._announce_partitions()
             except Exception as error:
                 if not isinstance(error, KbError):
                     # A bug, not an outage: say so, stop, and let the process exit non-zero.
@@ -223,6 +273,24 @@ class Relay:
                 delay = backoff.next()
             await self._sleep(delay)
         # Drivers notice `_stopping` themselves and release their leases.
+
+    async def _report_refused(self) -> None:
+        """Log the partitions refused for another cluster's progress: when the set changes,
+        and again every minute while it lasts."""
+        refusals = await self._leases.refused_partitions()
+        refused = frozenset(r.partition for r in refusals)
+        now = self._clock()
+        if refused == self._refused and now - self._refused_logged_at < 60.0:
+            return
+        self._refused, self._refused_logged_at = refused, now
+        for refusal in refusals:
+            log.error(
+                "relay.cluster_changed",
+                owner=self.owner,
+                partition=refusal.partition,
+                reason=refusal.reason,
+                hint=RESEED_HINT,
+            )
 
     def _reap_drivers(self) -> bool:
         """Forget finished drivers; True when one of them died of an error."""
@@ -255,10 +323,17 @@ class Relay:
 
     # --- one partition --------------------------------------------------------------------
 
-    async def _drive(self, lease: Lease, *, acquired_at: float) -> None:
+    async def _drive(
+        self, lease: Lease, *, acquired_at: float, after: asyncio.Task[None] | None = None
+    ) -> None:
+        if after is not None:
+            # Our previous driver of this partition (cancelled by the supervisor): it must
+            # be gone before this one sends anything.
+            await asyncio.gather(after, return_exceptions=True)
         s = self.settings
-        loop = asyncio.get_running_loop()
-        trusted_until = acquired_at + s.relay_lease_s * LOCAL_LEASE_SHARE
+        clock = self._clock
+        share = s.relay_lease_s * LOCAL_LEASE_SHARE
+        trusted_until = acquired_at + share
         renew_every = s.relay_lease_s / 3
         last_renewed = last_saved = acquired_at
         save_every = s.relay_progress_interval_s
@@ -266,10 +341,10 @@ class Relay:
         progress = lease.progress
         backoff = _Backoff(s.relay_backoff_initial_s, s.relay_backoff_max_s)
         subscription = self._wakeups.subscribe()
-        lost = False
+        lost = refused = False
         try:
             while not self._stopping.is_set():
-                if loop.time() >= trusted_until:
+                if clock() >= trusted_until:
                     lost = True
                     break
                 subscription.clear()
@@ -279,18 +354,35 @@ class Relay:
                     )
                     records = batch.records
                     if records:
-                        # Past the lease's trusted time nothing may be sent: another relay
-                        # may drive this partition by now.
-                        if loop.time() >= trusted_until:
+                        # A send may only start when it ends (relay_send_timeout_s, its
+                        # failure included) before the lease time we trust: past it another
+                        # relay may drive this partition. Renew first when that is too close.
+                        if clock() + s.relay_send_timeout_s >= trusted_until:
+                            asked = clock()
+                            if not await self._leases.renew(lease, s.relay_lease_s):
+                                lost = True
+                                break
+                            last_renewed = asked
+                            trusted_until = asked + share
+                            if clock() + s.relay_send_timeout_s >= trusted_until:
+                                # The renewal itself took too long: try again later.
+                                await self._sleep(backoff.next())
+                                continue
+                        if not await self._send_within(records, trusted_until - clock()):
+                            log.error(
+                                "relay.send_outlived_lease",
+                                owner=self.owner,
+                                partition=lease.partition,
+                                epoch=lease.epoch,
+                            )
                             lost = True
                             break
-                        await self._sink.send(records, replay=False)
                         if self._after_ack is not None:
                             await self._after_ack(lease, records)
                     drained = batch.following.window is None
                     progress = batch.following
                     unsaved = unsaved or bool(records)
-                    now = loop.time()
+                    now = clock()
                     # Progress is written only for acknowledged batches, at most every
                     # relay_progress_interval_s (a crash re-sends at most that much: at
                     # least once), and at every lease renewal, which it doubles as.
@@ -302,8 +394,20 @@ class Relay:
                             break
                         last_renewed = last_saved = now
                         unsaved = False
-                        trusted_until = now + s.relay_lease_s * LOCAL_LEASE_SHARE
+                        trusted_until = now + share
                     backoff.reset()
+                except ClusterChanged as error:
+                    # Progress from another cluster: never drive on it (rows would be
+                    # skipped); the supervisor keeps reporting it until it is re-seeded.
+                    log.error(
+                        "relay.cluster_changed",
+                        owner=self.owner,
+                        partition=lease.partition,
+                        epoch=lease.epoch,
+                        error=error.message,
+                    )
+                    refused = True
+                    break
                 except KbError as error:
                     if not error.retriable:
                         raise
@@ -313,27 +417,29 @@ class Relay:
                         error=str(error),
                         code=error.code,
                     )
-                    if loop.time() - last_renewed >= renew_every:
-                        asked = loop.time()
+                    if clock() - last_renewed >= renew_every:
+                        asked = clock()
                         with contextlib.suppress(KbError):
                             if not await self._leases.renew(lease, s.relay_lease_s):
                                 lost = True
                                 break
                             last_renewed = asked
-                            trusted_until = asked + s.relay_lease_s * LOCAL_LEASE_SHARE
-                    await self._sleep(min(backoff.next(), max(0.0, trusted_until - loop.time())))
+                            trusted_until = asked + share
+                    await self._sleep(min(backoff.next(), max(0.0, trusted_until - clock())))
                     continue
                 if drained:
-                    now = loop.time()
+                    now = clock()
                     wait = min(s.relay_poll_interval_s, renew_every - (now - last_renewed))
                     if unsaved:
                         wait = min(wait, save_every - (now - last_saved))
                     await self._wait_for_rows(subscription, max(0.0, wait))
         finally:
             self._wakeups.unsubscribe(subscription)
-            self._driving.discard(lease.partition)
+            # Only our own entry: the partition may be driven by a newer lease already.
+            if self._driving.get(lease.partition) == lease.epoch:
+                del self._driving[lease.partition]
             await self._announce_partitions()
-            if lost:
+            if lost or refused:
                 metrics.LEASE_CHANGES.labels(change="lost").inc()
                 log.warning(
                     "lease.lost", owner=self.owner, partition=lease.partition, epoch=lease.epoch
@@ -348,6 +454,18 @@ class Relay:
                     partition=lease.partition,
                     epoch=lease.epoch,
                 )
+
+    async def _send_within(self, records: Sequence[OutboxRecord], within_s: float) -> bool:
+        """Send, giving the send up when it runs past ``within_s`` (False): the sink keeps
+        to relay_send_timeout_s, this only guards against one that does not."""
+        try:
+            async with asyncio.timeout(within_s) as deadline:
+                await self._sink.send(records, replay=False)
+        except TimeoutError:
+            if deadline.expired():
+                return False
+            raise
+        return True
 
     # --- waiting --------------------------------------------------------------------------
 

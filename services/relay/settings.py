@@ -29,8 +29,10 @@ class RelaySettings(RuntimeSettings):
     relay_lease_s: float = Field(default=10.0, gt=0)
     relay_backoff_initial_s: float = Field(default=0.2, gt=0)
     relay_backoff_max_s: float = Field(default=10.0, gt=0)
-    # How long one batch may wait for Kafka's acknowledgement; shorter than the part of the
-    # lease a relay trusts its own clock for, so a slow send cannot outlive the lease.
+    # The most one batch may take, waiting for Kafka's acknowledgement and closing a failed
+    # producer included (the sink keeps min(1 s, a quarter) of it for the close, which
+    # never flushes). A relay starts a send only when it ends before its trusted lease time
+    # (renewing first if need be), so this must be shorter than that share of the lease.
     relay_send_timeout_s: float = Field(default=5.0, gt=0)
     # Retention: delivered rows older than this leave in batched deletes.
     relay_retention_hours: float = Field(default=168.0, gt=0)
@@ -51,7 +53,8 @@ class RelaySettings(RuntimeSettings):
         if self.relay_send_timeout_s >= self.relay_lease_s * LOCAL_LEASE_SHARE:
             raise ValueError(
                 f"relay_send_timeout_s ({self.relay_send_timeout_s}) must be shorter than "
-                f"{LOCAL_LEASE_SHARE:.0%} of relay_lease_s ({self.relay_lease_s})"
+                f"{LOCAL_LEASE_SHARE:.0%} of relay_lease_s ({self.relay_lease_s}): a send "
+                "is only started when it ends within the lease time a relay trusts"
             )
         return self
 

@@ -6,6 +6,15 @@ Order: records of one batch are appended to the producer in position order befor
 is awaited; the idempotent producer keeps per-partition order across its retries, and one
 key always maps to one partition. A failed batch is sent again whole (duplicates are
 allowed, consumers deduplicate on event_id; nothing is lost).
+
+A send never outlives ``relay_send_timeout_s``, its failure included: the relay only
+starts one that fits in its trusted lease time, and a copy of an old batch must not
+reach Kafka after another relay took the partition over. So a producer that failed (or
+whose send was given up) is never flushed: it stops sending at once (its queued batches
+are failed and its sender task cancelled, synchronously), and its close gets a short
+bounded part of the send's budget; whatever of it is left runs in the background,
+sending nothing. Only the producer that failed is retired: a failure reported for an
+older producer leaves the current one, and the other partitions' sends on it, alone.
 """
 
 from __future__ import annotations
@@ -13,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from services.relay import metrics
 from services.relay.ports import OutboxRecord
@@ -51,14 +60,36 @@ class SinkState(enum.Enum):
     CLOSED = "closed"
 
 
+def producer_close_budget(send_timeout_s: float) -> float:
+    """The part of a send's budget kept for closing a failed producer."""
+    return min(1.0, send_timeout_s / 4)
+
+
+class _Generation:
+    """One producer and, once retired, the task closing it."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        self.closing: asyncio.Task[None] | None = None
+
+
 class KafkaSink:
-    def __init__(self, settings: RelaySettings, *, client_id: str = "kb-relay") -> None:
+    def __init__(
+        self,
+        settings: RelaySettings,
+        *,
+        client_id: str = "kb-relay",
+        producer_factory: Callable[..., AIOKafkaProducer] = AIOKafkaProducer,
+    ) -> None:
         self._settings = settings
         self._client_id = client_id
-        self._producer: AIOKafkaProducer | None = None
+        self._producer_factory = producer_factory
+        self._current: _Generation | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self._ensured_topics: set[str] = set()
         self._lock = asyncio.Lock()
         self.state = SinkState.STOPPED
+        self._close_s = producer_close_budget(settings.relay_send_timeout_s)
 
     async def start(self, tiers: Iterable[str] = ()) -> None:
         """Get ready to send; a broker that is down now is not an error (sends retry)."""
@@ -67,7 +98,7 @@ class KafkaSink:
         topics |= {self._settings.topic(INDEX_HINTS_TOPIC + tier) for tier in tiers}
         try:
             await self._ensure_topics(topics)
-            await self._ready_producer()
+            await self._ready_generation()
         except KafkaUnavailable as error:
             log.warning("relay.kafka_unavailable", error=str(error))
 
@@ -78,12 +109,16 @@ class KafkaSink:
             return
         label = "true" if replay else "false"
         started = time.perf_counter()
+        generation: _Generation | None = None
         try:
-            async with asyncio.timeout(self._settings.relay_send_timeout_s):
+            # What is left of relay_send_timeout_s after this is for closing a failed
+            # producer: the whole send, failure included, stays within the timeout.
+            async with asyncio.timeout(self._settings.relay_send_timeout_s - self._close_s):
                 await self._ensure_topics(
                     {self._settings.topic_for(r.event_type, r.tier) for r in records}
                 )
-                producer = await self._ready_producer()
+                generation = await self._ready_generation()
+                producer = generation.producer
                 futures: list[asyncio.Future[Any]] = []
                 try:
                     for record in records:
@@ -104,23 +139,32 @@ class KafkaSink:
                     raise failures[0]
         except (KafkaError, OSError, TimeoutError) as error:
             metrics.SEND_FAILURES.labels(code=type(error).__name__).inc()
-            await self._reset()
+            if generation is not None:
+                await self._retire(generation, wait_s=self._close_s)
             raise KafkaUnavailable(f"Kafka did not acknowledge the batch: {error!r}") from error
+        except BaseException:
+            # Given up (cancelled): what the producer still holds must not go out later.
+            if generation is not None:
+                self._retire_now(generation)
+            raise
         metrics.SEND_LATENCY.labels(replay=label).observe(time.perf_counter() - started)
         metrics.BATCH_SIZE.labels(replay=label).observe(len(records))
         metrics.EVENTS_SENT.labels(replay=label).inc(len(records))
 
     async def stop(self) -> None:
         self.state = SinkState.CLOSED
-        await self._reset()
+        if self._current is not None:
+            self._retire_now(self._current)
+        if self._closing:
+            await asyncio.wait(set(self._closing), timeout=self._close_s)
 
     # --- state machine --------------------------------------------------------------------
 
-    async def _ready_producer(self) -> AIOKafkaProducer:
+    async def _ready_generation(self) -> _Generation:
         async with self._lock:
-            if self._producer is not None:
-                return self._producer
-            producer = AIOKafkaProducer(
+            if self._current is not None:
+                return self._current
+            producer = self._producer_factory(
                 bootstrap_servers=self._settings.kafka_bootstrap_servers,
                 client_id=self._client_id,
                 acks="all",
@@ -129,23 +173,42 @@ class KafkaSink:
                 request_timeout_ms=max(1000, int(self._settings.relay_send_timeout_s * 1000)),
                 retry_backoff_ms=100,
             )
+            generation = _Generation(producer)
             try:
                 await producer.start()
             except (KafkaError, OSError) as error:
-                await _quietly_stop(producer)
+                self._retire_now(generation)
                 raise KafkaUnavailable(f"cannot connect to Kafka: {error!r}") from error
-            self._producer = producer
-            self.state = SinkState.READY
+            except BaseException:
+                self._retire_now(generation)
+                raise
+            self._current = generation
+            if self.state is not SinkState.CLOSED:
+                self.state = SinkState.READY
             log.info("relay.kafka_connected")
-            return producer
+            return generation
 
-    async def _reset(self) -> None:
-        async with self._lock:
-            producer, self._producer = self._producer, None
+    def _retire_now(self, generation: _Generation) -> asyncio.Task[None]:
+        """Stop ``generation`` sending at once and close it in the background; only the
+        current producer is replaced (a failure reported for an older one changes
+        nothing). Idempotent."""
+        if self._current is generation:
+            self._current = None
             if self.state is SinkState.READY:
                 self.state = SinkState.DISCONNECTED
-        if producer is not None:
-            await _quietly_stop(producer)
+        if generation.closing is None:
+            _stop_sending(generation.producer)
+            closing = asyncio.create_task(_quietly_stop(generation.producer))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            generation.closing = closing
+        return generation.closing
+
+    async def _retire(self, generation: _Generation, *, wait_s: float) -> None:
+        """Retire ``generation`` and give its close up to ``wait_s``: it sends nothing any
+        more either way."""
+        closing = self._retire_now(generation)
+        await asyncio.wait({closing}, timeout=wait_s)
 
     async def _ensure_topics(self, topics: set[str]) -> None:
         missing = topics - self._ensured_topics
@@ -198,7 +261,23 @@ def _abandon(futures: list[asyncio.Future[Any]]) -> None:
             future.exception()
 
 
+def _stop_sending(producer: AIOKafkaProducer) -> None:
+    """Make ``producer`` send nothing more, synchronously: fail every batch it still
+    queues (their futures fail at once, so nothing waits for a flush) and cancel its
+    sender task. aiokafka has no close-without-flush (Java's ``close(Duration.ZERO)``), so
+    this reaches into its accumulator and sender; a producer without them (a test double)
+    is left to its ``stop``. Bytes already handed to a socket may still arrive."""
+    accumulator = getattr(producer, "_message_accumulator", None)
+    if accumulator is not None:
+        accumulator.fail_all(KafkaConnectionError("the relay abandoned this producer"))
+    sender = getattr(producer, "_sender", None)
+    task = getattr(sender, "sender_task", None)
+    if task is not None and not task.done():
+        task.cancel()
+
+
 async def _quietly_stop(producer: AIOKafkaProducer) -> None:
+    """Close a producer that already stopped sending (nothing left to flush)."""
     try:
         async with asyncio.timeout(10):
             await producer.stop()

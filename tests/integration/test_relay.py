@@ -184,8 +184,9 @@ async def test_two_relays_split_the_partitions_and_hand_over(
         async with relay(second_settings, "relay-b") as second:
             await wait_for_partitions(second, 4)
             async with relay(first_settings, "relay-a") as first:
-                # b took all four; a gets none while b holds them.
-                await asyncio.sleep(first_settings.relay_lease_s / 3 + 0.2)  # a few ticks
+                # b took all four; a gets none while b holds them (a few rounds of asking).
+                async with asyncio.timeout(30):
+                    await first.wait_for_rounds(3)
                 assert first.partitions == set()
         async with relay(first_settings, "relay-a") as first:
             await wait_for_partitions(first, 2)

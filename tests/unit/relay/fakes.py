@@ -20,6 +20,7 @@ from services.relay.ports import (
     Lease,
     OutboxRecord,
     Progress,
+    Refusal,
     ReplayFilter,
     WindowBatch,
 )
@@ -100,6 +101,9 @@ class FakeLeaseStore:
         if row is not None:
             row.owner = row.lease_until = None
             row.progress = progress
+
+    async def refused_partitions(self) -> list[Refusal]:
+        return []  # one "cluster" only: nothing is ever refused here
 
     def steal(self, partition: int, owner: str) -> None:
         """What another relay does once it took the partition over."""
