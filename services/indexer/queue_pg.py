@@ -91,30 +91,26 @@ class PgTaskQueue:
         if in_transaction is None:
             # Nothing to write with it: one autocommitted statement, one round trip.
             with translate_db_errors():
-                done = await self._pool.fetchval(
-                    QUERIES["complete_task"],
-                    lease.task_id,
-                    lease.owner,
-                    lease.lease_attempt,
-                    self._clock.now(),
-                )
-            if done is None:
-                raise _lost(lease)
+                await self._complete_fenced(self._pool, lease)
             return
         with translate_db_errors():
             async with self._pool.acquire() as conn, conn.transaction():
-                done = await conn.fetchval(
-                    QUERIES["complete_task"],
-                    lease.task_id,
-                    lease.owner,
-                    lease.lease_attempt,
-                    self._clock.now(),
-                )
-                if done is None:
-                    # Raising inside the block rolls the transaction back: nothing written.
-                    raise _lost(lease)
-                if in_transaction is not None:
-                    await in_transaction(conn)
+                # Raising inside the block rolls the transaction back: nothing written.
+                await self._complete_fenced(conn, lease)
+                await in_transaction(conn)
+
+    async def _complete_fenced(
+        self, executor: asyncpg.Pool[Any] | asyncpg.pool.PoolConnectionProxy[Any], lease: Lease
+    ) -> None:
+        done = await executor.fetchval(
+            QUERIES["complete_task"],
+            lease.task_id,
+            lease.owner,
+            lease.lease_attempt,
+            self._clock.now(),
+        )
+        if done is None:
+            raise _lost(lease)
 
     async def fail(self, lease: Lease, decision: FailureDecision) -> IndexTask:
         with translate_db_errors():
