@@ -38,15 +38,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.publisher.auth import TENANT_ID_PATTERN, bearer_token, parse_api_key
 from services.publisher.domain import (
-    DocumentStatus,
     IndexStatus,
     Publisher,
-    PublishOutcome,
     Upload,
-    VersionCreated,
 )
 from services.publisher.metrics import MetricsMiddleware, PublisherMetrics
-from services.publisher.ports import IndexTaskRecord, PublisherStore
+from services.publisher.ports import PublisherStore
 from services.publisher.settings import PublisherSettings
 from services.runtime.errors import KbError, Unauthenticated
 from services.runtime.http_problem import (
@@ -70,7 +67,12 @@ _TENANT_PATH = re.compile(r"^/v1/tenants/(?P<tenant>[^/]*)(?:/|$)")
 
 class ApiModel(BaseModel):
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        # Answers are built straight from the domain's dataclasses, field by field name.
+        from_attributes=True,
     )
 
 
@@ -149,69 +151,6 @@ class IndexTaskResponse(ApiModel):
 
 class HealthResponse(ApiModel):
     status: str
-
-
-def _version_created(result: VersionCreated) -> VersionCreatedResponse:
-    return VersionCreatedResponse(
-        document_id=result.document_id,
-        version_number=result.version_number,
-        revision=result.revision,
-    )
-
-
-def _publish_response(result: PublishOutcome) -> PublishResponse:
-    return PublishResponse(
-        document_id=result.document_id,
-        version_number=result.version_number,
-        revision=result.revision,
-        index_task_id=result.index_task_id,
-    )
-
-
-def _status_response(status: DocumentStatus) -> DocumentStatusResponse:
-    failure = status.failure
-    return DocumentStatusResponse(
-        document_id=status.document_id,
-        title=status.title,
-        revision=status.revision,
-        latest_version=status.latest_version,
-        published_version=status.published_version,
-        published_at=status.published_at,
-        search_version=status.search_version,
-        search_switched_at=status.search_switched_at,
-        index_status=status.index_status,
-        index_task_id=status.index_task_id,
-        failure=None
-        if failure is None
-        else FailureResponse(
-            error_code=failure.error_code,
-            message=failure.message,
-            attempts=failure.attempts,
-            failed_at=failure.failed_at,
-        ),
-        search_lag_since=status.search_lag_since,
-    )
-
-
-def _task_response(task: IndexTaskRecord) -> IndexTaskResponse:
-    return IndexTaskResponse(
-        task_id=task.task_id,
-        document_id=task.document_id,
-        version_number=task.version_number,
-        task_type=task.task_type,
-        tier=task.tier,
-        status=task.status,
-        attempts=task.attempts,
-        max_attempts=task.max_attempts,
-        lease_owner=task.lease_owner,
-        lease_until=task.lease_until,
-        next_attempt_at=task.next_attempt_at,
-        error_code=task.error_code,
-        error_message=task.error_message,
-        created_at=task.created_at,
-        updated_at=task.updated_at,
-        finished_at=task.finished_at,
-    )
 
 
 # --- middleware ----------------------------------------------------------------------------
@@ -406,7 +345,7 @@ async def create_document(
         document_id=str(result.document_id),
         size_bytes=len(upload.content),
     )
-    return _version_created(result)
+    return VersionCreatedResponse.model_validate(result)
 
 
 @tenant_router.post(
@@ -432,7 +371,7 @@ async def add_version(
         document_id=str(document_id),
         version_number=result.version_number,
     )
-    return _version_created(result)
+    return VersionCreatedResponse.model_validate(result)
 
 
 @tenant_router.post(
@@ -470,7 +409,7 @@ async def publish_version(
         revision=result.revision,
         task_id=str(result.index_task_id),
     )
-    return _publish_response(result)
+    return PublishResponse.model_validate(result)
 
 
 @tenant_router.get(
@@ -482,7 +421,9 @@ async def publish_version(
 async def document_status(
     request: Request, tenant_id: TenantId, document_id: DocumentId
 ) -> DocumentStatusResponse:
-    return _status_response(await _publisher(request).document_status(tenant_id, document_id))
+    return DocumentStatusResponse.model_validate(
+        await _publisher(request).document_status(tenant_id, document_id)
+    )
 
 
 @tenant_router.get(
@@ -492,7 +433,9 @@ async def document_status(
     summary="An index task",
 )
 async def index_task(request: Request, tenant_id: TenantId, task_id: TaskId) -> IndexTaskResponse:
-    return _task_response(await _publisher(request).index_task(tenant_id, task_id))
+    return IndexTaskResponse.model_validate(
+        await _publisher(request).index_task(tenant_id, task_id)
+    )
 
 
 ops_router = APIRouter()
