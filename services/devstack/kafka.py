@@ -228,29 +228,7 @@ class LocalKafka:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
         if not (self.data_dir / "meta.properties").exists():
-            cluster_id = _kafka_uuid()
-            result = subprocess.run(
-                self._java(
-                    java,
-                    classpath,
-                    "kafka.tools.StorageTool",
-                    "format",
-                    "-t",
-                    cluster_id,
-                    "-c",
-                    str(self.config_file),
-                    "--standalone",
-                    "--ignore-formatted",
-                ),
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            if result.returncode != 0:
-                raise DependencyUnavailable(
-                    f"kafka storage format failed: {(result.stdout + result.stderr)[-2000:]}"
-                )
+            self.format_storage(java, classpath, _kafka_uuid())
         pid = _spawn_detached(
             self._java(java, classpath, "kafka.Kafka", str(self.config_file)), self.stdout_file
         )
@@ -266,6 +244,32 @@ class LocalKafka:
             time.sleep(0.2)
         self._wait_ready(deadline)
         return self.status()
+
+    def format_storage(self, java: str, classpath: str, cluster_id: str) -> None:
+        """Format the KRaft log directory for a new single-node cluster."""
+        result = subprocess.run(
+            self._java(
+                java,
+                classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                # One argument with "=": a random id may start with "-", which argparse
+                # would take for an option (a separate "-t -Xy..." fails one run in 64).
+                f"--cluster-id={cluster_id}",
+                "-c",
+                str(self.config_file),
+                "--standalone",
+                "--ignore-formatted",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise DependencyUnavailable(
+                f"kafka storage format failed: {(result.stdout + result.stderr)[-2000:]}"
+            )
 
     def _wait_ready(self, deadline: float) -> None:
         """The port opens before the broker has joined its own quorum: wait until a

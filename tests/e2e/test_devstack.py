@@ -161,3 +161,21 @@ def test_missing_java_and_maven_give_one_clear_message(
     assert "Traceback" not in result.stderr
     assert "Maven (mvn) is needed" in result.stderr
     assert "KAFKA_HOME" in result.stderr
+
+
+def test_storage_format_takes_a_cluster_id_that_starts_with_a_dash(tmp_path: Path) -> None:
+    """A random KRaft cluster id is base64url: one in 64 starts with "-", which the storage
+    tool's parser once took for an option (a red CI run)."""
+    from services.devstack.kafka import find_java
+
+    kafka = LocalKafka(
+        DevStackSettings(
+            home=tmp_path / "dev", kafka_port=_free_port(), kafka_controller_port=_free_port()
+        )
+    )
+    kafka.dir.mkdir(parents=True)
+    kafka._write_config()
+    cluster_id = "-" + "A" * 21  # 22 base64url characters, as Kafka's own ids
+    kafka.format_storage(find_java(), kafka.classpath(), cluster_id)
+    meta = (kafka.data_dir / "meta.properties").read_text()
+    assert f"cluster.id={cluster_id}" in meta
