@@ -24,6 +24,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome, TaskQueue
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy
@@ -79,6 +80,16 @@ class _Failure:
         return cls(ErrorCode.INTERNAL_ERROR, f"{type(error).__name__}: {error}")
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    """An indexing run that ended, before its result is written."""
+
+    lease: Lease
+    outcome: IndexingOutcome | None
+    failure: _Failure | None
+    lost: bool
+
+
 class Worker:
     def __init__(
         self,
@@ -126,15 +137,13 @@ class Worker:
 
     async def process(self, lease: Lease) -> RunOnceResult:
         """Index a claimed task under its lease and record the result (fenced)."""
-        bound = log.bind(
-            task_id=str(lease.task_id),
-            tenant_id=lease.tenant_id,
-            document_id=str(lease.document_id),
-            version_number=lease.version_number,
-            lease_attempt=lease.lease_attempt,
-            owner=self.owner,
-        )
-        bound.info("task.claimed")
+        return await self._record(await self._index(lease))
+
+    async def _index(self, lease: Lease) -> _Attempt:
+        """The indexing work under the lease, heartbeating at lease/3. Cancelled from
+        outside (the grace period ran out), it writes nothing and re-raises: the lease
+        expires and another worker takes the task over."""
+        log.info("task.claimed", **self._context(lease))
         self._emit(WorkerEvent("claimed", lease.task_id, str(lease.lease_attempt)))
         state = _LeaseState()
         work: asyncio.Task[IndexingOutcome] = asyncio.create_task(self.indexer.index(lease))
@@ -145,23 +154,29 @@ class Worker:
             outcome = await work
         except asyncio.CancelledError:
             if not state.lost:
-                # We are being cancelled from outside (grace period over): write nothing,
-                # the lease simply expires and another worker takes the task over.
-                bound.warning("task.abandoned")
+                log.warning("task.abandoned", **self._context(lease))
                 self._emit(WorkerEvent("cancelled", lease.task_id))
                 raise
         except Exception as error:
             if not isinstance(error, KbError):
-                bound.exception("task.crashed")  # a bug: its traceback is logged
+                # A bug: its traceback is logged.
+                log.exception("task.crashed", **self._context(lease))
             failure = _Failure.of(error)
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
+        return _Attempt(lease, outcome, failure, state.lost)
 
-        if state.lost:
+    async def _record(self, attempt: _Attempt) -> RunOnceResult:
+        """Write the attempt's result: complete (with the sink's write in its transaction)
+        or the retry policy's fail; both fenced, so a lost lease writes nothing."""
+        lease = attempt.lease
+        if attempt.lost:
             return self._lost(lease)
+        failure = attempt.failure
         if failure is None:
+            outcome = attempt.outcome
             assert outcome is not None
             try:
                 await self.queue.complete(lease, in_transaction=outcome.write)
@@ -171,12 +186,12 @@ class Worker:
                 # The result (or the sink's write in its transaction) was not recorded:
                 # the same policy as a failed indexing run, not a silent lease expiry.
                 if isinstance(error, KbError):
-                    bound.warning("task.complete_failed", error=str(error))
+                    log.warning("task.complete_failed", error=str(error), **self._context(lease))
                 else:
-                    bound.exception("task.complete_crashed")
+                    log.exception("task.complete_crashed", **self._context(lease))
                 failure = _Failure.of(error)
             else:
-                bound.info("task.completed")
+                log.info("task.completed", **self._context(lease))
                 self._emit(WorkerEvent("completed", lease.task_id))
                 return RunOnceResult.SUCCEEDED
         decision = self.policy.decide(
@@ -191,14 +206,25 @@ class Worker:
             await self.queue.fail(lease, decision)
         except LeaseLost:
             return self._lost(lease)
-        bound.info(
+        log.info(
             "task.failed",
+            **self._context(lease),
             error_code=failure.code,
             next_status=str(decision.status),
             delay_seconds=round(decision.delay_seconds, 3),
         )
         self._emit(WorkerEvent("failed", lease.task_id, f"{failure.code} {decision.status}"))
         return RunOnceResult.FAILED
+
+    def _context(self, lease: Lease) -> dict[str, object]:
+        return {
+            "task_id": str(lease.task_id),
+            "tenant_id": lease.tenant_id,
+            "document_id": str(lease.document_id),
+            "version_number": lease.version_number,
+            "lease_attempt": lease.lease_attempt,
+            "owner": self.owner,
+        }
 
     def _lost(self, lease: Lease) -> RunOnceResult:
         log.warning(
@@ -247,21 +273,35 @@ class Worker:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Keep up to ``concurrency`` tasks running until ``stop`` is set; then claim nothing
+        """Keep up to ``concurrency`` tasks indexing until ``stop`` is set; then claim nothing
         more, give running tasks ``grace_period_seconds`` and cancel what is left (their
-        leases expire and another worker takes them over)."""
-        running: set[asyncio.Task[RunOnceResult]] = set()
+        leases expire and another worker takes them over).
+
+        A slot is the indexing work (parsing, embedding: the slow, metered part). Writing a
+        task's result -- the fenced complete with the sink's transaction, or fail -- runs
+        beside the slot: the slot claims its next task while the last result is written,
+        so a claim and a write overlap instead of taking turns. Claims pause while more
+        results wait to be written than there are slots, so a slow database holds back new
+        work instead of piling results up. Nothing is acknowledged early: a result counts
+        only once its write commits; a crash before that leaves the task RUNNING until its
+        lease expires, and it is done again (DESIGN §4: at-least-once, fenced writes)."""
+        slots: set[asyncio.Task[_Attempt]] = set()
+        writes: set[asyncio.Task[RunOnceResult]] = set()
         idle_delay = self.idle_backoff_min_seconds
         failed_claims = 0
         claim_again_at = 0.0  # monotonic; after a failed claim, no claim before then
         stop_waiter = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
-                free = self.concurrency - len(running)
+                free = self.concurrency - len(slots)
+                if len(writes) > self.concurrency:
+                    free = 0
                 resting = claim_again_at - time.monotonic()
                 if free > 0 and resting > 0:
                     # A claim failed: neither a freed slot nor a wake-up shortens the pause.
-                    running = await self._wait(running, stop_waiter, resting, wakeable=False)
+                    slots, writes = await self._wait(
+                        slots, writes, stop_waiter, resting, wakeable=False
+                    )
                     continue
                 claimed = 0
                 if free > 0:
@@ -279,11 +319,11 @@ class Worker:
                         continue
                     failed_claims = 0
                     for lease in leases:
-                        running.add(asyncio.create_task(self.process(lease)))
+                        slots.add(asyncio.create_task(self._index(lease)))
                     claimed = len(leases)
                 if claimed:
                     idle_delay = self.idle_backoff_min_seconds
-                    if len(running) < self.concurrency:
+                    if len(slots) < self.concurrency:
                         continue  # more may be due right now
                     timeout: float | None = None
                 elif free > 0:
@@ -292,12 +332,12 @@ class Worker:
                     idle_delay = min(self.poll_interval_seconds, idle_delay * 2)
                 else:
                     timeout = None
-                running = await self._wait(running, stop_waiter, timeout)
+                slots, writes = await self._wait(slots, writes, stop_waiter, timeout)
         finally:
-            log.info("worker.stopping", running=len(running), owner=self.owner)
+            log.info("worker.stopping", running=len(slots) + len(writes), owner=self.owner)
             self._emit(WorkerEvent("stopping"))
             stop_waiter.cancel()
-            await self._drain(running)
+            await self._drain(slots, writes)
             self._emit(WorkerEvent("stopped"))
             log.info("worker.stopped", owner=self.owner)
 
@@ -326,18 +366,20 @@ class Worker:
 
     async def _wait(
         self,
-        running: set[asyncio.Task[RunOnceResult]],
+        slots: set[asyncio.Task[_Attempt]],
+        writes: set[asyncio.Task[RunOnceResult]],
         stop_waiter: asyncio.Task[bool],
         wait_seconds: float | None,
         *,
         wakeable: bool = True,
-    ) -> set[asyncio.Task[RunOnceResult]]:
-        """Until a slot frees, a wake-up (if ``wakeable``), stop, or the timeout; returns the
-        tasks still running."""
-        waiters: set[asyncio.Future[object]] = {stop_waiter, *running}  # type: ignore[arg-type]
+    ) -> tuple[set[asyncio.Task[_Attempt]], set[asyncio.Task[RunOnceResult]]]:
+        """Until a slot frees or a write ends, a wake-up (if ``wakeable``), stop, or the
+        timeout; returns the slots still indexing and the writes still running, with a
+        write started for each slot that finished."""
+        waiters: set[asyncio.Future[Any]] = {stop_waiter, *slots, *writes}
         wake_waiter = asyncio.create_task(self._wake.wait()) if wakeable else None
         if wake_waiter is not None:
-            waiters.add(wake_waiter)  # type: ignore[arg-type]
+            waiters.add(wake_waiter)
         try:
             await asyncio.wait(waiters, timeout=wait_seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -345,10 +387,24 @@ class Worker:
                 wake_waiter.cancel()
         if wakeable:
             self._wake.clear()
-        still = {t for t in running if not t.done()}
-        for finished in running - still:
-            self._reap(finished)
-        return still
+        return self._settle(slots, writes)
+
+    def _settle(
+        self, slots: set[asyncio.Task[_Attempt]], writes: set[asyncio.Task[RunOnceResult]]
+    ) -> tuple[set[asyncio.Task[_Attempt]], set[asyncio.Task[RunOnceResult]]]:
+        still_indexing = {t for t in slots if not t.done()}
+        still_writing = {t for t in writes if not t.done()}
+        for written in writes - still_writing:
+            self._reap(written)
+        for indexed in slots - still_indexing:
+            if indexed.cancelled():
+                continue
+            error = indexed.exception()
+            if error is not None:  # _index catches everything but cancellation: a bug
+                log.error("task.indexing_crashed", error=repr(error))
+                continue
+            still_writing.add(asyncio.create_task(self._record(indexed.result())))
+        return still_indexing, still_writing
 
     def _reap(self, finished: asyncio.Task[RunOnceResult]) -> None:
         if finished.cancelled():
@@ -359,18 +415,28 @@ class Worker:
             # taken over later. The loop itself carries on.
             log.error("task.result_not_recorded", error=repr(error))
 
-    async def _drain(self, running: set[asyncio.Task[RunOnceResult]]) -> None:
-        if not running:
-            return
-        _, pending = await asyncio.wait(running, timeout=self.grace_period_seconds)
-        for task in pending:
+    async def _drain(
+        self, slots: set[asyncio.Task[_Attempt]], writes: set[asyncio.Task[RunOnceResult]]
+    ) -> None:
+        """Let running work finish and its results be written, within the grace period;
+        then cancel what is left (nothing of it is written: those leases expire)."""
+        deadline = time.monotonic() + self.grace_period_seconds
+        while slots or writes:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await asyncio.wait(
+                {*slots, *writes}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            slots, writes = self._settle(slots, writes)
+        left: set[asyncio.Task[Any]] = {*slots, *writes}
+        for task in left:
             task.cancel()
-        for task in running:
+        for task in left:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for task in running:
-            if task.done():
-                self._reap(task)
+        for write in writes:
+            self._reap(write)
 
     def _emit(self, event: WorkerEvent) -> None:
         if self._signals is not None:

@@ -399,3 +399,91 @@ async def test_a_configuration_error_from_claim_ends_the_loop() -> None:
 def test_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError, match="concurrency"):
         make(Succeeds(), concurrency=0)
+
+
+class SlowWrites(FlakyQueue):
+    """Each ``complete`` waits for its own release: results stay unwritten on demand."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.writing: list[Lease] = []
+        self.write_started = asyncio.Condition()
+        self.release_writes = asyncio.Event()
+
+    async def wait_writing(self, count: int) -> None:
+        async with asyncio.timeout(WAIT), self.write_started:
+            await self.write_started.wait_for(lambda: len(self.writing) >= count)
+
+    async def complete(self, lease: Lease, *, in_transaction: object = None) -> None:
+        self.writing.append(lease)
+        async with self.write_started:
+            self.write_started.notify_all()
+        await self.release_writes.wait()
+        await super().complete(lease, in_transaction=in_transaction)  # type: ignore[arg-type]
+
+
+def make_slow_writes(
+    indexer: object, **options: object
+) -> tuple[Worker, SlowWrites, asyncio.Queue[WorkerEvent]]:
+    queue = SlowWrites(ManualClock(datetime.now(UTC)))
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    worker = Worker(
+        queue,
+        indexer,  # type: ignore[arg-type]
+        tier="standard",
+        owner="w1",
+        signals=signals,
+        poll_interval_seconds=0.05,
+        **options,  # type: ignore[arg-type]
+    )
+    return worker, queue, signals
+
+
+async def test_a_slot_claims_its_next_task_while_the_last_result_is_written() -> None:
+    indexer = Succeeds()
+    worker, queue, signals = make_slow_writes(indexer, concurrency=1)
+    tasks = [queue.new_task() for _ in range(4)]
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker.run(stop))
+    # With one slot: task 1's write is held, yet task 2 is claimed and indexed, and its
+    # write starts too. Then claims pause: two unwritten results are more than one slot.
+    await queue.wait_writing(2)
+    assert len(indexer.seen) == 2
+    statuses = [(await queue.get(t.task_id)).status for t in tasks]  # type: ignore[union-attr]
+    assert sorted(statuses) == sorted([TaskStatus.RUNNING] * 2 + [TaskStatus.PENDING] * 2)
+    assert queue.committed_writes == []  # nothing counts as done before its write commits
+    queue.release_writes.set()
+    for _ in range(4):
+        await next_event(signals, "completed")
+    stop.set()
+    await asyncio.wait_for(loop, WAIT)
+    assert sorted(lease.task_id for lease in queue.writing) == sorted(t.task_id for t in tasks)
+    assert len(queue.committed_writes) == 4
+
+
+async def test_stop_waits_for_results_still_being_written() -> None:
+    worker, queue, signals = make_slow_writes(Succeeds(), concurrency=1, grace_period_seconds=WAIT)
+    task = queue.new_task()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker.run(stop))
+    await queue.wait_writing(1)
+    stop.set()
+    await next_event(signals, "stopping")
+    assert not loop.done()
+    queue.release_writes.set()
+    await asyncio.wait_for(loop, WAIT)
+    assert (await queue.get(task.task_id)).status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_a_write_left_after_the_grace_period_is_cancelled_and_writes_nothing() -> None:
+    worker, queue, _ = make_slow_writes(Succeeds(), concurrency=1, grace_period_seconds=0.05)
+    task = queue.new_task()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker.run(stop))
+    await queue.wait_writing(1)
+    stop.set()
+    await asyncio.wait_for(loop, WAIT)
+    left = await queue.get(task.task_id)
+    assert left is not None
+    assert left.status is TaskStatus.RUNNING  # the lease will expire; another worker redoes it
+    assert queue.committed_writes == []
