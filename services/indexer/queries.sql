@@ -12,36 +12,66 @@
 --    transaction holds (a worker completing it right now, or another claimer burying it).
 --
 -- 2. Fairness rule, in ROUNDS. Round 0 is every expired lease with budget left (a takeover;
---    these have waited longest). Otherwise a tenant's k-th oldest due task is in round
---    (k + the tenant's RUNNING tasks in this tier): a tenant's second task is never
---    claimed before every other tenant's first, and a tenant that already holds workers
---    yields to one that holds none. Within a round, tenants take turns: they are ordered by
---    (their rank by tenant_id + turn) mod T, where T is the number of tenants with due work
---    and `turn` comes from a sequence that every claim advances (lock-free, never rolled
---    back), so each claim starts the round at the next tenant. Hence: a tenant with 10,000
---    due tasks delays another tenant's single task by at most one round -- at most T - 1
---    claims in a row, whatever its backlog or its tasks' age -- and concurrent claimers
---    (which all skip each other's locked rows down the same list) serve it in the same
---    round. Tenants are found with a skip scan over index_task_due_by_tenant (one index
---    probe per tenant with due work); each tenant contributes at most ceil($5 / T)
---    candidates, so a claim reads O(T + $5) index entries whatever the backlog, and
---    SUCCEEDED/DEAD rows are in none of the partial indexes it reads. Both probes of
---    `tenant_with_work` must filter on next_attempt_at <= now like the candidates do: a
---    tenant whose queued tasks are all in the future (RETRY_WAIT backing off) counted in T
---    would shrink every tenant's share ceil($5 / T) to 1 and starve the claim. The filter is
---    an index condition on the index's last column; PostgreSQL 18's btree skip scan jumps
---    over such a tenant's future entries instead of reading them (EXPLAIN: a few "Index
---    Searches" and no more buffers for a tenant with 10,000 future tasks).
+--    these have waited longest), oldest lease first. Otherwise a tenant's k-th oldest due
+--    task is in round (k + the tenant's RUNNING tasks in this tier): a tenant's second task
+--    is never claimed before every other tenant's first, and a tenant that already holds
+--    workers yields to one that holds none. Within a round, tenants take turns: they are
+--    ordered by (their rank by tenant_id + turn) mod T, where T is the number of tenants
+--    with due work and `turn` comes from a sequence that every claim advances (lock-free,
+--    never rolled back), so each claim starts the round at the next tenant. Hence: a tenant
+--    with 10,000 due tasks delays another tenant's single task by at most one round -- the
+--    single task is in round 1 + its tenant's RUNNING count and the big tenant has one task
+--    per round, so at most T - 1 claims go first, whatever its backlog or its tasks' age --
+--    and concurrent claimers (which all skip each other's locked rows down the same list)
+--    serve it in the same round. Tasks of one tenant due at the same instant go in index
+--    order.
 --
--- 3. `locked` takes candidates in round order FOR UPDATE SKIP LOCKED, up to $4. Why it cannot
---    double-claim: a row a concurrent claimer has locked is skipped, not waited for; a row
---    another transaction claimed and committed after our snapshot is re-read under the row
---    lock (READ COMMITTED re-check), and the WHERE below no longer holds for it (RUNNING with
---    a fresh lease), so it is dropped. $5 is larger than $4 so that concurrent claimers
---    that skip each other's rows still find work in the same statement.
+--    `tenant_head` finds the tenants with due work with a skip scan over
+--    index_task_due_by_tenant (tier, tenant_id, next_attempt_at): one probe per tenant, in
+--    tenant_id order (hence its rank), returns that tenant's oldest due task; one more probe
+--    finds no further tenant. The probe filters on next_attempt_at <= now like every
+--    candidate: a tenant whose queued tasks are all in the future (RETRY_WAIT backing off)
+--    counted in T would shrink every tenant's share ceil($5 / T) to 1 and starve the claim.
+--    The filter is an index condition on the index's last column; PostgreSQL 18's btree
+--    skip scan jumps over such a tenant's future entries instead of reading them.
+--
+--    `slot` is the candidate list: the takeovers, then for each tenant the slots
+--    k = 1 .. ceil($5 / T), slot k in round k + its RUNNING count, sorted by round and turn
+--    and cut at 2 * $5 slots. A slot is not yet a task, so the list is cheap to build;
+--    `candidate` names the task of a slot only when the locking below reaches it (a
+--    sub-select in its select list, above the sort, so evaluated for the rows actually
+--    read; it repeats the ORDER BY so that the walk below needs no sort of its own): slot 1
+--    is the task the skip scan returned, slot 2 costs one probe of two index entries, and
+--    the first time a slot k > 2 is reached, `later_task` (MATERIALIZED: computed once, on
+--    first use) reads every tenant's 2nd to ceil($5 / T)-th due tasks, one probe per
+--    tenant, for the slots to look up. A tenant with fewer due tasks leaves slots empty;
+--    fewer than $5 slots can be empty in all, so the cut list still holds the rule's first
+--    $5 candidates. So a claim reads O(T + $5) index entries whatever the backlog -- T + 1
+--    skip-scan probes, the rest only as deep as the locking goes -- and SUCCEEDED/DEAD rows
+--    are in none of the partial indexes it reads.
+--
+-- 3. `locked` walks the candidates in round order and locks each one's row FOR UPDATE SKIP
+--    LOCKED, until it holds $4. Why it cannot double-claim: a row a concurrent claimer has
+--    locked is skipped, not waited for; a row another transaction claimed and committed
+--    after our snapshot is re-read under the row lock (READ COMMITTED re-check), and the
+--    WHERE of the locking sub-select no longer holds for it (RUNNING with a fresh lease), so
+--    it is dropped. The lock is taken in a LATERAL sub-select, one candidate at a time in
+--    list order, so the walk stops at the $4-th row it holds and never resolves or locks a
+--    candidate it does not need. The list holds $5 candidates (or every due task), more
+--    than $4, so that concurrent claimers that skip each other's rows still find work in
+--    the same statement.
 --
 -- 4. The UPDATE makes them RUNNING with attempts + 1: the new lease generation
 --    (lease_attempt) every later write must present.
+--
+-- Plan: asyncpg prepares the statement, and PostgreSQL keeps a generic plan only while it
+-- is not costlier than the custom plans of the first five executions; otherwise it plans
+-- every claim anew (a few ms). So no estimate that decides the plan may depend on a
+-- parameter's value: every LIMIT reads its parameter through a scalar sub-select, and the
+-- tier and `now` reach the probes and the re-check as columns (`tier`, `due_by`) rather
+-- than as parameters, which a custom plan would estimate from the column statistics.
+-- Custom and generic plans then cost the same and the generic one is kept: nested loops
+-- over the partial indexes and the primary key, the same whatever the table's size.
 WITH RECURSIVE
 exhausted AS (
     UPDATE index_task t
@@ -52,45 +82,39 @@ exhausted AS (
                            || t.max_attempts || ' spent',
            updated_at = coalesce($7::timestamptz, now()),
            finished_at = coalesce($7::timestamptz, now())
-     WHERE t.task_id IN (
-               SELECT x.task_id
-                 FROM index_task x
-                WHERE x.tier = $1
-                  AND x.status = 'RUNNING'
-                  AND x.lease_until <= coalesce($7::timestamptz, now())
-                  AND x.attempts >= x.max_attempts
-                LIMIT $6
-                  FOR UPDATE OF x SKIP LOCKED)
+      FROM (SELECT x.task_id
+              FROM index_task x
+             WHERE x.tier = $1
+               AND x.status = 'RUNNING'
+               AND x.lease_until <= coalesce($7::timestamptz, now())
+               AND x.attempts >= x.max_attempts
+             LIMIT (SELECT $6::integer)
+               FOR UPDATE OF x SKIP LOCKED) x
+     WHERE t.task_id = x.task_id
     RETURNING t.task_id
 ),
-tenant_with_work (tenant_id) AS (
-    (SELECT q.tenant_id
-       FROM index_task q
-      WHERE q.tier = $1 AND q.status IN ('PENDING', 'RETRY_WAIT')
-        AND q.next_attempt_at <= coalesce($7::timestamptz, now())
-      ORDER BY q.tenant_id
-      LIMIT 1)
+tenant_head (tier, due_by, tenant_id, task_id, rank) AS (
+    SELECT a.tier, a.due_by, n.tenant_id, n.task_id, 1::bigint
+      -- OFFSET 0: tier and now become columns the planner cannot see through (see Plan).
+      FROM (SELECT $1::text AS tier, coalesce($7::timestamptz, now()) AS due_by OFFSET 0) a
+     CROSS JOIN LATERAL (
+           SELECT q.tenant_id, q.task_id
+             FROM index_task q
+            WHERE q.tier = a.tier AND q.status IN ('PENDING', 'RETRY_WAIT')
+              AND q.next_attempt_at <= a.due_by
+            ORDER BY q.tenant_id, q.next_attempt_at
+            LIMIT 1) n
     UNION ALL
-    SELECT (SELECT q.tenant_id
-              FROM index_task q
-             WHERE q.tier = $1 AND q.status IN ('PENDING', 'RETRY_WAIT')
-               AND q.tenant_id > w.tenant_id
-               AND q.next_attempt_at <= coalesce($7::timestamptz, now())
-             ORDER BY q.tenant_id
-             LIMIT 1)
-      FROM tenant_with_work w
-     WHERE w.tenant_id IS NOT NULL
-),
-rotation AS MATERIALIZED (
-    SELECT nextval('index_task_claim_turn') AS turn
-),
-tenant_turn AS MATERIALIZED (
-    SELECT w.tenant_id,
-           (row_number() OVER (ORDER BY w.tenant_id) + (SELECT turn FROM rotation))
-               % count(*) OVER () AS position,
-           count(*) OVER () AS tenants
-      FROM tenant_with_work w
-     WHERE w.tenant_id IS NOT NULL
+    SELECT h.tier, h.due_by, n.tenant_id, n.task_id, h.rank + 1
+      FROM tenant_head h
+     CROSS JOIN LATERAL (
+           SELECT q.tenant_id, q.task_id
+             FROM index_task q
+            WHERE q.tier = h.tier AND q.status IN ('PENDING', 'RETRY_WAIT')
+              AND q.tenant_id > h.tenant_id
+              AND q.next_attempt_at <= h.due_by
+            ORDER BY q.tenant_id, q.next_attempt_at
+            LIMIT 1) n
 ),
 running_per_tenant AS (
     SELECT r.tenant_id, count(*) AS running
@@ -98,49 +122,78 @@ running_per_tenant AS (
      WHERE r.tier = $1 AND r.status = 'RUNNING'
      GROUP BY r.tenant_id
 ),
-candidate AS MATERIALIZED (
-    SELECT u.task_id, u.round, u.position, u.due_at
-      FROM (
-            (SELECT r.task_id, 0::bigint AS round, 0::bigint AS position, r.lease_until AS due_at
-               FROM index_task r
-              WHERE r.tier = $1
-                AND r.status = 'RUNNING'
-                AND r.lease_until <= coalesce($7::timestamptz, now())
-                AND r.attempts < r.max_attempts
-              ORDER BY r.lease_until
-              LIMIT $5)
-            UNION ALL
-            SELECT d.task_id, d.round + coalesce(rp.running, 0), o.position, d.next_attempt_at
-              FROM tenant_turn o
-              LEFT JOIN running_per_tenant rp ON rp.tenant_id = o.tenant_id
-             CROSS JOIN LATERAL (
-                   SELECT q.task_id, q.next_attempt_at,
-                          row_number() OVER (ORDER BY q.next_attempt_at, q.task_id) AS round
-                     FROM index_task q
-                    WHERE q.tier = $1
-                      AND q.tenant_id = o.tenant_id
-                      AND q.status IN ('PENDING', 'RETRY_WAIT')
-                      AND q.next_attempt_at <= coalesce($7::timestamptz, now())
-                    ORDER BY q.next_attempt_at, q.task_id
-                    LIMIT (SELECT ceil($5::numeric / max(t.tenants))::bigint FROM tenant_turn t)
-                   ) d
-           ) u
-     ORDER BY u.round, u.position, u.due_at, u.task_id
-     LIMIT $5
+tenant_turn AS (
+    SELECT h.tier, h.due_by, h.tenant_id, h.task_id AS first_task,
+           coalesce(rp.running, 0) AS running,
+           (h.rank + (SELECT nextval('index_task_claim_turn'))) % count(*) OVER () AS position,
+           (($5::integer + count(*) OVER () - 1) / count(*) OVER ())::integer AS share
+      FROM tenant_head h
+      LEFT JOIN running_per_tenant rp ON rp.tenant_id = h.tenant_id
+),
+slot AS (
+    SELECT r.task_id, 0::bigint AS round, 0::bigint AS position, r.lease_until AS due_at,
+           NULL::text AS tenant_id, 1::bigint AS k,
+           $1::text AS tier, coalesce($7::timestamptz, now()) AS due_by
+      FROM index_task r
+     WHERE r.tier = $1
+       AND r.status = 'RUNNING'
+       AND r.lease_until <= coalesce($7::timestamptz, now())
+       AND r.attempts < r.max_attempts
+    UNION ALL
+    -- unnest(array_fill(..)) rather than generate_series: a row estimate of 10, not 1000.
+    SELECT o.first_task, g.k + o.running, o.position, NULL, o.tenant_id, g.k, o.tier, o.due_by
+      FROM tenant_turn o
+     CROSS JOIN LATERAL unnest(array_fill(0, ARRAY[o.share])) WITH ORDINALITY AS g (z, k)
+),
+later_task AS MATERIALIZED (
+    SELECT o.tenant_id, d.task_id, d.k + 1 AS k
+      FROM tenant_turn o
+     CROSS JOIN LATERAL unnest(ARRAY(
+           SELECT q.task_id
+             FROM index_task q
+            WHERE q.tier = o.tier
+              AND q.tenant_id = o.tenant_id
+              AND q.status IN ('PENDING', 'RETRY_WAIT')
+              AND q.next_attempt_at <= o.due_by
+              AND q.task_id <> o.first_task
+            ORDER BY q.next_attempt_at
+            LIMIT o.share - 1)) WITH ORDINALITY AS d (task_id, k)
+),
+candidate AS (
+    SELECT c.round, c.position, c.due_at, c.tier, c.due_by,
+           CASE WHEN c.k = 1 THEN c.task_id
+                WHEN c.k = 2 THEN (SELECT q.task_id
+                                     FROM index_task q
+                                    WHERE q.tier = c.tier
+                                      AND q.tenant_id = c.tenant_id
+                                      AND q.status IN ('PENDING', 'RETRY_WAIT')
+                                      AND q.next_attempt_at <= c.due_by
+                                      AND q.task_id <> c.task_id
+                                    ORDER BY q.next_attempt_at
+                                    LIMIT 1)
+                ELSE (SELECT l.task_id FROM later_task l
+                       WHERE l.tenant_id = c.tenant_id AND l.k = c.k)
+           END AS task_id
+      FROM (SELECT s.*
+              FROM slot s
+             ORDER BY s.round, s.position, s.due_at, s.task_id
+             LIMIT (SELECT 2 * $5::integer)) c
+     ORDER BY c.round, c.position, c.due_at
 ),
 locked AS MATERIALIZED (
-    SELECT t.task_id
+    SELECT l.task_id
       FROM candidate c
-      JOIN index_task t ON t.task_id = c.task_id
-     WHERE t.tier = $1
-       AND (   (t.status IN ('PENDING', 'RETRY_WAIT')
-                AND t.next_attempt_at <= coalesce($7::timestamptz, now()))
-            OR (t.status = 'RUNNING'
-                AND t.lease_until <= coalesce($7::timestamptz, now())
-                AND t.attempts < t.max_attempts))
-     ORDER BY c.round, c.position, c.due_at, c.task_id
-     LIMIT $4
-       FOR UPDATE OF t SKIP LOCKED
+     CROSS JOIN LATERAL (
+           SELECT t.task_id
+             FROM index_task t
+            WHERE t.task_id = c.task_id
+              AND t.tier = c.tier
+              AND (   (t.status IN ('PENDING', 'RETRY_WAIT') AND t.next_attempt_at <= c.due_by)
+                   OR (t.status = 'RUNNING' AND t.lease_until <= c.due_by
+                       AND t.attempts < t.max_attempts))
+              FOR UPDATE SKIP LOCKED) l
+     ORDER BY c.round, c.position, c.due_at
+     LIMIT (SELECT $4::integer)
 )
 UPDATE index_task t
    SET status = 'RUNNING',
