@@ -122,6 +122,7 @@ class Worker:
         self._signals = signals
         self._rng = rng or random.Random()
         self._wake = asyncio.Event()
+        self._wake_waiter: asyncio.Task[bool] | None = None
 
     # --- one task ---------------------------------------------------------------------------
 
@@ -146,8 +147,16 @@ class Worker:
         log.info("task.claimed", **self._context(lease))
         self._emit(WorkerEvent("claimed", lease.task_id, str(lease.lease_attempt)))
         state = _LeaseState()
+        claimed_at = time.monotonic()
         work: asyncio.Task[IndexingOutcome] = asyncio.create_task(self.indexer.index(lease))
-        beat = asyncio.create_task(self._heartbeat(lease, work, state))
+        # The heartbeat task starts at the first beat: most short tasks never need one.
+        beats: list[asyncio.Task[None]] = []
+        first_beat = asyncio.get_running_loop().call_later(
+            self.lease_seconds / 3,
+            lambda: beats.append(
+                asyncio.create_task(self._heartbeat(lease, work, state, claimed_at))
+            ),
+        )
         outcome: IndexingOutcome | None = None
         failure: _Failure | None = None
         try:
@@ -163,9 +172,11 @@ class Worker:
                 log.exception("task.crashed", **self._context(lease))
             failure = _Failure.of(error)
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            first_beat.cancel()
+            for beat in beats:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
         return _Attempt(lease, outcome, failure, state.lost)
 
     async def _record(self, attempt: _Attempt) -> RunOnceResult:
@@ -237,15 +248,19 @@ class Worker:
         return RunOnceResult.LOST_LEASE
 
     async def _heartbeat(
-        self, lease: Lease, work: asyncio.Task[IndexingOutcome], state: _LeaseState
+        self,
+        lease: Lease,
+        work: asyncio.Task[IndexingOutcome],
+        state: _LeaseState,
+        claimed_at: float,
     ) -> None:
+        """Beat now, then every lease/3 (started at the first beat, lease/3 after the claim)."""
         interval = self.lease_seconds / 3
         # Our own view of the lease: without a successful heartbeat it is gone by then,
         # whatever the database says (it may be unreachable).
-        deadline = time.monotonic() + self.lease_seconds
+        deadline = claimed_at + self.lease_seconds
         current = lease
         while True:
-            await asyncio.sleep(interval)
             try:
                 current = await self.queue.heartbeat(current, lease_seconds=self.lease_seconds)
                 deadline = time.monotonic() + self.lease_seconds
@@ -265,6 +280,7 @@ class Worker:
             if state.lost:
                 work.cancel()
                 return
+            await asyncio.sleep(interval)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -337,6 +353,9 @@ class Worker:
             log.info("worker.stopping", running=len(slots) + len(writes), owner=self.owner)
             self._emit(WorkerEvent("stopping"))
             stop_waiter.cancel()
+            if self._wake_waiter is not None:
+                self._wake_waiter.cancel()
+                self._wake_waiter = None
             await self._drain(slots, writes)
             self._emit(WorkerEvent("stopped"))
             log.info("worker.stopped", owner=self.owner)
@@ -377,16 +396,15 @@ class Worker:
         timeout; returns the slots still indexing and the writes still running, with a
         write started for each slot that finished."""
         waiters: set[asyncio.Future[Any]] = {stop_waiter, *slots, *writes}
-        wake_waiter = asyncio.create_task(self._wake.wait()) if wakeable else None
-        if wake_waiter is not None:
-            waiters.add(wake_waiter)
-        try:
-            await asyncio.wait(waiters, timeout=wait_seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if wake_waiter is not None:
-                wake_waiter.cancel()
         if wakeable:
-            self._wake.clear()
+            # One waiter lives until a wake-up arrives, not one per wait.
+            if self._wake_waiter is None:
+                self._wake_waiter = asyncio.create_task(self._wake.wait())
+            waiters.add(self._wake_waiter)
+        await asyncio.wait(waiters, timeout=wait_seconds, return_when=asyncio.FIRST_COMPLETED)
+        if wakeable and self._wake_waiter is not None and self._wake_waiter.done():
+            self._wake.clear()  # this wait consumed the wake-up
+            self._wake_waiter = None
         return self._settle(slots, writes)
 
     def _settle(
