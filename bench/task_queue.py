@@ -1,7 +1,7 @@
 """Claim -> complete throughput of the kb index task queue vs Procrastinate, same run, same
 PostgreSQL server, separate databases, a no-op task on both sides.
 
-    uv run python -m bench.task_queue --tasks 10000 --slots 1 4 16
+    uv run python -m bench.task_queue --tasks 100000 --slots 1 4 16
 
 For each slot count: fresh database, N due tasks spread over --tenants tenants, VACUUM
 ANALYZE, then one worker process-equivalent (one asyncio loop, `slots` concurrent tasks)
@@ -297,7 +297,7 @@ def ratios(results: list[Result]) -> str:
 
 async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--finished-backlog", type=int, default=100_000)
