@@ -88,6 +88,7 @@ class _Attempt:
     outcome: IndexingOutcome | None
     failure: _Failure | None
     lost: bool
+    log_context: dict[str, object]  # the task's log fields, built once per task
 
 
 class Worker:
@@ -144,7 +145,8 @@ class Worker:
         """The indexing work under the lease, heartbeating at lease/3. Cancelled from
         outside (the grace period ran out), it writes nothing and re-raises: the lease
         expires and another worker takes the task over."""
-        log.info("task.claimed", **self._context(lease))
+        context = self._context(lease)
+        log.info("task.claimed", **context)
         self._emit(WorkerEvent("claimed", lease.task_id, str(lease.lease_attempt)))
         state = _LeaseState()
         claimed_at = time.monotonic()
@@ -163,13 +165,13 @@ class Worker:
             outcome = await work
         except asyncio.CancelledError:
             if not state.lost:
-                log.warning("task.abandoned", **self._context(lease))
+                log.warning("task.abandoned", **context)
                 self._emit(WorkerEvent("cancelled", lease.task_id))
                 raise
         except Exception as error:
             if not isinstance(error, KbError):
                 # A bug: its traceback is logged.
-                log.exception("task.crashed", **self._context(lease))
+                log.exception("task.crashed", **context)
             failure = _Failure.of(error)
         finally:
             first_beat.cancel()
@@ -177,12 +179,12 @@ class Worker:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
-        return _Attempt(lease, outcome, failure, state.lost)
+        return _Attempt(lease, outcome, failure, state.lost, context)
 
     async def _record(self, attempt: _Attempt) -> RunOnceResult:
         """Write the attempt's result: complete (with the sink's write in its transaction)
         or the retry policy's fail; both fenced, so a lost lease writes nothing."""
-        lease = attempt.lease
+        lease, context = attempt.lease, attempt.log_context
         if attempt.lost:
             return self._lost(lease)
         failure = attempt.failure
@@ -197,12 +199,12 @@ class Worker:
                 # The result (or the sink's write in its transaction) was not recorded:
                 # the same policy as a failed indexing run, not a silent lease expiry.
                 if isinstance(error, KbError):
-                    log.warning("task.complete_failed", error=str(error), **self._context(lease))
+                    log.warning("task.complete_failed", error=str(error), **context)
                 else:
-                    log.exception("task.complete_crashed", **self._context(lease))
+                    log.exception("task.complete_crashed", **context)
                 failure = _Failure.of(error)
             else:
-                log.info("task.completed", **self._context(lease))
+                log.info("task.completed", **context)
                 self._emit(WorkerEvent("completed", lease.task_id))
                 return RunOnceResult.SUCCEEDED
         decision = self.policy.decide(
@@ -219,7 +221,7 @@ class Worker:
             return self._lost(lease)
         log.info(
             "task.failed",
-            **self._context(lease),
+            **context,
             error_code=failure.code,
             next_status=str(decision.status),
             delay_seconds=round(decision.delay_seconds, 3),
