@@ -55,6 +55,10 @@ class ErrorCode:
     UNSUPPORTED_DOCUMENT: ClassVar[str] = "UNSUPPORTED_DOCUMENT"
     DOCUMENT_PARSE_FAILED: ClassVar[str] = "DOCUMENT_PARSE_FAILED"
     DOCUMENT_TOO_LARGE: ClassVar[str] = "DOCUMENT_TOO_LARGE"
+    # Parsed fine, but no text to index (a scanned PDF without a text layer).
+    DOCUMENT_EMPTY: ClassVar[str] = "DOCUMENT_EMPTY"
+    # Parsing ran past the per-document budget (a pathological PDF).
+    DOCUMENT_PARSE_TIMEOUT: ClassVar[str] = "DOCUMENT_PARSE_TIMEOUT"
     EMBEDDING_RATE_LIMITED: ClassVar[str] = "EMBEDDING_RATE_LIMITED"
     EMBEDDING_TIMEOUT: ClassVar[str] = "EMBEDDING_TIMEOUT"
     EMBEDDING_UNAVAILABLE: ClassVar[str] = "EMBEDDING_UNAVAILABLE"
@@ -71,6 +75,8 @@ TERMINAL_CODES: Final[frozenset[str]] = frozenset(
         ErrorCode.UNSUPPORTED_DOCUMENT,
         ErrorCode.DOCUMENT_PARSE_FAILED,
         ErrorCode.DOCUMENT_TOO_LARGE,
+        ErrorCode.DOCUMENT_EMPTY,
+        ErrorCode.DOCUMENT_PARSE_TIMEOUT,
         # Terminal for this attempt's model: a new model means a new index and a new task.
         ErrorCode.EMBEDDING_RESPONSE_INVALID,
         ErrorCode.EMBEDDING_MODEL_CHANGED,
