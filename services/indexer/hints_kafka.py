@@ -1,0 +1,113 @@
+"""The aiokafka side of the index hints: one consumer in the tier's consumer group.
+
+aiokafka reconnects by itself and simply returns no records while the broker is away, so
+an outage would go unnoticed; a cheap metadata probe after a quiet spell tells "no hints"
+from "no Kafka", and a failed probe hands the outage to ``HintConsumer`` (which logs it,
+clears the ``connected`` gauge and reconnects with backoff).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+
+from services.indexer.hints import HintMessage
+from services.runtime.errors import KafkaUnavailable
+from services.runtime.events import index_hints_topic, indexer_consumer_group
+from services.runtime.settings import RuntimeSettings
+
+
+class KafkaHintSource:
+    def __init__(self, consumer: AIOKafkaConsumer, *, probe_after_seconds: float) -> None:
+        self._consumer = consumer
+        self._probe_after = probe_after_seconds
+        self._quiet_since = time.monotonic()
+
+    @classmethod
+    async def connect(
+        cls,
+        settings: RuntimeSettings,
+        tier: str,
+        *,
+        probe_after_seconds: float = 5.0,
+        request_timeout_seconds: float = 5.0,
+    ) -> KafkaHintSource:
+        prefix = settings.kafka_topic_prefix
+        consumer = AIOKafkaConsumer(
+            index_hints_topic(tier, prefix),
+            bootstrap_servers=settings.kafka_bootstrap_servers,
+            # The group carries the topic prefix too: test runs and side-by-side
+            # deployments on one cluster must not share a tier's group.
+            group_id=prefix + indexer_consumer_group(tier),
+            enable_auto_commit=False,
+            # A new group starts at the end: older hints are for work the first claim
+            # (and the poll timer) finds anyway.
+            auto_offset_reset="latest",
+            request_timeout_ms=int(request_timeout_seconds * 1000),
+            metadata_max_age_ms=30_000,
+            max_partition_fetch_bytes=1024 * 1024,
+            **_kafka_security_options(settings),
+        )
+        try:
+            await consumer.start()
+        except BaseException:
+            await consumer.stop()
+            raise
+        return cls(consumer, probe_after_seconds=probe_after_seconds)
+
+    async def read(self, timeout_seconds: float) -> list[HintMessage]:
+        batches = await self._consumer.getmany(
+            timeout_ms=int(timeout_seconds * 1000), max_records=1000
+        )
+        messages = [
+            HintMessage(value=record.value, headers=_headers(record.headers))
+            for records in batches.values()
+            for record in records
+        ]
+        now = time.monotonic()
+        if messages:
+            self._quiet_since = now
+        elif now - self._quiet_since >= self._probe_after:
+            self._quiet_since = now
+            await self._probe()
+        return messages
+
+    async def joined(self) -> bool:
+        """Whether the group gave us partitions and their start positions are fixed: hints
+        sent from then on are read (tests wait for this; production need not)."""
+        assigned = self._consumer.assignment()
+        for partition in assigned:
+            await self._consumer.position(partition)
+        return bool(assigned)
+
+    async def commit(self) -> None:
+        await self._consumer.commit()
+
+    async def close(self) -> None:
+        await self._consumer.stop()
+
+    async def _probe(self) -> None:
+        """Raise ``KafkaUnavailable`` when no broker answers a metadata request in time."""
+        client: Any = self._consumer._client  # aiokafka has no public liveness call
+        try:
+            ok = await asyncio.wait_for(client.fetch_all_metadata(), self._probe_after)
+        except Exception as error:
+            raise KafkaUnavailable(f"no Kafka broker answers: {error!r}") from error
+        if ok is None:
+            raise KafkaUnavailable("no Kafka broker answers a metadata request")
+
+
+def _headers(headers: Any) -> dict[str, bytes]:
+    return {key: value for key, value in (headers or ()) if isinstance(value, bytes)}
+
+
+def _kafka_security_options(settings: RuntimeSettings) -> dict[str, Any]:
+    """TLS/SASL options for managed Kafka, where the settings carry them."""
+    builder = getattr(settings, "kafka_client_options", None)
+    if callable(builder):
+        options: dict[str, Any] = builder()
+        return options
+    return {}
