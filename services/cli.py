@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from services.devstack.cli import app as dev_app
 from services.indexer.cli import indexer_app, tasks_app
+from services.operator.cli import operators_app
 from services.publisher.cli import serve, tenants_app
 from services.relay.cli import app as relay_app
 from services.runtime.cli import migrate
@@ -27,6 +28,7 @@ app.add_typer(indexer_app, name="indexer")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(relay_app, name="relay")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(operators_app, name="operators")
 app.command("serve")(serve)
 
 

@@ -1,0 +1,352 @@
+"""The operator page at /ui: server-rendered HTML over the operator store.
+
+Sign-in takes an operator key (never a tenant key) and sets an HttpOnly, SameSite=Strict
+session cookie; every POST carries the session's CSRF token. Without JavaScript every page
+works (live refresh is the only script). Every list is paginated.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlencode
+
+from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from services.operator import auth, charts
+from services.operator.context import OperatorContext
+from services.operator.store_pg import Session
+from services.runtime.errors import KbError
+from services.runtime.logging import get_logger
+
+log = get_logger(__name__)
+
+_HERE = Path(__file__).resolve().parent
+_STATIC = {"ui.css": "text/css", "refresh.js": "text/javascript"}
+_templates = Environment(
+    loader=FileSystemLoader(_HERE / "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+LOGIN_COOKIE = "kb_operator_login"
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' data:; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; connect-src 'self'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+def _context(request: Request) -> OperatorContext:
+    context: OperatorContext = request.app.state.operator
+    return context
+
+
+def _render(name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+    html = _templates.get_template(name).render(**values)
+    return HTMLResponse(html, status_code=status_code, headers=_SECURITY_HEADERS)
+
+
+async def _session(request: Request) -> Session | None:
+    token = request.cookies.get(auth.SESSION_COOKIE)
+    if not token:
+        return None
+    return await _context(request).store.session(auth.digest(token))
+
+
+class _SignIn(Exception):
+    """No valid session: GETs go to the sign-in page."""
+
+
+async def require_session(request: Request) -> Session:
+    session = await _session(request)
+    if session is None:
+        if request.method == "GET":
+            raise _SignIn
+        raise HTTPException(status_code=403, detail="sign in first")
+    return session
+
+
+def _check_csrf(session: Session, presented: str) -> None:
+    if not presented or not auth.same_secret(presented, session.csrf_token):
+        raise HTTPException(status_code=403, detail="the form's CSRF token does not match")
+
+
+SessionDep = Annotated[Session, Depends(require_session)]
+
+
+# --- static files and sign-in ------------------------------------------------------------
+
+
+@router.get("/static/{name}")
+async def static(name: str) -> Response:
+    if name not in _STATIC:
+        raise HTTPException(status_code=404)
+    return FileResponse(_HERE / "static" / name, media_type=_STATIC[name])
+
+
+@router.get("/login")
+async def login_page(request: Request, error: str | None = None) -> HTMLResponse:
+    login_token = auth.new_csrf_token()
+    response = _render("login.html", login_token=login_token, error=error, operator=None)
+    response.set_cookie(
+        LOGIN_COOKIE,
+        login_token,
+        httponly=True,
+        samesite="strict",
+        path="/ui",
+        secure=_context(request).settings.operator_secure_cookie,
+    )
+    return response
+
+
+@router.post("/login")
+async def login(
+    request: Request,
+    token: Annotated[str, Form(max_length=500)] = "",
+    login_token: Annotated[str, Form(max_length=100)] = "",
+) -> Response:
+    expected = request.cookies.get(LOGIN_COOKIE, "")
+    if not expected or not auth.same_secret(login_token, expected):
+        raise HTTPException(status_code=403, detail="the sign-in form expired: load it again")
+    context = _context(request)
+    operator = await _operator_for(context, token.strip())
+    if operator is None:
+        log.warning("operator.sign_in_refused")
+        return RedirectResponse("/ui/login?error=1", status_code=303)
+    session_token = auth.new_session_token()
+    await context.store.create_session(
+        auth.digest(session_token),
+        operator,
+        auth.new_csrf_token(),
+        context.settings.operator_session_seconds,
+    )
+    log.info("operator.signed_in", operator=operator)
+    response = RedirectResponse("/ui", status_code=303)
+    response.set_cookie(
+        auth.SESSION_COOKIE,
+        session_token,
+        max_age=int(context.settings.operator_session_seconds),
+        httponly=True,
+        samesite="strict",
+        path="/ui",
+        secure=context.settings.operator_secure_cookie,
+    )
+    response.delete_cookie(LOGIN_COOKIE, path="/ui")
+    return response
+
+
+async def _operator_for(context: OperatorContext, token: str) -> str | None:
+    """The operator a key belongs to. Tenant keys (kb.<tenant>.<secret>) never qualify."""
+    if not token:
+        return None
+    configured = context.settings.operator_token
+    if configured is not None and auth.same_secret(token, configured.get_secret_value()):
+        return auth.ENV_OPERATOR
+    if not token.startswith(auth.OPERATOR_KEY_PREFIX):
+        return None
+    return await context.store.operator_for_key(auth.digest(token))
+
+
+@router.post("/logout")
+async def logout(
+    request: Request, session: SessionDep, csrf: Annotated[str, Form(max_length=100)] = ""
+) -> Response:
+    _check_csrf(session, csrf)
+    token = request.cookies.get(auth.SESSION_COOKIE, "")
+    await _context(request).store.end_session(auth.digest(token))
+    response = RedirectResponse("/ui/login", status_code=303)
+    response.delete_cookie(auth.SESSION_COOKIE, path="/ui")
+    return response
+
+
+# --- pages -------------------------------------------------------------------------------
+
+
+@router.get("")
+async def overview(request: Request, session: SessionDep) -> HTMLResponse:
+    context = _context(request)
+    store = context.store
+    tiers = await store.tiers(context.settings.operator_expiring_within_seconds)
+    end, finished, latencies = await store.last_hour()
+    minutes = charts.minutes(end, finished)
+    buckets = charts.latency_buckets(end, latencies)
+    all_latencies = [float(row["seconds"]) for row in latencies]
+    return _render(
+        "overview.html",
+        operator=session.operator,
+        csrf=session.csrf_token,
+        tiers=tiers,
+        totals={key: sum(int(t[key]) for t in tiers) for key in _TOTALS},
+        backlog=await context.backlog(),
+        partitions=await store.relay_partitions(),
+        lag=await store.search_lag(),
+        tasks_chart=charts.tasks_chart(minutes),
+        latency_chart=charts.latency_chart(buckets),
+        hour={
+            "succeeded": sum(m.succeeded for m in minutes),
+            "dead": sum(m.dead for m in minutes),
+            "p50": charts.percentile(all_latencies, 50),
+            "p99": charts.percentile(all_latencies, 99),
+            "switches": len(all_latencies),
+        },
+        expiring_within=context.settings.operator_expiring_within_seconds,
+        rendered_at=end,
+    )
+
+
+_TOTALS = ("due", "running", "retry_waiting", "dead", "leases_expiring", "leases_expired")
+
+
+@router.get("/tenants")
+async def tenants(
+    request: Request,
+    session: SessionDep,
+    after: Annotated[str | None, Query(max_length=63)] = None,
+) -> HTMLResponse:
+    context = _context(request)
+    limit = context.settings.operator_page_size
+    rows = await context.store.tenants(after, limit + 1)
+    return _render(
+        "tenants.html",
+        operator=session.operator,
+        csrf=session.csrf_token,
+        tenants=rows[:limit],
+        next_after=rows[limit - 1]["tenant_id"] if len(rows) > limit else None,
+    )
+
+
+@router.get("/tenants/{tenant_id}/documents")
+async def documents(
+    request: Request,
+    session: SessionDep,
+    tenant_id: str,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+) -> HTMLResponse:
+    context = _context(request)
+    page = await context.store.documents(tenant_id, offset, context.settings.operator_page_size)
+    return _render(
+        "documents.html",
+        operator=session.operator,
+        csrf=session.csrf_token,
+        tenant_id=tenant_id,
+        page=page,
+    )
+
+
+@router.get("/tenants/{tenant_id}/documents/{document_id}")
+async def document(
+    request: Request,
+    session: SessionDep,
+    tenant_id: str,
+    document_id: uuid.UUID,
+    chunks: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+) -> HTMLResponse:
+    context = _context(request)
+    found = await context.store.document(
+        tenant_id, document_id, chunk_offset=chunks, limit=context.settings.operator_page_size
+    )
+    if found is None:
+        return _render(
+            "not_found.html",
+            status_code=404,
+            operator=session.operator,
+            csrf=session.csrf_token,
+            what=f"document {document_id} of tenant {tenant_id}",
+        )
+    return _render(
+        "document.html",
+        operator=session.operator,
+        csrf=session.csrf_token,
+        tenant_id=tenant_id,
+        doc=found,
+    )
+
+
+@router.get("/dead")
+async def dead_tasks(
+    request: Request,
+    session: SessionDep,
+    tier: Annotated[str | None, Query(max_length=32)] = None,
+    tenant: Annotated[str | None, Query(max_length=63)] = None,
+    code: Annotated[str | None, Query(max_length=100)] = None,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    done: Annotated[int | None, Query(ge=0, le=10_000)] = None,
+    failed: Annotated[int | None, Query(ge=0, le=10_000)] = None,
+) -> HTMLResponse:
+    context = _context(request)
+    filters = {"tier": tier or None, "tenant": tenant or None, "code": code or None}
+    page = await context.store.dead_tasks(
+        tier=filters["tier"],
+        tenant_id=filters["tenant"],
+        error_code=filters["code"],
+        offset=offset,
+        limit=context.settings.operator_page_size,
+    )
+    query = {k: v for k, v in filters.items() if v}
+    return _render(
+        "dead.html",
+        operator=session.operator,
+        csrf=session.csrf_token,
+        page=page,
+        filters=filters,
+        query=urlencode(query),
+        requeues=await context.store.recent_requeues(10),
+        done=done,
+        failed=failed,
+    )
+
+
+@router.post("/dead/requeue")
+async def requeue(
+    request: Request,
+    session: SessionDep,
+    csrf: Annotated[str, Form(max_length=100)] = "",
+    task_id: Annotated[list[str] | None, Form()] = None,
+    back: Annotated[str, Form(max_length=500)] = "",
+) -> Response:
+    _check_csrf(session, csrf)
+    context = _context(request)
+    ids = task_id or []
+    if len(ids) > context.settings.operator_page_size:
+        raise HTTPException(status_code=422, detail="too many tasks at once")
+    done = failed = 0
+    for raw in ids:
+        try:
+            wanted = uuid.UUID(raw)
+        except ValueError:
+            failed += 1
+            continue
+        try:
+            await context.requeue(wanted, f"operator:{session.operator}")
+            done += 1
+            log.info("operator.requeued", task_id=str(wanted), operator=session.operator)
+        except KbError as error:  # not DEAD any more, gone: counted, the rest goes on
+            failed += 1
+            log.warning("operator.requeue_refused", task_id=raw, error_code=error.code)
+    # Back to the same filtered list; only the list's own filters survive the trip.
+    kept = [(k, v) for k, v in parse_qsl(back) if k in ("tier", "tenant", "code")]
+    query = urlencode([*kept, ("done", done), ("failed", failed)])
+    return RedirectResponse(f"/ui/dead?{query}", status_code=303)
+
+
+async def _to_sign_in(request: Request, exc: Exception) -> Response:
+    return RedirectResponse("/ui/login", status_code=303)
+
+
+def mount_operator(app: FastAPI, context: OperatorContext | None = None) -> None:
+    """Add /ui to ``app``; ``context`` now, or later in ``app.state.operator`` (lifespan)."""
+    if context is not None:
+        app.state.operator = context
+    app.include_router(router)
+    app.add_exception_handler(_SignIn, _to_sign_in)
