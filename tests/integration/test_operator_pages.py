@@ -179,7 +179,7 @@ async def test_document_page_shows_versions_tasks_and_paginates(
         for _ in range(3):
             await create_task(pool)
         first = await c.get(f"/ui/tenants/{task.tenant_id}/documents")
-        assert "1–2 of 4" in first.text
+        assert "1\u20132 of 4" in first.text
         assert "offset=2" in first.text
         bad = await c.get(f"/ui/tenants/{task.tenant_id}/documents", params={"offset": -1})
         assert bad.status_code == 422
