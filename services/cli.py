@@ -7,6 +7,7 @@ import sys
 import typer
 from pydantic import ValidationError
 
+from services.demo.cli import demo
 from services.devstack.cli import app as dev_app
 from services.indexer.cli import indexer_app, tasks_app
 from services.operator.cli import operators_app
@@ -30,6 +31,7 @@ app.add_typer(relay_app, name="relay")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(operators_app, name="operators")
 app.command("serve")(serve)
+app.command("demo")(demo)
 
 
 def _describe(error: ValidationError) -> str:

@@ -17,7 +17,14 @@ import uuid
 from pathlib import Path
 
 from services.devstack.postgres import ServiceStatus
-from services.devstack.process import cmdline, pid_alive, port_open, read_pid, terminate
+from services.devstack.process import (
+    cmdline,
+    pid_alive,
+    port_open,
+    read_pid,
+    spawn_detached,
+    terminate,
+)
 from services.devstack.settings import DevStackSettings
 from services.runtime.errors import ConfigError, DependencyUnavailable, MissingTool
 
@@ -229,7 +236,7 @@ class LocalKafka:
         self._write_config()
         if not (self.data_dir / "meta.properties").exists():
             self.format_storage(java, classpath, _kafka_uuid())
-        pid = _spawn_detached(
+        pid = spawn_detached(
             self._java(java, classpath, "kafka.Kafka", str(self.config_file)), self.stdout_file
         )
         self.pid_file.write_text(f"{pid}\n")
@@ -281,23 +288,6 @@ class LocalKafka:
         if pid is not None:
             terminate(pid, grace_s=30)
         self.pid_file.unlink(missing_ok=True)
-
-
-def _spawn_detached(argv: list[str], output: Path) -> int:
-    """Start ``argv`` in a session of its own (it outlives `kb dev up` and ignores our
-    Ctrl-C), stdout and stderr appended to ``output``. posix_spawn rather than Popen: no
-    Popen object to be collected (and warn) while the broker keeps running."""
-    return os.posix_spawn(
-        argv[0],
-        argv,
-        dict(os.environ),
-        file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(output), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ],
-        setsid=True,
-    )
 
 
 def _kafka_uuid() -> str:

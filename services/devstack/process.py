@@ -60,6 +60,23 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def spawn_detached(argv: list[str], output: Path, env: dict[str, str] | None = None) -> int:
+    """Start ``argv`` in a session of its own (it outlives the command that started it and
+    ignores its Ctrl-C), stdout and stderr appended to ``output``. posix_spawn rather than
+    Popen: no Popen object to be collected (and warn) while the child keeps running."""
+    return os.posix_spawn(
+        argv[0],
+        argv,
+        dict(os.environ) if env is None else env,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(output), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        setsid=True,
+    )
+
+
 def read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().split()[0])
