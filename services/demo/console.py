@@ -7,10 +7,10 @@ import itertools
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 
 class StepFailed(Exception):
@@ -40,6 +40,19 @@ class Step:
 
     def wait_for(self, what: str) -> None:
         self.waiting = what
+
+    def until(self, what: str, check: Callable[[], Any], timeout: float = 180) -> Any:
+        """Poll ``check`` until it returns something truthy (shown on the spinner meanwhile)."""
+        self.waiting = what
+        deadline = time.monotonic() + timeout
+        while True:
+            result = check()
+            if result:
+                self.waiting = ""
+                return result
+            if time.monotonic() > deadline:
+                raise StepFailed(self.title, f"gave up waiting for {what}", self.log)
+            time.sleep(0.1)
 
 
 @dataclass
