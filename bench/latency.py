@@ -29,7 +29,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import httpx
@@ -117,7 +116,7 @@ class Bench:
                 await self.wait_ready(client, base)
                 await self.warm_up(client, base, key, database_url)
                 published = await self.publish_at(client, base, key, rate, seconds)
-                await self.wait_searchable(database_url, published + 1, timeout=300)
+                await self.wait_searchable(database_url, published + 1, limit_seconds=300)
             return await self.measure(mode, database_url, prefix, published)
         finally:
             processes.stop_all()
@@ -159,7 +158,7 @@ class Bench:
     ) -> None:
         """One document first: model loaded, topics created, consumer group joined."""
         await self.publish_one(client, base, key, 0)
-        await self.wait_searchable(database_url, 1, timeout=120)
+        await self.wait_searchable(database_url, 1, limit_seconds=120)
         await asyncio.sleep(2)
 
     async def publish_at(
@@ -176,17 +175,17 @@ class Bench:
         await asyncio.gather(*tasks)
         return count
 
-    async def wait_searchable(self, database_url: str, count: int, timeout: float) -> None:
+    async def wait_searchable(self, database_url: str, count: int, limit_seconds: float) -> None:
         conn = await asyncpg.connect(database_url)
         try:
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + limit_seconds
             while time.monotonic() < deadline:
                 if await conn.fetchval("SELECT count(*) FROM document_search_version") >= count:
                     return
                 await asyncio.sleep(0.25)
         finally:
             await conn.close()
-        raise RuntimeError(f"fewer than {count} documents became searchable in {timeout} s")
+        raise RuntimeError(f"fewer than {count} documents became searchable in {limit_seconds} s")
 
     async def measure(self, mode: str, database_url: str, prefix: str, published: int) -> Run:
         conn = await asyncpg.connect(database_url)
@@ -203,7 +202,8 @@ class Bench:
             await conn.close()
         sent = await self.hint_timestamps(prefix)
         claimed = self.claim_times(self.home / mode / "indexer.log")
-        latencies, stages = [], {"relay": [], "claim": [], "index+sink": []}
+        latencies: list[float] = []
+        stages: dict[str, list[float]] = {"relay": [], "claim": [], "index+sink": []}
         for row in rows:
             published_at: datetime = row["published_at"]
             switched_at: datetime = row["switched_at"]
