@@ -34,6 +34,14 @@ SEND_FAILURES = Counter("kb_relay_send_failures", "Batches Kafka did not acknowl
 LEASE_CHANGES = Counter(
     "kb_relay_lease_changes", "Partition leases acquired, released or lost", ["change"]
 )
+LIVE_INSTANCES = Gauge(
+    "kb_relay_live_instances", "Relay instances holding a live lease (this one included)"
+)
+UNCOVERABLE_PARTITIONS = Gauge(
+    "kb_relay_uncoverable_partitions",
+    "Outbox partitions the live instances cannot drive at KB_RELAY_MAX_PARTITIONS_PER_INSTANCE "
+    "(their rows wait until another instance starts)",
+)
 LEASES_HELD = Gauge("kb_relay_leases_held", "Outbox partitions this instance drives")
 RETENTION_DELETED = Counter("kb_relay_retention_deleted_rows", "Delivered rows removed")
 REPLAY_TOTAL = Gauge("kb_relay_replay_total_events", "Events the running replay will send")

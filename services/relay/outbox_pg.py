@@ -208,6 +208,11 @@ class PgLeaseStore:
         if reason is not None:
             raise ClusterChanged(f"relay partition {lease.partition}: {reason}; {RESEED_HINT}")
 
+    async def live_owners(self, now: Any = None) -> list[str]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(QUERIES["live_owners"], now)
+        return [row["owner"] for row in rows]
+
     async def refused_partitions(self) -> list[Refusal]:
         with translate_db_errors():
             rows = await self._pool.fetch(QUERIES["refused_partitions"])
@@ -328,27 +333,17 @@ class PgOutboxSource:
 
     async def delete_delivered(self, older_than_s: float, batch: int, now: Any = None) -> int:
         """Delete delivered rows older than ``older_than_s`` in position ranges of
-        ``batch``, each its own short statement. Returns how many rows went."""
+        ``batch``, each its own short statement, holding the retention lock (another
+        instance holding it: 0 at once). Returns how many rows went."""
         with translate_db_errors():
-            cutoff = await self._pool.fetchval(
-                "SELECT coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)",
-                now,
-                older_than_s,
-            )
-            bounds = await self._pool.fetchrow(QUERIES["retention_range"], cutoff)
-            assert bounds is not None
-            if bounds["low"] is None:
-                return 0
-            deleted = 0
-            low: int = bounds["low"]
-            while low <= bounds["high"]:
-                status = await self._pool.execute(
-                    QUERIES["delete_delivered"], low, low + batch, cutoff
-                )
-                deleted += int(status.split()[-1])
-                low += batch
-                await asyncio.sleep(0)  # let the live relay's work interleave
-        return deleted
+            async with self._pool.acquire() as pooled:
+                conn: asyncpg.Connection[Any] = pooled  # type: ignore[assignment]
+                if not await conn.fetchval(QUERIES["try_retention_lock"]):
+                    return 0
+                try:
+                    return await _delete_delivered(conn, older_than_s, batch, now)
+                finally:
+                    await conn.fetchval(QUERIES["retention_unlock"])
 
     async def replay_last_position(self) -> int:
         with translate_db_errors():
@@ -382,6 +377,28 @@ class PgOutboxSource:
         with translate_db_errors():
             rows = await self._pool.fetch(QUERIES["known_tiers"])
         return [row["tier"] for row in rows]
+
+
+async def _delete_delivered(
+    conn: asyncpg.Connection[Any], older_than_s: float, batch: int, now: Any
+) -> int:
+    cutoff = await conn.fetchval(
+        "SELECT coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)",
+        now,
+        older_than_s,
+    )
+    bounds = await conn.fetchrow(QUERIES["retention_range"], cutoff)
+    assert bounds is not None
+    if bounds["low"] is None:
+        return 0
+    deleted = 0
+    low: int = bounds["low"]
+    while low <= bounds["high"]:
+        status = await conn.execute(QUERIES["delete_delivered"], low, low + batch, cutoff)
+        deleted += int(status.split()[-1])
+        low += batch
+        await asyncio.sleep(0)  # let the live relay's work interleave
+    return deleted
 
 
 class _Subscription:

@@ -118,6 +118,10 @@ class LeaseStore(Protocol):
         """Record ``progress`` and give the partition up (fenced: a lost lease writes nothing)."""
         ...
 
+    async def live_owners(self) -> list[str]:
+        """Owners holding a lease that has not run out (the live relay instances)."""
+        ...
+
     async def refused_partitions(self) -> list[Refusal]:
         """Partitions ``acquire`` will not hand out because their progress belongs to
         another cluster (see ``ClusterChanged``)."""
@@ -131,7 +135,10 @@ class OutboxSource(Protocol):
 
     async def backlog(self) -> Backlog: ...
 
-    async def delete_delivered(self, older_than_s: float, batch: int) -> int: ...
+    async def delete_delivered(self, older_than_s: float, batch: int) -> int:
+        """Delete delivered rows older than ``older_than_s``; 0 at once when another
+        instance is deleting (one at a time, whichever instance gets there first)."""
+        ...
 
     async def replay_last_position(self) -> int: ...
 

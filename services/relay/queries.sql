@@ -91,6 +91,21 @@ UPDATE relay_partition
    AND pg_snapshot_xmax($4::text::pg_snapshot) >= pg_snapshot_xmax(delivered_snapshot)
 RETURNING partition
 
+-- name: live_owners
+-- $1 now. The relay instances holding a lease that has not run out.
+SELECT DISTINCT owner
+  FROM relay_partition
+ WHERE owner IS NOT NULL AND lease_until > coalesce($1::timestamptz, now())
+ ORDER BY owner
+
+-- name: try_retention_lock
+-- Session-level advisory lock on the retention connection: whichever relay instance gets
+-- it deletes, the others skip this round (no instance is special, none waits).
+SELECT pg_try_advisory_lock(hashtextextended('kb.relay.retention', 0)) AS locked
+
+-- name: retention_unlock
+SELECT pg_advisory_unlock(hashtextextended('kb.relay.retention', 0)) AS unlocked
+
 -- name: partition_refusal
 -- $1 partition. Why its stored progress cannot be trusted on this cluster (NULL: it can).
 SELECT relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot) AS reason

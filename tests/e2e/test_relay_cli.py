@@ -55,10 +55,10 @@ def relay_env(service_env: dict[str, str]) -> dict[str, str]:
     return {
         **service_env,
         "KB_RELAY_PARTITIONS": "1",
-        "KB_RELAY_LEASE_S": "2",
-        "KB_RELAY_SEND_TIMEOUT_S": "1.0",
-        "KB_RELAY_POLL_INTERVAL_S": "0.3",
-        "KB_RELAY_BACKOFF_MAX_S": "0.5",
+        "KB_RELAY_LEASE_SECONDS": "2",
+        "KB_RELAY_SEND_TIMEOUT_SECONDS": "1.0",
+        "KB_RELAY_POLL_INTERVAL_SECONDS": "0.3",
+        "KB_RELAY_BACKOFF_MAX_SECONDS": "0.5",
         "KB_LOG_FORMAT": "json",
     }
 

@@ -102,6 +102,16 @@ class FakeLeaseStore:
             row.owner = row.lease_until = None
             row.progress = progress
 
+    async def live_owners(self, now: datetime | None = None) -> list[str]:
+        at = self._now(now)
+        return sorted(
+            {
+                row.owner
+                for row in self.rows.values()
+                if row.owner is not None and row.lease_until is not None and row.lease_until > at
+            }
+        )
+
     async def refused_partitions(self) -> list[Refusal]:
         return []  # one "cluster" only: nothing is ever refused here
 

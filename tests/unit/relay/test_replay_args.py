@@ -85,14 +85,9 @@ def test_a_send_timeout_longer_than_the_trusted_lease_is_refused() -> None:
 
     from services.relay.settings import RelaySettings
 
-    with pytest.raises(ValidationError, match="relay_send_timeout_s"):
-        RelaySettings(relay_lease_s=2.0, relay_send_timeout_s=5.0)
-    assert RelaySettings(relay_lease_s=10.0, relay_send_timeout_s=5.0).relay_lease_s == 10.0
-
-
-def test_topics_follow_type_and_tier() -> None:
-    from services.relay.settings import RelaySettings
-
-    settings = RelaySettings(kafka_topic_prefix="t1.")
-    assert settings.topic_for("IndexTaskCreated", "gold") == "t1.kb.index-hints.gold"
-    assert settings.topic_for("DocumentPublished", "gold") == "t1.kb.document-events"
+    with pytest.raises(ValidationError, match="relay_send_timeout_seconds"):
+        RelaySettings(relay_lease_seconds=2.0, relay_send_timeout_seconds=5.0)
+    assert (
+        RelaySettings(relay_lease_seconds=10.0, relay_send_timeout_seconds=5.0).relay_lease_seconds
+        == 10.0
+    )

@@ -77,7 +77,7 @@ class FakeProducer:
 @pytest.fixture
 def sink() -> KafkaSink:
     FakeProducer.made = []
-    settings = RelaySettings(relay_create_topics=False, relay_send_timeout_s=5.0)
+    settings = RelaySettings(relay_create_topics=False, relay_send_timeout_seconds=5.0)
     return KafkaSink(settings, producer_factory=FakeProducer)
 
 
