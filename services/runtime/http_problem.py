@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.runtime.errors import KbError
+from services.runtime.errors import KbError, Unauthenticated
 from services.runtime.logging import get_logger
 
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
@@ -101,6 +101,8 @@ def _title(status: int) -> str:
 
 def kb_error_response(error: KbError, instance: str | None = None) -> JSONResponse:
     status = error.http_status
+    # RFC 9110: a 401 names the scheme that would be accepted.
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthenticated) else None
     if status >= 500:
         # Internal details stay in the log; the client gets the stable code only.
         log.error("http.server_error", error_code=error.code, error=error.message)
@@ -109,7 +111,9 @@ def kb_error_response(error: KbError, instance: str | None = None) -> JSONRespon
             detail = "the service failed to complete the request"
         return problem_response(status, error.code, detail, instance=instance)
     extra = getattr(error, "problem_fields", None)
-    return problem_response(status, error.code, error.message, instance=instance, extra=extra)
+    return problem_response(
+        status, error.code, error.message, instance=instance, extra=extra, headers=headers
+    )
 
 
 def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -123,6 +127,27 @@ def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
             }
         )
     return errors
+
+
+def document_errors_as_problem_json(app: FastAPI) -> None:
+    """Error answers are documented as application/problem+json only (FastAPI would also
+    list the route's default application/json for them)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        for path_item in schema.get("paths", {}).values():
+            for operation in path_item.values():
+                for status, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if status[:1] in {"4", "5"} and PROBLEM_MEDIA_TYPE in content:
+                        content.pop("application/json", None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def install_problem_handlers(app: FastAPI) -> None:
