@@ -115,9 +115,11 @@ async def test_one_documents_events_commit_in_position_order_without_the_caller_
         assert committed == by_position, "commit order differs from position order"
 
         s = relay_settings(settings)
-        async with TopicReader(s.kafka_bootstrap_servers, relay_topics(s)) as reader:
-            async with running_relay(s):
-                await reader.read_event_ids(committed)
+        async with (
+            TopicReader(s.kafka_bootstrap_servers, relay_topics(s)) as reader,
+            running_relay(s),
+        ):
+            await reader.read_event_ids(committed)
         sent = [m.event_id for m in reader.messages if m.key == key]
         assert sent == committed
     finally:
