@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import typer
-from pydantic import ValidationError
 
 from services.devstack.cli import app as dev_app
 from services.indexer.cli import indexer_app, tasks_app
@@ -13,7 +12,6 @@ from services.publisher.cli import serve, tenants_app
 from services.relay.cli import app as relay_app
 from services.runtime.cli import migrate
 from services.runtime.cli_support import fail
-from services.runtime.errors import ConfigError, KbError
 
 app = typer.Typer(
     help="kb-pipeline: from published to searchable, reliably.",
@@ -30,23 +28,15 @@ app.add_typer(tenants_app, name="tenants")
 app.command("serve")(serve)
 
 
-def _describe(error: ValidationError) -> str:
-    problems = [
-        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in error.errors()
-    ]
-    return "invalid configuration: " + "; ".join(problems)
-
-
 def main() -> None:
     try:
         app()
-    except KbError as error:
-        fail(error)
-    except ValidationError as error:
-        # Settings read from the environment (or options) that do not validate.
-        fail(ConfigError(_describe(error)))
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as error:
+        # Every command's errors end here: credentials masked, one line for a known error
+        # (settings that do not validate are named without their values), exit 2 or 1.
+        fail(error)
 
 
 if __name__ == "__main__":

@@ -1,55 +1,56 @@
-"""The indexer's ports: the task queue, the document-version indexer and the clock.
+"""The indexer's ports: the task queue, the transaction a sink writes through, and the
+document-version indexer.
 
-Domain and worker code talk to these Protocols only; ``queue_pg`` (asyncpg) and
-``queue_memory`` (a fake) implement ``TaskQueue`` and pass one contract suite
-(``tests/contract/``).
+Domain and worker code talk to these Protocols only; ``queue_pg`` (asyncpg) implements
+``TaskQueue``, and so does the in-memory fake under ``tests/fakes/``; both pass one contract
+suite (``tests/contract/``). No driver is imported here: the transaction handle is described
+by what a sink calls on it.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from services.indexer.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
+from services.runtime.clock import Clock as Clock
+from services.runtime.clock import DatabaseClock as DatabaseClock
+
+
+class Transaction(Protocol):
+    """The open transaction of a fenced ``complete``, as a sink sees it: statements run in
+    it commit with SUCCEEDED or not at all. ``queue_pg`` hands over its asyncpg connection
+    (inside ``conn.transaction()``); a sink must not commit, roll back or change session
+    state (SET, LISTEN, advisory locks) through it."""
+
+    def is_in_transaction(self) -> bool: ...
+
+    async def execute(self, query: str, *args: object) -> str: ...
+
+    async def executemany(self, command: str, args: Iterable[Sequence[object]]) -> None: ...
+
+    async def fetch(self, query: str, *args: object) -> list[Any]: ...
+
+    async def fetchrow(self, query: str, *args: object) -> Any: ...
+
+    async def fetchval(self, query: str, *args: object, column: int = ...) -> Any: ...
+
+    async def copy_records_to_table(
+        self,
+        table_name: str,
+        *,
+        records: Iterable[Sequence[object]] | AsyncIterable[Sequence[object]],
+        columns: Iterable[str] | None = ...,
+        schema_name: str | None = ...,
+    ) -> str: ...
+
 
 # Work run inside the fenced ``complete`` transaction, after the fence held (the task row is
-# locked by then, so no takeover can slip in before commit). The argument is the adapter's
-# transaction handle: an asyncpg connection for ``queue_pg``; the future pgvector sink
-# writes chunks, the search pointer and its outbox event through it.
-InTransaction = Callable[[Any], Awaitable[None]]
-
-
-class Clock(Protocol):
-    def now(self) -> datetime | None:
-        """The time to use, or ``None`` for the database's own clock (production)."""
-        ...
-
-
-class DatabaseClock:
-    """Production: every time-dependent query reads PostgreSQL's ``now()``."""
-
-    def now(self) -> datetime | None:
-        return None
-
-
-class ManualClock:
-    """Tests: a time that moves only when told, so lease expiry needs no sleeping."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime.now(UTC)
-
-    def now(self) -> datetime:
-        return self._now
-
-    def advance(self, seconds: float) -> datetime:
-        self._now += timedelta(seconds=seconds)
-        return self._now
-
-    def set(self, when: datetime) -> None:
-        self._now = when
+# locked by then, so no takeover can slip in before commit): the sink writes chunks, the
+# search pointer and its outbox event through the transaction it is given.
+InTransaction = Callable[[Transaction], Awaitable[None]]
 
 
 class TaskQueue(Protocol):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import traceback
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
 
@@ -60,6 +61,11 @@ def exit_code(error: BaseException) -> int:
 
 
 def fail(error: BaseException) -> NoReturn:
+    """Print ``error`` (redacted) on stderr and exit: one line for an error the tree knows,
+    the traceback too for anything else (a bug)."""
+    if not isinstance(error, KbError | ValidationError):
+        trace = "".join(traceback.format_exception(error))
+        print(redact(trace.rstrip()), file=sys.stderr)
     print(error_line(error), file=sys.stderr)
     sys.exit(exit_code(error))
 

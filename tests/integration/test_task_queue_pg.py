@@ -14,13 +14,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.ports import ManualClock
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import TaskStatus
 from services.runtime.db import create_pool
 from services.runtime.errors import LeaseLost
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
+from tests.support.clock import ManualClock
 from tests.support.tasks import create_many_tasks, create_task
 
 pytestmark = pytest.mark.integration

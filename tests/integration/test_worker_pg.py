@@ -11,13 +11,14 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.ports import IndexingOutcome, ManualClock
+from services.indexer.ports import IndexingOutcome
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
 from services.indexer.version_check import TestOnlyHangingIndexer, VersionCheckIndexer
 from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import create_pool, translate_db_errors
 from services.runtime.settings import RuntimeSettings
+from tests.support.clock import ManualClock
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
@@ -155,7 +156,12 @@ async def test_rate_limit_retry_after_is_respected(pool: asyncpg.Pool[Any]) -> N
         PgTaskQueue(pool, clock=clock),
         AlwaysFails(ErrorCode.EMBEDDING_RATE_LIMITED, retry_after_seconds=120),
         tier="standard",
-        policy=RetryPolicy(backoff_base_seconds=1, backoff_cap_seconds=30, jitter=0.5),
+        policy=RetryPolicy(
+            backoff_base_seconds=1,
+            backoff_cap_seconds=30,
+            jitter=0.5,
+            max_retry_after_seconds=600,
+        ),
     )
     assert await limited.run_once() is RunOnceResult.FAILED
     assert await _delay(pool, created.task_id, clock.now()) == 120

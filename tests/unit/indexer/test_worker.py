@@ -8,12 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.indexer.ports import IndexingOutcome, ManualClock
-from services.indexer.queue_memory import InMemoryTaskQueue, InMemoryTransaction
+from services.indexer.ports import IndexingOutcome
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
 from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import DatabaseError
 from services.runtime.errors import ConfigError, DatabaseBusy
+from tests.fakes.task_queue import InMemoryTaskQueue, InMemoryTransaction
+from tests.support.clock import ManualClock
 
 WAIT = 5.0  # generous upper bound for an awaited signal; tests finish far sooner
 
@@ -124,7 +125,9 @@ def make(
         tier="standard",
         owner="w1",
         lease_seconds=lease,
-        policy=RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0),
+        policy=RetryPolicy(
+            backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0, max_retry_after_seconds=3600
+        ),
         signals=signals,
         **options,  # type: ignore[arg-type]
     )
