@@ -537,3 +537,86 @@ async def test_a_request_that_cannot_get_a_connection_answers_503_quickly(
         _problem(response, 503, "DATABASE_UNAVAILABLE")
     finally:
         await pool.close()
+
+
+# --- hardening -----------------------------------------------------------------------------------
+
+
+async def test_hidden_characters_in_titles_and_principals_are_422_and_change_nothing(
+    api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    document_id = (await upload(api.client, acme)).json()["documentId"]
+    before = await snapshot(conn)
+    for title in ["Refund\u202epolicy", "Refund\u200bpolicy", "Refund\x1bpolicy", "\ufeffRefund"]:
+        _problem(await upload(api.client, acme, title=title), 422, "TITLE_INVALID")
+    for principal in ["group:\u200dadmins", "group:admins\u2066", "group:\x00admins"]:
+        response = await publish(api.client, acme, document_id, 1, 1, read=[principal])
+        _problem(response, 422, "PRINCIPAL_INVALID")
+    assert await snapshot(conn) == before
+
+    # Two spellings of one principal are one principal: publishing again is a repeat.
+    first = await publish(api.client, acme, document_id, 1, 1, read=["user:Ren\u00e9e"])
+    assert first.status_code == 202, first.text
+    again = await publish(api.client, acme, document_id, 1, 1, read=["user:Rene\u0301e"])
+    assert again.status_code == 202, again.text
+    assert again.json() == first.json()
+    assert await conn.fetchval("SELECT array_agg(principal) FROM document_acl") == [
+        "user:Ren\u00e9e"
+    ]
+    decomposed = await upload(api.client, acme, title="Cafe\u0301")
+    status = await api.client.get(
+        acme.path(f"/documents/{decomposed.json()['documentId']}"), headers=acme.headers
+    )
+    assert status.json()["title"] == "Caf\u00e9"
+
+
+async def test_a_publish_body_above_the_json_limit_is_413_and_changes_nothing(
+    api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    document_id = (await upload(api.client, acme)).json()["documentId"]
+    before = await snapshot(conn)
+    principals = [f"group:{i:04d}-{'x' * 150}" for i in range(200)]  # ~32 KiB of JSON
+    _problem(
+        await publish(api.client, acme, document_id, 1, 1, read=principals),
+        413,
+        ("PAYLOAD_TOO_LARGE"),
+    )
+    assert await snapshot(conn) == before
+
+
+async def test_tenants_see_no_lease_owner_and_no_stored_error_text(
+    api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    created = (await upload(api.client, acme)).json()
+    task_id = (await publish(api.client, acme, created["documentId"], 1, 1)).json()["indexTaskId"]
+    await conn.execute(
+        """
+        UPDATE index_task SET status = 'DEAD', error_code = 'INTERNAL_ERROR',
+               error_message = 'UniqueViolationError: duplicate key value violates kc_pkey',
+               lease_owner = 'indexer-3.internal:4242:9f1c', attempts = 1, finished_at = now()
+         WHERE task_id = $1
+        """,
+        uuid.UUID(task_id),
+    )
+    task = await api.client.get(acme.path(f"/index-tasks/{task_id}"), headers=acme.headers)
+    status = await api.client.get(
+        acme.path(f"/documents/{created['documentId']}"), headers=acme.headers
+    )
+    for response in (task, status):
+        assert response.status_code == 200, response.text
+        assert "indexer-3" not in response.text
+        assert "kc_pkey" not in response.text
+        assert "leaseOwner" not in response.text
+    assert task.json()["errorCode"] == "INTERNAL_ERROR"
+    assert task.json()["errorMessage"] == "Indexing failed; an operator can see the details."
+    assert status.json()["failure"]["message"] == task.json()["errorMessage"]
+
+
+async def test_readiness_names_no_migration(api: Harness, conn: asyncpg.Connection[Any]) -> None:
+    last = await conn.fetchrow("SELECT version, name FROM schema_migration ORDER BY 1 DESC")
+    assert last is not None
+    await conn.execute("DELETE FROM schema_migration WHERE version = $1", last["version"])
+    response = await api.client.get("/readyz")
+    body = _problem(response, 503, "NOT_READY")
+    assert last["name"] not in response.text
+    assert "migration" not in body["detail"]
