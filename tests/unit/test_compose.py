@@ -78,3 +78,11 @@ def test_every_environment_name_is_read_by_the_code() -> None:
         for key in env:
             assert key in known, f"compose service {name} sets {key}, which no settings read"
         assert {"DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS"} <= set(env), name
+
+
+def test_every_host_port_binds_loopback_only() -> None:
+    # Docker publishes "HOST:CONTAINER" on every interface: the database and the broker
+    # (no TLS, trust or default passwords) must not be reachable from the network.
+    for name, spec in _compose()["services"].items():
+        for mapping in spec.get("ports", []):
+            assert str(mapping).startswith("127.0.0.1:"), f"{name} publishes {mapping}"
