@@ -236,3 +236,16 @@ async def test_sigterm_lets_the_running_task_finish_within_the_grace_period(
     )
     assert row is not None
     assert (row["status"], row["attempts"]) == ("RUNNING", 1)
+
+
+async def test_run_once_prints_failed_when_it_cannot_classify_an_error(
+    service_env: dict[str, str],
+) -> None:
+    # Defect 9's other half: an error run-once cannot classify (here: no database at all)
+    # exited 1 with nothing on stdout. It prints FAILED, the error on stderr, exits 1.
+    env = {**service_env, "DATABASE_URL": "postgresql://kb:s3cretpw@127.0.0.1:1/kb"}
+    code, out, err = await kb(env, "indexer", "run-once", "--tier", "standard")
+    assert (code, out) == (1, "FAILED\n"), err
+    assert "DATABASE_UNAVAILABLE" in err
+    assert "s3cretpw" not in err
+    assert "Traceback" not in err
