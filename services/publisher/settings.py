@@ -22,13 +22,15 @@ class PublisherSettings(RuntimeSettings):
     publisher_max_request_overhead_bytes: int = Field(default=64 * 1024, ge=1024)
     # The largest body of any request that is not a multipart upload (publish's JSON).
     publisher_max_json_body_bytes: int = Field(default=16 * 1024, ge=1024, le=MIB)
-    # Upload bytes the whole process holds at once (declared, or the limit when undeclared);
-    # a request beyond it gets 503 with Retry-After before its body is read.
-    publisher_max_inflight_upload_bytes: int = Field(default=256 * MIB, ge=1)
+    # Upload bytes the whole process admits at once (declared, or the limit when undeclared);
+    # an upload beyond it gets 503 with Retry-After, its body never held. The process holds
+    # about 2.5 times these bytes while they are stored (the file read whole, the driver's
+    # copy): 128 MiB keeps a publisher under ~500 MB with five 25 MB uploads in flight.
+    publisher_max_inflight_upload_bytes: int = Field(default=128 * MIB, ge=1)
     # The Retry-After of that 503.
     publisher_retry_after_seconds: int = Field(default=2, ge=1, le=3600)
     # How long a request may leave its body stalled (no bytes) before it gets 408.
-    publisher_body_read_timeout_seconds: float = Field(default=15.0, gt=0, le=600)
+    publisher_body_read_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
     # How long a request waits for a database connection before answering 503.
     publisher_db_acquire_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     # /readyz answers from a cached check this young; the check itself is bounded.

@@ -3,18 +3,24 @@
 An upload is read whole (up to the file limit) and may then wait for a database connection:
 without a bound, many parallel uploads hold many copies of their files at once. Each upload
 reserves its declared size (or the request limit, when it declares none) before its body is
-read; when the budget cannot cover it, it is answered 503 with Retry-After at once, its body
-unread, and the client retries later.
+read; when the budget cannot cover it, it is answered 503 with Retry-After, its body never
+held, and the client retries later.
+
+A client that sent ``Expect: 100-continue`` never sends the body of a refused upload. Any
+other client is already sending it: the body is read and dropped chunk by chunk before the
+answer, because a server that closes a connection with unread data in it resets it (TCP RST),
+and the client may then lose the answer itself.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.publisher.body_limit import declared_length, is_upload
-from services.runtime.http_problem import problem_response
+from services.runtime.http_problem import http_exception_response, problem_response
 
 BUSY_CODE: Final = "UPLOADS_BUSY"
 
@@ -61,6 +67,12 @@ class UploadBudgetMiddleware:
         if declared is not None and declared >= 0:
             size = min(declared, size)
         if not self.budget.try_reserve(size):
+            if not _expects_continue(scope):
+                try:
+                    await _discard_body(receive)
+                except StarletteHTTPException as error:  # too large, or stalled
+                    await http_exception_response(error, scope["path"])(scope, receive, send)
+                    return
             await problem_response(
                 503,
                 BUSY_CODE,
@@ -73,3 +85,19 @@ class UploadBudgetMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.budget.release(size)
+
+
+def _expects_continue(scope: Scope) -> bool:
+    return any(
+        name.lower() == b"expect" and bytes(value).lower() == b"100-continue"
+        for name, value in scope["headers"]
+    )
+
+
+async def _discard_body(receive: Receive) -> None:
+    """Read the request body to its end, keeping none of it (the body limit and its read
+    timeout still apply to every chunk)."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return

@@ -30,6 +30,7 @@ FRAMEWORK_CODES: Final = {
     404: "ROUTE_NOT_FOUND",
     405: "METHOD_NOT_ALLOWED",
     406: "NOT_ACCEPTABLE",
+    408: "REQUEST_TIMEOUT",
     413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE",
     422: "VALIDATION_FAILED",
@@ -116,6 +117,16 @@ def kb_error_response(error: KbError, instance: str | None = None) -> JSONRespon
     )
 
 
+def http_exception_response(
+    exc: StarletteHTTPException, instance: str | None = None
+) -> JSONResponse:
+    code = FRAMEWORK_CODES.get(exc.status_code, "HTTP_ERROR")
+    detail = str(exc.detail) if exc.detail else _title(exc.status_code)
+    if exc.status_code == 400 and "parsing the body" in detail:
+        code = MALFORMED_BODY
+    return problem_response(exc.status_code, code, detail, instance=instance, headers=exc.headers)
+
+
 def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     errors = []
     for error in exc.errors():
@@ -159,13 +170,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def on_http_exception(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        code = FRAMEWORK_CODES.get(exc.status_code, "HTTP_ERROR")
-        detail = str(exc.detail) if exc.detail else _title(exc.status_code)
-        if exc.status_code == 400 and "parsing the body" in detail:
-            code = MALFORMED_BODY
-        return problem_response(
-            exc.status_code, code, detail, instance=request.url.path, headers=exc.headers
-        )
+        return http_exception_response(exc, request.url.path)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

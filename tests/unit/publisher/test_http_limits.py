@@ -73,12 +73,12 @@ async def test_uploads_beyond_the_budget_get_503_with_retry_after_before_their_b
     await inside.wait()
     assert budget.in_use_bytes == 60
 
-    body_read = False
+    received: list[Message] = []
 
     async def receive() -> Message:
-        nonlocal body_read
-        body_read = True
-        return {"type": "http.request", "body": b"", "more_body": False}
+        # The body of a refused upload streams in three chunks and is dropped.
+        received.append({"type": "http.request", "body": b"x" * 20, "more_body": len(received) < 2})
+        return received[-1]
 
     refused = Recorder()
     await middleware(_scope(b"multipart/form-data; b=x", 50), receive, refused)
@@ -86,8 +86,17 @@ async def test_uploads_beyond_the_budget_get_503_with_retry_after_before_their_b
     assert refused.headers["retry-after"] == "3"
     assert refused.headers["content-type"] == "application/problem+json"
     assert refused.json()["errorCode"] == "UPLOADS_BUSY"
-    assert not body_read
+    assert len(received) == 3  # read to its end before the answer, so the answer arrives
+    # A client that waits for "100 Continue" is answered without being asked for its body.
+    received.clear()
+    expecting = _scope(b"multipart/form-data; b=x", 50)
+    expecting["headers"].append((b"expect", b"100-continue"))
+    refused_early = Recorder()
+    await middleware(expecting, receive, refused_early)
+    assert refused_early.status == 503
+    assert received == []
     # Undeclared sizes reserve the whole request limit.
+    received.clear()
     undeclared = Recorder()
     await middleware(_scope(b"multipart/form-data; b=x", None), receive, undeclared)
     assert undeclared.status == 503
@@ -97,6 +106,7 @@ async def test_uploads_beyond_the_budget_get_503_with_retry_after_before_their_b
     await asyncio.gather(first, passed)
     assert budget.in_use_bytes == 0
     # With the budget free again the same upload goes through.
+    received.clear()
     ok = Recorder()
     await middleware(_scope(b"multipart/form-data; b=x", 50), receive, ok)
     assert ok.messages == []  # the (silent) app ran
