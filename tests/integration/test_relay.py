@@ -376,3 +376,49 @@ async def test_a_window_left_half_drained_is_resumed_by_the_next_owner(
     for kafka_partition in {m.partition for m in reader.messages}:
         positions = [m.position for m in reader.messages if m.partition == kafka_partition]
         assert positions == sorted(positions)
+
+
+async def _drain(
+    source: PgOutboxSource, lease: Lease, progress: Progress, limit: int
+) -> tuple[Progress, list[OutboxRecord], int]:
+    """Read the partition until nothing new is left: where it stands, what it read, and
+    how many reads that took."""
+    records: list[OutboxRecord] = []
+    reads = 0
+    while True:
+        batch = await source.read_window_batch(lease, progress, limit)
+        reads += 1
+        records.extend(batch.records)
+        progress = batch.following
+        if progress.window is None and not batch.records:
+            return progress, records, reads
+
+
+async def test_a_late_commit_is_drained_without_reading_the_rows_delivered_meanwhile(
+    settings: RuntimeSettings, database_url: str, conn: asyncpg.Connection[Any]
+) -> None:
+    s = relay_settings(settings, relay_partitions=1)
+    pool = await create_relay_pool(s)
+    long_open = await asyncpg.connect(database_url)
+    try:
+        leases = PgLeaseStore(pool)
+        await leases.ensure_partitions(1)
+        [lease] = await leases.acquire("relay-a", 1, lease_s=60)
+        source = PgOutboxSource(pool)
+        tx = long_open.transaction()
+        await tx.start()
+        held = await add_event(long_open, _event("doc-held"))
+        meanwhile = [await publish(conn) for _ in range(60)]
+        progress, records, _ = await _drain(source, lease, lease.progress, limit=4)
+        assert [r.event_id for r in records] == [e.event_id for e in meanwhile]
+        await tx.commit()
+        after = [await publish(conn) for _ in range(3)]
+        _, records, reads = await _drain(source, lease, progress, limit=4)
+        assert [r.event_id for r in records] == [held.event_id, *(e.event_id for e in after)]
+        # One read for the window (4 rows: the late one and the three after it), one that
+        # finds nothing new. Reading by position range from the late row instead would walk
+        # the 60 delivered rows in between, 4 positions a read.
+        assert reads == 2
+    finally:
+        await long_open.close()
+        await pool.close()

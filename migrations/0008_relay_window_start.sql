@@ -1,0 +1,13 @@
+-- Relay: a window's late committers are read by transaction id, not by position range.
+--
+-- A window holds the rows of transactions that committed since the delivered snapshot:
+-- those that were still open when it was taken ("late committers", txid in its
+-- in-progress list) and those that started after it (txid >= its xmax). The latter took
+-- their positions after every row the delivered snapshot sees, so they lie at or above
+-- `window_start` (the lowest of their positions). A late committer's rows may lie far
+-- below it -- a transaction that inserted early and committed an hour later -- with an
+-- hour of delivered rows in between. The relay reads rows below `window_start` by their
+-- transaction ids (index probes on outbox_txid) and only the rest by position range, so
+-- those delivered rows are never read again. 0 (progress from before this migration):
+-- every row of the window is read by position range, as before.
+ALTER TABLE relay_partition ADD COLUMN window_start bigint NOT NULL DEFAULT 0;
