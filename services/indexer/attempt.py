@@ -110,6 +110,7 @@ class TaskAttempts:
         policy: RetryPolicy,
         rng: random.Random,
         emit: Emit,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.queue = queue
         self.indexer = indexer
@@ -118,6 +119,8 @@ class TaskAttempts:
         self.policy = policy
         self._rng = rng
         self._emit = emit
+        # Our own view of lease time (injectable: tests simulate slow round trips).
+        self.monotonic = monotonic
 
     async def process(self, lease: Lease) -> RunOnceResult:
         """Index a claimed task under its lease and record the result (fenced)."""
@@ -133,7 +136,7 @@ class TaskAttempts:
         log.info("task.claimed", **context)
         self._emit(WorkerEvent("claimed", lease.task_id, str(lease.lease_attempt)))
         state = _LeaseState()
-        claimed_at = time.monotonic()
+        claimed_at = self.monotonic()
         work: asyncio.Task[IndexingOutcome] = asyncio.create_task(self.indexer.index(lease))
         # The heartbeat task starts at the first beat: most short tasks never need one.
         beats: list[asyncio.Task[None]] = []
@@ -184,7 +187,7 @@ class TaskAttempts:
         deadline = claimed_at + self.lease_seconds
         current = lease
         while True:
-            sent_at = time.monotonic()
+            sent_at = self.monotonic()
             try:
                 async with asyncio.timeout(interval):
                     current = await self.queue.heartbeat(current, lease_seconds=self.lease_seconds)
@@ -198,7 +201,7 @@ class TaskAttempts:
                 # the lease runs out; give up at once on anything else.
                 transient = isinstance(error, TimeoutError) or error.retriable
                 log.warning("lease.heartbeat_failed", task_id=str(lease.task_id), error=str(error))
-                if not transient or time.monotonic() >= deadline:
+                if not transient or self.monotonic() >= deadline:
                     state.lost = True
             except Exception:
                 log.exception("lease.heartbeat_crashed", task_id=str(lease.task_id))

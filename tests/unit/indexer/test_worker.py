@@ -4,6 +4,7 @@ worker's test-only signals and asyncio events, never with sleeps."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -623,3 +624,44 @@ async def test_a_heartbeat_that_never_answers_gives_the_lease_up_in_time() -> No
     assert await asyncio.wait_for(worker.run_once(), WAIT) is RunOnceResult.LOST_LEASE
     assert indexer.cancelled
     assert queue.committed_writes == []
+
+
+class SlowFirstAnswer(FlakyQueue):
+    """The database extends the lease when the first heartbeat arrives, but its answer
+    takes ``skew`` seconds (of the worker's clock) to come back; the second heartbeat fails
+    transiently; later ones succeed."""
+
+    def __init__(self, clock: ManualClock, skew: float) -> None:
+        super().__init__(clock)
+        self.skew = skew
+        self.offset = 0.0
+        self.beats = 0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    async def heartbeat(self, lease: Lease, *, lease_seconds: float) -> Lease:
+        self.beats += 1
+        if self.beats == 2:
+            raise DatabaseBusy("statement timeout")
+        extended = await super().heartbeat(lease, lease_seconds=lease_seconds)
+        if self.beats == 1:
+            self.offset += self.skew
+        return extended
+
+
+async def test_the_local_lease_deadline_counts_from_before_the_round_trip() -> None:
+    # Defect 8: the deadline was counted from when the answer arrived, so a slow round trip
+    # made the worker believe in a lease the database had already let run out.
+    indexer = Hangs()
+    queue = SlowFirstAnswer(ManualClock(datetime.now(UTC)), skew=0.28)
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    worker = Worker(queue, indexer, tier="standard", owner="w1", lease_seconds=0.3, signals=signals)
+    worker.attempts.monotonic = queue.monotonic
+    queue.new_task()
+    running = asyncio.create_task(worker.run_once())
+    # First beat sent at s, answered at s + 0.28: the lease ends at s + 0.3 in our view.
+    # The second beat fails at about s + 0.28 + 0.1: past it, so the lease is given up.
+    await next_event(signals, "lease_lost")
+    assert await asyncio.wait_for(running, WAIT) is RunOnceResult.LOST_LEASE
+    assert indexer.cancelled
