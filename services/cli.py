@@ -58,7 +58,17 @@ def load_command(name: str) -> Any:
         single.command(name)(target)
         command = typer.main.get_command(single)
     command.name = name
+    _plain_help(command)
     return command
+
+
+def _plain_help(command: Any) -> None:
+    """Render help without rich, like `kb --help`: rich (and what typer loads with it)
+    would cost more than everything else `kb <command> --help` does."""
+    if hasattr(command, "rich_markup_mode"):
+        command.rich_markup_mode = None
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
 
 
 class LazyGroup(TyperGroup):
