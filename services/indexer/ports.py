@@ -3,49 +3,21 @@ document-version indexer.
 
 Domain and worker code talk to these Protocols only; ``queue_pg`` (asyncpg) implements
 ``TaskQueue``, and so does the in-memory fake under ``tests/fakes/``; both pass one contract
-suite (``tests/contract/``). No driver is imported here: the transaction handle is described
-by what a sink calls on it.
+suite (``tests/contract/``). No driver is imported here: the transaction handle a sink writes
+through is the runtime's ``Transaction`` protocol.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from services.indexer.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
 from services.runtime.clock import Clock as Clock
 from services.runtime.clock import DatabaseClock as DatabaseClock
-
-
-class Transaction(Protocol):
-    """The open transaction of a fenced ``complete``, as a sink sees it: statements run in
-    it commit with SUCCEEDED or not at all. ``queue_pg`` hands over its asyncpg connection
-    (inside ``conn.transaction()``); a sink must not commit, roll back or change session
-    state (SET, LISTEN, advisory locks) through it."""
-
-    def is_in_transaction(self) -> bool: ...
-
-    async def execute(self, query: str, *args: object) -> str: ...
-
-    async def executemany(self, command: str, args: Iterable[Sequence[object]]) -> None: ...
-
-    async def fetch(self, query: str, *args: object) -> list[Any]: ...
-
-    async def fetchrow(self, query: str, *args: object) -> Any: ...
-
-    async def fetchval(self, query: str, *args: object, column: int = ...) -> Any: ...
-
-    async def copy_records_to_table(
-        self,
-        table_name: str,
-        *,
-        records: Iterable[Sequence[object]] | AsyncIterable[Sequence[object]],
-        columns: Iterable[str] | None = ...,
-        schema_name: str | None = ...,
-    ) -> str: ...
-
+from services.runtime.transaction import Transaction as Transaction
 
 # Work run inside the fenced ``complete`` transaction, after the fence held (the task row is
 # locked by then, so no takeover can slip in before commit): the sink writes chunks, the

@@ -1,8 +1,9 @@
 """Index tasks: the five states, the only transitions between them, and the retry policy.
 
-Pure Python (DESIGN §4): no driver, no clock of its own. The PostgreSQL adapter applies the
-same rules in SQL; the in-memory queue applies them through the functions below; one contract
-suite holds both to the same behaviour.
+Pure Python (DESIGN §4): no driver, no clock of its own. The states and the row are the
+shared vocabulary of services.runtime.tasks. The PostgreSQL adapter applies the same rules
+in SQL; the in-memory fake of the tests applies them through the functions below; one
+contract suite holds both to the same behaviour.
 
 Fencing: ``attempts`` after a claim is the lease generation (``lease_attempt``). It only ever
 grows: not on retry, not on takeover, not on requeue (a requeue renews the *budget* by

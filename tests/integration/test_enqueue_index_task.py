@@ -30,7 +30,7 @@ async def test_enqueue_creates_once_and_then_answers_the_same_task(
     pool: asyncpg.Pool[Any],
 ) -> None:
     version = await _version_without_task(pool)
-    key = {
+    key: dict[str, Any] = {
         "tenant_id": version.tenant_id,
         "document_id": version.document_id,
         "version_number": 1,
@@ -58,7 +58,7 @@ async def test_concurrent_enqueues_of_one_key_make_one_task(
     pool: asyncpg.Pool[Any], database_url: str
 ) -> None:
     version = await _version_without_task(pool)
-    key = {
+    key: dict[str, Any] = {
         "tenant_id": version.tenant_id,
         "document_id": version.document_id,
         "version_number": 1,
@@ -88,7 +88,7 @@ async def test_an_enqueue_behind_one_that_rolled_back_creates_the_task(
     pool: asyncpg.Pool[Any], database_url: str
 ) -> None:
     version = await _version_without_task(pool)
-    key = {
+    key: dict[str, Any] = {
         "tenant_id": version.tenant_id,
         "document_id": version.document_id,
         "version_number": 1,

@@ -120,7 +120,7 @@ async def test_lost_lease_at_completion_writes_neither_task_nor_sink_rows(
     clock.advance(LEASE)
     [new] = await queue.claim("standard", "new", lease_seconds=LEASE)
 
-    async def sink(conn: asyncpg.Connection[Any]) -> None:
+    async def sink(conn: Any) -> None:
         await add_event(
             conn,
             OutboxEvent(
@@ -136,7 +136,7 @@ async def test_lost_lease_at_completion_writes_neither_task_nor_sink_rows(
         await queue.complete(old, in_transaction=sink)
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
 
-    async def broken_sink(conn: asyncpg.Connection[Any]) -> None:
+    async def broken_sink(conn: Any) -> None:
         await sink(conn)
         raise RuntimeError("vector write failed")
 

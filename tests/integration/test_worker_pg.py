@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.ports import IndexingOutcome
+from services.indexer.ports import IndexingOutcome, Transaction
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
 from services.indexer.version_check import TestOnlyHangingIndexer, VersionCheckIndexer
@@ -193,7 +193,7 @@ class Recording:
         self.runs.append((lease.task_id, lease.lease_attempt))
         await asyncio.sleep(0)  # let the other workers interleave
 
-        async def write(conn: asyncpg.Connection[Any]) -> None:
+        async def write(conn: Transaction) -> None:
             # Stands in for the sink: a row written only if the fenced complete commits.
             await conn.execute("SELECT 1")
 
@@ -285,7 +285,7 @@ class WriteHasABug:
     then fails with a programming error."""
 
     async def index(self, lease: Lease) -> Any:
-        async def write(conn: asyncpg.Connection[Any]) -> None:
+        async def write(conn: Transaction) -> None:
             await conn.execute(
                 "INSERT INTO tenant (tenant_id, tier) VALUES ('written-by-sink', 'standard')"
             )
@@ -423,7 +423,7 @@ class WritesThen:
         self.after = after
 
     async def index(self, lease: Lease) -> Any:
-        async def write(conn: Any) -> None:
+        async def write(conn: Transaction) -> None:
             await conn.execute(
                 "INSERT INTO tenant (tenant_id, tier) VALUES ('written-by-sink', 'standard')"
             )
