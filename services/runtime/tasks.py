@@ -13,10 +13,11 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple
 
 from services.runtime.db import translate_db_errors
 from services.runtime.sql import queries_beside
+from services.runtime.transaction import Transaction
 
 _QUERIES = queries_beside(__file__, "tasks.sql")
 
@@ -78,15 +79,8 @@ class EnqueuedTask(NamedTuple):
     created: bool  # False: the business key existed; ``task_id`` is the existing task's
 
 
-class Executor(Protocol):
-    """What ``enqueue_index_task`` needs of a connection (an asyncpg connection inside the
-    caller's transaction)."""
-
-    async def fetchval(self, query: str, *args: object) -> Any: ...
-
-
 async def enqueue_index_task(
-    conn: Executor,
+    conn: Transaction,
     *,
     tenant_id: str,
     document_id: uuid.UUID,
