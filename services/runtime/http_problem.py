@@ -36,6 +36,8 @@ FRAMEWORK_CODES: Final = {
     422: "VALIDATION_FAILED",
 }
 MALFORMED_JSON: Final = "MALFORMED_JSON"
+# When a retriable failure (database busy or unreachable) may be tried again.
+RETRY_AFTER_SECONDS: Final = "1"
 MALFORMED_BODY: Final = "MALFORMED_BODY"
 
 log = get_logger(__name__)
@@ -110,7 +112,8 @@ def kb_error_response(error: KbError, instance: str | None = None) -> JSONRespon
         detail = "the service could not complete the request; it is safe to retry"
         if not error.retriable:
             detail = "the service failed to complete the request"
-        return problem_response(status, error.code, detail, instance=instance)
+        retry = {"Retry-After": RETRY_AFTER_SECONDS} if error.retriable else None
+        return problem_response(status, error.code, detail, instance=instance, headers=retry)
     extra = getattr(error, "problem_fields", None)
     return problem_response(
         status, error.code, error.message, instance=instance, extra=extra, headers=headers

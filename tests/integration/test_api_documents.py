@@ -535,6 +535,7 @@ async def test_a_request_that_cannot_get_a_connection_answers_503_quickly(
                 acme.path(f"/documents/{uuid.uuid4()}"), headers=acme.headers
             )
         _problem(response, 503, "DATABASE_UNAVAILABLE")
+        assert response.headers["retry-after"] == "1"
     finally:
         await pool.close()
 
