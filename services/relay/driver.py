@@ -96,6 +96,7 @@ class PartitionDriver:
     async def drive(self) -> Step | None:
         """Drive until stopped (None) or the lease is lost or refused; then ``finish``."""
         subscription = self._wakeups.subscribe()
+        armed = False
         try:
             while not self._stopping.is_set():
                 if self._clock() >= self._trusted_until:
@@ -104,6 +105,13 @@ class PartitionDriver:
                 step = await self._round()
                 if step in (Step.LOST, Step.REFUSED):
                     return step
+                if step is Step.DRAINED and not armed:
+                    # Writers notify only while a relay waits (the doorbell): arm it, then
+                    # read once more, since a row committed before that rang no bell.
+                    await self._wakeups.arm()
+                    armed = True
+                    continue
+                armed = False
                 if step is Step.RETRY_LATER:
                     await self._back_off()
                 elif step is Step.DRAINED:

@@ -434,6 +434,11 @@ class _Subscription:
 class PgWakeups:
     """LISTEN on a dedicated connection; every notification rings every subscriber.
 
+    It also works the doorbell (migrations/0008): ``arm`` before a driver waits, disarm
+    when a notification arrives, so writers notify only while some relay waits. Both
+    run on the listening connection, one statement at a time (the disarm of a
+    notification is queued before the re-arm of the drivers it wakes).
+
     Losing the connection only costs latency (the relay polls on a timer); ``ensure``
     reconnects, the relay calls it on each supervision tick.
     """
@@ -442,6 +447,8 @@ class PgWakeups:
         self._settings = settings
         self._conn: asyncpg.Connection[Any] | None = None
         self._subscriptions: list[_Subscription] = []
+        self._statement = asyncio.Lock()
+        self._disarming: set[asyncio.Task[None]] = set()
 
     def subscribe(self) -> _Subscription:
         subscription = _Subscription()
@@ -452,8 +459,24 @@ class PgWakeups:
         self._subscriptions = [s for s in self._subscriptions if s is not subscription]
 
     def _notified(self, *_: object) -> None:
+        disarm = asyncio.create_task(self._doorbell("disarm_doorbell"))
+        self._disarming.add(disarm)
+        disarm.add_done_callback(self._disarming.discard)
         for subscription in self._subscriptions:
             subscription.ring()
+
+    async def arm(self) -> None:
+        await self._doorbell("arm_doorbell")
+
+    async def _doorbell(self, query: str) -> None:
+        async with self._statement:
+            conn = self._conn
+            if conn is None or conn.is_closed():
+                return
+            try:
+                await conn.execute(QUERIES[query])
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+                log.warning("relay.doorbell_failed", action=query, error=str(error))
 
     async def ensure(self) -> None:
         if self._conn is not None and not self._conn.is_closed():
@@ -473,6 +496,8 @@ class PgWakeups:
         self._notified()
 
     async def close(self) -> None:
+        for task in list(self._disarming):
+            task.cancel()
         if self._conn is not None:
             conn, self._conn = self._conn, None
             if not conn.is_closed():

@@ -170,6 +170,12 @@ class Wakeups(Protocol):
 
     def unsubscribe(self, subscription: WakeupSubscription) -> None: ...
 
+    async def arm(self) -> None:
+        """Ask writers to notify: a relay is about to wait. Rows committed before this
+        returned may have rung no bell, so the caller reads once more before it waits.
+        Never raises (a lost wake-up costs latency, the poll timer still runs)."""
+        ...
+
     async def ensure(self) -> None:
         """(Re)connect the listener if it is down; never raises."""
         ...

@@ -109,6 +109,15 @@ SELECT pg_try_advisory_lock(hashtextextended('kb.relay.retention', 0)) AS locked
 -- name: retention_unlock
 SELECT pg_advisory_unlock(hashtextextended('kb.relay.retention', 0)) AS unlocked
 
+-- name: arm_doorbell
+-- A relay is about to wait for rows: writers notify from now on (migrations/0008). A
+-- no-op (no row locked) while it is armed already.
+UPDATE relay_doorbell SET armed = true WHERE NOT armed
+
+-- name: disarm_doorbell
+-- A notification woke the relays: writers stop notifying until one waits again.
+UPDATE relay_doorbell SET armed = false WHERE armed
+
 -- name: partition_refusal
 -- $1 partition. Why its stored progress cannot be trusted on this cluster (NULL: it can).
 SELECT relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot) AS reason

@@ -422,3 +422,28 @@ async def test_a_late_commit_is_drained_without_reading_the_rows_delivered_meanw
     finally:
         await long_open.close()
         await pool.close()
+
+
+async def test_writers_notify_only_while_the_doorbell_is_armed(
+    database_url: str, conn: asyncpg.Connection[Any]
+) -> None:
+    listener = await asyncpg.connect(database_url)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    try:
+        await listener.add_listener("kb_outbox", lambda *args: heard.put_nowait(args[-1]))
+        # Disarmed (a relay was woken and is busy): the insert sends nothing. Notifications
+        # arrive in commit order, so the sentinel sent after it is the first thing heard.
+        await conn.execute("UPDATE relay_doorbell SET armed = false")
+        await publish(conn)
+        await conn.execute("SELECT pg_notify('kb_outbox', 'sentinel')")
+        async with asyncio.timeout(10):
+            assert await heard.get() == "sentinel"
+        # Armed (a relay waits): the insert rings.
+        await conn.execute("UPDATE relay_doorbell SET armed = true")
+        await publish(conn)
+        await conn.execute("SELECT pg_notify('kb_outbox', 'sentinel')")
+        async with asyncio.timeout(10):
+            assert await heard.get() == ""
+            assert await heard.get() == "sentinel"
+    finally:
+        await listener.close()

@@ -183,3 +183,27 @@ async def test_replay_paces_marks_and_resumes_hint() -> None:
             backoff=Backoff(0.001, 0.001),
         )
     assert "--from 4" in raised.value.message
+
+
+async def test_a_row_committed_while_the_doorbell_is_armed_is_read_before_waiting() -> None:
+    # No notification ever rings, and the poll timer and the next renewal are far away:
+    # the row written just as the relay arms the doorbell is only found by the read that
+    # follows the arming.
+    harness = Harness(
+        FlakySink(),
+        relay_poll_interval_seconds=60.0,
+        relay_lease_seconds=300.0,
+        relay_partitions=1,
+    )
+    appended: list[int] = []
+
+    def write_once() -> None:
+        if not appended:
+            appended.extend(r.position for r in harness.source.append(1))
+
+    harness.wakeups.on_arm = write_once
+    async with harness.relay() as relay:
+        await relay.wait_for_partitions(1)
+        positions = await harness.acked_positions(1)
+    assert positions == appended
+    assert harness.wakeups.armed >= 1
