@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.publisher.domain import Publisher, Upload, check_principals, check_title
-from services.publisher.store_memory import MemoryPublisherStore
 from services.publisher.text import BIDI_CONTROLS, ZERO_WIDTH, clean_text, forbidden_character
 from services.runtime.errors import ValidationFailed
+from tests.fakes.publisher_store import MemoryPublisherStore
 
 HIDDEN = [*sorted(ZERO_WIDTH | BIDI_CONTROLS), "\x00", "\x07", "\n", "\x1b", "\x7f", "\x85"]
 

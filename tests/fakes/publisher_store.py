@@ -1,7 +1,7 @@
-"""An in-memory publisher store for unit tests and local experiments.
+"""An in-memory publisher store for unit tests.
 
 It passes the same contract tests as the PostgreSQL adapter
-(``tests/integration/test_publish_store_contract.py``). A transaction works on a copy of the
+(``tests/contract/test_publish_store_contract.py``). A transaction works on a copy of the
 state under one lock and swaps it in only on success, so a failure anywhere inside leaves
 nothing behind, and transactions run one at a time (coarser than PostgreSQL's row lock,
 with the same outcome for the publisher's rules).
