@@ -181,3 +181,13 @@ def test_replay_bad_input_exits_2_with_a_clear_message() -> None:
     assert result.returncode == 2, result.stderr
     assert "--from must be an outbox position" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_sasl_without_a_username_is_a_configuration_error_exit_2() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "KAFKA_SASL"))}
+    env |= {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_PASSWORD": "hunter2-not-shown"}
+    result = _kb(env, "relay", "run")
+    assert result.returncode == 2, result.stderr
+    assert "KAFKA_SASL_USERNAME" in result.stderr
+    assert "hunter2-not-shown" not in result.stderr
+    assert "Traceback" not in result.stderr

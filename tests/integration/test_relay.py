@@ -447,3 +447,33 @@ async def test_writers_notify_only_while_the_doorbell_is_armed(
             assert await heard.get() == "sentinel"
     finally:
         await listener.close()
+
+
+async def test_one_instance_deletes_at_a_time(
+    settings: RuntimeSettings, conn: asyncpg.Connection[Any]
+) -> None:
+    s = relay_settings(settings, relay_partitions=1)
+    pool = await create_relay_pool(s)
+    try:
+        leases = PgLeaseStore(pool)
+        await leases.ensure_partitions(1)
+        [lease] = await leases.acquire("relay-a", 1, lease_s=60)
+        for _ in range(3):
+            await publish(conn)
+        delivered = await conn.fetchval("SELECT pg_current_snapshot()::text")
+        assert await leases.commit_progress(lease, Progress(delivered=delivered), 60)
+        # Rows another cluster transaction overlapped stay (retention is conservative).
+        deletable = await conn.fetchval(
+            "SELECT count(*) FROM outbox WHERE txid < pg_snapshot_xmin($1::text::pg_snapshot)",
+            delivered,
+        )
+        future = await conn.fetchval("SELECT now() + interval '8 days'")
+        source = PgOutboxSource(pool)
+        lock = "hashtextextended('kb.relay.retention', 0)"
+        await conn.execute(f"SELECT pg_advisory_lock({lock})")  # another instance deletes
+        assert await source.delete_delivered(7 * 86400, batch=10, now=future) == 0
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 3
+        await conn.execute(f"SELECT pg_advisory_unlock({lock})")
+        assert await source.delete_delivered(7 * 86400, batch=10, now=future) == deletable
+    finally:
+        await pool.close()
