@@ -39,6 +39,8 @@ class PublisherSettings(RuntimeSettings):
     # uvicorn: connections + tasks beyond this get uvicorn's plain 503 (a backstop: the
     # upload budget answers first, with problem+json and Retry-After).
     publisher_limit_concurrency: int = Field(default=1000, ge=1)
+    # A connection whose request head (request line + headers) takes longer is closed.
+    publisher_request_head_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     # uvicorn: idle keep-alive connections are closed after this.
     publisher_keep_alive_seconds: float = Field(default=5.0, gt=0, le=300)
     # uvicorn (h11): the largest request head (request line + headers).

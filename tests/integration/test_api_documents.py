@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from tests.support.api import (
     ApiTenant,
     Harness,
     add_tenant,
+    live_publisher,
     publish,
     publisher_harness,
     snapshot,
@@ -621,3 +623,21 @@ async def test_readiness_names_no_migration(api: Harness, conn: asyncpg.Connecti
     body = _problem(response, 503, "NOT_READY")
     assert last["name"] not in response.text
     assert "migration" not in body["detail"]
+
+
+async def test_a_request_head_that_never_completes_is_cut_off(settings: RuntimeSettings) -> None:
+    """A client trickling its request line and headers (slowloris) loses its connection
+    once the head timeout passes, on a new connection and between keep-alive requests."""
+    publisher_settings = PublisherSettings(
+        database_url=settings.database_url, publisher_request_head_timeout_seconds=0.3
+    )
+    with live_publisher(publisher_settings) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as fresh:
+            fresh.sendall(b"GET /healthz HTTP/1.1\r\nHost: kb\r\n")  # no blank line: incomplete
+            assert fresh.recv(1024) == b""  # closed by the server (a hang fails on the timeout)
+        with socket.create_connection((host, int(port)), timeout=30) as kept:
+            kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: kb\r\n\r\n")
+            assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+            kept.sendall(b"GET /hea")  # the next head, trickled
+            assert kept.recv(1024) == b""
