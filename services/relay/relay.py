@@ -27,8 +27,8 @@ from types import TracebackType
 
 from services.relay import metrics
 from services.relay.driver import AfterAck, PartitionDriver, Step, sleep_unless
+from services.relay.gauges import Gauges
 from services.relay.ports import (
-    RESEED_HINT,
     EventSink,
     Lease,
     LeaseStore,
@@ -84,16 +84,14 @@ class Relay:
         self._drivers: dict[int, asyncio.Task[None]] = {}
         # partition -> epoch of the lease its current driver holds.
         self._driving: dict[int, int] = {}
-        self._refused: frozenset[int] = frozenset()
         self._rounds = 0
-        self._refused_logged_at = float("-inf")
         self._retention: asyncio.Task[None] | None = None
+        self._gauges = Gauges(settings, self.owner, leases, source, self._clock)
         self._backoff = settings.backoff()
         self._started = False
         self._next_retention = self._next_gauges = 0.0
         self._driver_failures = 0
         self._drivers_paused_until = 0.0
-        self._uncovered = 0
         # Set when the relay gave up on a non-retriable start-up error (configuration).
         self.failure: KbError | None = None
         self._partitions_changed = asyncio.Condition()
@@ -203,7 +201,7 @@ class Relay:
             self._start_retention()
         if now >= self._next_gauges:
             self._next_gauges = now + self.settings.relay_metrics_interval_seconds
-            await self._refresh_gauges()
+            await self._gauges.refresh()
         self._rounds += 1
         await self._announce_partitions()
 
@@ -259,59 +257,6 @@ class Relay:
                 name=f"relay-partition-{lease.partition}",
             )
         await self._announce_partitions()
-
-    async def _refresh_gauges(self) -> None:
-        backlog = await self._source.backlog()
-        metrics.REFUSED_PARTITIONS.set(backlog.refused_partitions)
-        if backlog.refused_partitions:
-            # Unknown, not 0: those partitions' progress means nothing here.
-            metrics.BACKLOG_ROWS.set(float("nan"))
-            metrics.OLDEST_UNDELIVERED_AGE.set(float("nan"))
-            await self._report_refused()
-        else:
-            metrics.BACKLOG_ROWS.set(backlog.rows)
-            metrics.OLDEST_UNDELIVERED_AGE.set(backlog.oldest_age_s)
-            self._refused = frozenset()
-        await self._check_coverage()
-
-    async def _check_coverage(self) -> None:
-        """With a per-instance cap, the live instances may be too few to drive every
-        partition: the rest would wait, undelivered, until another instance starts."""
-        s = self.settings
-        cap = s.relay_max_partitions_per_instance
-        live = len(set(await self._leases.live_owners()) | {self.owner})
-        metrics.LIVE_INSTANCES.set(live)
-        uncovered = max(0, s.relay_partitions - live * cap) if cap else 0
-        metrics.UNCOVERABLE_PARTITIONS.set(uncovered)
-        if uncovered and uncovered != self._uncovered:
-            log.warning(
-                "relay.partitions_uncovered",
-                owner=self.owner,
-                partitions=s.relay_partitions,
-                max_partitions_per_instance=cap,
-                live_instances=live,
-                uncovered=uncovered,
-                hint="start more relay instances or raise KB_RELAY_MAX_PARTITIONS_PER_INSTANCE",
-            )
-        self._uncovered = uncovered
-
-    async def _report_refused(self) -> None:
-        """Log the partitions refused for another cluster's progress: when the set changes,
-        and again every minute while it lasts."""
-        refusals = await self._leases.refused_partitions()
-        refused = frozenset(r.partition for r in refusals)
-        now = self._clock()
-        if refused == self._refused and now - self._refused_logged_at < 60.0:
-            return
-        self._refused, self._refused_logged_at = refused, now
-        for refusal in refusals:
-            log.error(
-                "relay.cluster_changed",
-                owner=self.owner,
-                partition=refusal.partition,
-                reason=refusal.reason,
-                hint=RESEED_HINT,
-            )
 
     def _reap_drivers(self) -> bool:
         """Forget finished drivers; True when one of them died of an error."""
