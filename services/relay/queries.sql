@@ -298,14 +298,18 @@ SELECT min(position) AS low, max(position) AS high
 -- name: delete_delivered
 -- $1 from position (inclusive), $2 to position (exclusive), $3 cutoff. One bounded range
 -- per statement and transaction: row locks only, no table lock, so replays and the live
--- relay (which read under MVCC) are never blocked. A row is delivered by every partition
--- once its txid is below every delivered snapshot's xmin (it finished before that
--- snapshot was taken, so the snapshot sees it). Nothing goes while a partition's progress
--- is refused (from another cluster): its snapshot says nothing about what was delivered.
-DELETE FROM outbox
- WHERE position >= $1 AND position < $2
-   AND created_at < $3
-   AND txid < (SELECT min(pg_snapshot_xmin(delivered_snapshot)) FROM relay_partition)
+-- relay (which read under MVCC) are never blocked. A row is delivered once its txid is
+-- visible in its own partition's delivered snapshot (the definition of that snapshot,
+-- migrations/0004). Not "below every delivered snapshot's xmin": that would keep every
+-- row younger than the oldest transaction open anywhere on the cluster, any database's,
+-- for as long as it stays open. Nothing goes while a partition's progress is refused
+-- (from another cluster): its snapshot says nothing about what was delivered.
+DELETE FROM outbox AS o
+ USING relay_partition AS p
+ WHERE o.position >= $1 AND o.position < $2
+   AND o.created_at < $3
+   AND p.partition = (hashtext(o.aggregate_key) & 2147483647) % p.partition_count
+   AND pg_visible_in_snapshot(o.txid, p.delivered_snapshot)
    AND NOT EXISTS (
         SELECT 1 FROM relay_partition
          WHERE relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot)

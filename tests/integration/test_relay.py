@@ -477,3 +477,30 @@ async def test_one_instance_deletes_at_a_time(
         assert await source.delete_delivered(7 * 86400, batch=10, now=future) == deletable
     finally:
         await pool.close()
+
+
+async def test_retention_is_not_held_back_by_an_unrelated_open_transaction(
+    settings: RuntimeSettings, database_url: str, conn: asyncpg.Connection[Any]
+) -> None:
+    s = relay_settings(settings, relay_partitions=2)
+    unrelated = await asyncpg.connect(database_url)
+    try:
+        tx = unrelated.transaction()
+        await tx.start()
+        await unrelated.fetchval("SELECT pg_current_xact_id()")  # open, with a txid
+        async with (
+            TopicReader(s.kafka_bootstrap_servers, relay_topics(s)) as reader,
+            running_relay(s),
+        ):
+            delivered = [await publish(conn) for _ in range(5)]
+            await reader.read_event_ids([e.event_id for e in delivered])
+        pool = await create_relay_pool(s)
+        try:
+            future = await conn.fetchval("SELECT now() + interval '8 days'")
+            deleted = await PgOutboxSource(pool).delete_delivered(7 * 86400, 10, now=future)
+        finally:
+            await pool.close()
+        assert deleted == 5
+        await tx.rollback()
+    finally:
+        await unrelated.close()
