@@ -34,8 +34,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, PgWakeups, create_relay_pool
 from services.relay.ports import Lease, OutboxRecord
 from services.relay.relay import Relay
-from services.relay.settings import DOCUMENT_EVENTS_TOPIC, RelaySettings
+from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
+from services.runtime.events import document_events_topic
 from services.runtime.logging import configure_logging
 from services.runtime.migrations import apply_migrations
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
@@ -330,9 +331,9 @@ async def main() -> None:
         kafka_topic_prefix=prefix,
         relay_partitions=args.partitions,
         relay_batch_size=args.batch_size,
-        relay_metrics_interval_s=60,
+        relay_metrics_interval_seconds=60,
     )
-    relay_topic = settings.topic(DOCUMENT_EVENTS_TOPIC)
+    relay_topic = document_events_topic(prefix)
     raw_topic = settings.topic("bench.raw")
     await _create_topic(bootstrap, raw_topic, settings.relay_topic_partitions)
     await _create_topic(bootstrap, relay_topic, settings.relay_topic_partitions)

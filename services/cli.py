@@ -1,56 +1,135 @@
-"""The `kb` entry point: one command, a sub-command per job, `--help` on every one."""
+"""The `kb` entry point: one command, a sub-command per job, `--help` on every one.
+
+Sub-commands are imported when they run (or show their own help), never before: `kb
+--help` lists them from the one-line summaries below without importing a driver or the web
+stack, so every invocation starts in the time Python and typer take.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Any, NamedTuple
 
 import typer
-from pydantic import ValidationError
+from typer.core import TyperCommand, TyperGroup
 
-from services.demo.cli import demo
-from services.devstack.cli import app as dev_app
-from services.indexer.cli import indexer_app, tasks_app
-from services.operator.cli import operators_app
-from services.publisher.cli import serve, tenants_app
-from services.relay.cli import app as relay_app
-from services.runtime.cli import migrate
-from services.runtime.cli_support import fail
-from services.runtime.errors import ConfigError, KbError
+
+class LazyCommand(NamedTuple):
+    module: str
+    attribute: str  # a typer.Typer (a group of commands) or a command function
+    summary: str  # what `kb --help` shows; a unit test holds it to the command's own help
+
+
+COMMANDS: dict[str, LazyCommand] = {
+    "dev": LazyCommand(
+        "services.devstack.cli",
+        "app",
+        "Run the embedded PostgreSQL + pgvector and a local Kafka broker.",
+    ),
+    "migrate": LazyCommand(
+        "services.runtime.cli",
+        "migrate",
+        "Apply pending migrations under an advisory lock (safe to run from several places).",
+    ),
+    "indexer": LazyCommand(
+        "services.indexer.cli",
+        "indexer_app",
+        "Index workers: claim due tasks of one tier and index them.",
+    ),
+    "tasks": LazyCommand(
+        "services.indexer.cli", "tasks_app", "Inspect index tasks and requeue DEAD ones."
+    ),
+    "relay": LazyCommand("services.relay.cli", "app", "Carry committed outbox rows to Kafka."),
+    "tenants": LazyCommand("services.publisher.cli", "tenants_app", "Tenants and their API keys."),
+    "operators": LazyCommand(
+        "services.operator.cli", "operators_app", "Operator keys for the /ui page."
+    ),
+    "serve": LazyCommand("services.publisher.cli", "serve", "Run the publisher HTTP API."),
+    "demo": LazyCommand(
+        "services.demo.cli",
+        "demo",
+        "Tell the refund-policy story on the embedded default and leave the services running.",
+    ),
+}
+
+
+def load_command(name: str) -> Any:
+    """The click command behind ``kb <name>`` (imports its module)."""
+    spec = COMMANDS[name]
+    target = getattr(importlib.import_module(spec.module), spec.attribute)
+    command: Any
+    if isinstance(target, typer.Typer):
+        command = typer.main.get_group(target)
+    else:
+        single = typer.Typer(add_completion=False)
+        single.command(name)(target)
+        command = typer.main.get_command(single)
+    command.name = name
+    _plain_help(command)
+    return command
+
+
+def _plain_help(command: Any) -> None:
+    """Render help without rich, like `kb --help`: rich (and what typer loads with it)
+    would cost more than everything else `kb <command> --help` does."""
+    if hasattr(command, "rich_markup_mode"):
+        command.rich_markup_mode = None
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
+
+
+class LazyGroup(TyperGroup):
+    """A typer group whose sub-commands are imported on use. While it formats its own help
+    it lists stand-ins carrying the summaries, so listing imports nothing."""
+
+    _listing = False
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in COMMANDS:
+            return None
+        if self._listing:
+            return TyperCommand(name=cmd_name, help=COMMANDS[cmd_name].summary)
+        return load_command(cmd_name)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
+    cls=LazyGroup,
     help="kb-pipeline: from published to searchable, reliably.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Plain help text: rendering with rich would import it (and ~0.1 s) on every --help.
+    rich_markup_mode=None,
 )
-app.add_typer(dev_app, name="dev")
-app.command("migrate")(migrate)
-app.add_typer(indexer_app, name="indexer")
-app.add_typer(tasks_app, name="tasks")
-app.add_typer(relay_app, name="relay")
-app.add_typer(tenants_app, name="tenants")
-app.add_typer(operators_app, name="operators")
-app.command("serve")(serve)
-app.command("demo")(demo)
 
 
-def _describe(error: ValidationError) -> str:
-    problems = [
-        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in error.errors()
-    ]
-    return "invalid configuration: " + "; ".join(problems)
+@app.callback()
+def _root() -> None:
+    """kb-pipeline: from published to searchable, reliably."""
 
 
 def main() -> None:
     try:
         app()
-    except KbError as error:
-        fail(error)
-    except ValidationError as error:
-        # Settings read from the environment (or options) that do not validate.
-        fail(ConfigError(_describe(error)))
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as error:
+        # Every command's errors end here: credentials masked, one line for a known error
+        # (settings that do not validate are named without their values), exit 2 or 1.
+        from services.runtime.cli_support import fail
+
+        fail(error)
 
 
 if __name__ == "__main__":

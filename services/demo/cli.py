@@ -23,9 +23,10 @@ def demo(
         str(DEFAULT_HOME), "--home", help="Where the demo keeps its logs and state."
     ),
 ) -> None:
-    """Tell the refund-policy story on the embedded default and leave the services running:
-    publish, search, a rate-limited provider, a corrupt PDF, ACL and tenant walls, and an
-    indexer killed mid-task. Prints the operator page's URL at the end."""
+    """Tell the refund-policy story on the embedded default and leave the services running.
+
+    Publish, search, a rate-limited provider, a corrupt PDF, ACL and tenant walls, and an
+    indexer killed mid-task; prints the operator page's URL at the end."""
     from services.demo.console import Console
     from services.demo.processes import DemoProcesses
     from services.demo.story import Demo

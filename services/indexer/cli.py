@@ -5,7 +5,7 @@ stdout carries the answer (a result word, task lines, JSON); logs go to stderr.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
 import getpass
 import json
@@ -17,18 +17,19 @@ from typing import Any, TypeVar
 
 import asyncpg
 import typer
-from pydantic import ValidationError
 
 from services.indexer.ports import DocumentVersionIndexer
 from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
 from services.indexer.settings import IndexerSettings
 from services.indexer.task import InvalidTransition, RetryPolicy, TaskStatus
 from services.indexer.version_check import TestOnlyHangingIndexer, VersionCheckIndexer
-from services.indexer.worker import Worker, run_until_signalled
+from services.indexer.worker import RunOnceResult, Worker
+from services.runtime import cli_support
 from services.runtime.cli_support import run_async
 from services.runtime.db import create_pool
-from services.runtime.errors import BadInput, ConfigError, NotFound
+from services.runtime.errors import BadInput, NotFound
 from services.runtime.logging import configure_logging
+from services.runtime.signals import run_until_signalled
 
 indexer_app = typer.Typer(
     help="Index workers: claim due tasks of one tier and index them.", no_args_is_help=True
@@ -40,11 +41,8 @@ _TIER = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 
 
 def load_settings(**overrides: Any) -> IndexerSettings:
-    try:
-        base = IndexerSettings()
-        return base.model_copy(update=overrides) if overrides else base
-    except ValidationError as error:
-        raise ConfigError(f"invalid indexer settings: {error}") from error
+    """The environment's settings; a bad one is a ConfigError that never shows its value."""
+    return cli_support.load_settings(IndexerSettings, **overrides)
 
 
 def _tier(value: str) -> str:
@@ -85,31 +83,41 @@ def build_indexer(settings: IndexerSettings, pool: asyncpg.Pool[Any]) -> Documen
 
 
 def build_worker(
-    settings: IndexerSettings, pool: asyncpg.Pool[Any], tier: str, concurrency: int
+    settings: IndexerSettings,
+    pool: asyncpg.Pool[Any],
+    tier: str,
+    concurrency: int,
+    *,
+    heartbeat_pool: asyncpg.Pool[Any] | None = None,
 ) -> Worker:
     return Worker(
-        PgTaskQueue(pool),
+        PgTaskQueue(pool, heartbeat_pool=heartbeat_pool),
         build_indexer(settings, pool),
         tier=tier,
-        owner=settings.worker_id,
-        lease_seconds=settings.lease_seconds,
+        owner=settings.indexer_worker_id,
+        lease_seconds=settings.indexer_lease_seconds,
         policy=RetryPolicy(
-            backoff_base_seconds=settings.backoff_base_seconds,
-            backoff_cap_seconds=settings.backoff_cap_seconds,
-            jitter=settings.backoff_jitter,
+            backoff_base_seconds=settings.indexer_backoff_base_seconds,
+            backoff_cap_seconds=settings.indexer_backoff_cap_seconds,
+            jitter=settings.indexer_backoff_jitter,
+            max_retry_after_seconds=settings.indexer_max_retry_after_seconds,
         ),
         concurrency=concurrency,
-        poll_interval_seconds=settings.poll_interval_seconds,
-        idle_backoff_min_seconds=settings.idle_backoff_min_seconds,
-        grace_period_seconds=settings.grace_period_seconds,
+        poll_interval_seconds=settings.indexer_poll_seconds,
+        idle_backoff_min_seconds=settings.indexer_idle_backoff_min_seconds,
+        grace_period_seconds=settings.indexer_grace_period_seconds,
     )
+
+
+async def _open_pool(settings: IndexerSettings, size: int) -> asyncpg.Pool[Any]:
+    return await create_pool(settings, min_size=1, max_size=size, reset=skip_session_reset)
 
 
 def _with_pool(
     settings: IndexerSettings, size: int, work: Callable[[asyncpg.Pool[Any]], Awaitable[T]]
 ) -> T:
     async def _run() -> T:
-        pool = await create_pool(settings, min_size=1, max_size=size, reset=skip_session_reset)
+        pool = await _open_pool(settings, size)
         try:
             return await work(pool)
         finally:
@@ -118,39 +126,71 @@ def _with_pool(
     return run_async(_run())
 
 
+def _with_worker(
+    settings: IndexerSettings,
+    tier: str,
+    concurrency: int,
+    work: Callable[[Worker], Awaitable[T]],
+) -> T:
+    """A worker on its own pools: one for claims and results (one connection per slot and
+    one for claims, plus one spare), a small one reserved for heartbeats."""
+
+    async def _run() -> T:
+        async with contextlib.AsyncExitStack() as pools:
+            pool = await _open_pool(settings, concurrency + 2)
+            pools.push_async_callback(pool.close)
+            beats = await _open_pool(settings, settings.indexer_heartbeat_pool_size)
+            pools.push_async_callback(beats.close)
+            worker = build_worker(settings, pool, tier, concurrency, heartbeat_pool=beats)
+            return await work(worker)
+
+    return run_async(_run())
+
+
 @indexer_app.command("run")
 def run(
     tier: str = typer.Option(..., "--tier", help="The tenant tier whose tasks to claim."),
     concurrency: int | None = typer.Option(
-        None, "--concurrency", min=1, max=256, help="Tasks at once (default KB_CONCURRENCY)."
+        None,
+        "--concurrency",
+        min=1,
+        max=256,
+        help="Tasks at once (default KB_INDEXER_CONCURRENCY).",
     ),
 ) -> None:
     """Claim and index tasks until SIGTERM; then finish running ones within the grace period."""
     settings = load_settings()
     tier = _tier(tier)
-    slots = concurrency or settings.concurrency
+    slots = concurrency or settings.indexer_concurrency
     configure_logging(settings.log_level, settings.log_format, service="indexer")
 
-    async def _work(pool: asyncpg.Pool[Any]) -> None:
-        await run_until_signalled(build_worker(settings, pool, tier, slots), asyncio.Event())
+    async def _work(worker: Worker) -> None:
+        await run_until_signalled(worker.run)
 
-    # One connection per slot for heartbeats and results, one for claims.
-    _with_pool(settings, slots + 2, _work)
+    _with_worker(settings, tier, slots, _work)
 
 
 @indexer_app.command("run-once")
 def run_once(
     tier: str = typer.Option(..., "--tier", help="The tenant tier whose task to claim."),
 ) -> None:
-    """Claim at most one task, see it through, print IDLE, SUCCEEDED, FAILED or LOST_LEASE."""
-    settings = load_settings()
-    tier = _tier(tier)
-    configure_logging(settings.log_level, settings.log_format, service="indexer")
+    """Claim at most one task, see it through, print IDLE, SUCCEEDED, FAILED or LOST_LEASE.
 
-    async def _work(pool: asyncpg.Pool[Any]) -> str:
-        return str(await build_worker(settings, pool, tier, 1).run_once())
+    Exactly one of those words, always: an error the worker cannot classify (the database
+    unreachable, the outcome of a write unknown) prints FAILED, and the error on stderr."""
+    try:
+        settings = load_settings()
+        tier = _tier(tier)
+        configure_logging(settings.log_level, settings.log_format, service="indexer")
 
-    typer.echo(_with_pool(settings, 3, _work))
+        async def _work(worker: Worker) -> RunOnceResult:
+            return await worker.run_once()
+
+        result = _with_worker(settings, tier, 1, _work)
+    except Exception as error:
+        typer.echo(RunOnceResult.FAILED)
+        cli_support.fail(error)
+    typer.echo(result)
 
 
 def _jsonable(value: Any) -> Any:
@@ -214,7 +254,7 @@ def requeue(
     reset_attempts: bool = typer.Option(
         False,
         "--reset-attempts",
-        help="Grant a full attempt budget (KB_MAX_ATTEMPTS) instead of one more attempt.",
+        help="Grant a full attempt budget (KB_INDEXER_MAX_ATTEMPTS) instead of one more attempt.",
     ),
     by: str | None = typer.Option(None, "--by", help="Who requeues (default: the OS user)."),
 ) -> None:
@@ -228,7 +268,7 @@ def requeue(
     async def _work(pool: asyncpg.Pool[Any]) -> dict[str, Any]:
         try:
             record = await PgTaskQueue(pool).requeue(
-                wanted, by=who, reset_attempts=reset_attempts, budget=settings.max_attempts
+                wanted, by=who, reset_attempts=reset_attempts, budget=settings.indexer_max_attempts
             )
         except InvalidTransition as error:
             # Asking to requeue a task that is not DEAD is the operator's mistake: exit 2.

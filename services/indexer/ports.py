@@ -1,8 +1,10 @@
-"""The indexer's ports: the task queue, the document-version indexer and the clock.
+"""The indexer's ports: the task queue, the transaction a sink writes through, and the
+document-version indexer.
 
-Domain and worker code talk to these Protocols only; ``queue_pg`` (asyncpg) and
-``queue_memory`` (a fake) implement ``TaskQueue`` and pass one contract suite
-(``tests/contract/``).
+Domain and worker code talk to these Protocols only; ``queue_pg`` (asyncpg) implements
+``TaskQueue``, and so does the in-memory fake under ``tests/fakes/``; both pass one contract
+suite (``tests/contract/``). No driver is imported here: the transaction handle a sink writes
+through is the runtime's ``Transaction`` protocol.
 """
 
 from __future__ import annotations
@@ -10,46 +12,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from services.indexer.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
+from services.runtime.clock import Clock as Clock
+from services.runtime.clock import DatabaseClock as DatabaseClock
+from services.runtime.transaction import Transaction as Transaction
 
 # Work run inside the fenced ``complete`` transaction, after the fence held (the task row is
-# locked by then, so no takeover can slip in before commit). The argument is the adapter's
-# transaction handle: an asyncpg connection for ``queue_pg``; the future pgvector sink
-# writes chunks, the search pointer and its outbox event through it.
-InTransaction = Callable[[Any], Awaitable[None]]
-
-
-class Clock(Protocol):
-    def now(self) -> datetime | None:
-        """The time to use, or ``None`` for the database's own clock (production)."""
-        ...
-
-
-class DatabaseClock:
-    """Production: every time-dependent query reads PostgreSQL's ``now()``."""
-
-    def now(self) -> datetime | None:
-        return None
-
-
-class ManualClock:
-    """Tests: a time that moves only when told, so lease expiry needs no sleeping."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime.now(UTC)
-
-    def now(self) -> datetime:
-        return self._now
-
-    def advance(self, seconds: float) -> datetime:
-        self._now += timedelta(seconds=seconds)
-        return self._now
-
-    def set(self, when: datetime) -> None:
-        self._now = when
+# locked by then, so no takeover can slip in before commit): the sink writes chunks, the
+# search pointer and its outbox event through the transaction it is given.
+InTransaction = Callable[[Transaction], Awaitable[None]]
 
 
 class TaskQueue(Protocol):

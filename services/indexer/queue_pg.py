@@ -2,10 +2,16 @@
 
 Every write is one short statement (``complete`` is one short transaction, with the sink's
 work inside it); no transaction or lock is ever held across indexing work.
+
+Heartbeats may run on a pool of their own (``heartbeat_pool``, one or two connections): when
+every connection of the main pool is busy claiming and writing results, a heartbeat waiting
+for one would let a healthy lease expire. Each heartbeat gives up after a quarter of the
+lease (waiting for a connection included), before the next beat is due at a third.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
@@ -13,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from services.indexer.ports import Clock, DatabaseClock, InTransaction
+from services.indexer.ports import InTransaction
 from services.indexer.task import (
     FailureDecision,
     IndexTask,
@@ -22,9 +28,11 @@ from services.indexer.task import (
     RequeueRecord,
     TaskStatus,
 )
+from services.runtime.clock import Clock, DatabaseClock
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import LeaseLost, NotFound
 from services.runtime.sql import queries_beside
+from services.runtime.tasks import index_task_fields
 
 QUERIES = queries_beside(__file__, "queries.sql")
 
@@ -43,11 +51,13 @@ class PgTaskQueue:
         self,
         pool: asyncpg.Pool[Any],
         *,
+        heartbeat_pool: asyncpg.Pool[Any] | None = None,
         clock: Clock | None = None,
         exhausted_per_claim: int = 100,
         min_candidates: int = 32,
     ) -> None:
         self._pool = pool
+        self._heartbeat_pool = heartbeat_pool or pool
         self._clock = clock or DatabaseClock()
         self._exhausted_per_claim = exhausted_per_claim
         self._min_candidates = min_candidates
@@ -74,15 +84,20 @@ class PgTaskQueue:
         return [_lease(row) for row in rows]
 
     async def heartbeat(self, lease: Lease, *, lease_seconds: float) -> Lease:
+        # A timed-out beat (DatabaseUnavailable) ends before the next one is due.
+        budget = lease_seconds / 4
+        deadline = time.monotonic() + budget
         with translate_db_errors():
-            lease_until = await self._pool.fetchval(
-                QUERIES["heartbeat"],
-                lease.task_id,
-                lease.owner,
-                lease.lease_attempt,
-                float(lease_seconds),
-                self._clock.now(),
-            )
+            async with self._heartbeat_pool.acquire(timeout=budget) as conn:
+                lease_until = await conn.fetchval(
+                    QUERIES["heartbeat"],
+                    lease.task_id,
+                    lease.owner,
+                    lease.lease_attempt,
+                    float(lease_seconds),
+                    self._clock.now(),
+                    timeout=max(0.001, deadline - time.monotonic()),
+                )
         if lease_until is None:
             raise _lost(lease)
         return replace(lease, lease_until=lease_until)
@@ -210,22 +225,4 @@ def _lease(row: Mapping[str, Any]) -> Lease:
 
 
 def task_from_row(row: Mapping[str, Any]) -> IndexTask:
-    return IndexTask(
-        task_id=row["task_id"],
-        tenant_id=row["tenant_id"],
-        document_id=row["document_id"],
-        version_number=row["version_number"],
-        task_type=row["task_type"],
-        tier=row["tier"],
-        status=TaskStatus(row["status"]),
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        lease_owner=row["lease_owner"],
-        lease_until=row["lease_until"],
-        next_attempt_at=row["next_attempt_at"],
-        error_code=row["error_code"],
-        error_message=row["error_message"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        finished_at=row["finished_at"],
-    )
+    return IndexTask(**index_task_fields(row))

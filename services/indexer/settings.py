@@ -1,31 +1,60 @@
-"""What the indexer reads from the environment (``KB_*``), frozen once read."""
+"""What the indexer reads from the environment, frozen once read.
+
+The indexer's own settings are ``KB_INDEXER_*``, durations in ``*_SECONDS``; the shared ones
+(``DATABASE_URL``, ``KB_LOG_LEVEL``, ``KB_DB_POOL_*``, ...) come from ``RuntimeSettings``.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from services.runtime.settings import RuntimeSettings
 
+# Names the indexer read before its settings followed KB_INDEXER_*_SECONDS. Ignoring one
+# would silently run with a default the operator meant to change, so a leftover is refused.
+RENAMED_ENV = {
+    "KB_LEASE_SECONDS": "KB_INDEXER_LEASE_SECONDS",
+    "KB_MAX_ATTEMPTS": "KB_INDEXER_MAX_ATTEMPTS",
+    "KB_BACKOFF_BASE_SECONDS": "KB_INDEXER_BACKOFF_BASE_SECONDS",
+    "KB_BACKOFF_CAP_SECONDS": "KB_INDEXER_BACKOFF_CAP_SECONDS",
+    "KB_BACKOFF_JITTER": "KB_INDEXER_BACKOFF_JITTER",
+    "KB_CONCURRENCY": "KB_INDEXER_CONCURRENCY",
+    "KB_POLL_INTERVAL_SECONDS": "KB_INDEXER_POLL_SECONDS",
+    "KB_IDLE_BACKOFF_MIN_SECONDS": "KB_INDEXER_IDLE_BACKOFF_MIN_SECONDS",
+    "KB_GRACE_PERIOD_SECONDS": "KB_INDEXER_GRACE_PERIOD_SECONDS",
+    "KB_WORKER_ID": "KB_INDEXER_WORKER_ID",
+}
+
 
 class IndexerSettings(RuntimeSettings):
+    # Field names carry the service's prefix (env prefix KB_ + indexer_...): a class-wide
+    # env_prefix of KB_INDEXER_ would also rename the inherited shared settings.
+
     # A lease outlives two missed heartbeats (they run every lease/3).
-    lease_seconds: float = Field(default=30.0, gt=0)
+    indexer_lease_seconds: float = Field(default=30.0, gt=0)
     # The attempt budget granted by `kb tasks requeue --reset-attempts`; a task's own budget
     # is its `max_attempts` column, set when the task is created.
-    max_attempts: int = Field(default=8, ge=1)
-    backoff_base_seconds: float = Field(default=2.0, gt=0)
-    backoff_cap_seconds: float = Field(default=600.0, gt=0)
-    backoff_jitter: float = Field(default=0.2, ge=0, le=1)
-    concurrency: int = Field(default=4, ge=1, le=256)
+    indexer_max_attempts: int = Field(default=8, ge=1)
+    indexer_backoff_base_seconds: float = Field(default=2.0, gt=0)
+    indexer_backoff_cap_seconds: float = Field(default=600.0, gt=0)
+    indexer_backoff_jitter: float = Field(default=0.2, ge=0, le=1)
+    # The longest provider Retry-After a task waits for (default: the backoff cap); a longer
+    # one ends the task DEAD with its code, for an operator to requeue.
+    indexer_max_retry_after_seconds: float | None = Field(default=None, gt=0)
+    indexer_concurrency: int = Field(default=4, ge=1, le=256)
     # An idle loop polls at most this far apart even when no Kafka hint arrives.
-    poll_interval_seconds: float = Field(default=5.0, gt=0)
-    idle_backoff_min_seconds: float = Field(default=0.05, gt=0)
+    indexer_poll_seconds: float = Field(default=5.0, gt=0)
+    indexer_idle_backoff_min_seconds: float = Field(default=0.05, gt=0)
     # After SIGTERM: how long running tasks may take before they are cancelled.
-    grace_period_seconds: float = Field(default=30.0, ge=0)
+    indexer_grace_period_seconds: float = Field(default=30.0, ge=0)
     # Unique per process by default (host:pid:random), so a restart is a new owner.
-    worker_id: str | None = None
+    indexer_worker_id: str | None = None
+    # Connections reserved for heartbeats, apart from the claim/result pool: a busy pool
+    # must not starve a lease.
+    indexer_heartbeat_pool_size: int = Field(default=2, ge=1, le=16)
     # Which DocumentVersionIndexer the CLI wires in. "version-check" is the stand-in until the
     # real pipeline lands (see services/indexer/version_check.py). "test-only-hang" exists for
     # the crash tests only: it hangs on every lease generation <= test_only_hang_generations,
@@ -33,8 +62,18 @@ class IndexerSettings(RuntimeSettings):
     indexer: Literal["version-check", "test-only-hang"] = "version-check"
     test_only_hang_generations: int = Field(default=1, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_renamed_env(cls, values: Any) -> Any:
+        left = sorted(name for name in RENAMED_ENV if name in os.environ)
+        if left:
+            raise ValueError(
+                "renamed settings: " + ", ".join(f"{old} is now {RENAMED_ENV[old]}" for old in left)
+            )
+        return values
+
     @model_validator(mode="after")
     def _cap_not_below_base(self) -> IndexerSettings:
-        if self.backoff_cap_seconds < self.backoff_base_seconds:
-            raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
+        if self.indexer_backoff_cap_seconds < self.indexer_backoff_base_seconds:
+            raise ValueError("indexer_backoff_cap_seconds must be >= indexer_backoff_base_seconds")
         return self

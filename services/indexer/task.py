@@ -1,8 +1,9 @@
 """Index tasks: the five states, the only transitions between them, and the retry policy.
 
-Pure Python (DESIGN §4): no driver, no clock of its own. The PostgreSQL adapter applies the
-same rules in SQL; the in-memory queue applies them through the functions below; one contract
-suite holds both to the same behaviour.
+Pure Python (DESIGN §4): no driver, no clock of its own. The states and the row are the
+shared vocabulary of services.runtime.tasks. The PostgreSQL adapter applies the same rules
+in SQL; the in-memory fake of the tests applies them through the functions below; one
+contract suite holds both to the same behaviour.
 
 Fencing: ``attempts`` after a claim is the lease generation (``lease_attempt``). It only ever
 grows: not on retry, not on takeover, not on requeue (a requeue renews the *budget* by
@@ -12,25 +13,18 @@ again, even with the same worker id after a restart.
 
 from __future__ import annotations
 
-import enum
-import math
 import random
-import re
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import ClassVar, Final
 
+from services.runtime.backoff import Backoff
 from services.runtime.errors import Conflict, KbError, LeaseLost
-
-
-class TaskStatus(enum.StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    RETRY_WAIT = "RETRY_WAIT"
-    SUCCEEDED = "SUCCEEDED"
-    DEAD = "DEAD"
-
+from services.runtime.redaction import redact as redact_secrets
+from services.runtime.tasks import TASK_TYPE_INDEX_VERSION as TASK_TYPE_INDEX_VERSION
+from services.runtime.tasks import IndexTaskRecord
+from services.runtime.tasks import TaskStatus as TaskStatus
 
 # Every edge of DESIGN §4. RUNNING -> RUNNING is a takeover of an expired lease (a new
 # generation); heartbeats keep RUNNING without a new generation and are not an edge.
@@ -45,8 +39,6 @@ TRANSITIONS: Final[frozenset[tuple[TaskStatus, TaskStatus]]] = frozenset(
         (TaskStatus.DEAD, TaskStatus.PENDING),  # operator requeue
     }
 )
-
-TASK_TYPE_INDEX_VERSION: Final = "INDEX_VERSION"
 
 
 class ErrorCode:
@@ -86,31 +78,37 @@ TERMINAL_CODES: Final[frozenset[str]] = frozenset(
     }
 )
 
+# The indexer's own transient codes. Infrastructure errors (services.runtime.errors:
+# DatabaseUnavailable, DatabaseBusy, ...) are not listed: their ``retriable`` flag says so.
 RETRYABLE_CODES: Final[frozenset[str]] = frozenset(
     {
         ErrorCode.EMBEDDING_RATE_LIMITED,
         ErrorCode.EMBEDDING_TIMEOUT,
         ErrorCode.EMBEDDING_UNAVAILABLE,
-        # Infrastructure codes of services.runtime.errors: worth another attempt later.
-        "DEPENDENCY_UNAVAILABLE",
-        "DATABASE_UNAVAILABLE",
-        "DATABASE_BUSY",
-        "KAFKA_UNAVAILABLE",
-        "SERIALIZATION_CONFLICT",
     }
 )
 
 
 class IndexingFailed(KbError):
     """What a ``DocumentVersionIndexer`` raises: a stable code, a message for operators
-    (redacted before it is stored) and, for rate limits, the provider's Retry-After."""
+    (redacted before it is stored), whether another attempt may succeed (by default: what
+    the code table says) and, for rate limits, the provider's Retry-After."""
 
     # Instances always carry the precise code; this is only the class's own name for it.
     code = "INDEXING_FAILED"
 
-    def __init__(self, code: str, message: str, *, retry_after_seconds: float | None = None):
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        retry_after_seconds: float | None = None,
+        retriable: bool | None = None,
+    ) -> None:
         super().__init__(message, code=code)
         self.retry_after_seconds = retry_after_seconds
+        # An instance carries its own flag, as it carries its own code.
+        self.retriable = code in RETRYABLE_CODES if retriable is None else retriable  # type: ignore[misc]
 
 
 class InvalidTransition(Conflict):
@@ -118,24 +116,8 @@ class InvalidTransition(Conflict):
 
 
 @dataclass(frozen=True)
-class IndexTask:
-    task_id: uuid.UUID
-    tenant_id: str
-    document_id: uuid.UUID
-    version_number: int
-    task_type: str
-    tier: str
-    status: TaskStatus
-    attempts: int
-    max_attempts: int
-    lease_owner: str | None
-    lease_until: datetime | None
-    next_attempt_at: datetime
-    error_code: str | None
-    error_message: str | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
+class IndexTask(IndexTaskRecord):
+    """The shared task row, with the questions the state graph asks of it."""
 
     def is_due(self, now: datetime) -> bool:
         """Claimable now: a due PENDING/RETRY_WAIT task, or an expired lease with budget left."""
@@ -340,23 +322,38 @@ def requeued_max_attempts(attempts: int, *, reset_attempts: bool, budget: int) -
 @dataclass(frozen=True)
 class RetryPolicy:
     """Decide by code and the error's ``retriable`` flag, never by message: terminal codes
-    go DEAD at once; a code in ``RETRYABLE_CODES``, or any other code whose error says it is
-    ``retriable`` (the infrastructure errors of services.runtime.errors), waits
-    ``min(cap, base * 2 ** (attempt - 1))`` shortened by up to ``jitter`` of itself (so
-    workers that failed together do not return together), never less than the provider's
-    Retry-After; once the attempt budget is spent the task goes DEAD with its last code."""
+    go DEAD at once; a retriable error (the flag; for a bare code, ``RETRYABLE_CODES``)
+    waits the shared backoff (services.runtime.backoff: exponential, capped, jittered),
+    never less than the provider's Retry-After; once the attempt budget is spent the task
+    goes DEAD with its last code.
+
+    A Retry-After longer than ``max_retry_after_seconds`` (default: the backoff cap) is not
+    waited for: the task goes DEAD with its code at once, and the message says why. A
+    provider that asks for hours (or 1e9 s) has shut us out; parking the task in RETRY_WAIT
+    for that long would leave it stuck where nobody looks, while DEAD is where operators
+    look and requeue from."""
 
     backoff_base_seconds: float = 2.0
     backoff_cap_seconds: float = 600.0
     jitter: float = 0.2
+    max_retry_after_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_retry_after_seconds is not None and not self.max_retry_after_seconds > 0:
+            raise ValueError("max_retry_after_seconds must be > 0")
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.backoff_base_seconds, self.backoff_cap_seconds, self.jitter)
+
+    @property
+    def retry_after_limit(self) -> float:
+        if self.max_retry_after_seconds is None:
+            return self.backoff_cap_seconds
+        return self.max_retry_after_seconds
 
     def backoff_seconds(self, lease_attempt: int, rng: random.Random | None = None) -> float:
-        exponent = max(0, lease_attempt - 1)
-        # Past ~60 doublings every float is far above any sensible cap.
-        raw = self.backoff_base_seconds * math.pow(2.0, min(exponent, 60))
-        capped = min(self.backoff_cap_seconds, raw)
-        draw = (rng or random).random()
-        return capped * (1.0 - self.jitter * draw)
+        return self.backoff.delay(lease_attempt, rng)
 
     def decide(
         self,
@@ -365,35 +362,37 @@ class RetryPolicy:
         error_message: str,
         *,
         retry_after_seconds: float | None = None,
-        retriable: bool = False,
+        retriable: bool | None = None,
         rng: random.Random | None = None,
     ) -> FailureDecision:
         message = redact(error_message)
-        retryable = error_code not in TERMINAL_CODES and (
-            error_code in RETRYABLE_CODES or retriable
-        )
-        if not retryable or lease.lease_attempt >= lease.max_attempts:
+        flagged = error_code in RETRYABLE_CODES if retriable is None else retriable
+        if not flagged or error_code in TERMINAL_CODES:
+            return FailureDecision(TaskStatus.DEAD, error_code, message, 0.0)
+        if lease.lease_attempt >= lease.max_attempts:
             return FailureDecision(TaskStatus.DEAD, error_code, message, 0.0)
         delay = self.backoff_seconds(lease.lease_attempt, rng)
-        if retry_after_seconds is not None and retry_after_seconds > delay:
-            delay = retry_after_seconds
+        if retry_after_seconds is not None:
+            limit = self.retry_after_limit
+            # NaN compares false with everything: "not <=" treats it as beyond the limit.
+            if not retry_after_seconds <= limit:
+                return FailureDecision(
+                    TaskStatus.DEAD,
+                    error_code,
+                    redact(
+                        f"{error_message} (Retry-After {retry_after_seconds:g} s is beyond "
+                        f"the {limit:g} s a task may wait)"
+                    ),
+                    0.0,
+                )
+            delay = max(delay, retry_after_seconds)
         return FailureDecision(TaskStatus.RETRY_WAIT, error_code, message, delay)
 
 
 _MAX_MESSAGE = 1000
-_SECRETS = (
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
-    re.compile(
-        r"(?i)((?:api[_-]?key|token|secret|password|passwd)[\"']?\s*[:=]\s*[\"']?)[^\s,\"'&]+"
-    ),
-    re.compile(r"(?i)(://[^/\s:@]+:)[^@\s/]+(@)"),
-)
 
 
 def redact(message: str) -> str:
     """What may be stored in ``error_message``: credentials masked, length bounded."""
-    for pattern in _SECRETS:
-        message = pattern.sub(
-            lambda m: m.group(1) + "***" + (m.group(2) if m.lastindex == 2 else ""), message
-        )
+    message = redact_secrets(message)
     return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 1] + "…"

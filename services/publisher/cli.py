@@ -1,20 +1,19 @@
-"""`kb tenants create` and `kb serve`."""
+"""`kb tenants create` and `kb serve`.
+
+Imports of drivers and the web stack happen inside the commands: `kb --help` and the other
+commands do not pay for them.
+"""
 
 from __future__ import annotations
 
 import re
-import signal
-from types import FrameType
-from typing import Any
+from typing import Final
 
 import typer
 
-from services.publisher.auth import TENANT_ID_PATTERN, TIER_PATTERN, hash_api_key, new_api_key
-from services.publisher.settings import PublisherSettings
-from services.runtime.cli_support import run_async
-from services.runtime.db import connection
 from services.runtime.errors import BadInput
-from services.runtime.logging import configure_logging, get_logger
+
+TIER_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 
 tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 
@@ -25,6 +24,13 @@ def create_tenant(
     tier: str = typer.Option(..., "--tier", help="Indexing tier, e.g. standard or premium."),
 ) -> None:
     """Create a tenant; print its API key as KB_API_KEY=<key> (only its hash is stored)."""
+    from services.publisher.settings import PublisherSettings
+    from services.publisher.store_pg import PgTenantStore
+    from services.runtime.cli_support import load_settings, run_async
+    from services.runtime.db import connection
+    from services.runtime.logging import configure_logging, get_logger
+    from services.runtime.tenant_auth import TENANT_ID_PATTERN, hash_api_key, new_api_key
+
     if not re.fullmatch(TENANT_ID_PATTERN, name):
         raise BadInput(
             f"tenant name {name!r} is invalid: use 1-63 lowercase letters, digits and '-', "
@@ -36,13 +42,11 @@ def create_tenant(
             f"tier {tier!r} is invalid: use 1-32 lowercase letters, digits, '-' and '_'",
             code="TIER_INVALID",
         )
-    settings = PublisherSettings()
+    settings = load_settings(PublisherSettings)
     configure_logging(settings.log_level, settings.log_format, service="kb-tenants")
     key = new_api_key(name)
 
     async def _run() -> None:
-        from services.publisher.store_pg import PgTenantStore
-
         async with connection(settings) as conn:
             await PgTenantStore(conn).create_tenant(name, tier, hash_api_key(key))
 
@@ -56,36 +60,12 @@ def serve(
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="TCP port."),
 ) -> None:
     """Run the publisher HTTP API."""
-    import uvicorn
-
     from services.publisher.api import create_app
+    from services.publisher.server import serve_app
+    from services.publisher.settings import PublisherSettings
+    from services.runtime.cli_support import load_settings
+    from services.runtime.logging import configure_logging
 
-    settings = PublisherSettings()
+    settings = load_settings(PublisherSettings)
     configure_logging(settings.log_level, settings.log_format, service="kb-publisher")
-    config = uvicorn.Config(
-        create_app(settings),
-        host=host,
-        port=port,
-        log_level=settings.log_level,
-        access_log=False,
-        lifespan="on",
-        # uvicorn's own startup/shutdown lines go to stderr like every log of ours.
-        log_config=None,
-    )
-    _graceful_server_class()(config).run()
-
-
-def _graceful_server_class() -> type[Any]:
-    import uvicorn
-
-    class GracefulServer(uvicorn.Server):
-        """SIGTERM is how orchestrators stop a service: a graceful stop is a success and
-        exits 0. uvicorn by default re-raises the signal after shutting down (exit -15),
-        which supervisors report as a crash."""
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            super().handle_exit(sig, frame)
-            if sig == signal.SIGTERM and sig in self._captured_signals:
-                self._captured_signals.remove(sig)
-
-    return GracefulServer
+    serve_app(create_app(settings), host=host, port=port, settings=settings)

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from services.publisher.failures import tenant_failure_message
 from services.publisher.ports import (
     DocumentStatusRecord,
-    IndexTaskRecord,
     NewIndexTask,
     NewVersion,
     PendingEvent,
     PublisherStore,
     PublishTransaction,
 )
+from services.publisher.text import clean_text, nfc
 from services.runtime.avro import SchemaRegistry, default_registry
 from services.runtime.errors import (
     BadInput,
@@ -29,40 +30,14 @@ from services.runtime.errors import (
     NotFound,
     PayloadTooLarge,
     UnsupportedMediaType,
-    ValidationFailed,
 )
-
-# What the indexer can parse (DESIGN §6); anything else is refused at upload with 415.
-ACCEPTED_MEDIA_TYPES: Final = frozenset(
-    {
-        "text/plain",
-        "text/markdown",
-        "text/html",
-        "application/pdf",
-        "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-    }
+from services.runtime.events import (
+    DOCUMENT_VERSION_PUBLISHED,
+    INDEX_TASK_CREATED,
+    event_id,
 )
-# Clients often send a file without a precise type; its extension then decides.
-_BY_EXTENSION: Final = {
-    ".txt": "text/plain",
-    ".text": "text/plain",
-    ".md": "text/markdown",
-    ".markdown": "text/markdown",
-    ".html": "text/html",
-    ".htm": "text/html",
-    ".pdf": "application/pdf",
-    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-}
-_UNSPECIFIC: Final = frozenset({"", "application/octet-stream", "binary/octet-stream"})
-_ALIASES: Final = {"text/x-markdown": "text/markdown"}
-
-TASK_TYPE_INDEX_VERSION: Final = "INDEX_VERSION"
-EVENT_INDEX_TASK_CREATED: Final = "IndexTaskCreated"
-EVENT_DOCUMENT_VERSION_PUBLISHED: Final = "DocumentVersionPublished"
-EVENT_DOCUMENT_SEARCH_VERSION_SWITCHED: Final = "DocumentSearchVersionSwitched"
-
-# uuid5 namespace of event ids: the same business change always gets the same event id.
-EVENT_ID_NAMESPACE: Final = uuid.UUID("6f1c54a2-3b8e-5d0a-9c1e-2b7d4e8f0a13")
+from services.runtime.media_types import SUPPORTED_MEDIA_TYPES, normalise_media_type
+from services.runtime.tasks import TASK_TYPE_INDEX_VERSION, IndexTaskRecord, TaskStatus
 
 MAX_TITLE_LENGTH: Final = 500
 MAX_PRINCIPAL_LENGTH: Final = 200
@@ -118,13 +93,9 @@ class Upload:
 
 def resolve_media_type(declared: str | None, filename: str | None) -> str:
     """The media type the indexer will parse the file as, or 415."""
-    media_type = (declared or "").split(";", 1)[0].strip().lower()
-    media_type = _ALIASES.get(media_type, media_type)
-    if media_type in _UNSPECIFIC and filename:
-        dot = filename.rfind(".")
-        media_type = _BY_EXTENSION.get(filename[dot:].lower(), media_type) if dot >= 0 else ""
-    if media_type not in ACCEPTED_MEDIA_TYPES:
-        accepted = ", ".join(sorted(ACCEPTED_MEDIA_TYPES))
+    media_type = normalise_media_type(declared, filename)
+    if media_type not in SUPPORTED_MEDIA_TYPES:
+        accepted = ", ".join(sorted(SUPPORTED_MEDIA_TYPES))
         raise UnsupportedMediaType(
             f"media type {media_type or 'none'!r} cannot be indexed; accepted: {accepted}"
         )
@@ -143,29 +114,17 @@ def check_upload(upload: Upload, max_upload_bytes: int) -> str:
 
 
 def check_title(title: str) -> str:
-    cleaned = title.strip()
-    if not cleaned:
-        raise ValidationFailed("the title is blank", code="TITLE_INVALID")
-    if len(cleaned) > MAX_TITLE_LENGTH:
-        raise ValidationFailed(
-            f"the title is longer than {MAX_TITLE_LENGTH} characters", code="TITLE_INVALID"
-        )
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in cleaned) or "\x00" in cleaned:
-        raise ValidationFailed("the title contains control characters", code="TITLE_INVALID")
-    return cleaned
+    """The title as stored: NFC, trimmed; 422 when blank, too long or holding characters
+    that hide or reorder text (controls, zero-width, bidi overrides)."""
+    return clean_text(title, what="title", max_length=MAX_TITLE_LENGTH, code="TITLE_INVALID")
 
 
 def check_principals(principals: list[str]) -> frozenset[str]:
-    cleaned: set[str] = set()
-    for principal in principals:
-        value = principal.strip()
-        if not value or len(value) > MAX_PRINCIPAL_LENGTH or "\x00" in value:
-            raise ValidationFailed(
-                f"a principal must have 1 to {MAX_PRINCIPAL_LENGTH} characters",
-                code="PRINCIPAL_INVALID",
-            )
-        cleaned.add(value)
-    return frozenset(cleaned)
+    """The principals as stored and compared: NFC, trimmed, without duplicates."""
+    return frozenset(
+        clean_text(p, what="principal", max_length=MAX_PRINCIPAL_LENGTH, code="PRINCIPAL_INVALID")
+        for p in principals
+    )
 
 
 @dataclass(frozen=True)
@@ -183,13 +142,6 @@ class PublishOutcome:
     index_task_id: uuid.UUID
     # False when the request changed nothing (a retry of a publish that already happened).
     changed: bool
-
-
-# --- events --------------------------------------------------------------------------------
-
-
-def event_id(event_type: str, *parts: object) -> uuid.UUID:
-    return uuid.uuid5(EVENT_ID_NAMESPACE, "/".join([event_type, *map(str, parts)]))
 
 
 def _occurred_at(now: datetime | None) -> datetime:
@@ -225,6 +177,49 @@ class DocumentStatus:
     search_lag_since: datetime | None
 
 
+@dataclass(frozen=True)
+class TenantTaskView:
+    """An index task as its tenant sees it: the state and a stable code with a fixed
+    message. Not the lease owner (host:pid) nor the stored error text: operators read those
+    with `kb tasks show` and in the logs."""
+
+    task_id: uuid.UUID
+    document_id: uuid.UUID
+    version_number: int
+    task_type: str
+    tier: str
+    status: TaskStatus
+    attempts: int
+    max_attempts: int
+    lease_until: datetime | None
+    next_attempt_at: datetime
+    error_code: str | None
+    error_message: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+def tenant_task_view(task: IndexTaskRecord) -> TenantTaskView:
+    return TenantTaskView(
+        task_id=task.task_id,
+        document_id=task.document_id,
+        version_number=task.version_number,
+        task_type=task.task_type,
+        tier=task.tier,
+        status=task.status,
+        attempts=task.attempts,
+        max_attempts=task.max_attempts,
+        lease_until=task.lease_until,
+        next_attempt_at=task.next_attempt_at,
+        error_code=task.error_code,
+        error_message=tenant_failure_message(task.error_code),
+        created_at=task.created_at,
+        updated_at=task.updated_at,
+        finished_at=task.finished_at,
+    )
+
+
 def derive_status(record: DocumentStatusRecord) -> DocumentStatus:
     task = record.task
     failure: Failure | None = None
@@ -235,11 +230,11 @@ def derive_status(record: DocumentStatusRecord) -> DocumentStatus:
         status = IndexStatus.SEARCHABLE
     else:
         lag_since = record.published_at
-        if task is not None and task.status == "DEAD":
+        if task is not None and task.status is TaskStatus.DEAD:
             status = IndexStatus.FAILED
             failure = Failure(
                 error_code=task.error_code or "UNKNOWN",
-                message=task.error_message,
+                message=tenant_failure_message(task.error_code),
                 attempts=task.attempts,
                 failed_at=task.finished_at or task.updated_at,
             )
@@ -336,7 +331,8 @@ class Publisher:
             version = await tx.get_version(tenant_id, document_id, version_number)
             if version is None:
                 raise version_not_found(document_id, version_number)
-            current_acl = await tx.read_acl(tenant_id, document_id)
+            # Compared as stored now: NFC (rows written before NFC normalisation included).
+            current_acl = frozenset(nfc(p) for p in await tx.read_acl(tenant_id, document_id))
             if document.published_version == version_number and current_acl == principals:
                 existing = await tx.find_index_task(
                     tenant_id, document_id, version_number, TASK_TYPE_INDEX_VERSION
@@ -374,8 +370,8 @@ class Publisher:
             if task.created:
                 await self._add_event(
                     tx,
-                    EVENT_INDEX_TASK_CREATED,
-                    event_id(EVENT_INDEX_TASK_CREATED, task.task_id),
+                    INDEX_TASK_CREATED,
+                    event_id(INDEX_TASK_CREATED, task.task_id),
                     tenant_id,
                     document.tier,
                     document_id,
@@ -391,9 +387,9 @@ class Publisher:
                 )
             await self._add_event(
                 tx,
-                EVENT_DOCUMENT_VERSION_PUBLISHED,
+                DOCUMENT_VERSION_PUBLISHED,
                 # One event per revision: a retried transaction writes the same id.
-                event_id(EVENT_DOCUMENT_VERSION_PUBLISHED, tenant_id, document_id, revision),
+                event_id(DOCUMENT_VERSION_PUBLISHED, tenant_id, document_id, revision),
                 tenant_id,
                 document.tier,
                 document_id,
@@ -434,14 +430,11 @@ class Publisher:
             raise document_not_found(document_id)
         return derive_status(record)
 
-    async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord:
+    async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> TenantTaskView:
         task = await self._store.index_task(tenant_id, task_id)
         if task is None:
             raise index_task_not_found(task_id)
-        return task
-
-    async def readiness_problems(self) -> list[str]:
-        return await self._store.readiness_problems()
+        return tenant_task_view(task)
 
 
 def _new_version(

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from services.runtime.tasks import EnqueuedTask, IndexTaskRecord
+
 
 @dataclass(frozen=True)
 class LockedDocument:
@@ -57,12 +59,6 @@ class NewIndexTask:
 
 
 @dataclass(frozen=True)
-class EnsuredTask:
-    task_id: uuid.UUID
-    created: bool
-
-
-@dataclass(frozen=True)
 class PendingEvent:
     """An encoded event to add to the outbox in the current transaction."""
 
@@ -72,27 +68,6 @@ class PendingEvent:
     tier: str
     document_id: uuid.UUID  # the aggregate: its key is "<tenant>/<document>"
     payload: bytes
-
-
-@dataclass(frozen=True)
-class IndexTaskRecord:
-    task_id: uuid.UUID
-    tenant_id: str
-    document_id: uuid.UUID
-    version_number: int
-    task_type: str
-    tier: str
-    status: str
-    attempts: int
-    max_attempts: int
-    lease_owner: str | None
-    lease_until: datetime | None
-    next_attempt_at: datetime
-    error_code: str | None
-    error_message: str | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -145,7 +120,7 @@ class PublishTransaction(Protocol):
         self, tenant_id: str, document_id: uuid.UUID, read_principals: frozenset[str]
     ) -> None: ...
 
-    async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnsuredTask:
+    async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
         """Create the task unless its business key exists; either way, its id."""
         ...
 
@@ -168,5 +143,5 @@ class PublisherStore(Protocol):
     async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None: ...
 
     async def readiness_problems(self) -> list[str]:
-        """Why the service cannot serve now (empty when ready)."""
+        """Why the service cannot serve now (empty when ready), for the operators' log."""
         ...

@@ -90,16 +90,6 @@ INSERT INTO document_acl (tenant_id, document_id, principal, permission)
 SELECT $1, $2, principal, 'READ'
   FROM unnest($3::text[]) AS principal
 
--- name: insert_index_task
--- The business key (tenant, document, version, type) is unique: a second publish of the same
--- version inserts nothing here and find_index_task returns the first task's id.
-INSERT INTO index_task (task_id, tenant_id, document_id, version_number, task_type, tier,
-                        status, next_attempt_at, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', coalesce($7::timestamptz, now()),
-        coalesce($7::timestamptz, now()), coalesce($7::timestamptz, now()))
-ON CONFLICT ON CONSTRAINT index_task_business_key DO NOTHING
-RETURNING task_id
-
 -- name: find_index_task
 SELECT task_id
   FROM index_task
@@ -109,12 +99,18 @@ SELECT task_id
    AND task_type = $4
 
 -- name: document_status
+-- The published version's task, its columns prefixed with task_ (the document has columns
+-- of the same names).
 SELECT d.document_id, d.title, d.revision, d.latest_version, d.published_version,
        d.published_at, s.version_number AS search_version, s.switched_at AS search_switched_at,
-       t.task_id, t.tenant_id AS task_tenant_id, t.document_id AS task_document_id,
-       t.version_number AS task_version_number, t.task_type, t.tier, t.status, t.attempts,
-       t.max_attempts, t.lease_owner, t.lease_until, t.next_attempt_at, t.error_code,
-       t.error_message, t.created_at, t.updated_at, t.finished_at
+       t.task_id AS task_task_id, t.tenant_id AS task_tenant_id,
+       t.document_id AS task_document_id, t.version_number AS task_version_number,
+       t.task_type AS task_task_type, t.tier AS task_tier, t.status AS task_status,
+       t.attempts AS task_attempts, t.max_attempts AS task_max_attempts,
+       t.lease_owner AS task_lease_owner, t.lease_until AS task_lease_until,
+       t.next_attempt_at AS task_next_attempt_at, t.error_code AS task_error_code,
+       t.error_message AS task_error_message, t.created_at AS task_created_at,
+       t.updated_at AS task_updated_at, t.finished_at AS task_finished_at
   FROM document d
   LEFT JOIN document_search_version s
          ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id

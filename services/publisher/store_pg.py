@@ -13,8 +13,6 @@ import asyncpg
 
 from services.publisher.ports import (
     DocumentStatusRecord,
-    EnsuredTask,
-    IndexTaskRecord,
     LockedDocument,
     NewIndexTask,
     NewVersion,
@@ -26,31 +24,22 @@ from services.runtime.errors import BadInput
 from services.runtime.migrations import pending_migrations
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.sql import queries_beside
+from services.runtime.tasks import (
+    TASK_TYPE_INDEX_VERSION,
+    EnqueuedTask,
+    IndexTaskRecord,
+    enqueue_index_task,
+    index_task_from_row,
+)
 
 QUERIES = queries_beside(__file__, "queries.sql")
-_TASK_TYPE_INDEX_VERSION = "INDEX_VERSION"
-READINESS_TIMEOUT_SECONDS = 3.0
 
 
-def _task(row: asyncpg.Record, prefix: str = "") -> IndexTaskRecord:
-    return IndexTaskRecord(
-        task_id=row["task_id"],
-        tenant_id=row[f"{prefix}tenant_id"],
-        document_id=row[f"{prefix}document_id"],
-        version_number=row[f"{prefix}version_number"],
-        task_type=row["task_type"],
-        tier=row["tier"],
-        status=row["status"],
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        lease_owner=row["lease_owner"],
-        lease_until=row["lease_until"],
-        next_attempt_at=row["next_attempt_at"],
-        error_code=row["error_code"],
-        error_message=row["error_message"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        finished_at=row["finished_at"],
+def _task_of_status_row(row: asyncpg.Record) -> IndexTaskRecord:
+    """The published version's task from a ``document_status`` row (its columns carry a
+    ``task_`` prefix there, beside the document's own)."""
+    return index_task_from_row(
+        {key.removeprefix("task_"): value for key, value in row.items() if key.startswith("task_")}
     )
 
 
@@ -150,25 +139,17 @@ class PgPublishTransaction:
                     QUERIES["insert_acl"], tenant_id, document_id, sorted(read_principals)
                 )
 
-    async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnsuredTask:
-        with translate_db_errors():
-            created = await self._conn.fetchval(
-                QUERIES["insert_index_task"],
-                task.task_id,
-                task.tenant_id,
-                task.document_id,
-                task.version_number,
-                task.task_type,
-                task.tier,
-                now,
-            )
-        if created is not None:
-            return EnsuredTask(task_id=created, created=True)
-        existing = await self.find_index_task(
-            task.tenant_id, task.document_id, task.version_number, task.task_type
+    async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
+        return await enqueue_index_task(
+            self._conn,
+            tenant_id=task.tenant_id,
+            document_id=task.document_id,
+            version_number=task.version_number,
+            tier=task.tier,
+            task_type=task.task_type,
+            task_id=task.task_id,
+            now=now,
         )
-        assert existing is not None, "ON CONFLICT DO NOTHING implies the business key exists"
-        return EnsuredTask(task_id=existing, created=False)
 
     async def find_index_task(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, task_type: str
@@ -194,14 +175,21 @@ class PgPublishTransaction:
 
 
 class PgPublisherStore:
-    def __init__(self, pool: asyncpg.Pool[Any], *, acquire_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        *,
+        acquire_timeout_seconds: float = 10.0,
+        readiness_timeout_seconds: float = 2.0,
+    ) -> None:
         self._pool = pool
         # A request waits this long for a connection, then answers 503: with every connection
         # busy (or the database hanging) requests must not pile up, each holding its upload.
-        self._acquire_timeout_s = acquire_timeout_s
+        self._acquire_timeout_seconds = acquire_timeout_seconds
+        self._readiness_timeout_seconds = readiness_timeout_seconds
 
     def _connection(self) -> Any:
-        return self._pool.acquire(timeout=self._acquire_timeout_s)
+        return self._pool.acquire(timeout=self._acquire_timeout_seconds)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[PgPublishTransaction]:
@@ -222,7 +210,7 @@ class PgPublisherStore:
         with translate_db_errors():
             async with self._connection() as conn:
                 row = await conn.fetchrow(
-                    QUERIES["document_status"], tenant_id, document_id, _TASK_TYPE_INDEX_VERSION
+                    QUERIES["document_status"], tenant_id, document_id, TASK_TYPE_INDEX_VERSION
                 )
         if row is None:
             return None
@@ -235,19 +223,21 @@ class PgPublisherStore:
             published_at=row["published_at"],
             search_version=row["search_version"],
             search_switched_at=row["search_switched_at"],
-            task=_task(row, prefix="task_") if row["task_id"] is not None else None,
+            task=_task_of_status_row(row) if row["task_task_id"] is not None else None,
         )
 
     async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None:
         with translate_db_errors():
             async with self._connection() as conn:
                 row = await conn.fetchrow(QUERIES["index_task"], tenant_id, task_id)
-        return _task(row) if row is not None else None
+        return index_task_from_row(row) if row is not None else None
 
     async def readiness_problems(self) -> list[str]:
-        # A probe must answer quickly: an unreachable database is "not ready", not a hang.
+        # A probe must answer quickly: an unreachable database or a full pool is "not
+        # ready", not a hang (the caller caches the answer, so probes do not drain the pool).
+        timeout = self._readiness_timeout_seconds
         with translate_db_errors():
-            async with asyncio.timeout(READINESS_TIMEOUT_SECONDS), self._pool.acquire() as conn:
+            async with asyncio.timeout(timeout), self._pool.acquire(timeout=timeout) as conn:
                 await conn.fetchval("SELECT 1")
                 pending = await pending_migrations(cast("asyncpg.Connection[Any]", conn))
         return [f"migration {m.version:04d}_{m.name} is not applied" for m in pending]

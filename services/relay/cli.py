@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,9 +21,10 @@ from services.relay.relay import AfterAck, Relay
 from services.relay.replay import ReplayResult, replay
 from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
-from services.runtime.cli_support import run_async
+from services.runtime.cli_support import load_settings, run_async
 from services.runtime.errors import BadInput, DependencyUnavailable
 from services.runtime.logging import configure_logging, get_logger
+from services.runtime.signals import run_until_signalled
 
 app = typer.Typer(help="Carry committed outbox rows to Kafka.", no_args_is_help=True)
 log = get_logger(__name__)
@@ -49,22 +49,18 @@ def _pause_after_ack_hook(path: Path) -> AfterAck:
 @app.command("run")
 def run() -> None:
     """Run the relay until SIGTERM/SIGINT (several instances may run at once)."""
-    settings = RelaySettings()
+    settings = load_settings(RelaySettings)
     configure_logging(settings.log_level, settings.log_format, service="relay")
     if settings.relay_metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.relay_metrics_port, addr="0.0.0.0")
+        start_http_server(settings.relay_metrics_port, addr=settings.relay_metrics_host)
     pause_path = os.environ.get(TEST_ONLY_PAUSE_AFTER_ACK)
     hook = _pause_after_ack_hook(Path(pause_path)) if pause_path else None
-    run_async(_run(settings, hook))
+    run_async(run_until_signalled(lambda stop: _run(settings, hook, stop)))
 
 
-async def _run(settings: RelaySettings, hook: AfterAck | None) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+async def _run(settings: RelaySettings, hook: AfterAck | None, stop: asyncio.Event) -> None:
     pool = await _pool_when_reachable(settings, stop)
     if pool is None:  # stopped before the database ever answered
         return
@@ -95,16 +91,18 @@ async def _pool_when_reachable(
     settings: RelaySettings, stop: asyncio.Event
 ) -> asyncpg.Pool[Any] | None:
     """A database that is not up yet is waited for (with backoff), not a crash loop."""
-    delay = settings.relay_backoff_initial_s
+    backoff = settings.backoff()
+    failures = 0
     while not stop.is_set():
         try:
             return await create_relay_pool(settings)
         except DependencyUnavailable as error:
+            failures += 1
+            delay = backoff.delay(failures)
             log.warning("relay.database_unavailable", error=str(error), retry_in_s=delay)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
                 await stop.wait()
-        delay = min(settings.relay_backoff_max_s, delay * 2)
     return None
 
 
@@ -221,7 +219,7 @@ def replay_command(
         event_type=event_type,
         rate=rate,
     )
-    settings = RelaySettings()
+    settings = load_settings(RelaySettings)
     configure_logging(settings.log_level, settings.log_format, service="relay-replay")
     result = run_async(_replay(settings, args))
     typer.echo(
@@ -241,8 +239,7 @@ async def _replay(settings: RelaySettings, args: ReplayArgs) -> ReplayResult:
             args.where,
             rate=args.rate,
             batch_size=settings.relay_batch_size,
-            backoff_initial_s=settings.relay_backoff_initial_s,
-            backoff_max_s=settings.relay_backoff_max_s,
+            backoff=settings.backoff(),
         )
     finally:
         await sink.stop()

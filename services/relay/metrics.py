@@ -15,7 +15,7 @@ OLDEST_UNDELIVERED_AGE = Gauge(
 REFUSED_PARTITIONS = Gauge(
     "kb_relay_refused_partitions",
     "Outbox partitions whose progress belongs to another PostgreSQL cluster: not driven "
-    "until re-seeded (see services/relay/outbox_pg.py)",
+    "until re-seeded (README, operations: 'Re-seeding the relay')",
 )
 SEND_LATENCY = Histogram(
     "kb_relay_send_latency_seconds",
@@ -33,6 +33,14 @@ EVENTS_SENT = Counter("kb_relay_events_sent", "Events acknowledged by Kafka", ["
 SEND_FAILURES = Counter("kb_relay_send_failures", "Batches Kafka did not acknowledge", ["code"])
 LEASE_CHANGES = Counter(
     "kb_relay_lease_changes", "Partition leases acquired, released or lost", ["change"]
+)
+LIVE_INSTANCES = Gauge(
+    "kb_relay_live_instances", "Relay instances holding a live lease (this one included)"
+)
+UNCOVERABLE_PARTITIONS = Gauge(
+    "kb_relay_uncoverable_partitions",
+    "Outbox partitions the live instances cannot drive at KB_RELAY_MAX_PARTITIONS_PER_INSTANCE "
+    "(their rows wait until another instance starts)",
 )
 LEASES_HELD = Gauge("kb_relay_leases_held", "Outbox partitions this instance drives")
 RETENTION_DELETED = Counter("kb_relay_retention_deleted_rows", "Delivered rows removed")

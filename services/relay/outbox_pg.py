@@ -31,17 +31,21 @@ transaction does not widen the scan either.
 
 Commit order. Every row of window N committed before snapshot N was taken and every row of
 window N+1 after it, so windows follow commit order. Inside a window rows go out in
-position order, which is commit order for rows of one document because its writers
-serialise on the document row before inserting their outbox row.
+position order, which is commit order for rows of one document: ``add_event`` makes the
+writers of one aggregate key wait for each other (services/runtime/outbox.sql), so a later
+commit takes a higher position.
 
 Cost. Opening a window takes its snapshot, finds its position range and reads its first
-rows in one statement (one pass over the window's txids on the txid index); the rest is
-read in bounded position ranges (primary-key ranges), so a read costs what its range holds,
-never the whole window again, and a big backlog drains in time linear in its size. Because
-every access path is fixed by those bounds, relay connections use
-``plan_cache_mode = force_generic_plan``: planning each statement anew (what PostgreSQL
-would otherwise do for these, the custom plans looking cheaper) costs more than running it
-at a thousand wake-ups a second.
+rows in one statement (index probes and one range on the txid index); the rest is read in
+bounded position ranges (primary-key ranges), so a read costs what its range holds, never
+the whole window again, and a big backlog drains in time linear in its size. A late
+committer (a transaction open at the previous snapshot) may have inserted its rows long
+before it committed, far below the window's other rows: below ``window_start`` the window
+holds only such rows, and they are read by txid, so the delivered rows in between are
+never read again (migrations/0008). Because every access path is fixed by those bounds,
+relay connections use ``plan_cache_mode = force_generic_plan``: planning each statement
+anew (what PostgreSQL would otherwise do for these, the custom plans looking cheaper)
+costs more than running it at a thousand wake-ups a second.
 
 Progress belongs to one cluster
 -------------------------------
@@ -59,31 +63,8 @@ supervisor logs ``relay.cluster_changed`` at error and sets ``kb_relay_refused_p
 Progress writes are guarded the same way (a relay whose connections now reach another
 cluster writes nothing), ``delivered`` never moves backwards, and a window opened behind
 the delivered snapshot is an error, not "nothing new". A partition without a recorded
-cluster (new, or progress from before migration 0005) records the one it runs on.
-
-Re-seeding a refused partition (an operator's decision, never automatic):
-
-1. Stop every ``kb relay run``.
-2. Note where live delivery will resume and make it the delivered point, in one
-   transaction on the new cluster::
-
-       BEGIN;
-       SELECT max(position) FROM outbox;               -- call it LAST
-       UPDATE relay_partition
-          SET delivered_snapshot = pg_current_snapshot(), window_snapshot = NULL,
-              window_position = 0, window_end = 0, cluster_id = NULL,
-              owner = NULL, lease_until = NULL;
-       COMMIT;
-
-3. Re-send what the old cluster may not have delivered, by position (positions survive a
-   move, transaction ids do not): ``kb relay replay --from FIRST --to LAST``, FIRST being
-   the first position that may be missing in Kafka (when in doubt, the first position
-   written since the switchover's last known delivery; duplicates are allowed, gaps not).
-4. Start the relays: they deliver every row committed after step 2.
-
-When the transaction history did carry over (``pg_upgrade`` keeps the xid counter but
-gives the cluster a new identifier), clearing ``cluster_id`` alone (``UPDATE
-relay_partition SET cluster_id = NULL``) is enough: the counter check still guards it.
+cluster (new, or progress from before migration 0005) records the one it runs on. Only an
+operator re-seeds a refused partition (README, operations: "Re-seeding the relay").
 """
 
 from __future__ import annotations
@@ -143,6 +124,14 @@ def _record(row: asyncpg.Record) -> OutboxRecord:
     )
 
 
+def _read_up_to(progress: Progress, span: int) -> int:
+    """The last position the next read of the open window covers: ``span`` positions
+    past what is acknowledged, counted from ``window_start`` (below which only late
+    committers' rows are read, by txid)."""
+    start = max(progress.window_position, progress.window_start - 1)
+    return min(progress.window_end, start + span)
+
+
 def snapshot_xmax(snapshot: str) -> int:
     """The xmax of a snapshot in its text form ``xmin:xmax:xip,xip,...``."""
     return int(snapshot.split(":")[1])
@@ -188,6 +177,7 @@ class PgLeaseStore:
                     window=row["window_snapshot"],
                     window_position=row["window_position"],
                     window_end=row["window_end"],
+                    window_start=row["window_start"],
                 ),
             )
             for row in rows
@@ -207,6 +197,11 @@ class PgLeaseStore:
             reason = await self._pool.fetchval(QUERIES["partition_refusal"], lease.partition)
         if reason is not None:
             raise ClusterChanged(f"relay partition {lease.partition}: {reason}; {RESEED_HINT}")
+
+    async def live_owners(self, now: Any = None) -> list[str]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(QUERIES["live_owners"], now)
+        return [row["owner"] for row in rows]
 
     async def refused_partitions(self) -> list[Refusal]:
         with translate_db_errors():
@@ -230,6 +225,7 @@ class PgLeaseStore:
                 lease_s,
                 now,
                 progress.window_end,
+                progress.window_start,
             )
         if done is None:
             await self._refuse_if_other_cluster(lease)
@@ -247,6 +243,7 @@ class PgLeaseStore:
                 progress.window_position,
                 now,
                 progress.window_end,
+                progress.window_start,
             )
 
 
@@ -256,42 +253,22 @@ class PgOutboxSource:
 
     async def read_window_batch(self, lease: Lease, progress: Progress, limit: int) -> WindowBatch:
         """Up to ``limit`` records of the partition's window, opening the next window first
-        when none is open. A read covers at most ``limit * partition_count`` positions, so
-        its cost is bounded; it may come back empty while the window is not drained yet."""
+        when none is open. A read covers at most ``limit * partition_count`` positions from
+        ``window_start`` on (below it, only late committers' rows, found by txid), so its
+        cost is bounded; it may come back empty while the window is not drained yet."""
         span = limit * max(1, lease.partition_count)
+        late_txids = in_progress_txids(progress.delivered)
         with translate_db_errors():
             if progress.window is None:
-                rows = await self._pool.fetch(
-                    QUERIES["open_window"],
-                    lease.partition_count,
-                    lease.partition,
-                    progress.delivered,
-                    in_progress_txids(progress.delivered),
-                    limit,
-                    span,
+                snapshot, opened, rows = await self._open_window(
+                    lease, progress, late_txids, limit, span
                 )
-                opened = rows[0]
-                if snapshot_xmax(opened["window_snapshot"]) < snapshot_xmax(progress.delivered):
-                    # This cluster's counter is behind the progress: another cluster's.
-                    raise ClusterChanged(
-                        f"relay partition {lease.partition}: the current snapshot "
-                        f"{opened['window_snapshot']} is behind the delivered one "
-                        f"{progress.delivered}; {RESEED_HINT}"
-                    )
-                if opened["first_position"] is None:  # nothing new: the window is done
-                    return WindowBatch(
-                        records=[], following=Progress(delivered=opened["window_snapshot"])
-                    )
-                progress = Progress(
-                    delivered=progress.delivered,
-                    window=opened["window_snapshot"],
-                    window_position=opened["first_position"] - 1,
-                    window_end=opened["last_position"],
-                )
-                rows = [row for row in rows if row["position"] is not None]
-                up_to = min(progress.window_end, progress.window_position + span)
+                if opened is None:  # nothing new: the window is done
+                    return WindowBatch(records=[], following=Progress(delivered=snapshot))
+                progress = opened
+                up_to = _read_up_to(progress, span)
             else:
-                up_to = min(progress.window_end, progress.window_position + span)
+                up_to = _read_up_to(progress, span)
                 rows = await self._pool.fetch(
                     QUERIES["read_window_batch"],
                     lease.partition_count,
@@ -301,6 +278,8 @@ class PgOutboxSource:
                     progress.window_position,
                     up_to,
                     limit,
+                    late_txids,
+                    progress.window_start,
                 )
         assert progress.window is not None
         records = [_record(row) for row in rows]
@@ -309,6 +288,43 @@ class PgOutboxSource:
             return WindowBatch(records=records, following=Progress(delivered=progress.window))
         return WindowBatch(
             records=records, following=dataclasses.replace(progress, window_position=reached)
+        )
+
+    async def _open_window(
+        self, lease: Lease, progress: Progress, late_txids: list[str], limit: int, span: int
+    ) -> tuple[str, Progress | None, list[asyncpg.Record]]:
+        """Open the next window: its snapshot, where it stands (None: nothing new, the
+        partition is delivered up to that snapshot) and its first rows."""
+        rows = await self._pool.fetch(
+            QUERIES["open_window"],
+            lease.partition_count,
+            lease.partition,
+            progress.delivered,
+            late_txids,
+            limit,
+            span,
+        )
+        opened = rows[0]
+        if snapshot_xmax(opened["window_snapshot"]) < snapshot_xmax(progress.delivered):
+            # This cluster's counter is behind the progress: another cluster's.
+            raise ClusterChanged(
+                f"relay partition {lease.partition}: the current snapshot "
+                f"{opened['window_snapshot']} is behind the delivered one "
+                f"{progress.delivered}; {RESEED_HINT}"
+            )
+        if opened["first_position"] is None:
+            return opened["window_snapshot"], None, []
+        window = Progress(
+            delivered=progress.delivered,
+            window=opened["window_snapshot"],
+            window_position=opened["first_position"] - 1,
+            window_end=opened["last_position"],
+            window_start=opened["window_start"],
+        )
+        return (
+            opened["window_snapshot"],
+            window,
+            [row for row in rows if row["position"] is not None],
         )
 
     async def backlog(self, now: Any = None) -> Backlog:
@@ -328,27 +344,17 @@ class PgOutboxSource:
 
     async def delete_delivered(self, older_than_s: float, batch: int, now: Any = None) -> int:
         """Delete delivered rows older than ``older_than_s`` in position ranges of
-        ``batch``, each its own short statement. Returns how many rows went."""
+        ``batch``, each its own short statement, holding the retention lock (another
+        instance holding it: 0 at once). Returns how many rows went."""
         with translate_db_errors():
-            cutoff = await self._pool.fetchval(
-                "SELECT coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)",
-                now,
-                older_than_s,
-            )
-            bounds = await self._pool.fetchrow(QUERIES["retention_range"], cutoff)
-            assert bounds is not None
-            if bounds["low"] is None:
-                return 0
-            deleted = 0
-            low: int = bounds["low"]
-            while low <= bounds["high"]:
-                status = await self._pool.execute(
-                    QUERIES["delete_delivered"], low, low + batch, cutoff
-                )
-                deleted += int(status.split()[-1])
-                low += batch
-                await asyncio.sleep(0)  # let the live relay's work interleave
-        return deleted
+            async with self._pool.acquire() as pooled:
+                conn: asyncpg.Connection[Any] = pooled  # type: ignore[assignment]
+                if not await conn.fetchval(QUERIES["try_retention_lock"]):
+                    return 0
+                try:
+                    return await _delete_delivered(conn, older_than_s, batch, now)
+                finally:
+                    await conn.fetchval(QUERIES["retention_unlock"])
 
     async def replay_last_position(self) -> int:
         with translate_db_errors():
@@ -384,6 +390,28 @@ class PgOutboxSource:
         return [row["tier"] for row in rows]
 
 
+async def _delete_delivered(
+    conn: asyncpg.Connection[Any], older_than_s: float, batch: int, now: Any
+) -> int:
+    cutoff = await conn.fetchval(
+        "SELECT coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)",
+        now,
+        older_than_s,
+    )
+    bounds = await conn.fetchrow(QUERIES["retention_range"], cutoff)
+    assert bounds is not None
+    if bounds["low"] is None:
+        return 0
+    deleted = 0
+    low: int = bounds["low"]
+    while low <= bounds["high"]:
+        status = await conn.execute(QUERIES["delete_delivered"], low, low + batch, cutoff)
+        deleted += int(status.split()[-1])
+        low += batch
+        await asyncio.sleep(0)  # let the live relay's work interleave
+    return deleted
+
+
 class _Subscription:
     def __init__(self) -> None:
         self._event = asyncio.Event()
@@ -406,6 +434,11 @@ class _Subscription:
 class PgWakeups:
     """LISTEN on a dedicated connection; every notification rings every subscriber.
 
+    It also works the doorbell (migrations/0008): ``arm`` before a driver waits, disarm
+    when a notification arrives, so writers notify only while some relay waits. Both
+    run on the listening connection, one statement at a time (the disarm of a
+    notification is queued before the re-arm of the drivers it wakes).
+
     Losing the connection only costs latency (the relay polls on a timer); ``ensure``
     reconnects, the relay calls it on each supervision tick.
     """
@@ -414,6 +447,8 @@ class PgWakeups:
         self._settings = settings
         self._conn: asyncpg.Connection[Any] | None = None
         self._subscriptions: list[_Subscription] = []
+        self._statement = asyncio.Lock()
+        self._disarming: set[asyncio.Task[None]] = set()
 
     def subscribe(self) -> _Subscription:
         subscription = _Subscription()
@@ -424,8 +459,24 @@ class PgWakeups:
         self._subscriptions = [s for s in self._subscriptions if s is not subscription]
 
     def _notified(self, *_: object) -> None:
+        disarm = asyncio.create_task(self._doorbell("disarm_doorbell"))
+        self._disarming.add(disarm)
+        disarm.add_done_callback(self._disarming.discard)
         for subscription in self._subscriptions:
             subscription.ring()
+
+    async def arm(self) -> None:
+        await self._doorbell("arm_doorbell")
+
+    async def _doorbell(self, query: str) -> None:
+        async with self._statement:
+            conn = self._conn
+            if conn is None or conn.is_closed():
+                return
+            try:
+                await conn.execute(QUERIES[query])
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+                log.warning("relay.doorbell_failed", action=query, error=str(error))
 
     async def ensure(self) -> None:
         if self._conn is not None and not self._conn.is_closed():
@@ -445,6 +496,8 @@ class PgWakeups:
         self._notified()
 
     async def close(self) -> None:
+        for task in list(self._disarming):
+            task.cancel()
         if self._conn is not None:
             conn, self._conn = self._conn, None
             if not conn.is_closed():

@@ -31,12 +31,14 @@ class OutboxRecord:
 class Progress:
     """Where a partition stands (see migrations/0004_relay.sql): everything visible in
     ``delivered`` is acknowledged; ``window`` (positions up to ``window_end``) is being
-    drained and is acknowledged up to ``window_position``."""
+    drained and is acknowledged up to ``window_position``; below ``window_start`` it holds
+    only rows of transactions still open at ``delivered`` (migrations/0008)."""
 
     delivered: str
     window: str | None = None
     window_position: int = 0
     window_end: int = 0
+    window_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,16 +80,16 @@ RESEED_HINT = (
     "its progress cannot be trusted on this cluster, so the relay will not drive it "
     "(nothing is skipped); to re-seed: stop the relays, reset relay_partition progress "
     "to pg_current_snapshot() with cluster_id = NULL, replay what may be missing with "
-    "`kb relay replay --from FIRST --to LAST`, start the relays (see 'Progress belongs "
-    "to one cluster' in services/relay/outbox_pg.py)"
+    "`kb relay replay --from FIRST --to LAST`, start the relays (README, operations: "
+    "'Re-seeding the relay')"
 )
 
 
 class ClusterChanged(KbError):
     """A partition's progress was recorded on another PostgreSQL cluster (or is ahead of
     this cluster's transaction counter): the relay refuses to drive it rather than skip
-    rows. See "Progress belongs to one cluster" in services/relay/outbox_pg.py for the
-    re-seed procedure."""
+    rows. Why: "Progress belongs to one cluster" in services/relay/outbox_pg.py; how to
+    re-seed: the README's operations section ("Re-seeding the relay")."""
 
     code = "RELAY_CLUSTER_CHANGED"
 
@@ -118,6 +120,10 @@ class LeaseStore(Protocol):
         """Record ``progress`` and give the partition up (fenced: a lost lease writes nothing)."""
         ...
 
+    async def live_owners(self) -> list[str]:
+        """Owners holding a lease that has not run out (the live relay instances)."""
+        ...
+
     async def refused_partitions(self) -> list[Refusal]:
         """Partitions ``acquire`` will not hand out because their progress belongs to
         another cluster (see ``ClusterChanged``)."""
@@ -131,7 +137,10 @@ class OutboxSource(Protocol):
 
     async def backlog(self) -> Backlog: ...
 
-    async def delete_delivered(self, older_than_s: float, batch: int) -> int: ...
+    async def delete_delivered(self, older_than_s: float, batch: int) -> int:
+        """Delete delivered rows older than ``older_than_s``; 0 at once when another
+        instance is deleting (one at a time, whichever instance gets there first)."""
+        ...
 
     async def replay_last_position(self) -> int: ...
 
@@ -160,6 +169,12 @@ class Wakeups(Protocol):
     def subscribe(self) -> WakeupSubscription: ...
 
     def unsubscribe(self, subscription: WakeupSubscription) -> None: ...
+
+    async def arm(self) -> None:
+        """Ask writers to notify: a relay is about to wait. Rows committed before this
+        returned may have rung no bell, so the caller reads once more before it waits.
+        Never raises (a lost wake-up costs latency, the poll timer still runs)."""
+        ...
 
     async def ensure(self) -> None:
         """(Re)connect the listener if it is down; never raises."""

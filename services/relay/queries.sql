@@ -45,7 +45,7 @@ UPDATE relay_partition AS p
 RETURNING p.partition, p.partition_count, p.epoch,
           p.delivered_snapshot::text AS delivered_snapshot,
           p.window_snapshot::text AS window_snapshot,
-          p.window_position, p.window_end
+          p.window_position, p.window_end, p.window_start
 
 -- name: renew_lease
 -- $1 partition, $2 owner, $3 epoch, $4 lease seconds, $5 now. No row back = lease lost.
@@ -57,7 +57,8 @@ RETURNING partition
 
 -- name: commit_progress
 -- $1 partition, $2 owner, $3 epoch, $4 delivered snapshot, $5 window snapshot (or NULL),
--- $6 window position, $7 lease seconds, $8 now, $9 window end. Fenced like renew_lease: a
+-- $6 window position, $7 lease seconds, $8 now, $9 window end, $10 window start. Fenced
+-- like renew_lease: a
 -- relay whose lease ran out (or was taken over, epoch + 1) moves nothing. Renews the
 -- lease too. Guarded against a change of cluster under a running relay (its connections
 -- now reach another cluster): progress is only written on the cluster that recorded it,
@@ -67,6 +68,7 @@ UPDATE relay_partition
        window_snapshot = $5::text::pg_snapshot,
        window_position = $6,
        window_end = $9,
+       window_start = $10,
        progressed_at = coalesce($8::timestamptz, now()),
        lease_until = coalesce($8::timestamptz, now()) + make_interval(secs => $7::float8)
  WHERE partition = $1 AND owner = $2 AND epoch = $3
@@ -77,19 +79,44 @@ RETURNING partition
 
 -- name: release_lease
 -- $1 partition, $2 owner, $3 epoch, $4 delivered snapshot, $5 window snapshot, $6 window
--- position, $7 now, $8 window end. A clean shutdown records where it stands (an idle partition's progress
+-- position, $7 now, $8 window end, $9 window start. A clean shutdown records where it stands (an idle partition's progress
 -- lives in memory between lease renewals) and hands the partition over at once. Fenced.
 UPDATE relay_partition
    SET owner = NULL, lease_until = NULL,
        delivered_snapshot = $4::text::pg_snapshot,
        window_snapshot = $5::text::pg_snapshot,
        window_position = $6,
-       window_end = $8
+       window_end = $8,
+       window_start = $9
  WHERE partition = $1 AND owner = $2 AND epoch = $3
    AND lease_until > coalesce($7::timestamptz, now())
    AND cluster_id = relay_cluster_id()
    AND pg_snapshot_xmax($4::text::pg_snapshot) >= pg_snapshot_xmax(delivered_snapshot)
 RETURNING partition
+
+-- name: live_owners
+-- $1 now. The relay instances holding a lease that has not run out.
+SELECT DISTINCT owner
+  FROM relay_partition
+ WHERE owner IS NOT NULL AND lease_until > coalesce($1::timestamptz, now())
+ ORDER BY owner
+
+-- name: try_retention_lock
+-- Session-level advisory lock on the retention connection: whichever relay instance gets
+-- it deletes, the others skip this round (no instance is special, none waits).
+SELECT pg_try_advisory_lock(hashtextextended('kb.relay.retention', 0)) AS locked
+
+-- name: retention_unlock
+SELECT pg_advisory_unlock(hashtextextended('kb.relay.retention', 0)) AS unlocked
+
+-- name: arm_doorbell
+-- A relay is about to wait for rows: writers notify from now on (migrations/0008). A
+-- no-op (no row locked) while it is armed already.
+UPDATE relay_doorbell SET armed = true WHERE NOT armed
+
+-- name: disarm_doorbell
+-- A notification woke the relays: writers stop notifying until one waits again.
+UPDATE relay_doorbell SET armed = false WHERE armed
 
 -- name: partition_refusal
 -- $1 partition. Why its stored progress cannot be trusted on this cluster (NULL: it can).
@@ -115,55 +142,121 @@ SELECT partition, relay_partition_refusal(cluster_id, delivered_snapshot, window
 -- visible in delivered" is exactly "txid in its in-progress list, or txid >= its xmax",
 -- which makes both halves index probes/ranges on outbox_txid however old the oldest open
 -- transaction is: a long-open transaction only adds its own txid to the list, it does not
--- widen the scan. Always at least one row back (NULL event columns when there is nothing).
+-- widen the scan. window_start is the lowest position of the second half (transactions
+-- that began after the delivered snapshot, so their positions come after every delivered
+-- row); below it the window holds only late committers' rows (first half), read by txid
+-- (see migrations/0008). Always at least one row back (NULL event columns when there is
+-- nothing).
 WITH w AS MATERIALIZED (
     SELECT pg_current_snapshot() AS upto
-), bounds AS MATERIALIZED (
-    SELECT min(o.position) AS first_position, max(o.position) AS last_position
-      FROM outbox AS o, w
-     WHERE (o.txid = ANY ($4::text[]::xid8[])
-            OR (o.txid >= pg_snapshot_xmax($3::text::pg_snapshot)
-                AND o.txid < pg_snapshot_xmax(w.upto)))
-       AND pg_visible_in_snapshot(o.txid, w.upto)
+), late AS MATERIALIZED (
+    -- Late committers: one outbox_txid probe per transaction open at the delivered snapshot
+    -- (an aggregate per probe: the planner cannot turn it into a scan of the whole table).
+    SELECT r.low, r.high
+      FROM unnest($4::text[]::xid8[]) AS t(txid)
+     CROSS JOIN w
+     CROSS JOIN LATERAL (
+            SELECT min(o.position) AS low, max(o.position) AS high
+              FROM outbox AS o
+             WHERE o.txid = t.txid
+               AND pg_visible_in_snapshot(o.txid, w.upto)
+               AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
+           ) AS r
+), fresh AS MATERIALIZED (
+    -- Transactions that began after the delivered snapshot: one outbox_txid range.
+    SELECT o.position
+      FROM w
+      JOIN outbox AS o
+        ON o.txid >= pg_snapshot_xmax($3::text::pg_snapshot)
+       AND o.txid < pg_snapshot_xmax(w.upto)
+     WHERE pg_visible_in_snapshot(o.txid, w.upto)
        AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
+), bounds AS MATERIALIZED (
+    SELECT least(l.low, f.low) AS first_position,
+           greatest(l.high, f.high) AS last_position,
+           coalesce(f.low, l.high + 1) AS window_start
+      FROM (SELECT min(low) AS low, max(high) AS high FROM late) AS l,
+           (SELECT min(position) AS low, max(position) AS high FROM fresh) AS f
 )
-SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position,
+SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position, b.window_start,
        r.position, r.event_id, r.event_type, r.tenant_id, r.tier, r.aggregate_key,
        r.payload, r.created_at
   FROM w
  CROSS JOIN bounds AS b
   LEFT JOIN LATERAL (
-        SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
-               o.payload, o.created_at
-          FROM outbox AS o
-         WHERE o.position >= b.first_position
-           AND o.position <= least(b.last_position, b.first_position - 1 + $6::bigint)
-           AND pg_visible_in_snapshot(o.txid, w.upto)
-           AND NOT pg_visible_in_snapshot(o.txid, $3::text::pg_snapshot)
-           AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
-         ORDER BY o.position
-         LIMIT $5
+        (SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
+                o.payload, o.created_at
+           FROM unnest($4::text[]::xid8[]) AS late(txid)
+          CROSS JOIN LATERAL (
+                SELECT *
+                  FROM outbox AS o
+                 WHERE (o.txid, o.position) > (late.txid, 0)
+                   AND (o.txid, o.position) < (late.txid, b.window_start)
+                   AND pg_visible_in_snapshot(o.txid, w.upto)
+                   AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
+                 ORDER BY o.txid, o.position
+                 LIMIT $5) AS o
+          ORDER BY o.position
+          LIMIT $5)
+        UNION ALL
+        (SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
+                o.payload, o.created_at
+           FROM outbox AS o
+          WHERE o.position >= b.window_start
+            AND o.position <= least(b.last_position, b.window_start - 1 + $6::bigint)
+            AND pg_visible_in_snapshot(o.txid, w.upto)
+            AND NOT pg_visible_in_snapshot(o.txid, $3::text::pg_snapshot)
+            AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
+          ORDER BY o.position
+          LIMIT $5)
+        ORDER BY position
+        LIMIT $5
        ) AS r ON true
  ORDER BY r.position
 
 -- name: read_window_batch
 -- $1 partition count, $2 partition, $3 delivered snapshot, $4 window snapshot, $5 after
--- position, $6 up to position (inclusive), $7 limit.
--- The next rows of the open window in position order, from a bounded position range (a
--- primary-key range: the cost of a read is bounded by the range, whatever plan is chosen,
--- never by the size of the window or the table). Rows go out in position order inside a
--- window: a writer that serialises on its document before inserting its outbox row gets a
--- higher position than the writer it waited for. This statement's snapshot is newer than
--- the window's, so it sees every row the window snapshot does.
-SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
-       o.payload, o.created_at
-  FROM outbox AS o
- WHERE o.position > $5 AND o.position <= $6
-   AND pg_visible_in_snapshot(o.txid, $4::text::pg_snapshot)
-   AND NOT pg_visible_in_snapshot(o.txid, $3::text::pg_snapshot)
-   AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
- ORDER BY o.position
- LIMIT $7
+-- position, $6 up to position (inclusive), $7 limit, $8 the delivered snapshot's
+-- in-progress txids (text[]), $9 window start.
+-- The next rows of the open window in position order. Below window_start only late
+-- committers' rows belong to the window: they are found by txid, one outbox_txid range
+-- per late transaction read in position order, so the delivered rows between them are
+-- never read. From window_start on, rows are read from a
+-- bounded position range (a primary-key range: the cost of a read is bounded by the
+-- range, whatever plan is chosen, never by the size of the window or the table). Rows go
+-- out in position order inside a window, which for one aggregate key is commit order:
+-- add_event (services/runtime/outbox.sql) makes a key's writers wait for each other, so a
+-- later commit takes a higher position. This statement's snapshot is newer than the
+-- window's, so it sees every row the window snapshot does.
+(SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
+        o.payload, o.created_at
+   FROM unnest($8::text[]::xid8[]) AS late(txid)
+  CROSS JOIN LATERAL (
+        -- txid = late.txid and $5 < position < $9, written as a range of outbox_txid's
+        -- (txid, position): only that index can serve it (an equality on txid would let
+        -- the planner walk the primary key over the whole gap instead).
+        SELECT *
+          FROM outbox AS o
+         WHERE (o.txid, o.position) > (late.txid, $5)
+           AND (o.txid, o.position) < (late.txid, $9)
+           AND pg_visible_in_snapshot(o.txid, $4::text::pg_snapshot)
+           AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
+         ORDER BY o.txid, o.position
+         LIMIT $7) AS o
+  ORDER BY o.position
+  LIMIT $7)
+UNION ALL
+(SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
+        o.payload, o.created_at
+   FROM outbox AS o
+  WHERE o.position > greatest($5, $9 - 1) AND o.position <= $6
+    AND pg_visible_in_snapshot(o.txid, $4::text::pg_snapshot)
+    AND NOT pg_visible_in_snapshot(o.txid, $3::text::pg_snapshot)
+    AND (hashtext(o.aggregate_key) & 2147483647) % $1::integer = $2::integer
+  ORDER BY o.position
+  LIMIT $7)
+ORDER BY position
+LIMIT $7
 
 -- name: backlog_floor
 -- The oldest txid any partition may still owe: below every delivered snapshot's xmin all
@@ -205,14 +298,18 @@ SELECT min(position) AS low, max(position) AS high
 -- name: delete_delivered
 -- $1 from position (inclusive), $2 to position (exclusive), $3 cutoff. One bounded range
 -- per statement and transaction: row locks only, no table lock, so replays and the live
--- relay (which read under MVCC) are never blocked. A row is delivered by every partition
--- once its txid is below every delivered snapshot's xmin (it finished before that
--- snapshot was taken, so the snapshot sees it). Nothing goes while a partition's progress
--- is refused (from another cluster): its snapshot says nothing about what was delivered.
-DELETE FROM outbox
- WHERE position >= $1 AND position < $2
-   AND created_at < $3
-   AND txid < (SELECT min(pg_snapshot_xmin(delivered_snapshot)) FROM relay_partition)
+-- relay (which read under MVCC) are never blocked. A row is delivered once its txid is
+-- visible in its own partition's delivered snapshot (the definition of that snapshot,
+-- migrations/0004). Not "below every delivered snapshot's xmin": that would keep every
+-- row younger than the oldest transaction open anywhere on the cluster, any database's,
+-- for as long as it stays open. Nothing goes while a partition's progress is refused
+-- (from another cluster): its snapshot says nothing about what was delivered.
+DELETE FROM outbox AS o
+ USING relay_partition AS p
+ WHERE o.position >= $1 AND o.position < $2
+   AND o.created_at < $3
+   AND p.partition = (hashtext(o.aggregate_key) & 2147483647) % p.partition_count
+   AND pg_visible_in_snapshot(o.txid, p.delivered_snapshot)
    AND NOT EXISTS (
         SELECT 1 FROM relay_partition
          WHERE relay_partition_refusal(cluster_id, delivered_snapshot, window_snapshot)

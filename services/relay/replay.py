@@ -15,10 +15,13 @@ from dataclasses import dataclass
 
 from services.relay import metrics
 from services.relay.ports import EventSink, OutboxSource, ReplayFilter
+from services.runtime.backoff import Backoff
 from services.runtime.errors import KbError
 from services.runtime.logging import get_logger
 
 log = get_logger(__name__)
+
+DEFAULT_BACKOFF = Backoff(base_seconds=0.2, cap_seconds=10.0)
 
 
 class ReplayInterrupted(KbError):
@@ -43,8 +46,7 @@ async def replay(
     rate: float | None = None,
     batch_size: int = 500,
     max_attempts: int = 8,
-    backoff_initial_s: float = 0.2,
-    backoff_max_s: float = 10.0,
+    backoff: Backoff = DEFAULT_BACKOFF,
 ) -> ReplayResult:
     if where.up_to_position is None:
         where = dataclasses.replace(where, up_to_position=await source.replay_last_position())
@@ -60,7 +62,6 @@ async def replay(
         batch = await source.replay_batch(where, limit)
         if not batch:
             break
-        delay = backoff_initial_s
         for attempt in range(1, max_attempts + 1):
             try:
                 await sink.send(batch, replay=True)
@@ -72,8 +73,7 @@ async def replay(
                         f"with --from {batch[0].position}"
                     ) from error
                 log.warning("replay.retry", error=str(error), attempt=attempt)
-                await asyncio.sleep(delay)
-                delay = min(backoff_max_s, delay * 2)
+                await asyncio.sleep(backoff.delay(attempt))
         sent += len(batch)
         last_position = batch[-1].position
         metrics.REPLAY_SENT.set(sent)

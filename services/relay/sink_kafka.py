@@ -7,7 +7,7 @@ is awaited; the idempotent producer keeps per-partition order across its retries
 key always maps to one partition. A failed batch is sent again whole (duplicates are
 allowed, consumers deduplicate on event_id; nothing is lost).
 
-A send never outlives ``relay_send_timeout_s``, its failure included: the relay only
+A send never outlives ``relay_send_timeout_seconds``, its failure included: the relay only
 starts one that fits in its trusted lease time, and a copy of an old batch must not
 reach Kafka after another relay took the partition over. So a producer that failed (or
 whose send was given up) is never flushed: it stops sending at once (its queued batches
@@ -31,8 +31,10 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from services.relay import metrics
 from services.relay.ports import OutboxRecord
-from services.relay.settings import DOCUMENT_EVENTS_TOPIC, INDEX_HINTS_TOPIC, RelaySettings
+from services.relay.settings import RelaySettings
 from services.runtime.errors import KafkaUnavailable
+from services.runtime.events import document_events_topic, index_hints_topic, topic_for
+from services.runtime.kafka import kafka_client_kwargs
 from services.runtime.logging import get_logger
 
 log = get_logger(__name__)
@@ -51,6 +53,16 @@ def headers_for(record: OutboxRecord, *, replay: bool) -> list[tuple[str, bytes]
         ("outbox_position", str(record.position).encode()),
         ("replay", b"true" if replay else b"false"),
     ]
+
+
+def new_topic(name: str, partitions: int, replication_factor: int | None) -> NewTopic:
+    """A topic to create; ``replication_factor`` None asks for the broker's
+    ``default.replication.factor`` (-1 in CreateTopics, KIP-464). aiokafka's NewTopic
+    refuses -1 without a replica assignment, so it is set after construction."""
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor or 1)
+    if replication_factor is None:
+        topic.replication_factor = -1
+    return topic
 
 
 class SinkState(enum.Enum):
@@ -80,22 +92,25 @@ class KafkaSink:
         *,
         client_id: str = "kb-relay",
         producer_factory: Callable[..., AIOKafkaProducer] = AIOKafkaProducer,
+        admin_factory: Callable[..., AIOKafkaAdminClient] = AIOKafkaAdminClient,
     ) -> None:
         self._settings = settings
         self._client_id = client_id
         self._producer_factory = producer_factory
+        self._admin_factory = admin_factory
         self._current: _Generation | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._ensured_topics: set[str] = set()
         self._lock = asyncio.Lock()
         self.state = SinkState.STOPPED
-        self._close_s = producer_close_budget(settings.relay_send_timeout_s)
+        self._close_s = producer_close_budget(settings.relay_send_timeout_seconds)
 
     async def start(self, tiers: Iterable[str] = ()) -> None:
         """Get ready to send; a broker that is down now is not an error (sends retry)."""
         self.state = SinkState.DISCONNECTED
-        topics = {self._settings.topic(DOCUMENT_EVENTS_TOPIC)}
-        topics |= {self._settings.topic(INDEX_HINTS_TOPIC + tier) for tier in tiers}
+        prefix = self._settings.kafka_topic_prefix
+        topics = {document_events_topic(prefix)}
+        topics |= {index_hints_topic(tier, prefix) for tier in tiers}
         try:
             await self._ensure_topics(topics)
             await self._ready_generation()
@@ -108,23 +123,23 @@ class KafkaSink:
         if not records:
             return
         label = "true" if replay else "false"
+        prefix = self._settings.kafka_topic_prefix
+        topics = [topic_for(r.event_type, r.tier, prefix) for r in records]
         started = time.perf_counter()
         generation: _Generation | None = None
         try:
-            # What is left of relay_send_timeout_s after this is for closing a failed
+            # What is left of relay_send_timeout_seconds after this is for closing a failed
             # producer: the whole send, failure included, stays within the timeout.
-            async with asyncio.timeout(self._settings.relay_send_timeout_s - self._close_s):
-                await self._ensure_topics(
-                    {self._settings.topic_for(r.event_type, r.tier) for r in records}
-                )
+            async with asyncio.timeout(self._settings.relay_send_timeout_seconds - self._close_s):
+                await self._ensure_topics(set(topics))
                 generation = await self._ready_generation()
                 producer = generation.producer
                 futures: list[asyncio.Future[Any]] = []
                 try:
-                    for record in records:
+                    for record, topic in zip(records, topics, strict=True):
                         futures.append(
                             await producer.send(
-                                self._settings.topic_for(record.event_type, record.tier),
+                                topic,
                                 value=record.payload,
                                 key=record.aggregate_key.encode(),
                                 headers=headers_for(record, replay=replay),
@@ -165,12 +180,12 @@ class KafkaSink:
             if self._current is not None:
                 return self._current
             producer = self._producer_factory(
-                bootstrap_servers=self._settings.kafka_bootstrap_servers,
+                **kafka_client_kwargs(self._settings),
                 client_id=self._client_id,
                 acks="all",
                 enable_idempotence=True,
                 linger_ms=0,
-                request_timeout_ms=max(1000, int(self._settings.relay_send_timeout_s * 1000)),
+                request_timeout_ms=max(1000, int(self._settings.relay_send_timeout_seconds * 1000)),
                 retry_backoff_ms=100,
             )
             generation = _Generation(producer)
@@ -217,8 +232,8 @@ class KafkaSink:
         if not self._settings.relay_create_topics:
             self._ensured_topics |= missing
             return
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=self._settings.kafka_bootstrap_servers,
+        admin = self._admin_factory(
+            **kafka_client_kwargs(self._settings),
             client_id=f"{self._client_id}-admin",
             request_timeout_ms=10_000,
         )
@@ -226,10 +241,10 @@ class KafkaSink:
             await admin.start()
             response = await admin.create_topics(
                 [
-                    NewTopic(
+                    new_topic(
                         topic,
-                        num_partitions=self._settings.relay_topic_partitions,
-                        replication_factor=self._settings.relay_topic_replication_factor,
+                        self._settings.relay_topic_partitions,
+                        self._settings.relay_topic_replication_factor,
                     )
                     for topic in sorted(missing)
                 ]

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.runtime.errors import KbError
+from services.runtime.errors import KbError, Unauthenticated
 from services.runtime.logging import get_logger
 
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
@@ -30,11 +30,14 @@ FRAMEWORK_CODES: Final = {
     404: "ROUTE_NOT_FOUND",
     405: "METHOD_NOT_ALLOWED",
     406: "NOT_ACCEPTABLE",
+    408: "REQUEST_TIMEOUT",
     413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE",
     422: "VALIDATION_FAILED",
 }
 MALFORMED_JSON: Final = "MALFORMED_JSON"
+# When a retriable failure (database busy or unreachable) may be tried again.
+RETRY_AFTER_SECONDS: Final = "1"
 MALFORMED_BODY: Final = "MALFORMED_BODY"
 
 log = get_logger(__name__)
@@ -101,15 +104,30 @@ def _title(status: int) -> str:
 
 def kb_error_response(error: KbError, instance: str | None = None) -> JSONResponse:
     status = error.http_status
+    # RFC 9110: a 401 names the scheme that would be accepted.
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthenticated) else None
     if status >= 500:
         # Internal details stay in the log; the client gets the stable code only.
         log.error("http.server_error", error_code=error.code, error=error.message)
         detail = "the service could not complete the request; it is safe to retry"
         if not error.retriable:
             detail = "the service failed to complete the request"
-        return problem_response(status, error.code, detail, instance=instance)
+        retry = {"Retry-After": RETRY_AFTER_SECONDS} if error.retriable else None
+        return problem_response(status, error.code, detail, instance=instance, headers=retry)
     extra = getattr(error, "problem_fields", None)
-    return problem_response(status, error.code, error.message, instance=instance, extra=extra)
+    return problem_response(
+        status, error.code, error.message, instance=instance, extra=extra, headers=headers
+    )
+
+
+def http_exception_response(
+    exc: StarletteHTTPException, instance: str | None = None
+) -> JSONResponse:
+    code = FRAMEWORK_CODES.get(exc.status_code, "HTTP_ERROR")
+    detail = str(exc.detail) if exc.detail else _title(exc.status_code)
+    if exc.status_code == 400 and "parsing the body" in detail:
+        code = MALFORMED_BODY
+    return problem_response(exc.status_code, code, detail, instance=instance, headers=exc.headers)
 
 
 def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -125,6 +143,27 @@ def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     return errors
 
 
+def document_errors_as_problem_json(app: FastAPI) -> None:
+    """Error answers are documented as application/problem+json only (FastAPI would also
+    list the route's default application/json for them)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        for path_item in schema.get("paths", {}).values():
+            for operation in path_item.values():
+                for status, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if status[:1] in {"4", "5"} and PROBLEM_MEDIA_TYPE in content:
+                        content.pop("application/json", None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Answer every error raised in ``app`` as problem+json."""
 
@@ -134,13 +173,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def on_http_exception(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        code = FRAMEWORK_CODES.get(exc.status_code, "HTTP_ERROR")
-        detail = str(exc.detail) if exc.detail else _title(exc.status_code)
-        if exc.status_code == 400 and "parsing the body" in detail:
-            code = MALFORMED_BODY
-        return problem_response(
-            exc.status_code, code, detail, instance=request.url.path, headers=exc.headers
-        )
+        return http_exception_response(exc, request.url.path)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -4,6 +4,12 @@ The event is committed or rolled back together with the business change it annou
 the relay (services/relay) later carries committed rows to Kafka. The body is already
 encoded (Avro single-object encoding, see ``schemas/``) so the relay never needs to
 understand it.
+
+Per-document order is the writer's guarantee, not a convention callers must keep:
+``add_event`` serialises the transactions writing one aggregate key (a transaction-scoped
+advisory lock, see ``outbox.sql``), so their events' positions follow their commits. A
+transaction adding events for several keys should add them in a stable order (as every
+lock taker should), or two such transactions may deadlock (reported as retriable).
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ class StoredEvent:
 
 
 async def add_event(conn: asyncpg.Connection[Any], event: OutboxEvent) -> StoredEvent:
-    """Insert ``event`` in the caller's transaction (which must be open)."""
+    """Insert ``event`` in the caller's transaction (which must be open), after waiting for
+    any other open transaction that wrote an event with the same aggregate key."""
     if not conn.is_in_transaction():
         raise RuntimeError("add_event must run inside the producer's transaction")
     with translate_db_errors():

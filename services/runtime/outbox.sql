@@ -1,5 +1,13 @@
 -- name: insert_event
+-- One document's events commit in the order of their positions, whatever the caller locks:
+-- the transaction-scoped advisory lock on the aggregate key (taken in the FROM clause,
+-- before the row and its position exist) makes a second writer of the same key wait until
+-- the first commits or rolls back, so it takes its position after the first one's commit.
+-- The relay sends a window in position order, hence per key in commit order. Seed
+-- 4_206_902_611 keeps these locks apart from other advisory locks on the same text. Held
+-- to the end of the caller's transaction: producers add their events last.
 -- txid defaults to pg_current_xact_id(): the relay orders and windows rows by it.
 INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payload)
-VALUES ($1, $2, $3, $4, $5, $6)
+SELECT $1, $2, $3, $4, $5, $6
+  FROM (SELECT pg_advisory_xact_lock(hashtextextended($5::text, 4206902611))) AS serialised
 RETURNING position, event_id

@@ -1,15 +1,17 @@
 """Configuration by environment, frozen once read.
 
-``DATABASE_URL`` and ``KAFKA_BOOTSTRAP_SERVERS`` keep their conventional names (managed
-services and compose files set them); everything else is ``KB_*``. Each service has its own
-settings model deriving from :class:`RuntimeSettings`, so a service reads only what it uses.
+``DATABASE_URL``, ``KAFKA_BOOTSTRAP_SERVERS`` and the Kafka connection security settings
+(``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_*``, ``KAFKA_SSL_CAFILE``) keep their conventional
+names (managed services and compose files set them); everything else is ``KB_*``. Each
+service has its own settings model deriving from :class:`RuntimeSettings`, so a service
+reads only what it uses.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,6 +28,30 @@ class RuntimeSettings(BaseSettings):
         default="127.0.0.1:59092",
         validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "KB_KAFKA_BOOTSTRAP_SERVERS"),
     )
+    # How clients reach Kafka: PLAINTEXT (the dev stack), or TLS and/or SASL for a managed
+    # cluster (services/runtime/kafka.py turns these into client arguments).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT",
+        validation_alias=AliasChoices("KAFKA_SECURITY_PROTOCOL", "KB_KAFKA_SECURITY_PROTOCOL"),
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        default="PLAIN",
+        validation_alias=AliasChoices("KAFKA_SASL_MECHANISM", "KB_KAFKA_SASL_MECHANISM"),
+    )
+    kafka_sasl_username: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("KAFKA_SASL_USERNAME", "KB_KAFKA_SASL_USERNAME"),
+    )
+    # SecretStr: printed as '**********' in reprs, logs and validation errors.
+    kafka_sasl_password: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("KAFKA_SASL_PASSWORD", "KB_KAFKA_SASL_PASSWORD"),
+    )
+    # CA bundle the broker's certificate is checked against (unset: the system's CAs).
+    kafka_ssl_cafile: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("KAFKA_SSL_CAFILE", "KB_KAFKA_SSL_CAFILE"),
+    )
     # Prepended to every topic name; tests give each test its own prefix.
     kafka_topic_prefix: str = ""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -40,6 +66,30 @@ class RuntimeSettings(BaseSettings):
         if not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("DATABASE_URL must be a postgresql:// URL")
         return value
+
+    @model_validator(mode="after")
+    def _kafka_security_is_complete(self) -> RuntimeSettings:
+        sasl = self.kafka_security_protocol.startswith("SASL_")
+        tls = self.kafka_security_protocol.endswith("SSL")
+        has_credentials = self.kafka_sasl_username or self.kafka_sasl_password
+        if sasl and not (self.kafka_sasl_username and self.kafka_sasl_password):
+            raise ValueError(
+                f"KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs "
+                "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
+            )
+        if has_credentials and not sasl:
+            raise ValueError(
+                "KAFKA_SASL_USERNAME/KAFKA_SASL_PASSWORD are set but "
+                f"KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} does not use SASL "
+                "(SASL_PLAINTEXT or SASL_SSL)"
+            )
+        if self.kafka_ssl_cafile and not tls:
+            raise ValueError(
+                "KAFKA_SSL_CAFILE is set but "
+                f"KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} does not use TLS "
+                "(SSL or SASL_SSL)"
+            )
+        return self
 
     def topic(self, name: str) -> str:
         return f"{self.kafka_topic_prefix}{name}"

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.indexer.ports import ManualClock, TaskQueue
-from services.indexer.queue_memory import InMemoryTaskQueue
+from services.indexer.ports import TaskQueue
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import (
     ErrorCode,
@@ -22,6 +21,8 @@ from services.indexer.task import (
     TaskStatus,
 )
 from services.runtime.errors import LeaseLost, NotFound
+from tests.fakes.task_queue import InMemoryTaskQueue
+from tests.support.clock import ManualClock
 from tests.support.tasks import create_task
 
 LEASE = 30.0

@@ -170,8 +170,8 @@ async def test_a_worker_killed_mid_task_is_taken_over_after_its_lease(
 ) -> None:
     created = await create_task(pool)
     crash_env = {
-        "KB_LEASE_SECONDS": "2",
-        "KB_POLL_INTERVAL_SECONDS": "0.2",
+        "KB_INDEXER_LEASE_SECONDS": "2",
+        "KB_INDEXER_POLL_SECONDS": "0.2",
         "KB_INDEXER": "test-only-hang",  # generation 1 hangs; later ones really run
         "KB_TEST_ONLY_HANG_GENERATIONS": "1",
     }
@@ -217,10 +217,10 @@ async def test_sigterm_lets_the_running_task_finish_within_the_grace_period(
 ) -> None:
     created = await create_task(pool)
     worker = await start_worker(
-        KB_LEASE_SECONDS="30",
+        KB_INDEXER_LEASE_SECONDS="30",
         KB_INDEXER="test-only-hang",
         KB_TEST_ONLY_HANG_GENERATIONS="1",
-        KB_GRACE_PERIOD_SECONDS="0.5",
+        KB_INDEXER_GRACE_PERIOD_SECONDS="0.5",
     )
     await worker.wait_for("task.claimed")
     worker.process.send_signal(signal.SIGTERM)
@@ -236,3 +236,16 @@ async def test_sigterm_lets_the_running_task_finish_within_the_grace_period(
     )
     assert row is not None
     assert (row["status"], row["attempts"]) == ("RUNNING", 1)
+
+
+async def test_run_once_prints_failed_when_it_cannot_classify_an_error(
+    service_env: dict[str, str],
+) -> None:
+    # Defect 9's other half: an error run-once cannot classify (here: no database at all)
+    # exited 1 with nothing on stdout. It prints FAILED, the error on stderr, exits 1.
+    env = {**service_env, "DATABASE_URL": "postgresql://kb:s3cretpw@127.0.0.1:1/kb"}
+    code, out, err = await kb(env, "indexer", "run-once", "--tier", "standard")
+    assert (code, out) == (1, "FAILED\n"), err
+    assert "DATABASE_UNAVAILABLE" in err
+    assert "s3cretpw" not in err
+    assert "Traceback" not in err

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -117,3 +120,67 @@ async def test_publish_through_kb_serve_survives_a_crash(
         "IndexTaskCreated",
         "DocumentVersionPublished",
     ]
+
+
+UPLOAD_BYTES = 25_000_000  # just under the default limit of 25 MiB
+PARALLEL_UPLOADS = 200
+# The default budget (128 MiB) admits five such uploads at once; each costs ~2.5 times its
+# size while it is stored, on top of ~100 MB of process (measured: ~390 MB peak).
+RSS_BOUND_BYTES = 600 * 1024 * 1024
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+async def test_parallel_large_uploads_stay_within_memory_and_are_201_or_503(
+    service_env: dict[str, str], conn: asyncpg.Connection[Any]
+) -> None:
+    created = kb(service_env, "tenants", "create", "acme", "--tier", "standard")
+    assert created.returncode == 0, created.stderr
+    headers = {"Authorization": f"Bearer {created.stdout.strip().removeprefix('KB_API_KEY=')}"}
+    content = b"refunds within thirty days. " * (UPLOAD_BYTES // 28)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1/tenants/acme/documents"
+
+    with kb_serve(service_env, port) as server:
+        limits = httpx.Limits(max_connections=PARALLEL_UPLOADS, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
+            async def one(i: int) -> httpx.Response:
+                return await client.post(
+                    url,
+                    files={"file": (f"policy-{i}.txt", content, "text/plain")},
+                    data={"title": f"Policy {i}"},
+                    headers=headers,
+                )
+
+            responses = await asyncio.gather(*(one(i) for i in range(PARALLEL_UPLOADS)))
+        peak = _peak_rss_bytes(server.pid)
+
+    statuses = Counter(r.status_code for r in responses)
+    assert set(statuses) <= {201, 503}, statuses
+    assert statuses[201] >= 1, statuses
+    for response in responses:
+        if response.status_code == 503:
+            assert response.headers["content-type"] == "application/problem+json"
+            assert int(response.headers["retry-after"]) >= 1
+            assert response.json()["errorCode"] == "UPLOADS_BUSY"
+    assert peak < RSS_BOUND_BYTES, f"peak RSS {peak / 2**20:.0f} MiB; answers {statuses}"
+    print(f"peak RSS {peak / 2**20:.0f} MiB; answers {dict(statuses)}")
+
+    # Nothing half-written: one whole version per accepted upload, nothing else.
+    rows = await conn.fetch(
+        "SELECT d.document_id, v.size_bytes, v.sha256 FROM document d"
+        " JOIN document_version v USING (tenant_id, document_id)"
+    )
+    assert len(rows) == statuses[201] == await conn.fetchval("SELECT count(*) FROM document")
+    digest = hashlib.sha256(content).digest()
+    assert all(r["size_bytes"] == len(content) and r["sha256"] == digest for r in rows)
+    assert {str(r["document_id"]) for r in rows} == {
+        r.json()["documentId"] for r in responses if r.status_code == 201
+    }

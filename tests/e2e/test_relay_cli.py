@@ -55,10 +55,10 @@ def relay_env(service_env: dict[str, str]) -> dict[str, str]:
     return {
         **service_env,
         "KB_RELAY_PARTITIONS": "1",
-        "KB_RELAY_LEASE_S": "2",
-        "KB_RELAY_SEND_TIMEOUT_S": "1.0",
-        "KB_RELAY_POLL_INTERVAL_S": "0.3",
-        "KB_RELAY_BACKOFF_MAX_S": "0.5",
+        "KB_RELAY_LEASE_SECONDS": "2",
+        "KB_RELAY_SEND_TIMEOUT_SECONDS": "1.0",
+        "KB_RELAY_POLL_INTERVAL_SECONDS": "0.3",
+        "KB_RELAY_BACKOFF_MAX_SECONDS": "0.5",
         "KB_LOG_FORMAT": "json",
     }
 
@@ -180,4 +180,14 @@ def test_replay_bad_input_exits_2_with_a_clear_message() -> None:
     result = _kb(env, "relay", "replay", "--from", "abc")
     assert result.returncode == 2, result.stderr
     assert "--from must be an outbox position" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_sasl_without_a_username_is_a_configuration_error_exit_2() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "KAFKA_SASL"))}
+    env |= {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_PASSWORD": "hunter2-not-shown"}
+    result = _kb(env, "relay", "run")
+    assert result.returncode == 2, result.stderr
+    assert "KAFKA_SASL_USERNAME" in result.stderr
+    assert "hunter2-not-shown" not in result.stderr
     assert "Traceback" not in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from tests.support.api import (
     ApiTenant,
     Harness,
     add_tenant,
+    live_publisher,
     publish,
     publisher_harness,
     snapshot,
@@ -449,7 +451,8 @@ async def test_status_follows_the_task_and_the_search_pointer(
     status = (await api.client.get(status_path, headers=acme.headers)).json()
     assert status["indexStatus"] == "FAILED"
     assert status["failure"]["errorCode"] == "DOCUMENT_PARSE_FAILED"
-    assert status["failure"]["message"] == "not a PDF"
+    # The stored text is for operators: the tenant gets the code's fixed text.
+    assert status["failure"]["message"] == "The document could not be parsed."
     assert status["publishedVersion"] == 2
     assert status["searchVersion"] == 1
     assert status["indexTaskId"] == v2["indexTaskId"]
@@ -469,7 +472,7 @@ async def test_index_task_is_returned_in_camel_case(api: Harness, acme: ApiTenan
     assert task["tier"] == "standard"
     assert task["status"] == "PENDING"
     assert task["attempts"] == 0
-    assert task["leaseOwner"] is None
+    assert "leaseOwner" not in task
     assert {"nextAttemptAt", "createdAt", "updatedAt", "errorCode", "maxAttempts"} <= set(task)
 
 
@@ -522,7 +525,9 @@ async def test_a_request_that_cannot_get_a_connection_answers_503_quickly(
     )
     pool = await create_pool(publisher_settings)
     try:
-        app = create_app(publisher_settings, store=PgPublisherStore(pool, acquire_timeout_s=0.2))
+        app = create_app(
+            publisher_settings, store=PgPublisherStore(pool, acquire_timeout_seconds=0.2)
+        )
         transport = httpx.ASGITransport(app=app)
         async with (
             httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client,
@@ -532,5 +537,112 @@ async def test_a_request_that_cannot_get_a_connection_answers_503_quickly(
                 acme.path(f"/documents/{uuid.uuid4()}"), headers=acme.headers
             )
         _problem(response, 503, "DATABASE_UNAVAILABLE")
+        assert response.headers["retry-after"] == "1"
     finally:
         await pool.close()
+
+
+# --- hardening -----------------------------------------------------------------------------------
+
+
+async def test_hidden_characters_in_titles_and_principals_are_422_and_change_nothing(
+    api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    document_id = (await upload(api.client, acme)).json()["documentId"]
+    before = await snapshot(conn)
+    for title in ["Refund\u202epolicy", "Refund\u200bpolicy", "Refund\x1bpolicy", "\ufeffRefund"]:
+        _problem(await upload(api.client, acme, title=title), 422, "TITLE_INVALID")
+    for principal in ["group:\u200dadmins", "group:admins\u2066", "group:\x00admins"]:
+        response = await publish(api.client, acme, document_id, 1, 1, read=[principal])
+        _problem(response, 422, "PRINCIPAL_INVALID")
+    assert await snapshot(conn) == before
+
+    # Two spellings of one principal are one principal: publishing again is a repeat.
+    first = await publish(api.client, acme, document_id, 1, 1, read=["user:Ren\u00e9e"])
+    assert first.status_code == 202, first.text
+    again = await publish(api.client, acme, document_id, 1, 1, read=["user:Rene\u0301e"])
+    assert again.status_code == 202, again.text
+    assert again.json() == first.json()
+    assert await conn.fetchval("SELECT array_agg(principal) FROM document_acl") == [
+        "user:Ren\u00e9e"
+    ]
+    decomposed = await upload(api.client, acme, title="Cafe\u0301")
+    status = await api.client.get(
+        acme.path(f"/documents/{decomposed.json()['documentId']}"), headers=acme.headers
+    )
+    assert status.json()["title"] == "Caf\u00e9"
+
+
+async def test_a_publish_body_above_the_json_limit_is_413_and_changes_nothing(
+    api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    document_id = (await upload(api.client, acme)).json()["documentId"]
+    before = await snapshot(conn)
+    principals = [f"group:{i:04d}-{'x' * 150}" for i in range(200)]  # ~32 KiB of JSON
+    _problem(
+        await publish(api.client, acme, document_id, 1, 1, read=principals),
+        413,
+        ("PAYLOAD_TOO_LARGE"),
+    )
+    assert await snapshot(conn) == before
+
+
+async def test_tenants_see_no_lease_owner_and_no_stored_error_text(
+    api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    created = (await upload(api.client, acme)).json()
+    task_id = (await publish(api.client, acme, created["documentId"], 1, 1)).json()["indexTaskId"]
+    await conn.execute(
+        """
+        UPDATE index_task SET status = 'DEAD', error_code = 'INTERNAL_ERROR',
+               error_message = 'UniqueViolationError: duplicate key value violates kc_pkey',
+               lease_owner = 'indexer-3.internal:4242:9f1c', attempts = 1, finished_at = now()
+         WHERE task_id = $1
+        """,
+        uuid.UUID(task_id),
+    )
+    task = await api.client.get(acme.path(f"/index-tasks/{task_id}"), headers=acme.headers)
+    status = await api.client.get(
+        acme.path(f"/documents/{created['documentId']}"), headers=acme.headers
+    )
+    for response in (task, status):
+        assert response.status_code == 200, response.text
+        assert "indexer-3" not in response.text
+        assert "kc_pkey" not in response.text
+        assert "leaseOwner" not in response.text
+    assert task.json()["errorCode"] == "INTERNAL_ERROR"
+    assert task.json()["errorMessage"] == "Indexing failed; an operator can see the details."
+    assert status.json()["failure"]["message"] == task.json()["errorMessage"]
+
+
+async def test_readiness_names_no_migration(api: Harness, conn: asyncpg.Connection[Any]) -> None:
+    last = await conn.fetchrow("SELECT version, name FROM schema_migration ORDER BY 1 DESC")
+    assert last is not None
+    await conn.execute("DELETE FROM schema_migration WHERE version = $1", last["version"])
+    response = await api.client.get("/readyz")
+    body = _problem(response, 503, "NOT_READY")
+    assert last["name"] not in response.text
+    assert "migration" not in body["detail"]
+
+
+async def test_a_request_head_that_never_completes_is_cut_off(settings: RuntimeSettings) -> None:
+    """A client trickling its request line and headers (slowloris) loses its connection
+    once the head timeout passes, on a new connection and between keep-alive requests."""
+    publisher_settings = PublisherSettings(
+        database_url=settings.database_url, publisher_request_head_timeout_seconds=0.3
+    )
+    with live_publisher(publisher_settings) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as fresh:
+            fresh.sendall(b"GET /healthz HTTP/1.1\r\nHost: kb\r\n")  # no blank line: incomplete
+            assert fresh.recv(1024) == b""  # closed by the server (a hang fails on the timeout)
+        with socket.create_connection((host, int(port)), timeout=30) as kept:
+            kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: kb\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):  # the head and body may split
+                chunk = kept.recv(4096)
+                assert chunk, answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200")
+            kept.sendall(b"GET /hea")  # the next head, trickled
+            assert kept.recv(1024) == b""

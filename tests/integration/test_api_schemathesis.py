@@ -52,7 +52,7 @@ async def live_api(stack: Stack, template_database: str) -> AsyncIterator[LiveAp
         finally:
             await conn.close()
         publisher_settings = PublisherSettings(
-            database_url=database_url, max_upload_bytes=4096, db_pool_max_size=4
+            database_url=database_url, publisher_max_upload_bytes=4096, db_pool_max_size=4
         )
         with live_publisher(publisher_settings) as url:
             async with httpx.AsyncClient(base_url=url) as client:

@@ -1,5 +1,9 @@
+"""The outbox writer: an event commits or rolls back with its producer's transaction, and
+one document's events commit in the order of their positions."""
+
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -7,6 +11,16 @@ import asyncpg
 import pytest
 
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.settings import RuntimeSettings
+from tests.support.kafka import TopicReader, relay_settings, relay_topics, running_relay
+
+pytestmark = pytest.mark.integration
+
+
+def _event_for(key: str) -> OutboxEvent:
+    return OutboxEvent(
+        event_type="Probe", tenant_id="acme", tier="standard", aggregate_key=key, payload=b"x"
+    )
 
 
 def _event() -> OutboxEvent:
@@ -49,3 +63,65 @@ async def test_outside_a_transaction_is_a_programming_error(
     with pytest.raises(RuntimeError, match="inside the producer's transaction"):
         await add_event(conn, _event())
     assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+async def _blocked_or_done(
+    observer: asyncpg.Connection[Any], pid: int, task: asyncio.Task[None]
+) -> None:
+    """Until ``task`` has finished or its connection (``pid``) waits for a lock."""
+    async with asyncio.timeout(30):
+        while not task.done():
+            waiting = await observer.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            if waiting:
+                return
+            # Another backend's state: asking the server again is the only signal there is.
+            await asyncio.sleep(0.01)
+
+
+async def test_one_documents_events_commit_in_position_order_without_the_caller_locking(
+    settings: RuntimeSettings, database_url: str, conn: asyncpg.Connection[Any]
+) -> None:
+    """Two writers of one document that take no lock of their own: B's add_event waits
+    for A's transaction, so commit order = position order = the order the relay sends."""
+    document = str(uuid.uuid4())
+    key = aggregate_key("acme", document)
+    committed: list[uuid.UUID] = []
+    first = await asyncpg.connect(database_url)
+    second = await asyncpg.connect(database_url)
+    try:
+        tx_a = first.transaction()
+        await tx_a.start()
+        a = await add_event(first, _event_for(key))
+
+        async def write_b() -> None:
+            async with second.transaction():
+                b = await add_event(second, _event_for(key))
+            committed.append(b.event_id)
+
+        b_task = asyncio.create_task(write_b())
+        await _blocked_or_done(conn, second.get_server_pid(), b_task)
+        await tx_a.commit()
+        committed.append(a.event_id)
+        await b_task
+        positions = {
+            r["event_id"]: r["position"]
+            for r in await conn.fetch(
+                "SELECT event_id, position FROM outbox WHERE aggregate_key = $1", key
+            )
+        }
+        by_position = sorted(positions, key=positions.__getitem__)
+        assert committed == by_position, "commit order differs from position order"
+
+        s = relay_settings(settings)
+        async with (
+            TopicReader(s.kafka_bootstrap_servers, relay_topics(s)) as reader,
+            running_relay(s),
+        ):
+            await reader.read_event_ids(committed)
+        sent = [m.event_id for m in reader.messages if m.key == key]
+        assert sent == committed
+    finally:
+        await first.close()
+        await second.close()

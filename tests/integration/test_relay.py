@@ -376,3 +376,131 @@ async def test_a_window_left_half_drained_is_resumed_by_the_next_owner(
     for kafka_partition in {m.partition for m in reader.messages}:
         positions = [m.position for m in reader.messages if m.partition == kafka_partition]
         assert positions == sorted(positions)
+
+
+async def _drain(
+    source: PgOutboxSource, lease: Lease, progress: Progress, limit: int
+) -> tuple[Progress, list[OutboxRecord], int]:
+    """Read the partition until nothing new is left: where it stands, what it read, and
+    how many reads that took."""
+    records: list[OutboxRecord] = []
+    reads = 0
+    while True:
+        batch = await source.read_window_batch(lease, progress, limit)
+        reads += 1
+        records.extend(batch.records)
+        progress = batch.following
+        if progress.window is None and not batch.records:
+            return progress, records, reads
+
+
+async def test_a_late_commit_is_drained_without_reading_the_rows_delivered_meanwhile(
+    settings: RuntimeSettings, database_url: str, conn: asyncpg.Connection[Any]
+) -> None:
+    s = relay_settings(settings, relay_partitions=1)
+    pool = await create_relay_pool(s)
+    long_open = await asyncpg.connect(database_url)
+    try:
+        leases = PgLeaseStore(pool)
+        await leases.ensure_partitions(1)
+        [lease] = await leases.acquire("relay-a", 1, lease_s=60)
+        source = PgOutboxSource(pool)
+        tx = long_open.transaction()
+        await tx.start()
+        held = await add_event(long_open, _event("doc-held"))
+        meanwhile = [await publish(conn) for _ in range(60)]
+        progress, records, _ = await _drain(source, lease, lease.progress, limit=4)
+        assert [r.event_id for r in records] == [e.event_id for e in meanwhile]
+        await tx.commit()
+        after = [await publish(conn) for _ in range(3)]
+        _, records, reads = await _drain(source, lease, progress, limit=4)
+        assert [r.event_id for r in records] == [held.event_id, *(e.event_id for e in after)]
+        # One read for the window (4 rows: the late one and the three after it), one that
+        # finds nothing new. Reading by position range from the late row instead would walk
+        # the 60 delivered rows in between, 4 positions a read.
+        assert reads == 2
+    finally:
+        await long_open.close()
+        await pool.close()
+
+
+async def test_writers_notify_only_while_the_doorbell_is_armed(
+    database_url: str, conn: asyncpg.Connection[Any]
+) -> None:
+    listener = await asyncpg.connect(database_url)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    try:
+        await listener.add_listener("kb_outbox", lambda *args: heard.put_nowait(args[-1]))
+        # Disarmed (a relay was woken and is busy): the insert sends nothing. Notifications
+        # arrive in commit order, so the sentinel sent after it is the first thing heard.
+        await conn.execute("UPDATE relay_doorbell SET armed = false")
+        await publish(conn)
+        await conn.execute("SELECT pg_notify('kb_outbox', 'sentinel')")
+        async with asyncio.timeout(10):
+            assert await heard.get() == "sentinel"
+        # Armed (a relay waits): the insert rings.
+        await conn.execute("UPDATE relay_doorbell SET armed = true")
+        await publish(conn)
+        await conn.execute("SELECT pg_notify('kb_outbox', 'sentinel')")
+        async with asyncio.timeout(10):
+            assert await heard.get() == ""
+            assert await heard.get() == "sentinel"
+    finally:
+        await listener.close()
+
+
+async def test_one_instance_deletes_at_a_time(
+    settings: RuntimeSettings, conn: asyncpg.Connection[Any]
+) -> None:
+    s = relay_settings(settings, relay_partitions=1)
+    pool = await create_relay_pool(s)
+    try:
+        leases = PgLeaseStore(pool)
+        await leases.ensure_partitions(1)
+        [lease] = await leases.acquire("relay-a", 1, lease_s=60)
+        for _ in range(3):
+            await publish(conn)
+        delivered = await conn.fetchval("SELECT pg_current_snapshot()::text")
+        assert await leases.commit_progress(lease, Progress(delivered=delivered), 60)
+        # Rows another cluster transaction overlapped stay (retention is conservative).
+        deletable = await conn.fetchval(
+            "SELECT count(*) FROM outbox WHERE txid < pg_snapshot_xmin($1::text::pg_snapshot)",
+            delivered,
+        )
+        future = await conn.fetchval("SELECT now() + interval '8 days'")
+        source = PgOutboxSource(pool)
+        lock = "hashtextextended('kb.relay.retention', 0)"
+        await conn.execute(f"SELECT pg_advisory_lock({lock})")  # another instance deletes
+        assert await source.delete_delivered(7 * 86400, batch=10, now=future) == 0
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 3
+        await conn.execute(f"SELECT pg_advisory_unlock({lock})")
+        assert await source.delete_delivered(7 * 86400, batch=10, now=future) == deletable
+    finally:
+        await pool.close()
+
+
+async def test_retention_is_not_held_back_by_an_unrelated_open_transaction(
+    settings: RuntimeSettings, database_url: str, conn: asyncpg.Connection[Any]
+) -> None:
+    s = relay_settings(settings, relay_partitions=2)
+    unrelated = await asyncpg.connect(database_url)
+    try:
+        tx = unrelated.transaction()
+        await tx.start()
+        await unrelated.fetchval("SELECT pg_current_xact_id()")  # open, with a txid
+        async with (
+            TopicReader(s.kafka_bootstrap_servers, relay_topics(s)) as reader,
+            running_relay(s),
+        ):
+            delivered = [await publish(conn) for _ in range(5)]
+            await reader.read_event_ids([e.event_id for e in delivered])
+        pool = await create_relay_pool(s)
+        try:
+            future = await conn.fetchval("SELECT now() + interval '8 days'")
+            deleted = await PgOutboxSource(pool).delete_delivered(7 * 86400, 10, now=future)
+        finally:
+            await pool.close()
+        assert deleted == 5
+        await tx.rollback()
+    finally:
+        await unrelated.close()

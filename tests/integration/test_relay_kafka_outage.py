@@ -55,7 +55,7 @@ async def test_broker_down_then_up_drains_the_backlog(
     await asyncio.to_thread(kafka.up)
     try:
         s = relay_settings(
-            settings, kafka_bootstrap_servers=kafka.bootstrap, relay_send_timeout_s=2.0
+            settings, kafka_bootstrap_servers=kafka.bootstrap, relay_send_timeout_seconds=2.0
         )
         topics = relay_topics(s)
         async with running_relay(s):

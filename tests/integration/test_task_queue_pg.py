@@ -14,13 +14,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.ports import ManualClock
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import TaskStatus
 from services.runtime.db import create_pool
-from services.runtime.errors import LeaseLost
+from services.runtime.errors import DatabaseUnavailable, LeaseLost
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
+from tests.support.clock import ManualClock
 from tests.support.tasks import create_many_tasks, create_task
 
 pytestmark = pytest.mark.integration
@@ -120,7 +120,7 @@ async def test_lost_lease_at_completion_writes_neither_task_nor_sink_rows(
     clock.advance(LEASE)
     [new] = await queue.claim("standard", "new", lease_seconds=LEASE)
 
-    async def sink(conn: asyncpg.Connection[Any]) -> None:
+    async def sink(conn: Any) -> None:
         await add_event(
             conn,
             OutboxEvent(
@@ -136,7 +136,7 @@ async def test_lost_lease_at_completion_writes_neither_task_nor_sink_rows(
         await queue.complete(old, in_transaction=sink)
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
 
-    async def broken_sink(conn: asyncpg.Connection[Any]) -> None:
+    async def broken_sink(conn: Any) -> None:
         await sink(conn)
         raise RuntimeError("vector write failed")
 
@@ -199,3 +199,23 @@ async def test_claims_only_its_tier(pool: asyncpg.Pool[Any]) -> None:
     assert lease.task_id == premium.task_id
     assert lease.tier == "premium"
     assert await PgTaskQueue(pool).get(uuid.uuid4()) is None
+
+
+async def test_heartbeats_use_their_own_pool_and_give_up_within_a_quarter_lease(
+    pool: asyncpg.Pool[Any], settings: RuntimeSettings
+) -> None:
+    await create_task(pool)
+    beats = await create_pool(settings, min_size=1, max_size=1)
+    try:
+        queue = PgTaskQueue(pool, heartbeat_pool=beats)
+        [lease] = await queue.claim("standard", "w1", lease_seconds=2.0)
+        renewed = await queue.heartbeat(lease, lease_seconds=2.0)
+        assert renewed.lease_until > lease.lease_until
+        # Its one connection is taken: the heartbeat does not wait for the lease to pass.
+        async with beats.acquire():
+            with pytest.raises(DatabaseUnavailable):
+                await asyncio.wait_for(queue.heartbeat(renewed, lease_seconds=2.0), 1.0)
+            # ...while the main pool's work is untouched by it.
+            assert await queue.get(lease.task_id) is not None
+    finally:
+        await beats.close()

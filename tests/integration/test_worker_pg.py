@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
 from datetime import UTC, datetime
@@ -11,13 +12,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.ports import IndexingOutcome, ManualClock
+from services.indexer.ports import IndexingOutcome, Transaction
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
 from services.indexer.version_check import TestOnlyHangingIndexer, VersionCheckIndexer
 from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import create_pool, translate_db_errors
 from services.runtime.settings import RuntimeSettings
+from tests.support.clock import ManualClock
+from tests.support.pg_proxy import CommitDroppingProxy
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
@@ -155,7 +158,12 @@ async def test_rate_limit_retry_after_is_respected(pool: asyncpg.Pool[Any]) -> N
         PgTaskQueue(pool, clock=clock),
         AlwaysFails(ErrorCode.EMBEDDING_RATE_LIMITED, retry_after_seconds=120),
         tier="standard",
-        policy=RetryPolicy(backoff_base_seconds=1, backoff_cap_seconds=30, jitter=0.5),
+        policy=RetryPolicy(
+            backoff_base_seconds=1,
+            backoff_cap_seconds=30,
+            jitter=0.5,
+            max_retry_after_seconds=600,
+        ),
     )
     assert await limited.run_once() is RunOnceResult.FAILED
     assert await _delay(pool, created.task_id, clock.now()) == 120
@@ -185,7 +193,7 @@ class Recording:
         self.runs.append((lease.task_id, lease.lease_attempt))
         await asyncio.sleep(0)  # let the other workers interleave
 
-        async def write(conn: asyncpg.Connection[Any]) -> None:
+        async def write(conn: Transaction) -> None:
             # Stands in for the sink: a row written only if the fenced complete commits.
             await conn.execute("SELECT 1")
 
@@ -277,7 +285,7 @@ class WriteHasABug:
     then fails with a programming error."""
 
     async def index(self, lease: Lease) -> Any:
-        async def write(conn: asyncpg.Connection[Any]) -> None:
+        async def write(conn: Transaction) -> None:
             await conn.execute(
                 "INSERT INTO tenant (tenant_id, tier) VALUES ('written-by-sink', 'standard')"
             )
@@ -335,3 +343,137 @@ async def test_claims_blocked_past_the_statement_timeout_do_not_stop_the_worker(
         await holder.close()
         await short.close()
     assert await _status(pool, created.task_id) == ("SUCCEEDED", None)
+
+
+class HangsUntilReleased:
+    """Indexes nothing until released; then hands ``complete`` a write into a table."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def index(self, lease: Lease) -> Any:
+        self.started.set()
+        await self.release.wait()
+        return IndexingOutcome()
+
+
+async def test_heartbeats_hold_the_lease_while_every_pool_connection_is_busy(
+    pool: asyncpg.Pool[Any], settings: RuntimeSettings
+) -> None:
+    # Defect 8: heartbeats shared the claim/result pool; with every connection busy they
+    # waited for one and a healthy lease expired. They have a connection of their own now.
+    created = await create_task(pool)
+    busy = await create_pool(settings, min_size=2, max_size=2)
+    beats = await create_pool(settings, min_size=1, max_size=1)
+    indexer = HangsUntilReleased()
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    running = asyncio.create_task(
+        Worker(
+            PgTaskQueue(busy, heartbeat_pool=beats),
+            indexer,
+            tier="standard",
+            owner="it-worker",
+            lease_seconds=3.0,
+            signals=signals,
+        ).run_once()
+    )
+    held: list[Any] = []
+    try:
+        async with asyncio.timeout(15):
+            await indexer.started.wait()
+            held = [await busy.acquire() for _ in range(2)]  # claims and writes: all taken
+            beats_seen = 0
+            while beats_seen < 3:
+                event = await signals.get()
+                assert event.kind != "lease_lost", "a heartbeat starved for a connection"
+                beats_seen += event.kind == "heartbeat"
+        row = await pool.fetchrow(
+            "SELECT status, attempts, lease_owner, lease_until > now() AS live "
+            "FROM index_task WHERE task_id = $1",
+            created.task_id,
+        )
+        assert row is not None
+        assert (row["status"], row["attempts"], row["lease_owner"], row["live"]) == (
+            "RUNNING",
+            1,
+            "it-worker",
+            True,
+        )
+        for connection in held:
+            await busy.release(connection)
+        held = []
+        indexer.release.set()
+        assert await asyncio.wait_for(running, 15) is RunOnceResult.SUCCEEDED
+    finally:
+        for connection in held:
+            await busy.release(connection)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await busy.close()
+        await beats.close()
+    assert await _status(pool, created.task_id) == ("SUCCEEDED", None)
+
+
+class WritesThen:
+    """Indexing succeeds; the sink's write inserts a marker row, then runs ``after``."""
+
+    def __init__(self, after: str | None = None) -> None:
+        self.after = after
+
+    async def index(self, lease: Lease) -> Any:
+        async def write(conn: Transaction) -> None:
+            await conn.execute(
+                "INSERT INTO tenant (tenant_id, tier) VALUES ('written-by-sink', 'standard')"
+            )
+            if self.after is not None:
+                await conn.execute(self.after)
+
+        return IndexingOutcome(write=write)
+
+
+async def _sink_row_exists(pool: asyncpg.Pool[Any]) -> bool:
+    return bool(
+        await pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM tenant WHERE tenant_id = 'written-by-sink')"
+        )
+    )
+
+
+async def test_a_commit_whose_connection_dropped_after_it_landed_is_succeeded(
+    pool: asyncpg.Pool[Any], database_url: str, settings: RuntimeSettings
+) -> None:
+    # Defect 9: the connection died during COMMIT of complete after the commit landed; the
+    # worker called fail, the fence refused it (the task was SUCCEEDED) and it reported
+    # LOST_LEASE. It reads the task back now and reports what happened.
+    created = await create_task(pool)
+    proxy = CommitDroppingProxy(database_url)
+    proxied = await create_pool(
+        settings.model_copy(update={"database_url": await proxy.start()}),
+        min_size=1,
+        max_size=2,
+    )
+    try:
+        proxy.arm()
+        result = await asyncio.wait_for(worker(proxied, indexer=WritesThen()).run_once(), 15)
+        assert proxy.dropped.is_set(), "the proxy never saw the COMMIT"
+        assert proxy.commit_tag == b"COMMIT"
+    finally:
+        await proxied.close()
+        await proxy.close()
+    assert result is RunOnceResult.SUCCEEDED
+    assert await _status(pool, created.task_id) == ("SUCCEEDED", None)
+    assert await _sink_row_exists(pool)
+
+
+async def test_a_connection_killed_inside_the_write_is_retried_and_writes_nothing(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    # The other side of an unknown outcome: the backend is terminated inside complete's
+    # transaction, so nothing committed; the task is still ours, and goes the failure path.
+    created = await create_task(pool)
+    killed = WritesThen(after="SELECT pg_terminate_backend(pg_backend_pid())")
+    assert await worker(pool, indexer=killed).run_once() is RunOnceResult.FAILED
+    assert await _status(pool, created.task_id) == ("RETRY_WAIT", "DATABASE_UNAVAILABLE")
+    assert not await _sink_row_exists(pool)

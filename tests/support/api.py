@@ -15,11 +15,11 @@ import httpx
 from fastapi import FastAPI
 
 from services.publisher.api import create_app
-from services.publisher.auth import hash_api_key, new_api_key
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore
 from services.runtime.db import create_pool
 from services.runtime.settings import RuntimeSettings
+from services.runtime.tenant_auth import hash_api_key, new_api_key
 
 BASE_URL = "http://publisher.test"
 
@@ -62,7 +62,7 @@ async def publisher_harness(
     publisher_settings = PublisherSettings(
         database_url=settings.database_url,
         kafka_bootstrap_servers=settings.kafka_bootstrap_servers,
-        max_upload_bytes=max_upload_bytes,
+        publisher_max_upload_bytes=max_upload_bytes,
         db_pool_max_size=pool_size,
     )
     pool = await create_pool(publisher_settings)
@@ -161,15 +161,10 @@ def live_publisher(settings: PublisherSettings) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    config = uvicorn.Config(
-        create_app(settings),
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        log_config=None,
-    )
+    from services.publisher.server import uvicorn_options
+
+    options = {**uvicorn_options(settings), "log_level": "warning"}
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="publisher-under-test", daemon=True)
     thread.start()

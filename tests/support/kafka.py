@@ -17,8 +17,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, PgWakeups, create_relay_pool
 from services.relay.relay import AfterAck, Relay
-from services.relay.settings import DOCUMENT_EVENTS_TOPIC, INDEX_HINTS_TOPIC, RelaySettings
+from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
+from services.runtime.events import document_events_topic, index_hints_topic
 from services.runtime.outbox import OutboxEvent, StoredEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 
@@ -134,12 +135,12 @@ def relay_settings(base: RuntimeSettings, **overrides: object) -> RelaySettings:
         "kafka_bootstrap_servers": base.kafka_bootstrap_servers,
         "kafka_topic_prefix": base.kafka_topic_prefix,
         "relay_partitions": 4,
-        "relay_lease_s": 3.0,
-        "relay_poll_interval_s": 0.5,
-        "relay_backoff_initial_s": 0.05,
-        "relay_backoff_max_s": 0.5,
-        "relay_send_timeout_s": 2.0,
-        "relay_metrics_interval_s": 0.2,
+        "relay_lease_seconds": 3.0,
+        "relay_poll_interval_seconds": 0.5,
+        "relay_backoff_initial_seconds": 0.05,
+        "relay_backoff_max_seconds": 0.5,
+        "relay_send_timeout_seconds": 2.0,
+        "relay_metrics_interval_seconds": 0.2,
         "relay_topic_partitions": 3,
         "relay_topic_tiers": ["standard"],
         "db_pool_max_size": 4,
@@ -149,9 +150,8 @@ def relay_settings(base: RuntimeSettings, **overrides: object) -> RelaySettings:
 
 
 def relay_topics(settings: RelaySettings, tiers: Iterable[str] = ("standard",)) -> list[str]:
-    return [settings.topic(DOCUMENT_EVENTS_TOPIC)] + [
-        settings.topic(INDEX_HINTS_TOPIC + tier) for tier in tiers
-    ]
+    prefix = settings.kafka_topic_prefix
+    return [document_events_topic(prefix)] + [index_hints_topic(tier, prefix) for tier in tiers]
 
 
 @contextlib.asynccontextmanager

@@ -78,3 +78,25 @@ def test_every_environment_name_is_read_by_the_code() -> None:
         for key in env:
             assert key in known, f"compose service {name} sets {key}, which no settings read"
         assert {"DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS"} <= set(env), name
+
+
+def test_every_host_port_binds_loopback_only() -> None:
+    # Docker publishes "HOST:CONTAINER" on every interface: the database and the broker
+    # (no TLS, trust or default passwords) must not be reachable from the network.
+    for name, spec in _compose()["services"].items():
+        for mapping in spec.get("ports", []):
+            assert str(mapping).startswith("127.0.0.1:"), f"{name} publishes {mapping}"
+
+
+def test_durations_are_named_in_seconds() -> None:
+    for name, spec in _kb_services(_compose()).items():
+        for key in spec.get("environment") or {}:
+            assert not key.endswith(("_S", "_MS", "_HOURS")), f"{name}: {key} is not *_SECONDS"
+
+
+def test_the_relay_is_configured_with_its_own_names() -> None:
+    env = _kb_services(_compose())["relay"]["environment"]
+    assert "KB_RELAY_LEASE_SECONDS" in env
+    assert {k for k in env if k.startswith("KB_") and not k.startswith("KB_LOG_")} <= {
+        k for k in env if k.startswith("KB_RELAY_")
+    }

@@ -1,34 +1,75 @@
-"""IndexerSettings: KB_* environment, validated and frozen."""
+"""IndexerSettings: KB_INDEXER_* environment (durations in *_SECONDS), validated and frozen."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from services.indexer.settings import IndexerSettings
-from services.runtime.settings import RuntimeSettings
+from services.indexer.settings import RENAMED_ENV, IndexerSettings
+from services.runtime.settings import RuntimeSettings, env_names
 
 
-def test_reads_kb_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KB_LEASE_SECONDS", "2")
-    monkeypatch.setenv("KB_CONCURRENCY", "16")
-    monkeypatch.setenv("KB_BACKOFF_CAP_SECONDS", "120")
+def test_reads_kb_indexer_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KB_INDEXER_LEASE_SECONDS", "2")
+    monkeypatch.setenv("KB_INDEXER_CONCURRENCY", "16")
+    monkeypatch.setenv("KB_INDEXER_BACKOFF_CAP_SECONDS", "120")
+    monkeypatch.setenv("KB_INDEXER_POLL_SECONDS", "0.5")
+    monkeypatch.setenv("KB_INDEXER_MAX_RETRY_AFTER_SECONDS", "900")
+    monkeypatch.setenv("KB_INDEXER_WORKER_ID", "w-7")
+    monkeypatch.setenv("KB_LOG_LEVEL", "debug")  # the shared settings keep their names
+    monkeypatch.setenv("DATABASE_URL", "postgresql://db.example/kb")
     settings = IndexerSettings()
     assert isinstance(settings, RuntimeSettings)
-    assert (settings.lease_seconds, settings.concurrency) == (2.0, 16)
-    assert settings.backoff_cap_seconds == 120
+    assert (settings.indexer_lease_seconds, settings.indexer_concurrency) == (2.0, 16)
+    assert settings.indexer_backoff_cap_seconds == 120
+    assert settings.indexer_poll_seconds == 0.5
+    assert settings.indexer_max_retry_after_seconds == 900
+    assert settings.indexer_worker_id == "w-7"
+    assert (settings.log_level, settings.database_url) == ("debug", "postgresql://db.example/kb")
     assert settings.indexer == "version-check"
     with pytest.raises(ValidationError):
-        settings.lease_seconds = 3  # type: ignore[misc]
+        settings.indexer_lease_seconds = 3  # type: ignore[misc]
+
+
+def test_every_own_setting_is_kb_indexer_and_durations_say_seconds() -> None:
+    own = env_names(IndexerSettings) - env_names(RuntimeSettings)
+    # The stand-in indexer's switches are the pipeline branch's to rename.
+    own -= {"KB_INDEXER", "KB_TEST_ONLY_HANG_GENERATIONS"}
+    assert own, "no settings of its own?"
+    assert all(name.startswith("KB_INDEXER_") for name in own), own
+    for name in (
+        "KB_INDEXER_LEASE_SECONDS",
+        "KB_INDEXER_MAX_ATTEMPTS",
+        "KB_INDEXER_BACKOFF_BASE_SECONDS",
+        "KB_INDEXER_BACKOFF_CAP_SECONDS",
+        "KB_INDEXER_BACKOFF_JITTER",
+        "KB_INDEXER_CONCURRENCY",
+        "KB_INDEXER_POLL_SECONDS",
+        "KB_INDEXER_GRACE_PERIOD_SECONDS",
+        "KB_INDEXER_WORKER_ID",
+        "KB_INDEXER_MAX_RETRY_AFTER_SECONDS",
+    ):
+        assert name in own
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED_ENV))
+def test_an_old_name_left_in_the_environment_is_refused(
+    monkeypatch: pytest.MonkeyPatch, old: str
+) -> None:
+    monkeypatch.setenv(old, "1")
+    with pytest.raises(ValidationError, match=RENAMED_ENV[old]):
+        IndexerSettings()
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("KB_LEASE_SECONDS", "0"),
-        ("KB_CONCURRENCY", "0"),
-        ("KB_BACKOFF_JITTER", "1.5"),
-        ("KB_BACKOFF_CAP_SECONDS", "0.5"),  # below the default base of 2 s
+        ("KB_INDEXER_LEASE_SECONDS", "0"),
+        ("KB_INDEXER_CONCURRENCY", "0"),
+        ("KB_INDEXER_BACKOFF_JITTER", "1.5"),
+        ("KB_INDEXER_BACKOFF_CAP_SECONDS", "0.5"),  # below the default base of 2 s
+        ("KB_INDEXER_MAX_RETRY_AFTER_SECONDS", "0"),
+        ("KB_INDEXER_HEARTBEAT_POOL_SIZE", "0"),
         ("KB_INDEXER", "real-pipeline"),
     ],
 )

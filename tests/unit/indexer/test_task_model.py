@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -14,13 +15,14 @@ from services.indexer.task import (
     TERMINAL_CODES,
     TRANSITIONS,
     ErrorCode,
+    IndexingFailed,
     IndexTask,
     InvalidTransition,
     RetryPolicy,
     TaskStatus,
     redact,
 )
-from services.runtime.errors import LeaseLost
+from services.runtime.errors import DatabaseBusy, DatabaseUnavailable, KafkaUnavailable, LeaseLost
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -150,7 +152,11 @@ def test_unknown_codes_are_not_dressed_up_as_retryable() -> None:
 
 @pytest.mark.parametrize(
     "code",
-    [ErrorCode.EMBEDDING_TIMEOUT, ErrorCode.EMBEDDING_UNAVAILABLE, "DATABASE_UNAVAILABLE"],
+    [
+        ErrorCode.EMBEDDING_TIMEOUT,
+        ErrorCode.EMBEDDING_UNAVAILABLE,
+        ErrorCode.EMBEDDING_RATE_LIMITED,
+    ],
 )
 def test_retryable_codes_wait_and_back_off_exponentially_up_to_the_cap(code: str) -> None:
     policy = RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0)
@@ -165,10 +171,32 @@ def test_an_error_that_says_it_is_retriable_waits_whatever_its_code() -> None:
     policy = RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0)
     decision = policy.decide(lease_at(2), "SOMETHING_TRANSIENT", "busy", retriable=True)
     assert (decision.status, decision.delay_seconds) == (TaskStatus.RETRY_WAIT, 4)
-    assert policy.decide(lease_at(1), "DATABASE_BUSY", "x").status is TaskStatus.RETRY_WAIT
     assert policy.decide(lease_at(1), "SOMETHING_TRANSIENT", "x").status is TaskStatus.DEAD
     spent = policy.decide(lease_at(5, max_attempts=5), "SOMETHING_TRANSIENT", "x", retriable=True)
     assert spent.status is TaskStatus.DEAD
+
+
+def test_infrastructure_codes_retry_by_their_flag_not_by_a_copy_of_their_code() -> None:
+    policy = RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0)
+    for error in (DatabaseUnavailable("gone"), DatabaseBusy("slow"), KafkaUnavailable("down")):
+        assert error.code not in RETRYABLE_CODES  # no string copy of what the flag says
+        flagged = policy.decide(lease_at(1), error.code, "x", retriable=error.retriable)
+        assert flagged.status is TaskStatus.RETRY_WAIT
+        # The code alone, without its flag, is not retried.
+        assert policy.decide(lease_at(1), error.code, "x").status is TaskStatus.DEAD
+    # A stand-in for an error class that stopped being retriable: its flag wins.
+    assert policy.decide(lease_at(1), "DATABASE_BUSY", "x", retriable=False).status is (
+        TaskStatus.DEAD
+    )
+
+
+def test_indexing_failed_takes_its_flag_from_the_code_table_unless_told() -> None:
+    assert IndexingFailed(ErrorCode.EMBEDDING_TIMEOUT, "slow").retriable
+    assert not IndexingFailed(ErrorCode.DOCUMENT_PARSE_FAILED, "corrupt").retriable
+    assert not IndexingFailed("SOMETHING_NEW", "odd").retriable
+    assert IndexingFailed("SOMETHING_NEW", "odd", retriable=True).retriable
+    assert not IndexingFailed(ErrorCode.EMBEDDING_TIMEOUT, "x", retriable=False).retriable
+    assert not IndexingFailed.retriable  # the class itself is not
 
 
 @pytest.mark.parametrize("code", sorted(TERMINAL_CODES))
@@ -185,7 +213,9 @@ def test_jitter_only_shortens_and_spreads_the_backoff() -> None:
 
 
 def test_retry_after_is_honoured_even_above_the_backoff() -> None:
-    policy = RetryPolicy(backoff_base_seconds=1, backoff_cap_seconds=10, jitter=0)
+    policy = RetryPolicy(
+        backoff_base_seconds=1, backoff_cap_seconds=10, jitter=0, max_retry_after_seconds=300
+    )
     decision = policy.decide(
         lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=120
     )
@@ -195,6 +225,38 @@ def test_retry_after_is_honoured_even_above_the_backoff() -> None:
         lease_at(3), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=0.5
     )
     assert short.delay_seconds == 4  # the backoff is longer than what the provider asked
+
+
+@pytest.mark.parametrize("retry_after", [1e9, 600.001, math.inf, math.nan])
+def test_a_retry_after_beyond_the_limit_ends_the_task_dead_not_parked(retry_after: float) -> None:
+    # Defect: a Retry-After of 1e9 s parked the task in RETRY_WAIT for decades.
+    policy = RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=600, jitter=0)
+    decision = policy.decide(
+        lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=retry_after
+    )
+    assert (decision.status, decision.error_code) == (
+        TaskStatus.DEAD,
+        ErrorCode.EMBEDDING_RATE_LIMITED,
+    )
+    assert "Retry-After" in decision.error_message
+    assert "600 s" in decision.error_message
+    # Up to the limit (the backoff cap by default) it is waited for.
+    at_limit = policy.decide(
+        lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=600
+    )
+    assert (at_limit.status, at_limit.delay_seconds) == (TaskStatus.RETRY_WAIT, 600)
+
+
+def test_the_retry_after_limit_is_configurable() -> None:
+    policy = RetryPolicy(backoff_cap_seconds=60, max_retry_after_seconds=3600)
+    assert policy.retry_after_limit == 3600
+    waits = policy.decide(
+        lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=1800
+    )
+    assert (waits.status, waits.delay_seconds) == (TaskStatus.RETRY_WAIT, 1800)
+    assert RetryPolicy(backoff_cap_seconds=60).retry_after_limit == 60
+    with pytest.raises(ValueError, match="max_retry_after_seconds"):
+        RetryPolicy(max_retry_after_seconds=0)
 
 
 def test_a_spent_budget_is_final_with_the_last_code() -> None:

@@ -4,16 +4,26 @@ worker's test-only signals and asyncio events, never with sleeps."""
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.indexer.ports import IndexingOutcome, ManualClock
-from services.indexer.queue_memory import InMemoryTaskQueue, InMemoryTransaction
-from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
+from services.indexer.ports import IndexingOutcome
+from services.indexer.task import (
+    ErrorCode,
+    IndexingFailed,
+    IndexTask,
+    Lease,
+    RetryPolicy,
+    TaskStatus,
+)
 from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import DatabaseError
-from services.runtime.errors import ConfigError, DatabaseBusy
+from services.runtime.errors import ConfigError, DatabaseBusy, DatabaseUnavailable
+from tests.fakes.task_queue import InMemoryTaskQueue, InMemoryTransaction
+from tests.support.clock import ManualClock
 
 WAIT = 5.0  # generous upper bound for an awaited signal; tests finish far sooner
 
@@ -124,7 +134,9 @@ def make(
         tier="standard",
         owner="w1",
         lease_seconds=lease,
-        policy=RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0),
+        policy=RetryPolicy(
+            backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0, max_retry_after_seconds=3600
+        ),
         signals=signals,
         **options,  # type: ignore[arg-type]
     )
@@ -487,3 +499,169 @@ async def test_a_write_left_after_the_grace_period_is_cancelled_and_writes_nothi
     assert left is not None
     assert left.status is TaskStatus.RUNNING  # the lease will expire; another worker redoes it
     assert queue.committed_writes == []
+
+
+async def test_a_retry_after_of_decades_ends_the_task_dead_not_parked() -> None:
+    # Defect 1: a Retry-After of 1e9 s parked the task in RETRY_WAIT for ~32 years.
+    error = IndexingFailed(ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=1e9)
+    worker, queue, _, signals = make(Fails(error))
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.FAILED
+    dead = await queue.get(task.task_id)
+    assert dead is not None
+    assert (dead.status, dead.error_code) == (TaskStatus.DEAD, ErrorCode.EMBEDDING_RATE_LIMITED)
+    assert dead.error_message is not None
+    assert "Retry-After" in dead.error_message
+    assert (await next_event(signals, "failed")).detail == "EMBEDDING_RATE_LIMITED DEAD"
+
+
+class CommitLost(FlakyQueue):
+    """``complete`` loses its connection around COMMIT: ``committed`` says whether the
+    commit landed before the connection went; ``takeover`` lets another worker claim the
+    task in between; ``get_errors`` make the re-read fail too."""
+
+    def __init__(self, clock: ManualClock, *, committed: bool, takeover: bool = False) -> None:
+        super().__init__(clock)
+        self.committed = committed
+        self.takeover = takeover
+        self.get_errors: list[Exception] = []
+        self.gets = 0
+
+    async def complete(self, lease: Lease, *, in_transaction: object = None) -> None:
+        if self.committed:
+            await super().complete(lease, in_transaction=in_transaction)  # type: ignore[arg-type]
+        elif self.takeover:
+            self._clock.advance(31)  # type: ignore[attr-defined]
+            await super().claim(lease.tier, "w2", lease_seconds=30)
+        raise DatabaseUnavailable("database unreachable: connection lost during COMMIT")
+
+    async def get(self, task_id: uuid.UUID) -> IndexTask | None:
+        self.gets += 1
+        if self.get_errors:
+            raise self.get_errors.pop(0)
+        return await super().get(task_id)
+
+
+def make_commit_lost(
+    *, committed: bool, takeover: bool = False, lease: float = 30.0
+) -> tuple[Worker, CommitLost, asyncio.Queue[WorkerEvent]]:
+    queue = CommitLost(ManualClock(datetime.now(UTC)), committed=committed, takeover=takeover)
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    worker = Worker(
+        queue,
+        Succeeds(),
+        tier="standard",
+        owner="w1",
+        lease_seconds=lease,
+        policy=RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=60, jitter=0),
+        signals=signals,
+    )
+    return worker, queue, signals
+
+
+async def test_a_commit_that_landed_before_the_connection_dropped_is_succeeded() -> None:
+    # Defect 9: this was reported LOST_LEASE (the fail after it found the task SUCCEEDED).
+    worker, queue, signals = make_commit_lost(committed=True)
+    queue.get_errors.append(DatabaseUnavailable("still reconnecting"))  # the re-read retries
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.SUCCEEDED
+    done = await queue.get(task.task_id)
+    assert done is not None
+    assert (done.status, done.attempts) == (TaskStatus.SUCCEEDED, 1)
+    assert queue.committed_writes == [("chunks", task.task_id)]
+    await next_event(signals, "completed")
+
+
+async def test_a_commit_that_did_not_land_goes_the_failure_path() -> None:
+    worker, queue, signals = make_commit_lost(committed=False)
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.FAILED
+    waiting = await queue.get(task.task_id)
+    assert waiting is not None
+    assert (waiting.status, waiting.error_code) == (TaskStatus.RETRY_WAIT, "DATABASE_UNAVAILABLE")
+    assert queue.committed_writes == []
+    assert (await next_event(signals, "failed")).detail == "DATABASE_UNAVAILABLE RETRY_WAIT"
+
+
+async def test_a_lost_commit_of_a_task_taken_over_meanwhile_is_lost_lease() -> None:
+    worker, queue, _ = make_commit_lost(committed=False, takeover=True)
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.LOST_LEASE
+    current = await queue.get(task.task_id)
+    assert current is not None
+    assert (current.status, current.lease_owner, current.attempts) == (
+        TaskStatus.RUNNING,
+        "w2",
+        2,
+    )
+
+
+async def test_an_outcome_that_cannot_be_read_back_is_an_error_not_a_guess() -> None:
+    worker, queue, _ = make_commit_lost(committed=True, lease=0.3)
+    queue.get_errors += [DatabaseUnavailable("down")] * 1000
+    queue.new_task()
+    with pytest.raises(DatabaseUnavailable):
+        await asyncio.wait_for(worker.run_once(), WAIT)
+    assert queue.gets > 1  # it did retry within the lease period
+
+
+class SilentHeartbeats(FlakyQueue):
+    """Heartbeats that never answer: the database hangs (or its pool has no connection)."""
+
+    async def heartbeat(self, lease: Lease, *, lease_seconds: float) -> Lease:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_heartbeat_that_never_answers_gives_the_lease_up_in_time() -> None:
+    # Defect 8: a heartbeat stuck waiting (for a pool connection, on a hung database) held
+    # the worker past its lease, believing it still owned the task.
+    indexer = Hangs()
+    queue = SilentHeartbeats(ManualClock(datetime.now(UTC)))
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    worker = Worker(queue, indexer, tier="standard", owner="w1", lease_seconds=0.3, signals=signals)
+    queue.new_task()
+    assert await asyncio.wait_for(worker.run_once(), WAIT) is RunOnceResult.LOST_LEASE
+    assert indexer.cancelled
+    assert queue.committed_writes == []
+
+
+class SlowFirstAnswer(FlakyQueue):
+    """The database extends the lease when the first heartbeat arrives, but its answer
+    takes ``skew`` seconds (of the worker's clock) to come back; the second heartbeat fails
+    transiently; later ones succeed."""
+
+    def __init__(self, clock: ManualClock, skew: float) -> None:
+        super().__init__(clock)
+        self.skew = skew
+        self.offset = 0.0
+        self.beats = 0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    async def heartbeat(self, lease: Lease, *, lease_seconds: float) -> Lease:
+        self.beats += 1
+        if self.beats == 2:
+            raise DatabaseBusy("statement timeout")
+        extended = await super().heartbeat(lease, lease_seconds=lease_seconds)
+        if self.beats == 1:
+            self.offset += self.skew
+        return extended
+
+
+async def test_the_local_lease_deadline_counts_from_before_the_round_trip() -> None:
+    # Defect 8: the deadline was counted from when the answer arrived, so a slow round trip
+    # made the worker believe in a lease the database had already let run out.
+    indexer = Hangs()
+    queue = SlowFirstAnswer(ManualClock(datetime.now(UTC)), skew=0.28)
+    signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    worker = Worker(queue, indexer, tier="standard", owner="w1", lease_seconds=0.3, signals=signals)
+    worker.attempts.monotonic = queue.monotonic
+    queue.new_task()
+    running = asyncio.create_task(worker.run_once())
+    # First beat sent at s, answered at s + 0.28: the lease ends at s + 0.3 in our view.
+    # The second beat fails at about s + 0.28 + 0.1: past it, so the lease is given up.
+    await next_event(signals, "lease_lost")
+    assert await asyncio.wait_for(running, WAIT) is RunOnceResult.LOST_LEASE
+    assert indexer.cancelled

@@ -8,19 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.publisher.auth import (
-    TENANT_ID_PATTERN,
-    TIER_PATTERN,
-    bearer_token,
-    hash_api_key,
-    new_api_key,
-    parse_api_key,
-)
+from services.publisher.cli import TIER_PATTERN
 from services.publisher.domain import (
-    ACCEPTED_MEDIA_TYPES,
-    EVENT_DOCUMENT_SEARCH_VERSION_SWITCHED,
-    EVENT_DOCUMENT_VERSION_PUBLISHED,
-    EVENT_INDEX_TASK_CREATED,
     IndexStatus,
     RevisionConflict,
     Upload,
@@ -28,16 +17,32 @@ from services.publisher.domain import (
     check_title,
     check_upload,
     derive_status,
-    event_id,
     resolve_media_type,
+    tenant_task_view,
 )
-from services.publisher.ports import DocumentStatusRecord, IndexTaskRecord
+from services.publisher.failures import INTERNAL_FAILURE_MESSAGE
+from services.publisher.ports import DocumentStatusRecord
 from services.runtime.avro import default_registry
 from services.runtime.errors import (
     BadInput,
     PayloadTooLarge,
     UnsupportedMediaType,
     ValidationFailed,
+)
+from services.runtime.events import (
+    DOCUMENT_SEARCH_VERSION_SWITCHED,
+    DOCUMENT_VERSION_PUBLISHED,
+    INDEX_TASK_CREATED,
+    event_id,
+)
+from services.runtime.media_types import SUPPORTED_MEDIA_TYPES
+from services.runtime.tasks import IndexTaskRecord, TaskStatus
+from services.runtime.tenant_auth import (
+    TENANT_ID_PATTERN,
+    bearer_token,
+    hash_api_key,
+    new_api_key,
+    parse_api_key,
 )
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -51,7 +56,7 @@ NOW = datetime(2026, 3, 1, tzinfo=UTC)
         ("text/x-markdown", "a", "text/markdown"),
         ("application/octet-stream", "Guide.MD", "text/markdown"),
         (None, "report.pdf", "application/pdf"),
-        ("", "letter.docx", next(t for t in ACCEPTED_MEDIA_TYPES if "wordprocessingml" in t)),
+        ("", "letter.docx", next(t for t in SUPPORTED_MEDIA_TYPES if "wordprocessingml" in t)),
     ],
 )
 def test_media_type_resolution(declared: str | None, filename: str | None, expected: str) -> None:
@@ -103,17 +108,17 @@ def test_revision_conflict_tells_the_current_revision() -> None:
 
 def test_event_ids_are_stable_per_change() -> None:
     doc = uuid.uuid4()
-    first = event_id(EVENT_DOCUMENT_VERSION_PUBLISHED, "acme", doc, 2)
-    assert first == event_id(EVENT_DOCUMENT_VERSION_PUBLISHED, "acme", doc, 2)
-    assert first != event_id(EVENT_DOCUMENT_VERSION_PUBLISHED, "acme", doc, 3)
-    assert first != event_id(EVENT_INDEX_TASK_CREATED, "acme", doc, 2)
+    first = event_id(DOCUMENT_VERSION_PUBLISHED, "acme", doc, 2)
+    assert first == event_id(DOCUMENT_VERSION_PUBLISHED, "acme", doc, 2)
+    assert first != event_id(DOCUMENT_VERSION_PUBLISHED, "acme", doc, 3)
+    assert first != event_id(INDEX_TASK_CREATED, "acme", doc, 2)
 
 
 def test_the_event_type_names_are_the_schemas() -> None:
     assert default_registry().event_types == {
-        EVENT_INDEX_TASK_CREATED,
-        EVENT_DOCUMENT_VERSION_PUBLISHED,
-        EVENT_DOCUMENT_SEARCH_VERSION_SWITCHED,
+        INDEX_TASK_CREATED,
+        DOCUMENT_VERSION_PUBLISHED,
+        DOCUMENT_SEARCH_VERSION_SWITCHED,
     }
 
 
@@ -125,7 +130,7 @@ def _task(status: str, **changes: object) -> IndexTaskRecord:
         "version_number": 2,
         "task_type": "INDEX_VERSION",
         "tier": "standard",
-        "status": status,
+        "status": TaskStatus(status),
         "attempts": 1,
         "max_attempts": 8,
         "lease_owner": None,
@@ -178,7 +183,8 @@ def test_index_status() -> None:
     assert failed.index_status is IndexStatus.FAILED
     assert failed.failure is not None
     assert failed.failure.error_code == "DOCUMENT_PARSE_FAILED"
-    assert failed.failure.message == "bad xref"
+    # The stored text is for operators; the tenant reads the fixed text of the code.
+    assert failed.failure.message == "The document could not be parsed."
     assert failed.failure.failed_at == NOW + timedelta(minutes=1)
     assert failed.index_task_id == dead.task_id
     assert failed.search_version == 1
@@ -219,3 +225,26 @@ def test_tenant_names_and_tiers() -> None:
         assert re.fullmatch(TIER_PATTERN, good), good
     for bad in ["", "Gold", "gold plus", "-x", "a" * 33]:
         assert not re.fullmatch(TIER_PATTERN, bad), bad
+
+
+def test_a_tenant_never_sees_the_lease_owner_or_the_stored_error_text() -> None:
+    internal = _task(
+        "DEAD",
+        lease_owner="worker-7.internal:4242:ab12",
+        error_code="INTERNAL_ERROR",
+        error_message='relation "knowledge_chunk" violates constraint kc_pkey',
+    )
+    view = tenant_task_view(internal)
+    assert not hasattr(view, "lease_owner")
+    assert view.error_code == "INTERNAL_ERROR"
+    assert view.error_message == INTERNAL_FAILURE_MESSAGE
+    assert "knowledge_chunk" not in repr(view)
+    assert "worker-7" not in repr(view)
+    failed = derive_status(_record(2, 1, internal))
+    assert failed.failure is not None
+    assert failed.failure.message == INTERNAL_FAILURE_MESSAGE
+    unknown = tenant_task_view(_task("DEAD", error_code="SOMETHING_NEW", error_message="x"))
+    assert unknown.error_message == INTERNAL_FAILURE_MESSAGE
+    running = tenant_task_view(_task("RUNNING", lease_owner="host:1"))
+    assert running.error_code is None
+    assert running.error_message is None

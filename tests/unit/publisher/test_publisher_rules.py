@@ -1,5 +1,5 @@
 """The publisher's rules on the in-memory store (held to the PostgreSQL adapter's behaviour by
-tests/integration/test_publish_store_contract.py): fast, and explorable with hypothesis."""
+tests/contract/test_publish_store_contract.py): fast, and explorable with hypothesis."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.publisher.domain import Publisher, Upload
-from services.publisher.store_memory import MemoryPublisherStore
 from services.runtime.avro import default_registry
 from services.runtime.errors import KbError
+from tests.fakes.publisher_store import MemoryPublisherStore
 
 
 def _publisher() -> tuple[Publisher, MemoryPublisherStore]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -101,6 +101,16 @@ class FakeLeaseStore:
         if row is not None:
             row.owner = row.lease_until = None
             row.progress = progress
+
+    async def live_owners(self, now: datetime | None = None) -> list[str]:
+        at = self._now(now)
+        return sorted(
+            {
+                row.owner
+                for row in self.rows.values()
+                if row.owner is not None and row.lease_until is not None and row.lease_until > at
+            }
+        )
 
     async def refused_partitions(self) -> list[Refusal]:
         return []  # one "cluster" only: nothing is ever refused here
@@ -236,6 +246,9 @@ class _Bell:
 class FakeWakeups:
     def __init__(self) -> None:
         self.bells: list[_Bell] = []
+        self.armed = 0
+        # Runs inside arm(): what a writer committing just then would do.
+        self.on_arm: Callable[[], object] | None = None
 
     def subscribe(self) -> _Bell:
         bell = _Bell()
@@ -248,6 +261,11 @@ class FakeWakeups:
     def ring(self) -> None:
         for bell in self.bells:
             bell.ring()
+
+    async def arm(self) -> None:
+        self.armed += 1
+        if self.on_arm is not None:
+            self.on_arm()
 
     async def ensure(self) -> None:
         return None

@@ -84,8 +84,8 @@ class Journal:
 def _harness(sink: FlakySink, **overrides: object) -> Harness:
     values: dict[str, object] = {
         "relay_partitions": 1,
-        "relay_lease_s": LEASE_S,
-        "relay_send_timeout_s": SEND_TIMEOUT_S,
+        "relay_lease_seconds": LEASE_S,
+        "relay_send_timeout_seconds": SEND_TIMEOUT_S,
     }
     values.update(overrides)
     return Harness(sink, **values)
@@ -196,7 +196,9 @@ async def test_a_send_running_past_the_trusted_lease_is_given_up() -> None:
 
 
 async def test_a_partition_taken_again_while_its_old_driver_is_stuck_has_one_driver() -> None:
-    harness = Harness(FlakySink(), relay_lease_s=LEASE_S, relay_send_timeout_s=SEND_TIMEOUT_S)
+    harness = Harness(
+        FlakySink(), relay_lease_seconds=LEASE_S, relay_send_timeout_seconds=SEND_TIMEOUT_S
+    )
     harness.source.append(4)  # positions 1, 3 in partition 1; 2, 4 in partition 0
     read = harness.source.read_window_batch
     stuck = asyncio.Event()

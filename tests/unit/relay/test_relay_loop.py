@@ -13,6 +13,7 @@ from services.relay.ports import Lease, OutboxRecord, Progress, ReplayFilter
 from services.relay.relay import Relay
 from services.relay.replay import ReplayInterrupted, replay
 from services.relay.settings import RelaySettings
+from services.runtime.backoff import Backoff
 from tests.unit.relay.fakes import (
     INITIAL_SNAPSHOT,
     FakeLeaseStore,
@@ -25,12 +26,12 @@ from tests.unit.relay.fakes import (
 def _settings(**overrides: object) -> RelaySettings:
     values: dict[str, object] = {
         "relay_partitions": 2,
-        "relay_lease_s": 3.0,
-        "relay_send_timeout_s": 1.0,
-        "relay_poll_interval_s": 0.05,
-        "relay_backoff_initial_s": 0.001,
-        "relay_backoff_max_s": 0.01,
-        "relay_progress_interval_s": 0.0,
+        "relay_lease_seconds": 3.0,
+        "relay_send_timeout_seconds": 1.0,
+        "relay_poll_interval_seconds": 0.05,
+        "relay_backoff_initial_seconds": 0.001,
+        "relay_backoff_max_seconds": 0.01,
+        "relay_progress_interval_seconds": 0.0,
         "relay_batch_size": 3,
     }
     values.update(overrides)
@@ -117,7 +118,7 @@ async def test_per_partition_order_is_position_order() -> None:
 
 
 async def test_new_rows_wake_the_relay() -> None:
-    harness = Harness(FlakySink(), relay_poll_interval_s=30.0)
+    harness = Harness(FlakySink(), relay_poll_interval_seconds=30.0)
     async with harness.relay() as relay:
         await relay.wait_for_partitions(2)
         fresh = harness.source.append(4)
@@ -175,6 +176,34 @@ async def test_replay_paces_marks_and_resumes_hint() -> None:
     down = FlakySink(failures=100)
     with pytest.raises(ReplayInterrupted) as raised:
         await replay(
-            source, down, ReplayFilter(after_position=3), max_attempts=2, backoff_initial_s=0.001
+            source,
+            down,
+            ReplayFilter(after_position=3),
+            max_attempts=2,
+            backoff=Backoff(0.001, 0.001),
         )
     assert "--from 4" in raised.value.message
+
+
+async def test_a_row_committed_while_the_doorbell_is_armed_is_read_before_waiting() -> None:
+    # No notification ever rings, and the poll timer and the next renewal are far away:
+    # the row written just as the relay arms the doorbell is only found by the read that
+    # follows the arming.
+    harness = Harness(
+        FlakySink(),
+        relay_poll_interval_seconds=60.0,
+        relay_lease_seconds=300.0,
+        relay_partitions=1,
+    )
+    appended: list[int] = []
+
+    def write_once() -> None:
+        if not appended:
+            appended.extend(r.position for r in harness.source.append(1))
+
+    harness.wakeups.on_arm = write_once
+    async with harness.relay() as relay:
+        await relay.wait_for_partitions(1)
+        positions = await harness.acked_positions(1)
+    assert positions == appended
+    assert harness.wakeups.armed >= 1

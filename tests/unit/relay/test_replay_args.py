@@ -78,21 +78,3 @@ def test_times_without_a_zone_are_utc() -> None:
     )
     assert args.where.since == datetime(2026, 1, 1, 10, tzinfo=UTC)
     assert args.where.until == datetime(2026, 1, 1, 11, tzinfo=UTC)
-
-
-def test_a_send_timeout_longer_than_the_trusted_lease_is_refused() -> None:
-    from pydantic import ValidationError
-
-    from services.relay.settings import RelaySettings
-
-    with pytest.raises(ValidationError, match="relay_send_timeout_s"):
-        RelaySettings(relay_lease_s=2.0, relay_send_timeout_s=5.0)
-    assert RelaySettings(relay_lease_s=10.0, relay_send_timeout_s=5.0).relay_lease_s == 10.0
-
-
-def test_topics_follow_type_and_tier() -> None:
-    from services.relay.settings import RelaySettings
-
-    settings = RelaySettings(kafka_topic_prefix="t1.")
-    assert settings.topic_for("IndexTaskCreated", "gold") == "t1.kb.index-hints.gold"
-    assert settings.topic_for("DocumentPublished", "gold") == "t1.kb.document-events"

@@ -4,6 +4,7 @@ the producer that failed, and a retired producer is never flushed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -46,6 +47,8 @@ class FakeProducer:
     made_one: ClassVar[asyncio.Event | None] = None
 
     def __init__(self, **config: Any) -> None:
+        self.config = config
+        self.topics: list[str] = []
         self.futures: list[asyncio.Future[Any]] = []
         self.sent = asyncio.Event()
         self.stopped = False
@@ -63,6 +66,7 @@ class FakeProducer:
 
     async def send(self, topic: str, **kwargs: Any) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.topics.append(topic)
         self.futures.append(future)
         self.sent.set()
         return future
@@ -77,7 +81,7 @@ class FakeProducer:
 @pytest.fixture
 def sink() -> KafkaSink:
     FakeProducer.made = []
-    settings = RelaySettings(relay_create_topics=False, relay_send_timeout_s=5.0)
+    settings = RelaySettings(relay_create_topics=False, relay_send_timeout_seconds=5.0)
     return KafkaSink(settings, producer_factory=FakeProducer)
 
 
@@ -134,4 +138,36 @@ async def test_a_failed_producer_is_not_flushed(sink: KafkaSink) -> None:
     assert producer.failed_before_stop is True
     assert not producer.stopped
     producer.stop_may_finish.set()
+    await sink.stop()
+
+
+async def test_records_go_to_their_event_types_topic_over_the_configured_connection() -> None:
+    FakeProducer.made = []
+    settings = RelaySettings(
+        relay_create_topics=False,
+        kafka_topic_prefix="t1.",
+        kafka_security_protocol="SASL_PLAINTEXT",
+        kafka_sasl_mechanism="SCRAM-SHA-256",
+        kafka_sasl_username="relay",
+        kafka_sasl_password="pw",
+    )
+    sink = KafkaSink(settings, producer_factory=FakeProducer)
+    await sink.start()
+    [producer] = FakeProducer.made
+    hint = dataclasses.replace(_record("acme/a"), event_type="IndexTaskCreated", tier="gold")
+    sending = asyncio.create_task(sink.send([hint, _record("acme/b")], replay=False))
+    async with asyncio.timeout(5):
+        while len(producer.futures) < 2:
+            producer.sent.clear()
+            await producer.sent.wait()
+    for future in producer.futures:
+        future.set_result(None)
+    await sending
+    assert producer.topics == ["t1.kb.index-hints.gold", "t1.kb.document-events"]
+    assert producer.config["security_protocol"] == "SASL_PLAINTEXT"
+    assert producer.config["sasl_mechanism"] == "SCRAM-SHA-256"
+    assert producer.config["sasl_plain_username"] == "relay"
+    assert producer.config["sasl_plain_password"] == "pw"
+    assert producer.config["acks"] == "all"
+    assert producer.config["enable_idempotence"] is True
     await sink.stop()

@@ -1,7 +1,7 @@
-"""An in-memory publisher store for unit tests and local experiments.
+"""An in-memory publisher store for unit tests.
 
 It passes the same contract tests as the PostgreSQL adapter
-(``tests/integration/test_publish_store_contract.py``). A transaction works on a copy of the
+(``tests/contract/test_publish_store_contract.py``). A transaction works on a copy of the
 state under one lock and swaps it in only on success, so a failure anywhere inside leaves
 nothing behind, and transactions run one at a time (coarser than PostgreSQL's row lock,
 with the same outcome for the publisher's rules).
@@ -19,8 +19,6 @@ from datetime import UTC, datetime
 
 from services.publisher.ports import (
     DocumentStatusRecord,
-    EnsuredTask,
-    IndexTaskRecord,
     LockedDocument,
     NewIndexTask,
     NewVersion,
@@ -28,6 +26,13 @@ from services.publisher.ports import (
     VersionInfo,
 )
 from services.runtime.errors import Conflict
+from services.runtime.tasks import (
+    DEFAULT_MAX_ATTEMPTS,
+    TASK_TYPE_INDEX_VERSION,
+    EnqueuedTask,
+    IndexTaskRecord,
+    TaskStatus,
+)
 
 DocumentKey = tuple[str, uuid.UUID]
 
@@ -146,12 +151,12 @@ class MemoryPublishTransaction:
     ) -> None:
         self._state.acl[(tenant_id, document_id)] = frozenset(read_principals)
 
-    async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnsuredTask:
+    async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
         existing = await self.find_index_task(
             task.tenant_id, task.document_id, task.version_number, task.task_type
         )
         if existing is not None:
-            return EnsuredTask(existing, created=False)
+            return EnqueuedTask(existing, created=False)
         at = _now(now)
         self._state.tasks[task.task_id] = IndexTaskRecord(
             task_id=task.task_id,
@@ -160,9 +165,9 @@ class MemoryPublishTransaction:
             version_number=task.version_number,
             task_type=task.task_type,
             tier=task.tier,
-            status="PENDING",
+            status=TaskStatus.PENDING,
             attempts=0,
-            max_attempts=8,
+            max_attempts=DEFAULT_MAX_ATTEMPTS,
             lease_owner=None,
             lease_until=None,
             next_attempt_at=at,
@@ -172,7 +177,7 @@ class MemoryPublishTransaction:
             updated_at=at,
             finished_at=None,
         )
-        return EnsuredTask(task.task_id, created=True)
+        return EnqueuedTask(task.task_id, created=True)
 
     async def find_index_task(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, task_type: str
@@ -222,7 +227,7 @@ class MemoryPublisherStore:
                     t
                     for t in self._state.tasks.values()
                     if (t.tenant_id, t.document_id, t.version_number, t.task_type)
-                    == (tenant_id, document_id, doc.published_version, "INDEX_VERSION")
+                    == (tenant_id, document_id, doc.published_version, TASK_TYPE_INDEX_VERSION)
                 ),
                 None,
             )
@@ -266,7 +271,7 @@ class MemoryPublisherStore:
         at = datetime.now(UTC)
         self._state.tasks[task_id] = replace(
             task,
-            status=status,
+            status=TaskStatus(status),
             error_code=error_code,
             error_message=error_message,
             finished_at=at,

@@ -20,9 +20,9 @@ from services.publisher.domain import (
     Upload,
 )
 from services.publisher.ports import PublisherStore
-from services.publisher.store_memory import MemoryPublisherStore
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore
 from services.runtime.errors import Conflict, NotFound
+from tests.fakes.publisher_store import MemoryPublisherStore
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,7 @@
 """An in-memory ``TaskQueue`` for unit tests of the worker. It applies the transitions of
-:mod:`services.indexer.task` and the claim order of ``queries.sql`` (expired leases first,
-then rounds across tenants), and passes the same contract suite as ``PgTaskQueue``.
+:mod:`services.indexer.task` and the claim order of ``services/indexer/queries.sql`` (expired
+leases first, then rounds across tenants), and passes the same contract suite as
+``PgTaskQueue`` (tests/contract/test_task_queue_contract.py).
 
 Single event loop, no awaits inside a state change: each method is atomic, as each SQL
 statement is.
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import AsyncIterable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 from services.indexer import task as model
-from services.indexer.ports import Clock, DatabaseClock, InTransaction
+from services.indexer.ports import InTransaction
 from services.indexer.task import (
     FailureDecision,
     IndexTask,
@@ -22,14 +25,54 @@ from services.indexer.task import (
     RequeueRecord,
     TaskStatus,
 )
+from services.runtime.clock import Clock, DatabaseClock
 from services.runtime.errors import LeaseLost, NotFound
 
 
 class InMemoryTransaction:
-    """What ``in_transaction`` receives from the fake: a list to record writes into."""
+    """What ``in_transaction`` receives from the fake: a ``Transaction`` that records every
+    statement (and anything a test appends) in ``writes``, committed with the task or not
+    at all. Queries answer nothing."""
 
     def __init__(self) -> None:
         self.writes: list[object] = []
+
+    def is_in_transaction(self) -> bool:
+        return True
+
+    async def execute(self, query: str, *args: object) -> str:
+        self.writes.append((query, args))
+        return "OK"
+
+    async def executemany(self, command: str, args: Iterable[Sequence[object]]) -> None:
+        self.writes.extend((command, tuple(row)) for row in args)
+
+    async def fetch(self, query: str, *args: object) -> list[Any]:
+        self.writes.append((query, args))
+        return []
+
+    async def fetchrow(self, query: str, *args: object) -> Any:
+        self.writes.append((query, args))
+        return None
+
+    async def fetchval(self, query: str, *args: object, column: int = 0) -> Any:
+        self.writes.append((query, args))
+        return None
+
+    async def copy_records_to_table(
+        self,
+        table_name: str,
+        *,
+        records: Iterable[Sequence[object]] | AsyncIterable[Sequence[object]],
+        columns: Iterable[str] | None = None,
+        schema_name: str | None = None,
+    ) -> str:
+        if isinstance(records, AsyncIterable):
+            rows = [tuple(row) async for row in records]
+        else:
+            rows = [tuple(row) for row in records]
+        self.writes.append((table_name, rows))
+        return f"COPY {len(rows)}"
 
 
 class InMemoryTaskQueue:

@@ -1,0 +1,212 @@
+"""The publisher's tenant routes (DESIGN §7): upload, publish, document status, index task.
+
+Every route sits behind tenant authentication (services.runtime.tenant_auth): the
+middleware checks the key, the router's dependency refuses whatever did not pass it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, File, Form, Path, Request, Security, UploadFile
+from fastapi.security import HTTPBearer
+
+from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload
+from services.publisher.metrics import PublisherMetrics
+from services.publisher.wire import (
+    MAX_INT32,
+    DocumentStatusResponse,
+    IndexTaskResponse,
+    PublishRequest,
+    PublishResponse,
+    VersionCreatedResponse,
+)
+from services.runtime.errors import KbError
+from services.runtime.http_problem import PROBLEM_RESPONSE
+from services.runtime.logging import get_logger
+from services.runtime.tenant_auth import TENANT_ID_PATTERN, require_authenticated_tenant
+
+log = get_logger(__name__)
+
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="TenantApiKey",
+    description="The tenant's API key from `kb tenants create` (`kb.<tenant>.<secret>`).",
+)
+
+TenantId = Annotated[str, Path(alias="tenantId", pattern=TENANT_ID_PATTERN)]
+DocumentId = Annotated[uuid.UUID, Path(alias="documentId")]
+VersionNumber = Annotated[int, Path(alias="versionNumber", ge=1, le=MAX_INT32)]
+TaskId = Annotated[uuid.UUID, Path(alias="taskId")]
+
+
+def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    # Any tenant call can meet these: authentication, the body limits, request validation,
+    # a stalled body, a busy service.
+    common = {400, 401, 403, 408, 413, 422, 503}
+    return {status: PROBLEM_RESPONSE for status in sorted({*common, *statuses})}
+
+
+def _authenticated(request: Request, tenant_id: TenantId) -> None:
+    require_authenticated_tenant(request, tenant_id)
+
+
+tenant_router = APIRouter(
+    prefix="/v1/tenants/{tenantId}",
+    dependencies=[Security(bearer), Depends(_authenticated)],
+)
+
+
+def _publisher(request: Request) -> Publisher:
+    publisher: Publisher = request.app.state.publisher
+    return publisher
+
+
+def _metrics(request: Request) -> PublisherMetrics:
+    metrics: PublisherMetrics = request.app.state.metrics
+    return metrics
+
+
+async def _read_upload(file: UploadFile) -> Upload:
+    content = await file.read()
+    return Upload(content=content, declared_media_type=file.content_type, filename=file.filename)
+
+
+@asynccontextmanager
+async def _counted(request: Request, operation: str) -> AsyncIterator[None]:
+    metrics = _metrics(request)
+    try:
+        yield
+    except KbError as error:
+        metrics.operations.labels(operation, error.code).inc()
+        raise
+    metrics.operations.labels(operation, "ok").inc()
+
+
+@tenant_router.post(
+    "/documents",
+    status_code=201,
+    response_model=VersionCreatedResponse,
+    responses=_problems(415),
+    summary="Upload a new document (its version 1, as a draft)",
+)
+async def create_document(
+    request: Request,
+    tenant_id: TenantId,
+    file: Annotated[UploadFile, File(description="The document's content.")],
+    title: Annotated[
+        str,
+        Form(
+            min_length=1,
+            max_length=MAX_TITLE_LENGTH,
+            description=(
+                "Stored in Unicode NFC; control, zero-width and bidi-control characters "
+                "are refused."
+            ),
+        ),
+    ],
+) -> VersionCreatedResponse:
+    async with _counted(request, "create_document"):
+        upload = await _read_upload(file)
+        result = await _publisher(request).create_document(tenant_id, title, upload)
+    _metrics(request).upload_bytes.observe(len(upload.content))
+    log.info(
+        "document.created",
+        tenant_id=tenant_id,
+        document_id=str(result.document_id),
+        size_bytes=len(upload.content),
+    )
+    return VersionCreatedResponse.model_validate(result)
+
+
+@tenant_router.post(
+    "/documents/{documentId}/versions",
+    status_code=201,
+    response_model=VersionCreatedResponse,
+    responses=_problems(404, 415),
+    summary="Upload a new version of a document (as a draft)",
+)
+async def add_version(
+    request: Request,
+    tenant_id: TenantId,
+    document_id: DocumentId,
+    file: Annotated[UploadFile, File(description="The version's content.")],
+) -> VersionCreatedResponse:
+    async with _counted(request, "add_version"):
+        upload = await _read_upload(file)
+        result = await _publisher(request).add_version(tenant_id, document_id, upload)
+    _metrics(request).upload_bytes.observe(len(upload.content))
+    log.info(
+        "version.created",
+        tenant_id=tenant_id,
+        document_id=str(document_id),
+        version_number=result.version_number,
+    )
+    return VersionCreatedResponse.model_validate(result)
+
+
+@tenant_router.post(
+    "/documents/{documentId}/versions/{versionNumber}/publish",
+    status_code=202,
+    response_model=PublishResponse,
+    responses=_problems(404, 409),
+    summary="Publish a version with its read ACL; indexing happens later",
+)
+async def publish_version(
+    request: Request,
+    tenant_id: TenantId,
+    document_id: DocumentId,
+    version_number: VersionNumber,
+    body: PublishRequest,
+) -> PublishResponse:
+    metrics = _metrics(request)
+    try:
+        result = await _publisher(request).publish(
+            tenant_id,
+            document_id,
+            version_number,
+            expected_revision=body.revision,
+            read_principals=list(body.acl.read),
+        )
+    except KbError as error:
+        metrics.operations.labels("publish", error.code).inc()
+        raise
+    metrics.operations.labels("publish", "ok" if result.changed else "unchanged").inc()
+    log.info(
+        "version.published" if result.changed else "version.publish_repeated",
+        tenant_id=tenant_id,
+        document_id=str(document_id),
+        version_number=version_number,
+        revision=result.revision,
+        task_id=str(result.index_task_id),
+    )
+    return PublishResponse.model_validate(result)
+
+
+@tenant_router.get(
+    "/documents/{documentId}",
+    response_model=DocumentStatusResponse,
+    responses=_problems(404),
+    summary="Where a document stands: published, indexing, searchable or failed",
+)
+async def document_status(
+    request: Request, tenant_id: TenantId, document_id: DocumentId
+) -> DocumentStatusResponse:
+    return DocumentStatusResponse.model_validate(
+        await _publisher(request).document_status(tenant_id, document_id)
+    )
+
+
+@tenant_router.get(
+    "/index-tasks/{taskId}",
+    response_model=IndexTaskResponse,
+    responses=_problems(404),
+    summary="An index task: its state, and a stable code with a fixed message if it failed",
+)
+async def index_task(request: Request, tenant_id: TenantId, task_id: TaskId) -> IndexTaskResponse:
+    return IndexTaskResponse.model_validate(
+        await _publisher(request).index_task(tenant_id, task_id)
+    )

@@ -1,0 +1,103 @@
+"""A process-wide budget of upload bytes in flight.
+
+An upload is read whole (up to the file limit) and may then wait for a database connection:
+without a bound, many parallel uploads hold many copies of their files at once. Each upload
+reserves its declared size (or the request limit, when it declares none) before its body is
+read; when the budget cannot cover it, it is answered 503 with Retry-After, its body never
+held, and the client retries later.
+
+A client that sent ``Expect: 100-continue`` never sends the body of a refused upload. Any
+other client is already sending it: the body is read and dropped chunk by chunk before the
+answer, because a server that closes a connection with unread data in it resets it (TCP RST),
+and the client may then lose the answer itself.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from services.publisher.body_limit import declared_length, is_upload
+from services.runtime.http_problem import http_exception_response, problem_response
+
+BUSY_CODE: Final = "UPLOADS_BUSY"
+
+
+class UploadBudget:
+    """Bytes reserved by uploads in flight (one event loop: no lock needed)."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.in_use_bytes = 0
+
+    def try_reserve(self, size: int) -> bool:
+        # One upload is always admitted when nothing else is in flight, however large: a
+        # budget below the request limit must not refuse everything.
+        if self.in_use_bytes and self.in_use_bytes + size > self.capacity_bytes:
+            return False
+        self.in_use_bytes += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.in_use_bytes -= size
+
+
+class UploadBudgetMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        budget: UploadBudget,
+        max_request_bytes: int,
+        retry_after_seconds: int,
+    ) -> None:
+        self.app = app
+        self.budget = budget
+        self.max_request_bytes = max_request_bytes
+        self.retry_after_seconds = retry_after_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_upload(scope):
+            await self.app(scope, receive, send)
+            return
+        declared = declared_length(scope)
+        size = self.max_request_bytes
+        if declared is not None and declared >= 0:
+            size = min(declared, size)
+        if not self.budget.try_reserve(size):
+            if not _expects_continue(scope):
+                try:
+                    await _discard_body(receive)
+                except StarletteHTTPException as error:  # too large, or stalled
+                    await http_exception_response(error, scope["path"])(scope, receive, send)
+                    return
+            await problem_response(
+                503,
+                BUSY_CODE,
+                "too many uploads are in progress; retry after the time in Retry-After",
+                instance=scope["path"],
+                headers={"Retry-After": str(self.retry_after_seconds)},
+            )(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.budget.release(size)
+
+
+def _expects_continue(scope: Scope) -> bool:
+    return any(
+        name.lower() == b"expect" and bytes(value).lower() == b"100-continue"
+        for name, value in scope["headers"]
+    )
+
+
+async def _discard_body(receive: Receive) -> None:
+    """Read the request body to its end, keeping none of it (the body limit and its read
+    timeout still apply to every chunk)."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return

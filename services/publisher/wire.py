@@ -1,0 +1,109 @@
+"""The publisher's wire models: what its JSON requests and answers look like (camelCase).
+
+Answers are built straight from the domain's dataclasses, field by field name.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+from services.publisher.domain import MAX_PRINCIPAL_LENGTH, IndexStatus
+from services.runtime.tasks import TaskStatus
+
+MAX_INT32: Final = 2_147_483_647
+MAX_INT64: Final = 9_223_372_036_854_775_807
+MAX_PRINCIPALS: Final = 1000
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        from_attributes=True,
+    )
+
+
+Principal = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PRINCIPAL_LENGTH)]
+
+
+class ReadAcl(ApiModel):
+    read: list[Principal] = Field(
+        max_length=MAX_PRINCIPALS,
+        description=(
+            "Principals allowed to read the published version (replaces the ACL). Compared "
+            "in Unicode NFC; control, zero-width and bidi-control characters are refused."
+        ),
+    )
+
+
+class PublishRequest(ApiModel):
+    revision: int = Field(
+        ge=1, le=MAX_INT64, strict=True, description="The document revision you last read."
+    )
+    acl: ReadAcl
+
+
+class VersionCreatedResponse(ApiModel):
+    document_id: uuid.UUID
+    version_number: int
+    revision: int
+
+
+class PublishResponse(ApiModel):
+    document_id: uuid.UUID
+    version_number: int
+    revision: int
+    index_task_id: uuid.UUID
+
+
+class FailureResponse(ApiModel):
+    error_code: str = Field(description="Stable; branch on this.")
+    message: str | None = Field(description="A fixed text per error code.")
+    attempts: int
+    failed_at: datetime | None
+
+
+class DocumentStatusResponse(ApiModel):
+    document_id: uuid.UUID
+    title: str
+    revision: int
+    latest_version: int
+    published_version: int | None
+    published_at: datetime | None
+    search_version: int | None
+    search_switched_at: datetime | None
+    index_status: IndexStatus
+    index_task_id: uuid.UUID | None
+    failure: FailureResponse | None
+    search_lag_since: datetime | None = Field(
+        description="Since when search serves another version than the published one."
+    )
+
+
+class IndexTaskResponse(ApiModel):
+    task_id: uuid.UUID
+    document_id: uuid.UUID
+    version_number: int
+    task_type: str
+    tier: str
+    status: TaskStatus
+    attempts: int
+    max_attempts: int
+    lease_until: datetime | None
+    next_attempt_at: datetime
+    error_code: str | None = Field(description="Stable; branch on this.")
+    error_message: str | None = Field(description="A fixed text per error code.")
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class HealthResponse(ApiModel):
+    status: str

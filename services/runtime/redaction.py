@@ -1,0 +1,65 @@
+"""Masking credentials in text meant for people: CLI error messages, logs, stored errors.
+
+Two nets: patterns (a password inside a URL, ``password=...``/``api_key: ...`` pairs,
+bearer tokens) and the environment itself -- the value of every variable whose name says it
+is a secret, and the password of every URL held in the environment, is masked wherever it
+appears, whatever the message looks like around it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+MASK: Final = "***"
+
+_PATTERNS: Final = (
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
+    re.compile(
+        r"(?i)((?:api[_-]?key|token|secret|password|passwd|pwd)[\"']?\s*[:=]\s*[\"']?)"
+        r"[^\s,\"'&;]+"
+    ),
+    # scheme://user:password@host -- the password may hold anything but '@' and whitespace.
+    re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s]+(@)"),
+)
+
+_SECRET_NAME: Final = re.compile(r"(?i)(PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|PRIVATE_KEY)")
+# Shorter values would mask ordinary words all over the text.
+_MIN_SECRET_LENGTH: Final = 4
+
+
+def environment_secrets(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """Secret values held in the environment: variables named like secrets, and the
+    password part of every URL-valued variable (DATABASE_URL and friends)."""
+    env = os.environ if environ is None else environ
+    found: set[str] = set()
+    for name, value in env.items():
+        if not value:
+            continue
+        if _SECRET_NAME.search(name):
+            found.add(value)
+        if "://" in value and "@" in value:
+            try:
+                password = urlsplit(value.strip()).password
+            except ValueError:
+                password = None
+            if password:
+                found.update({password, unquote(password)})
+    return frozenset(s for s in found if len(s) >= _MIN_SECRET_LENGTH)
+
+
+def redact(text: str, *, secrets: Iterable[str] | None = None) -> str:
+    """``text`` with credentials masked. ``secrets`` defaults to the environment's."""
+    known = environment_secrets() if secrets is None else secrets
+    # Longest first: a secret that contains another is masked whole.
+    for secret in sorted(known, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, MASK)
+    for pattern in _PATTERNS:
+        text = pattern.sub(
+            lambda m: m.group(1) + MASK + (m.group(2) if m.lastindex == 2 else ""), text
+        )
+    return text

@@ -1,0 +1,132 @@
+"""The index task as every service sees it: its states, its type names, its row, and the
+library call that creates one.
+
+The publisher creates tasks (in its publish transaction, beside the outbox event), the
+indexer claims and finishes them, operators read them: one definition of the row for all.
+The state machine itself (which transitions exist, the retry policy) is the indexer's.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, Final, NamedTuple
+
+from services.runtime.db import translate_db_errors
+from services.runtime.sql import queries_beside
+from services.runtime.transaction import Transaction
+
+_QUERIES = queries_beside(__file__, "tasks.sql")
+
+TASK_TYPE_INDEX_VERSION: Final = "INDEX_VERSION"
+
+
+class TaskStatus(enum.StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    RETRY_WAIT = "RETRY_WAIT"
+    SUCCEEDED = "SUCCEEDED"
+    DEAD = "DEAD"
+
+
+@dataclass(frozen=True)
+class IndexTaskRecord:
+    """One ``index_task`` row (DESIGN §3), column for column."""
+
+    task_id: uuid.UUID
+    tenant_id: str
+    document_id: uuid.UUID
+    version_number: int
+    task_type: str
+    tier: str
+    status: TaskStatus
+    attempts: int
+    max_attempts: int
+    lease_owner: str | None
+    lease_until: datetime | None
+    next_attempt_at: datetime
+    error_code: str | None
+    error_message: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+# The select list of a whole row, in field order (queries may alias columns to these names).
+INDEX_TASK_COLUMNS: Final = ", ".join(f.name for f in fields(IndexTaskRecord))
+
+# The column default of index_task.max_attempts (migration 0001).
+DEFAULT_MAX_ATTEMPTS: Final = 8
+
+
+def index_task_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``IndexTaskRecord`` fields of a row holding every column, ``status`` typed: for
+    the record itself or a subclass that adds behaviour (the indexer's ``IndexTask``)."""
+    values = {f.name: row[f.name] for f in fields(IndexTaskRecord)}
+    values["status"] = TaskStatus(values["status"])
+    return values
+
+
+def index_task_from_row(row: Mapping[str, Any]) -> IndexTaskRecord:
+    return IndexTaskRecord(**index_task_fields(row))
+
+
+class EnqueuedTask(NamedTuple):
+    task_id: uuid.UUID
+    created: bool  # False: the business key existed; ``task_id`` is the existing task's
+
+
+async def enqueue_index_task(
+    conn: Transaction,
+    *,
+    tenant_id: str,
+    document_id: uuid.UUID,
+    version_number: int,
+    tier: str,
+    task_type: str = TASK_TYPE_INDEX_VERSION,
+    task_id: uuid.UUID | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    now: datetime | None = None,
+) -> EnqueuedTask:
+    """Create the PENDING task of (tenant, document, version, type) unless it exists, in the
+    caller's transaction; return its id and whether this call created it.
+
+    Idempotent on the business key: a repeated publish gets the first task's id. Two
+    statements on purpose: a concurrent insert of the same key makes ours wait for its
+    commit and then insert nothing, and only a new statement (a new snapshot under READ
+    COMMITTED) sees the row it committed."""
+    new_id = task_id or uuid.uuid4()
+    with translate_db_errors():
+        created = await conn.fetchval(
+            _QUERIES["insert_index_task"],
+            new_id,
+            tenant_id,
+            document_id,
+            version_number,
+            task_type,
+            tier,
+            max_attempts,
+            now,
+        )
+        if created is not None:
+            return EnqueuedTask(created, True)
+        existing = await conn.fetchval(
+            _QUERIES["find_index_task"], tenant_id, document_id, version_number, task_type
+        )
+    if existing is None:
+        # The conflicting insert rolled back between our two statements: try again.
+        return await enqueue_index_task(
+            conn,
+            tenant_id=tenant_id,
+            document_id=document_id,
+            version_number=version_number,
+            tier=tier,
+            task_type=task_type,
+            task_id=new_id,
+            max_attempts=max_attempts,
+            now=now,
+        )
+    return EnqueuedTask(existing, False)

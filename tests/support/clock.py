@@ -1,0 +1,23 @@
+"""A clock for tests: a time that moves only when told, so lease expiry needs no sleeping.
+
+It implements services.runtime.clock.Clock; every time-dependent query takes its ``now``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+
+class ManualClock:
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime.now(UTC)
+
+    def now(self) -> datetime:
+        return self._now
+
+    def advance(self, seconds: float) -> datetime:
+        self._now += timedelta(seconds=seconds)
+        return self._now
+
+    def set(self, when: datetime) -> None:
+        self._now = when
