@@ -171,7 +171,11 @@ async def main() -> None:
     notifications.update(dict.fromkeys(modes, 0))
     rang = asyncio.Event()
     try:
-        await listener.add_listener("kb_outbox", lambda *_: (count(), rang.set()))
+        def on_notify(*_: object) -> None:
+            count()
+            rang.set()
+
+        await listener.add_listener("kb_outbox", on_notify)
 
         async def phase(seconds: float) -> float:
             if args.client == "asyncpg":

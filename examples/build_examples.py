@@ -60,9 +60,7 @@ def write_pdf(title: str, intro: str, parts: list[tuple[str, str]], path: Path) 
 
 
 def write_html(title: str, intro: str, parts: list[tuple[str, str]], path: Path) -> None:
-    body = "".join(
-        f"<h2>{html.escape(h)}</h2>\n<p>{html.escape(b)}</p>\n" for h, b in parts
-    )
+    body = "".join(f"<h2>{html.escape(h)}</h2>\n<p>{html.escape(b)}</p>\n" for h, b in parts)
     path.write_text(
         "<!doctype html>\n<html><head><title>Refund policy</title>"
         "<style>body{font-family:sans-serif}</style></head>\n<body>\n"

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer
 from services.indexer.hints import HintMessage
 from services.runtime.errors import KafkaUnavailable
 from services.runtime.events import index_hints_topic, indexer_consumer_group
+from services.runtime.kafka import kafka_client_kwargs
 from services.runtime.settings import RuntimeSettings
 
 
@@ -38,7 +39,6 @@ class KafkaHintSource:
         prefix = settings.kafka_topic_prefix
         consumer = AIOKafkaConsumer(
             index_hints_topic(tier, prefix),
-            bootstrap_servers=settings.kafka_bootstrap_servers,
             # The group carries the topic prefix too: test runs and side-by-side
             # deployments on one cluster must not share a tier's group.
             group_id=prefix + indexer_consumer_group(tier),
@@ -49,7 +49,7 @@ class KafkaHintSource:
             request_timeout_ms=int(request_timeout_seconds * 1000),
             metadata_max_age_ms=30_000,
             max_partition_fetch_bytes=1024 * 1024,
-            **_kafka_security_options(settings),
+            **kafka_client_kwargs(settings),
         )
         try:
             await consumer.start()
@@ -102,12 +102,3 @@ class KafkaHintSource:
 
 def _headers(headers: Any) -> dict[str, bytes]:
     return {key: value for key, value in (headers or ()) if isinstance(value, bytes)}
-
-
-def _kafka_security_options(settings: RuntimeSettings) -> dict[str, Any]:
-    """TLS/SASL options for managed Kafka, where the settings carry them."""
-    builder = getattr(settings, "kafka_client_options", None)
-    if callable(builder):
-        options: dict[str, Any] = builder()
-        return options
-    return {}

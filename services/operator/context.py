@@ -43,7 +43,7 @@ def build_operator_context(pool: asyncpg.Pool[Any], settings: OperatorSettings) 
 
     async def requeue(task_id: uuid.UUID, by: str) -> Any:
         return await queue.requeue(
-            task_id, by=by, reset_attempts=True, budget=settings.max_attempts
+            task_id, by=by, reset_attempts=True, budget=settings.indexer_max_attempts
         )
 
     async def backlog() -> Backlog:

@@ -17,5 +17,6 @@ class OperatorSettings(RuntimeSettings):
     operator_page_size: int = Field(default=50, ge=1, le=500)
     # Set the Secure flag on the session cookie (serve /ui over HTTPS behind a proxy).
     operator_secure_cookie: bool = False
-    # The budget `Requeue` grants, like `kb tasks requeue --reset-attempts` (KB_MAX_ATTEMPTS).
-    max_attempts: int = Field(default=8, ge=1)
+    # The budget `Requeue` grants, like `kb tasks requeue --reset-attempts`: the indexer's
+    # KB_INDEXER_MAX_ATTEMPTS.
+    indexer_max_attempts: int = Field(default=8, ge=1)

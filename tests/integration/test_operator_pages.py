@@ -12,7 +12,7 @@ import pytest
 
 from services.operator.auth import digest, new_operator_key
 from services.operator.store_pg import PgOperatorStore
-from services.publisher.auth import new_api_key
+from services.runtime.tenant_auth import new_api_key
 from tests.support.operator import hidden, operator_client, operator_settings, sign_in
 from tests.support.tasks import create_task
 
