@@ -9,11 +9,12 @@ from pydantic import ValidationError
 
 from services.devstack.cli import app as dev_app
 from services.indexer.cli import indexer_app, tasks_app
-from services.publisher.cli import serve, tenants_app
+from services.publisher.cli import tenants_app
 from services.relay.cli import app as relay_app
 from services.runtime.cli import migrate
 from services.runtime.cli_support import fail
 from services.runtime.errors import ConfigError, KbError
+from services.serve import serve
 
 app = typer.Typer(
     help="kb-pipeline: from published to searchable, reliably.",

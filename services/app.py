@@ -1,0 +1,79 @@
+"""The HTTP app ``kb serve`` runs, composed: the publisher's API with the search route.
+
+Composition lives here, above the services, so that no service imports another: the search
+router is mounted into the app the publisher builds, inside its tenant-auth middleware, and
+the search side's resources (its own pool, the query embedder) open in the app's lifespan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from services.indexer.search import Generation, Searcher
+from services.indexer.search_api import search_router
+from services.indexer.search_pg import PgSearchIndex, SearchSettings
+from services.publisher.api import create_app as create_publisher_app
+from services.publisher.ports import PublisherStore
+from services.publisher.settings import PublisherSettings
+from services.runtime.logging import get_logger
+
+log = get_logger(__name__)
+
+
+def create_app(
+    settings: PublisherSettings | None = None,
+    *,
+    store: PublisherStore | None = None,
+    searcher: Searcher | None = None,
+    search_settings: SearchSettings | None = None,
+) -> FastAPI:
+    """Without ``store`` / ``searcher`` the app opens its own pools and embedder in its
+    lifespan (the embedder from ``KB_EMBEDDING_*``, as the indexer's)."""
+    app = create_publisher_app(settings, store=store)
+    app.title = "kb-pipeline"
+    app.state.searcher = searcher
+    app.include_router(search_router)
+    publisher_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with publisher_lifespan(app):
+            if app.state.searcher is not None:
+                yield
+                return
+            async with _search_resources(search_settings or SearchSettings()) as built:
+                app.state.searcher = built
+                try:
+                    yield
+                finally:
+                    app.state.searcher = None
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+@asynccontextmanager
+async def _search_resources(settings: SearchSettings) -> AsyncIterator[Searcher]:
+    from services.indexer.embedding.factory import build_embedder
+    from services.indexer.embedding.settings import EmbeddingSettings
+    from services.runtime.db import create_pool
+
+    embedder = build_embedder(EmbeddingSettings())
+    try:
+        pool = await create_pool(settings)
+        try:
+            generation = Generation(embedder.model, embedder.dimension)
+            searcher = Searcher(embedder, PgSearchIndex(pool, generation, settings))
+            log.info(
+                "search.started",
+                embedding_model=generation.embedding_model,
+                dimension=generation.dimension,
+            )
+            yield searcher
+        finally:
+            await pool.close()
+    finally:
+        await embedder.aclose()
