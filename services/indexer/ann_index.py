@@ -44,3 +44,18 @@ def vector_expression(dimension: int, column: str = "embedding") -> str:
 def model_predicate(model: str, column: str = "embedding_model") -> str:
     # check_model_name admits no quote, so the literal needs no escaping.
     return f"{column} = '{check_model_name(model)}'"
+
+
+def create_ann_index_sql(model: str, dimension: int) -> str:
+    """The DDL of the model's ANN index (HNSW, cosine distance), built without blocking
+    writes. Run outside a transaction; ``ensure_ann_index`` in the sink decides when."""
+    return (
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {ann_index_name(model)} ON knowledge_chunk"
+        f" USING hnsw ({vector_expression(dimension)} vector_cosine_ops)"
+        f" WHERE {model_predicate(model)}"
+    )
+
+
+def drop_ann_index_sql(model: str) -> str:
+    """Drops the model's ANN index (an INVALID leftover of an interrupted build)."""
+    return f"DROP INDEX CONCURRENTLY IF EXISTS {ann_index_name(model)}"
