@@ -158,7 +158,11 @@ def _section_pieces(
             pieces.append(piece)
             continue
         tighter = max(1, min(budget, count(piece)) - excess)
-        pending[0:0] = _split(piece, tighter, 0, count)
+        smaller = _split(piece, tighter, 0, count)
+        if smaller == [piece]:  # nothing left to split (one character over budget)
+            pieces.append(piece)
+            continue
+        pending[0:0] = smaller
     return pieces
 
 
