@@ -1,4 +1,5 @@
-"""The indexer's ports: the task queue, the document-version indexer and the clock.
+"""The indexer's ports: the task queue, the document-version indexer, the source of stored
+versions and the clock.
 
 Domain and worker code talk to these Protocols only; ``queue_pg`` (asyncpg) and
 ``queue_memory`` (a fake) implement ``TaskQueue`` and pass one contract suite
@@ -108,4 +109,22 @@ class DocumentVersionIndexer(Protocol):
         """Do the slow work for one leased task. Raise ``IndexingFailed`` with a stable code
         on failure. Must hold no transaction or row lock while it works; it is cancelled
         when the lease is lost."""
+        ...
+
+
+@dataclass(frozen=True)
+class StoredVersion:
+    """An immutable document version as the publisher stored it."""
+
+    media_type: str
+    content: bytes
+    sha256: bytes
+    size_bytes: int
+
+
+class VersionSource(Protocol):
+    async def load(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int
+    ) -> StoredVersion | None:
+        """The version of this tenant's document, or ``None`` if it does not exist."""
         ...
