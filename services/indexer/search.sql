@@ -17,9 +17,9 @@ SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),
 -- Both ranked lists in ONE statement, so both read one snapshot: a search running across a
 -- search-pointer switch sees each document at its old or its new version, never both.
 --
--- This text is a template written for the model 'search-template-model' of dimension 1:
--- search_pg replaces the model predicates and the vector expression (built by ann_index)
--- with the real model's, as literals, and caches the result per model. The model's HNSW
+-- This text is a template written for a placeholder model (search_pg.TEMPLATE_MODEL) of
+-- dimension 1: search_pg replaces its model predicates and vector expression (built by
+-- ann_index) with the real model's, as literals, and caches the result per model. The model's HNSW
 -- index is partial (WHERE embedding_model = '<model>') over the expression
 -- (embedding::vector(<dim>)): only a query with that very predicate and expression in its
 -- text can use it; with a bind parameter the planner could not prove the partial predicate.

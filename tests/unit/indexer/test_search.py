@@ -49,7 +49,8 @@ def test_rrf_matches_a_hand_computed_example() -> None:
 
 def test_rrf_names_each_chunk_once_even_if_a_list_repeats_it() -> None:
     fused = reciprocal_rank_fusion([[candidate("A", 1), candidate("A", 2)], [candidate("A", 5)]])
-    assert [(c.chunk_id, s) for c, s in fused] == [("A", pytest.approx(1 / 61 + 1 / 65))]
+    assert [c.chunk_id for c, _ in fused] == ["A"]
+    assert fused[0][1] == pytest.approx(1 / 61 + 1 / 65)
 
 
 def test_rrf_breaks_ties_by_document_then_chunk() -> None:
@@ -160,3 +161,17 @@ async def test_embedding_failures_keep_their_code(code: str, retriable: bool) ->
     assert raised.value.code == code
     assert isinstance(raised.value, QueryEmbeddingUnavailable) is retriable
     assert raised.value.http_status == (503 if retriable else 500)
+
+
+def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
+    from services.indexer.ann_index import model_predicate, vector_expression
+    from services.indexer.search_pg import TEMPLATE_MODEL, specialised_search_sql
+
+    sql = specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384)
+    assert TEMPLATE_MODEL not in sql
+    assert sql.count(vector_expression(384, "c.embedding")) == 2
+    assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "c.embedding_model")) == 2
+    assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "s.embedding_model")) == 1
+    assert specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384) is sql  # cached
+    with pytest.raises(ValueError, match="characters outside"):
+        specialised_search_sql("model' OR true --", 384)
