@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from services.indexer.embedding.settings import EmbeddingSettings, load_embedding_settings
 from services.indexer.search import Generation, Searcher
 from services.indexer.search_api import search_router
 from services.indexer.search_pg import PgSearchIndex, SearchSettings
@@ -29,6 +30,7 @@ def create_app(
     store: PublisherStore | None = None,
     searcher: Searcher | None = None,
     search_settings: SearchSettings | None = None,
+    embedding_settings: EmbeddingSettings | None = None,
 ) -> FastAPI:
     """Without ``store`` / ``searcher`` the app opens its own pools and embedder in its
     lifespan (the embedder from ``KB_EMBEDDING_*``, as the indexer's)."""
@@ -44,7 +46,10 @@ def create_app(
             if app.state.searcher is not None:
                 yield
                 return
-            async with _search_resources(search_settings or SearchSettings()) as built:
+            async with _search_resources(
+                search_settings or SearchSettings(),
+                embedding_settings or load_embedding_settings(),
+            ) as built:
                 app.state.searcher = built
                 try:
                     yield
@@ -56,12 +61,15 @@ def create_app(
 
 
 @asynccontextmanager
-async def _search_resources(settings: SearchSettings) -> AsyncIterator[Searcher]:
+async def _search_resources(
+    settings: SearchSettings, embedding_settings: EmbeddingSettings
+) -> AsyncIterator[Searcher]:
     from services.indexer.embedding.factory import build_embedder
-    from services.indexer.embedding.settings import EmbeddingSettings
     from services.runtime.db import create_pool
 
-    embedder = build_embedder(EmbeddingSettings())
+    # The same provider settings as the indexer's (KB_EMBEDDING_*): queries must be embedded
+    # by the model the index was built with.
+    embedder = build_embedder(embedding_settings)
     try:
         pool = await create_pool(settings)
         try:
