@@ -48,7 +48,7 @@ def model_predicate(model: str, column: str = "embedding_model") -> str:
 
 def create_ann_index_sql(model: str, dimension: int) -> str:
     """The DDL of the model's ANN index (HNSW, cosine distance), built without blocking
-    writes. Run outside a transaction; ``ensure_ann_index`` in the sink decides when."""
+    writes. Run outside a transaction; ``PgVectorSink.ensure_generation`` decides when."""
     return (
         f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {ann_index_name(model)} ON knowledge_chunk"
         f" USING hnsw ({vector_expression(dimension)} vector_cosine_ops)"

@@ -528,3 +528,72 @@ async def test_the_writer_refuses_embeddings_that_do_not_fit(
     broken[1, 7] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         sink.writer(lease, GENERATION, chunks, broken)
+
+
+async def test_concurrent_switches_of_one_document_serialise_on_the_pointer(
+    settings: RuntimeSettings, sink: PgVectorSink
+) -> None:
+    """v1's transaction has created the pointer but not committed when v2's reaches it: v2
+    waits for the row, then moves it on from v1 and names v1 as the previous version."""
+    pool = await create_pool(settings, min_size=3, max_size=3)
+    try:
+        created = await create_task(pool)
+        v2_task = await add_version(pool, created, 2)
+        queue = PgTaskQueue(pool)
+        leases = await queue.claim("standard", "w", lease_seconds=LEASE, limit=2)
+        v1, v2 = sorted(leases, key=lambda lease: lease.version_number)
+        assert v2.task_id == v2_task
+        write_v1 = sink.writer(
+            v1, GENERATION, make_chunks(created.document_id, 1, ["a"]), unit_vectors(1)
+        )
+        written, may_commit = asyncio.Event(), asyncio.Event()
+
+        async def v1_paused_before_commit(conn: asyncpg.Connection[Any]) -> None:
+            await write_v1(conn)
+            written.set()
+            await may_commit.wait()
+
+        first = asyncio.create_task(queue.complete(v1, in_transaction=v1_paused_before_commit))
+        await written.wait()
+        second = asyncio.create_task(
+            queue.complete(
+                v2,
+                in_transaction=sink.writer(
+                    v2, GENERATION, make_chunks(created.document_id, 2, ["b"]), unit_vectors(1)
+                ),
+            )
+        )
+        await _wait_until_blocked_on_a_lock(pool)
+        may_commit.set()
+        await asyncio.gather(first, second)
+
+        current = await pointer(pool, created.document_id)
+        assert current is not None
+        assert current["version_number"] == 2
+        records = [
+            default_registry().decode(event["payload"]).record
+            for event in await switched_events(pool)
+        ]
+        assert [(r["versionNumber"], r["previousVersionNumber"]) for r in records] == [
+            (1, None),
+            (2, 1),
+        ]
+    finally:
+        await pool.close()
+
+
+async def _wait_until_blocked_on_a_lock(pool: asyncpg.Pool[Any]) -> None:
+    # The second transaction's progress is only visible from outside: wait (bounded) until
+    # a backend of this database waits for a lock.
+    async with asyncio.timeout(30):
+        while True:
+            blocked = await pool.fetchval(
+                """
+                SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE datname = current_database()
+                                  AND wait_event_type = 'Lock')
+                """
+            )
+            if blocked:
+                return
+            await asyncio.sleep(0.02)
