@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.indexer.embedding.port import Embedder, Vectors, checked_vectors
+from services.indexer.embedding.port import Embedder, InputRefused, Vectors, checked_vectors
 from services.indexer.tokens import TokenCounter, approximate_tokens
 
 
@@ -54,13 +54,17 @@ async def embed_batched(
     count_tokens: TokenCounter | None = None,
 ) -> Vectors:
     """Every text's vector, row i = texts[i]; one ``embedder.embed`` request per batch, one
-    after another (a failed request fails the whole call with its own error)."""
+        after another (a failed request fails the whole call with its own error; a refused input
+    is named by its position in ``texts``)."""
     dimension = embedder.dimension
     out = np.empty((len(texts), dimension), dtype=np.float32)
     for batch in plan_batches(
         texts, batch_size=batch_size, max_batch_tokens=max_batch_tokens, count_tokens=count_tokens
     ):
-        vectors = await embedder.embed([texts[i] for i in batch])
+        try:
+            vectors = await embedder.embed([texts[i] for i in batch])
+        except InputRefused as refused:
+            raise refused.shifted(batch.start) from refused
         out[batch.start : batch.stop] = checked_vectors(
             vectors, rows=len(batch), dimension=dimension, source=embedder.model
         )

@@ -45,6 +45,25 @@ class Embedder(Protocol):
     async def aclose(self) -> None: ...
 
 
+class InputRefused(IndexingFailed):
+    """The provider refused one input on its own (typically longer than the model accepts).
+
+    Terminal (EMBEDDING_RESPONSE_INVALID): the same input would be refused again. ``position``
+    is the input's place in the texts of the call that raised it."""
+
+    def __init__(self, position: int, detail: str) -> None:
+        super().__init__(
+            ErrorCode.EMBEDDING_RESPONSE_INVALID,
+            f"the embedding provider refused input {position} on its own: {detail}",
+        )
+        self.position = position
+        self.detail = detail
+
+    def shifted(self, offset: int) -> InputRefused:
+        """The same refusal, positioned in a longer sequence that starts ``offset`` earlier."""
+        return InputRefused(self.position + offset, self.detail)
+
+
 def checked_vectors(vectors: Vectors, *, rows: int, dimension: int, source: str) -> Vectors:
     """``vectors`` if it has the promised shape and only finite values, else
     EMBEDDING_RESPONSE_INVALID: a vector that is wrong in shape or NaN must never reach the
