@@ -89,3 +89,13 @@ async def test_a_model_file_with_another_sha256_is_refused(tmp_path: Path) -> No
 async def test_a_missing_model_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelFileRejected, match="unreadable"):
         await OnnxLocalEmbedder(model_file=tmp_path / "absent.onnx").warm_up()
+
+
+async def test_concurrent_requests_share_the_session_and_get_their_own_rows() -> None:
+    import asyncio
+
+    embedder = OnnxLocalEmbedder(intra_op_threads=1, max_concurrent_inferences=2)
+    texts = [f"question {i} about the refund window" for i in range(6)]
+    alone = await embedder.embed(texts)
+    together = await asyncio.gather(*(embedder.embed([text]) for text in texts))
+    np.testing.assert_allclose(np.vstack(together), alone, atol=1e-5)
