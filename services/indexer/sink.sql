@@ -102,3 +102,7 @@ SELECT current_setting('statement_timeout')
 -- name: set_statement_timeout
 -- Session-level: restored by the caller before the connection returns to the pool.
 SELECT set_config('statement_timeout', $1::text, false)
+
+-- name: set_local_statement_timeout
+-- Transaction-level (SET LOCAL): gone at commit or rollback, nothing left on the connection.
+SELECT set_config('statement_timeout', $1::text, true)

@@ -107,11 +107,22 @@ class PgVectorSink:
         clock: Clock | None = None,
         registry: SchemaRegistry | None = None,
         generation_lock_timeout_seconds: float = 3600.0,
+        write_timeout_seconds: float = 30.0,
+        write_timeout_per_chunk_seconds: float = 0.025,
     ) -> None:
         self._pool = pool
         self._clock = clock or DatabaseClock()
         self._registry = registry or default_registry()
         self._lock_timeout = generation_lock_timeout_seconds
+        self._write_timeout = write_timeout_seconds
+        self._write_timeout_per_chunk = write_timeout_per_chunk_seconds
+
+    def write_timeout_ms(self, chunk_count: int) -> int:
+        """The statement timeout of one write: inserting into the HNSW index costs about a
+        millisecond per row, so a long document's chunks would outlast the pool's fixed
+        statement_timeout and time out on every retry."""
+        seconds = self._write_timeout + self._write_timeout_per_chunk * chunk_count
+        return max(1, round(seconds * 1000))
 
     async def ensure_generation(self, generation: IndexGeneration) -> None:
         """Register ``generation`` and build its model's HNSW index if it is missing or
@@ -209,6 +220,10 @@ class PgVectorSink:
     async def _write(self, conn: asyncpg.Connection[Any], prepared: ChunkWrite) -> None:
         lease, generation = prepared.lease, prepared.generation
         with translate_db_errors():
+            await conn.fetchval(
+                QUERIES["set_local_statement_timeout"],
+                str(self.write_timeout_ms(len(prepared.records))),
+            )
             # Always written, even when the pointer will not move to this version (an
             # older version finishing late): harmless, since queries read only the
             # pointer's version, and a new generation built beside the current one needs

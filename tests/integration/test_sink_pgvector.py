@@ -25,7 +25,7 @@ from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.indexer.task import Lease, TaskStatus
 from services.runtime.avro import default_registry
 from services.runtime.db import create_pool
-from services.runtime.errors import ConfigError, LeaseLost
+from services.runtime.errors import ConfigError, DatabaseBusy, LeaseLost
 from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
 from services.runtime.settings import RuntimeSettings
 from tests.support.tasks import CreatedTask, create_task
@@ -597,3 +597,22 @@ async def _wait_until_blocked_on_a_lock(pool: asyncpg.Pool[Any]) -> None:
             if blocked:
                 return
             await asyncio.sleep(0.02)
+
+
+async def test_a_write_over_its_time_budget_is_rolled_back_whole(pool: asyncpg.Pool[Any]) -> None:
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    lease = await claim_task(queue, created.task_id)
+    sink = PgVectorSink(pool, write_timeout_seconds=0.001, write_timeout_per_chunk_seconds=0)
+    chunks = make_chunks(created.document_id, 1, [f"passage {n}" for n in range(3000)])
+    write = sink.writer(lease, GENERATION, chunks, unit_vectors(len(chunks)))
+    with pytest.raises(DatabaseBusy):
+        await queue.complete(lease, in_transaction=write)
+    assert await chunk_rows(pool, created.document_id) == []
+    assert await pointer(pool, created.document_id) is None
+    task = await queue.get(created.task_id)
+    assert task is not None
+    assert task.status is TaskStatus.RUNNING
+    # The budget was the transaction's own: the connection is back at the pool's timeout.
+    assert {await pool.fetchval("SHOW statement_timeout") for _ in range(3)} == {"30s"}
+    assert PgVectorSink(pool).write_timeout_ms(2000) == 80_000
