@@ -140,6 +140,24 @@ async def test_batches_are_requests_of_the_configured_size(
     ]
 
 
+async def test_batches_also_respect_a_token_budget(
+    provider: EmbeddingProvider, embedder: OpenAIHttpEmbedder
+) -> None:
+    texts = ["one two three", "four five", "six", "seven eight nine ten"]
+    await embed_batched(
+        embedder,
+        texts,
+        batch_size=10,
+        max_batch_tokens=4,
+        count_tokens=lambda text: len(text.split()),
+    )
+    assert [request.inputs for request in provider.requests] == [
+        ("one two three",),
+        ("four five", "six"),
+        ("seven eight nine ten",),
+    ]
+
+
 # --- failures: code, and what the retry policy makes of it ----------------------------------
 
 
@@ -287,6 +305,29 @@ async def test_a_wrong_key_is_terminal_and_the_key_is_never_quoted(
     ):
         assert secret not in text
     assert logs, "the failure is logged"
+
+
+async def test_rendered_json_logs_never_carry_the_key(
+    provider: EmbeddingProvider, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import structlog
+
+    from services.runtime.logging import configure_logging
+
+    secret = "sk-client-secret-rendered-555"
+    saved = structlog.get_config()
+    configure_logging(level="debug")
+    try:
+        embedder = client(provider, api_key=SecretStr(secret))
+        provider.inject("status", status=503, times=1)
+        await failure(embedder)
+        await failure(embedder)  # 401: the provider echoes the key
+        await embedder.aclose()
+    finally:
+        structlog.configure(**saved)
+    err = capsys.readouterr().err
+    assert "embedding.request_failed" in err
+    assert secret not in err
 
 
 # --- a batch refused for one input ------------------------------------------------------------
