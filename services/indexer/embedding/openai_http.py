@@ -127,7 +127,12 @@ class OpenAIHttpEmbedder:
                     status=refused.status,
                     model=self._model,
                 )
-                raise InputRefused(offset, f"HTTP {refused.status}: {refused.detail}") from None
+                raise InputRefused(
+                    offset,
+                    f"HTTP {refused.status}: {refused.detail} (an input longer than the model "
+                    "reads, or a request setting the server rejects if every input is refused: "
+                    "KB_EMBEDDING_SEND_DIMENSIONS, KB_EMBEDDING_ENCODING_FORMAT)",
+                ) from None
             _log.info(
                 "embedding.batch_split", size=len(texts), status=refused.status, model=self._model
             )
