@@ -26,6 +26,9 @@ HEADING_SEPARATOR: Final = " > "
 # The heading prefix may take at most this share of a chunk; deeper paths lose their
 # outermost headings first (the innermost says most about the text).
 _MAX_HEADING_SHARE: Final = 0.5
+# Long texts are judged by a prefix of about this many characters per token of budget.
+_CHARS_PER_TOKEN: Final = 6
+_TOKEN_CHARS_SLACK: Final = 64
 
 
 @dataclass(frozen=True)
@@ -135,8 +138,18 @@ def _fit_heading_path(
 
 
 def _split(text: str, size: int, overlap: int, count: TokenCounter) -> list[str]:
+    # semchunk only asks "does this fit in ``size``?" of long candidate texts: a prefix
+    # already over the size answers it without tokenizing megabytes (no token is longer
+    # than the window's slack; every piece's final input is counted exactly afterwards).
+    window = size * _CHARS_PER_TOKEN + _TOKEN_CHARS_SLACK
+
+    def fits_count(candidate: str) -> int:
+        if len(candidate) > window and count(candidate[:window]) > size:
+            return size + 1
+        return count(candidate)
+
     pieces = semchunk_chunk(
-        text, chunk_size=size, token_counter=count, memoize=False, overlap=overlap or None
+        text, chunk_size=size, token_counter=fits_count, memoize=False, overlap=overlap or None
     )
     assert isinstance(pieces, list)  # without offsets=True semchunk returns just the texts
     return [piece for piece in pieces if piece.strip()]

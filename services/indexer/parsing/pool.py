@@ -16,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import multiprocessing
+import os
+import select
 import uuid
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from services.indexer.chunking import Chunk, ChunkingStrategy, chunk_sections
 from services.indexer.parsing import ParseLimits, parse_document
@@ -33,6 +36,7 @@ log = get_logger(__name__)
 
 _START_METHOD: Final = "forkserver"
 _DEFAULT_LIMITS: Final = ParseLimits()
+_PRELOAD: Final = ("services.indexer.parsing.pool", "tokenizers")
 
 
 @functools.lru_cache(maxsize=4)
@@ -69,14 +73,35 @@ def _parse_and_chunk(
 
 
 def _warm_up() -> None:
-    """Imports the parsers in a fresh process before a document's budget starts."""
-    import services.indexer.parsing  # noqa: F401
+    """Imports the parsers in a fresh process (if its forkserver had not) before a
+    document's budget starts."""
+    for module in _PRELOAD:
+        importlib.import_module(module)
+
+
+def _exited(process: Any) -> bool:
+    """Whether a worker process has ended. A forkserver reports a child's exit only after
+    reaping it, so the process itself is asked too (a pidfd is readable once it exits)."""
+    if not process.is_alive():
+        return True
+    try:
+        descriptor = os.pidfd_open(process.pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):  # no pidfds here: rely on the forkserver's report
+        return False
+    try:
+        readable, _, _ = select.select([descriptor], [], [], 0)
+        return bool(readable)
+    finally:
+        os.close(descriptor)
 
 
 @dataclass
 class _Slot:
     executor: ProcessPoolExecutor
-    warm: Future[None]
+    # Set by the slot's first use: starting a process (and the forkserver) blocks.
+    warm: Future[None] | None = None
 
 
 class ParsePool:
@@ -88,6 +113,11 @@ class ParsePool:
         self._limits = limits
         self._inline = inline
         self._context = multiprocessing.get_context(_START_METHOD)
+        if not inline:
+            # The forkserver imports the parsers once; every worker, and every replacement
+            # after a kill, is forked from it ready to parse. (The setting is the process's;
+            # it only applies if no forkserver is running yet.)
+            self._context.set_forkserver_preload(list(_PRELOAD))
         self._slots: list[_Slot] = [] if inline else [self._new_slot() for _ in range(workers)]
         self._free: asyncio.Queue[int] = asyncio.Queue()
         for index in range(len(self._slots)):
@@ -103,9 +133,9 @@ class ParsePool:
     def worker_pids(self) -> list[int]:
         """The live worker processes (for operators and tests)."""
         return [
-            pid
+            process.pid
             for slot in self._slots
-            for pid, process in dict(getattr(slot.executor, "_processes", None) or {}).items()
+            for process in self._processes(slot)
             if process.is_alive()
         ]
 
@@ -140,12 +170,10 @@ class ParsePool:
         if self._closed:
             return
         self._closed = True
-        slots, self._slots = self._slots, []
-        for slot in slots:
-            slot.executor.shutdown(wait=False, cancel_futures=True)
-        # Joining the processes blocks: off the loop.
+        # A document still being parsed finishes or runs into its budget (its caller
+        # kills the process then); joining the processes blocks, so it happens off the loop.
         await asyncio.gather(
-            *(asyncio.to_thread(slot.executor.shutdown, wait=True) for slot in slots)
+            *(asyncio.to_thread(slot.executor.shutdown, wait=True) for slot in self._slots)
         )
 
     # -- running ---------------------------------------------------------------------------
@@ -171,11 +199,6 @@ class ParsePool:
         try:
             try:
                 job = await self._submit(index, args)
-            except BrokenProcessPool:
-                # The process died while idle or starting: not this document's doing.
-                self._restart(index, reason="died_idle")
-                job = await self._submit(index, args)
-            try:
                 return await asyncio.wait_for(job, budget)
             except TimeoutError:
                 self._restart(index, reason="budget")
@@ -197,11 +220,29 @@ class ParsePool:
     async def _submit(
         self, index: int, args: tuple[str, bytes, uuid.UUID, int, ChunkingStrategy, ParseLimits]
     ) -> asyncio.Future[_Outcome]:
-        slot = self._slots[index]
-        # A fresh process imports the parsers first, outside any document's budget.
-        with contextlib.suppress(Exception):
-            await asyncio.wrap_future(slot.warm)
+        for attempt in range(2):
+            slot = self._slots[index]
+            if slot.warm is None:
+                slot.warm = await asyncio.to_thread(slot.executor.submit, _warm_up)
+            if not slot.warm.done():
+                # A fresh process imports the parsers first, outside any document's budget.
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(slot.warm)
+            if attempt == 0 and not self._alive(slot):
+                # It died while idle (or starting): not this document's doing.
+                self._restart(index, reason="died_idle")
+                continue
+            break
         return asyncio.wrap_future(slot.executor.submit(_parse_and_chunk, *args))
+
+    @staticmethod
+    def _processes(slot: _Slot) -> list[Any]:
+        # ProcessPoolExecutor has no public way to see or stop its processes before
+        # Python 3.14 (terminate_workers); its process table is the only handle.
+        return list(dict(getattr(slot.executor, "_processes", None) or {}).values())
+
+    def _alive(self, slot: _Slot) -> bool:
+        return not any(_exited(process) for process in self._processes(slot))
 
     def _timeout(self, budget: float) -> IndexingFailed:
         return IndexingFailed(
@@ -211,17 +252,15 @@ class ParsePool:
 
     def _new_slot(self) -> _Slot:
         executor = ProcessPoolExecutor(max_workers=1, mp_context=self._context)
-        return _Slot(executor=executor, warm=executor.submit(_warm_up))
+        return _Slot(executor=executor)
 
     def _restart(self, index: int, *, reason: str) -> None:
         """Kills the slot's process and gives the slot a fresh one."""
         old = self._slots[index]
-        self._slots[index] = self._new_slot()
-        self.restarts += 1
-        # ProcessPoolExecutor has no public way to stop a running call before Python 3.14
-        # (terminate_workers); its process table is the only handle.
-        processes = dict(getattr(old.executor, "_processes", None) or {})
-        for process in processes.values():
+        if not self._closed:
+            self._slots[index] = self._new_slot()
+            self.restarts += 1
+        for process in self._processes(old):
             process.kill()
         old.executor.shutdown(wait=False, cancel_futures=True)
         log.warning("parse_pool.worker_restarted", slot=index, reason=reason)
