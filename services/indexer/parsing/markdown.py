@@ -2,11 +2,13 @@
 
 ATX and setext headings build the heading path; a ``#`` inside a code fence is code, not
 a heading, because the tokenizer says so. Lists, tables, quotes and code become plain
-lines: list items keep a marker, table rows read ``cell | cell``.
+lines: list items keep a marker, table rows read ``cell | cell``. YAML front matter is
+metadata and skipped.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from markdown_it import MarkdownIt
@@ -16,6 +18,8 @@ from selectolax.lexbor import LexborHTMLParser
 from services.indexer.parsing.section import Section, SectionBuilder
 from services.indexer.parsing.text import decode_text
 
+# YAML front matter is metadata; left in, its closing ``---`` would make a setext heading.
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n.*?\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)
 _CONTAINERS_CLOSE = frozenset(
     {"bullet_list_close", "ordered_list_close", "table_close", "blockquote_close"}
 )
@@ -110,8 +114,9 @@ class _Walk:
 
 
 def parse_markdown(content: bytes) -> list[Section]:
+    text = _FRONT_MATTER.sub("", decode_text(content), count=1)
     walk = _Walk()
-    for token in _markdown().parse(decode_text(content)):
+    for token in _markdown().parse(text):
         walk.token(token)
     walk.end_block()
     return walk.builder.build()

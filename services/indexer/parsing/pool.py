@@ -105,6 +105,9 @@ class _Slot:
 
 
 class ParsePool:
+    """``workers`` processes parsing and chunking one document each; callers beyond that
+    wait for a free one (the wait is not part of a document's budget)."""
+
     def __init__(
         self, *, workers: int = 1, limits: ParseLimits = _DEFAULT_LIMITS, inline: bool = False
     ) -> None:

@@ -74,3 +74,13 @@ def test_raw_html_blocks_contribute_their_text() -> None:
     assert parsed(b"# A\n\n<div>raw <b>html</b> &amp; more</div>\n") == [
         (("A",), "raw html & more")
     ]
+
+
+def test_front_matter_is_metadata_not_a_heading() -> None:
+    content = b"---\ntitle: Handbook\ntags: [a, b]\n---\nIntro.\n\n# A\n\ntext\n"
+    assert parsed(content) == [((), "Intro."), (("A",), "text")]
+
+
+def test_a_thematic_break_later_on_is_not_front_matter() -> None:
+    content = b"Intro.\n\n---\n\nMore.\n"
+    assert parsed(content) == [((), "Intro.\n\nMore.")]

@@ -67,6 +67,10 @@ def test_a_section_runs_across_pages_until_the_next_entry() -> None:
     assert all(section.text.count("line ") == 60 for section in sections)
 
 
+def test_a_pdf_encrypted_only_against_editing_opens_with_the_empty_password() -> None:
+    assert parsed(make_encrypted_pdf(user_password="")) == [((), "Confidential text.")]
+
+
 @pytest.mark.parametrize(
     ("make", "code"),
     [
