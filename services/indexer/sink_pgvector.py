@@ -108,7 +108,7 @@ class PgVectorSink:
         registry: SchemaRegistry | None = None,
         generation_lock_timeout_seconds: float = 3600.0,
         write_timeout_seconds: float = 30.0,
-        write_timeout_per_chunk_seconds: float = 0.025,
+        write_timeout_per_chunk_seconds: float = 0.05,
     ) -> None:
         self._pool = pool
         self._clock = clock or DatabaseClock()
@@ -118,9 +118,10 @@ class PgVectorSink:
         self._write_timeout_per_chunk = write_timeout_per_chunk_seconds
 
     def write_timeout_ms(self, chunk_count: int) -> int:
-        """The statement timeout of one write: inserting into the HNSW index costs about a
-        millisecond per row, so a long document's chunks would outlast the pool's fixed
-        statement_timeout and time out on every retry."""
+        """The statement timeout of one write. Inserting into the HNSW index costs one to
+        tens of milliseconds per row (a loaded 2-core machine: ~22 ms, bench/results/sink.md),
+        so a long document's chunks would outlast the pool's fixed statement_timeout and
+        time out on every retry."""
         seconds = self._write_timeout + self._write_timeout_per_chunk * chunk_count
         return max(1, round(seconds * 1000))
 

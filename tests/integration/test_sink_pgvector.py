@@ -615,4 +615,4 @@ async def test_a_write_over_its_time_budget_is_rolled_back_whole(pool: asyncpg.P
     assert task.status is TaskStatus.RUNNING
     # The budget was the transaction's own: the connection is back at the pool's timeout.
     assert {await pool.fetchval("SHOW statement_timeout") for _ in range(3)} == {"30s"}
-    assert PgVectorSink(pool).write_timeout_ms(2000) == 80_000
+    assert PgVectorSink(pool).write_timeout_ms(2000) == 130_000
