@@ -6,12 +6,14 @@ stdout carries the answer (a result word, task lines, JSON); logs go to stderr.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import getpass
 import json
+import os
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -19,11 +21,17 @@ import asyncpg
 import typer
 from pydantic import ValidationError
 
+from services.indexer.embedding.factory import build_embedder
+from services.indexer.embedding.settings import load_embedding_settings
+from services.indexer.parsing import ParseLimits
+from services.indexer.parsing.pool import ParsePool
+from services.indexer.pipeline import PipelineIndexer, chunking_strategy
 from services.indexer.ports import DocumentVersionIndexer
 from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
 from services.indexer.settings import IndexerSettings
+from services.indexer.sink_pgvector import PgVectorSink
+from services.indexer.source_pg import PgVersionSource
 from services.indexer.task import InvalidTransition, RetryPolicy, TaskStatus
-from services.indexer.version_check import TestOnlyHangingIndexer, VersionCheckIndexer
 from services.indexer.worker import Worker, run_until_signalled
 from services.runtime.cli_support import run_async
 from services.runtime.db import create_pool
@@ -77,19 +85,58 @@ def _os_user() -> str:
         raise BadInput("cannot tell who you are: say it with --by") from None
 
 
-def build_indexer(settings: IndexerSettings, pool: asyncpg.Pool[Any]) -> DocumentVersionIndexer:
-    checker = VersionCheckIndexer(pool)
-    if settings.indexer == "test-only-hang":
-        return TestOnlyHangingIndexer(checker, settings.test_only_hang_generations)
-    return checker
+@contextlib.asynccontextmanager
+async def pipeline_indexer(
+    settings: IndexerSettings, pool: asyncpg.Pool[Any], *, slots: int
+) -> AsyncIterator[PipelineIndexer]:
+    """The pipeline with its embedder, parse processes and sink; the index generation is
+    registered once here, before any task is claimed; everything is closed on the way out."""
+    embedding = load_embedding_settings()
+    embedder = build_embedder(embedding)
+    try:
+        # A local model is loaded (and its file checked) now: a bad install fails at start,
+        # not inside the first task.
+        warm_up = getattr(embedder, "warm_up", None)
+        if warm_up is not None:
+            await warm_up()
+        strategy = chunking_strategy(
+            embedder,
+            max_tokens=settings.chunk_max_tokens,
+            overlap_tokens=settings.chunk_overlap_tokens,
+        )
+        workers = settings.parse_workers or max(1, min(slots, os.cpu_count() or 1))
+        parse_pool = ParsePool(
+            workers=workers, limits=ParseLimits(budget_seconds=settings.parse_budget_seconds)
+        )
+        try:
+            sink = PgVectorSink(pool)
+            indexer = PipelineIndexer(
+                PgVersionSource(pool),
+                parse_pool,
+                embedder,
+                sink,
+                strategy=strategy,
+                batch_size=embedding.batch_size,
+                max_batch_tokens=embedding.max_batch_tokens,
+            )
+            await sink.ensure_generation(indexer.generation)
+            yield indexer
+        finally:
+            await parse_pool.aclose()
+    finally:
+        await embedder.aclose()
 
 
 def build_worker(
-    settings: IndexerSettings, pool: asyncpg.Pool[Any], tier: str, concurrency: int
+    settings: IndexerSettings,
+    pool: asyncpg.Pool[Any],
+    indexer: DocumentVersionIndexer,
+    tier: str,
+    concurrency: int,
 ) -> Worker:
     return Worker(
         PgTaskQueue(pool),
-        build_indexer(settings, pool),
+        indexer,
         tier=tier,
         owner=settings.worker_id,
         lease_seconds=settings.lease_seconds,
@@ -118,6 +165,25 @@ def _with_pool(
     return run_async(_run())
 
 
+# Tests wrap the pipeline (a crash test's hanging indexer); production passes nothing.
+WrapIndexer = Callable[[DocumentVersionIndexer], DocumentVersionIndexer]
+
+
+def run_workers(
+    settings: IndexerSettings, tier: str, slots: int, *, wrap: WrapIndexer | None = None
+) -> None:
+    """``kb indexer run``: the worker loop until SIGTERM/SIGINT."""
+
+    async def _work(pool: asyncpg.Pool[Any]) -> None:
+        async with pipeline_indexer(settings, pool, slots=slots) as indexer:
+            wrapped = wrap(indexer) if wrap is not None else indexer
+            worker = build_worker(settings, pool, wrapped, tier, slots)
+            await run_until_signalled(worker, asyncio.Event())
+
+    # One connection per slot for heartbeats and results, one for claims.
+    _with_pool(settings, slots + 2, _work)
+
+
 @indexer_app.command("run")
 def run(
     tier: str = typer.Option(..., "--tier", help="The tenant tier whose tasks to claim."),
@@ -128,14 +194,8 @@ def run(
     """Claim and index tasks until SIGTERM; then finish running ones within the grace period."""
     settings = load_settings()
     tier = _tier(tier)
-    slots = concurrency or settings.concurrency
     configure_logging(settings.log_level, settings.log_format, service="indexer")
-
-    async def _work(pool: asyncpg.Pool[Any]) -> None:
-        await run_until_signalled(build_worker(settings, pool, tier, slots), asyncio.Event())
-
-    # One connection per slot for heartbeats and results, one for claims.
-    _with_pool(settings, slots + 2, _work)
+    run_workers(settings, tier, concurrency or settings.concurrency)
 
 
 @indexer_app.command("run-once")
@@ -148,7 +208,8 @@ def run_once(
     configure_logging(settings.log_level, settings.log_format, service="indexer")
 
     async def _work(pool: asyncpg.Pool[Any]) -> str:
-        return str(await build_worker(settings, pool, tier, 1).run_once())
+        async with pipeline_indexer(settings, pool, slots=1) as indexer:
+            return str(await build_worker(settings, pool, indexer, tier, 1).run_once())
 
     typer.echo(_with_pool(settings, 3, _work))
 

@@ -23,6 +23,7 @@ from services.indexer.embedding.port import Embedder, Vectors
 from services.indexer.ports import IndexingOutcome, InTransaction, StoredVersion, VersionSource
 from services.indexer.sink_pgvector import IndexGeneration
 from services.indexer.task import ErrorCode, IndexingFailed, Lease
+from services.indexer.tokens import load_token_counter
 from services.runtime.logging import get_logger
 from services.runtime.media_types import normalise_media_type
 
@@ -95,6 +96,7 @@ class PipelineIndexer:
         *,
         strategy: ChunkingStrategy,
         batch_size: int,
+        max_batch_tokens: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -104,6 +106,11 @@ class PipelineIndexer:
         self._sink = sink
         self._strategy = strategy
         self._batch_size = batch_size
+        self._max_batch_tokens = max_batch_tokens
+        # Token budgets per request are counted the way the model counts.
+        self._count_tokens = (
+            load_token_counter(strategy.tokenizer) if max_batch_tokens is not None else None
+        )
         self.generation = index_generation(embedder, strategy)
 
     async def index(self, lease: Lease) -> IndexingOutcome:
@@ -199,7 +206,13 @@ class PipelineIndexer:
         if missing:
             texts = [first_of[digest].embedding_input for digest in missing]
             # Every request's answer is checked there (count, dimension, finite values).
-            fresh = await embed_batched(self._embedder, texts, batch_size=self._batch_size)
+            fresh = await embed_batched(
+                self._embedder,
+                texts,
+                batch_size=self._batch_size,
+                max_batch_tokens=self._max_batch_tokens,
+                count_tokens=self._count_tokens,
+            )
             known.update(zip(missing, fresh, strict=True))
         rows = np.empty((len(chunks), dimension), dtype=np.float32)
         reused = 0

@@ -26,15 +26,22 @@ class IndexerSettings(RuntimeSettings):
     grace_period_seconds: float = Field(default=30.0, ge=0)
     # Unique per process by default (host:pid:random), so a restart is a new owner.
     worker_id: str | None = None
-    # Which DocumentVersionIndexer the CLI wires in. "version-check" is the stand-in until the
-    # real pipeline lands (see services/indexer/version_check.py). "test-only-hang" exists for
-    # the crash tests only: it hangs on every lease generation <= test_only_hang_generations,
-    # then behaves like "version-check".
-    indexer: Literal["version-check", "test-only-hang"] = "version-check"
-    test_only_hang_generations: int = Field(default=1, ge=0)
+    # Which DocumentVersionIndexer the CLI wires in: the parse -> chunk -> embed -> pgvector
+    # pipeline (services/indexer/pipeline.py); the embedding provider is configured by
+    # KB_EMBEDDING_* (services/indexer/embedding/settings.py).
+    indexer: Literal["pipeline"] = "pipeline"
+    # Tokens per chunk, headings included; capped by what the embedding model reads.
+    chunk_max_tokens: int = Field(default=256, ge=16, le=8192)
+    chunk_overlap_tokens: int = Field(default=0, ge=0)
+    # Wall time one document's parse + chunk may take (DOCUMENT_PARSE_TIMEOUT beyond it).
+    parse_budget_seconds: float = Field(default=120.0, gt=0)
+    # Processes parsing documents; by default one per slot, at most one per CPU.
+    parse_workers: int | None = Field(default=None, ge=1, le=64)
 
     @model_validator(mode="after")
     def _cap_not_below_base(self) -> IndexerSettings:
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
+        if self.chunk_overlap_tokens >= self.chunk_max_tokens // 2:
+            raise ValueError("chunk_overlap_tokens must be below half of chunk_max_tokens")
         return self

@@ -14,8 +14,10 @@ import asyncpg
 import httpx
 import pytest
 
+from services.indexer.embedding.factory import build_embedder
+from services.indexer.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.indexer.parsing.pool import ParsePool
-from services.indexer.ports import DocumentVersionIndexer
+from services.indexer.ports import DocumentVersionIndexer, ManualClock
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.source_pg import PgVersionSource
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy
@@ -23,6 +25,7 @@ from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, add_tenant, publish, publisher_harness, upload
 from tests.support.documents import make_corrupt_pdf, make_large_pdf
+from tests.support.embedding_provider import EmbeddingProvider, served_provider
 from tests.support.pipeline import RecordingEmbedder, running_pipeline
 from tests.support.tasks import create_task
 
@@ -31,7 +34,7 @@ pytestmark = pytest.mark.integration
 MARKDOWN = "text/markdown"
 
 
-def policy(paragraphs: int, changed: int | None = None) -> bytes:
+def policy_document(paragraphs: int, changed: int | None = None) -> bytes:
     parts = ["# Refund policy"]
     for n in range(paragraphs):
         body = f"Clause {n}: refunds for order class {n} are granted within {n % 30 + 1} days."
@@ -113,7 +116,7 @@ async def chunk_versions(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> dic
 
 
 async def test_a_published_version_becomes_searchable(api: Api, pool: asyncpg.Pool[Any]) -> None:
-    document_id, _ = await api.publish_new(policy(20))
+    document_id, _ = await api.publish_new(policy_document(20))
     assert (await api.status(document_id))["indexStatus"] == "INDEXING"
     async with running_pipeline(pool) as indexer:
         assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
@@ -137,7 +140,7 @@ async def test_a_published_version_becomes_searchable(api: Api, pool: asyncpg.Po
 async def test_a_corrupt_v2_is_dead_and_v1_stays_searchable(
     api: Api, pool: asyncpg.Pool[Any]
 ) -> None:
-    document_id, _ = await api.publish_new(policy(5))
+    document_id, _ = await api.publish_new(policy_document(5))
     async with running_pipeline(pool) as indexer:
         assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
         await api.publish_new(
@@ -167,12 +170,12 @@ async def test_v2_reembeds_only_the_changed_paragraph(api: Api, pool: asyncpg.Po
     from services.indexer.embedding.hashing import HashingEmbedder
 
     recording = RecordingEmbedder(HashingEmbedder(dimension=64))
-    document_id, _ = await api.publish_new(policy(200))
+    document_id, _ = await api.publish_new(policy_document(200))
     async with running_pipeline(pool, embedder=recording, max_tokens=48) as indexer:
         assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
         v1_texts = len(recording.texts)
         recording.requests.clear()
-        await api.publish_new(policy(200, changed=42), document_id=document_id)
+        await api.publish_new(policy_document(200, changed=42), document_id=document_id)
         assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
     counts = await chunk_versions(pool, document_id)
     assert counts[1] == counts[2] == v1_texts >= 200
@@ -188,6 +191,57 @@ async def test_v2_reembeds_only_the_changed_paragraph(api: Api, pool: asyncpg.Po
     )
     assert same == counts[1] - len(recording.texts)
     assert (await api.status(document_id))["searchVersion"] == 2
+
+
+async def _task(pool: asyncpg.Pool[Any], document_id: uuid.UUID, version: int) -> Any:
+    return await pool.fetchrow(
+        "SELECT status, error_code, attempts, next_attempt_at FROM index_task"
+        " WHERE document_id = $1 AND version_number = $2",
+        document_id,
+        version,
+    )
+
+
+async def test_a_429_storm_keeps_v1_searchable_and_v2_switches_after_it(
+    api: Api, pool: asyncpg.Pool[Any]
+) -> None:
+    clock = ManualClock(datetime.now(UTC))
+    # Short backoffs: Retry-After (30 s) is what decides the waits.
+    policy = RetryPolicy(backoff_base_seconds=1, backoff_cap_seconds=5, jitter=0)
+    with served_provider(EmbeddingProvider(dimension=64)) as served:
+        settings = EmbeddingSettings(
+            provider=OpenAIConfig(base_url=served.base_url, model="test-embed", dimensions=64)
+        )
+        embedder = build_embedder(settings)
+        document_id, _ = await api.publish_new(policy_document(30))
+        async with running_pipeline(pool, embedder=embedder) as indexer:
+            run = worker(pool, indexer, clock=clock, policy=policy)
+            clock.advance(1)  # the publisher's tasks are due by the database's clock
+            assert await run.run_once() is RunOnceResult.SUCCEEDED  # v1, before the storm
+            await api.publish_new(policy_document(30, changed=3), document_id=document_id)
+            served.provider.inject("rate_limit", retry_after="30")  # until cleared
+            clock.advance(1)
+            for attempt in (1, 2):
+                assert await run.run_once() is RunOnceResult.FAILED
+                task = await _task(pool, document_id, 2)
+                assert (task["status"], task["error_code"], task["attempts"]) == (
+                    "RETRY_WAIT",
+                    ErrorCode.EMBEDDING_RATE_LIMITED,
+                    attempt,
+                )
+                assert (task["next_attempt_at"] - clock.now()).total_seconds() == 30
+                status = await api.status(document_id)
+                assert (status["indexStatus"], status["searchVersion"]) == ("INDEXING", 1)
+                clock.advance(29)
+                assert await run.run_once() is RunOnceResult.IDLE  # Retry-After respected
+                clock.advance(1)
+            served.provider.clear_faults()  # the storm is over
+            assert await run.run_once() is RunOnceResult.SUCCEEDED
+        faults = [request.fault for request in served.provider.requests]
+    assert faults.count("rate_limit") == 2
+    status = await api.status(document_id)
+    assert (status["indexStatus"], status["searchVersion"]) == ("SEARCHABLE", 2)
+    assert set(await chunk_versions(pool, document_id)) == {1, 2}
 
 
 @pytest.mark.parametrize(

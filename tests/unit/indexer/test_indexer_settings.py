@@ -17,7 +17,8 @@ def test_reads_kb_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(settings, RuntimeSettings)
     assert (settings.lease_seconds, settings.concurrency) == (2.0, 16)
     assert settings.backoff_cap_seconds == 120
-    assert settings.indexer == "version-check"
+    assert settings.indexer == "pipeline"
+    assert (settings.chunk_max_tokens, settings.chunk_overlap_tokens) == (256, 0)
     with pytest.raises(ValidationError):
         settings.lease_seconds = 3  # type: ignore[misc]
 
@@ -29,7 +30,9 @@ def test_reads_kb_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ("KB_CONCURRENCY", "0"),
         ("KB_BACKOFF_JITTER", "1.5"),
         ("KB_BACKOFF_CAP_SECONDS", "0.5"),  # below the default base of 2 s
-        ("KB_INDEXER", "real-pipeline"),
+        ("KB_INDEXER", "version-check"),  # the stand-in is gone
+        ("KB_CHUNK_OVERLAP_TOKENS", "128"),  # not below half of the default 256 max tokens
+        ("KB_PARSE_BUDGET_SECONDS", "0"),
     ],
 )
 def test_rejects_settings_that_cannot_work(
