@@ -21,7 +21,7 @@ from services.indexer.ann_index import model_predicate, vector_expression
 from services.indexer.chunking import Chunk, chunk_id_of
 from services.indexer.ports import ManualClock
 from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
+from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
 from services.indexer.task import Lease, TaskStatus
 from services.runtime.avro import default_registry
 from services.runtime.db import create_pool
@@ -476,6 +476,22 @@ async def test_concurrent_ensure_generation_builds_one_valid_hnsw_index_that_que
             query_vector,
         )
     assert f'"Index Name": "{generation.ann_index_name}"' in plan
+
+    # The reuse lookup probes knowledge_chunk_reuse, whatever the table's size.
+    digests = [hashlib.sha256(str(n).encode()).digest() for n in (5, 50, 500)]
+    async with wide_pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        reuse_plan = await conn.fetchval(
+            "EXPLAIN (FORMAT JSON) " + QUERIES["known_embeddings"],
+            created.tenant_id,
+            generation.embedding_model,
+            "s1",
+            DIMENSION,
+            digests,
+        )
+    assert '"Index Name": "knowledge_chunk_reuse"' in reuse_plan
+    known = await sinks[0].known_embeddings(created.tenant_id, generation, digests)
+    assert set(known) == set(digests)
 
 
 async def test_an_invalid_index_left_by_a_failed_build_is_dropped_and_rebuilt(
