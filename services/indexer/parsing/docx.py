@@ -15,8 +15,8 @@ import zipfile
 from typing import TYPE_CHECKING, Any
 
 from docx import Document
+from docx.enum.style import WD_STYLE_TYPE
 from docx.table import Table
-from docx.text.paragraph import Paragraph
 
 from services.indexer.parsing.section import Section, SectionBuilder
 from services.indexer.task import ErrorCode, IndexingFailed
@@ -58,9 +58,8 @@ def check_archive(content: bytes, limits: ParseLimits) -> None:
         )
 
 
-def heading_level(paragraph: Paragraph) -> int | None:
+def _style_level(style: Any) -> int | None:
     """0 for Title, N for Heading N, following a custom style to the built-in it is based on."""
-    style: Any = paragraph.style
     for _ in range(8):  # a base-style chain is short; a cycle must not loop forever
         if style is None:
             return None
@@ -72,6 +71,18 @@ def heading_level(paragraph: Paragraph) -> int | None:
             return int(matched.group(1))
         style = style.base_style
     return None
+
+
+def heading_levels(document: Any) -> dict[str | None, int | None]:
+    """Heading level by paragraph style id (``None``: the default style), read once:
+    python-docx resolves ``Paragraph.style`` by scanning every style, per paragraph."""
+    levels: dict[str | None, int | None] = {
+        style.style_id: _style_level(style)
+        for style in document.styles
+        if style.type == WD_STYLE_TYPE.PARAGRAPH
+    }
+    levels[None] = _style_level(document.styles.default(WD_STYLE_TYPE.PARAGRAPH))
+    return levels
 
 
 def _row_text(row: Any) -> str:
@@ -89,12 +100,15 @@ def _row_text(row: Any) -> str:
 def parse_docx(content: bytes, limits: ParseLimits) -> list[Section]:
     check_archive(content, limits)
     document = Document(io.BytesIO(content))
+    levels = heading_levels(document)
     builder = SectionBuilder()
     for item in document.iter_inner_content():
         if isinstance(item, Table):
             builder.block("\n".join(_row_text(row) for row in item.rows))
             continue
-        level = heading_level(item)
+        style_id = item._p.style
+        # An unknown style id falls back to the default style, as in Word.
+        level = levels.get(style_id, levels[None])
         if level is None:
             builder.block(item.text)
         else:

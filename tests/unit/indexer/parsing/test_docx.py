@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import io
+
 import pytest
+from docx import Document
+from docx.enum.style import WD_STYLE_TYPE
 
 from services.indexer.parsing import ParseLimits, parse_document
 from services.indexer.task import ErrorCode, IndexingFailed
@@ -76,3 +80,15 @@ def test_a_docx_without_text_is_empty() -> None:
     with pytest.raises(IndexingFailed) as failed:
         parse_document(DOCX, make_docx(()))
     assert failed.value.code == ErrorCode.DOCUMENT_EMPTY
+
+
+def test_a_custom_style_based_on_a_heading_is_that_heading() -> None:
+    document = Document()
+    custom = document.styles.add_style("Policy Heading", WD_STYLE_TYPE.PARAGRAPH)
+    custom.base_style = document.styles["Heading 2"]
+    document.add_heading("Policies", level=1)
+    document.add_paragraph("Refund", style="Policy Heading")
+    document.add_paragraph("Within 30 days.")
+    out = io.BytesIO()
+    document.save(out)
+    assert parsed(out.getvalue()) == [(("Policies", "Refund"), "Within 30 days.")]
