@@ -27,36 +27,36 @@ SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),
 -- $1 tenant, $2 principals, $3 query vector (NULL in keyword mode), $4 depth of each list,
 -- $5 document ids filter (NULL: all), $6 heading path prefix (NULL: all), $7 vector list
 -- wanted, $8 keyword list wanted, $9 query text.
-WITH readable AS MATERIALIZED (
-    -- The documents these principals may READ, at their current search version. The ACL
-    -- and the pointer are filters here, before any ranking: nothing is cut after a LIMIT.
-    SELECT s.document_id, s.version_number, s.chunking_strategy
-      FROM document_search_version s
-     WHERE s.tenant_id = $1
-       AND s.embedding_model = 'search-template-model'
-       AND ($5::uuid[] IS NULL OR s.document_id = ANY ($5::uuid[]))
-       AND EXISTS (
-             SELECT 1
-               FROM document_acl a
-              WHERE a.tenant_id = s.tenant_id
-                AND a.document_id = s.document_id
-                AND a.permission = 'READ'
-                AND a.principal = ANY ($2::text[]))
-),
-vector_list AS (
+WITH vector_list AS (
     SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
            (c.embedding::vector(1)) <=> $3::vector AS distance
       FROM knowledge_chunk c
      WHERE $7::boolean
        AND c.tenant_id = $1
        AND c.embedding_model = 'search-template-model'
+       AND ($5::uuid[] IS NULL OR c.document_id = ANY ($5::uuid[]))
        AND ($6::text[] IS NULL OR c.heading_path[1:cardinality($6::text[])] = $6::text[])
+       -- The chunk belongs to its document's current search version (same model, same
+       -- chunking strategy) ...
        AND EXISTS (
              SELECT 1
-               FROM readable r
-              WHERE r.document_id = c.document_id
-                AND r.version_number = c.version_number
-                AND r.chunking_strategy = c.chunking_strategy)
+               FROM document_search_version s
+              WHERE s.tenant_id = c.tenant_id
+                AND s.document_id = c.document_id
+                AND s.version_number = c.version_number
+                AND s.embedding_model = 'search-template-model'
+                AND s.chunking_strategy = c.chunking_strategy)
+       -- ... and these principals may READ the document. Both are filters of the scan,
+       -- before the LIMIT: an HNSW scan probes them per candidate (two primary-key
+       -- lookups) and, iterating, goes on until it has $4 rows that pass; a selective ACL
+       -- lets the planner start from the ACL instead and rank that document set exactly.
+       AND EXISTS (
+             SELECT 1
+               FROM document_acl a
+              WHERE a.tenant_id = c.tenant_id
+                AND a.document_id = c.document_id
+                AND a.permission = 'READ'
+                AND a.principal = ANY ($2::text[]))
      ORDER BY (c.embedding::vector(1)) <=> $3::vector
      LIMIT $4
 ),
@@ -72,13 +72,23 @@ keyword_list AS (
        AND c.search_document @@ q.query
        AND c.tenant_id = $1
        AND c.embedding_model = 'search-template-model'
+       AND ($5::uuid[] IS NULL OR c.document_id = ANY ($5::uuid[]))
        AND ($6::text[] IS NULL OR c.heading_path[1:cardinality($6::text[])] = $6::text[])
        AND EXISTS (
              SELECT 1
-               FROM readable r
-              WHERE r.document_id = c.document_id
-                AND r.version_number = c.version_number
-                AND r.chunking_strategy = c.chunking_strategy)
+               FROM document_search_version s
+              WHERE s.tenant_id = c.tenant_id
+                AND s.document_id = c.document_id
+                AND s.version_number = c.version_number
+                AND s.embedding_model = 'search-template-model'
+                AND s.chunking_strategy = c.chunking_strategy)
+       AND EXISTS (
+             SELECT 1
+               FROM document_acl a
+              WHERE a.tenant_id = c.tenant_id
+                AND a.document_id = c.document_id
+                AND a.permission = 'READ'
+                AND a.principal = ANY ($2::text[]))
      ORDER BY rank DESC, c.document_id, c.chunk_id
      LIMIT $4
 ),

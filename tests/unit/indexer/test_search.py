@@ -171,7 +171,7 @@ def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
     assert TEMPLATE_MODEL not in sql
     assert sql.count(vector_expression(384, "c.embedding")) == 2
     assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "c.embedding_model")) == 2
-    assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "s.embedding_model")) == 1
+    assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "s.embedding_model")) == 2
     assert specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384) is sql  # cached
     with pytest.raises(ValueError, match="characters outside"):
         specialised_search_sql("model' OR true --", 384)
