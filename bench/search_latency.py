@@ -36,7 +36,7 @@ import asyncpg
 import numpy as np
 from pgvector.asyncpg import register_vector
 
-from services.indexer.ann_index import model_predicate, vector_expression
+from services.indexer.ann_index import create_ann_index_sql, model_predicate, vector_expression
 from services.indexer.search import Generation, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex, SearchSettings
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
@@ -50,6 +50,8 @@ STRATEGY = "bench"
 TENANT = "bench"
 CHUNKS_PER_DOCUMENT = 20
 FEW_EVERY = 50  # group:few reads one document in 50
+CLUSTERS = 1000
+CLUSTER_NOISE = 1.0  # noise norm relative to the unit centroid
 
 _WORDS = """
 refund policy customer order payment invoice shipping delivery return exchange warranty
@@ -88,14 +90,24 @@ def text_for(rng: np.random.Generator, words: int) -> str:
     return " ".join(VOCABULARY[int(r)] for r in ranks).capitalize() + "."
 
 
+def unit_vectors(
+    rng: np.random.Generator, count: int, centroids: np.ndarray[Any, Any] | None
+) -> np.ndarray[Any, Any]:
+    """Uniform on the sphere, or (``centroids``) around topics, as real embeddings cluster."""
+    noise = rng.standard_normal((count, DIMENSION)).astype(np.float32)
+    if centroids is not None:
+        picks = centroids[rng.integers(len(centroids), size=count)]
+        noise = picks + CLUSTER_NOISE * noise / np.sqrt(DIMENSION)
+    vectors: np.ndarray[Any, Any] = noise / np.linalg.norm(noise, axis=1, keepdims=True)
+    return vectors
+
+
 async def load(
-    url: str, chunks: int, seed: int
+    url: str, chunks: int, rng: np.random.Generator, centroids: np.ndarray[Any, Any] | None
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """Writes the corpus; returns every chunk's vector and whether group:few may read it."""
-    rng = np.random.default_rng(seed)
     documents = chunks // CHUNKS_PER_DOCUMENT
-    vectors = rng.standard_normal((documents * CHUNKS_PER_DOCUMENT, DIMENSION)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors = unit_vectors(rng, documents * CHUNKS_PER_DOCUMENT, centroids)
     few = np.zeros(len(vectors), dtype=bool)
     conn = await asyncpg.connect(url)
     try:
@@ -211,6 +223,11 @@ async def load(
     return vectors, few
 
 
+def chunk_index(chunk_id: str) -> int:
+    document, ordinal = chunk_id.split("-")
+    return int(document) * CHUNKS_PER_DOCUMENT + int(ordinal)
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -232,22 +249,32 @@ async def timed(
 async def run(args: argparse.Namespace) -> None:
     admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
     url = await recreate(admin_url)
+    rng = np.random.default_rng(args.seed)
+    centroids = None
+    if args.vectors == "clustered":
+        centroids = unit_vectors(rng, CLUSTERS, None)
     started = time.perf_counter()
-    vectors, few = await load(url, args.chunks, args.seed)
+    vectors, few = await load(url, args.chunks, rng, centroids)
     loaded = time.perf_counter() - started
     settings = SearchSettings(database_url=url, db_pool_min_size=1, db_pool_max_size=2)
     pool = await create_pool(settings)
     try:
         started = time.perf_counter()
+        async with pool.acquire() as conn:
+            # The graph must fit in maintenance_work_mem or the build crawls (15 min vs a few
+            # at 100k x 384 here); ensure_generation then finds the index valid.
+            await conn.execute("SET maintenance_work_mem = '1GB'")
+            await conn.execute("SET statement_timeout = 0")
+            await conn.execute(create_ann_index_sql(MODEL, DIMENSION))
+            await conn.execute("RESET maintenance_work_mem")
+            await conn.execute("RESET statement_timeout")
         await PgVectorSink(pool).ensure_generation(IndexGeneration(MODEL, DIMENSION, STRATEGY))
         built = time.perf_counter() - started
         async with pool.acquire() as conn:
             await conn.execute("ANALYZE knowledge_chunk")
         index = PgSearchIndex(pool, Generation(MODEL, DIMENSION), settings)
-        rng = np.random.default_rng(args.seed + 1)
-        query_vectors = rng.standard_normal((args.queries, DIMENSION)).astype(np.float32)
-        query_vectors /= np.linalg.norm(query_vectors, axis=1, keepdims=True)
-        query_texts = [" ".join(rng.choice(VOCABULARY[:80], size=2)) for _ in range(args.queries)]
+        query_vectors = unit_vectors(rng, args.queries, centroids)
+        query_texts = [" ".join(rng.choice(VOCABULARY, size=2)) for _ in range(args.queries)]
 
         plain_sql = (
             "SELECT chunk_id FROM knowledge_chunk c"
@@ -263,8 +290,12 @@ async def run(args: argparse.Namespace) -> None:
                 return await conn.fetch(plain_sql, query_vectors[n])
 
         rows: list[tuple[str, str, list[float], float | None]] = []
-        plain_ms, _ = await timed(plain, args.queries)
-        rows.append(("plain pgvector, unfiltered", "-", plain_ms, None))
+        plain_ms, plain_answers = await timed(plain, args.queries)
+        plain_hits = 0
+        for n, answer in enumerate(plain_answers):
+            exact = set(np.argsort(-(vectors @ query_vectors[n]))[:10].tolist())
+            plain_hits += len(exact & {chunk_index(r["chunk_id"]) for r in answer})
+        rows.append(("plain pgvector, unfiltered", "-", plain_ms, plain_hits / (10 * args.queries)))
         for principal, mask in (
             ("group:all", np.ones(len(vectors), dtype=bool)),
             ("group:few", few),
@@ -285,11 +316,7 @@ async def run(args: argparse.Namespace) -> None:
                     for n, answer in enumerate(answers):
                         sims = vectors[allowed] @ query_vectors[n]
                         exact = {int(allowed[i]) for i in np.argsort(-sims)[:10]}
-                        got = set()
-                        for c in answer.vector:
-                            d, o = c.chunk_id.split("-")
-                            got.add(int(d) * CHUNKS_PER_DOCUMENT + int(o))
-                        hits += len(exact & got)
+                        hits += len(exact & {chunk_index(c.chunk_id) for c in answer.vector})
                     recall = hits / (10 * len(answers))
                 rows.append((f"search {mode.value}", principal, samples, recall))
 
@@ -306,7 +333,8 @@ async def run(args: argparse.Namespace) -> None:
             f"chunks {len(vectors)}, documents {len(vectors) // CHUNKS_PER_DOCUMENT}, "
             f"group:few reads {int(few.sum())} chunks; PostgreSQL {server}, pgvector {pgvector}; "
             f"knowledge_chunk {size}; load {loaded:.0f}s, HNSW build {built:.0f}s; "
-            f"ef_search {settings.search_ef_search}, {args.queries} queries each"
+            f"ef_search {settings.search_ef_search}, {args.queries} queries each, "
+            f"{args.vectors} vectors"
         )
         print()
         print("| query | principals | p50 ms | p95 ms | p50 vs plain | recall@10 |")
@@ -326,6 +354,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--vectors", choices=["random", "clustered"], default="random")
     asyncio.run(run(parser.parse_args()))
 
 
