@@ -1,9 +1,10 @@
 """HTML through selectolax's lexbor parser: the visible body text under its h1-h6 headings.
 
 What a reader does not see is dropped with its whole subtree: scripts, styles, templates,
-navigation, page headers and footers, and elements hidden by ``hidden``,
-``aria-hidden="true"`` or an inline ``display: none``. The ``<title>`` is metadata, not
-body text. The parser decodes entities; block elements start new lines, table rows read
+navigation, the page's header and footer (an article's own header stays), and elements
+hidden by ``hidden``, ``aria-hidden="true"`` or an inline ``display: none`` (also inside
+a heading, where permalink icons hide). The ``<title>`` is metadata, not body text.
+The parser decodes entities; block elements start new lines, table rows read
 ``cell | cell``.
 """
 
@@ -22,8 +23,6 @@ _DROPPED = frozenset(
         "script",
         "style",
         "nav",
-        "header",
-        "footer",
         "template",
         "noscript",
         "title",
@@ -33,6 +32,10 @@ _DROPPED = frozenset(
         "canvas",
     }
 )
+# A page's header and footer are chrome (the banner and contentinfo landmarks); inside an
+# article or section they belong to it (its title, its byline) and are kept.
+_PAGE_CHROME = frozenset({"header", "footer"})
+_SECTIONING = frozenset({"article", "aside", "main", "section"})
 _HEADINGS = {f"h{level}": level for level in range(1, 7)}
 # Blocks that stand apart as paragraphs.
 _PARAGRAPHS = frozenset(
@@ -88,6 +91,25 @@ def _hidden(node: Any) -> bool:
     return bool(_HIDDEN_STYLE.search(attributes.get("style") or ""))
 
 
+def _visible_text(root: Any) -> str:
+    parts: list[str] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.tag == "-text":
+            parts.append(node.text_content or "")
+            continue
+        if node.tag.startswith("-") or node.tag in _DROPPED or _hidden(node):
+            continue
+        children = []
+        child = node.child
+        while child is not None:
+            children.append(child)
+            child = child.next
+        stack.extend(reversed(children))
+    return "".join(parts)
+
+
 class _Walk:
     def __init__(self) -> None:
         self.builder = SectionBuilder()
@@ -97,6 +119,7 @@ class _Walk:
         self.cell_depth = 0
         self.pre_depth = 0
         self.ordinals: list[int | None] = []
+        self.sectioning_depth = 0
 
     # -- output -------------------------------------------------------------------------
     def end_line(self) -> None:
@@ -121,6 +144,10 @@ class _Walk:
             return False
         if tag.startswith("-") or tag in _DROPPED or _hidden(node):
             return False
+        if tag in _PAGE_CHROME and not self.sectioning_depth:
+            return False
+        if tag in _SECTIONING:
+            self.sectioning_depth += 1
         if self.cell_depth and tag not in _CELLS and tag != "tr":
             # Inside a table cell every block is just more of the cell.
             if tag in _PARAGRAPHS or tag in _LINES or tag == "br" or tag in _HEADINGS:
@@ -128,7 +155,7 @@ class _Walk:
             return True
         if tag in _HEADINGS:
             self.end_block()
-            self.builder.heading(_HEADINGS[tag], node.text(deep=True))
+            self.builder.heading(_HEADINGS[tag], _visible_text(node))
             return False
         if tag == "br":
             self.end_line()
@@ -160,6 +187,8 @@ class _Walk:
 
     def exit(self, node: Any) -> None:
         tag: str = node.tag
+        if tag in _SECTIONING:
+            self.sectioning_depth -= 1
         if tag in _CELLS and self.cell_depth:
             self.cell_depth -= 1
             cell = " ".join("".join(self.inline).split())

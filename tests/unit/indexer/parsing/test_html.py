@@ -82,3 +82,14 @@ def test_a_page_with_only_chrome_is_empty() -> None:
     with pytest.raises(IndexingFailed) as failed:
         parse_document(HTML, b"<head><title>t</title></head><body><nav>menu</nav></body>")
     assert failed.value.code == ErrorCode.DOCUMENT_EMPTY
+
+
+def test_an_articles_own_header_is_content_and_hidden_heading_icons_are_not() -> None:
+    content = (
+        b"<body><header><h1>Site name</h1></header><main><article>"
+        b'<header><h1>Post title <a aria-hidden="true" href="#t">#</a></h1>'
+        b"<p>By Ann</p></header><p>Body.</p>"
+        b"<footer>Posted in News</footer></article></main>"
+        b"<footer>Copyright</footer></body>"
+    )
+    assert parsed(content) == [(("Post title",), "By Ann\n\nBody.\n\nPosted in News")]
