@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -161,11 +162,11 @@ def _section_pieces(
     prefix_tokens = count(embedding_input_of(path, "")) if path else 0
     budget = strategy.max_tokens - prefix_tokens
     pieces: list[str] = []
-    pending = _split(section.text, budget, strategy.overlap_tokens, count)
+    pending = deque(_split(section.text, budget, strategy.overlap_tokens, count))
     # Token counts are not always additive (the joint text may tokenize differently), so
     # every full input is checked; one that is over is split again, more tightly.
     while pending:
-        piece = pending.pop(0)
+        piece = pending.popleft()
         excess = count(embedding_input_of(path, piece)) - strategy.max_tokens
         if excess <= 0 or count(piece) <= 1:
             pieces.append(piece)
@@ -175,7 +176,7 @@ def _section_pieces(
         if smaller == [piece]:  # nothing left to split (one character over budget)
             pieces.append(piece)
             continue
-        pending[0:0] = smaller
+        pending.extendleft(reversed(smaller))
     return pieces
 
 
