@@ -208,3 +208,21 @@ def test_chunking_is_deterministic_bounded_and_complete(
     assert squeeze("".join(c.text for c in chunks)) == squeeze(
         "".join(section.text for section in sections)
     )
+
+
+def test_a_tokenizer_that_counts_more_for_the_joined_input_still_gets_its_bound() -> None:
+    # The heading prefix and the text fit apart, but the joined input crosses a length at
+    # which this tokenizer counts two tokens more: such pieces are split again.
+    def superadditive(text: str) -> int:
+        return len(text.split()) + (2 if len(text) > 60 else 0)
+
+    text = " ".join(f"w{n}" for n in range(200))
+    chunks = chunk_sections(
+        [Section(("Heading words here",), text)],
+        document_id=DOCUMENT,
+        version_number=1,
+        strategy=ChunkingStrategy(APPROX, max_tokens=16),
+        count_tokens=superadditive,
+    )
+    assert all(superadditive(c.embedding_input) <= 16 for c in chunks)
+    assert squeeze("".join(c.text for c in chunks)) == squeeze(text)
