@@ -31,6 +31,8 @@ log = get_logger(__name__)
 
 # Digests asked of the index per query: bounded parameter size for very long documents.
 _KNOWN_LOOKUP_BATCH = 2000
+# Embedding requests sent back to back before the event loop is given a turn.
+_REQUESTS_PER_WAVE = 8
 
 
 class ChunkParser(Protocol):
@@ -205,14 +207,7 @@ class PipelineIndexer:
         missing = [digest for digest in digests if digest not in known]
         if missing:
             texts = [first_of[digest].embedding_input for digest in missing]
-            # Every request's answer is checked there (count, dimension, finite values).
-            fresh = await embed_batched(
-                self._embedder,
-                texts,
-                batch_size=self._batch_size,
-                max_batch_tokens=self._max_batch_tokens,
-                count_tokens=self._count_tokens,
-            )
+            fresh = await self._embed(texts)
             known.update(zip(missing, fresh, strict=True))
         rows = np.empty((len(chunks), dimension), dtype=np.float32)
         reused = 0
@@ -222,6 +217,24 @@ class PipelineIndexer:
             if chunk.content_digest not in fresh_digests:
                 reused += 1
         return rows, reused, len(missing)
+
+    async def _embed(self, texts: Sequence[str]) -> Vectors:
+        """Every text's vector, in order, a few requests at a time. Between those the loop
+        gets a turn even when the embedder never yields (one computing on the loop): a
+        long document must not starve the heartbeat that keeps its lease."""
+        wave = self._batch_size * _REQUESTS_PER_WAVE
+        out = np.empty((len(texts), self.generation.dimension), dtype=np.float32)
+        for start in range(0, len(texts), wave):
+            # Every request's answer is checked there (count, dimension, finite values).
+            out[start : start + wave] = await embed_batched(
+                self._embedder,
+                texts[start : start + wave],
+                batch_size=self._batch_size,
+                max_batch_tokens=self._max_batch_tokens,
+                count_tokens=self._count_tokens,
+            )
+            await asyncio.sleep(0)
+        return out
 
 
 def _ms_since(started: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from collections.abc import Sequence
@@ -288,3 +289,34 @@ def test_the_generation_names_model_dimension_and_strategy() -> None:
         harness().indexer.generation.chunking_strategy
         == chunking_strategy(embedder, max_tokens=64).strategy_id
     )
+
+
+async def test_the_loop_gets_turns_while_an_embedder_that_never_yields_works() -> None:
+    """A heartbeat must run during a long embedding even when the embedder computes on
+    the loop (the hashing embedder does): the pipeline gives the loop turns between waves
+    of requests."""
+    h = harness(batch_size=4)
+    document_id = uuid.uuid4()
+    h.source.put("acme", document_id, 1, stored(policy(200)))
+    turns = 0
+    seen: list[int] = []
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    def never_yields(texts: Sequence[str]) -> np.ndarray:
+        seen.append(turns)
+        return np.stack([vector_of(t) for t in texts])
+
+    h.embedder.answer = never_yields
+    ticking = asyncio.create_task(ticker())
+    try:
+        await h.index(lease(document_id))
+    finally:
+        ticking.cancel()
+    assert len(seen) >= 50
+    # The ticker ran between waves of requests (of 8): it advanced at least once a wave.
+    assert len(set(seen)) >= len(seen) // 8
