@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Invisible characters that only split words for a search: soft hyphen, zero-width space
+# and joiners, word joiner, a BOM inside the text.
+_INVISIBLE = re.compile("[\u00ad\u200b-\u200d\u2060\ufeff]")
 _INLINE_SPACE = re.compile(r"[^\S\n]+")
 _BLANK_LINES = re.compile(r"\n{3,}")
 
@@ -25,16 +28,16 @@ def normalise_text(text: str) -> str:
     """Lines stripped, runs of spaces made one, at most one blank line in a row.
 
     Line breaks survive (they separate list items, table rows and paragraphs, which the
-    chunker prefers to split on); control characters become spaces."""
+    chunker prefers to split on); control characters become spaces, invisible ones go."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = _CONTROL.sub(" ", text)
+    text = _INVISIBLE.sub("", _CONTROL.sub(" ", text))
     lines = [_INLINE_SPACE.sub(" ", line).strip() for line in text.split("\n")]
     return _BLANK_LINES.sub("\n\n", "\n".join(lines)).strip()
 
 
 def normalise_heading(title: str) -> str:
     """A heading is one line."""
-    return " ".join(_CONTROL.sub(" ", title).split())
+    return " ".join(_INVISIBLE.sub("", _CONTROL.sub(" ", title)).split())
 
 
 class SectionBuilder:

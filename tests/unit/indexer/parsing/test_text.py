@@ -60,3 +60,8 @@ def test_text_without_words_is_empty(content: bytes) -> None:
     with pytest.raises(IndexingFailed) as failed:
         parse_document(TEXT, content)
     assert failed.value.code == ErrorCode.DOCUMENT_EMPTY
+
+
+def test_invisible_characters_do_not_split_words() -> None:
+    content = "re\u00adfund win\u200bdow\ufeff\u00a0policy".encode()
+    assert parse_document(TEXT, content) == [Section((), "refund window policy")]
