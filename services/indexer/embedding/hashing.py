@@ -8,6 +8,7 @@ counts are L2-normalised. The same text gives the same vector in every process a
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Sequence
@@ -62,8 +63,9 @@ class HashingEmbedder:
         return vectors
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
-        # Cheap enough (microseconds per chunk) to run on the loop.
-        return self.embed_sync(texts)
+        # Microseconds per chunk, but a huge document's batches add up: off the loop, so
+        # heartbeats keep their beat.
+        return await asyncio.to_thread(self.embed_sync, list(texts))
 
     async def aclose(self) -> None:
         return None
