@@ -175,3 +175,25 @@ def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
     assert specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384) is sql  # cached
     with pytest.raises(ValueError, match="characters outside"):
         specialised_search_sql("model' OR true --", 384)
+
+
+async def test_the_search_route_fails_closed_without_the_auth_middleware() -> None:
+    import httpx
+    from fastapi import FastAPI
+
+    from services.indexer.search_api import search_router
+    from services.runtime.http_problem import install_problem_handlers
+
+    app = FastAPI()
+    install_problem_handlers(app)
+    app.include_router(search_router)
+    app.state.searcher = None  # never reached
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.post(
+            "/v1/tenants/acme/search",
+            json={"query": "refund", "principals": ["group:all"]},
+            headers={"Authorization": "Bearer kb.acme.whatever"},
+        )
+    assert response.status_code == 401
+    assert response.json()["errorCode"] == "UNAUTHENTICATED"
