@@ -188,53 +188,43 @@ class PipelineIndexer:
         """One row per chunk, in order; returns (rows, chunks reused, texts embedded).
 
         Content the index already holds for this tenant and generation is reused; of the
-        rest, each distinct digest is embedded once (repeated boilerplate included)."""
+        rest, each distinct digest is embedded once (repeated boilerplate included). Every
+        vector goes straight to its rows: a long document holds its vectors once."""
         dimension = self.generation.dimension
-        first_of: dict[bytes, Chunk] = {}
-        for chunk in chunks:
-            first_of.setdefault(chunk.content_digest, chunk)
-        digests = list(first_of)
-        known: dict[bytes, Vectors] = {}
+        rows = np.empty((len(chunks), dimension), dtype=np.float32)
+        rows_of: dict[bytes, list[int]] = {}
+        for row, chunk in enumerate(chunks):
+            rows_of.setdefault(chunk.content_digest, []).append(row)
+        digests = list(rows_of)
+        reused = 0
+        known: set[bytes] = set()
         for start in range(0, len(digests), _KNOWN_LOOKUP_BATCH):
             found = await self._sink.known_embeddings(
                 tenant_id, self.generation, digests[start : start + _KNOWN_LOOKUP_BATCH]
             )
-            known.update(
-                (digest, vector)
-                for digest, vector in found.items()
-                if np.shape(vector) == (dimension,)
-            )
+            for digest, vector in found.items():
+                if digest in rows_of and np.shape(vector) == (dimension,):
+                    rows[rows_of[digest]] = vector
+                    reused += len(rows_of[digest])
+                    known.add(digest)
         missing = [digest for digest in digests if digest not in known]
-        if missing:
-            texts = [first_of[digest].embedding_input for digest in missing]
-            fresh = await self._embed(texts)
-            known.update(zip(missing, fresh, strict=True))
-        rows = np.empty((len(chunks), dimension), dtype=np.float32)
-        reused = 0
-        fresh_digests = set(missing)
-        for row, chunk in enumerate(chunks):
-            rows[row] = known[chunk.content_digest]
-            if chunk.content_digest not in fresh_digests:
-                reused += 1
-        return rows, reused, len(missing)
-
-    async def _embed(self, texts: Sequence[str]) -> Vectors:
-        """Every text's vector, in order, a few requests at a time. Between those the loop
-        gets a turn even when the embedder never yields (one computing on the loop): a
-        long document must not starve the heartbeat that keeps its lease."""
         wave = self._batch_size * _REQUESTS_PER_WAVE
-        out = np.empty((len(texts), self.generation.dimension), dtype=np.float32)
-        for start in range(0, len(texts), wave):
+        for start in range(0, len(missing), wave):
+            part = missing[start : start + wave]
             # Every request's answer is checked there (count, dimension, finite values).
-            out[start : start + wave] = await embed_batched(
+            vectors = await embed_batched(
                 self._embedder,
-                texts[start : start + wave],
+                [chunks[rows_of[digest][0]].embedding_input for digest in part],
                 batch_size=self._batch_size,
                 max_batch_tokens=self._max_batch_tokens,
                 count_tokens=self._count_tokens,
             )
+            for digest, vector in zip(part, vectors, strict=True):
+                rows[rows_of[digest]] = vector
+            # A turn for the loop even when the embedder never yields (one computing on
+            # the loop): a long document must not starve the heartbeat of its lease.
             await asyncio.sleep(0)
-        return out
+        return rows, reused, len(missing)
 
 
 def _ms_since(started: float) -> float:
