@@ -171,6 +171,7 @@ async def main() -> None:
     notifications.update(dict.fromkeys(modes, 0))
     rang = asyncio.Event()
     try:
+
         def on_notify(*_: object) -> None:
             count()
             rang.set()

@@ -295,7 +295,7 @@ async def relay_latency(
                             await asyncio.sleep(delay)
                         event = _event(i)
                         async with conn.transaction():
-                            await add_event(conn, event)  # type: ignore[arg-type]
+                            await add_event(conn, event)
                         committed_at[str(event.event_id)] = time.perf_counter()
 
             await asyncio.gather(*(writer(w) for w in range(writers)))

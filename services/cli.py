@@ -45,7 +45,7 @@ COMMANDS: dict[str, LazyCommand] = {
     "operators": LazyCommand(
         "services.operator.cli", "operators_app", "Operator keys for the /ui page."
     ),
-    "serve": LazyCommand("services.publisher.cli", "serve", "Run the publisher HTTP API."),
+    "serve": LazyCommand("services.serve", "serve", "Run the HTTP API (publishing and search)."),
     "demo": LazyCommand(
         "services.demo.cli",
         "demo",

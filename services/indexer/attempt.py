@@ -49,12 +49,14 @@ class RunOnceResult(enum.StrEnum):
 
 @dataclass(frozen=True)
 class WorkerEvent:
-    """Test-only signal: what just happened ("claimed", "heartbeat", "lease_lost",
-    "completed", "failed", "idle", "claim_failed", "stopping", "stopped", "cancelled")."""
+    """What just happened ("claimed", "heartbeat", "lease_lost", "completed", "failed",
+    "idle", "claim_failed", "stopping", "stopped", "cancelled"): tests wait for these through
+    the worker's ``signals`` queue, metrics count them through its ``observer``."""
 
     kind: str
     task_id: uuid.UUID | None = None
     detail: str | None = None
+    seconds: float | None = None  # how long it took (a heartbeat's round trip)
 
 
 Emit = Callable[[WorkerEvent], None]
@@ -192,7 +194,9 @@ class TaskAttempts:
                 async with asyncio.timeout(interval):
                     current = await self.queue.heartbeat(current, lease_seconds=self.lease_seconds)
                 deadline = sent_at + self.lease_seconds
-                self._emit(WorkerEvent("heartbeat", lease.task_id))
+                self._emit(
+                    WorkerEvent("heartbeat", lease.task_id, seconds=self.monotonic() - sent_at)
+                )
             except LeaseLost:
                 state.lost = True
             except (KbError, TimeoutError) as error:

@@ -1,11 +1,12 @@
 """`kb indexer run|run-once` and `kb tasks list|show|requeue`.
 
-stdout carries the answer (a result word, task lines, JSON); logs go to stderr.
+stdout carries the answer (a result word, task lines, JSON); logs go to stderr. Drivers, the
+pipeline and the worker are imported when a command runs (services/indexer/wiring.py), so
+`--help` stays cheap.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import getpass
 import json
@@ -13,23 +14,17 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import asyncpg
 import typer
 
-from services.indexer.ports import DocumentVersionIndexer
-from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
 from services.indexer.settings import IndexerSettings
-from services.indexer.task import InvalidTransition, RetryPolicy, TaskStatus
-from services.indexer.version_check import TestOnlyHangingIndexer, VersionCheckIndexer
-from services.indexer.worker import RunOnceResult, Worker
 from services.runtime import cli_support
-from services.runtime.cli_support import run_async
-from services.runtime.db import create_pool
 from services.runtime.errors import BadInput, NotFound
-from services.runtime.logging import configure_logging
-from services.runtime.signals import run_until_signalled
+from services.runtime.tasks import TaskStatus
+
+if TYPE_CHECKING:
+    import asyncpg
 
 indexer_app = typer.Typer(
     help="Index workers: claim due tasks of one tier and index them.", no_args_is_help=True
@@ -75,76 +70,19 @@ def _os_user() -> str:
         raise BadInput("cannot tell who you are: say it with --by") from None
 
 
-def build_indexer(settings: IndexerSettings, pool: asyncpg.Pool[Any]) -> DocumentVersionIndexer:
-    checker = VersionCheckIndexer(pool)
-    if settings.indexer == "test-only-hang":
-        return TestOnlyHangingIndexer(checker, settings.test_only_hang_generations)
-    return checker
-
-
-def build_worker(
-    settings: IndexerSettings,
-    pool: asyncpg.Pool[Any],
-    tier: str,
-    concurrency: int,
-    *,
-    heartbeat_pool: asyncpg.Pool[Any] | None = None,
-) -> Worker:
-    return Worker(
-        PgTaskQueue(pool, heartbeat_pool=heartbeat_pool),
-        build_indexer(settings, pool),
-        tier=tier,
-        owner=settings.indexer_worker_id,
-        lease_seconds=settings.indexer_lease_seconds,
-        policy=RetryPolicy(
-            backoff_base_seconds=settings.indexer_backoff_base_seconds,
-            backoff_cap_seconds=settings.indexer_backoff_cap_seconds,
-            jitter=settings.indexer_backoff_jitter,
-            max_retry_after_seconds=settings.indexer_max_retry_after_seconds,
-        ),
-        concurrency=concurrency,
-        poll_interval_seconds=settings.indexer_poll_seconds,
-        idle_backoff_min_seconds=settings.indexer_idle_backoff_min_seconds,
-        grace_period_seconds=settings.indexer_grace_period_seconds,
-    )
-
-
-async def _open_pool(settings: IndexerSettings, size: int) -> asyncpg.Pool[Any]:
-    return await create_pool(settings, min_size=1, max_size=size, reset=skip_session_reset)
-
-
 def _with_pool(
     settings: IndexerSettings, size: int, work: Callable[[asyncpg.Pool[Any]], Awaitable[T]]
 ) -> T:
+    from services.indexer.wiring import open_pool
+
     async def _run() -> T:
-        pool = await _open_pool(settings, size)
+        pool = await open_pool(settings, size)
         try:
             return await work(pool)
         finally:
             await pool.close()
 
-    return run_async(_run())
-
-
-def _with_worker(
-    settings: IndexerSettings,
-    tier: str,
-    concurrency: int,
-    work: Callable[[Worker], Awaitable[T]],
-) -> T:
-    """A worker on its own pools: one for claims and results (one connection per slot and
-    one for claims, plus one spare), a small one reserved for heartbeats."""
-
-    async def _run() -> T:
-        async with contextlib.AsyncExitStack() as pools:
-            pool = await _open_pool(settings, concurrency + 2)
-            pools.push_async_callback(pool.close)
-            beats = await _open_pool(settings, settings.indexer_heartbeat_pool_size)
-            pools.push_async_callback(beats.close)
-            worker = build_worker(settings, pool, tier, concurrency, heartbeat_pool=beats)
-            return await work(worker)
-
-    return run_async(_run())
+    return cli_support.run_async(_run())
 
 
 @indexer_app.command("run")
@@ -157,17 +95,29 @@ def run(
         max=256,
         help="Tasks at once (default KB_INDEXER_CONCURRENCY).",
     ),
+    no_hints: bool = typer.Option(
+        False,
+        "--no-hints",
+        help="Read no Kafka hints: find work by the poll timer alone (KB_INDEXER_POLL_SECONDS).",
+    ),
+    metrics_port: int | None = typer.Option(
+        None,
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="Serve Prometheus /metrics on 127.0.0.1:PORT (default KB_INDEXER_METRICS_PORT).",
+    ),
 ) -> None:
     """Claim and index tasks until SIGTERM; then finish running ones within the grace period."""
+    from services.runtime.logging import configure_logging
+
     settings = load_settings()
     tier = _tier(tier)
     slots = concurrency or settings.indexer_concurrency
     configure_logging(settings.log_level, settings.log_format, service="indexer")
+    from services.indexer.wiring import run_workers
 
-    async def _work(worker: Worker) -> None:
-        await run_until_signalled(worker.run)
-
-    _with_worker(settings, tier, slots, _work)
+    run_workers(settings, tier, slots, hints=False if no_hints else None, metrics_port=metrics_port)
 
 
 @indexer_app.command("run-once")
@@ -179,18 +129,23 @@ def run_once(
     Exactly one of those words, always: an error the worker cannot classify (the database
     unreachable, the outcome of a write unknown) prints FAILED, and the error on stderr."""
     try:
+        from services.indexer import wiring
+        from services.runtime.logging import configure_logging
+
         settings = load_settings()
         tier = _tier(tier)
         configure_logging(settings.log_level, settings.log_format, service="indexer")
-
-        async def _work(worker: Worker) -> RunOnceResult:
-            return await worker.run_once()
-
-        result = _with_worker(settings, tier, 1, _work)
+        result = str(wiring.run_once(settings, tier))
     except Exception as error:
-        typer.echo(RunOnceResult.FAILED)
+        typer.echo("FAILED")
         cli_support.fail(error)
     typer.echo(result)
+
+
+def _queue(pool: asyncpg.Pool[Any]) -> Any:
+    from services.indexer.queue_pg import PgTaskQueue
+
+    return PgTaskQueue(pool)
 
 
 def _jsonable(value: Any) -> Any:
@@ -217,7 +172,7 @@ def list_tasks(
     wanted = _status(status)
 
     async def _work(pool: asyncpg.Pool[Any]) -> None:
-        tasks = await PgTaskQueue(pool).list_tasks(
+        tasks = await _queue(pool).list_tasks(
             status=wanted, tenant_id=tenant, tier=tier, limit=limit
         )
         for task in tasks:
@@ -237,7 +192,7 @@ def show(task_id: str = typer.Argument(..., help="The task id (UUID).")) -> None
     wanted = _task_id(task_id)
 
     async def _work(pool: asyncpg.Pool[Any]) -> dict[str, Any]:
-        queue = PgTaskQueue(pool)
+        queue = _queue(pool)
         task = await queue.get(wanted)
         if task is None:
             raise NotFound(f"no index task {wanted}", code="TASK_NOT_FOUND")
@@ -265,9 +220,11 @@ def requeue(
     if not who or len(who) > 200:
         raise BadInput("--by must be 1 to 200 characters")
 
+    from services.indexer.task import InvalidTransition
+
     async def _work(pool: asyncpg.Pool[Any]) -> dict[str, Any]:
         try:
-            record = await PgTaskQueue(pool).requeue(
+            record = await _queue(pool).requeue(
                 wanted, by=who, reset_attempts=reset_attempts, budget=settings.indexer_max_attempts
             )
         except InvalidTransition as error:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.indexer.attempt import WorkerEvent
 from services.runtime.logging import get_logger
 from services.runtime.sql import queries_beside
 
@@ -131,8 +133,43 @@ class HintMetrics:
         HINTS_CONNECTED.labels(tier).set(1 if stats.connected else 0)
 
 
+class WorkerMetrics:
+    """The worker's observer: counts claims and results, times heartbeats, and remembers the
+    tasks this process completed so that their publish->searchable latency is observed once
+    (by the process that made the switch)."""
+
+    def __init__(self, tier: str, task_type: str = "INDEX_VERSION") -> None:
+        self._tier = tier
+        self._task_type = task_type
+        self.completed: list[uuid.UUID] = []
+
+    def __call__(self, event: WorkerEvent) -> None:
+        tier, task_type = self._tier, self._task_type
+        if event.kind == "claimed":
+            CLAIMED.labels(tier).inc()
+        elif event.kind == "idle":
+            CLAIMS.labels(tier, "idle").inc()
+        elif event.kind == "heartbeat" and event.seconds is not None:
+            HEARTBEAT_SECONDS.labels(tier).observe(event.seconds)
+        elif event.kind == "completed":
+            TASK_RESULTS.labels(tier, task_type, "succeeded", "").inc()
+            if event.task_id is not None:
+                self.completed.append(event.task_id)
+        elif event.kind == "lease_lost":
+            TASK_RESULTS.labels(tier, task_type, "lost_lease", "").inc()
+        elif event.kind == "failed" and event.detail:
+            code, _, status = event.detail.partition(" ")
+            result = "retry" if status == "RETRY_WAIT" else "dead"
+            TASK_RESULTS.labels(tier, task_type, result, code).inc()
+
+    def take_completed(self) -> list[uuid.UUID]:
+        taken, self.completed = self.completed, []
+        return taken
+
+
 class QueueGaugeSampler:
-    """Refreshes the queue gauges of ``tiers`` every ``interval_seconds`` with one query."""
+    """Refreshes the queue gauges of ``tiers`` every ``interval_seconds`` with one query,
+    and observes the publish->searchable latency of the tasks ``observer`` saw complete."""
 
     def __init__(
         self,
@@ -142,12 +179,14 @@ class QueueGaugeSampler:
         lease_seconds: float,
         interval_seconds: float = 5.0,
         now: datetime | None = None,
+        observer: WorkerMetrics | None = None,
     ) -> None:
         self._pool = pool
         self._tiers = list(tiers)
         self._expiring_within = lease_seconds / 3
         self._interval = interval_seconds
         self._now = now
+        self._observer = observer
 
     async def sample(self) -> list[dict[str, Any]]:
         rows = await self._pool.fetch(
@@ -161,7 +200,18 @@ class QueueGaugeSampler:
             TASKS_RUNNING.labels(tier).set(row["running"])
             LEASES_EXPIRING.labels(tier).set(row["expiring"])
             LEASES_EXPIRED.labels(tier).set(row["expired"])
+        await self._observe_switches()
         return [dict(row) for row in rows]
+
+    async def _observe_switches(self) -> None:
+        if self._observer is None:
+            return
+        completed = self._observer.take_completed()
+        if not completed:
+            return
+        switches = await self._pool.fetch(QUERIES["publish_to_searchable"], completed)
+        for row in switches:
+            PUBLISH_TO_SEARCHABLE.labels(row["tier"]).observe(max(0.0, row["seconds"]))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sample until ``stop``; a failed sample is logged and retried next interval."""

@@ -41,3 +41,19 @@ SELECT tier.name AS tier,
   FROM unnest($1::text[]) AS tier (name)
   LEFT JOIN waiting w ON w.tier = tier.name
   LEFT JOIN running r ON r.tier = tier.name
+
+-- name: publish_to_searchable
+-- $1 the tasks this process completed since the last sample. Seconds from each version's
+-- publish commit to the commit that switched search to it (only switches these tasks made:
+-- a task for a version older than the pointer switched nothing and is not counted).
+SELECT t.tier,
+       extract(epoch FROM s.switched_at - v.published_at)::float8 AS seconds
+  FROM index_task t
+  JOIN document_search_version s
+    ON s.tenant_id = t.tenant_id AND s.document_id = t.document_id
+   AND s.version_number = t.version_number AND s.task_id = t.task_id
+  JOIN document_version v
+    ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id
+   AND v.version_number = t.version_number
+ WHERE t.task_id = ANY ($1::uuid[])
+   AND v.published_at IS NOT NULL

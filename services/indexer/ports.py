@@ -1,5 +1,5 @@
-"""The indexer's ports: the task queue, the transaction a sink writes through, and the
-document-version indexer.
+"""The indexer's ports: the task queue, the transaction a sink writes through, the
+document-version indexer and the source of stored versions.
 
 Domain and worker code talk to these Protocols only; ``queue_pg`` (asyncpg) implements
 ``TaskQueue``, and so does the in-memory fake under ``tests/fakes/``; both pass one contract
@@ -81,4 +81,22 @@ class DocumentVersionIndexer(Protocol):
         """Do the slow work for one leased task. Raise ``IndexingFailed`` with a stable code
         on failure. Must hold no transaction or row lock while it works; it is cancelled
         when the lease is lost."""
+        ...
+
+
+@dataclass(frozen=True)
+class StoredVersion:
+    """An immutable document version as the publisher stored it."""
+
+    media_type: str
+    content: bytes
+    sha256: bytes
+    size_bytes: int
+
+
+class VersionSource(Protocol):
+    async def load(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int
+    ) -> StoredVersion | None:
+        """The version of this tenant's document, or ``None`` if it does not exist."""
         ...

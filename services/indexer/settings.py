@@ -55,12 +55,25 @@ class IndexerSettings(RuntimeSettings):
     # Connections reserved for heartbeats, apart from the claim/result pool: a busy pool
     # must not starve a lease.
     indexer_heartbeat_pool_size: int = Field(default=2, ge=1, le=16)
-    # Which DocumentVersionIndexer the CLI wires in. "version-check" is the stand-in until the
-    # real pipeline lands (see services/indexer/version_check.py). "test-only-hang" exists for
-    # the crash tests only: it hangs on every lease generation <= test_only_hang_generations,
-    # then behaves like "version-check".
-    indexer: Literal["version-check", "test-only-hang"] = "version-check"
-    test_only_hang_generations: int = Field(default=1, ge=0)
+    # Which DocumentVersionIndexer the CLI wires in: the parse -> chunk -> embed -> pgvector
+    # pipeline (services/indexer/pipeline.py); the embedding provider is configured by
+    # KB_EMBEDDING_* (services/indexer/embedding/settings.py).
+    indexer: Literal["pipeline"] = "pipeline"
+    # Tokens per chunk, headings included; capped by what the embedding model reads.
+    indexer_chunk_max_tokens: int = Field(default=256, ge=16, le=8192)
+    indexer_chunk_overlap_tokens: int = Field(default=0, ge=0)
+    # Wall time one document's parse + chunk may take (DOCUMENT_PARSE_TIMEOUT beyond it).
+    indexer_parse_budget_seconds: float = Field(default=120.0, gt=0)
+    # Processes parsing documents; by default one per slot, at most one per CPU.
+    indexer_parse_workers: int | None = Field(default=None, ge=1, le=64)
+    # Kafka hints (kb.index-hints.<tier>, consumer group kb-indexer.<tier>) wake the claim
+    # loop; off, the indexer works by its poll timer alone (`kb indexer run --no-hints`).
+    indexer_hints: bool = True
+    # Serve /metrics (Prometheus) on this port (`--metrics-port`); unset: no listener.
+    indexer_metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    indexer_metrics_host: str = "127.0.0.1"
+    # How often the process refreshes its queue gauges (one query for all slots).
+    indexer_metrics_interval_seconds: float = Field(default=5.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -76,4 +89,8 @@ class IndexerSettings(RuntimeSettings):
     def _cap_not_below_base(self) -> IndexerSettings:
         if self.indexer_backoff_cap_seconds < self.indexer_backoff_base_seconds:
             raise ValueError("indexer_backoff_cap_seconds must be >= indexer_backoff_base_seconds")
+        if self.indexer_chunk_overlap_tokens >= self.indexer_chunk_max_tokens // 2:
+            raise ValueError(
+                "indexer_chunk_overlap_tokens must be below half of indexer_chunk_max_tokens"
+            )
         return self

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from services.indexer.attempt import IndexedAttempt, TaskAttempts
@@ -45,6 +46,7 @@ class Worker:
         idle_backoff_min_seconds: float = 0.05,
         grace_period_seconds: float = 30.0,
         signals: asyncio.Queue[WorkerEvent] | None = None,
+        observer: Callable[[WorkerEvent], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         if concurrency < 1:
@@ -61,6 +63,7 @@ class Worker:
         # the poll interval, shortened by up to half at random.
         self.claim_backoff = Backoff(self.idle_backoff_min_seconds, poll_interval_seconds, 0.5)
         self._signals = signals
+        self._observer = observer
         self._rng = rng or random.Random()
         self.attempts = TaskAttempts(
             queue,
@@ -263,3 +266,5 @@ class Worker:
     def _emit(self, event: WorkerEvent) -> None:
         if self._signals is not None:
             self._signals.put_nowait(event)
+        if self._observer is not None:
+            self._observer(event)

@@ -1,7 +1,6 @@
-"""`kb tenants create` and `kb serve`.
+"""`kb tenants create` (`kb serve` is services/serve.py: it serves the composed app).
 
-Imports of drivers and the web stack happen inside the commands: `kb --help` and the other
-commands do not pay for them.
+Imports of drivers happen inside the command: `kb --help` does not pay for them.
 """
 
 from __future__ import annotations
@@ -53,19 +52,3 @@ def create_tenant(
     run_async(_run())
     get_logger(__name__).info("tenant.created", tenant_id=name, tier=tier)
     typer.echo(f"KB_API_KEY={key}")
-
-
-def serve(
-    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
-    port: int = typer.Option(8080, "--port", min=0, max=65535, help="TCP port."),
-) -> None:
-    """Run the publisher HTTP API."""
-    from services.publisher.api import create_app
-    from services.publisher.server import serve_app
-    from services.publisher.settings import PublisherSettings
-    from services.runtime.cli_support import load_settings
-    from services.runtime.logging import configure_logging
-
-    settings = load_settings(PublisherSettings)
-    configure_logging(settings.log_level, settings.log_format, service="kb-publisher")
-    serve_app(create_app(settings), host=host, port=port, settings=settings)

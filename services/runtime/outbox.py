@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
-
-import asyncpg
 
 from services.runtime.db import translate_db_errors
 from services.runtime.sql import queries_beside
+from services.runtime.transaction import Transaction
 
 _QUERIES = queries_beside(__file__, "outbox.sql")
 
@@ -48,7 +46,7 @@ class StoredEvent:
     event_id: uuid.UUID
 
 
-async def add_event(conn: asyncpg.Connection[Any], event: OutboxEvent) -> StoredEvent:
+async def add_event(conn: Transaction, event: OutboxEvent) -> StoredEvent:
     """Insert ``event`` in the caller's transaction (which must be open), after waiting for
     any other open transaction that wrote an event with the same aggregate key."""
     if not conn.is_in_transaction():

@@ -67,11 +67,17 @@ class Worker:
 async def start_worker(service_env: dict[str, str]) -> AsyncIterator[Any]:
     started: list[Worker] = []
 
-    async def start(**env: str) -> Worker:
+    async def start(*, hang_generations: int | None = None, **env: str) -> Worker:
+        # A hanging worker is `kb indexer run` wrapped by a test-only entry point.
+        command = (
+            [*KB, "indexer", "run"]
+            if hang_generations is None
+            else [sys.executable, "-m", "tests.support.hanging_worker"]
+        )
+        if hang_generations is not None:
+            env["KB_TEST_ONLY_HANG_GENERATIONS"] = str(hang_generations)
         process = await asyncio.create_subprocess_exec(
-            *KB,
-            "indexer",
-            "run",
+            *command,
             "--tier",
             "standard",
             "--concurrency",
@@ -92,6 +98,9 @@ async def start_worker(service_env: dict[str, str]) -> AsyncIterator[Any]:
             if worker.process.returncode is None:
                 worker.process.kill()
                 await worker.process.wait()
+            # Read to the end: the pipe (and the process transport) is then closed, not left
+            # for the garbage collector to warn about.
+            await worker.drain()
 
 
 async def test_run_once_prints_one_result_word(
@@ -172,22 +181,23 @@ async def test_a_worker_killed_mid_task_is_taken_over_after_its_lease(
     crash_env = {
         "KB_INDEXER_LEASE_SECONDS": "2",
         "KB_INDEXER_POLL_SECONDS": "0.2",
-        "KB_INDEXER": "test-only-hang",  # generation 1 hangs; later ones really run
-        "KB_TEST_ONLY_HANG_GENERATIONS": "1",
+        "KB_EMBEDDING_PROVIDER": "hashing",
     }
-    doomed = await start_worker(**crash_env)
+    # Generation 1 hangs; later ones really run.
+    doomed = await start_worker(hang_generations=1, **crash_env)
     claimed = await doomed.wait_for("task.claimed")
     assert claimed["task_id"] == str(created.task_id)
     assert claimed["lease_attempt"] == 1
     doomed.process.send_signal(signal.SIGKILL)
     assert await doomed.process.wait() == -signal.SIGKILL
+    await doomed.drain()
     row = await pool.fetchrow(
         "SELECT status, attempts FROM index_task WHERE task_id = $1", created.task_id
     )
     assert row is not None
     assert (row["status"], row["attempts"]) == ("RUNNING", 1)  # stuck only until the lease ends
 
-    successor = await start_worker(**crash_env)
+    successor = await start_worker(hang_generations=1, **crash_env)
     taken = await successor.wait_for("task.claimed")
     assert (taken["task_id"], taken["lease_attempt"]) == (str(created.task_id), 2)
     await successor.wait_for("task.completed")
@@ -217,9 +227,9 @@ async def test_sigterm_lets_the_running_task_finish_within_the_grace_period(
 ) -> None:
     created = await create_task(pool)
     worker = await start_worker(
+        hang_generations=1,
         KB_INDEXER_LEASE_SECONDS="30",
-        KB_INDEXER="test-only-hang",
-        KB_TEST_ONLY_HANG_GENERATIONS="1",
+        KB_EMBEDDING_PROVIDER="hashing",
         KB_INDEXER_GRACE_PERIOD_SECONDS="0.5",
     )
     await worker.wait_for("task.claimed")

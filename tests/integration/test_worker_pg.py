@@ -1,10 +1,10 @@
-"""run_once against PostgreSQL with the stand-in VersionCheckIndexer."""
+"""run_once against PostgreSQL, with small indexers standing in for the pipeline (the
+pipeline itself: tests/integration/test_pipeline_pg.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -15,21 +15,26 @@ import pytest
 from services.indexer.ports import IndexingOutcome, Transaction
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
-from services.indexer.version_check import TestOnlyHangingIndexer, VersionCheckIndexer
 from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import create_pool, translate_db_errors
 from services.runtime.settings import RuntimeSettings
 from tests.support.clock import ManualClock
+from tests.support.hanging_worker import HangingIndexer
 from tests.support.pg_proxy import CommitDroppingProxy
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
 
 
+class Succeeds:
+    async def index(self, lease: Lease) -> IndexingOutcome:
+        return IndexingOutcome()
+
+
 def worker(pool: asyncpg.Pool[Any], **options: Any) -> Worker:
     return Worker(
         PgTaskQueue(pool),
-        options.pop("indexer", None) or VersionCheckIndexer(pool),
+        options.pop("indexer", None) or Succeeds(),
         tier="standard",
         owner="it-worker",
         policy=RetryPolicy(jitter=0),
@@ -45,52 +50,19 @@ async def _status(pool: asyncpg.Pool[Any], task_id: uuid.UUID) -> tuple[str, str
     return row["status"], row["error_code"]
 
 
-async def test_an_intact_version_succeeds(pool: asyncpg.Pool[Any]) -> None:
-    created = await create_task(pool, media_type="text/markdown; charset=utf-8")
+async def test_a_claimed_task_succeeds_and_the_queue_is_then_idle(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    created = await create_task(pool)
     assert await worker(pool).run_once() is RunOnceResult.SUCCEEDED
     assert await _status(pool, created.task_id) == ("SUCCEEDED", None)
     assert await worker(pool).run_once() is RunOnceResult.IDLE
 
 
-@pytest.mark.parametrize(
-    ("options", "code"),
-    [
-        ({"stored_sha256": hashlib.sha256(b"other").digest()}, ErrorCode.DOCUMENT_PARSE_FAILED),
-        ({"stored_size": 3}, ErrorCode.DOCUMENT_PARSE_FAILED),
-        ({"media_type": "image/png"}, ErrorCode.UNSUPPORTED_DOCUMENT),
-    ],
-)
-async def test_a_bad_version_is_dead_with_a_stable_code(
-    pool: asyncpg.Pool[Any], options: dict[str, Any], code: str
-) -> None:
-    created = await create_task(pool, **options)
-    assert await worker(pool).run_once() is RunOnceResult.FAILED
-    assert await _status(pool, created.task_id) == ("DEAD", code)
-
-
-async def test_the_version_is_loaded_tenant_scoped(pool: asyncpg.Pool[Any]) -> None:
-    created = await create_task(pool, tenant_id="acme")
-    foreign = Lease(
-        task_id=created.task_id,
-        owner="x",
-        lease_attempt=1,
-        lease_until=datetime.now(UTC),
-        tenant_id="globex",  # the right document id, another tenant
-        document_id=created.document_id,
-        version_number=1,
-        task_type="INDEX_VERSION",
-        tier="standard",
-        max_attempts=8,
-    )
-    with pytest.raises(IndexingFailed) as raised:
-        await VersionCheckIndexer(pool).index(foreign)
-    assert raised.value.code == ErrorCode.DOCUMENT_VERSION_MISSING
-
-
 async def test_heartbeat_keeps_the_lease_while_the_work_runs(pool: asyncpg.Pool[Any]) -> None:
     created = await create_task(pool)
     signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
-    hanging = TestOnlyHangingIndexer(VersionCheckIndexer(pool), hang_generations=1)
+    hanging = HangingIndexer(Succeeds(), hang_generations=1)
     running = asyncio.create_task(
         worker(pool, indexer=hanging, lease_seconds=0.6, signals=signals).run_once()
     )

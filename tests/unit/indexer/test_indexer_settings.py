@@ -26,15 +26,17 @@ def test_reads_kb_indexer_prefixed_environment(monkeypatch: pytest.MonkeyPatch) 
     assert settings.indexer_max_retry_after_seconds == 900
     assert settings.indexer_worker_id == "w-7"
     assert (settings.log_level, settings.database_url) == ("debug", "postgresql://db.example/kb")
-    assert settings.indexer == "version-check"
+    assert settings.indexer == "pipeline"
+    assert (settings.indexer_chunk_max_tokens, settings.indexer_chunk_overlap_tokens) == (256, 0)
+    assert settings.indexer_hints is True
     with pytest.raises(ValidationError):
         settings.indexer_lease_seconds = 3  # type: ignore[misc]
 
 
 def test_every_own_setting_is_kb_indexer_and_durations_say_seconds() -> None:
     own = env_names(IndexerSettings) - env_names(RuntimeSettings)
-    # The stand-in indexer's switches are the pipeline branch's to rename.
-    own -= {"KB_INDEXER", "KB_TEST_ONLY_HANG_GENERATIONS"}
+    # Which indexer the CLI wires in (only the pipeline) keeps its historical name.
+    own -= {"KB_INDEXER"}
     assert own, "no settings of its own?"
     assert all(name.startswith("KB_INDEXER_") for name in own), own
     for name in (
@@ -70,7 +72,10 @@ def test_an_old_name_left_in_the_environment_is_refused(
         ("KB_INDEXER_BACKOFF_CAP_SECONDS", "0.5"),  # below the default base of 2 s
         ("KB_INDEXER_MAX_RETRY_AFTER_SECONDS", "0"),
         ("KB_INDEXER_HEARTBEAT_POOL_SIZE", "0"),
-        ("KB_INDEXER", "real-pipeline"),
+        ("KB_INDEXER", "version-check"),  # the stand-in is gone
+        ("KB_INDEXER_CHUNK_OVERLAP_TOKENS", "128"),  # not below half of the default 256
+        ("KB_INDEXER_PARSE_BUDGET_SECONDS", "0"),
+        ("KB_INDEXER_METRICS_PORT", "0"),
     ],
 )
 def test_rejects_settings_that_cannot_work(

@@ -1,0 +1,106 @@
+"""The HTTP app ``kb serve`` runs, composed: the publisher's API, the search route and the
+operator page.
+
+Composition lives here, above the services, so that no service imports another: the search
+router is mounted into the app the publisher builds, inside its tenant-auth middleware (the
+operator page at /ui has its own sign-in and is not under /v1), and the resources of search
+and the operator page (one pool, the query embedder) open in the app's lifespan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from services.indexer.embedding.settings import EmbeddingSettings, load_embedding_settings
+from services.indexer.search import Generation, Searcher
+from services.indexer.search_api import search_router
+from services.indexer.search_pg import PgSearchIndex, SearchSettings
+from services.operator.context import OperatorContext, build_operator_context
+from services.operator.routes import mount_operator
+from services.operator.settings import OperatorSettings
+from services.publisher.api import create_app as create_publisher_app
+from services.publisher.ports import PublisherStore
+from services.publisher.settings import PublisherSettings
+from services.runtime.logging import get_logger
+
+log = get_logger(__name__)
+
+
+def create_app(
+    settings: PublisherSettings | None = None,
+    *,
+    store: PublisherStore | None = None,
+    searcher: Searcher | None = None,
+    search_settings: SearchSettings | None = None,
+    embedding_settings: EmbeddingSettings | None = None,
+    operator: OperatorContext | None = None,
+    operator_settings: OperatorSettings | None = None,
+) -> FastAPI:
+    """Without ``store`` / ``searcher`` the app opens its own pools and embedder in its
+    lifespan (the embedder from ``KB_EMBEDDING_*``, as the indexer's)."""
+    app = create_publisher_app(settings, store=store)
+    app.title = "kb-pipeline"
+    app.state.searcher = searcher
+    app.include_router(search_router)
+    mount_operator(app, operator)
+    publisher_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with publisher_lifespan(app):
+            if app.state.searcher is not None:
+                yield
+                return
+            async with _search_resources(
+                search_settings or SearchSettings(),
+                embedding_settings or load_embedding_settings(),
+            ) as (built, pool):
+                app.state.searcher = built
+                if getattr(app.state, "operator", None) is None:
+                    app.state.operator = build_operator_context(
+                        pool, operator_settings or _operator_settings()
+                    )
+                try:
+                    yield
+                finally:
+                    app.state.searcher = None
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+@asynccontextmanager
+async def _search_resources(
+    settings: SearchSettings, embedding_settings: EmbeddingSettings
+) -> AsyncIterator[tuple[Searcher, Any]]:
+    from services.indexer.embedding.factory import build_embedder
+    from services.runtime.db import create_pool
+
+    # The same provider settings as the indexer's (KB_EMBEDDING_*): queries must be embedded
+    # by the model the index was built with.
+    embedder = build_embedder(embedding_settings)
+    try:
+        pool = await create_pool(settings)
+        try:
+            generation = Generation(embedder.model, embedder.dimension)
+            searcher = Searcher(embedder, PgSearchIndex(pool, generation, settings))
+            log.info(
+                "search.started",
+                embedding_model=generation.embedding_model,
+                dimension=generation.dimension,
+            )
+            yield searcher, pool
+        finally:
+            await pool.close()
+    finally:
+        await embedder.aclose()
+
+
+def _operator_settings() -> OperatorSettings:
+    from services.runtime.cli_support import load_settings
+
+    return load_settings(OperatorSettings)

@@ -1,0 +1,135 @@
+"""The search index on PostgreSQL: pgvector HNSW and full-text candidate lists in one
+statement, in a short read-only transaction (the SQL is in ``search.sql``)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Final
+
+import asyncpg
+import numpy as np
+from pydantic import Field
+
+from services.indexer.ann_index import model_predicate, vector_expression
+from services.indexer.embedding.port import Vectors
+from services.indexer.search import (
+    Candidate,
+    Candidates,
+    Generation,
+    SearchMode,
+    SearchRequest,
+)
+from services.runtime.db import translate_db_errors
+from services.runtime.settings import RuntimeSettings
+from services.runtime.sql import queries_beside
+
+QUERIES = queries_beside(__file__, "search.sql")
+
+# What search.sql is written for; replaced by the real model's predicate and expression.
+TEMPLATE_MODEL: Final = "search-template-model"
+TEMPLATE_DIMENSION: Final = 1
+_ALIASES: Final = ("s", "c")
+
+
+class SearchSettings(RuntimeSettings):
+    # HNSW candidate list size: recall against latency. Each search uses at least its depth.
+    search_ef_search: int = Field(default=100, ge=10, le=1000)
+    # How many index tuples an iterative scan may visit before it gives up: bounds the cost
+    # of a search whose principals may read only a sliver of the tenant.
+    search_max_scan_tuples: int = Field(default=20_000, ge=1_000, le=10_000_000)
+    # How long a search waits for a connection before answering 503.
+    search_acquire_timeout_s: float = Field(default=5.0, gt=0, le=60)
+
+
+@cache
+def specialised_search_sql(model: str, dimension: int) -> str:
+    """``search_candidates`` with the model's predicate and vector expression as literals,
+    built from ann_index (which admits only safe model names), never from user input; one
+    text per model, so the server can cache its plan shape."""
+    sql = QUERIES["search_candidates"]
+    replacements = [
+        (
+            vector_expression(TEMPLATE_DIMENSION, "c.embedding"),
+            vector_expression(dimension, "c.embedding"),
+        )
+    ]
+    replacements += [
+        (
+            model_predicate(TEMPLATE_MODEL, f"{alias}.embedding_model"),
+            model_predicate(model, f"{alias}.embedding_model"),
+        )
+        for alias in _ALIASES
+    ]
+    for template, real in replacements:
+        if template not in sql:
+            raise AssertionError(f"search.sql lost its template expression {template!r}")
+        sql = sql.replace(template, real)
+    if TEMPLATE_MODEL in sql:
+        raise AssertionError("search.sql names the template model outside a model predicate")
+    return sql
+
+
+class PgSearchIndex:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        generation: Generation,
+        settings: SearchSettings | None = None,
+    ) -> None:
+        self._pool = pool
+        self._generation = generation
+        self._settings = settings or SearchSettings()
+        self._sql = specialised_search_sql(generation.embedding_model, generation.dimension)
+
+    @property
+    def generation(self) -> Generation:
+        return self._generation
+
+    async def candidates(self, request: SearchRequest, query_vector: Vectors | None) -> Candidates:
+        vector = None
+        if request.mode.uses_vector:
+            if query_vector is None:
+                raise ValueError("a vector search needs the query's vector")
+            vector = np.asarray(query_vector, dtype=np.float32).reshape(-1)
+        flt = request.filter
+        settings = self._settings
+        ef_search = min(1000, max(settings.search_ef_search, request.depth))
+        with translate_db_errors():
+            async with (
+                self._pool.acquire(timeout=settings.search_acquire_timeout_s) as conn,
+                conn.transaction(readonly=True),
+            ):
+                await conn.execute(
+                    QUERIES["configure_search_transaction"],
+                    ef_search,
+                    settings.search_max_scan_tuples,
+                )
+                rows = await conn.fetch(
+                    self._sql,
+                    request.tenant_id,
+                    list(request.principals),
+                    vector,
+                    request.depth,
+                    list(flt.document_ids) if flt.document_ids is not None else None,
+                    list(flt.heading_prefix) if flt.heading_prefix is not None else None,
+                    request.mode.uses_vector,
+                    request.mode.uses_keyword,
+                    request.query,
+                )
+        vector_list: list[Candidate] = []
+        keyword_list: list[Candidate] = []
+        for row in rows:
+            candidate = Candidate(
+                document_id=row["document_id"],
+                title=row["title"],
+                version_number=row["version_number"],
+                chunk_id=row["chunk_id"],
+                heading_path=tuple(row["heading_path"]),
+                text=row["text"],
+                rank=row["rank"],
+                score=float(row["score"]),
+            )
+            (vector_list if row["list"] == SearchMode.VECTOR.value else keyword_list).append(
+                candidate
+            )
+        return Candidates(vector=vector_list, keyword=keyword_list)

@@ -1,0 +1,108 @@
+-- The indexer's sink (services/indexer/sink_pgvector.py). The write queries run inside the
+-- fenced `complete` transaction (services/indexer/queue_pg.py): the task row is already
+-- locked by the fenced UPDATE, so no takeover can commit between them and the commit.
+
+-- name: create_staging
+-- A per-transaction staging table shaped like knowledge_chunk_staging (migration 0006),
+-- dropped at commit or rollback: nothing outlives the transaction on the pooled connection.
+-- Temporary tables write no WAL, so the COPY into it is cheap.
+CREATE TEMP TABLE knowledge_chunk_staging (LIKE knowledge_chunk_staging) ON COMMIT DROP
+
+-- name: insert_staged_chunks
+-- $1 tenant, $2 document, $3 version, $4 model, $5 strategy, $6 dimension.
+-- `knowledge_chunk_staging` is the temporary table of create_staging (it shadows the
+-- permanent one). Idempotent: a chunk already there (same key: the chunk id is derived from
+-- version, strategy, ordinal, heading path and content digest) is left as it is, so a
+-- re-run writes the identical set. DO NOTHING takes no lock on existing rows, and two
+-- writers of one version cannot race: only the lease holder gets here.
+INSERT INTO knowledge_chunk (tenant_id, document_id, version_number, embedding_model,
+                             chunking_strategy, chunk_id, ordinal, heading_path, text,
+                             content_digest, embedding_dimension, embedding)
+SELECT $1::text, $2::uuid, $3::integer, $4::text, $5::text, s.chunk_id, s.ordinal,
+       s.heading_path, s.text, s.content_digest, $6::integer, s.embedding
+  FROM knowledge_chunk_staging s
+ON CONFLICT DO NOTHING
+
+-- name: switch_search_version
+-- $1 tenant, $2 document, $3 version, $4 model, $5 strategy, $6 chunk count, $7 task, $8 now.
+-- Forward only: a pointer at this or a newer version is left alone (no row returned), so a
+-- task for an older version still succeeds but switches nothing. Concurrent switches of one
+-- document serialise on the pointer row: ON CONFLICT locks it and evaluates the WHERE
+-- against its latest committed version, not our snapshot's. `old` (PostgreSQL 18 RETURNING)
+-- is the row before the update: NULL when this is the document's first pointer.
+INSERT INTO document_search_version AS s (tenant_id, document_id, version_number,
+                                          embedding_model, chunking_strategy, chunk_count,
+                                          task_id, switched_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8::timestamptz, now()))
+ON CONFLICT (tenant_id, document_id) DO UPDATE
+   SET version_number = EXCLUDED.version_number,
+       embedding_model = EXCLUDED.embedding_model,
+       chunking_strategy = EXCLUDED.chunking_strategy,
+       chunk_count = EXCLUDED.chunk_count,
+       task_id = EXCLUDED.task_id,
+       switched_at = EXCLUDED.switched_at
+ WHERE s.version_number < EXCLUDED.version_number
+RETURNING old.version_number AS previous_version, new.switched_at
+
+-- name: known_embeddings
+-- $1 tenant, $2 model, $3 strategy, $4 dimension, $5 digests. One probe of
+-- knowledge_chunk_reuse per digest, tenant-scoped; any version's chunk will do (the same
+-- input embeds the same under one model), so one row per digest.
+SELECT DISTINCT ON (content_digest) content_digest, embedding
+  FROM knowledge_chunk
+ WHERE tenant_id = $1
+   AND embedding_model = $2
+   AND chunking_strategy = $3
+   AND content_digest = ANY($5::bytea[])
+   AND embedding_dimension = $4
+ ORDER BY content_digest
+
+-- name: try_generation_lock
+-- Session-level and tried, not waited for: a session blocked in pg_advisory_lock holds a
+-- snapshot, and CREATE INDEX CONCURRENTLY in the lock holder waits for every older snapshot
+-- to go away -- the two would wait for each other. Released by release_generation_lock.
+SELECT pg_try_advisory_lock(hashtextextended('kb.index_generation:' || $1::text, 0))
+
+-- name: release_generation_lock
+SELECT pg_advisory_unlock(hashtextextended('kb.index_generation:' || $1::text, 0))
+
+-- name: register_generation
+-- $1 model, $2 strategy, $3 dimension, $4 ANN index name. Returns the dimension the model is
+-- registered with (its first generation's): a different one is a configuration error, since
+-- the model's one ANN index casts every embedding of the model to that dimension.
+WITH registered AS (
+    INSERT INTO index_generation (embedding_model, chunking_strategy, dimension, ann_index_name)
+    SELECT $1, $2, $3, $4
+     WHERE NOT EXISTS (SELECT 1 FROM index_generation WHERE embedding_model = $1)
+        OR EXISTS (SELECT 1 FROM index_generation
+                    WHERE embedding_model = $1 AND dimension = $3)
+    ON CONFLICT (embedding_model, chunking_strategy) DO NOTHING
+)
+SELECT coalesce(
+    (SELECT dimension FROM index_generation WHERE embedding_model = $1 LIMIT 1), $3::integer
+) AS dimension
+
+-- name: ann_index_state
+-- Whether the model's ANN index exists and is valid (an interrupted CREATE INDEX
+-- CONCURRENTLY leaves an INVALID index behind that queries never use).
+SELECT i.indisvalid AS valid
+  FROM pg_class c
+  JOIN pg_index i ON i.indexrelid = c.oid
+ WHERE c.relname = $1
+   AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'knowledge_chunk'::regclass)
+
+-- name: list_generations
+SELECT embedding_model, chunking_strategy, dimension, ann_index_name, created_at
+  FROM index_generation
+ ORDER BY created_at, embedding_model, chunking_strategy
+
+-- name: statement_timeout
+SELECT current_setting('statement_timeout')
+
+-- name: set_statement_timeout
+-- Session-level: restored by the caller before the connection returns to the pool.
+SELECT set_config('statement_timeout', $1::text, false)
+
+-- name: set_local_statement_timeout
+-- Transaction-level (SET LOCAL): gone at commit or rollback, nothing left on the connection.
+SELECT set_config('statement_timeout', $1::text, true)

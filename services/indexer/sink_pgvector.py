@@ -1,0 +1,366 @@
+"""The indexer's sink on PostgreSQL + pgvector: the one short fenced transaction that makes a
+document version searchable, the reuse of embeddings already in the index, and the
+registration of index generations with their ANN index.
+
+The write runs inside ``PgTaskQueue.complete``'s transaction, after the fenced UPDATE that
+marks the task SUCCEEDED (the task row is locked by then): chunks, the forward-only search
+pointer and the ``DocumentSearchVersionSwitched`` outbox event commit together with the task
+or not at all. Everything slow (parsing, embedding, building the rows) happens before it.
+
+The pool must come from ``services.runtime.db.create_pool`` (it registers pgvector's binary
+codec for ``vector``, which the COPY and the reuse lookup use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+import asyncpg
+import numpy as np
+import numpy.typing as npt
+from pgvector import Vector
+
+from services.indexer.ann_index import (
+    ann_index_name,
+    check_model_name,
+    create_ann_index_sql,
+    drop_ann_index_sql,
+)
+from services.indexer.ports import Clock, DatabaseClock, InTransaction
+from services.indexer.task import Lease
+from services.runtime.avro import SchemaRegistry, default_registry
+from services.runtime.db import translate_db_errors
+from services.runtime.errors import ConfigError, DatabaseBusy
+from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
+from services.runtime.logging import get_logger
+from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.sql import queries_beside
+from services.runtime.transaction import Transaction
+
+if TYPE_CHECKING:
+    from services.indexer.chunking import Chunk
+
+QUERIES = queries_beside(__file__, "sink.sql")
+
+# A connection of the pool, or one opened on its own: both run the same queries.
+Executor: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]"
+
+log = get_logger(__name__)
+
+STAGING_TABLE: Final = "knowledge_chunk_staging"
+STAGING_COLUMNS: Final = (
+    "chunk_id",
+    "ordinal",
+    "heading_path",
+    "text",
+    "content_digest",
+    "embedding",
+)
+
+
+@dataclass(frozen=True)
+class IndexGeneration:
+    """What a document version is indexed as (DESIGN §6)."""
+
+    embedding_model: str
+    dimension: int
+    chunking_strategy: str
+
+    def __post_init__(self) -> None:
+        check_model_name(self.embedding_model)
+        if not 0 < self.dimension <= 16000:
+            raise ConfigError(f"embedding dimension {self.dimension} out of range")
+        if not self.chunking_strategy:
+            raise ConfigError("an index generation needs a chunking strategy")
+
+    @property
+    def ann_index_name(self) -> str:
+        return ann_index_name(self.embedding_model)
+
+
+@dataclass(frozen=True)
+class RegisteredGeneration:
+    generation: IndexGeneration
+    ann_index_name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ChunkWrite:
+    """One version's chunks, ready to COPY: built before the transaction opens."""
+
+    lease: Lease
+    generation: IndexGeneration
+    records: list[tuple[Any, ...]]
+
+
+class PgVectorSink:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        *,
+        clock: Clock | None = None,
+        registry: SchemaRegistry | None = None,
+        generation_lock_timeout_seconds: float = 3600.0,
+        write_timeout_seconds: float = 30.0,
+        write_timeout_per_chunk_seconds: float = 0.05,
+    ) -> None:
+        self._pool = pool
+        self._clock = clock or DatabaseClock()
+        self._registry = registry or default_registry()
+        self._lock_timeout = generation_lock_timeout_seconds
+        self._write_timeout = write_timeout_seconds
+        self._write_timeout_per_chunk = write_timeout_per_chunk_seconds
+
+    def write_timeout_ms(self, chunk_count: int) -> int:
+        """The statement timeout of one write. Inserting into the HNSW index costs one to
+        tens of milliseconds per row (a loaded 2-core machine: ~22 ms, bench/results/sink.md),
+        so a long document's chunks would outlast the pool's fixed statement_timeout and
+        time out on every retry."""
+        seconds = self._write_timeout + self._write_timeout_per_chunk * chunk_count
+        return max(1, round(seconds * 1000))
+
+    async def ensure_generation(self, generation: IndexGeneration) -> None:
+        """Register ``generation`` and build its model's HNSW index if it is missing or
+        INVALID (left behind by an interrupted build). Safe from many workers at once: one
+        builds while the others wait for it, then find the index valid."""
+        model = generation.embedding_model
+        async with self._pool.acquire() as conn:
+            await self._lock_generation(conn, model)
+            try:
+                with translate_db_errors():
+                    await self._register(conn, generation)
+                    await _ensure_ann_index(conn, generation)
+            finally:
+                with translate_db_errors():
+                    await conn.fetchval(QUERIES["release_generation_lock"], model)
+
+    async def _lock_generation(self, conn: Executor, model: str) -> None:
+        # Polled, never waited for inside PostgreSQL: see try_generation_lock in sink.sql.
+        deadline = time.monotonic() + self._lock_timeout
+        pause = 0.05
+        while True:
+            with translate_db_errors():
+                if await conn.fetchval(QUERIES["try_generation_lock"], model):
+                    return
+            if time.monotonic() >= deadline:
+                raise DatabaseBusy(
+                    f"index generation of {model!r}: another worker held its lock for "
+                    f"over {self._lock_timeout:.0f}s"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def _register(self, conn: Executor, generation: IndexGeneration) -> None:
+        dimension = await conn.fetchval(
+            QUERIES["register_generation"],
+            generation.embedding_model,
+            generation.chunking_strategy,
+            generation.dimension,
+            generation.ann_index_name,
+        )
+        if dimension != generation.dimension:
+            raise ConfigError(
+                f"embedding model {generation.embedding_model!r} is indexed with dimension "
+                f"{dimension}, not {generation.dimension}: a model has one dimension"
+            )
+
+    async def generations(self) -> list[RegisteredGeneration]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(QUERIES["list_generations"])
+        return [
+            RegisteredGeneration(
+                IndexGeneration(row["embedding_model"], row["dimension"], row["chunking_strategy"]),
+                row["ann_index_name"],
+                row["created_at"],
+            )
+            for row in rows
+        ]
+
+    async def known_embeddings(
+        self, tenant_id: str, generation: IndexGeneration, digests: Sequence[bytes]
+    ) -> dict[bytes, npt.NDArray[np.float32]]:
+        """Embeddings this tenant's index (same generation) already holds for these content
+        digests: unchanged content of a new version is not embedded again."""
+        if not digests:
+            return {}
+        with translate_db_errors():
+            rows = await self._pool.fetch(
+                QUERIES["known_embeddings"],
+                tenant_id,
+                generation.embedding_model,
+                generation.chunking_strategy,
+                generation.dimension,
+                list(dict.fromkeys(digests)),
+            )
+        return {
+            bytes(row["content_digest"]): row["embedding"].to_numpy().astype(np.float32)
+            for row in rows
+        }
+
+    def writer(
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunks: Sequence[Chunk],
+        embeddings: npt.NDArray[Any],
+    ) -> InTransaction:
+        """The ``write(conn)`` to run inside ``queue.complete``'s fenced transaction."""
+        prepared = prepare_write(lease, generation, chunks, embeddings)
+
+        async def write(conn: Transaction) -> None:
+            await self._write(conn, prepared)
+
+        return write
+
+    async def _write(self, conn: Transaction, prepared: ChunkWrite) -> None:
+        lease, generation = prepared.lease, prepared.generation
+        with translate_db_errors():
+            await conn.fetchval(
+                QUERIES["set_local_statement_timeout"],
+                str(self.write_timeout_ms(len(prepared.records))),
+            )
+            # Always written, even when the pointer will not move to this version (an
+            # older version finishing late): harmless, since queries read only the
+            # pointer's version, and a new generation built beside the current one needs
+            # its chunks before any switch.
+            await conn.execute(QUERIES["create_staging"])
+            await conn.copy_records_to_table(
+                STAGING_TABLE,
+                schema_name="pg_temp",
+                records=prepared.records,
+                columns=STAGING_COLUMNS,
+            )
+            await conn.execute(
+                QUERIES["insert_staged_chunks"],
+                lease.tenant_id,
+                lease.document_id,
+                lease.version_number,
+                generation.embedding_model,
+                generation.chunking_strategy,
+                generation.dimension,
+            )
+            switched = await conn.fetchrow(
+                QUERIES["switch_search_version"],
+                lease.tenant_id,
+                lease.document_id,
+                lease.version_number,
+                generation.embedding_model,
+                generation.chunking_strategy,
+                len(prepared.records),
+                lease.task_id,
+                self._clock.now(),
+            )
+        if switched is None:
+            log.info(
+                "search_version.not_switched",
+                tenant_id=lease.tenant_id,
+                document_id=str(lease.document_id),
+                version_number=lease.version_number,
+                task_id=str(lease.task_id),
+                reason="pointer_at_same_or_newer_version",
+            )
+            return
+        await add_event(conn, self._switched_event(prepared, switched))
+
+    def _switched_event(self, prepared: ChunkWrite, switched: asyncpg.Record) -> OutboxEvent:
+        lease, generation = prepared.lease, prepared.generation
+        id_ = switched_event_id(lease, generation)
+        payload = self._registry.encode(
+            DOCUMENT_SEARCH_VERSION_SWITCHED,
+            {
+                "eventId": str(id_),
+                "tenantId": lease.tenant_id,
+                "tier": lease.tier,
+                "documentId": str(lease.document_id),
+                "versionNumber": lease.version_number,
+                "previousVersionNumber": switched["previous_version"],
+                "embeddingModel": generation.embedding_model,
+                "chunkCount": len(prepared.records),
+                "taskId": str(lease.task_id),
+                "occurredAt": switched["switched_at"],
+            },
+        )
+        return OutboxEvent(
+            event_type=DOCUMENT_SEARCH_VERSION_SWITCHED,
+            tenant_id=lease.tenant_id,
+            tier=lease.tier,
+            aggregate_key=aggregate_key(lease.tenant_id, lease.document_id),
+            payload=payload,
+            event_id=id_,
+        )
+
+
+def switched_event_id(lease: Lease, generation: IndexGeneration) -> uuid.UUID:
+    return event_id(
+        DOCUMENT_SEARCH_VERSION_SWITCHED,
+        lease.tenant_id,
+        lease.document_id,
+        lease.version_number,
+        generation.embedding_model,
+    )
+
+
+def prepare_write(
+    lease: Lease,
+    generation: IndexGeneration,
+    chunks: Sequence[Chunk],
+    embeddings: npt.NDArray[Any],
+) -> ChunkWrite:
+    """Checks the embeddings against the chunks and the generation, and builds the COPY
+    records, so the transaction only sends them."""
+    if not chunks:
+        raise ValueError(f"task {lease.task_id}: no chunks to write")
+    if embeddings.shape != (len(chunks), generation.dimension):
+        raise ValueError(
+            f"task {lease.task_id}: embeddings of shape {embeddings.shape} for "
+            f"{len(chunks)} chunks of dimension {generation.dimension}"
+        )
+    vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
+    if not np.isfinite(vectors).all():
+        raise ValueError(f"task {lease.task_id}: embeddings hold NaN or infinity")
+    records = [
+        (
+            chunk.chunk_id,
+            chunk.ordinal,
+            list(chunk.heading_path),
+            chunk.text,
+            chunk.content_digest,
+            Vector(vectors[row]),
+        )
+        for row, chunk in enumerate(chunks)
+    ]
+    return ChunkWrite(lease, generation, records)
+
+
+async def _ensure_ann_index(conn: Executor, generation: IndexGeneration) -> None:
+    """Build the model's HNSW index unless a valid one exists. Runs under the generation
+    lock, outside any transaction (CREATE INDEX CONCURRENTLY cannot run in one)."""
+    name = generation.ann_index_name
+    valid = await conn.fetchval(QUERIES["ann_index_state"], name)
+    if valid is True:
+        return
+    # A long build must not hit the pool's statement_timeout; restored before release, as
+    # the pool does not reset sessions (queue_pg.skip_session_reset).
+    previous = await conn.fetchval(QUERIES["statement_timeout"])
+    await conn.fetchval(QUERIES["set_statement_timeout"], "0")
+    try:
+        if valid is False:
+            log.warning("ann_index.invalid_dropped", index=name, model=generation.embedding_model)
+            await conn.execute(drop_ann_index_sql(generation.embedding_model))
+        log.info(
+            "ann_index.building",
+            index=name,
+            model=generation.embedding_model,
+            dimension=generation.dimension,
+        )
+        await conn.execute(create_ann_index_sql(generation.embedding_model, generation.dimension))
+        log.info("ann_index.built", index=name, model=generation.embedding_model)
+    finally:
+        await conn.fetchval(QUERIES["set_statement_timeout"], previous)

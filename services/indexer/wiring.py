@@ -1,0 +1,206 @@
+"""How `kb indexer` assembles a running indexer: pools, the pipeline (embedder, parse
+processes, pgvector sink), the worker, the Kafka hint consumer, the metrics.
+
+The CLI imports this only when a command runs, so `kb indexer --help` stays cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from services.indexer.embedding.factory import build_embedder
+from services.indexer.embedding.settings import load_embedding_settings
+from services.indexer.hints import HintConsumer
+from services.indexer.hints_kafka import KafkaHintSource
+from services.indexer.metrics import HintMetrics, QueueGaugeSampler, WorkerMetrics
+from services.indexer.parsing import ParseLimits
+from services.indexer.parsing.pool import ParsePool
+from services.indexer.pipeline import PipelineIndexer, chunking_strategy
+from services.indexer.ports import DocumentVersionIndexer
+from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
+from services.indexer.settings import IndexerSettings
+from services.indexer.sink_pgvector import PgVectorSink
+from services.indexer.source_pg import PgVersionSource
+from services.indexer.task import RetryPolicy
+from services.indexer.worker import RunOnceResult, Worker
+from services.runtime.cli_support import run_async
+from services.runtime.db import create_pool
+from services.runtime.logging import get_logger
+from services.runtime.signals import run_until_signalled
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+# Tests wrap the pipeline (a crash test's hanging indexer); production passes nothing.
+WrapIndexer = Callable[[DocumentVersionIndexer], DocumentVersionIndexer]
+
+
+async def open_pool(settings: IndexerSettings, size: int) -> asyncpg.Pool[Any]:
+    return await create_pool(settings, min_size=1, max_size=size, reset=skip_session_reset)
+
+
+@contextlib.asynccontextmanager
+async def pipeline_indexer(
+    settings: IndexerSettings, pool: asyncpg.Pool[Any], *, slots: int
+) -> AsyncIterator[PipelineIndexer]:
+    """The pipeline with its embedder, parse processes and sink; the index generation is
+    registered once here, before any task is claimed; everything is closed on the way out."""
+    embedding = load_embedding_settings()
+    embedder = build_embedder(embedding)
+    try:
+        # A local model is loaded (and its file checked) now: a bad install fails at start,
+        # not inside the first task.
+        warm_up = getattr(embedder, "warm_up", None)
+        if warm_up is not None:
+            await warm_up()
+        strategy = chunking_strategy(
+            embedder,
+            max_tokens=settings.indexer_chunk_max_tokens,
+            overlap_tokens=settings.indexer_chunk_overlap_tokens,
+        )
+        workers = settings.indexer_parse_workers or max(1, min(slots, os.cpu_count() or 1))
+        parse_pool = ParsePool(
+            workers=workers,
+            limits=ParseLimits(budget_seconds=settings.indexer_parse_budget_seconds),
+        )
+        try:
+            sink = PgVectorSink(pool)
+            indexer = PipelineIndexer(
+                PgVersionSource(pool),
+                parse_pool,
+                embedder,
+                sink,
+                strategy=strategy,
+                batch_size=embedding.batch_size,
+                max_batch_tokens=embedding.max_batch_tokens,
+            )
+            await sink.ensure_generation(indexer.generation)
+            yield indexer
+        finally:
+            await parse_pool.aclose()
+    finally:
+        await embedder.aclose()
+
+
+def build_worker(
+    settings: IndexerSettings,
+    pool: asyncpg.Pool[Any],
+    indexer: DocumentVersionIndexer,
+    tier: str,
+    concurrency: int,
+    *,
+    heartbeat_pool: asyncpg.Pool[Any] | None = None,
+    observer: WorkerMetrics | None = None,
+) -> Worker:
+    return Worker(
+        PgTaskQueue(pool, heartbeat_pool=heartbeat_pool),
+        indexer,
+        tier=tier,
+        owner=settings.indexer_worker_id,
+        lease_seconds=settings.indexer_lease_seconds,
+        policy=RetryPolicy(
+            backoff_base_seconds=settings.indexer_backoff_base_seconds,
+            backoff_cap_seconds=settings.indexer_backoff_cap_seconds,
+            jitter=settings.indexer_backoff_jitter,
+            max_retry_after_seconds=settings.indexer_max_retry_after_seconds,
+        ),
+        concurrency=concurrency,
+        poll_interval_seconds=settings.indexer_poll_seconds,
+        idle_backoff_min_seconds=settings.indexer_idle_backoff_min_seconds,
+        grace_period_seconds=settings.indexer_grace_period_seconds,
+        observer=observer,
+    )
+
+
+def with_worker(
+    settings: IndexerSettings,
+    tier: str,
+    concurrency: int,
+    work: Callable[[Worker, asyncpg.Pool[Any]], Awaitable[T]],
+    *,
+    wrap: WrapIndexer | None = None,
+    observer: WorkerMetrics | None = None,
+) -> T:
+    """A worker over the real pipeline on its own pools: one for claims, results and the
+    sink (one connection per slot and one for claims, plus one spare), a small one reserved
+    for heartbeats."""
+
+    async def _run() -> T:
+        async with contextlib.AsyncExitStack() as stack:
+            pool = await open_pool(settings, concurrency + 2)
+            stack.push_async_callback(pool.close)
+            beats = await open_pool(settings, settings.indexer_heartbeat_pool_size)
+            stack.push_async_callback(beats.close)
+            indexer: DocumentVersionIndexer = await stack.enter_async_context(
+                pipeline_indexer(settings, pool, slots=concurrency)
+            )
+            if wrap is not None:
+                indexer = wrap(indexer)
+            worker = build_worker(
+                settings, pool, indexer, tier, concurrency, heartbeat_pool=beats, observer=observer
+            )
+            return await work(worker, pool)
+
+    return run_async(_run())
+
+
+def run_workers(
+    settings: IndexerSettings,
+    tier: str,
+    slots: int,
+    *,
+    hints: bool | None = None,
+    metrics_port: int | None = None,
+    wrap: WrapIndexer | None = None,
+) -> None:
+    """``kb indexer run``: the worker loop, the hint consumer and the gauges, until
+    SIGTERM/SIGINT."""
+    use_hints = settings.indexer_hints if hints is None else hints
+    port = metrics_port if metrics_port is not None else settings.indexer_metrics_port
+    if port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=settings.indexer_metrics_host)
+        log.info("metrics.serving", host=settings.indexer_metrics_host, port=port)
+    observer = WorkerMetrics(tier)
+
+    async def _work(worker: Worker, pool: asyncpg.Pool[Any]) -> None:
+        sampler = QueueGaugeSampler(
+            pool,
+            [tier],
+            lease_seconds=settings.indexer_lease_seconds,
+            interval_seconds=settings.indexer_metrics_interval_seconds,
+            observer=observer,
+        )
+        hint_metrics = HintMetrics(tier)
+
+        async def main(stop: asyncio.Event) -> None:
+            jobs = [worker.run(stop), sampler.run(stop)]
+            if use_hints:
+                consumer = HintConsumer(
+                    tier=tier,
+                    wake=worker.wake,
+                    connect=lambda: KafkaHintSource.connect(settings, tier),
+                    on_change=hint_metrics,
+                )
+                jobs.append(consumer.run(stop))
+            else:
+                log.info("hints.off", tier=tier, poll_seconds=settings.indexer_poll_seconds)
+            await asyncio.gather(*jobs)
+
+        await run_until_signalled(main)
+
+    with_worker(settings, tier, slots, _work, wrap=wrap, observer=observer)
+
+
+def run_once(settings: IndexerSettings, tier: str) -> RunOnceResult:
+    async def _work(worker: Worker, pool: asyncpg.Pool[Any]) -> RunOnceResult:
+        return await worker.run_once()
+
+    return with_worker(settings, tier, 1, _work)

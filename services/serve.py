@@ -1,0 +1,22 @@
+"""`kb serve`: the HTTP API of services/app.py -- the publisher's routes, search and the
+operator page -- with the publisher's server limits and a graceful SIGTERM."""
+
+from __future__ import annotations
+
+import typer
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="TCP port."),
+) -> None:
+    """Run the HTTP API (publishing and search)."""
+    from services.app import create_app
+    from services.publisher.server import serve_app
+    from services.publisher.settings import PublisherSettings
+    from services.runtime.cli_support import load_settings
+    from services.runtime.logging import configure_logging
+
+    settings = load_settings(PublisherSettings)
+    configure_logging(settings.log_level, settings.log_format, service="kb-api")
+    serve_app(create_app(settings), host=host, port=port, settings=settings)

@@ -1,0 +1,635 @@
+"""The pgvector sink inside the fenced ``complete`` transaction, on real PostgreSQL: a
+version becomes searchable in one commit (chunks, pointer, SUCCEEDED, outbox event), a
+re-run writes the identical chunk set, a lost lease writes nothing, the pointer never moves
+back, embeddings are reused per tenant and generation only."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from services.indexer.ann_index import model_predicate, vector_expression
+from services.indexer.chunking import Chunk, chunk_id_of
+from services.indexer.queue_pg import PgTaskQueue
+from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
+from services.indexer.task import Lease, TaskStatus
+from services.runtime.avro import default_registry
+from services.runtime.db import create_pool
+from services.runtime.errors import ConfigError, DatabaseBusy, LeaseLost
+from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
+from services.runtime.settings import RuntimeSettings
+from services.runtime.transaction import Transaction
+from tests.support.clock import ManualClock
+from tests.support.tasks import CreatedTask, create_task
+
+pytestmark = pytest.mark.integration
+
+LEASE = 30.0
+DIMENSION = 384
+GENERATION = IndexGeneration("test-model-384", DIMENSION, "heading-semchunk-v1:max=256")
+
+
+class WorkerKilled(Exception):
+    """Stands in for a crash between the sink's statements and the commit."""
+
+
+def make_chunks(
+    document_id: uuid.UUID, version: int, texts: list[str], *, heading: str = "Refund policy"
+) -> list[Chunk]:
+    chunks = []
+    for ordinal, text in enumerate(texts):
+        path = (heading,)
+        digest = hashlib.sha256(f"{heading}\n\n{text}".encode()).digest()
+        chunk_id = chunk_id_of(
+            document_id=document_id,
+            version_number=version,
+            strategy_id=GENERATION.chunking_strategy,
+            ordinal=ordinal,
+            heading_path=path,
+            content_digest=digest,
+        )
+        chunks.append(Chunk(chunk_id, ordinal, path, text, digest))
+    return chunks
+
+
+def unit_vectors(count: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    vectors = np.random.default_rng(seed).standard_normal((count, DIMENSION)).astype(np.float32)
+    normalised: npt.NDArray[np.float32] = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return normalised
+
+
+async def add_version(pool: asyncpg.Pool[Any], created: CreatedTask, version: int) -> uuid.UUID:
+    """Version ``version`` of the document, published, with its PENDING index task."""
+    task_id = uuid.uuid4()
+    content = f"refund policy v{version}".encode()
+    await pool.execute(
+        """
+        WITH version AS (
+            INSERT INTO document_version (tenant_id, document_id, version_number, content,
+                                          media_type, sha256, size_bytes, status, published_at)
+            VALUES ($1, $2, $3, $4, 'text/plain', $5, $6, 'PUBLISHED', now())
+        ), doc AS (
+            UPDATE document SET latest_version = $3, published_version = $3
+             WHERE tenant_id = $1 AND document_id = $2
+        )
+        INSERT INTO index_task (task_id, tenant_id, document_id, version_number, tier,
+                                next_attempt_at)
+        VALUES ($7, $1, $2, $3, $8, now() - interval '1 hour')
+        """,
+        created.tenant_id,
+        created.document_id,
+        version,
+        content,
+        hashlib.sha256(content).digest(),
+        len(content),
+        task_id,
+        created.tier,
+    )
+    return task_id
+
+
+async def claim_task(queue: PgTaskQueue, task_id: uuid.UUID, owner: str = "w1") -> Lease:
+    [lease] = await queue.claim("standard", owner, lease_seconds=LEASE)
+    assert lease.task_id == task_id
+    return lease
+
+
+async def chunk_rows(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        """
+        SELECT version_number, chunk_id, ordinal, heading_path, text, content_digest,
+               embedding_model, chunking_strategy, embedding_dimension, embedding, created_at
+          FROM knowledge_chunk WHERE document_id = $1 ORDER BY version_number, ordinal
+        """,
+        document_id,
+    )
+
+
+async def pointer(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> asyncpg.Record | None:
+    return await pool.fetchrow(
+        "SELECT * FROM document_search_version WHERE document_id = $1", document_id
+    )
+
+
+async def switched_events(pool: asyncpg.Pool[Any]) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        "SELECT * FROM outbox WHERE event_type = $1 ORDER BY position",
+        DOCUMENT_SEARCH_VERSION_SWITCHED,
+    )
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(datetime.now(UTC))
+
+
+@pytest.fixture
+async def sink(pool: asyncpg.Pool[Any]) -> PgVectorSink:
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    return sink
+
+
+async def test_one_fenced_commit_makes_the_version_searchable(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    lease = await claim_task(queue, created.task_id)
+    chunks = make_chunks(created.document_id, 1, ["30 days", "no questions asked", "by card"])
+    vectors = unit_vectors(len(chunks))
+
+    await queue.complete(lease, in_transaction=sink.writer(lease, GENERATION, chunks, vectors))
+
+    rows = await chunk_rows(pool, created.document_id)
+    assert [row["chunk_id"] for row in rows] == [chunk.chunk_id for chunk in chunks]
+    assert [row["text"] for row in rows] == [chunk.text for chunk in chunks]
+    assert [tuple(row["heading_path"]) for row in rows] == [("Refund policy",)] * 3
+    assert [row["content_digest"] for row in rows] == [chunk.content_digest for chunk in chunks]
+    assert {row["chunking_strategy"] for row in rows} == {GENERATION.chunking_strategy}
+    assert {row["embedding_model"] for row in rows} == {GENERATION.embedding_model}
+    stored = np.stack([row["embedding"].to_numpy() for row in rows])
+    np.testing.assert_array_equal(stored, vectors)
+
+    current = await pointer(pool, created.document_id)
+    assert current is not None
+    assert current["version_number"] == 1
+    assert current["embedding_model"] == GENERATION.embedding_model
+    assert current["chunking_strategy"] == GENERATION.chunking_strategy
+    assert current["chunk_count"] == 3
+    assert current["task_id"] == created.task_id
+
+    task = await queue.get(created.task_id)
+    assert task is not None
+    assert task.status is TaskStatus.SUCCEEDED
+
+    [event] = await switched_events(pool)
+    expected_id = event_id(
+        DOCUMENT_SEARCH_VERSION_SWITCHED,
+        created.tenant_id,
+        created.document_id,
+        1,
+        GENERATION.embedding_model,
+    )
+    assert event["event_id"] == expected_id
+    assert event["tenant_id"] == created.tenant_id
+    assert event["tier"] == created.tier
+    assert event["aggregate_key"] == f"{created.tenant_id}/{created.document_id}"
+    decoded = default_registry().decode(event["payload"])
+    assert decoded.event_type == DOCUMENT_SEARCH_VERSION_SWITCHED
+    record = decoded.record
+    assert str(record["eventId"]) == str(expected_id)
+    assert record["tenantId"] == created.tenant_id
+    assert record["tier"] == created.tier
+    assert str(record["documentId"]) == str(created.document_id)
+    assert record["versionNumber"] == 1
+    assert record["previousVersionNumber"] is None
+    assert record["embeddingModel"] == GENERATION.embedding_model
+    assert record["chunkCount"] == 3
+    assert str(record["taskId"]) == str(created.task_id)
+    assert record["occurredAt"] == current["switched_at"]
+
+
+async def test_a_newer_version_moves_the_pointer_forward_and_names_the_previous_one(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    v1 = await claim_task(queue, created.task_id)
+    chunks_v1 = make_chunks(created.document_id, 1, ["30 days"])
+    await queue.complete(v1, in_transaction=sink.writer(v1, GENERATION, chunks_v1, unit_vectors(1)))
+
+    v2_task = await add_version(pool, created, 2)
+    v2 = await claim_task(queue, v2_task)
+    chunks_v2 = make_chunks(created.document_id, 2, ["60 days", "store credit"])
+    await queue.complete(v2, in_transaction=sink.writer(v2, GENERATION, chunks_v2, unit_vectors(2)))
+
+    current = await pointer(pool, created.document_id)
+    assert current is not None
+    assert (current["version_number"], current["task_id"], current["chunk_count"]) == (
+        2,
+        v2_task,
+        2,
+    )
+    first, second = await switched_events(pool)
+    assert default_registry().decode(first["payload"]).record["versionNumber"] == 1
+    record = default_registry().decode(second["payload"]).record
+    assert (record["versionNumber"], record["previousVersionNumber"]) == (2, 1)
+
+
+async def test_a_rerun_after_a_crash_writes_the_identical_chunk_set(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink, clock: ManualClock
+) -> None:
+    created = await create_task(pool, next_attempt_at=clock.now())
+    queue = PgTaskQueue(pool, clock=clock)
+    chunks = make_chunks(created.document_id, 1, [f"passage {n}" for n in range(50)])
+    vectors = unit_vectors(len(chunks))
+
+    # Attempt 1 dies inside the transaction, after the sink's statements ran: all rolled back.
+    first = await claim_task(queue, created.task_id, owner="crashed")
+    write = sink.writer(first, GENERATION, chunks, vectors)
+
+    async def crash_after_write(conn: Transaction) -> None:
+        await write(conn)
+        raise WorkerKilled("worker killed before commit")
+
+    with pytest.raises(WorkerKilled):
+        await queue.complete(first, in_transaction=crash_after_write)
+    assert await chunk_rows(pool, created.document_id) == []
+    assert await pointer(pool, created.document_id) is None
+    assert await switched_events(pool) == []
+
+    # Its lease expires; a second generation re-runs the task and commits.
+    clock.advance(LEASE + 1)
+    second = await claim_task(queue, created.task_id, owner="rescuer")
+    assert second.lease_attempt == first.lease_attempt + 1
+    await queue.complete(second, in_transaction=sink.writer(second, GENERATION, chunks, vectors))
+    committed = await chunk_rows(pool, created.document_id)
+    assert [row["chunk_id"] for row in committed] == [chunk.chunk_id for chunk in chunks]
+
+    # The same write again (a worker re-running it after a commit it never heard of):
+    # the identical set, no duplicates, no second switch or event.
+    async with pool.acquire() as conn, conn.transaction():
+        await sink.writer(second, GENERATION, chunks, vectors)(conn)
+    assert await chunk_rows(pool, created.document_id) == committed
+    assert len(await switched_events(pool)) == 1
+    current = await pointer(pool, created.document_id)
+    assert current is not None
+    assert current["version_number"] == 1
+
+
+async def test_a_worker_whose_lease_was_taken_over_writes_nothing(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink, clock: ManualClock
+) -> None:
+    created = await create_task(pool, next_attempt_at=clock.now())
+    queue = PgTaskQueue(pool, clock=clock)
+    old = await claim_task(queue, created.task_id, owner="slow")
+    clock.advance(LEASE + 1)
+    new = await claim_task(queue, created.task_id, owner="rescuer")
+    chunks = make_chunks(created.document_id, 1, ["30 days", "by card"])
+    old_write = sink.writer(old, GENERATION, chunks, unit_vectors(2))
+    reached: list[bool] = []
+
+    async def watched_write(conn: Transaction) -> None:
+        reached.append(True)
+        await old_write(conn)
+
+    with pytest.raises(LeaseLost):
+        await queue.complete(old, in_transaction=watched_write)
+    assert reached == []  # the fence failed first: the sink never ran
+    assert await chunk_rows(pool, created.document_id) == []
+    assert await pointer(pool, created.document_id) is None
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
+    task = await queue.get(created.task_id)
+    assert task is not None
+    assert (task.status, task.lease_owner, task.attempts) == (TaskStatus.RUNNING, "rescuer", 2)
+
+    # The rescuer still completes normally.
+    await queue.complete(new, in_transaction=sink.writer(new, GENERATION, chunks, unit_vectors(2)))
+    assert len(await chunk_rows(pool, created.document_id)) == 2
+
+
+async def test_no_takeover_slips_in_while_the_sink_writes(
+    settings: RuntimeSettings, sink: PgVectorSink, clock: ManualClock
+) -> None:
+    pool = await create_pool(settings, min_size=3, max_size=3)
+    try:
+        created = await create_task(pool, next_attempt_at=clock.now())
+        queue = PgTaskQueue(pool, clock=clock)
+        lease = await claim_task(queue, created.task_id, owner="writer")
+        write = PgVectorSink(pool).writer(
+            lease, GENERATION, make_chunks(created.document_id, 1, ["30 days"]), unit_vectors(1)
+        )
+        writing, may_commit = asyncio.Event(), asyncio.Event()
+
+        async def paused_write(conn: Transaction) -> None:
+            await write(conn)
+            writing.set()
+            await may_commit.wait()
+
+        completing = asyncio.create_task(queue.complete(lease, in_transaction=paused_write))
+        await writing.wait()
+        # The lease runs out while the transaction is open: a claimer skips the locked row.
+        clock.advance(LEASE + 1)
+        assert await queue.claim("standard", "rescuer", lease_seconds=LEASE) == []
+        may_commit.set()
+        await completing
+        assert await queue.claim("standard", "rescuer", lease_seconds=LEASE) == []
+        task = await queue.get(created.task_id)
+        assert task is not None
+        assert (task.status, task.lease_owner) == (TaskStatus.SUCCEEDED, "writer")
+        assert len(await chunk_rows(pool, created.document_id)) == 1
+    finally:
+        await pool.close()
+
+
+async def test_the_search_pointer_never_moves_back(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    created = await create_task(pool)
+    v2_task = await add_version(pool, created, 2)
+    queue = PgTaskQueue(pool)
+    # Both claimed; v2 finishes first, v1 late.
+    leases = await queue.claim("standard", "w", lease_seconds=LEASE, limit=2)
+    by_version = {lease.version_number: lease for lease in leases}
+    v1, v2 = by_version[1], by_version[2]
+    assert v2.task_id == v2_task
+    chunks_v2 = make_chunks(created.document_id, 2, ["60 days"])
+    await queue.complete(v2, in_transaction=sink.writer(v2, GENERATION, chunks_v2, unit_vectors(1)))
+    chunks_v1 = make_chunks(created.document_id, 1, ["30 days", "by card"])
+    await queue.complete(v1, in_transaction=sink.writer(v1, GENERATION, chunks_v1, unit_vectors(2)))
+
+    task_v1 = await queue.get(v1.task_id)
+    assert task_v1 is not None
+    assert task_v1.status is TaskStatus.SUCCEEDED
+    current = await pointer(pool, created.document_id)
+    assert current is not None
+    assert (current["version_number"], current["task_id"]) == (2, v2_task)
+    [event] = await switched_events(pool)
+    assert default_registry().decode(event["payload"]).record["versionNumber"] == 2
+    # The late version's chunks are written (harmless: queries read the pointer's version).
+    rows = await chunk_rows(pool, created.document_id)
+    assert [(row["version_number"], row["ordinal"]) for row in rows] == [(1, 0), (1, 1), (2, 0)]
+
+    # Nobody else can take it back either: the trigger refuses plain SQL.
+    with pytest.raises(asyncpg.CheckViolationError, match="cannot move back"):
+        await pool.execute(
+            "UPDATE document_search_version SET version_number = 1 WHERE document_id = $1",
+            created.document_id,
+        )
+    current = await pointer(pool, created.document_id)
+    assert current is not None
+    assert current["version_number"] == 2
+    # Rewriting the same version (a generation switch) is not a move back.
+    await pool.execute(
+        "UPDATE document_search_version SET embedding_model = 'other' WHERE document_id = $1",
+        created.document_id,
+    )
+
+
+async def test_known_embeddings_are_this_tenants_and_this_generations_only(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    queue = PgTaskQueue(pool)
+    texts = ["30 days", "no questions asked", "by card"]
+    stored: dict[str, npt.NDArray[np.float32]] = {}
+    digests: list[bytes] = []
+    for seed, tenant in enumerate(["acme", "globex"]):
+        created = await create_task(pool, tenant_id=tenant)
+        lease = await claim_task(queue, created.task_id)
+        chunks = make_chunks(created.document_id, 1, texts[:2] if tenant == "acme" else texts)
+        vectors = unit_vectors(len(chunks), seed=seed)
+        stored[tenant] = vectors
+        digests = [chunk.content_digest for chunk in chunks]
+        await queue.complete(lease, in_transaction=sink.writer(lease, GENERATION, chunks, vectors))
+    unseen = hashlib.sha256(b"never indexed").digest()
+
+    known = await sink.known_embeddings("acme", GENERATION, [*digests, unseen])
+    assert set(known) == set(digests[:2])  # acme holds two of globex's three digests
+    for row, digest in enumerate(digests[:2]):
+        assert known[digest].dtype == np.float32
+        np.testing.assert_array_equal(known[digest], stored["acme"][row])
+
+    other_strategy = IndexGeneration(GENERATION.embedding_model, DIMENSION, "another-strategy")
+    assert await sink.known_embeddings("acme", other_strategy, digests) == {}
+    assert await sink.known_embeddings("initech", GENERATION, digests) == {}
+    assert await sink.known_embeddings("acme", GENERATION, []) == {}
+
+
+@pytest.fixture
+async def wide_pool(settings: RuntimeSettings) -> AsyncIterator[asyncpg.Pool[Any]]:
+    pool = await create_pool(settings, min_size=6, max_size=6)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def ann_indexes(pool: asyncpg.Pool[Any]) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        """
+        SELECT c.relname, i.indisvalid, pg_get_indexdef(c.oid) AS definition
+          FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE i.indrelid = 'knowledge_chunk'::regclass AND c.relname LIKE 'knowledge_chunk_ann_%'
+        """
+    )
+
+
+async def test_concurrent_ensure_generation_builds_one_valid_hnsw_index_that_queries_use(
+    wide_pool: asyncpg.Pool[Any],
+) -> None:
+    generation = IndexGeneration("concurrent-model", DIMENSION, "s1")
+    sinks = [PgVectorSink(wide_pool) for _ in range(5)]
+    await asyncio.gather(*(sink.ensure_generation(generation) for sink in sinks))
+    await sinks[0].ensure_generation(generation)
+    # A second strategy of the same model shares the model's index.
+    await sinks[0].ensure_generation(IndexGeneration("concurrent-model", DIMENSION, "s2"))
+
+    [index] = await ann_indexes(wide_pool)
+    assert index["relname"] == generation.ann_index_name
+    assert index["indisvalid"]
+    assert "USING hnsw" in index["definition"]
+    assert "vector_cosine_ops" in index["definition"]
+    registered = await sinks[0].generations()
+    assert {(g.generation.chunking_strategy, g.ann_index_name) for g in registered} == {
+        ("s1", generation.ann_index_name),
+        ("s2", generation.ann_index_name),
+    }
+
+    created = await create_task(wide_pool)
+    await wide_pool.execute(
+        """
+        INSERT INTO knowledge_chunk (tenant_id, document_id, version_number, embedding_model,
+                                     chunking_strategy, chunk_id, ordinal, text, content_digest,
+                                     embedding_dimension, embedding)
+        SELECT $1, $2, 1, $3, 's1', 'c' || n, n, 'text ' || n, sha256(n::text::bytea), $4,
+               -- correlated (n >= 0), so each row gets its own random vector
+               (SELECT array_agg(random())::vector FROM generate_series(1, $4) WHERE n >= 0)
+          FROM generate_series(0, 1999) AS n
+        """,
+        created.tenant_id,
+        created.document_id,
+        generation.embedding_model,
+        DIMENSION,
+    )
+    await wide_pool.execute("ANALYZE knowledge_chunk")
+    query_vector = unit_vectors(1, seed=7)[0]
+
+    async with wide_pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        plan = await conn.fetchval(
+            f"""
+            EXPLAIN (FORMAT JSON)
+            SELECT chunk_id FROM knowledge_chunk
+             WHERE {model_predicate(generation.embedding_model)}
+             ORDER BY {vector_expression(DIMENSION)} <=> $1::vector({DIMENSION})
+             LIMIT 10
+            """,
+            query_vector,
+        )
+    assert f'"Index Name": "{generation.ann_index_name}"' in plan
+
+    # The reuse lookup probes knowledge_chunk_reuse, whatever the table's size.
+    digests = [hashlib.sha256(str(n).encode()).digest() for n in (5, 50, 500)]
+    async with wide_pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        reuse_plan = await conn.fetchval(
+            "EXPLAIN (FORMAT JSON) " + QUERIES["known_embeddings"],
+            created.tenant_id,
+            generation.embedding_model,
+            "s1",
+            DIMENSION,
+            digests,
+        )
+    assert '"Index Name": "knowledge_chunk_reuse"' in reuse_plan
+    known = await sinks[0].known_embeddings(created.tenant_id, generation, digests)
+    assert set(known) == set(digests)
+
+
+async def test_an_invalid_index_left_by_a_failed_build_is_dropped_and_rebuilt(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    generation = IndexGeneration("rebuilt-model", DIMENSION, "s1")
+    created = await create_task(pool)
+    # A row of the model with the wrong dimension makes the build fail half way.
+    await pool.execute(
+        """
+        INSERT INTO knowledge_chunk (tenant_id, document_id, version_number, embedding_model,
+                                     chunking_strategy, chunk_id, ordinal, text, content_digest,
+                                     embedding_dimension, embedding)
+        VALUES ($1, $2, 1, $3, 's1', 'bad', 0, 'bad', '\\x00', 3, '[1,2,3]')
+        """,
+        created.tenant_id,
+        created.document_id,
+        generation.embedding_model,
+    )
+    sink = PgVectorSink(pool)
+    with pytest.raises(Exception, match="expected 384 dimensions"):
+        await sink.ensure_generation(generation)
+    [leftover] = await ann_indexes(pool)
+    assert not leftover["indisvalid"]
+
+    await pool.execute("DELETE FROM knowledge_chunk WHERE chunk_id = 'bad'")
+    await sink.ensure_generation(generation)
+    [rebuilt] = await ann_indexes(pool)
+    assert rebuilt["relname"] == generation.ann_index_name
+    assert rebuilt["indisvalid"]
+    # The pool's statement_timeout is back on the connection the build used.
+    timeouts = {await pool.fetchval("SHOW statement_timeout") for _ in range(3)}
+    assert "0" not in timeouts
+
+
+async def test_a_model_keeps_one_dimension(pool: asyncpg.Pool[Any], sink: PgVectorSink) -> None:
+    with pytest.raises(ConfigError, match="one dimension"):
+        await sink.ensure_generation(IndexGeneration(GENERATION.embedding_model, 768, "other"))
+
+
+async def test_the_writer_refuses_embeddings_that_do_not_fit(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    created = await create_task(pool)
+    [lease] = await PgTaskQueue(pool).claim("standard", "w", lease_seconds=LEASE)
+    chunks = make_chunks(created.document_id, 1, ["a", "b"])
+    with pytest.raises(ValueError, match="shape"):
+        sink.writer(lease, GENERATION, chunks, unit_vectors(3))
+    broken = unit_vectors(2)
+    broken[1, 7] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        sink.writer(lease, GENERATION, chunks, broken)
+
+
+async def test_concurrent_switches_of_one_document_serialise_on_the_pointer(
+    settings: RuntimeSettings, sink: PgVectorSink
+) -> None:
+    """v1's transaction has created the pointer but not committed when v2's reaches it: v2
+    waits for the row, then moves it on from v1 and names v1 as the previous version."""
+    pool = await create_pool(settings, min_size=3, max_size=3)
+    try:
+        created = await create_task(pool)
+        v2_task = await add_version(pool, created, 2)
+        queue = PgTaskQueue(pool)
+        leases = await queue.claim("standard", "w", lease_seconds=LEASE, limit=2)
+        v1, v2 = sorted(leases, key=lambda lease: lease.version_number)
+        assert v2.task_id == v2_task
+        write_v1 = sink.writer(
+            v1, GENERATION, make_chunks(created.document_id, 1, ["a"]), unit_vectors(1)
+        )
+        written, may_commit = asyncio.Event(), asyncio.Event()
+
+        async def v1_paused_before_commit(conn: Transaction) -> None:
+            await write_v1(conn)
+            written.set()
+            await may_commit.wait()
+
+        first = asyncio.create_task(queue.complete(v1, in_transaction=v1_paused_before_commit))
+        await written.wait()
+        second = asyncio.create_task(
+            queue.complete(
+                v2,
+                in_transaction=sink.writer(
+                    v2, GENERATION, make_chunks(created.document_id, 2, ["b"]), unit_vectors(1)
+                ),
+            )
+        )
+        await _wait_until_blocked_on_a_lock(pool)
+        may_commit.set()
+        await asyncio.gather(first, second)
+
+        current = await pointer(pool, created.document_id)
+        assert current is not None
+        assert current["version_number"] == 2
+        records = [
+            default_registry().decode(event["payload"]).record
+            for event in await switched_events(pool)
+        ]
+        assert [(r["versionNumber"], r["previousVersionNumber"]) for r in records] == [
+            (1, None),
+            (2, 1),
+        ]
+    finally:
+        await pool.close()
+
+
+async def _wait_until_blocked_on_a_lock(pool: asyncpg.Pool[Any]) -> None:
+    # The second transaction's progress is only visible from outside: wait (bounded) until
+    # a backend of this database waits for a lock.
+    async with asyncio.timeout(30):
+        while True:
+            blocked = await pool.fetchval(
+                """
+                SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE datname = current_database()
+                                  AND wait_event_type = 'Lock')
+                """
+            )
+            if blocked:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_a_write_over_its_time_budget_is_rolled_back_whole(pool: asyncpg.Pool[Any]) -> None:
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    lease = await claim_task(queue, created.task_id)
+    sink = PgVectorSink(pool, write_timeout_seconds=0.001, write_timeout_per_chunk_seconds=0)
+    chunks = make_chunks(created.document_id, 1, [f"passage {n}" for n in range(3000)])
+    write = sink.writer(lease, GENERATION, chunks, unit_vectors(len(chunks)))
+    with pytest.raises(DatabaseBusy):
+        await queue.complete(lease, in_transaction=write)
+    assert await chunk_rows(pool, created.document_id) == []
+    assert await pointer(pool, created.document_id) is None
+    task = await queue.get(created.task_id)
+    assert task is not None
+    assert task.status is TaskStatus.RUNNING
+    # The budget was the transaction's own: the connection is back at the pool's timeout.
+    assert {await pool.fetchval("SHOW statement_timeout") for _ in range(3)} == {"30s"}
+    assert PgVectorSink(pool).write_timeout_ms(2000) == 130_000

@@ -1,0 +1,79 @@
+"""The real indexing pipeline over a test's database, for integration tests and benchmarks:
+the sink registers the generation once, as ``kb indexer run`` does at start."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import asyncpg
+
+from services.indexer.embedding.hashing import HashingEmbedder
+from services.indexer.embedding.port import Embedder, Vectors
+from services.indexer.parsing.pool import ParsePool
+from services.indexer.pipeline import PipelineIndexer, chunking_strategy
+from services.indexer.sink_pgvector import PgVectorSink
+from services.indexer.source_pg import PgVersionSource
+from services.indexer.tokens import TokenizerSpec
+
+
+class RecordingEmbedder:
+    """Any embedder, with every request's texts recorded (what a provider was sent)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.requests: list[list[str]] = []
+
+    @property
+    def texts(self) -> list[str]:
+        return [text for request in self.requests for text in request]
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def dimension(self) -> int:
+        return self.inner.dimension
+
+    @property
+    def tokenizer(self) -> TokenizerSpec:
+        return self.inner.tokenizer
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        self.requests.append(list(texts))
+        return await self.inner.embed(texts)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@contextlib.asynccontextmanager
+async def running_pipeline(
+    pool: asyncpg.Pool[Any],
+    *,
+    embedder: Embedder | None = None,
+    parse_pool: ParsePool | None = None,
+    max_tokens: int = 128,
+    batch_size: int = 32,
+) -> AsyncIterator[PipelineIndexer]:
+    """The pipeline with a hashing embedder (fast) unless told otherwise, and an inline
+    parse pool unless one is given; closed on the way out."""
+    embedder = embedder or HashingEmbedder(dimension=64)
+    parse_pool = parse_pool or ParsePool(inline=True)
+    sink = PgVectorSink(pool)
+    indexer = PipelineIndexer(
+        PgVersionSource(pool),
+        parse_pool,
+        embedder,
+        sink,
+        strategy=chunking_strategy(embedder, max_tokens=max_tokens),
+        batch_size=batch_size,
+    )
+    try:
+        await sink.ensure_generation(indexer.generation)
+        yield indexer
+    finally:
+        await parse_pool.aclose()
+        await embedder.aclose()

@@ -1,0 +1,199 @@
+"""Helpers for search tests: documents with versions, ACLs, chunks with known vectors and a
+search pointer, written straight into the tables (as the sink would leave them), and the
+composed app over the test database."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+import numpy as np
+from fastapi import FastAPI
+
+from services.app import create_app
+from services.indexer.embedding.hashing import HashingEmbedder
+from services.indexer.search import Generation, Searcher
+from services.indexer.search_pg import PgSearchIndex, SearchSettings
+from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
+from services.publisher.settings import PublisherSettings
+from services.publisher.store_pg import PgPublisherStore
+from services.runtime.db import create_pool
+from services.runtime.settings import RuntimeSettings
+from tests.support.api import BASE_URL
+
+STRATEGY = "heading-semchunk-v1:max=256:overlap=0:tok=test"
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    text: str
+    heading_path: tuple[str, ...] = ()
+
+
+async def create_ann_index(pool: asyncpg.Pool[Any], model: str, dimension: int) -> None:
+    """The model's generation and HNSW index, as every indexer worker ensures them at start."""
+    await PgVectorSink(pool).ensure_generation(IndexGeneration(model, dimension, STRATEGY))
+
+
+async def add_document(
+    conn: asyncpg.Connection[Any],
+    tenant_id: str,
+    *,
+    title: str = "Refund policy",
+    read: Sequence[str] = ("group:all",),
+    document_id: uuid.UUID | None = None,
+) -> uuid.UUID:
+    document_id = document_id or uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO document (tenant_id, document_id, title) VALUES ($1, $2, $3)",
+        tenant_id,
+        document_id,
+        title,
+    )
+    await conn.executemany(
+        "INSERT INTO document_acl (tenant_id, document_id, principal, permission)"
+        " VALUES ($1, $2, $3, 'READ')",
+        [(tenant_id, document_id, principal) for principal in read],
+    )
+    return document_id
+
+
+def chunk_id(document_id: uuid.UUID, version: int, ordinal: int) -> str:
+    return hashlib.sha256(f"{document_id}/{version}/{ordinal}".encode()).hexdigest()
+
+
+async def add_version(
+    conn: asyncpg.Connection[Any],
+    tenant_id: str,
+    document_id: uuid.UUID,
+    version: int,
+    chunks: Sequence[ChunkSpec],
+    embedder: HashingEmbedder,
+    *,
+    vectors: np.ndarray[Any, Any] | None = None,
+    strategy: str = STRATEGY,
+) -> list[str]:
+    """A published version and its chunks in the index (not yet searchable: no pointer)."""
+    content = "\n".join(c.text for c in chunks).encode()
+    await conn.execute(
+        "INSERT INTO document_version (tenant_id, document_id, version_number, content,"
+        " media_type, sha256, size_bytes, status)"
+        " VALUES ($1, $2, $3, $4, 'text/plain', $5, $6, 'PUBLISHED')",
+        tenant_id,
+        document_id,
+        version,
+        content,
+        hashlib.sha256(content).digest(),
+        len(content),
+    )
+    await conn.execute(
+        "UPDATE document SET latest_version = greatest(latest_version, $3)"
+        " WHERE tenant_id = $1 AND document_id = $2",
+        tenant_id,
+        document_id,
+        version,
+    )
+    if vectors is None:
+        vectors = embedder.embed_sync([" ".join((*c.heading_path, c.text)) for c in chunks])
+    ids = [chunk_id(document_id, version, i) for i in range(len(chunks))]
+    await conn.executemany(
+        "INSERT INTO knowledge_chunk (tenant_id, document_id, version_number, embedding_model,"
+        " chunk_id, ordinal, heading_path, text, content_digest, embedding_dimension,"
+        " embedding, chunking_strategy)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::text::vector, $12)",
+        [
+            (
+                tenant_id,
+                document_id,
+                version,
+                embedder.model,
+                ids[i],
+                i,
+                list(c.heading_path),
+                c.text,
+                hashlib.sha256(c.text.encode()).digest(),
+                embedder.dimension,
+                _vector_text(vectors[i]),
+                strategy,
+            )
+            for i, c in enumerate(chunks)
+        ],
+    )
+    return ids
+
+
+def _vector_text(vector: Any) -> str:
+    # Text form: works whether or not the connection registered pgvector's codec.
+    return "[" + ",".join(repr(float(x)) for x in np.asarray(vector, dtype=np.float32)) + "]"
+
+
+async def point_search_at(
+    conn: asyncpg.Connection[Any],
+    tenant_id: str,
+    document_id: uuid.UUID,
+    version: int,
+    model: str,
+    *,
+    strategy: str = STRATEGY,
+) -> None:
+    """Switch the document's search pointer, as the sink's write does."""
+    await conn.execute(
+        "INSERT INTO document_search_version (tenant_id, document_id, version_number,"
+        " embedding_model, chunking_strategy)"
+        " VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT (tenant_id, document_id) DO UPDATE"
+        " SET version_number = excluded.version_number,"
+        "     embedding_model = excluded.embedding_model,"
+        "     chunking_strategy = excluded.chunking_strategy,"
+        "     switched_at = now()",
+        tenant_id,
+        document_id,
+        version,
+        model,
+        strategy,
+    )
+
+
+@dataclass
+class SearchHarness:
+    app: FastAPI
+    client: httpx.AsyncClient
+    pool: asyncpg.Pool[Any]
+    embedder: HashingEmbedder
+    searcher: Searcher
+
+    async def search(self, tenant: Any, body: dict[str, Any]) -> httpx.Response:
+        return await self.client.post(tenant.path("/search"), json=body, headers=tenant.headers)
+
+
+@asynccontextmanager
+async def search_harness(
+    settings: RuntimeSettings, *, dimension: int = 64, pool_size: int = 6
+) -> AsyncIterator[SearchHarness]:
+    """The composed app (publisher + search) over the test's database, in-process."""
+    publisher_settings = PublisherSettings(
+        database_url=settings.database_url,
+        kafka_bootstrap_servers=settings.kafka_bootstrap_servers,
+        db_pool_max_size=pool_size,
+    )
+    pool = await create_pool(publisher_settings)
+    try:
+        embedder = HashingEmbedder(dimension)
+        index = PgSearchIndex(
+            pool,
+            Generation(embedder.model, dimension),
+            SearchSettings(database_url=settings.database_url),
+        )
+        searcher = Searcher(embedder, index)
+        app = create_app(publisher_settings, store=PgPublisherStore(pool), searcher=searcher)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+            yield SearchHarness(app, client, pool, embedder, searcher)
+    finally:
+        await pool.close()

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import pytest
+
+from services.indexer.parsing import Section, parse_document
+from services.runtime.media_types import MARKDOWN
+from tests.support.documents import SAMPLE, expected_sections, make_markdown
+
+
+def parsed(content: bytes) -> list[tuple[tuple[str, ...], str]]:
+    return [(section.heading_path, section.text) for section in parse_document(MARKDOWN, content)]
+
+
+@pytest.mark.parametrize("setext", [False, True])
+def test_headings_build_the_heading_path(setext: bool) -> None:
+    assert parsed(make_markdown(SAMPLE, setext=setext)) == expected_sections(SAMPLE)
+
+
+def test_exact_paths_of_the_sample() -> None:
+    assert [path for path, _ in parsed(make_markdown())] == [
+        ("Refund policy",),
+        ("Refund policy", "Window"),
+        ("Refund policy", "Window", "Late requests"),
+        ("Refund policy", "Exceptions"),
+        ("Shipping",),
+        ("Shipping", "Customs"),
+    ]
+
+
+def test_hash_inside_a_code_fence_is_not_a_heading() -> None:
+    content = b"# Setup\n\nRun this:\n\n```sh\n# not a heading\necho hi\n```\n\n## Next\n\nDone.\n"
+    assert parsed(content) == [
+        (("Setup",), "Run this:\n\n# not a heading\necho hi"),
+        (("Setup", "Next"), "Done."),
+    ]
+
+
+def test_text_before_the_first_heading_has_an_empty_path_and_skipped_levels_nest() -> None:
+    content = b"Preface.\n\n# One\n\n### Deep\n\nDeep text.\n\n## Two\n\nTwo text.\n"
+    assert parsed(content) == [
+        ((), "Preface."),
+        (("One", "Deep"), "Deep text."),
+        (("One", "Two"), "Two text."),
+    ]
+
+
+def test_lists_tables_quotes_and_inline_markup_become_text() -> None:
+    content = (
+        b"# Plans\n\n"
+        b"Choose **one** of the `plans` [here](http://example.com) ![diagram](d.png).\n\n"
+        b"- Basic\n- Plus\n  - Plus yearly\n\n"
+        b"1. first\n2. second\n\n"
+        b"| Plan | Days |\n|------|------|\n| Basic | 14 |\n| Plus | 30 |\n\n"
+        b"> Quoted\n> advice.\n"
+    )
+    assert parsed(content) == [
+        (
+            ("Plans",),
+            "Choose one of the plans here diagram.\n\n"
+            "- Basic\n- Plus\n- Plus yearly\n\n"
+            "1. first\n2. second\n\n"
+            "Plan | Days\nBasic | 14\nPlus | 30\n\n"
+            "Quoted advice.",
+        )
+    ]
+
+
+def test_empty_heading_sections_are_dropped() -> None:
+    content = b"# Empty\n\n# Also empty\n\n## Child\n\nText.\n"
+    assert parse_document(MARKDOWN, content) == [Section(("Also empty", "Child"), "Text.")]
+
+
+def test_raw_html_blocks_contribute_their_text() -> None:
+    assert parsed(b"# A\n\n<div>raw <b>html</b> &amp; more</div>\n") == [
+        (("A",), "raw html & more")
+    ]
+
+
+def test_front_matter_is_metadata_not_a_heading() -> None:
+    content = b"---\ntitle: Handbook\ntags: [a, b]\n---\nIntro.\n\n# A\n\ntext\n"
+    assert parsed(content) == [((), "Intro."), (("A",), "text")]
+
+
+def test_a_thematic_break_later_on_is_not_front_matter() -> None:
+    content = b"Intro.\n\n---\n\nMore.\n"
+    assert parsed(content) == [((), "Intro.\n\nMore.")]

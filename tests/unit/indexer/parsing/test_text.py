@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import codecs
+
+import pytest
+
+from services.indexer.parsing import Section, parse_document
+from services.indexer.task import ErrorCode, IndexingFailed
+from services.runtime.media_types import TEXT
+from tests.support.documents import make_text
+
+PARAGRAPHS = ("Größe  und\tGewicht", "Zweiter   Absatz\nmit Zeilenumbruch.")
+EXPECTED = [Section((), "Größe und Gewicht\n\nZweiter Absatz\nmit Zeilenumbruch.")]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "bom"),
+    [
+        ("utf-8", False),
+        ("utf-8", True),
+        ("utf-16-le", True),
+        ("utf-16-be", True),
+        ("utf-32", False),
+    ],
+)
+def test_text_is_decoded_by_bom_or_as_utf8(encoding: str, bom: bool) -> None:
+    # Python's "utf-32" codec writes its own BOM.
+    assert parse_document(TEXT, make_text(PARAGRAPHS, encoding=encoding, bom=bom)) == EXPECTED
+
+
+def test_utf16_without_its_bom_is_not_guessed() -> None:
+    with pytest.raises(IndexingFailed) as failed:
+        parse_document(TEXT, "Größe".encode("utf-16-le"))
+    assert failed.value.code == ErrorCode.DOCUMENT_PARSE_FAILED
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "café".encode("latin-1"),
+        b"ok \xc3\x28 broken",
+        codecs.BOM_UTF8 + b"\xff\xfe",
+        codecs.BOM_UTF16_LE + b"\x00\xd8",  # a lone surrogate
+    ],
+)
+def test_undecodable_bytes_fail_clearly_instead_of_mojibake(content: bytes) -> None:
+    with pytest.raises(IndexingFailed) as failed:
+        parse_document(TEXT, content)
+    assert failed.value.code == ErrorCode.DOCUMENT_PARSE_FAILED
+    assert "not valid" in failed.value.message
+
+
+def test_whitespace_is_normalised_and_control_characters_dropped() -> None:
+    content = b"  first\x00line  \r\n\r\n\r\n\r\n second\x07 \n"
+    assert parse_document(TEXT, content) == [Section((), "first line\n\nsecond")]
+
+
+@pytest.mark.parametrize("content", [b"", b"   \n\n\t ", codecs.BOM_UTF8])
+def test_text_without_words_is_empty(content: bytes) -> None:
+    with pytest.raises(IndexingFailed) as failed:
+        parse_document(TEXT, content)
+    assert failed.value.code == ErrorCode.DOCUMENT_EMPTY
+
+
+def test_invisible_characters_do_not_split_words() -> None:
+    content = "re\u00adfund win\u200bdow\ufeff\u00a0policy".encode()
+    assert parse_document(TEXT, content) == [Section((), "refund window policy")]

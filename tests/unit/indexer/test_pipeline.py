@@ -1,0 +1,324 @@
+"""PipelineIndexer with fakes around it: load and verify, parse, reuse, embed, hand to sink."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from services.indexer.chunking import Chunk, ChunkingStrategy
+from services.indexer.parsing.pool import ParsePool
+from services.indexer.pipeline import PipelineIndexer, chunking_strategy, index_generation
+from services.indexer.ports import StoredVersion
+from services.indexer.sink_pgvector import IndexGeneration
+from services.indexer.task import ErrorCode, IndexingFailed, Lease
+from services.indexer.tokens import TokenizerSpec
+from services.runtime.transaction import Transaction
+
+DIMENSION = 8
+TOKENIZER = TokenizerSpec(name="approx", tokenizer_file=None, max_input_tokens=128)
+
+
+def lease(document_id: uuid.UUID, version: int = 1, tenant: str = "acme") -> Lease:
+    return Lease(
+        task_id=uuid.uuid4(),
+        owner="unit",
+        lease_attempt=1,
+        lease_until=datetime.now(UTC),
+        tenant_id=tenant,
+        document_id=document_id,
+        version_number=version,
+        task_type="INDEX_VERSION",
+        tier="standard",
+        max_attempts=8,
+    )
+
+
+def stored(content: bytes, media_type: str = "text/markdown", **wrong: Any) -> StoredVersion:
+    return StoredVersion(
+        media_type=media_type,
+        content=content,
+        sha256=wrong.get("sha256", hashlib.sha256(content).digest()),
+        size_bytes=wrong.get("size_bytes", len(content)),
+    )
+
+
+class Source:
+    def __init__(self) -> None:
+        self.versions: dict[tuple[str, uuid.UUID, int], StoredVersion] = {}
+
+    def put(self, tenant: str, document_id: uuid.UUID, number: int, version: StoredVersion) -> None:
+        self.versions[(tenant, document_id, number)] = version
+
+    async def load(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int
+    ) -> StoredVersion | None:
+        return self.versions.get((tenant_id, document_id, version_number))
+
+
+def vector_of(text: str) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
+    return np.random.default_rng(seed).standard_normal(DIMENSION).astype(np.float32)
+
+
+class RecordingEmbedder:
+    """Deterministic vectors; every request's texts recorded. ``answer`` overrides replies."""
+
+    model = "fake-model"
+    dimension = DIMENSION
+    tokenizer = TOKENIZER
+
+    def __init__(self) -> None:
+        self.requests: list[list[str]] = []
+        self.answer: Any = None
+
+    @property
+    def texts(self) -> list[str]:
+        return [text for request in self.requests for text in request]
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.requests.append(list(texts))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        if self.answer is not None:
+            return np.asarray(self.answer(texts))
+        return np.stack([vector_of(t) for t in texts])
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class MemorySink:
+    """The index as a dict: what ``writer`` wrote once "committed" (the write is called)."""
+
+    rows: dict[tuple[str, str, bytes], np.ndarray] = field(default_factory=dict)
+    written: list[tuple[Lease, list[Chunk], np.ndarray]] = field(default_factory=list)
+
+    async def known_embeddings(
+        self, tenant_id: str, generation: IndexGeneration, digests: Sequence[bytes]
+    ) -> dict[bytes, np.ndarray]:
+        key = generation.chunking_strategy + generation.embedding_model
+        return {
+            d: self.rows[(tenant_id, key, d)] for d in digests if (tenant_id, key, d) in self.rows
+        }
+
+    def writer(
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunks: Sequence[Chunk],
+        embeddings: np.ndarray,
+    ) -> Any:
+        async def write(conn: Any) -> None:
+            key = generation.chunking_strategy + generation.embedding_model
+            for chunk, row in zip(chunks, embeddings, strict=True):
+                self.rows[(lease.tenant_id, key, chunk.content_digest)] = row
+            self.written.append((lease, list(chunks), embeddings))
+
+        return write
+
+
+@dataclass
+class Harness:
+    source: Source
+    embedder: RecordingEmbedder
+    sink: MemorySink
+    indexer: PipelineIndexer
+
+    async def index(self, the_lease: Lease) -> tuple[list[Chunk], np.ndarray]:
+        outcome = await self.indexer.index(the_lease)
+        assert outcome.write is not None
+        # The memory sink's write ignores the transaction it is handed.
+        await outcome.write(cast(Transaction, None))
+        _, chunks, rows = self.sink.written[-1]
+        return chunks, rows
+
+
+def harness(batch_size: int = 16, max_tokens: int = 64) -> Harness:
+    source, embedder, sink = Source(), RecordingEmbedder(), MemorySink()
+    strategy = chunking_strategy(embedder, max_tokens=max_tokens)
+    indexer = PipelineIndexer(
+        source,
+        ParsePool(inline=True),
+        embedder,
+        sink,
+        strategy=strategy,
+        batch_size=batch_size,
+    )
+    return Harness(source, embedder, sink, indexer)
+
+
+def policy(paragraphs: int, changed: int | None = None) -> bytes:
+    """A Markdown document of ``paragraphs`` sections, each about one chunk long."""
+    parts = ["# Refund policy"]
+    for n in range(paragraphs):
+        body = f"Clause {n}: refunds for order class {n} are granted within {n % 30 + 1} days."
+        if n == changed:
+            body = f"Clause {n}: refunds for order class {n} are NEVER granted, sorry."
+        parts.append(f"## Section {n}\n\n{body}")
+    return "\n\n".join(parts).encode()
+
+
+async def test_v2_with_one_paragraph_changed_embeds_only_what_changed() -> None:
+    h = harness()
+    document_id = uuid.uuid4()
+    h.source.put("acme", document_id, 1, stored(policy(200)))
+    h.source.put("acme", document_id, 2, stored(policy(200, changed=117)))
+
+    v1_chunks, v1_rows = await h.index(lease(document_id, 1))
+    assert len(v1_chunks) >= 200
+    assert len(h.embedder.texts) == len(v1_chunks)
+    assert all(len(r) <= 16 for r in h.embedder.requests)
+    h.embedder.requests.clear()
+
+    v2_chunks, v2_rows = await h.index(lease(document_id, 2))
+    assert len(v2_chunks) == len(v1_chunks)
+    assert 1 <= len(h.embedder.texts) <= 3
+    assert any("NEVER" in text for text in h.embedder.texts)
+    # Every row is the embedding of its own chunk, reused or fresh.
+    for chunk, row in zip(v2_chunks, v2_rows, strict=True):
+        assert np.array_equal(row, vector_of(chunk.embedding_input))
+    unchanged = [i for i, c in enumerate(v2_chunks) if "NEVER" not in c.text]
+    assert np.array_equal(v2_rows[unchanged], v1_rows[unchanged])
+
+
+async def test_reuse_is_per_tenant() -> None:
+    h = harness()
+    document_id = uuid.uuid4()
+    for tenant in ("acme", "globex"):
+        h.source.put(tenant, document_id, 1, stored(policy(5)))
+    await h.index(lease(document_id, 1, tenant="acme"))
+    first = len(h.embedder.texts)
+    await h.index(lease(document_id, 1, tenant="globex"))
+    assert len(h.embedder.texts) == 2 * first
+
+
+async def test_identical_passages_in_one_document_are_embedded_once() -> None:
+    h = harness()
+    document_id = uuid.uuid4()
+    repeated = "\n\n".join(["## Contact\n\nWrite to support@example.com."] * 12).encode()
+    h.source.put("acme", document_id, 1, stored(repeated))
+    chunks, rows = await h.index(lease(document_id))
+    assert len(chunks) == 12
+    assert len({c.content_digest for c in chunks}) == 1
+    assert h.embedder.texts == [chunks[0].embedding_input]
+    assert all(np.array_equal(row, rows[0]) for row in rows)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "code"),
+    [
+        ({"size_bytes": 3}, ErrorCode.DOCUMENT_PARSE_FAILED),
+        ({"sha256": hashlib.sha256(b"other").digest()}, ErrorCode.DOCUMENT_PARSE_FAILED),
+    ],
+)
+async def test_stored_bytes_that_do_not_match_their_record_are_corrupt(
+    wrong: dict[str, Any], code: str
+) -> None:
+    h = harness()
+    document_id = uuid.uuid4()
+    h.source.put("acme", document_id, 1, stored(b"# Refunds\n\n30 days.", **wrong))
+    with pytest.raises(IndexingFailed) as raised:
+        await h.indexer.index(lease(document_id))
+    assert raised.value.code == code
+    assert h.embedder.requests == []
+
+
+async def test_a_missing_version_and_an_unknown_type_are_terminal_codes() -> None:
+    h = harness()
+    document_id = uuid.uuid4()
+    with pytest.raises(IndexingFailed) as raised:
+        await h.indexer.index(lease(document_id))
+    assert raised.value.code == ErrorCode.DOCUMENT_VERSION_MISSING
+    h.source.put("acme", document_id, 1, stored(b"\x89PNG", media_type="image/png"))
+    with pytest.raises(IndexingFailed) as raised:
+        await h.indexer.index(lease(document_id))
+    assert raised.value.code == ErrorCode.UNSUPPORTED_DOCUMENT
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda texts: np.zeros((len(texts) - 1, DIMENSION), dtype=np.float32),
+        lambda texts: np.zeros((len(texts), DIMENSION + 1), dtype=np.float32),
+        lambda texts: np.full((len(texts), DIMENSION), np.nan, dtype=np.float32),
+    ],
+    ids=["too-few-rows", "wrong-dimension", "nan"],
+)
+async def test_an_invalid_provider_answer_is_refused(answer: Any) -> None:
+    h = harness()
+    document_id = uuid.uuid4()
+    h.source.put("acme", document_id, 1, stored(policy(3)))
+    h.embedder.answer = answer
+    with pytest.raises(IndexingFailed) as raised:
+        await h.indexer.index(lease(document_id))
+    assert raised.value.code == ErrorCode.EMBEDDING_RESPONSE_INVALID
+    assert h.sink.written == []
+
+
+async def test_a_rate_limit_reaches_the_worker_with_its_retry_after() -> None:
+    h = harness()
+    document_id = uuid.uuid4()
+    h.source.put("acme", document_id, 1, stored(policy(3)))
+    h.embedder.answer = IndexingFailed(
+        ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=7
+    )
+    with pytest.raises(IndexingFailed) as raised:
+        await h.indexer.index(lease(document_id))
+    assert (raised.value.code, raised.value.retry_after_seconds) == (
+        ErrorCode.EMBEDDING_RATE_LIMITED,
+        7,
+    )
+
+
+def test_the_generation_names_model_dimension_and_strategy() -> None:
+    embedder = RecordingEmbedder()
+    strategy = chunking_strategy(embedder, max_tokens=4096)
+    # Never longer than the model reads.
+    assert strategy.max_tokens == TOKENIZER.max_input_tokens
+    generation = index_generation(embedder, strategy)
+    assert generation == IndexGeneration("fake-model", DIMENSION, strategy.strategy_id)
+    assert isinstance(strategy, ChunkingStrategy)
+    assert (
+        harness().indexer.generation.chunking_strategy
+        == chunking_strategy(embedder, max_tokens=64).strategy_id
+    )
+
+
+async def test_the_loop_gets_turns_while_an_embedder_that_never_yields_works() -> None:
+    """A heartbeat must run during a long embedding even when the embedder computes on
+    the loop (the hashing embedder does): the pipeline gives the loop turns between waves
+    of requests."""
+    h = harness(batch_size=4)
+    document_id = uuid.uuid4()
+    h.source.put("acme", document_id, 1, stored(policy(200)))
+    turns = 0
+    seen: list[int] = []
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    def never_yields(texts: Sequence[str]) -> np.ndarray:
+        seen.append(turns)
+        return np.stack([vector_of(t) for t in texts])
+
+    h.embedder.answer = never_yields
+    ticking = asyncio.create_task(ticker())
+    try:
+        await h.index(lease(document_id))
+    finally:
+        ticking.cancel()
+    assert len(seen) >= 50
+    # The ticker ran between waves of requests (of 8): it advanced at least once a wave.
+    assert len(set(seen)) >= len(seen) // 8

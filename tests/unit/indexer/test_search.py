@@ -1,0 +1,199 @@
+"""Search domain: reciprocal rank fusion, list depth, and the use case over fakes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from services.indexer.embedding.hashing import HashingEmbedder
+from services.indexer.embedding.port import Vectors
+from services.indexer.search import (
+    RRF_K,
+    Candidate,
+    Candidates,
+    Generation,
+    QueryEmbeddingUnavailable,
+    Searcher,
+    SearchMode,
+    SearchRequest,
+    rank_results,
+    reciprocal_rank_fusion,
+)
+from services.indexer.task import ErrorCode, IndexingFailed
+from services.runtime.errors import KbError
+
+DOC = uuid.UUID("00000000-0000-0000-0000-00000000000d")
+
+
+def candidate(chunk: str, rank: int, score: float = 0.0, doc: uuid.UUID = DOC) -> Candidate:
+    return Candidate(doc, "Title", 1, chunk, ("H",), f"text {chunk}", rank, score)
+
+
+def test_rrf_matches_a_hand_computed_example() -> None:
+    vector = [candidate("A", 1), candidate("B", 2), candidate("C", 3)]
+    keyword = [candidate("C", 1), candidate("B", 2), candidate("D", 3)]
+
+    fused = reciprocal_rank_fusion([vector, keyword])
+
+    # By hand, k = 60:  C = 1/63 + 1/61 = 124/3843 = 0.0322665
+    #                   B = 1/62 + 1/62 =   1/31   = 0.0322581
+    #                   A = 1/61                    = 0.0163934
+    #                   D = 1/63                    = 0.0158730
+    assert RRF_K == 60
+    assert [c.chunk_id for c, _ in fused] == ["C", "B", "A", "D"]
+    assert [score for _, score in fused] == pytest.approx([124 / 3843, 1 / 31, 1 / 61, 1 / 63])
+
+
+def test_rrf_names_each_chunk_once_even_if_a_list_repeats_it() -> None:
+    fused = reciprocal_rank_fusion([[candidate("A", 1), candidate("A", 2)], [candidate("A", 5)]])
+    assert [c.chunk_id for c, _ in fused] == ["A"]
+    assert fused[0][1] == pytest.approx(1 / 61 + 1 / 65)
+
+
+def test_rrf_breaks_ties_by_document_then_chunk() -> None:
+    first, second = uuid.UUID(int=1), uuid.UUID(int=2)
+    fused = reciprocal_rank_fusion(
+        [
+            [candidate("z", 1, doc=second)],
+            [candidate("y", 1, doc=first), candidate("x", 1, doc=second)],
+        ]
+    )
+    assert [(c.document_id, c.chunk_id) for c, _ in fused] == [
+        (first, "y"),
+        (second, "x"),
+        (second, "z"),
+    ]
+
+
+def test_same_chunk_id_in_two_documents_is_two_results() -> None:
+    fused = reciprocal_rank_fusion(
+        [[candidate("c", 1, doc=uuid.UUID(int=1))], [candidate("c", 1, doc=uuid.UUID(int=2))]]
+    )
+    assert len(fused) == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "top_k", "depth"),
+    [
+        (SearchMode.VECTOR, 7, 7),
+        (SearchMode.KEYWORD, 100, 100),
+        (SearchMode.HYBRID, 1, 50),
+        (SearchMode.HYBRID, 40, 80),
+        (SearchMode.HYBRID, 100, 200),
+    ],
+)
+def test_hybrid_reads_deeper_than_it_answers(mode: SearchMode, top_k: int, depth: int) -> None:
+    request = SearchRequest("acme", "q", ("p",), top_k=top_k, mode=mode)
+    assert request.depth == depth
+
+
+def test_single_list_modes_keep_the_index_order_and_score_and_cut_at_top_k() -> None:
+    lists = Candidates(
+        vector=[candidate("b", 2, 0.5), candidate("a", 1, 0.9), candidate("c", 3, 0.1)],
+        keyword=[candidate("k", 1, 3.0)],
+    )
+    request = SearchRequest("acme", "q", ("p",), top_k=2, mode=SearchMode.VECTOR)
+    assert [(h.chunk_id, h.score) for h in rank_results(request, lists)] == [("a", 0.9), ("b", 0.5)]
+    keyword = SearchRequest("acme", "q", ("p",), top_k=2, mode=SearchMode.KEYWORD)
+    assert [(h.chunk_id, h.score) for h in rank_results(keyword, lists)] == [("k", 3.0)]
+
+
+class FakeIndex:
+    def __init__(self, generation: Generation) -> None:
+        self.generation = generation
+        self.vectors: list[Vectors | None] = []
+
+    async def candidates(self, request: SearchRequest, query_vector: Vectors | None) -> Candidates:
+        self.vectors.append(query_vector)
+        return Candidates(vector=[candidate("v", 1, 0.9)], keyword=[candidate("k", 1, 2.0)])
+
+
+class FailingEmbedder(HashingEmbedder):
+    def __init__(self, code: str) -> None:
+        super().__init__(8)
+        self.code = code
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        raise IndexingFailed(self.code, "provider says no")
+
+
+async def test_keyword_search_does_not_embed_and_vector_search_embeds_the_query() -> None:
+    embedder = HashingEmbedder(8)
+    index = FakeIndex(Generation(embedder.model, 8))
+    searcher = Searcher(embedder, index)
+
+    keyword = await searcher.search(
+        SearchRequest("acme", "refund", ("p",), mode=SearchMode.KEYWORD)
+    )
+    hybrid = await searcher.search(SearchRequest("acme", "refund", ("p",)))
+
+    assert index.vectors[0] is None
+    assert index.vectors[1] is not None
+    np.testing.assert_array_equal(index.vectors[1], embedder.embed_sync(["refund"]))
+    assert [h.chunk_id for h in keyword.results] == ["k"]
+    assert [h.chunk_id for h in hybrid.results] == ["k", "v"]  # a tie: by chunk id
+    assert hybrid.generation == Generation("hashing-v1-8", 8)
+    assert hybrid.took_ms >= 0
+
+
+async def test_a_searcher_refuses_an_embedder_of_another_generation() -> None:
+    with pytest.raises(ValueError, match="same generation"):
+        Searcher(HashingEmbedder(8), FakeIndex(Generation("hashing-v1-8", 16)))
+
+
+@pytest.mark.parametrize(
+    ("code", "retriable"),
+    [
+        (ErrorCode.EMBEDDING_RATE_LIMITED, True),
+        (ErrorCode.EMBEDDING_TIMEOUT, True),
+        (ErrorCode.EMBEDDING_UNAVAILABLE, True),
+        (ErrorCode.EMBEDDING_RESPONSE_INVALID, False),
+    ],
+)
+async def test_embedding_failures_keep_their_code(code: str, retriable: bool) -> None:
+    embedder = FailingEmbedder(code)
+    searcher = Searcher(embedder, FakeIndex(Generation(embedder.model, 8)))
+    with pytest.raises(KbError) as raised:
+        await searcher.search(SearchRequest("acme", "q", ("p",)))
+    assert raised.value.code == code
+    assert isinstance(raised.value, QueryEmbeddingUnavailable) is retriable
+    assert raised.value.http_status == (503 if retriable else 500)
+
+
+def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
+    from services.indexer.ann_index import model_predicate, vector_expression
+    from services.indexer.search_pg import TEMPLATE_MODEL, specialised_search_sql
+
+    sql = specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384)
+    assert TEMPLATE_MODEL not in sql
+    assert sql.count(vector_expression(384, "c.embedding")) == 2
+    assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "c.embedding_model")) == 2
+    assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "s.embedding_model")) == 2
+    assert specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384) is sql  # cached
+    with pytest.raises(ValueError, match="characters outside"):
+        specialised_search_sql("model' OR true --", 384)
+
+
+async def test_the_search_route_fails_closed_without_the_auth_middleware() -> None:
+    import httpx
+    from fastapi import FastAPI
+
+    from services.indexer.search_api import search_router
+    from services.runtime.http_problem import install_problem_handlers
+
+    app = FastAPI()
+    install_problem_handlers(app)
+    app.include_router(search_router)
+    app.state.searcher = None  # never reached
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.post(
+            "/v1/tenants/acme/search",
+            json={"query": "refund", "principals": ["group:all"]},
+            headers={"Authorization": "Bearer kb.acme.whatever"},
+        )
+    assert response.status_code == 401
+    assert response.json()["errorCode"] == "UNAUTHENTICATED"
