@@ -51,6 +51,9 @@ class InputRefused(IndexingFailed):
     Terminal (EMBEDDING_RESPONSE_INVALID): the same input would be refused again. ``position``
     is the input's place in the texts of the call that raised it."""
 
+    # The class's own name for it; instances carry EMBEDDING_RESPONSE_INVALID, the policy's.
+    code = "EMBEDDING_INPUT_REFUSED"
+
     def __init__(self, position: int, detail: str) -> None:
         super().__init__(
             ErrorCode.EMBEDDING_RESPONSE_INVALID,
