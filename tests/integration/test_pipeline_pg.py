@@ -208,7 +208,9 @@ async def test_a_429_storm_keeps_v1_searchable_and_v2_switches_after_it(
 ) -> None:
     clock = ManualClock(datetime.now(UTC))
     # Short backoffs: Retry-After (30 s) is what decides the waits.
-    policy = RetryPolicy(backoff_base_seconds=1, backoff_cap_seconds=5, jitter=0)
+    policy = RetryPolicy(
+        backoff_base_seconds=1, backoff_cap_seconds=5, jitter=0, max_retry_after_seconds=60
+    )
     with served_provider(EmbeddingProvider(dimension=64)) as served:
         settings = EmbeddingSettings(
             provider=OpenAIConfig(base_url=served.base_url, model="test-embed", dimensions=64)
