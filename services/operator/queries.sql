@@ -172,13 +172,13 @@ SELECT count(*)
 -- $1 tier, $2 tenant, $3 error code (each optional), $4 offset, $5 limit. Newest first.
 -- Reads index_task_dead only. The last requeue (who, when) is shown for context.
 SELECT t.task_id, t.tier, t.tenant_id, t.document_id, t.version_number, t.attempts,
-       t.max_attempts, t.error_code, t.error_message, t.updated_at
+       t.max_attempts, t.error_code, t.error_message, t.finished_at
   FROM index_task t
  WHERE t.status = 'DEAD'
    AND ($1::text IS NULL OR t.tier = $1)
    AND ($2::text IS NULL OR t.tenant_id = $2)
    AND ($3::text IS NULL OR t.error_code = $3)
- ORDER BY t.updated_at DESC, t.task_id
+ ORDER BY t.finished_at DESC NULLS LAST, t.task_id
  OFFSET $4
  LIMIT $5
 
