@@ -9,6 +9,7 @@ and the operator page (one pool, the query embedder) open in the app's lifespan.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,6 +27,7 @@ from services.publisher.api import create_app as create_publisher_app
 from services.publisher.ports import PublisherStore
 from services.publisher.settings import PublisherSettings
 from services.runtime.logging import get_logger
+from services.runtime.search_lag import run_search_lag_sampler
 
 log = get_logger(__name__)
 
@@ -64,9 +66,13 @@ def create_app(
                     app.state.operator = build_operator_context(
                         pool, operator_settings or _operator_settings()
                     )
+                stop = asyncio.Event()
+                lag = asyncio.create_task(run_search_lag_sampler(pool, stop))
                 try:
                     yield
                 finally:
+                    stop.set()
+                    await lag
                     app.state.searcher = None
 
     app.router.lifespan_context = lifespan

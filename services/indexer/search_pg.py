@@ -38,7 +38,7 @@ class SearchSettings(RuntimeSettings):
     # of a search whose principals may read only a sliver of the tenant.
     search_max_scan_tuples: int = Field(default=20_000, ge=1_000, le=10_000_000)
     # How long a search waits for a connection before answering 503.
-    search_acquire_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    search_acquire_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
 
 
 @cache
@@ -96,7 +96,7 @@ class PgSearchIndex:
         ef_search = min(1000, max(settings.search_ef_search, request.depth))
         with translate_db_errors():
             async with (
-                self._pool.acquire(timeout=settings.search_acquire_timeout_s) as conn,
+                self._pool.acquire(timeout=settings.search_acquire_timeout_seconds) as conn,
                 conn.transaction(readonly=True),
             ):
                 await conn.execute(

@@ -24,6 +24,7 @@ from services.relay.sink_kafka import KafkaSink
 from services.runtime.cli_support import load_settings, run_async
 from services.runtime.errors import BadInput, DependencyUnavailable
 from services.runtime.logging import configure_logging, get_logger
+from services.runtime.search_lag import run_search_lag_sampler
 from services.runtime.signals import run_until_signalled
 
 app = typer.Typer(help="Carry committed outbox rows to Kafka.", no_args_is_help=True)
@@ -47,14 +48,23 @@ def _pause_after_ack_hook(path: Path) -> AfterAck:
 
 
 @app.command("run")
-def run() -> None:
+def run(
+    metrics_port: int | None = typer.Option(
+        None,
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="Serve Prometheus /metrics on PORT (default KB_RELAY_METRICS_PORT).",
+    ),
+) -> None:
     """Run the relay until SIGTERM/SIGINT (several instances may run at once)."""
     settings = load_settings(RelaySettings)
     configure_logging(settings.log_level, settings.log_format, service="relay")
-    if settings.relay_metrics_port is not None:
+    port = metrics_port if metrics_port is not None else settings.relay_metrics_port
+    if port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.relay_metrics_port, addr=settings.relay_metrics_host)
+        start_http_server(port, addr=settings.relay_metrics_host)
     pause_path = os.environ.get(TEST_ONLY_PAUSE_AFTER_ACK)
     hook = _pause_after_ack_hook(Path(pause_path)) if pause_path else None
     run_async(run_until_signalled(lambda stop: _run(settings, hook, stop)))
@@ -72,6 +82,10 @@ async def _run(settings: RelaySettings, hook: AfterAck | None, stop: asyncio.Eve
         wakeups=PgWakeups(settings),
         after_ack=hook,
     )
+    # The search-version lag is exported by every long-running process with a pool.
+    lag = asyncio.create_task(
+        run_search_lag_sampler(pool, stop, interval_seconds=settings.relay_metrics_interval_seconds)
+    )
     try:
         await relay.start()
         stopped = asyncio.create_task(relay.wait_stopped())
@@ -81,6 +95,9 @@ async def _run(settings: RelaySettings, hook: AfterAck | None, stop: asyncio.Eve
         with contextlib.suppress(asyncio.CancelledError):
             await signalled
     finally:
+        lag.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lag
         await relay.stop()
         await pool.close()
     if relay.failure is not None:
