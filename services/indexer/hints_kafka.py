@@ -12,13 +12,16 @@ import asyncio
 import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 
 from services.indexer.hints import HintMessage
 from services.runtime.errors import KafkaUnavailable
 from services.runtime.events import index_hints_topic, indexer_consumer_group
 from services.runtime.kafka import kafka_client_kwargs
+from services.runtime.logging import get_logger
 from services.runtime.settings import RuntimeSettings
+
+log = get_logger(__name__)
 
 
 class KafkaHintSource:
@@ -35,10 +38,10 @@ class KafkaHintSource:
         *,
         probe_after_seconds: float = 5.0,
         request_timeout_seconds: float = 5.0,
+        join_timeout_seconds: float = 30.0,
     ) -> KafkaHintSource:
         prefix = settings.kafka_topic_prefix
         consumer = AIOKafkaConsumer(
-            index_hints_topic(tier, prefix),
             # The group carries the topic prefix too: test runs and side-by-side
             # deployments on one cluster must not share a tier's group.
             group_id=prefix + indexer_consumer_group(tier),
@@ -51,12 +54,26 @@ class KafkaHintSource:
             max_partition_fetch_bytes=1024 * 1024,
             **kafka_client_kwargs(settings),
         )
+        assigned = _Assigned()
         try:
             await consumer.start()
+            consumer.subscribe([index_hints_topic(tier, prefix)], listener=assigned)
         except BaseException:
             await consumer.stop()
             raise
-        return cls(consumer, probe_after_seconds=probe_after_seconds)
+        source = cls(consumer, probe_after_seconds=probe_after_seconds)
+        # Joined once the group assigned partitions and their start positions are fixed:
+        # hints sent from then on are read. Bounded: a slow join only costs latency.
+        try:
+            async with asyncio.timeout(join_timeout_seconds):
+                await assigned.event.wait()
+                await source.joined()
+        except TimeoutError:
+            log.warning("hints.join_slow", tier=tier, waited_seconds=join_timeout_seconds)
+        except BaseException:
+            await consumer.stop()
+            raise
+        return source
 
     async def read(self, timeout_seconds: float) -> list[HintMessage]:
         batches = await self._consumer.getmany(
@@ -77,7 +94,7 @@ class KafkaHintSource:
 
     async def joined(self) -> bool:
         """Whether the group gave us partitions and their start positions are fixed: hints
-        sent from then on are read (tests wait for this; production need not)."""
+        sent from then on are read."""
         assigned = self._consumer.assignment()
         for partition in assigned:
             await self._consumer.position(partition)
@@ -98,6 +115,20 @@ class KafkaHintSource:
             raise KafkaUnavailable(f"no Kafka broker answers: {error!r}") from error
         if ok is None:
             raise KafkaUnavailable("no Kafka broker answers a metadata request")
+
+
+class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Sets ``event`` when the group assigns this consumer its first partitions."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        if assigned:
+            self.event.set()
 
 
 def _headers(headers: Any) -> dict[str, bytes]:

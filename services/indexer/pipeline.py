@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from services.indexer import metrics
 from services.indexer.chunking import Chunk, ChunkingStrategy
 from services.indexer.embedding.batching import embed_batched
 from services.indexer.embedding.port import Embedder, Vectors
@@ -26,6 +27,7 @@ from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.indexer.tokens import load_token_counter
 from services.runtime.logging import get_logger
 from services.runtime.media_types import normalise_media_type
+from services.runtime.transaction import Transaction
 
 log = get_logger(__name__)
 
@@ -122,7 +124,9 @@ class PipelineIndexer:
             "document_id": str(lease.document_id),
             "version_number": lease.version_number,
         }
+        started = time.perf_counter()
         version = await self._load(lease)
+        metrics.STAGE_SECONDS.labels(lease.tier, "load").observe(time.perf_counter() - started)
 
         started = time.perf_counter()
         chunks = await self._parse_pool.parse_and_chunk(
@@ -140,6 +144,8 @@ class PipelineIndexer:
             chunks=len(chunks),
             duration_ms=_ms_since(started),
         )
+        # Parsing and chunking run together in the parse process: one stage for both.
+        metrics.STAGE_SECONDS.labels(lease.tier, "parse").observe(time.perf_counter() - started)
         del version  # the bytes are not needed any more: a big document frees them now
         if not chunks:
             raise IndexingFailed(ErrorCode.DOCUMENT_EMPTY, "the document has no text to index")
@@ -155,12 +161,24 @@ class PipelineIndexer:
             embedding_model=self.generation.embedding_model,
             duration_ms=_ms_since(started),
         )
+        metrics.STAGE_SECONDS.labels(lease.tier, "embed").observe(time.perf_counter() - started)
+        metrics.CHUNKS_PER_TASK.labels(lease.tier, "indexed").observe(len(chunks))
+        metrics.CHUNKS_PER_TASK.labels(lease.tier, "embedded").observe(embedded)
+        metrics.EMBEDDING_BATCHES_PER_TASK.labels(lease.tier).observe(
+            -(-embedded // self._batch_size) if embedded else 0
+        )
         # Building the write's records is CPU work proportional to the document: off the
         # loop, which must stay free for heartbeats.
         write = await asyncio.to_thread(
             self._sink.writer, lease, self.generation, chunks, embeddings
         )
-        return IndexingOutcome(write=write)
+
+        async def timed_write(transaction: Transaction) -> None:
+            began = time.perf_counter()
+            await write(transaction)
+            metrics.STAGE_SECONDS.labels(lease.tier, "sink").observe(time.perf_counter() - began)
+
+        return IndexingOutcome(write=timed_write)
 
     async def _load(self, lease: Lease) -> StoredVersion:
         version = await self._source.load(lease.tenant_id, lease.document_id, lease.version_number)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import generate_latest
+from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.publisher.metrics import PublisherMetrics
@@ -44,4 +44,6 @@ async def readyz(request: Request) -> HealthResponse | JSONResponse:
 async def metrics(request: Request) -> Response:
     registry = request.app.state.metrics
     assert isinstance(registry, PublisherMetrics)
-    return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)
+    # The app's own metrics, then the process-wide ones (process, search lag).
+    body = generate_latest(registry.registry) + generate_latest(REGISTRY)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

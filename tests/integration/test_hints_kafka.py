@@ -63,11 +63,8 @@ async def consuming(
 
     async def connect() -> KafkaHintSource:
         source = await KafkaHintSource.connect(settings, tier)
-        # "latest" is fixed only once the group assigned partitions and their positions
-        # are resolved: a hint sent before that may be skipped (the poll timer covers it).
-        async with asyncio.timeout(30):
-            while not await source.joined():
-                await source.read(0.1)
+        # connect waits until the group assigned partitions and fixed their positions.
+        assert await source.joined()
         return source
 
     consumer = HintConsumer(
