@@ -107,7 +107,11 @@ def latency_chart(data: Sequence[LatencyBucket]) -> str:
     top = max([*values, 1.0])
     plot_w, plot_h = WIDTH - LEFT - 10, HEIGHT - BOTTOM - TOP
     step = plot_w / max(len(data), 1)
-    parts = [_frame(f"{top:.1f}s", "publish → searchable, p50 and p99 per 5 minutes")]
+    parts = [
+        _frame(f"{top:.1f}s", "publish → searchable per 5 minutes:"),
+        f'<text class="caption p50" x="{LEFT + 230}" y="{HEIGHT - 4}">● p50</text>',
+        f'<text class="caption p99" x="{LEFT + 280}" y="{HEIGHT - 4}">● p99</text>',
+    ]
     series: dict[str, list[float | None]] = {
         "p50": [b.p50 for b in data],
         "p99": [b.p99 for b in data],
