@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from services.relay.ports import Lease, OutboxRecord, Progress, WindowBatch
 from services.relay.relay import Relay
 from services.relay.settings import LOCAL_LEASE_SHARE
-from tests.unit.relay.fakes import FakeLeaseStore, FakeWakeups, FlakySink, LogSource
+from tests.fakes.relay import FakeLeaseStore, FakeWakeups, FlakySink, LogSource
 from tests.unit.relay.test_relay_loop import Harness
 
 LEASE_S = 1.0

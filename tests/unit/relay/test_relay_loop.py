@@ -14,7 +14,7 @@ from services.relay.relay import Relay
 from services.relay.replay import ReplayInterrupted, replay
 from services.relay.settings import RelaySettings
 from services.runtime.backoff import Backoff
-from tests.unit.relay.fakes import (
+from tests.fakes.relay import (
     INITIAL_SNAPSHOT,
     FakeLeaseStore,
     FakeWakeups,

@@ -7,7 +7,7 @@ import asyncio
 
 from prometheus_client import REGISTRY
 
-from tests.unit.relay.fakes import FlakySink
+from tests.fakes.relay import FlakySink
 from tests.unit.relay.test_relay_loop import Harness
 
 

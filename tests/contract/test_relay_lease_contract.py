@@ -13,7 +13,7 @@ from services.relay.outbox_pg import PgLeaseStore, create_relay_pool
 from services.relay.ports import Lease, Progress
 from services.runtime.errors import ConfigError
 from services.runtime.settings import RuntimeSettings
-from tests.unit.relay.fakes import FakeLeaseStore
+from tests.fakes.relay import FakeLeaseStore
 
 pytestmark = pytest.mark.integration
 
