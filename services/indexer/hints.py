@@ -143,8 +143,7 @@ class HintConsumer:
                     await asyncio.wait_for(stop.wait(), delay)
             finally:
                 if source is not None:
-                    with contextlib.suppress(Exception):
-                        await source.close()
+                    await _close(source)
         self._set_connected(False)
 
     def handle(self, messages: Iterable[HintMessage]) -> bool:
@@ -204,3 +203,16 @@ class HintConsumer:
                 log.info("hints.connected", tier=self.tier)
             if self._on_change is not None:
                 self._on_change(self.stats)
+
+
+async def _close(source: HintSource) -> None:
+    """Close a source whatever it raises, except a cancellation of this very task: a
+    client library's own cancelled internals must not end the consumer."""
+    try:
+        await source.close()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    except Exception:
+        pass

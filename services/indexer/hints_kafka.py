@@ -59,7 +59,7 @@ class KafkaHintSource:
             await consumer.start()
             consumer.subscribe([index_hints_topic(tier, prefix)], listener=assigned)
         except BaseException:
-            await consumer.stop()
+            await _stop(consumer)
             raise
         source = cls(consumer, probe_after_seconds=probe_after_seconds)
         # Joined once the group assigned partitions and their start positions are fixed:
@@ -71,7 +71,7 @@ class KafkaHintSource:
         except TimeoutError:
             log.warning("hints.join_slow", tier=tier, waited_seconds=join_timeout_seconds)
         except BaseException:
-            await consumer.stop()
+            await _stop(consumer)
             raise
         return source
 
@@ -104,7 +104,7 @@ class KafkaHintSource:
         await self._consumer.commit()
 
     async def close(self) -> None:
-        await self._consumer.stop()
+        await _stop(self._consumer)
 
     async def _probe(self) -> None:
         """Raise ``KafkaUnavailable`` when no broker answers a metadata request in time."""
@@ -129,6 +129,18 @@ class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: Any) -> None:
         if assigned:
             self.event.set()
+
+
+async def _stop(consumer: AIOKafkaConsumer) -> None:
+    """Stop the consumer. With the broker gone, aiokafka's stop() can re-raise the
+    cancellation of its own fetch task; that is not a cancellation of ours, and letting it
+    out would end the hint consumer (and with it the indexer) on a mere Kafka outage."""
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
 
 
 def _headers(headers: Any) -> dict[str, bytes]:

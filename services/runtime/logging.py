@@ -37,6 +37,34 @@ def configure_logging(level: str = "info", fmt: str = "json", *, service: str = 
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.bind_contextvars(service=service)
+    _route_library_logs(_LEVELS[level], renderer)
+
+
+# Client libraries log every failed reconnect while a broker is away (several a second);
+# our own code logs an outage once, with its action name, and counts it in a metric.
+_QUIET_UNLESS_DEBUG = ("aiokafka", "kafka")
+
+
+def _route_library_logs(level: int, renderer: Any) -> None:
+    """Standard-library loggers (uvicorn, aiokafka, asyncio) render like ours: one JSON
+    object per line on stderr, with a timestamp and a level."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processor=renderer,
+            foreign_pre_chain=[
+                structlog.contextvars.merge_contextvars,
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for name in _QUIET_UNLESS_DEBUG:
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.CRITICAL)
 
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:

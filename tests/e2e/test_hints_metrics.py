@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from services.devstack.kafka import LocalKafka
+from services.devstack.settings import DevStackSettings
 from tests.e2e.test_searchable import kb, started, wait_ready
 from tests.support.api import free_port
 
@@ -50,7 +52,8 @@ async def scrape(client: httpx.AsyncClient, url: str) -> str:
 
 
 async def until(client: httpx.AsyncClient, url: str, check: Any, what: str) -> str:
-    async with asyncio.timeout(60):
+    # Generous: a broker restart and the group's rejoin take tens of seconds on 2 cores.
+    async with asyncio.timeout(120):
         while True:
             try:
                 text = await scrape(client, url)
@@ -226,3 +229,85 @@ async def test_with_kafka_unreachable_the_indexer_works_by_polling_and_says_so(
     outages = [line for line in log.read_text().splitlines() if '"hints.unavailable"' in line]
     assert outages, "the outage is logged"
     assert len(outages) < 5, "logged once per outage, not once per retry"
+
+
+async def test_hints_resume_after_kafka_restarts_without_restarting_the_indexer(
+    service_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A Kafka of this test's own, stopped and started again under a running indexer whose
+    poll timer is 60 s: the gauge says hints are off while it is down, and once it is back a
+    published document is indexed in seconds, so hints resumed by themselves."""
+    kafka = LocalKafka(
+        DevStackSettings(
+            home=tmp_path / "dev", kafka_port=free_port(), kafka_controller_port=free_port()
+        )
+    )
+    # LocalKafka is synchronous (it runs an event loop of its own to wait for the broker).
+    bootstrap = (await asyncio.to_thread(kafka.up)).url
+    assert bootstrap is not None
+    try:
+        env = {
+            **service_env,
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "KB_EMBEDDING_PROVIDER": "hashing",
+            "KB_LOG_FORMAT": "json",
+        }
+        created = kb(env, "tenants", "create", "acme", "--tier", "standard")
+        assert created.returncode == 0, created.stderr
+        headers = {"Authorization": f"Bearer {created.stdout.strip().removeprefix('KB_API_KEY=')}"}
+        api_port, indexer_port = free_port(), free_port()
+        api = f"http://127.0.0.1:{api_port}"
+        indexer_metrics = f"http://127.0.0.1:{indexer_port}/metrics"
+        indexer_env = {
+            **env,
+            "KB_INDEXER_POLL_SECONDS": "60",
+            "KB_INDEXER_IDLE_BACKOFF_MIN_SECONDS": "60",
+        }
+        with ExitStack() as services:
+            server = services.enter_context(
+                started(env, tmp_path / "api.log", "serve", "--port", str(api_port))
+            )
+            services.enter_context(started(env, tmp_path / "relay.log", "relay", "run"))
+            services.enter_context(
+                started(
+                    indexer_env,
+                    tmp_path / "indexer.log",
+                    "indexer",
+                    "run",
+                    "--tier",
+                    "standard",
+                    "--metrics-port",
+                    str(indexer_port),
+                )
+            )
+            await wait_ready(api, server, tmp_path / "api.log")
+            async with httpx.AsyncClient(timeout=10) as client:
+                connected = "kb_indexer_hints_connected"
+                await until(
+                    client, indexer_metrics, lambda t: value(t, connected) == 1, "connected"
+                )
+                await asyncio.to_thread(kafka.down)
+                await until(client, indexer_metrics, lambda t: value(t, connected) == 0, "off")
+                assert (await asyncio.to_thread(kafka.up)).running
+                await until(client, indexer_metrics, lambda t: value(t, connected) == 1, "back")
+                base = f"{api}/v1/tenants/acme"
+                uploaded = await client.post(
+                    f"{base}/documents",
+                    files={"file": ("n.md", b"# Notice\n\nThe depot opens at 7.", "text/markdown")},
+                    data={"title": "Notice"},
+                    headers=headers,
+                )
+                document = uploaded.json()["documentId"]
+                await client.post(
+                    f"{base}/documents/{document}/versions/1/publish",
+                    json={"revision": 1, "acl": {"read": ["group:all"]}},
+                    headers=headers,
+                )
+                async with asyncio.timeout(HINTED_WITHIN):
+                    while True:
+                        status = await client.get(f"{base}/documents/{document}", headers=headers)
+                        if status.json()["indexStatus"] == "SEARCHABLE":
+                            break
+                        await asyncio.sleep(0.1)
+    finally:
+        await asyncio.to_thread(kafka.down)

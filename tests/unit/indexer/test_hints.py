@@ -125,6 +125,8 @@ class FlakySource:
 
     async def close(self) -> None:
         self.closed += 1
+        # As aiokafka's stop() does with the broker gone: its fetch task's cancellation.
+        raise asyncio.CancelledError
 
 
 async def test_an_outage_is_survived_reported_and_hints_resume() -> None:
