@@ -153,7 +153,7 @@ class DemoStack:
             "KB_EMBEDDING_MODEL": MODEL,
             "KB_EMBEDDING_DIMENSIONS": "384",
             # Short timers so the story's retries and takeover happen in seconds.
-            "KB_INDEXER_LEASE_SECONDS": "6",
+            "KB_INDEXER_LEASE_SECONDS": "4",
             "KB_INDEXER_POLL_SECONDS": "1",
             "KB_INDEXER_BACKOFF_BASE_SECONDS": "1",
             "KB_INDEXER_BACKOFF_CAP_SECONDS": "2",

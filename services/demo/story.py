@@ -225,7 +225,7 @@ class Demo:
             )
 
 
-def handbook_text(sections: int = 240) -> str:
+def handbook_text(sections: int = 160) -> str:
     """A long document with distinct sections: long enough to be killed in the middle of."""
     sites = ["Lisbon", "Oslo", "Graz", "Tartu", "Lyon", "Cork", "Turku", "Brno"]
     parts = ["# Field operations handbook\n"]

@@ -48,7 +48,7 @@ _QUIET_UNLESS_DEBUG = ("aiokafka", "kafka")
 def _route_library_logs(level: int, renderer: Any) -> None:
     """Standard-library loggers (uvicorn, aiokafka, asyncio) render like ours: one JSON
     object per line on stderr, with a timestamp and a level."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processor=renderer,
@@ -65,6 +65,21 @@ def _route_library_logs(level: int, renderer: Any) -> None:
     root.setLevel(level)
     for name in _QUIET_UNLESS_DEBUG:
         logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.CRITICAL)
+    # A parser's per-token tracing, never useful in our logs.
+    logging.getLogger("markdown_it").setLevel(logging.WARNING)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (not when logging was
+    configured), so a replaced or captured stderr never leaves it writing to a closed file."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:

@@ -64,6 +64,36 @@ async def until(client: httpx.AsyncClient, url: str, check: Any, what: str) -> s
             await asyncio.sleep(0.2)  # another process: polling is the only signal there is
 
 
+async def publish_notice(client: httpx.AsyncClient, base: str, headers: dict[str, str]) -> str:
+    """Upload and publish a one-paragraph document; its id."""
+    uploaded = await client.post(
+        f"{base}/documents",
+        files={"file": ("notice.md", b"# Notice\n\nThe depot opens at 7.", "text/markdown")},
+        data={"title": "Notice"},
+        headers=headers,
+    )
+    assert uploaded.status_code == 201, uploaded.text
+    document: str = uploaded.json()["documentId"]
+    published = await client.post(
+        f"{base}/documents/{document}/versions/1/publish",
+        json={"revision": 1, "acl": {"read": ["group:all"]}},
+        headers=headers,
+    )
+    assert published.status_code == 202, published.text
+    return document
+
+
+async def searchable_within(
+    client: httpx.AsyncClient, base: str, headers: dict[str, str], document: str, seconds: float
+) -> None:
+    async with asyncio.timeout(seconds):
+        while True:
+            status = await client.get(f"{base}/documents/{document}", headers=headers)
+            if status.json()["indexStatus"] == "SEARCHABLE":
+                return
+            await asyncio.sleep(0.1)  # another process: polling is the only signal there is
+
+
 async def test_a_hint_wakes_the_indexer_and_every_metrics_endpoint_moves(
     service_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -110,28 +140,8 @@ async def test_a_hint_wakes_the_indexer_and_every_metrics_endpoint_moves(
                 "the hint consumer to connect",
             )
             base = f"{api}/v1/tenants/acme"
-            uploaded = await client.post(
-                f"{base}/documents",
-                files={
-                    "file": ("notice.md", b"# Notice\n\nThe depot opens at 7.", "text/markdown")
-                },
-                data={"title": "Notice"},
-                headers=headers,
-            )
-            assert uploaded.status_code == 201, uploaded.text
-            document = uploaded.json()["documentId"]
-            published = await client.post(
-                f"{base}/documents/{document}/versions/1/publish",
-                json={"revision": 1, "acl": {"read": ["group:all"]}},
-                headers=headers,
-            )
-            assert published.status_code == 202, published.text
-            async with asyncio.timeout(HINTED_WITHIN):
-                while True:
-                    status = await client.get(f"{base}/documents/{document}", headers=headers)
-                    if status.json()["indexStatus"] == "SEARCHABLE":
-                        break
-                    await asyncio.sleep(0.1)
+            document = await publish_notice(client, base, headers)
+            await searchable_within(client, base, headers, document, HINTED_WITHIN)
 
             indexed = await until(
                 client,
@@ -203,26 +213,8 @@ async def test_with_kafka_unreachable_the_indexer_works_by_polling_and_says_so(
         await wait_ready(api, server, tmp_path / "api.log")
         async with httpx.AsyncClient(timeout=10) as client:
             base = f"{api}/v1/tenants/acme"
-            uploaded = await client.post(
-                f"{base}/documents",
-                files={
-                    "file": ("notice.md", b"# Notice\n\nThe depot opens at 7.", "text/markdown")
-                },
-                data={"title": "Notice"},
-                headers=headers,
-            )
-            document = uploaded.json()["documentId"]
-            await client.post(
-                f"{base}/documents/{document}/versions/1/publish",
-                json={"revision": 1, "acl": {"read": ["group:all"]}},
-                headers=headers,
-            )
-            async with asyncio.timeout(60):
-                while True:
-                    status = await client.get(f"{base}/documents/{document}", headers=headers)
-                    if status.json()["indexStatus"] == "SEARCHABLE":
-                        break
-                    await asyncio.sleep(0.1)
+            document = await publish_notice(client, base, headers)
+            await searchable_within(client, base, headers, document, 60)
             text = await scrape(client, indexer_metrics)
         assert value(text, "kb_indexer_hints_connected", tier="standard") == 0
         assert value(text, "kb_indexer_task_results_total", result="succeeded") == 1
@@ -291,23 +283,7 @@ async def test_hints_resume_after_kafka_restarts_without_restarting_the_indexer(
                 assert (await asyncio.to_thread(kafka.up)).running
                 await until(client, indexer_metrics, lambda t: value(t, connected) == 1, "back")
                 base = f"{api}/v1/tenants/acme"
-                uploaded = await client.post(
-                    f"{base}/documents",
-                    files={"file": ("n.md", b"# Notice\n\nThe depot opens at 7.", "text/markdown")},
-                    data={"title": "Notice"},
-                    headers=headers,
-                )
-                document = uploaded.json()["documentId"]
-                await client.post(
-                    f"{base}/documents/{document}/versions/1/publish",
-                    json={"revision": 1, "acl": {"read": ["group:all"]}},
-                    headers=headers,
-                )
-                async with asyncio.timeout(HINTED_WITHIN):
-                    while True:
-                        status = await client.get(f"{base}/documents/{document}", headers=headers)
-                        if status.json()["indexStatus"] == "SEARCHABLE":
-                            break
-                        await asyncio.sleep(0.1)
+                document = await publish_notice(client, base, headers)
+                await searchable_within(client, base, headers, document, HINTED_WITHIN)
     finally:
         await asyncio.to_thread(kafka.down)

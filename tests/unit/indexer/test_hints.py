@@ -169,5 +169,5 @@ async def test_an_outage_is_survived_reported_and_hints_resume() -> None:
     assert second.closed == 1
     assert hints.stats.connected is False
     assert hints.stats.outages == 3  # at start, after the first source, after the second
-    assert True in states
+    assert states.count(True) >= 1  # it was connected at some point
     assert states[-1] is False
