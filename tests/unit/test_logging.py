@@ -21,7 +21,7 @@ def test_library_logs_are_json_on_the_current_stderr_without_tracing_noise(
     now = io.StringIO()
     monkeypatch.setattr("sys.stderr", now)
 
-    logging.getLogger("uvicorn.error").warning("port %s busy", 8080)
+    logging.getLogger("some.library").warning("port %s busy", 8080)
     logging.getLogger("aiokafka").error("Unable connect to node with id 1")  # per retry
     logging.getLogger("markdown_it").debug("entering code")
 
@@ -31,7 +31,7 @@ def test_library_logs_are_json_on_the_current_stderr_without_tracing_noise(
     assert entry["event"] == "port 8080 busy"
     assert (entry["level"], entry["logger"], entry["service"]) == (
         "warning",
-        "uvicorn.error",
+        "some.library",
         "test",
     )
 
