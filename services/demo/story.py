@@ -6,11 +6,13 @@ search, a signal for the crash. What it prints is what the API answered.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from services.demo.client import DOCX, MARKDOWN, ApiClient, Tenant
 from services.demo.console import Console, Step, StepFailed
+from services.demo.documents import handbook_text, refund_policy_docx
 from services.demo.stack import DemoStack
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -25,6 +27,8 @@ class Demo:
         self.console = console
         self.stack = DemoStack(home, api_port=api_port)
         self.api: ApiClient | None = None
+        # Stamped into the documents that must reach the provider (see documents.py).
+        self.edition = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
 
     def run(self) -> int:
         say = self.console.say
@@ -99,8 +103,12 @@ class Demo:
         with self.console.step("the provider answers 429 while v2 (DOCX) is published") as step:
             step.log = self.stack.log("indexer-standard")
             api.http.post(f"{self.stack.provider_url}/_control/throttle", json={"seconds": 4})
-            v2 = api.upload_file(
-                acme, EXAMPLES / "refund-policy" / "v2.docx", document_id=refund, media_type=DOCX
+            v2 = api.upload(
+                acme,
+                "refund-policy-v2.docx",
+                refund_policy_docx(EXAMPLES / "refund-policy" / "v2.txt", self.edition),
+                document_id=refund,
+                media_type=DOCX,
             )
             task_id = api.publish(acme, v2, [SUPPORT])["indexTaskId"]
             retrying = step.until(
@@ -156,7 +164,7 @@ class Demo:
             created = api.upload(
                 acme,
                 "handbook.md",
-                handbook_text().encode(),
+                handbook_text(self.edition).encode(),
                 title="Field operations handbook",
                 media_type=MARKDOWN,
             )
@@ -223,19 +231,3 @@ class Demo:
                 f"    {rank}. {hit['title']} v{hit['versionNumber']} > {heading}  "
                 f"(score {hit['score']:.4f})\n       “{text}”"
             )
-
-
-def handbook_text(sections: int = 160) -> str:
-    """A long document with distinct sections: long enough to be killed in the middle of."""
-    sites = ["Lisbon", "Oslo", "Graz", "Tartu", "Lyon", "Cork", "Turku", "Brno"]
-    parts = ["# Field operations handbook\n"]
-    for n in range(1, sections + 1):
-        site, bay = sites[n % len(sites)], n % 17 + 1
-        parts.append(
-            f"## Procedure {n}: {site} depot, bay {bay}\n\n"
-            f"Before shift {n}, the lead at the {site} depot checks bay {bay}, signs sheet "
-            f"{1000 + n} and confirms that pallet rack {n * 7 % 113} holds no more than "
-            f"{200 + n * 3} kilograms. Deviations go to the site manager within {n % 5 + 1} "
-            f"hours, with photos, and are reviewed at weekly meeting number {n}.\n"
-        )
-    return "\n".join(parts)
