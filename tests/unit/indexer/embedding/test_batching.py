@@ -9,34 +9,12 @@ from hypothesis import strategies as st
 
 from services.indexer.embedding import HashingEmbedder, Vectors, embed_batched, plan_batches
 from services.indexer.task import ErrorCode, IndexingFailed
-from services.indexer.tokens import TokenizerSpec
+from tests.support.pipeline import RecordingEmbedder
 
 
-class RecordingEmbedder:
+def recording(dimension: int = 16) -> RecordingEmbedder:
     """A HashingEmbedder that records each request it gets."""
-
-    def __init__(self, dimension: int = 16) -> None:
-        self.inner = HashingEmbedder(dimension)
-        self.requests: list[list[str]] = []
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def dimension(self) -> int:
-        return self.inner.dimension
-
-    @property
-    def tokenizer(self) -> TokenizerSpec:
-        return self.inner.tokenizer
-
-    async def embed(self, texts: Sequence[str]) -> Vectors:
-        self.requests.append(list(texts))
-        return await self.inner.embed(texts)
-
-    async def aclose(self) -> None:
-        return None
+    return RecordingEmbedder(HashingEmbedder(dimension))
 
 
 def words(text: str) -> int:
@@ -45,7 +23,7 @@ def words(text: str) -> int:
 
 async def test_rows_come_back_in_input_order_across_batches() -> None:
     texts = [f"text number {i}" for i in range(10)]
-    embedder = RecordingEmbedder()
+    embedder = recording()
     vectors = await embed_batched(embedder, texts, batch_size=3)
     assert [len(r) for r in embedder.requests] == [3, 3, 3, 1]
     np.testing.assert_array_equal(vectors, await HashingEmbedder(16).embed(texts))
@@ -53,14 +31,14 @@ async def test_rows_come_back_in_input_order_across_batches() -> None:
 
 async def test_token_budget_closes_a_batch_before_it_is_exceeded() -> None:
     texts = ["a b c", "d e", "f", "g h i j k l", "m"]
-    embedder = RecordingEmbedder()
+    embedder = recording()
     await embed_batched(embedder, texts, batch_size=10, max_batch_tokens=5, count_tokens=words)
     # a text over the budget (6 words) still goes, alone
     assert embedder.requests == [["a b c", "d e"], ["f"], ["g h i j k l"], ["m"]]
 
 
 async def test_no_texts_no_request() -> None:
-    embedder = RecordingEmbedder()
+    embedder = recording()
     vectors = await embed_batched(embedder, [], batch_size=4)
     assert vectors.shape == (0, 16)
     assert embedder.requests == []
@@ -72,7 +50,7 @@ async def test_a_batch_with_the_wrong_shape_is_an_invalid_response() -> None:
             return (await super().embed(texts))[:-1]
 
     with pytest.raises(IndexingFailed) as caught:
-        await embed_batched(Short(), ["a", "b"], batch_size=2)
+        await embed_batched(Short(HashingEmbedder(16)), ["a", "b"], batch_size=2)
     assert caught.value.code == ErrorCode.EMBEDDING_RESPONSE_INVALID
 
 
