@@ -300,12 +300,17 @@ class PgVectorSink:
 
 
 def switched_event_id(lease: Lease, generation: IndexGeneration) -> uuid.UUID:
+    """One id per switch. The lease attempt is part of it: a pointer switches to a version
+    once in normal operation, but a second time after a repair recreated a lost pointer
+    (`kb index check --repair` re-runs the version's task under a new lease attempt), and
+    that second switch is an event of its own, not a duplicate of the first."""
     return event_id(
         DOCUMENT_SEARCH_VERSION_SWITCHED,
         lease.tenant_id,
         lease.document_id,
         lease.version_number,
         generation.embedding_model,
+        str(lease.lease_attempt),
     )
 
 
