@@ -179,6 +179,7 @@ async def test_one_fenced_commit_makes_the_version_searchable(
         created.document_id,
         1,
         GENERATION.embedding_model,
+        lease.lease_attempt,
     )
     assert event["event_id"] == expected_id
     assert event["tenant_id"] == created.tenant_id
