@@ -29,6 +29,9 @@ QUERIES = queries_beside(__file__, "search.sql")
 TEMPLATE_MODEL: Final = "search-template-model"
 TEMPLATE_DIMENSION: Final = 1
 _ALIASES: Final = ("s", "c")
+# keyword_terms' columns, in search_candidates' parameter order ($9..$13).
+_KEYWORD_TERMS: Final = ("strict", "any_word", "rarest_word", "ranking", "lexemes")
+_KEYWORD_TERMS_NONE: Final = (None,) * len(_KEYWORD_TERMS)
 
 
 class SearchSettings(RuntimeSettings):
@@ -37,6 +40,11 @@ class SearchSettings(RuntimeSettings):
     # How many index tuples an iterative scan may visit before it gives up: bounds the cost
     # of a search whose principals may read only a sliver of the tenant.
     search_max_scan_tuples: int = Field(default=20_000, ge=1_000, le=10_000_000)
+    # How many chunks matching the query's words the keyword list ranks at most, of each
+    # kind (all words; any of the rarer words): bounds a keyword search's cost whatever the
+    # query, at the price of ranking only that many of the matches of very common words.
+    # A search ranks at least its depth.
+    search_keyword_candidates: int = Field(default=1000, ge=10, le=100_000)
     # How long a search waits for a connection before answering 503.
     search_acquire_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
 
@@ -94,6 +102,7 @@ class PgSearchIndex:
         flt = request.filter
         settings = self._settings
         ef_search = min(1000, max(settings.search_ef_search, request.depth))
+        cap = max(settings.search_keyword_candidates, request.depth)
         with translate_db_errors():
             async with (
                 self._pool.acquire(timeout=settings.search_acquire_timeout_seconds) as conn,
@@ -104,6 +113,11 @@ class PgSearchIndex:
                     ef_search,
                     settings.search_max_scan_tuples,
                 )
+                terms = None
+                if request.mode.uses_keyword:
+                    terms = await conn.fetchrow(
+                        QUERIES["keyword_terms"], request.tenant_id, request.query, cap
+                    )
                 rows = await conn.fetch(
                     self._sql,
                     request.tenant_id,
@@ -113,8 +127,9 @@ class PgSearchIndex:
                     list(flt.document_ids) if flt.document_ids is not None else None,
                     list(flt.heading_prefix) if flt.heading_prefix is not None else None,
                     request.mode.uses_vector,
-                    request.mode.uses_keyword,
-                    request.query,
+                    terms is not None,
+                    *(_KEYWORD_TERMS_NONE if terms is None else (terms[t] for t in _KEYWORD_TERMS)),
+                    cap,
                 )
         vector_list: list[Candidate] = []
         keyword_list: list[Candidate] = []
@@ -128,6 +143,7 @@ class PgSearchIndex:
                 text=row["text"],
                 rank=row["rank"],
                 score=float(row["score"]),
+                coverage=row["coverage"],
             )
             (vector_list if row["list"] == SearchMode.VECTOR.value else keyword_list).append(
                 candidate
