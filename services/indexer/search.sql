@@ -124,16 +124,26 @@ keyword_candidate AS MATERIALIZED (
         AND NOT coalesce(c.search_document @@ $10::tsquery, false)
       LIMIT $14)
 ),
+-- Read each candidate's tsvector once (decompressing it is most of the cost of a test
+-- on it): ts_rank against the OR of the query's lexemes, and which of them it holds --
+-- setweight marks the query's lexemes 'C' (chunks only carry A and B) and ts_filter keeps
+-- those.
+keyword_held AS MATERIALIZED (
+    SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
+           coalesce(ts_rank(c.search_document, $12::tsquery, 32), 0) AS closeness,
+           tsvector_to_array(ts_filter(setweight(c.search_document, 'C', $13::text[]), '{C}'))
+               AS held
+      FROM keyword_candidate c
+),
 -- Each lexeme of the query weighs by how rare it is among the candidates (BM25's idf over
 -- the candidate set): "refund" among chunks that all say "policy" is what tells them apart.
 keyword_weight AS MATERIALIZED (
-    SELECT l.query, d.holding,
-           ln(1 + (n.total - d.holding + 0.5) / (d.holding + 0.5)) AS weight
-      FROM unnest($13::tsquery[]) AS l(query)
-     CROSS JOIN (SELECT count(*) AS total FROM keyword_candidate) n
+    SELECT l.lexeme, ln(1 + (n.total - d.holding + 0.5) / (d.holding + 0.5)) AS weight
+      FROM unnest($13::text[]) AS l(lexeme)
+     CROSS JOIN (SELECT count(*) AS total FROM keyword_held) n
      CROSS JOIN LATERAL (SELECT count(*) AS holding
-                           FROM keyword_candidate c
-                          WHERE c.search_document @@ l.query) d
+                           FROM keyword_held h
+                          WHERE l.lexeme = ANY (h.held)) d
 ),
 -- The score: the weights of the query's lexemes the chunk holds, plus how often and where
 -- it holds them (ts_rank against their OR, normalised into [0, 1); a heading weighs more
@@ -142,15 +152,15 @@ keyword_weight AS MATERIALIZED (
 -- coverage: the share of the weight of all the query's lexemes that the chunk holds (a word
 -- no candidate holds weighs most); hybrid search fuses only chunks covering enough of it.
 keyword_list AS (
-    SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
-           m.matched + coalesce(ts_rank(c.search_document, $12::tsquery, 32), 0) AS rank,
+    SELECT h.document_id, h.version_number, h.chunk_id, h.heading_path, h.text,
+           m.matched + h.closeness AS rank,
            m.matched / nullif(t.total, 0) AS coverage
-      FROM keyword_candidate c
+      FROM keyword_held h
      CROSS JOIN (SELECT sum(w.weight) AS total FROM keyword_weight w) t
      CROSS JOIN LATERAL (SELECT coalesce(sum(w.weight), 0) AS matched
                            FROM keyword_weight w
-                          WHERE c.search_document @@ w.query) m
-     ORDER BY rank DESC, c.document_id, c.chunk_id
+                          WHERE w.lexeme = ANY (h.held)) m
+     ORDER BY rank DESC, h.document_id, h.chunk_id
      LIMIT $4
 ),
 ranked AS (
@@ -187,8 +197,8 @@ SELECT x.list, x.rank, x.score::float8 AS score, x.coverage, x.document_id, d.ti
 -- bring candidates from most of the table, crowding out the telling ones); NULL otherwise.
 -- rarest_word: for a natural question, the rarest of its other lexemes, if any.
 -- ranking: the OR of its lexemes, what ts_rank weighs the chunk's occurrences against.
--- lexemes: each lexeme of the text under the tenant's configuration (stop words dropped,
--- words stemmed) as a query of its own; the ranking weighs each by its rarity.
+-- lexemes: the lexemes of the text under the tenant's configuration (stop words dropped,
+-- words stemmed); the ranking weighs each by its rarity.
 --
 -- How many chunks hold a lexeme is estimated from the statistics ANALYZE keeps on the
 -- tsvector column (the fraction of rows holding each of the table's commonest lexemes; any
@@ -240,5 +250,5 @@ SELECT CASE WHEN numnode(q.strict) > 0 THEN q.strict::text END AS strict,
        CASE WHEN NOT q.syntax THEN r.any_word END AS any_word,
        CASE WHEN NOT q.syntax THEN c.rarest_word END AS rarest_word,
        (SELECT string_agg(l.query::text, ' | ') FROM lexeme l) AS ranking,
-       ARRAY(SELECT l.query::text FROM lexeme l ORDER BY l.lexeme) AS lexemes
+       ARRAY(SELECT l.lexeme FROM lexeme l ORDER BY l.lexeme) AS lexemes
   FROM query q, rare r, rarest_common c;

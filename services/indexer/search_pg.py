@@ -44,7 +44,7 @@ class SearchSettings(RuntimeSettings):
     # kind (all words; any of the rarer words): bounds a keyword search's cost whatever the
     # query, at the price of ranking only that many of the matches of very common words.
     # A search ranks at least its depth.
-    search_keyword_candidates: int = Field(default=1000, ge=10, le=100_000)
+    search_keyword_candidates: int = Field(default=250, ge=10, le=100_000)
     # How long a search waits for a connection before answering 503.
     search_acquire_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
 
