@@ -176,11 +176,56 @@ ranked AS (
            k.document_id, k.version_number, k.chunk_id, k.heading_path, k.text
       FROM keyword_list k
 )
-SELECT x.list, x.rank, x.score::float8 AS score, x.coverage, x.document_id, d.title, x.version_number,
-       x.chunk_id, x.heading_path, x.text
+SELECT x.list, x.rank, x.score::float8 AS score, x.coverage, x.document_id, d.title,
+       x.version_number, x.chunk_id, x.heading_path, x.text
   FROM ranked x
   JOIN document d ON d.tenant_id = $1 AND d.document_id = x.document_id
  ORDER BY x.list, x.rank;
+
+-- name: search_vector_candidates
+-- Vector mode: search_candidates' vector list alone -- the same text (a unit test holds
+-- them equal), the same parameters $1 to $7 -- so that a vector search does not pay for
+-- planning the keyword list.
+WITH vector_list AS (
+    SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
+           (c.embedding::vector(1)) <=> $3::vector AS distance
+      FROM knowledge_chunk c
+     WHERE $7::boolean
+       AND c.tenant_id = $1
+       AND c.embedding_model = 'search-template-model'
+       AND ($5::uuid[] IS NULL OR c.document_id = ANY ($5::uuid[]))
+       AND ($6::text[] IS NULL OR c.heading_path[1:cardinality($6::text[])] = $6::text[])
+       -- The chunk belongs to its document's current search version (same model, same
+       -- chunking strategy) ...
+       AND EXISTS (
+             SELECT 1
+               FROM document_search_version s
+              WHERE s.tenant_id = c.tenant_id
+                AND s.document_id = c.document_id
+                AND s.version_number = c.version_number
+                AND s.embedding_model = 'search-template-model'
+                AND s.chunking_strategy = c.chunking_strategy)
+       -- ... and these principals may READ the document. Both are filters of the scan,
+       -- before the LIMIT: an HNSW scan probes them per candidate (two primary-key
+       -- lookups) and, iterating, goes on until it has $4 rows that pass; a selective ACL
+       -- lets the planner start from the ACL instead and rank that document set exactly.
+       AND EXISTS (
+             SELECT 1
+               FROM document_acl a
+              WHERE a.tenant_id = c.tenant_id
+                AND a.document_id = c.document_id
+                AND a.permission = 'READ'
+                AND a.principal = ANY ($2::text[]))
+     ORDER BY (c.embedding::vector(1)) <=> $3::vector
+     LIMIT $4
+)
+SELECT 'vector' AS list,
+       row_number() OVER (ORDER BY v.distance, v.document_id, v.chunk_id) AS rank,
+       (1 - v.distance)::float8 AS score, NULL::float8 AS coverage,
+       v.document_id, d.title, v.version_number, v.chunk_id, v.heading_path, v.text
+  FROM vector_list v
+  JOIN document d ON d.tenant_id = $1 AND d.document_id = v.document_id
+ ORDER BY rank;
 
 -- name: keyword_terms
 -- The keyword list's queries, read before search_candidates in the same transaction so that

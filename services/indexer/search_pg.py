@@ -30,8 +30,8 @@ TEMPLATE_MODEL: Final = "search-template-model"
 TEMPLATE_DIMENSION: Final = 1
 _ALIASES: Final = ("s", "c")
 # keyword_terms' columns, in search_candidates' parameter order ($9..$13).
-_KEYWORD_TERMS: Final = ("strict", "any_word", "rarest_word", "ranking", "lexemes")
-_KEYWORD_TERMS_NONE: Final = (None,) * len(_KEYWORD_TERMS)
+_TERMS: Final = ("strict", "any_word", "rarest_word", "ranking", "lexemes")
+_NO_KEYWORD_TERMS: Final = (None,) * len(_TERMS)
 
 
 class SearchSettings(RuntimeSettings):
@@ -50,11 +50,12 @@ class SearchSettings(RuntimeSettings):
 
 
 @cache
-def specialised_search_sql(model: str, dimension: int) -> str:
-    """``search_candidates`` with the model's predicate and vector expression as literals,
-    built from ann_index (which admits only safe model names), never from user input; one
-    text per model, so the server can cache its plan shape."""
-    sql = QUERIES["search_candidates"]
+def specialised_search_sql(model: str, dimension: int, name: str = "search_candidates") -> str:
+    """``search_candidates`` (or ``search_vector_candidates``) with the model's predicate
+    and vector expression as literals, built from ann_index (which admits only safe model
+    names), never from user input; one text per model, so the server can cache its plan
+    shape."""
+    sql = QUERIES[name]
     replacements = [
         (
             vector_expression(TEMPLATE_DIMENSION, "c.embedding"),
@@ -88,6 +89,9 @@ class PgSearchIndex:
         self._generation = generation
         self._settings = settings or SearchSettings()
         self._sql = specialised_search_sql(generation.embedding_model, generation.dimension)
+        self._vector_sql = specialised_search_sql(
+            generation.embedding_model, generation.dimension, "search_vector_candidates"
+        )
 
     @property
     def generation(self) -> Generation:
@@ -113,13 +117,7 @@ class PgSearchIndex:
                     ef_search,
                     settings.search_max_scan_tuples,
                 )
-                terms = None
-                if request.mode.uses_keyword:
-                    terms = await conn.fetchrow(
-                        QUERIES["keyword_terms"], request.tenant_id, request.query, cap
-                    )
-                rows = await conn.fetch(
-                    self._sql,
+                filters = (
                     request.tenant_id,
                     list(request.principals),
                     vector,
@@ -127,10 +125,20 @@ class PgSearchIndex:
                     list(flt.document_ids) if flt.document_ids is not None else None,
                     list(flt.heading_prefix) if flt.heading_prefix is not None else None,
                     request.mode.uses_vector,
-                    terms is not None,
-                    *(_KEYWORD_TERMS_NONE if terms is None else (terms[t] for t in _KEYWORD_TERMS)),
-                    cap,
                 )
+                if request.mode.uses_keyword:
+                    terms = await conn.fetchrow(
+                        QUERIES["keyword_terms"], request.tenant_id, request.query, cap
+                    )
+                    rows = await conn.fetch(
+                        self._sql,
+                        *filters,
+                        terms is not None,
+                        *(_NO_KEYWORD_TERMS if terms is None else (terms[t] for t in _TERMS)),
+                        cap,
+                    )
+                else:
+                    rows = await conn.fetch(self._vector_sql, *filters)
         vector_list: list[Candidate] = []
         keyword_list: list[Candidate] = []
         for row in rows:

@@ -197,8 +197,25 @@ def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
     assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "c.embedding_model")) == 2
     assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "s.embedding_model")) == 2
     assert specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384) is sql  # cached
+    vector_only = specialised_search_sql(
+        "all-MiniLM-L6-v2-onnx-int8", 384, "search_vector_candidates"
+    )
+    assert TEMPLATE_MODEL not in vector_only
+    assert vector_only.count(vector_expression(384, "c.embedding")) == 2
     with pytest.raises(ValueError, match="characters outside"):
         specialised_search_sql("model' OR true --", 384)
+
+
+def test_vector_mode_runs_the_very_vector_list_of_the_full_statement() -> None:
+    from services.indexer.search_pg import QUERIES
+
+    def vector_list(sql: str) -> str:
+        start = sql.index("WITH vector_list AS (")
+        return sql[start : sql.index("\n)", start)]
+
+    full = vector_list(QUERIES["search_candidates"])
+    assert "LIMIT $4" in full
+    assert vector_list(QUERIES["search_vector_candidates"]) == full
 
 
 async def test_the_search_route_fails_closed_without_the_auth_middleware() -> None:
