@@ -111,13 +111,13 @@ async def run(args: argparse.Namespace) -> None:
 
     def before(mode: SearchMode) -> Callable[[int, str], Awaitable[Any]]:
         async def call(n: int, text: str) -> Any:
-            request = SearchRequest(TENANT, text, ("group:all",), top_k=10, mode=mode)
+            request = SearchRequest(TENANT, text, (args.principal,), top_k=10, mode=mode)
             async with pool.acquire() as conn, conn.transaction(readonly=True):
                 await conn.execute(configure, max(settings.search_ef_search, request.depth), 20_000)
                 return await conn.fetch(
                     before_sql,
                     TENANT,
-                    ["group:all"],
+                    [args.principal],
                     vectors[n] if mode.uses_vector else None,
                     request.depth,
                     None,
@@ -131,7 +131,7 @@ async def run(args: argparse.Namespace) -> None:
 
     def after(mode: SearchMode, index: PgSearchIndex) -> Callable[[int, str], Awaitable[Any]]:
         async def call(n: int, text: str) -> Any:
-            request = SearchRequest(TENANT, text, ("group:all",), top_k=10, mode=mode)
+            request = SearchRequest(TENANT, text, (args.principal,), top_k=10, mode=mode)
             return await index.candidates(request, vectors[n] if mode.uses_vector else None)
 
         return call
@@ -144,7 +144,10 @@ async def run(args: argparse.Namespace) -> None:
         )
         for cap in args.caps
     }
-    print(f"{args.queries} queries per set, database {args.database}, before = {args.before}")
+    print(
+        f"{args.queries} queries per set, database {args.database}, before = {args.before},"
+        f" principal {args.principal}"
+    )
     print()
     print("| queries | mode | variant | p50 ms | p95 ms | p50 vs plain | p95 vs plain |")
     print("|---|---|---|---:|---:|---:|---:|")
@@ -152,7 +155,7 @@ async def run(args: argparse.Namespace) -> None:
         for name, texts in query_sets(rng, args.queries).items():
             if args.sets and name not in args.sets:
                 continue
-            for mode in (SearchMode.KEYWORD, SearchMode.HYBRID):
+            for mode in args.modes:
                 calls = {"before": before(mode)}
                 for cap, index in indexes.items():
                     calls[f"after, cap {cap}"] = after(mode, index)
@@ -189,6 +192,13 @@ def main() -> None:
         type=lambda text: [int(c) for c in text.split(",")],
         default=[1000],
         help="KB_SEARCH_KEYWORD_CANDIDATES values to run 'after' with, e.g. 1000,250",
+    )
+    parser.add_argument("--principal", default="group:all", help="or group:few (2%% readable)")
+    parser.add_argument(
+        "--modes",
+        type=lambda text: [SearchMode(m) for m in text.split(",")],
+        default=[SearchMode.KEYWORD, SearchMode.HYBRID],
+        help="e.g. vector,keyword,hybrid",
     )
     parser.add_argument(
         "--sets",
