@@ -93,7 +93,7 @@ class EmbeddingCache:
         if enabled and self._path.exists():
             with np.load(self._path) as data:
                 for key, row in zip(data["keys"], data["vectors"], strict=True):
-                    self._known[bytes(key)] = row
+                    self._known[key.tobytes()] = row
 
     @staticmethod
     def key(text: str) -> bytes:
@@ -109,7 +109,8 @@ class EmbeddingCache:
         if not self._enabled or not self._known:
             return
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        keys = np.array(list(self._known), dtype="S32")
+        # Raw digests as rows of bytes (an "S32" array would strip trailing NUL bytes).
+        keys = np.frombuffer(b"".join(self._known), dtype=np.uint8).reshape(-1, 32)
         vectors = np.stack(list(self._known.values())).astype(np.float32)
         tmp = self._path.with_suffix(".tmp.npz")
         np.savez(tmp, keys=keys, vectors=vectors)

@@ -44,6 +44,8 @@ SKIP_DIRS = frozenset(
     }
 )
 _SENTENCE_END = re.compile(r"(?<=[a-z0-9)\]'\"`][.!?])\s+(?=[A-Z(`'\"])")
+# A full stop after these is not the end of a sentence.
+_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "approx.", "resp.", "incl.", "no.")
 _WORD = re.compile(r"[A-Za-z]{2,}")
 MIN_QUERY_WORDS, MAX_QUERY_WORDS = 5, 40
 MIN_PASSAGE_WORDS, MAX_PASSAGE_WORDS = 10, 220
@@ -136,7 +138,14 @@ def _is_prose(paragraph: str) -> bool:
 
 def _split_pair(paragraph: str) -> tuple[str, str] | None:
     text = " ".join(paragraph.split())
-    match = _SENTENCE_END.search(text)
+    match = next(
+        (
+            m
+            for m in _SENTENCE_END.finditer(text)
+            if not text[: m.start()].lower().endswith(_ABBREVIATIONS)
+        ),
+        None,
+    )
     if match is None:
         return None
     query, passage = text[: match.start()].strip(), text[match.end() :].strip()

@@ -152,13 +152,16 @@ async def _evaluate(
     unit_of_chunk: dict[Any, str],
     tenant: str,
     mode: SearchMode,
-) -> dict[str, Scores]:
+) -> tuple[dict[str, Scores], int]:
+    """Per-query scores, and how many queries got at least one result."""
     out = {}
+    answered = 0
     for qid, text in qset.queries.items():
         result = await searcher.search(SearchRequest(tenant, text, (PRINCIPAL,), 10, mode))
         ranking = [unit_of_chunk[(h.document_id, h.chunk_id)] for h in result.results]
+        answered += bool(ranking)
         out[qid] = score(ranking, qset.judgments[qid])
-    return out
+    return out, answered
 
 
 def _row(label: str, s: Scores, extra: str = "") -> str:
@@ -248,21 +251,22 @@ async def _report_set(
     searcher: Searcher, qset: QualitySet, unit_of_chunk: dict[Any, str]
 ) -> list[str]:
     lines = ["", f"### `{qset.name}`", ""]
-    lines.append("| config, mode | nDCG@10 | recall@10 | MRR@10 | search time |")
-    lines.append("|---|---:|---:|---:|---:|")
+    lines.append("| config, mode | nDCG@10 | recall@10 | MRR@10 | answered | search time |")
+    lines.append("|---|---:|---:|---:|---:|---:|")
     by_kind: list[str] = []
     verdicts = []
     for config in CONFIGS:
         means = {}
         for mode in MODES:
             t = timed()
-            per_query = await _evaluate(
+            per_query, answered = await _evaluate(
                 searcher, qset, unit_of_chunk, _tenant(qset.name, config), mode
             )
             took = t()
             means[mode] = mean(list(per_query.values()))
             label = f"{config}, {mode.value}"
-            lines.append(_row(label, means[mode], f" {took:.1f} s |"))
+            share = answered / len(qset.queries)
+            lines.append(_row(label, means[mode], f" {share:.0%} | {took:.1f} s |"))
             for kind in sorted(set(qset.kinds.values()) - {""}):
                 chosen = [s for q, s in per_query.items() if qset.kinds[q] == kind]
                 by_kind.append(
@@ -271,7 +275,7 @@ async def _report_set(
         best = max(means[SearchMode.KEYWORD].ndcg10, means[SearchMode.VECTOR].ndcg10)
         hybrid = means[SearchMode.HYBRID].ndcg10
         verdicts.append(
-            f"- {config}: hybrid nDCG@10 {hybrid:.3f} vs the better single mode {best:.3f}:"
+            f"- {config}: hybrid nDCG@10 {hybrid:.4f} vs the better single mode {best:.4f}:"
             f" target (hybrid >= better) {'MET' if hybrid >= best else 'NOT met'}"
         )
     if by_kind:
