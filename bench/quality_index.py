@@ -93,7 +93,9 @@ class EmbeddingCache:
         if enabled and self._path.exists():
             with np.load(self._path) as data:
                 for key, row in zip(data["keys"], data["vectors"], strict=True):
-                    self._known[key.tobytes()] = row
+                    digest = key.tobytes()
+                    if len(digest) == 32:  # anything else is not a cache entry of ours
+                        self._known[digest] = row
 
     @staticmethod
     def key(text: str) -> bytes:

@@ -1,7 +1,7 @@
 """Search quality: nDCG@10, recall@10 and MRR@10 of keyword, vector and hybrid search on two
 sets, each in a tenant with the 'simple' and one with the 'english' text search config.
 
-    uv run python -m bench.search_quality                 # both sets, ~10 min on 2 busy cores
+    uv run python -m bench.search_quality                 # both sets: 9-12 min cold, 3 min warm
     uv run python -m bench.search_quality --sets examples # the labelled set only, ~1 min
     uv run python -m bench.search_quality --pairs 500     # a smaller synthetic set
 
