@@ -13,6 +13,7 @@ row is the header).
 from __future__ import annotations
 
 import html
+import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -126,6 +127,19 @@ def handbook_sections(text: str) -> tuple[str, str, list[tuple[str, list[Block]]
     return title, intro, parts
 
 
+def _fix_zip_dates(path: Path) -> None:
+    """python-docx stamps every zip member with the time of writing: rewrite them with the
+    fixed date so that a rebuild of unchanged text gives the same bytes."""
+    with zipfile.ZipFile(path) as source:
+        members = [(info, source.read(info)) for info in source.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as target:
+        for info, data in members:
+            fixed = zipfile.ZipInfo(info.filename, date_time=FIXED.timetuple()[:6])
+            fixed.compress_type = zipfile.ZIP_DEFLATED
+            fixed.external_attr = info.external_attr
+            target.writestr(fixed, data)
+
+
 def write_handbook_docx(
     title: str, intro: str, parts: list[tuple[str, list[Block]]], path: Path
 ) -> None:
@@ -146,6 +160,7 @@ def write_handbook_docx(
                 for c, cell in enumerate(row):
                     table.cell(r, c).text = cell
     document.save(str(path))
+    _fix_zip_dates(path)
 
 
 def write_handbook_pdf(
