@@ -58,7 +58,13 @@ from bench.quality_metrics import Scores, mean, score
 from services.indexer.embedding.factory import build_embedder
 from services.indexer.embedding.port import Embedder
 from services.indexer.embedding.settings import load_embedding_settings
-from services.indexer.search import Generation, Searcher, SearchMode, SearchRequest
+from services.indexer.search import (
+    Generation,
+    Searcher,
+    SearchMode,
+    SearchRequest,
+    rank_results,
+)
 from services.indexer.search_pg import PgSearchIndex, SearchSettings
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.runtime.db import create_pool
@@ -235,7 +241,12 @@ async def run(args: argparse.Namespace) -> None:
                 PgSearchIndex(pool, Generation(embedder.model, embedder.dimension), settings),
             )
             for qset in sets:
-                lines += await _report_set(searcher, qset, indexed[qset.name].unit_of_chunk)
+                if args.fusion_grid:
+                    lines += await _fusion_grid(
+                        searcher, query_embedder, qset, indexed[qset.name].unit_of_chunk
+                    )
+                else:
+                    lines += await _report_set(searcher, qset, indexed[qset.name].unit_of_chunk)
         finally:
             await pool.close()
     finally:
@@ -288,6 +299,44 @@ async def _report_set(
     return [*lines, "", *verdicts]
 
 
+GRID_COVERAGE = (0.0, 0.5, 0.75, 1.0)
+GRID_KEYWORD_WEIGHT = (1.0, 0.5, 0.3)
+
+
+async def _fusion_grid(
+    searcher: Searcher,
+    query_embedder: Embedder,
+    qset: QualitySet,
+    unit_of_chunk: dict[Any, str],
+) -> list[str]:
+    """Hybrid nDCG@10 for each (keyword coverage threshold, keyword weight): both ranked
+    lists are read once per query, then fused every way (the fusion is in Python)."""
+    index = searcher._index  # a bench reads the very lists the searcher fuses
+    lines = ["", f"### `{qset.name}`: hybrid fusion grid (nDCG@10)", ""]
+    header = " | ".join(f"weight {w}" for w in GRID_KEYWORD_WEIGHT)
+    lines += [f"| config, min coverage | {header} |", "|---|" + "---:|" * len(GRID_KEYWORD_WEIGHT)]
+    for config in CONFIGS:
+        tenant = _tenant(qset.name, config)
+        read = []
+        for qid, text in qset.queries.items():
+            request = SearchRequest(tenant, text, (PRINCIPAL,), 10, SearchMode.HYBRID)
+            vector = await query_embedder.embed([text])
+            read.append((qid, request, await index.candidates(request, vector)))
+        for coverage in GRID_COVERAGE:
+            cells = []
+            for weight in GRID_KEYWORD_WEIGHT:
+                scores = []
+                for qid, request, candidates in read:
+                    hits = rank_results(
+                        request, candidates, min_keyword_coverage=coverage, keyword_weight=weight
+                    )
+                    ranking = [unit_of_chunk[(h.document_id, h.chunk_id)] for h in hits]
+                    scores.append(score(ranking, qset.judgments[qid]))
+                cells.append(f"{mean(scores).ndcg10:.3f}")
+            lines.append(f"| {config}, {coverage} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="examples,stdlib", help="examples,stdlib")
@@ -295,6 +344,11 @@ def main() -> None:
     parser.add_argument("--database", default="kb_bench_search_quality")
     parser.add_argument("--no-cache", action="store_true", help="embed everything again")
     parser.add_argument("--keep-database", action="store_true")
+    parser.add_argument(
+        "--fusion-grid",
+        action="store_true",
+        help="hybrid nDCG@10 for a grid of keyword coverage thresholds and weights",
+    )
     parser.add_argument(
         "--write-corpus",
         action="store_true",

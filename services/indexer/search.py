@@ -43,6 +43,8 @@ HYBRID_MAX_DEPTH: Final = 200
 # words (weighted by rarity): a chunk sharing just "can" and "I" with a question ranks in the
 # keyword list, and fused by rank it would outrank the vector list's best answer.
 HYBRID_MIN_KEYWORD_COVERAGE: Final = 0.5
+# The keyword list's weight in the fusion, the vector list's being 1.
+HYBRID_KEYWORD_WEIGHT: Final = 1.0
 
 
 class SearchMode(enum.StrEnum):
@@ -152,34 +154,44 @@ class SearchIndex(Protocol):
 
 
 def reciprocal_rank_fusion(
-    lists: Iterable[Sequence[Candidate]], *, k: int = RRF_K
+    lists: Iterable[Sequence[Candidate]],
+    *,
+    k: int = RRF_K,
+    weights: Sequence[float] | None = None,
 ) -> list[tuple[Candidate, float]]:
-    """Each chunk scores ``sum(1 / (k + rank))`` over the lists it appears in; a chunk in
-    several lists appears once. Ties are broken by document id and chunk id, so the order
-    is the same on every run."""
+    """Each chunk scores ``sum(weight / (k + rank))`` over the lists it appears in (weight 1
+    unless given per list); a chunk in several lists appears once. Ties are broken by
+    document id and chunk id, so the order is the same on every run."""
     scores: dict[tuple[uuid.UUID, str], float] = {}
     first_seen: dict[tuple[uuid.UUID, str], Candidate] = {}
-    for ranked in lists:
+    for position, ranked in enumerate(lists):
+        weight = 1.0 if weights is None else weights[position]
         seen_here: set[tuple[uuid.UUID, str]] = set()
         for candidate in ranked:
             if candidate.key in seen_here:
                 continue  # a list names each chunk once; a repeat must not count twice
             seen_here.add(candidate.key)
-            scores[candidate.key] = scores.get(candidate.key, 0.0) + 1.0 / (k + candidate.rank)
+            scores[candidate.key] = scores.get(candidate.key, 0.0) + weight / (k + candidate.rank)
             first_seen.setdefault(candidate.key, candidate)
     ordered = sorted(scores.items(), key=lambda item: (-item[1], str(item[0][0]), item[0][1]))
     return [(first_seen[key], score) for key, score in ordered]
 
 
-def rank_results(request: SearchRequest, candidates: Candidates) -> tuple[SearchHit, ...]:
+def rank_results(
+    request: SearchRequest,
+    candidates: Candidates,
+    *,
+    min_keyword_coverage: float = HYBRID_MIN_KEYWORD_COVERAGE,
+    keyword_weight: float = HYBRID_KEYWORD_WEIGHT,
+) -> tuple[SearchHit, ...]:
     """The answer: one list as ranked by the index, or both fused by reciprocal rank."""
     if request.mode is SearchMode.HYBRID:
         keyword = [
             c
             for c in candidates.keyword
-            if c.coverage is None or c.coverage >= HYBRID_MIN_KEYWORD_COVERAGE
+            if c.coverage is None or c.coverage >= min_keyword_coverage
         ]
-        fused = reciprocal_rank_fusion([candidates.vector, keyword])
+        fused = reciprocal_rank_fusion([candidates.vector, keyword], weights=(1.0, keyword_weight))
     else:
         ranked = candidates.vector if request.mode is SearchMode.VECTOR else candidates.keyword
         fused = [(c, c.score) for c in sorted(ranked, key=lambda c: c.rank)]
