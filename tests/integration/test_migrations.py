@@ -155,7 +155,7 @@ async def test_schema_has_every_table_and_key_of_the_design(
     assert ("knowledge_chunk_stream", ("task_id", "lease_attempt", "ordinal")) in keys
     # Staged slices are scratch: never WAL-logged (migration 0013).
     persistence = await empty_database.fetchval(
-        "SELECT relpersistence FROM pg_class WHERE oid = 'knowledge_chunk_stream'::regclass"
+        "SELECT relpersistence::text FROM pg_class WHERE oid = 'knowledge_chunk_stream'::regclass"
     )
     assert persistence == "u"
 
