@@ -13,8 +13,11 @@ Inference runs in a thread, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hashlib
 import importlib.resources
+import os
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +38,8 @@ MAX_SEQ_LENGTH: Final = 256
 # [CLS] and [SEP], added to every input: a chunk may count MAX_SEQ_LENGTH - 2 tokens.
 SPECIAL_TOKENS: Final = 2
 MODEL_SHA256: Final = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+# mallopt's parameter number for the arena limit (glibc malloc.h).
+_M_ARENA_MAX: Final = -8
 _TOKENIZER_RESOURCE: Final = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
 
 
@@ -77,6 +82,40 @@ class _RuntimeKey:
     intra_op_threads: int
 
 
+def _release_freed_memory() -> None:
+    """Gives the pages of freed activations back to the system (glibc keeps them
+    otherwise, and the indexer's resident memory would stay at its last batch's peak)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _limit_malloc_arenas() -> None:
+    """Caps glibc's malloc arenas at two unless MALLOC_ARENA_MAX says otherwise.
+
+    Every thread that allocates gets an arena of its own (up to 8 per core): onnxruntime's
+    intra-op threads and the threads inference runs in each keep the freed activations of
+    their last batch mapped, so the process's resident memory climbs by hundreds of MiB
+    that nothing uses (a 16-text batch of 240 tokens: 619 MiB peak against 290 MiB with
+    two arenas; bench/results/pipeline-memory.md). A process-wide setting, made here
+    because this is the code whose threads need it; a no-op off glibc."""
+    if _LIBC is not None and not os.environ.get("MALLOC_ARENA_MAX"):
+        _LIBC.mallopt(_M_ARENA_MAX, 2)
+
+
+def _glibc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt, libc.malloc_trim  # noqa: B018 - both exist on glibc only
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC: Final = _glibc()
+
+
 class _Runtime:
     """An onnxruntime session and its tokenizer, shared by every thread of the process
     (``InferenceSession.run`` and ``Tokenizer.encode_batch`` are safe to call concurrently;
@@ -84,6 +123,7 @@ class _Runtime:
 
     def __init__(self, key: _RuntimeKey) -> None:
         verify_sha256(key.model_file, key.expected_sha256)
+        _limit_malloc_arenas()
         import onnxruntime
         from tokenizers import Tokenizer
 
@@ -97,6 +137,9 @@ class _Runtime:
         # 64-text batch of 240 tokens: 835 MiB resident after, against 262 MiB without, the
         # same speed; bench/results/pipeline-memory.md).
         options.enable_cpu_mem_arena = False
+        # Nor a cached allocation plan per input shape: every batch has another sequence
+        # length, and the planned blocks come on top of what the run needs.
+        options.enable_mem_pattern = False
         # Spinning threads burn the cores other work (parsing, the event loop) needs.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session: Any = onnxruntime.InferenceSession(
@@ -168,7 +211,7 @@ class OnnxLocalEmbedder:
         *,
         intra_op_threads: int = 2,
         max_concurrent_inferences: int = 1,
-        inference_batch_size: int = 16,
+        inference_batch_size: int = 4,
         model_file: Path | None = None,
         tokenizer_file: Path | None = None,
         expected_sha256: str = MODEL_SHA256,
@@ -211,7 +254,10 @@ class OnnxLocalEmbedder:
     def embed_sync(self, texts: Sequence[str]) -> Vectors:
         if not texts:
             return np.empty((0, DIMENSION), dtype=np.float32)
-        return _runtime(self._key).embed(texts, self._inference_batch_size)
+        try:
+            return _runtime(self._key).embed(texts, self._inference_batch_size)
+        finally:
+            _release_freed_memory()
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         async with self._slots:
