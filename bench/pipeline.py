@@ -438,8 +438,15 @@ async def memory_child(url: str, model: str, model_texts: int) -> dict[str, Any]
     peaks = {"parser_kib": 0, "parser_hwm_kib": 0, "sum_kib": 0, "forkserver_kib": 0}
     stop = threading.Event()
 
+    progress = f"/tmp/bench-pipeline-memory-{os.getpid()}.peaks"
+
     def sample() -> None:
+        ticks = 0
         while not stop.wait(0.02):
+            ticks += 1
+            if ticks % 250 == 0:  # every ~5 s: the peaks so far, should the run be cut short
+                with open(progress, "w") as out:
+                    json.dump({**peaks, "indexer_hwm_kib": rss_kib("self", "VmHWM")}, out)
             workers = parse_pool.worker_pids()
             parser = sum(rss_kib(pid) for pid in workers)
             peaks["parser_kib"] = max(peaks["parser_kib"], parser)
@@ -532,7 +539,7 @@ def main() -> None:
         "--memory-embedder", choices=("onnx-first", "onnx", "hashing"), default="onnx-first"
     )
     parser.add_argument("--memory-model-texts", type=int, default=512)
-    parser.add_argument("--memory-kinds", nargs="*", default=["text", "pdf"])
+    parser.add_argument("--memory-kinds", nargs="*", default=["pdf", "text"])
     parser.add_argument("--skip", nargs="*", default=[], choices=("efficiency", "incremental"))
     parser.add_argument("--database", default=BENCH_DB, help="scratch database (recreated)")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)

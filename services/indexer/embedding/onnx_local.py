@@ -211,7 +211,7 @@ class OnnxLocalEmbedder:
         *,
         intra_op_threads: int = 2,
         max_concurrent_inferences: int = 1,
-        inference_batch_size: int = 4,
+        inference_batch_size: int = 1,
         model_file: Path | None = None,
         tokenizer_file: Path | None = None,
         expected_sha256: str = MODEL_SHA256,
