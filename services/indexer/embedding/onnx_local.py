@@ -13,11 +13,8 @@ Inference runs in a thread, never on the event loop.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import hashlib
 import importlib.resources
-import os
-import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from services.indexer.embedding.port import Vectors
+from services.indexer.native_memory import limit_malloc_arenas, release_freed_memory
 from services.indexer.tokens import TokenizerSpec
 from services.runtime.errors import ConfigError
 
@@ -38,8 +36,6 @@ MAX_SEQ_LENGTH: Final = 256
 # [CLS] and [SEP], added to every input: a chunk may count MAX_SEQ_LENGTH - 2 tokens.
 SPECIAL_TOKENS: Final = 2
 MODEL_SHA256: Final = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
-# mallopt's parameter number for the arena limit (glibc malloc.h).
-_M_ARENA_MAX: Final = -8
 _TOKENIZER_RESOURCE: Final = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
 
 
@@ -82,40 +78,6 @@ class _RuntimeKey:
     intra_op_threads: int
 
 
-def _release_freed_memory() -> None:
-    """Gives the pages of freed activations back to the system (glibc keeps them
-    otherwise, and the indexer's resident memory would stay at its last batch's peak)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _limit_malloc_arenas() -> None:
-    """Caps glibc's malloc arenas at two unless MALLOC_ARENA_MAX says otherwise.
-
-    Every thread that allocates gets an arena of its own (up to 8 per core): onnxruntime's
-    intra-op threads and the threads inference runs in each keep the freed activations of
-    their last batch mapped, so the process's resident memory climbs by hundreds of MiB
-    that nothing uses (a 16-text batch of 240 tokens: 619 MiB peak against 290 MiB with
-    two arenas; bench/results/pipeline-memory.md). A process-wide setting, made here
-    because this is the code whose threads need it; a no-op off glibc."""
-    if _LIBC is not None and not os.environ.get("MALLOC_ARENA_MAX"):
-        _LIBC.mallopt(_M_ARENA_MAX, 2)
-
-
-def _glibc() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt, libc.malloc_trim  # noqa: B018 - both exist on glibc only
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-_LIBC: Final = _glibc()
-
-
 class _Runtime:
     """An onnxruntime session and its tokenizer, shared by every thread of the process
     (``InferenceSession.run`` and ``Tokenizer.encode_batch`` are safe to call concurrently;
@@ -123,7 +85,7 @@ class _Runtime:
 
     def __init__(self, key: _RuntimeKey) -> None:
         verify_sha256(key.model_file, key.expected_sha256)
-        _limit_malloc_arenas()
+        limit_malloc_arenas()
         import onnxruntime
         from tokenizers import Tokenizer
 
@@ -257,7 +219,7 @@ class OnnxLocalEmbedder:
         try:
             return _runtime(self._key).embed(texts, self._inference_batch_size)
         finally:
-            _release_freed_memory()
+            release_freed_memory()
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         async with self._slots:

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Final
 
 from services.indexer.chunking import Chunk, ChunkingStrategy
+from services.indexer.native_memory import release_freed_memory
 from services.indexer.parsing import ParseLimits
 from services.indexer.parsing.stream import (
     DEFAULT_SLICE_CHUNKS,
@@ -246,6 +247,8 @@ class ParsePool:
                 # Sent, not pickled with the job: the executor keeps a job's arguments
                 # until it finishes, and this process must not hold the bytes that long.
                 await asyncio.to_thread(slot.channel.send_bytes, content.take())
+                # Loading them cost a few copies' worth of freed pages: back they go.
+                release_freed_memory()
 
                 async def next_message() -> Message:
                     return await asyncio.to_thread(receive, slot.channel, job)
