@@ -21,7 +21,6 @@ import os
 import select
 import uuid
 from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Final
@@ -36,10 +35,12 @@ from services.indexer.parsing.stream import (
     OnSlice,
     Overrun,
     Reported,
+    WorkerGone,
     attach,
     chunk_slices,
     consume,
     receive,
+    send,
     stream_in_worker,
 )
 from services.indexer.task import ErrorCode, IndexingFailed
@@ -246,7 +247,7 @@ class ParsePool:
                 slot, job = await self._submit(index, args)
                 # Sent, not pickled with the job: the executor keeps a job's arguments
                 # until it finishes, and this process must not hold the bytes that long.
-                await asyncio.to_thread(slot.channel.send_bytes, content.take())
+                await asyncio.to_thread(send, slot.channel, content.take())
                 # Loading them cost a few copies' worth of freed pages: back they go.
                 release_freed_memory()
 
@@ -263,7 +264,7 @@ class ParsePool:
             except Overrun:
                 self._restart(index, reason="budget")
                 raise self._timeout(budget) from None
-            except (BrokenProcessPool, BrokenPipeError, EOFError, ConnectionError):
+            except WorkerGone:
                 self._restart(index, reason="died")
                 raise IndexingFailed(
                     ErrorCode.DOCUMENT_PARSE_FAILED,

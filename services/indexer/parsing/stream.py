@@ -135,16 +135,32 @@ def stream_in_worker(
         channel.send(message)
 
 
+class WorkerGone(Exception):
+    """The worker process ended (killed, crashed, out of memory) before its last message,
+    or its pipe broke: told apart from whatever the consumer of the slices raises."""
+
+
 def receive(channel: Connection, job: Future[None]) -> Message:
-    """The worker's next message (blocking: run in a thread). A worker that ended without
-    its last message (killed, died, or a bug raised in it) raises what its job raised."""
-    while not channel.poll(_POLL_SECONDS):
-        if job.done():
-            if channel.poll(0):
-                break
-            job.result()  # BrokenProcessPool, or the bug's exception
-            raise BrokenProcessPool("the parse worker ended without its last message")
-    return cast(Message, channel.recv())
+    """The worker's next message (blocking: run in a thread). Raises ``WorkerGone`` when
+    the worker ended without its last message, or what its job raised (a bug in it)."""
+    try:
+        while not channel.poll(_POLL_SECONDS):
+            if job.done():
+                if channel.poll(0):
+                    break
+                job.result()  # BrokenProcessPool, or the bug's exception
+                raise WorkerGone("the parse worker ended without its last message")
+        return cast(Message, channel.recv())
+    except (BrokenProcessPool, EOFError, OSError) as error:
+        raise WorkerGone(str(error)) from error
+
+
+def send(channel: Connection, content: bytes) -> None:
+    """The document's bytes down the worker's pipe (blocking: run in a thread)."""
+    try:
+        channel.send_bytes(content)
+    except OSError as error:
+        raise WorkerGone(str(error)) from error
 
 
 class Overrun(Exception):
