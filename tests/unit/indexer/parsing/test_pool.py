@@ -226,7 +226,7 @@ async def test_an_overrun_in_one_slot_leaves_the_other_slot_parsing(big_pdf: byt
 async def test_slices_stream_in_order_and_a_consumer_failure_is_its_own(
     pool: ParsePool, big_pdf: bytes
 ) -> None:
-    from services.indexer.parsing.pool import DocumentBytes
+    from services.indexer.parsing.stream import DocumentBytes
 
     content = make_markdown()
     whole = chunk_sections(
