@@ -11,10 +11,16 @@
 2. Incremental: a 200-section document indexed as v1, then v2 with one paragraph changed:
    provider requests and texts, and wall time, v2 vs v1.
 3. Memory (``--memory-mb``, 0 to skip): a child process indexes one text file and one PDF of
-   about that size; the peak resident memory of the indexer (``VmHWM`` of the process) plus
-   the peak of its parse worker process, read from /proc. ``--memory-embedder`` picks the
-   model (``onnx`` by default; ``hashing`` when the ONNX run would take too long on this
-   machine -- the model's own memory is then not included and the report says so).
+   about that size, as ``kb indexer run`` would (Worker, PgTaskQueue, the parse process, the
+   streaming pipeline with its default slice and threshold, the pgvector sink); a sampler
+   thread reads /proc every 20 ms: the indexer's and its parse worker's resident memory,
+   the peak of each (``VmHWM``, which also catches peaks between samples) and the peak of
+   their sum (sampled). ``--memory-embedder`` picks the model: ``onnx-first`` (default)
+   loads the real ONNX model and embeds the first ``--memory-model-texts`` chunks with it
+   (the model's session, its activations and its tokenizer are in the indexer's peak), then
+   a hashing embedder of the same dimension behind the same port embeds the rest -- the ONNX
+   model would take hours on 70,000+ chunks here; ``onnx`` uses the model throughout;
+   ``hashing`` leaves the model out (its memory is then not included).
 
 Needs DATABASE_URL (or the dev stack). Uses its own database, kb_bench_pipeline.
 Not part of the test suite.
@@ -31,6 +37,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -38,13 +45,13 @@ import asyncpg
 from services.indexer.chunking import chunk_sections
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.embedding.onnx_local import OnnxLocalEmbedder
-from services.indexer.embedding.port import Embedder
+from services.indexer.embedding.port import Embedder, Vectors
 from services.indexer.parsing import ParseLimits, parse_document
 from services.indexer.parsing.pool import ParsePool
 from services.indexer.pipeline import chunking_strategy
 from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
 from services.indexer.task import RetryPolicy
-from services.indexer.tokens import load_token_counter
+from services.indexer.tokens import TokenizerSpec, load_token_counter
 from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import create_pool
 from services.runtime.logging import configure_logging
@@ -376,20 +383,81 @@ async def task_outcome(url: str, task_id: uuid.UUID) -> dict[str, Any]:
     return dict(row)
 
 
-async def memory_child(url: str, model: str) -> dict[str, Any]:
+class ModelThenHashing:
+    """The real ONNX model for the first ``model_texts`` texts, then the hashing embedder
+    of the same dimension (the model's memory is all there; the hours are not)."""
+
+    def __init__(self, model_texts: int) -> None:
+        self.onnx = OnnxLocalEmbedder()
+        self.fast = HashingEmbedder(dimension=self.onnx.dimension)
+        self.left = model_texts
+        self.model_texts = 0
+
+    @property
+    def model(self) -> str:
+        return self.onnx.model
+
+    @property
+    def dimension(self) -> int:
+        return self.onnx.dimension
+
+    @property
+    def tokenizer(self) -> TokenizerSpec:
+        return self.onnx.tokenizer
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        if self.left > 0:
+            self.left -= len(texts)
+            self.model_texts += len(texts)
+            return await self.onnx.embed(texts)
+        return await self.fast.embed(texts)
+
+    async def aclose(self) -> None:
+        await self.onnx.aclose()
+
+
+def memory_embedder(model: str, model_texts: int) -> Embedder:
+    if model == "onnx":
+        return OnnxLocalEmbedder()
+    if model == "onnx-first":
+        return ModelThenHashing(model_texts)
+    return HashingEmbedder()
+
+
+async def memory_child(url: str, model: str, model_texts: int) -> dict[str, Any]:
     """Index the one due task, as `kb indexer run` would; peaks read from /proc."""
-    embedder: Embedder = OnnxLocalEmbedder() if model == "onnx" else HashingEmbedder()
+    embedder = memory_embedder(model, model_texts)
+    if isinstance(embedder, ModelThenHashing):
+        await embedder.onnx.warm_up()
+    elif isinstance(embedder, OnnxLocalEmbedder):
+        await embedder.warm_up()
+    loaded_kib = rss_kib("self")
     pool = await open_pool(url, 4)
     # A budget far above the default: this measures memory, not the parse time limit.
     parse_pool = ParsePool(workers=1, limits=ParseLimits(budget_seconds=3600))
-    peaks = {"parser_kib": 0, "sum_kib": 0}
+    peaks = {"parser_kib": 0, "parser_hwm_kib": 0, "sum_kib": 0, "forkserver_kib": 0}
     stop = threading.Event()
 
+    progress = f"/tmp/bench-pipeline-memory-{os.getpid()}.peaks"
+
     def sample() -> None:
-        while not stop.wait(0.05):
-            parser = sum(rss_kib(pid) for pid in parse_pool.worker_pids())
+        ticks = 0
+        while not stop.wait(0.02):
+            ticks += 1
+            if ticks % 250 == 0:  # every ~5 s: the peaks so far, should the run be cut short
+                with open(progress, "w") as out:
+                    json.dump({**peaks, "indexer_hwm_kib": rss_kib("self", "VmHWM")}, out)
+            workers = parse_pool.worker_pids()
+            parser = sum(rss_kib(pid) for pid in workers)
             peaks["parser_kib"] = max(peaks["parser_kib"], parser)
+            peaks["parser_hwm_kib"] = max(
+                peaks["parser_hwm_kib"], sum(rss_kib(pid, "VmHWM") for pid in workers)
+            )
             peaks["sum_kib"] = max(peaks["sum_kib"], parser + rss_kib("self"))
+            for pid in workers:
+                peaks["forkserver_kib"] = max(
+                    peaks["forkserver_kib"], rss_kib(rss_kib(pid, "PPid"))
+                )
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -410,17 +478,24 @@ async def memory_child(url: str, model: str) -> dict[str, Any]:
         await pool.close()
     return {
         "model": embedder.model,
+        "embedder": model,
+        "model_texts": getattr(embedder, "model_texts", None),
         "result": str(result),
         "seconds": seconds,
+        "indexer_after_model_load_mib": loaded_kib / 1024,
         "indexer_peak_mib": rss_kib("self", "VmHWM") / 1024,
-        "parser_peak_mib": peaks["parser_kib"] / 1024,
+        "parser_peak_mib": peaks["parser_hwm_kib"] / 1024,
+        "parser_sampled_peak_mib": peaks["parser_kib"] / 1024,
         "sampled_sum_peak_mib": peaks["sum_kib"] / 1024,
+        "forkserver_peak_mib": peaks["forkserver_kib"] / 1024,
     }
 
 
-def memory(url: str, megabytes: int, model: str) -> list[dict[str, Any]]:
+def memory(
+    url: str, megabytes: int, model: str, model_texts: int, kinds: Sequence[str]
+) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
-    for kind in ("text", "pdf"):
+    for kind in kinds:
         # Made here, not in the child: the child's peak is the indexer's alone.
         task_id, size = asyncio.run(create_big(url, kind, megabytes))
         child = subprocess.run(
@@ -431,6 +506,8 @@ def memory(url: str, megabytes: int, model: str) -> list[dict[str, Any]]:
                 "--memory-child",
                 "--memory-embedder",
                 model,
+                "--memory-model-texts",
+                str(model_texts),
                 "--url",
                 url,
             ],
@@ -458,7 +535,11 @@ def main() -> None:
     parser.add_argument("--sections", type=int, default=24)
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--memory-mb", type=int, default=50)
-    parser.add_argument("--memory-embedder", choices=("onnx", "hashing"), default="onnx")
+    parser.add_argument(
+        "--memory-embedder", choices=("onnx-first", "onnx", "hashing"), default="onnx-first"
+    )
+    parser.add_argument("--memory-model-texts", type=int, default=512)
+    parser.add_argument("--memory-kinds", nargs="*", default=["pdf", "text"])
     parser.add_argument("--skip", nargs="*", default=[], choices=("efficiency", "incremental"))
     parser.add_argument("--database", default=BENCH_DB, help="scratch database (recreated)")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
@@ -466,7 +547,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.memory_child:
         configure_logging("info", "json", service="bench")
-        result = asyncio.run(memory_child(args.url, args.memory_embedder))
+        result = asyncio.run(memory_child(args.url, args.memory_embedder, args.memory_model_texts))
         print(json.dumps(result))
         return
 
@@ -483,7 +564,9 @@ def main() -> None:
         report["incremental"] = asyncio.run(incremental(url))
         print(json.dumps({"incremental": report["incremental"]}), flush=True)
     if args.memory_mb:
-        report["memory"] = memory(url, args.memory_mb, args.memory_embedder)
+        report["memory"] = memory(
+            url, args.memory_mb, args.memory_embedder, args.memory_model_texts, args.memory_kinds
+        )
         print(json.dumps({"memory": report["memory"]}), flush=True)
 
 

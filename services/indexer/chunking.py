@@ -1,7 +1,10 @@
 """Chunking: sections into token-bounded, heading-aware chunks with deterministic ids.
 
 Each section is split on its own (a chunk never spans two headings) by semchunk, which
-prefers paragraph, then line, then sentence, then word boundaries. What is embedded is the
+prefers paragraph, then line, then sentence, then word boundaries; a section over
+``WINDOW_CHARS`` is first cut at paragraph breaks into windows of about that size, chunked
+one after another, so that chunks can be handed on while a huge section is still being
+chunked. What is embedded is the
 heading path followed by the chunk text, and that whole input stays within the strategy's
 ``max_tokens`` as the embedding model's tokenizer counts it. The same sections and strategy
 always give the same chunks with the same ids, so re-running a task writes the same rows.
@@ -13,7 +16,7 @@ import hashlib
 import json
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,6 +33,8 @@ _MAX_HEADING_SHARE: Final = 0.5
 # Long texts are judged by a prefix of about this many characters per token of budget.
 _CHARS_PER_TOKEN: Final = 6
 _TOKEN_CHARS_SLACK: Final = 64
+# Sections longer than this many characters are chunked window by window (``_windows``).
+WINDOW_CHARS: Final = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -40,10 +45,10 @@ class ChunkingStrategy:
     name: str = "heading-semchunk-v1"
 
     def __post_init__(self) -> None:
-        if not 8 <= self.max_tokens <= self.tokenizer.max_input_tokens:
+        if not 8 <= self.max_tokens <= self.tokenizer.max_counted_tokens:
             raise ConfigError(
                 f"chunk max_tokens {self.max_tokens} must be between 8 and the model's "
-                f"{self.tokenizer.max_input_tokens} input tokens"
+                f"{self.tokenizer.max_counted_tokens} input tokens (special tokens excluded)"
             )
         if not 0 <= self.overlap_tokens < self.max_tokens // 2:
             raise ConfigError(
@@ -111,6 +116,13 @@ class _Memo:
         self._count = count
         self._known: dict[str, int] = {}
 
+    def forget_all_but(self, keep: str) -> None:
+        """Lets go of every count but ``keep``'s (the next window of a huge section)."""
+        kept = self._known.get(keep)
+        self._known.clear()
+        if kept is not None:
+            self._known[keep] = kept
+
     def __call__(self, text: str) -> int:
         known = self._known.get(text)
         if known is None:
@@ -157,12 +169,12 @@ def _split(text: str, size: int, overlap: int, count: TokenCounter) -> list[str]
 
 
 def _section_pieces(
-    section: Section, path: tuple[str, ...], strategy: ChunkingStrategy, count: TokenCounter
+    text: str, path: tuple[str, ...], strategy: ChunkingStrategy, count: TokenCounter
 ) -> list[str]:
     prefix_tokens = count(embedding_input_of(path, "")) if path else 0
     budget = strategy.max_tokens - prefix_tokens
     pieces: list[str] = []
-    pending = deque(_split(section.text, budget, strategy.overlap_tokens, count))
+    pending = deque(_split(text, budget, strategy.overlap_tokens, count))
     # Token counts are not always additive (the joint text may tokenize differently), so
     # every full input is checked; one that is over is split again, more tightly.
     while pending:
@@ -180,26 +192,47 @@ def _section_pieces(
     return pieces
 
 
-def chunk_sections(
+def _windows(text: str, size: int) -> Iterator[str]:
+    """A huge section in pieces of about ``size`` characters, cut at a paragraph break
+    (else a line break, else anywhere): semchunk then holds one window's candidates at a
+    time, not a 50 MB section's. Sections under ``size`` are one window, as before."""
+    start = 0
+    while len(text) - start > size:
+        end = start + size
+        cut = text.rfind("\n\n", start + size // 2, end)
+        if cut < 0:
+            cut = text.rfind("\n", start + size // 2, end)
+        if cut < 0:
+            cut = end
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def iter_chunks(
     sections: Iterable[Section],
     *,
     document_id: uuid.UUID,
     version_number: int,
     strategy: ChunkingStrategy,
     count_tokens: TokenCounter,
-) -> list[Chunk]:
+) -> Iterator[Chunk]:
     """The chunks of a document in order, each within ``strategy.max_tokens`` (heading
-    prefix included)."""
-    count = _Memo(count_tokens)
+    prefix included), produced one section window at a time: a consumer that hands them on
+    in slices never holds the whole document's chunks."""
     strategy_id = strategy.strategy_id
-    chunks: list[Chunk] = []
+    ordinal = 0
     for section in sections:
+        # Counts are remembered for one window of one section: a huge document's candidate
+        # texts are not kept for its whole life.
+        count = _Memo(count_tokens)
         path = _fit_heading_path(section.heading_path, strategy.max_tokens, count)
-        for piece in _section_pieces(section, path, strategy, count):
-            digest = hashlib.sha256(embedding_input_of(path, piece).encode("utf-8")).digest()
-            ordinal = len(chunks)
-            chunks.append(
-                Chunk(
+        for window_number, window in enumerate(_windows(section.text, WINDOW_CHARS)):
+            if window_number:
+                count.forget_all_but(embedding_input_of(path, ""))
+            for piece in _section_pieces(window, path, strategy, count):
+                digest = hashlib.sha256(embedding_input_of(path, piece).encode("utf-8")).digest()
+                yield Chunk(
                     chunk_id=chunk_id_of(
                         document_id=document_id,
                         version_number=version_number,
@@ -213,5 +246,24 @@ def chunk_sections(
                     text=piece,
                     content_digest=digest,
                 )
-            )
-    return chunks
+                ordinal += 1
+
+
+def chunk_sections(
+    sections: Iterable[Section],
+    *,
+    document_id: uuid.UUID,
+    version_number: int,
+    strategy: ChunkingStrategy,
+    count_tokens: TokenCounter,
+) -> list[Chunk]:
+    """All of ``iter_chunks`` at once (small documents, tests)."""
+    return list(
+        iter_chunks(
+            sections,
+            document_id=document_id,
+            version_number=version_number,
+            strategy=strategy,
+            count_tokens=count_tokens,
+        )
+    )

@@ -2,27 +2,29 @@
 and chunk it off the event loop, reuse the embeddings the index already holds for unchanged
 content, embed the rest in batches, and hand the sink's write to the fenced ``complete``.
 
+Chunks come back from the parse process in slices and are embedded slice by slice
+(``slices.DocumentRun``), so a huge document is never held whole: its slices are staged
+under the attempt's fence and moved into the index by the fenced ``complete``.
+
 It holds no transaction or lock while it works: the version is read in one statement, and
-the only write is the sink's, inside ``complete``'s transaction.
+the index is written only by the sink inside ``complete``'s transaction (staged slices wait
+outside the index until then).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Protocol
-
-import numpy as np
+from typing import Final, Protocol
 
 from services.indexer import metrics
-from services.indexer.chunking import Chunk, ChunkingStrategy
-from services.indexer.embedding.batching import embed_batched
-from services.indexer.embedding.port import Embedder, Vectors
-from services.indexer.ports import IndexingOutcome, InTransaction, StoredVersion, VersionSource
+from services.indexer.chunking import ChunkingStrategy
+from services.indexer.embedding.port import Embedder
+from services.indexer.parsing.stream import DEFAULT_SLICE_CHUNKS, DocumentBytes, OnSlice
+from services.indexer.ports import IndexingOutcome, StoredVersion, VersionSource
 from services.indexer.sink_pgvector import IndexGeneration
+from services.indexer.slices import DocumentRun, EmbeddingPolicy, IndexSink
 from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.indexer.tokens import load_token_counter
 from services.runtime.logging import get_logger
@@ -31,50 +33,37 @@ from services.runtime.transaction import Transaction
 
 log = get_logger(__name__)
 
-# Digests asked of the index per query: bounded parameter size for very long documents.
-_KNOWN_LOOKUP_BATCH = 2000
-# Embedding requests sent back to back before the event loop is given a turn.
-_REQUESTS_PER_WAVE = 8
+# Documents of up to this many chunks are held in memory and written by the fenced
+# complete in one go, as before; longer ones are staged slice by slice (slices.py).
+STREAM_ABOVE_CHUNKS: Final = 2048
 
 
 class ChunkParser(Protocol):
     """What the pipeline needs of ``parsing.pool.ParsePool``."""
 
-    async def parse_and_chunk(
+    async def stream_chunks(
         self,
         media_type: str,
-        content: bytes,
+        content: DocumentBytes,
         *,
         document_id: uuid.UUID,
         version_number: int,
         strategy: ChunkingStrategy,
-    ) -> list[Chunk]: ...
-
-
-class IndexSink(Protocol):
-    """What the pipeline needs of ``sink_pgvector.PgVectorSink``."""
-
-    async def known_embeddings(
-        self, tenant_id: str, generation: IndexGeneration, digests: Sequence[bytes]
-    ) -> Mapping[bytes, Vectors]: ...
-
-    def writer(
-        self,
-        lease: Lease,
-        generation: IndexGeneration,
-        chunks: Sequence[Chunk],
-        embeddings: Vectors,
-    ) -> InTransaction: ...
+        on_slice: OnSlice,
+        slice_chunks: int = ...,
+    ) -> int: ...
 
 
 def chunking_strategy(
     embedder: Embedder, *, max_tokens: int, overlap_tokens: int = 0
 ) -> ChunkingStrategy:
-    """Chunks never longer than the model reads: ``max_tokens`` capped by its input limit."""
+    """Chunks never longer than the model reads: ``max_tokens`` capped by its input limit
+    less the special tokens it adds (a 256-token BERT model reads 254 counted tokens, as
+    [CLS] and [SEP] take the other two)."""
     tokenizer = embedder.tokenizer
     return ChunkingStrategy(
         tokenizer=tokenizer,
-        max_tokens=min(max_tokens, tokenizer.max_input_tokens),
+        max_tokens=min(max_tokens, tokenizer.max_counted_tokens),
         overlap_tokens=overlap_tokens,
     )
 
@@ -89,7 +78,8 @@ def index_generation(embedder: Embedder, strategy: ChunkingStrategy) -> IndexGen
 
 
 class PipelineIndexer:
-    """A ``DocumentVersionIndexer``: parse -> chunk -> embed (incrementally) -> sink."""
+    """A ``DocumentVersionIndexer``: parse -> chunk -> embed (incrementally) -> sink, one
+    slice of chunks at a time (``slices.DocumentRun``)."""
 
     def __init__(
         self,
@@ -101,19 +91,28 @@ class PipelineIndexer:
         strategy: ChunkingStrategy,
         batch_size: int,
         max_batch_tokens: int | None = None,
+        slice_chunks: int = DEFAULT_SLICE_CHUNKS,
+        stream_above_chunks: int = STREAM_ABOVE_CHUNKS,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if slice_chunks < 1 or stream_above_chunks < 0:
+            raise ValueError("slice_chunks must be >= 1 and stream_above_chunks >= 0")
         self._source = source
         self._parse_pool = parse_pool
         self._embedder = embedder
         self._sink = sink
         self._strategy = strategy
         self._batch_size = batch_size
-        self._max_batch_tokens = max_batch_tokens
+        self._slice_chunks = slice_chunks
+        self._stream_above = stream_above_chunks
         # Token budgets per request are counted the way the model counts.
-        self._count_tokens = (
-            load_token_counter(strategy.tokenizer) if max_batch_tokens is not None else None
+        self._policy = EmbeddingPolicy(
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            count_tokens=(
+                load_token_counter(strategy.tokenizer) if max_batch_tokens is not None else None
+            ),
         )
         self.generation = index_generation(embedder, strategy)
 
@@ -127,56 +126,75 @@ class PipelineIndexer:
         started = time.perf_counter()
         version = await self._load(lease)
         metrics.STAGE_SECONDS.labels(lease.tier, "load").observe(time.perf_counter() - started)
+        media_type, size_bytes = version.media_type, version.size_bytes
+        # The parse pool takes the bytes and lets them go once sent: a big document is not
+        # held here while its chunks stream back.
+        content = DocumentBytes(version.content)
+        del version
 
-        started = time.perf_counter()
-        chunks = await self._parse_pool.parse_and_chunk(
-            normalise_media_type(version.media_type),
-            version.content,
-            document_id=lease.document_id,
-            version_number=lease.version_number,
-            strategy=self._strategy,
+        run = DocumentRun(
+            lease,
+            self.generation,
+            self._embedder,
+            self._sink,
+            self._policy,
+            stream_above_chunks=self._stream_above,
         )
+        started = time.perf_counter()
+        try:
+            count = await self._parse_pool.stream_chunks(
+                normalise_media_type(media_type),
+                content,
+                document_id=lease.document_id,
+                version_number=lease.version_number,
+                strategy=self._strategy,
+                on_slice=run.take,
+                slice_chunks=self._slice_chunks,
+            )
+            if not count:
+                raise IndexingFailed(ErrorCode.DOCUMENT_EMPTY, "the document has no text to index")
+            write = await run.finish()
+        except Exception:
+            await run.abandon()
+            raise
+        elapsed = time.perf_counter() - started
+        parse_seconds = elapsed - run.embed_seconds - run.stage_seconds
         log.info(
             "pipeline.parsed",
             **ids,
-            media_type=version.media_type,
-            size_bytes=version.size_bytes,
-            chunks=len(chunks),
-            duration_ms=_ms_since(started),
+            media_type=media_type,
+            size_bytes=size_bytes,
+            chunks=count,
+            streamed=run.staged,
+            duration_ms=round(parse_seconds * 1000, 1),
         )
-        # Parsing and chunking run together in the parse process: one stage for both.
-        metrics.STAGE_SECONDS.labels(lease.tier, "parse").observe(time.perf_counter() - started)
-        del version  # the bytes are not needed any more: a big document frees them now
-        if not chunks:
-            raise IndexingFailed(ErrorCode.DOCUMENT_EMPTY, "the document has no text to index")
-
-        started = time.perf_counter()
-        embeddings, reused, embedded = await self._embeddings(lease.tenant_id, chunks)
         log.info(
             "pipeline.embedded",
             **ids,
-            chunks=len(chunks),
-            reused=reused,
-            embedded=embedded,
+            chunks=count,
+            reused=run.reused,
+            embedded=run.embedded,
             embedding_model=self.generation.embedding_model,
-            duration_ms=_ms_since(started),
+            duration_ms=round(run.embed_seconds * 1000, 1),
         )
-        metrics.STAGE_SECONDS.labels(lease.tier, "embed").observe(time.perf_counter() - started)
-        metrics.CHUNKS_PER_TASK.labels(lease.tier, "indexed").observe(len(chunks))
-        metrics.CHUNKS_PER_TASK.labels(lease.tier, "embedded").observe(embedded)
+        # Parsing and chunking run together in the parse process: one stage for both,
+        # the time spent waiting for it (embedding and staging overlap with it).
+        metrics.STAGE_SECONDS.labels(lease.tier, "parse").observe(parse_seconds)
+        metrics.STAGE_SECONDS.labels(lease.tier, "embed").observe(run.embed_seconds)
+        metrics.CHUNKS_PER_TASK.labels(lease.tier, "indexed").observe(count)
+        metrics.CHUNKS_PER_TASK.labels(lease.tier, "embedded").observe(run.embedded)
         metrics.EMBEDDING_BATCHES_PER_TASK.labels(lease.tier).observe(
-            -(-embedded // self._batch_size) if embedded else 0
+            -(-run.embedded // self._batch_size) if run.embedded else 0
         )
-        # Building the write's records is CPU work proportional to the document: off the
-        # loop, which must stay free for heartbeats.
-        write = await asyncio.to_thread(
-            self._sink.writer, lease, self.generation, chunks, embeddings
-        )
+        staging_seconds = run.stage_seconds
 
         async def timed_write(transaction: Transaction) -> None:
             began = time.perf_counter()
             await write(transaction)
-            metrics.STAGE_SECONDS.labels(lease.tier, "sink").observe(time.perf_counter() - began)
+            # The sink's time: the fenced write, and the slices staged before it.
+            metrics.STAGE_SECONDS.labels(lease.tier, "sink").observe(
+                staging_seconds + time.perf_counter() - began
+            )
 
         return IndexingOutcome(write=timed_write)
 
@@ -199,50 +217,6 @@ class PipelineIndexer:
                 ErrorCode.DOCUMENT_PARSE_FAILED, "content does not match its recorded sha256"
             )
         return version
-
-    async def _embeddings(
-        self, tenant_id: str, chunks: Sequence[Chunk]
-    ) -> tuple[Vectors, int, int]:
-        """One row per chunk, in order; returns (rows, chunks reused, texts embedded).
-
-        Content the index already holds for this tenant and generation is reused; of the
-        rest, each distinct digest is embedded once (repeated boilerplate included). Every
-        vector goes straight to its rows: a long document holds its vectors once."""
-        dimension = self.generation.dimension
-        rows = np.empty((len(chunks), dimension), dtype=np.float32)
-        rows_of: dict[bytes, list[int]] = {}
-        for row, chunk in enumerate(chunks):
-            rows_of.setdefault(chunk.content_digest, []).append(row)
-        digests = list(rows_of)
-        reused = 0
-        known: set[bytes] = set()
-        for start in range(0, len(digests), _KNOWN_LOOKUP_BATCH):
-            found = await self._sink.known_embeddings(
-                tenant_id, self.generation, digests[start : start + _KNOWN_LOOKUP_BATCH]
-            )
-            for digest, vector in found.items():
-                if digest in rows_of and np.shape(vector) == (dimension,):
-                    rows[rows_of[digest]] = vector
-                    reused += len(rows_of[digest])
-                    known.add(digest)
-        missing = [digest for digest in digests if digest not in known]
-        wave = self._batch_size * _REQUESTS_PER_WAVE
-        for start in range(0, len(missing), wave):
-            part = missing[start : start + wave]
-            # Every request's answer is checked there (count, dimension, finite values).
-            vectors = await embed_batched(
-                self._embedder,
-                [chunks[rows_of[digest][0]].embedding_input for digest in part],
-                batch_size=self._batch_size,
-                max_batch_tokens=self._max_batch_tokens,
-                count_tokens=self._count_tokens,
-            )
-            for digest, vector in zip(part, vectors, strict=True):
-                rows[rows_of[digest]] = vector
-            # A turn for the loop even when the embedder never yields (one computing on
-            # the loop): a long document must not starve the heartbeat of its lease.
-            await asyncio.sleep(0)
-        return rows, reused, len(missing)
 
 
 def _ms_since(started: float) -> float:

@@ -113,3 +113,54 @@ SELECT set_config('maintenance_work_mem', $1::text, false)
 -- name: set_local_statement_timeout
 -- Transaction-level (SET LOCAL): gone at commit or rollback, nothing left on the connection.
 SELECT set_config('statement_timeout', $1::text, true)
+
+-- ---------------------------------------------------------------------------------------
+-- Streamed documents (services/indexer/sink_stream.py, migration 0013): slices of a large
+-- document staged under their attempt, moved into the index by the fenced completion.
+
+-- name: lock_stream_lease
+-- $1 task, $2 owner, $3 lease_attempt, $4 now. The fence of one slice's transaction: the
+-- same condition as complete_task, and FOR SHARE holds the task row until the slice
+-- commits. A takeover (an UPDATE of the row) therefore waits for the slice; once it has
+-- committed, this attempt's next slice finds no row and stops. So the rows of an attempt
+-- are all committed before its successor can start (and clean them up), and none can
+-- arrive later.
+SELECT task_id
+  FROM index_task
+ WHERE task_id = $1
+   AND status = 'RUNNING'
+   AND lease_owner = $2
+   AND attempts = $3
+   AND lease_until > coalesce($4::timestamptz, now())
+   FOR SHARE
+
+-- name: delete_stale_stream
+-- $1 task, $2 lease_attempt. Rows left by the task's earlier attempts (lost or crashed
+-- mid-stream): run by the first slice of a new attempt, under its fence.
+DELETE FROM knowledge_chunk_stream WHERE task_id = $1 AND lease_attempt <> $2
+
+-- name: delete_attempt_stream
+-- $1 task, $2 lease_attempt. An attempt that failed gives up its own rows.
+DELETE FROM knowledge_chunk_stream WHERE task_id = $1 AND lease_attempt = $2
+
+-- name: count_stream
+-- $1 task, $2 lease_attempt.
+SELECT count(*) FROM knowledge_chunk_stream WHERE task_id = $1 AND lease_attempt = $2
+
+-- name: move_streamed_chunks
+-- $1 task, $2 lease_attempt, $3 tenant, $4 document, $5 version, $6 model, $7 strategy,
+-- $8 dimension. Inside the fenced complete: every staged row of the task leaves the
+-- staging table, and this attempt's rows enter the index, idempotently as
+-- insert_staged_chunks does (rows of other attempts are dropped, never indexed).
+WITH moved AS (
+    DELETE FROM knowledge_chunk_stream WHERE task_id = $1
+    RETURNING lease_attempt, chunk_id, ordinal, heading_path, text, content_digest, embedding
+)
+INSERT INTO knowledge_chunk (tenant_id, document_id, version_number, embedding_model,
+                             chunking_strategy, chunk_id, ordinal, heading_path, text,
+                             content_digest, embedding_dimension, embedding)
+SELECT $3::text, $4::uuid, $5::integer, $6::text, $7::text, m.chunk_id, m.ordinal,
+       m.heading_path, m.text, m.content_digest, $8::integer, m.embedding
+  FROM moved m
+ WHERE m.lease_attempt = $2
+ON CONFLICT DO NOTHING

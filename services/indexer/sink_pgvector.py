@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 import asyncpg
 import numpy as np
 import numpy.typing as npt
-from pgvector import Vector
 
 from services.indexer.ann_index import (
     ann_index_name,
@@ -33,6 +32,12 @@ from services.indexer.ann_index import (
     drop_ann_index_sql,
 )
 from services.indexer.ports import Clock, DatabaseClock, InTransaction
+from services.indexer.sink_stream import (
+    chunk_records,
+    discard_attempt,
+    move_staged,
+    stage_slice,
+)
 from services.indexer.task import Lease
 from services.runtime.avro import SchemaRegistry, default_registry
 from services.runtime.db import translate_db_errors
@@ -248,6 +253,13 @@ class PgVectorSink:
                 generation.chunking_strategy,
                 generation.dimension,
             )
+        await self._switch(conn, lease, generation, len(prepared.records))
+
+    async def _switch(
+        self, conn: Transaction, lease: Lease, generation: IndexGeneration, chunk_count: int
+    ) -> None:
+        """The forward-only pointer switch and, when it moved, its outbox event."""
+        with translate_db_errors():
             switched = await conn.fetchrow(
                 QUERIES["switch_search_version"],
                 lease.tenant_id,
@@ -255,7 +267,7 @@ class PgVectorSink:
                 lease.version_number,
                 generation.embedding_model,
                 generation.chunking_strategy,
-                len(prepared.records),
+                chunk_count,
                 lease.task_id,
                 self._clock.now(),
             )
@@ -269,10 +281,52 @@ class PgVectorSink:
                 reason="pointer_at_same_or_newer_version",
             )
             return
-        await add_event(conn, self._switched_event(prepared, switched))
+        await add_event(conn, self._switched_event(lease, generation, chunk_count, switched))
 
-    def _switched_event(self, prepared: ChunkWrite, switched: asyncpg.Record) -> OutboxEvent:
-        lease, generation = prepared.lease, prepared.generation
+    # -- large documents: staged slice by slice, moved in by the fenced complete -----------
+
+    async def stage(
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunks: Sequence[Chunk],
+        embeddings: npt.NDArray[Any],
+        *,
+        first: bool,
+    ) -> None:
+        """Stages one slice of a large document under the lease's fence (``LeaseLost`` when
+        it no longer holds); nothing reaches the index before ``stream_writer``'s write."""
+        records = await asyncio.to_thread(chunk_records, lease, generation, chunks, embeddings)
+        await stage_slice(self._pool, self._clock, lease, records, first=first)
+
+    async def discard_stream(self, lease: Lease) -> None:
+        await discard_attempt(self._pool, lease)
+
+    def stream_writer(
+        self, lease: Lease, generation: IndexGeneration, chunk_count: int
+    ) -> InTransaction:
+        """The ``write(conn)`` for a staged document, run inside ``queue.complete``'s fenced
+        transaction: the attempt's ``chunk_count`` staged chunks into the index, then the
+        pointer and its event, as ``writer`` does for a document held in memory."""
+
+        async def write(conn: Transaction) -> None:
+            with translate_db_errors():
+                await conn.fetchval(
+                    QUERIES["set_local_statement_timeout"],
+                    str(self.write_timeout_ms(chunk_count)),
+                )
+            await move_staged(conn, lease, generation, chunk_count)
+            await self._switch(conn, lease, generation, chunk_count)
+
+        return write
+
+    def _switched_event(
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunk_count: int,
+        switched: asyncpg.Record,
+    ) -> OutboxEvent:
         id_ = switched_event_id(lease, generation)
         payload = self._registry.encode(
             DOCUMENT_SEARCH_VERSION_SWITCHED,
@@ -284,7 +338,7 @@ class PgVectorSink:
                 "versionNumber": lease.version_number,
                 "previousVersionNumber": switched["previous_version"],
                 "embeddingModel": generation.embedding_model,
-                "chunkCount": len(prepared.records),
+                "chunkCount": chunk_count,
                 "taskId": str(lease.task_id),
                 "occurredAt": switched["switched_at"],
             },
@@ -322,28 +376,7 @@ def prepare_write(
 ) -> ChunkWrite:
     """Checks the embeddings against the chunks and the generation, and builds the COPY
     records, so the transaction only sends them."""
-    if not chunks:
-        raise ValueError(f"task {lease.task_id}: no chunks to write")
-    if embeddings.shape != (len(chunks), generation.dimension):
-        raise ValueError(
-            f"task {lease.task_id}: embeddings of shape {embeddings.shape} for "
-            f"{len(chunks)} chunks of dimension {generation.dimension}"
-        )
-    vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
-    if not np.isfinite(vectors).all():
-        raise ValueError(f"task {lease.task_id}: embeddings hold NaN or infinity")
-    records = [
-        (
-            chunk.chunk_id,
-            chunk.ordinal,
-            list(chunk.heading_path),
-            chunk.text,
-            chunk.content_digest,
-            Vector(vectors[row]),
-        )
-        for row, chunk in enumerate(chunks)
-    ]
-    return ChunkWrite(lease, generation, records)
+    return ChunkWrite(lease, generation, chunk_records(lease, generation, chunks, embeddings))
 
 
 async def _ensure_ann_index(conn: Executor, generation: IndexGeneration, build_memory: str) -> None:

@@ -22,8 +22,24 @@ class TokenizerSpec:
     # A HuggingFace ``tokenizer.json``; ``None`` counts approximately (remote providers whose
     # tokenizer is not on this machine), erring on the high side.
     tokenizer_file: str | None
-    # The most tokens the model reads of one input (it truncates the rest).
+    # The most tokens the model reads of one input, its special tokens included (it
+    # truncates the rest).
     max_input_tokens: int
+    # Tokens the model adds to every input (BERT-style models: [CLS] and [SEP]). Chunks are
+    # counted without them, so they must leave room for them.
+    special_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.special_tokens < self.max_input_tokens:
+            raise ValueError(
+                f"tokenizer {self.name!r}: {self.special_tokens} special tokens do not fit in "
+                f"{self.max_input_tokens} input tokens"
+            )
+
+    @property
+    def max_counted_tokens(self) -> int:
+        """The longest text, as ``load_token_counter`` counts it, that the model reads whole."""
+        return self.max_input_tokens - self.special_tokens
 
 
 def approximate_tokens(text: str) -> int:

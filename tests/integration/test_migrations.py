@@ -117,6 +117,16 @@ async def test_schema_has_every_table_and_key_of_the_design(
             "version_number",
             "embedding_model",
         },
+        "knowledge_chunk_stream": {
+            "task_id",
+            "lease_attempt",
+            "chunk_id",
+            "ordinal",
+            "heading_path",
+            "text",
+            "content_digest",
+            "embedding",
+        },
     }
     for table, columns in expected_columns.items():
         assert table in tables, f"missing table {table}"
@@ -142,6 +152,12 @@ async def test_schema_has_every_table_and_key_of_the_design(
         ("tenant_id", "document_id", "version_number", "embedding_model", "chunk_id"),
     ) in keys
     assert ("document_search_version", ("tenant_id", "document_id")) in keys
+    assert ("knowledge_chunk_stream", ("task_id", "lease_attempt", "ordinal")) in keys
+    # Staged slices are scratch: never WAL-logged (migration 0013).
+    persistence = await empty_database.fetchval(
+        "SELECT relpersistence::text FROM pg_class WHERE oid = 'knowledge_chunk_stream'::regclass"
+    )
+    assert persistence == "u"
 
     # The claim must be able to use partial indexes that leave finished tasks out.
     index_defs = await empty_database.fetch(

@@ -300,10 +300,10 @@ class SignallingParsePool(ParsePool):
         super().__init__(workers=1)
         self.signals = signals
 
-    async def parse_and_chunk(self, *args: Any, **kwargs: Any) -> Any:
+    async def stream_chunks(self, *args: Any, **kwargs: Any) -> Any:
         self.signals.put_nowait(WorkerEvent("parse_started"))
         try:
-            return await super().parse_and_chunk(*args, **kwargs)
+            return await super().stream_chunks(*args, **kwargs)
         finally:
             self.signals.put_nowait(WorkerEvent("parse_finished"))
 

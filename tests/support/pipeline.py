@@ -13,6 +13,7 @@ from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.embedding.port import Embedder, Vectors
 from services.indexer.parsing.pool import ParsePool
 from services.indexer.pipeline import PipelineIndexer, chunking_strategy
+from services.indexer.ports import Clock
 from services.indexer.sink_pgvector import PgVectorSink
 from services.indexer.source_pg import PgVersionSource
 from services.indexer.tokens import TokenizerSpec
@@ -57,12 +58,15 @@ async def running_pipeline(
     parse_pool: ParsePool | None = None,
     max_tokens: int = 128,
     batch_size: int = 32,
+    clock: Clock | None = None,
+    **streaming: int,
 ) -> AsyncIterator[PipelineIndexer]:
     """The pipeline with a hashing embedder (fast) unless told otherwise, and an inline
-    parse pool unless one is given; closed on the way out."""
+    parse pool unless one is given; closed on the way out. ``streaming``: the pipeline's
+    ``slice_chunks`` / ``stream_above_chunks``."""
     embedder = embedder or HashingEmbedder(dimension=64)
     parse_pool = parse_pool or ParsePool(inline=True)
-    sink = PgVectorSink(pool)
+    sink = PgVectorSink(pool, clock=clock)
     indexer = PipelineIndexer(
         PgVersionSource(pool),
         parse_pool,
@@ -70,6 +74,7 @@ async def running_pipeline(
         sink,
         strategy=chunking_strategy(embedder, max_tokens=max_tokens),
         batch_size=batch_size,
+        **streaming,
     )
     try:
         await sink.ensure_generation(indexer.generation)

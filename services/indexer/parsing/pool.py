@@ -15,61 +15,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import importlib
 import multiprocessing
 import os
 import select
 import uuid
 from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any, Final
 
-from services.indexer.chunking import Chunk, ChunkingStrategy, chunk_sections
-from services.indexer.parsing import ParseLimits, parse_document
+from services.indexer.chunking import Chunk, ChunkingStrategy
+from services.indexer.native_memory import release_freed_memory
+from services.indexer.parsing import ParseLimits
+from services.indexer.parsing.stream import (
+    DEFAULT_SLICE_CHUNKS,
+    DocumentBytes,
+    Message,
+    OnSlice,
+    Overrun,
+    Reported,
+    WorkerGone,
+    attach,
+    chunk_slices,
+    consume,
+    receive,
+    send,
+    stream_in_worker,
+)
 from services.indexer.task import ErrorCode, IndexingFailed
-from services.indexer.tokens import TokenCounter, TokenizerSpec, load_token_counter
 from services.runtime.logging import get_logger
 
 log = get_logger(__name__)
 
 _START_METHOD: Final = "forkserver"
 _DEFAULT_LIMITS: Final = ParseLimits()
-_PRELOAD: Final = ("services.indexer.parsing.pool", "tokenizers")
-
-
-@functools.lru_cache(maxsize=4)
-def _token_counter(spec: TokenizerSpec) -> TokenCounter:
-    """Loaded once per process and tokenizer."""
-    return load_token_counter(spec)
-
-
-# What crosses back from a worker: IndexingFailed does not survive pickling (its
-# constructor takes arguments pickle does not pass), so a failure travels as code+message.
-_Outcome = tuple[list[Chunk], None] | tuple[None, tuple[str, str]]
-
-
-def _parse_and_chunk(
-    media_type: str,
-    content: bytes,
-    document_id: uuid.UUID,
-    version_number: int,
-    strategy: ChunkingStrategy,
-    limits: ParseLimits,
-) -> _Outcome:
-    try:
-        sections = parse_document(media_type, content, limits)
-        chunks = chunk_sections(
-            sections,
-            document_id=document_id,
-            version_number=version_number,
-            strategy=strategy,
-            count_tokens=_token_counter(strategy.tokenizer),
-        )
-    except IndexingFailed as failure:
-        return None, (failure.code, failure.message)
-    return chunks, None
+_PRELOAD: Final = (
+    "services.indexer.parsing.pool",
+    "services.indexer.parsing.stream",
+    "tokenizers",
+)
 
 
 def _warm_up() -> None:
@@ -100,6 +85,11 @@ def _exited(process: Any) -> bool:
 @dataclass
 class _Slot:
     executor: ProcessPoolExecutor
+    # This process's end of the slot's pipe: the document goes out, its slices come back.
+    channel: Connection
+    # The worker's end, until its process has been started with it (then closed here, so
+    # a worker that dies is an end of file, not a wait forever).
+    worker_end: Connection | None
     # Set by the slot's first use: starting a process (and the forkserver) blocks.
     warm: Future[None] | None = None
 
@@ -142,6 +132,36 @@ class ParsePool:
             if process.is_alive()
         ]
 
+    async def stream_chunks(
+        self,
+        media_type: str,
+        content: DocumentBytes,
+        *,
+        document_id: uuid.UUID,
+        version_number: int,
+        strategy: ChunkingStrategy,
+        on_slice: OnSlice,
+        slice_chunks: int = DEFAULT_SLICE_CHUNKS,
+        budget_seconds: float | None = None,
+    ) -> int:
+        """Parses and chunks the document, awaiting ``on_slice`` with each slice of at most
+        ``slice_chunks`` chunks in document order; returns the chunk count. The worker waits
+        while ``on_slice`` runs, so neither side holds more than a slice or two.
+
+        Raises ``IndexingFailed``: the parse codes, DOCUMENT_PARSE_TIMEOUT when parsing
+        outruns the budget (``ParseLimits.budget_seconds`` unless given; time spent in
+        ``on_slice`` is not counted), DOCUMENT_PARSE_FAILED if the worker process died.
+        Whatever ``on_slice`` raises ends the parse and is raised here."""
+        if self._closed:
+            raise RuntimeError("the parse pool is closed")
+        if slice_chunks < 1:
+            raise ValueError("slice_chunks must be >= 1")
+        budget = self._limits.budget_seconds if budget_seconds is None else budget_seconds
+        args = (media_type, document_id, version_number, strategy, self._limits, slice_chunks)
+        if self._inline:
+            return await self._stream_inline(content, args, budget, on_slice)
+        return await self._stream_in_slot(content, args, budget, on_slice)
+
     async def parse_and_chunk(
         self,
         media_type: str,
@@ -152,21 +172,22 @@ class ParsePool:
         strategy: ChunkingStrategy,
         budget_seconds: float | None = None,
     ) -> list[Chunk]:
-        """The document's chunks. Raises ``IndexingFailed``: the parse codes, and
-        DOCUMENT_PARSE_TIMEOUT past the budget (``ParseLimits.budget_seconds`` unless
-        given), DOCUMENT_PARSE_FAILED if the worker process died."""
-        if self._closed:
-            raise RuntimeError("the parse pool is closed")
-        budget = self._limits.budget_seconds if budget_seconds is None else budget_seconds
-        args = (media_type, content, document_id, version_number, strategy, self._limits)
-        if self._inline:
-            outcome = await self._run_inline(args, budget)
-        else:
-            outcome = await self._run_in_slot(args, budget)
-        chunks, failure = outcome
-        if failure is not None:
-            raise IndexingFailed(*failure)
-        assert chunks is not None
+        """All the document's chunks at once (small documents, tests, benchmarks); raises
+        as ``stream_chunks`` does."""
+        chunks: list[Chunk] = []
+
+        async def collect(part: list[Chunk]) -> None:
+            chunks.extend(part)
+
+        await self.stream_chunks(
+            media_type,
+            DocumentBytes(content),
+            document_id=document_id,
+            version_number=version_number,
+            strategy=strategy,
+            on_slice=collect,
+            budget_seconds=budget_seconds,
+        )
         return chunks
 
     async def aclose(self) -> None:
@@ -178,55 +199,97 @@ class ParsePool:
         await asyncio.gather(
             *(asyncio.to_thread(slot.executor.shutdown, wait=True) for slot in self._slots)
         )
+        for slot in self._slots:
+            self._close_channel(slot)
 
     # -- running ---------------------------------------------------------------------------
 
-    async def _run_inline(
+    async def _stream_inline(
         self,
-        args: tuple[str, bytes, uuid.UUID, int, ChunkingStrategy, ParseLimits],
+        content: DocumentBytes,
+        args: tuple[str, uuid.UUID, int, ChunkingStrategy, ParseLimits, int],
         budget: float,
-    ) -> _Outcome:
+        on_slice: OnSlice,
+    ) -> int:
         # A thread cannot be stopped: past the budget the caller moves on and the thread
-        # finishes on its own. Inline mode is for tests.
+        # finishes its step on its own. Inline mode is for tests.
+        media_type, document_id, version_number, strategy, limits, slice_chunks = args
+        messages = chunk_slices(
+            media_type,
+            content.take(),
+            document_id,
+            version_number,
+            strategy,
+            limits,
+            slice_chunks,
+        )
+
+        async def next_message() -> Message:
+            return await asyncio.to_thread(next, messages)
+
         try:
-            return await asyncio.wait_for(asyncio.to_thread(_parse_and_chunk, *args), budget)
-        except TimeoutError:
+            return await consume(next_message, budget, on_slice)
+        except Reported as reported:
+            raise reported.failure from None
+        except Overrun:
             raise self._timeout(budget) from None
 
-    async def _run_in_slot(
+    async def _stream_in_slot(
         self,
-        args: tuple[str, bytes, uuid.UUID, int, ChunkingStrategy, ParseLimits],
+        content: DocumentBytes,
+        args: tuple[str, uuid.UUID, int, ChunkingStrategy, ParseLimits, int],
         budget: float,
-    ) -> _Outcome:
+        on_slice: OnSlice,
+    ) -> int:
         index = await self._free.get()
         try:
             try:
-                job = await self._submit(index, args)
-                return await asyncio.wait_for(job, budget)
-            except TimeoutError:
+                slot, job = await self._submit(index, args)
+                # Sent, not pickled with the job: the executor keeps a job's arguments
+                # until it finishes, and this process must not hold the bytes that long.
+                await asyncio.to_thread(send, slot.channel, content.take())
+                # Loading them cost a few copies' worth of freed pages: back they go.
+                release_freed_memory()
+
+                async def next_message() -> Message:
+                    return await asyncio.to_thread(receive, slot.channel, job)
+
+                count = await consume(next_message, budget, on_slice)
+                await asyncio.wrap_future(job)
+                return count
+            except Reported as reported:
+                # The worker is done with the document and finishes its job: nothing to kill.
+                await asyncio.wrap_future(job)
+                raise reported.failure from None
+            except Overrun:
                 self._restart(index, reason="budget")
                 raise self._timeout(budget) from None
-            except BrokenProcessPool:
+            except WorkerGone:
                 self._restart(index, reason="died")
                 raise IndexingFailed(
                     ErrorCode.DOCUMENT_PARSE_FAILED,
                     "the parsing process died (out of memory or crashed) on this document",
                 ) from None
-            except asyncio.CancelledError:
-                # Nobody wants the result: do not let the slot keep parsing it.
-                self._restart(index, reason="cancelled")
+            except BaseException:
+                # Cancelled, or the consumer failed: the worker is mid-document and nobody
+                # wants the rest; do not let the slot keep parsing it.
+                self._restart(index, reason="abandoned")
                 raise
         finally:
             if not self._closed:
                 self._free.put_nowait(index)
 
     async def _submit(
-        self, index: int, args: tuple[str, bytes, uuid.UUID, int, ChunkingStrategy, ParseLimits]
-    ) -> asyncio.Future[_Outcome]:
+        self, index: int, args: tuple[str, uuid.UUID, int, ChunkingStrategy, ParseLimits, int]
+    ) -> tuple[_Slot, Future[None]]:
         for attempt in range(2):
             slot = self._slots[index]
             if slot.warm is None:
                 slot.warm = await asyncio.to_thread(slot.executor.submit, _warm_up)
+                # The submit started the worker with its end of the pipe: ours goes.
+                if slot.worker_end is not None:
+                    slot.worker_end.close()
+                    slot.worker_end = None
             if not slot.warm.done():
                 # A fresh process imports the parsers first, outside any document's budget.
                 with contextlib.suppress(Exception):
@@ -236,7 +299,7 @@ class ParsePool:
                 self._restart(index, reason="died_idle")
                 continue
             break
-        return asyncio.wrap_future(slot.executor.submit(_parse_and_chunk, *args))
+        return slot, slot.executor.submit(stream_in_worker, *args)
 
     @staticmethod
     def _processes(slot: _Slot) -> list[Any]:
@@ -254,11 +317,24 @@ class ParsePool:
         )
 
     def _new_slot(self) -> _Slot:
-        executor = ProcessPoolExecutor(max_workers=1, mp_context=self._context)
-        return _Slot(executor=executor)
+        channel, worker_end = self._context.Pipe(duplex=True)
+        executor = ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=self._context,
+            initializer=attach,
+            initargs=(worker_end,),
+        )
+        return _Slot(executor=executor, channel=channel, worker_end=worker_end)
+
+    @staticmethod
+    def _close_channel(slot: _Slot) -> None:
+        for end in (slot.channel, slot.worker_end):
+            if end is not None:
+                end.close()
 
     def _restart(self, index: int, *, reason: str) -> None:
-        """Kills the slot's process and gives the slot a fresh one."""
+        """Kills the slot's process and gives the slot a fresh one (and a fresh pipe: the
+        old one may hold the rest of the abandoned document)."""
         old = self._slots[index]
         if not self._closed:
             self._slots[index] = self._new_slot()
@@ -266,4 +342,5 @@ class ParsePool:
         for process in self._processes(old):
             process.kill()
         old.executor.shutdown(wait=False, cancel_futures=True)
+        self._close_channel(old)
         log.warning("parse_pool.worker_restarted", slot=index, reason=reason)

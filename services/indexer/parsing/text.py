@@ -7,6 +7,7 @@ read exactly is never indexed as mojibake.
 from __future__ import annotations
 
 import codecs
+from collections.abc import Iterator
 
 from services.indexer.parsing.section import Section, SectionBuilder
 from services.indexer.task import ErrorCode, IndexingFailed
@@ -51,8 +52,29 @@ def decode_text(content: bytes) -> str:
     return decode(content, "utf-8")
 
 
+# A long text is normalised in blocks of about this many characters, cut at blank lines:
+# normalising 50 MB at once held several copies of it (lines, stripped lines, joins).
+_BLOCK_CHARS = 1 << 20
+
+
+def _blocks(text: str, size: int = _BLOCK_CHARS) -> Iterator[str]:
+    """``text`` in pieces cut just before a blank line (``\n\n``), each about ``size``
+    characters or, where no blank line comes soon enough, longer. Normalising the pieces
+    and joining them with a blank line is normalising the whole: each cut falls inside a
+    run of line breaks, which normalisation turns into exactly one blank line."""
+    start = 0
+    while len(text) - start > size:
+        cut = text.find("\n\n", start + size)
+        if cut < 0:
+            break
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
 def parse_text(content: bytes) -> list[Section]:
     # One section without headings; normalising keeps the blank lines between paragraphs.
     builder = SectionBuilder()
-    builder.block(decode_text(content))
+    for block in _blocks(decode_text(content)):
+        builder.block(block)
     return builder.build()

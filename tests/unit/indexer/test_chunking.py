@@ -149,7 +149,7 @@ def test_one_huge_heading_is_cut_to_fit() -> None:
     assert COUNT(only.embedding_input) <= 32
 
 
-def test_each_text_is_counted_once_per_document() -> None:
+def test_each_text_is_counted_once_per_section() -> None:
     counted: list[str] = []
 
     def counting(text: str) -> int:
@@ -226,3 +226,17 @@ def test_a_tokenizer_that_counts_more_for_the_joined_input_still_gets_its_bound(
     )
     assert all(superadditive(c.embedding_input) <= 16 for c in chunks)
     assert squeeze("".join(c.text for c in chunks)) == squeeze(text)
+
+
+def test_a_huge_section_is_chunked_in_windows_cut_at_paragraph_breaks() -> None:
+    from services.indexer.chunking import _windows
+
+    paragraphs = [f"Paragraph {n} " + "word " * (n % 40) for n in range(400)]
+    text = "\n\n".join(p.strip() for p in paragraphs)
+    windows = list(_windows(text, 1000))
+    assert "".join(windows) == text
+    assert all(len(w) <= 1000 for w in windows)
+    assert all(w.startswith("\n\nParagraph") for w in windows[1:])
+    assert list(_windows("short", 1000)) == ["short"]
+    # No break anywhere: cut at the size.
+    assert [len(w) for w in _windows("x" * 2500, 1000)] == [1000, 1000, 500]

@@ -20,6 +20,7 @@ from services.indexer.ports import StoredVersion
 from services.indexer.sink_pgvector import IndexGeneration
 from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.indexer.tokens import TokenizerSpec
+from services.runtime.errors import ConfigError
 from services.runtime.transaction import Transaction
 
 DIMENSION = 8
@@ -125,6 +126,38 @@ class MemorySink:
 
         return write
 
+    # The streaming path: staged slices per (task, attempt), moved in by the write.
+    staged: dict[tuple[uuid.UUID, int], list[tuple[Chunk, np.ndarray]]] = field(
+        default_factory=dict
+    )
+    stage_calls: list[tuple[int, bool]] = field(default_factory=list)
+
+    async def stage(
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunks: Sequence[Chunk],
+        embeddings: np.ndarray,
+        *,
+        first: bool,
+    ) -> None:
+        assert embeddings.shape == (len(chunks), generation.dimension)
+        self.stage_calls.append((len(chunks), first))
+        key = (lease.task_id, lease.lease_attempt)
+        self.staged.setdefault(key, []).extend(zip(chunks, embeddings, strict=True))
+
+    async def discard_stream(self, lease: Lease) -> None:
+        self.staged.pop((lease.task_id, lease.lease_attempt), None)
+
+    def stream_writer(self, lease: Lease, generation: IndexGeneration, chunk_count: int) -> Any:
+        async def write(conn: Any) -> None:
+            rows = self.staged.pop((lease.task_id, lease.lease_attempt))
+            assert len(rows) == chunk_count
+            chunks = [chunk for chunk, _ in rows]
+            await self.writer(lease, generation, chunks, np.stack([v for _, v in rows]))(conn)
+
+        return write
+
 
 @dataclass
 class Harness:
@@ -142,7 +175,7 @@ class Harness:
         return chunks, rows
 
 
-def harness(batch_size: int = 16, max_tokens: int = 64) -> Harness:
+def harness(batch_size: int = 16, max_tokens: int = 64, **streaming: int) -> Harness:
     source, embedder, sink = Source(), RecordingEmbedder(), MemorySink()
     strategy = chunking_strategy(embedder, max_tokens=max_tokens)
     indexer = PipelineIndexer(
@@ -152,6 +185,7 @@ def harness(batch_size: int = 16, max_tokens: int = 64) -> Harness:
         sink,
         strategy=strategy,
         batch_size=batch_size,
+        **streaming,
     )
     return Harness(source, embedder, sink, indexer)
 
@@ -293,6 +327,20 @@ def test_the_generation_names_model_dimension_and_strategy() -> None:
     )
 
 
+def test_chunks_leave_room_for_the_special_tokens_the_model_adds() -> None:
+    embedder = RecordingEmbedder()
+    embedder.tokenizer = TokenizerSpec(
+        name="bert", tokenizer_file=None, max_input_tokens=256, special_tokens=2
+    )
+    strategy = chunking_strategy(embedder, max_tokens=256)
+    # [CLS] + 254 counted tokens + [SEP] = the 256 the model reads: nothing truncated.
+    assert strategy.max_tokens == 254
+    assert ":max=254:" in strategy.strategy_id
+    assert chunking_strategy(embedder, max_tokens=128).max_tokens == 128
+    with pytest.raises(ConfigError):
+        ChunkingStrategy(embedder.tokenizer, max_tokens=255)
+
+
 async def test_the_loop_gets_turns_while_an_embedder_that_never_yields_works() -> None:
     """A heartbeat must run during a long embedding even when the embedder computes on
     the loop (the hashing embedder does): the pipeline gives the loop turns between waves
@@ -322,3 +370,58 @@ async def test_the_loop_gets_turns_while_an_embedder_that_never_yields_works() -
     assert len(seen) >= 50
     # The ticker ran between waves of requests (of 8): it advanced at least once a wave.
     assert len(set(seen)) >= len(seen) // 8
+
+
+async def test_a_large_document_is_staged_in_slices_and_gives_the_same_chunks_and_vectors() -> None:
+    document_id = uuid.uuid4()
+    content = stored(policy(120))
+    held = harness()
+    held.source.put("acme", document_id, 1, content)
+    held_chunks, held_rows = await held.index(lease(document_id))
+    assert held.sink.stage_calls == []  # small enough: held in memory, written in one go
+
+    streamed = harness(slice_chunks=16, stream_above_chunks=40)
+    streamed.source.put("acme", document_id, 1, content)
+    chunks, rows = await streamed.index(lease(document_id))
+
+    assert chunks == held_chunks
+    assert np.array_equal(rows, held_rows)
+    # Two slices (32 chunks) were held; the third crossed the line of 40, so what was held
+    # was staged (cleaning up earlier attempts first), then every slice as it came.
+    calls = streamed.sink.stage_calls
+    assert calls[0] == (32, True)
+    assert all(size <= 16 and not first for size, first in calls[1:])
+    assert sum(size for size, _ in calls) == len(chunks)
+    assert streamed.sink.staged == {}
+
+
+async def test_content_repeated_across_slices_is_embedded_once() -> None:
+    h = harness(slice_chunks=4, stream_above_chunks=0)
+    document_id = uuid.uuid4()
+    repeated = "\n\n".join(["## Contact\n\nWrite to support@example.com."] * 12).encode()
+    h.source.put("acme", document_id, 1, stored(repeated))
+    chunks, _ = await h.index(lease(document_id))
+    assert len(chunks) == 12
+    assert h.embedder.texts == [chunks[0].embedding_input]
+
+
+async def test_a_failed_streaming_attempt_gives_up_its_staged_rows() -> None:
+    h = harness(slice_chunks=8, stream_above_chunks=8)
+    document_id = uuid.uuid4()
+    h.source.put("acme", document_id, 1, stored(policy(60)))
+    calls = 0
+
+    def fail_later(texts: Sequence[str]) -> np.ndarray:
+        nonlocal calls
+        calls += 1
+        if calls > 3:
+            raise IndexingFailed(ErrorCode.EMBEDDING_UNAVAILABLE, "provider down")
+        return np.stack([vector_of(t) for t in texts])
+
+    h.embedder.answer = fail_later
+    with pytest.raises(IndexingFailed) as raised:
+        await h.indexer.index(lease(document_id))
+    assert raised.value.code == ErrorCode.EMBEDDING_UNAVAILABLE
+    assert h.sink.stage_calls  # it had started staging
+    assert h.sink.staged == {}
+    assert h.sink.written == []

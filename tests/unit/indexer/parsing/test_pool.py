@@ -221,3 +221,55 @@ async def test_an_overrun_in_one_slot_leaves_the_other_slot_parsing(big_pdf: byt
         assert two.restarts == 1
     finally:
         await two.aclose()
+
+
+async def test_slices_stream_in_order_and_a_consumer_failure_is_its_own(
+    pool: ParsePool, big_pdf: bytes
+) -> None:
+    from services.indexer.parsing.stream import DocumentBytes
+
+    content = make_markdown()
+    whole = chunk_sections(
+        parse_document(MARKDOWN, content),
+        document_id=DOCUMENT,
+        version_number=1,
+        strategy=STRATEGY,
+        count_tokens=approximate_tokens,
+    )
+    slices: list[list[Any]] = []
+
+    async def take(part: list[Any]) -> None:
+        slices.append(part)
+
+    count = await pool.stream_chunks(
+        MARKDOWN,
+        DocumentBytes(content),
+        document_id=DOCUMENT,
+        version_number=1,
+        strategy=STRATEGY,
+        on_slice=take,
+        slice_chunks=2,
+    )
+    assert count == len(whole)
+    assert [chunk for part in slices for chunk in part] == whole
+    assert all(len(part) <= 2 for part in slices)
+
+    # A consumer that fails mid-document (here a network error of its own) gets its own
+    # error back, not a parse failure; the worker, mid-document, is replaced.
+    restarts = pool.restarts
+
+    async def fail(part: list[Any]) -> None:
+        raise ConnectionResetError("the database went away")
+
+    with pytest.raises(ConnectionResetError):
+        await pool.stream_chunks(
+            PDF,
+            DocumentBytes(big_pdf),
+            document_id=DOCUMENT,
+            version_number=1,
+            strategy=STRATEGY,
+            on_slice=fail,
+            slice_chunks=2,
+        )
+    assert pool.restarts == restarts + 1
+    assert await parse(pool, MARKDOWN, content) == len(whole)

@@ -65,3 +65,18 @@ def test_text_without_words_is_empty(content: bytes) -> None:
 def test_invisible_characters_do_not_split_words() -> None:
     content = "re\u00adfund win\u200bdow\ufeff\u00a0policy".encode()
     assert parse_document(TEXT, content) == [Section((), "refund window policy")]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_long_text_normalised_in_blocks_is_the_whole_text_normalised(seed: int) -> None:
+    import random
+
+    from services.indexer.parsing.section import normalise_text
+    from services.indexer.parsing.text import _blocks
+
+    rng = random.Random(seed)
+    pieces = ["word", " ", "\n", "\n\n", "\r\n", "\r", "\t", "  \n \n", "\x0b", "\u200b", "é"]
+    text = "".join(rng.choice(pieces) for _ in range(3000))
+    blocks = [normalise_text(block) for block in _blocks(text, size=rng.randint(5, 200))]
+    assert len(blocks) > 1 or "\n\n" not in text[200:]
+    assert "\n\n".join(block for block in blocks if block) == normalise_text(text)
