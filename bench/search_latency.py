@@ -18,8 +18,9 @@ timed on its own, with the offline ONNX model), at concurrency 1 and 8:
   the query's tenant: ``group:everyone`` (all of the tenant), a typical user in 3 of 20
   groups (~27 %), and ``group:narrow`` (1 %);
 - the same vector and hybrid queries with the vector list as an exact scan (the limit of
-  correctness) and a plain unfiltered pgvector query on the same HNSW index (the limit of
-  speed);
+  correctness), the same statement with the planner pushed onto the HNSW order
+  (``enable_sort = off``: what the ANN path would cost where the planner does not take
+  it), and a plain unfiltered pgvector query on the same HNSW index (the limit of speed);
 - recall@10 of the vector list against the exact top 10 under the same filter (numpy),
   and whether the answer filled topK (or everything the principal may read, if less);
 - ``kb serve`` started as a user starts it, searched over HTTP (the query embedding

@@ -108,12 +108,24 @@ def request_for(
 
 
 def variants(
-    index: PgSearchIndex, exact_index: PgSearchIndex, concurrency: list[int], queries: int
+    index: PgSearchIndex,
+    exact_index: PgSearchIndex,
+    forced_index: PgSearchIndex,
+    concurrency: list[int],
+    queries: int,
 ) -> list[tuple[str, SearchMode, PgSearchIndex, list[int], int, bool]]:
     """(row name, mode, index, concurrency levels, queries, one common word only)."""
     return [
         ("search vector", SearchMode.VECTOR, index, concurrency, queries, False),
         ("exact scan vector", SearchMode.VECTOR, exact_index, [1], queries, False),
+        (
+            "search vector, HNSW path forced",
+            SearchMode.VECTOR,
+            forced_index,
+            concurrency,
+            queries,
+            False,
+        ),
         ("search keyword", SearchMode.KEYWORD, index, concurrency, queries, False),
         # The keyword side's worst case: every chunk holding a common word is ranked.
         (
@@ -126,6 +138,14 @@ def variants(
         ),
         ("search hybrid", SearchMode.HYBRID, index, concurrency, queries, False),
         ("exact scan hybrid", SearchMode.HYBRID, exact_index, [1], queries, False),
+        (
+            "search hybrid, HNSW path forced",
+            SearchMode.HYBRID,
+            forced_index,
+            concurrency,
+            queries,
+            False,
+        ),
     ]
 
 
@@ -158,6 +178,17 @@ async def measure(
         generation = Generation(model, DIMENSION)
         index = PgSearchIndex(pool, generation, settings)
         exact_index = ExactSearchIndex(pool, generation, settings)
+        # The same statement on sessions with enable_sort off: the planner then prefers
+        # the HNSW order to sorting the tenant's chunks (what the HNSW path would cost).
+        forced_pool = await create_pool(
+            settings,
+            server_settings={
+                "application_name": "kb-bench-hnsw-forced",
+                "statement_timeout": str(settings.db_statement_timeout_ms),
+                "enable_sort": "off",
+            },
+        )
+        forced_index = PgSearchIndex(forced_pool, generation, settings)
         plain_sql = (
             "SELECT chunk_id FROM knowledge_chunk c"
             f" WHERE {model_predicate(model, 'c.embedding_model')}"
@@ -185,7 +216,7 @@ async def measure(
 
         for principal_class in PRINCIPAL_CLASSES:
             for label, mode, searcher, levels, count, common in variants(
-                index, exact_index, concurrency, len(queries)
+                index, exact_index, forced_index, concurrency, len(queries)
             ):
 
                 async def call(
@@ -212,6 +243,13 @@ async def measure(
                         f" p95 {percentile(samples, 0.95):.2f}"
                     )
         plans = await plan_shapes(pool, index, settings, queries)
+        plans |= {
+            f"{c}, HNSW path forced": shape
+            for c, shape in (
+                await plan_shapes(forced_pool, forced_index, settings, queries)
+            ).items()
+        }
+        await forced_pool.close()
         facts = await meta(url)
         facts["server"] = await server_facts(pool)
     finally:
