@@ -38,7 +38,13 @@ import sys
 import time
 
 from bench.search_scale_corpus import build_corpus
-from bench.search_scale_load import corpus_identity, load, reusable, url_for
+from bench.search_scale_load import (
+    corpus_identity,
+    load,
+    per_tenant_ann_indexes,
+    reusable,
+    url_for,
+)
 from services.indexer.embedding.onnx_local import MODEL_NAME
 
 # The offline model's name: `kb serve` with its default embedder searches this index.
@@ -53,6 +59,7 @@ async def run(args: argparse.Namespace) -> int:
     admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
     database = args.database or f"kb_bench_scale_{args.chunks // 1000}k_{args.vectors}"
     started = time.perf_counter()
+    mwm = args.maintenance_work_mem or ("4GB" if args.chunks >= 500_000 else "1GB")
     corpus = build_corpus(args.chunks, args.seed, args.vectors)
     if args.reuse:
         why = await reusable(admin_url, database, corpus_identity(corpus, MODEL))
@@ -62,7 +69,6 @@ async def run(args: argparse.Namespace) -> int:
         url = url_for(admin_url, database)
         log(f"reusing {database}")
     else:
-        mwm = args.maintenance_work_mem or ("4GB" if args.chunks >= 500_000 else "1GB")
         url = await load(
             admin_url,
             database,
@@ -73,6 +79,14 @@ async def run(args: argparse.Namespace) -> int:
             log=log,
         )
         log(f"{database} loaded and indexed in {time.perf_counter() - started:.0f}s")
+    await per_tenant_ann_indexes(
+        url,
+        MODEL,
+        present=args.per_tenant_hnsw,
+        maintenance_work_mem=mwm,
+        parallel_workers=args.parallel_workers,
+        log=log,
+    )
     if args.load_only:
         return 0
     from bench.search_scale_measure import measure
@@ -94,6 +108,11 @@ def main() -> None:
     parser.add_argument("--maintenance-work-mem", help="for the index builds (1GB; 4GB at 1M)")
     parser.add_argument("--parallel-workers", type=int, default=2)
     parser.add_argument("--no-http", action="store_true", help="skip the kb serve rows")
+    parser.add_argument(
+        "--per-tenant-hnsw",
+        action="store_true",
+        help="experiment: a partial HNSW index per tenant (built if missing; dropped without)",
+    )
     sys.exit(asyncio.run(run(parser.parse_args())))
 
 

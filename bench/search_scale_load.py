@@ -324,3 +324,65 @@ def _document_start(corpus: Corpus, d: int, i: int) -> int:
     while i > 0 and int(corpus.chunk_document[i - 1]) == d:
         i -= 1
     return i
+
+
+def tenant_ann_index(model: str, tenant: str) -> str:
+    return f"{ann_index_name(model)}_{tenant}"
+
+
+async def per_tenant_ann_indexes(
+    url: str,
+    model: str,
+    *,
+    present: bool,
+    maintenance_work_mem: str,
+    parallel_workers: int,
+    log: Any = print,
+) -> float | None:
+    """An experiment, not what the sink builds: one partial HNSW index per tenant
+    (``WHERE embedding_model = m AND tenant_id = t``, the model's expression), which search's
+    custom plans can prove from the tenant literal. ``present`` builds the missing ones
+    (returns the seconds it took, None if none was missing); otherwise drops them all, so
+    that a reused database measures the sink's index alone."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SET statement_timeout = 0")
+        existing = {
+            r["indexname"]
+            for r in await conn.fetch(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'knowledge_chunk'"
+                " AND indexname LIKE $1",
+                ann_index_name(model) + "\\_%",
+            )
+        }
+        if not present:
+            for name in sorted(existing):
+                await conn.execute(f"DROP INDEX {name}")
+            return None
+        await conn.execute(f"SET maintenance_work_mem = '{maintenance_work_mem}'")
+        await conn.execute(f"SET max_parallel_maintenance_workers = {int(parallel_workers)}")
+        started = time.perf_counter()
+        built = 0
+        for t in range(TENANTS):
+            tenant = tenant_name(t)
+            name = tenant_ann_index(model, tenant)
+            if name in existing:
+                continue
+            sql = create_ann_index_sql(model, DIMENSION).replace("INDEX CONCURRENTLY", "INDEX")
+            sql = sql.replace(ann_index_name(model), name) + f" AND tenant_id = '{tenant}'"
+            await conn.execute(sql)
+            built += 1
+        if not built:
+            return None
+        seconds = time.perf_counter() - started
+        await conn.execute("ANALYZE knowledge_chunk")
+        size = await conn.fetchval(
+            "SELECT sum(pg_relation_size(indexrelid::regclass)) FROM pg_stat_user_indexes"
+            " WHERE indexrelname LIKE $1",
+            ann_index_name(model) + "\\_%",
+        )
+        await _record(conn, "per_tenant_hnsw", {"build_s": seconds, "size": int(size)})
+        log(f"{built} per-tenant HNSW indexes built in {seconds:.0f}s")
+        return seconds
+    finally:
+        await conn.close()

@@ -423,6 +423,13 @@ def report(
         f" Per million chunks: HNSW build {facts['hnsw_build_s'] * per_million / 60:.1f} min,"
         f" HNSW {_mib(sizes['hnsw'] * per_million)}, GIN {_mib(sizes['gin'] * per_million)}."
     )
+    tenant_hnsw = facts.get("per_tenant_hnsw")
+    if args.per_tenant_hnsw and tenant_hnsw:
+        print()
+        print(
+            f"Experiment: a partial HNSW index per tenant, 100 of them built in"
+            f" {tenant_hnsw['build_s']:.0f} s, {_mib(tenant_hnsw['size'])} together."
+        )
     print()
     plain = {r.concurrency: r for r in rows if r.name.startswith("plain")}
     print(
