@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -314,17 +315,14 @@ async def plan_shapes(
                 settings.search_ef_search,
                 settings.search_max_scan_tuples,
             )
+            # Vector mode: the keyword list's parameters (however many) stay NULL.
+            parameters = max(int(n) for n in re.findall(r"\$(\d+)", index._sql))
+            fixed = [request.tenant_id, list(request.principals), query.vector, request.depth]
+            fixed += [None, None, True, False]
             plan = await conn.fetchval(
                 "EXPLAIN (FORMAT JSON) " + index._sql,
-                request.tenant_id,
-                list(request.principals),
-                query.vector,
-                request.depth,
-                None,
-                None,
-                True,
-                False,
-                request.query,
+                *fixed,
+                *[None] * (parameters - len(fixed)),
             )
         scans: list[str] = []
         walk(json.loads(plan)[0]["Plan"], scans)
