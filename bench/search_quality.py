@@ -1,17 +1,23 @@
-"""Search quality on a small labelled set in BEIR format: vector vs keyword vs hybrid.
+"""Search quality: nDCG@10, recall@10 and MRR@10 of keyword, vector and hybrid search on two
+sets, each in a tenant with the 'simple' and one with the 'english' text search config.
 
-    uv run python -m bench.search_quality [--data bench/search_quality_data]
+    uv run python -m bench.search_quality                 # both sets: 9-12 min cold, 3 min warm
+    uv run python -m bench.search_quality --sets examples # the labelled set only, ~1 min
+    uv run python -m bench.search_quality --pairs 500     # a smaller synthetic set
 
-The set (``corpus.jsonl``, ``queries.jsonl``, ``qrels/test.tsv``) is ours: 36 short policy
-passages and 30 queries, most of them paraphrases (the words differ from the passage's),
-a few exact terms (error codes, product names). Each passage is one document of one chunk
-(heading = its title), embedded by the default offline model (int8 all-MiniLM-L6-v2) as
-the pipeline embeds a chunk ("title\\n\\ntext"), queries embedded by the same model. Two
-tenants hold the same corpus, one with the 'simple' text search configuration and one with
-'english' (stemming, stop words). Reported per mode: recall@5, MRR@10, nDCG@10 (binary
-relevance). A small set: differences of a few points are noise.
+1. ``examples``: the labelled set of our own (``bench/quality_examples.py``): 37 policy,
+   FAQ and handbook documents in all five formats from ``examples/``, 80 queries
+   (``search_quality_data/queries.jsonl``, each tagged ``exact`` or ``paraphrase``) and
+   graded judgments per section (``qrels/test.tsv``, BEIR format, 2 = answers it,
+   1 = related).
+2. ``stdlib``: the synthetic set (``bench/quality_stdlib.py``): paragraphs of the Python
+   standard library's docstrings, first sentence = query, the rest = its one relevant
+   passage (``--pairs`` caps how many).
 
-Needs DATABASE_URL (or the dev stack). Not part of the test suite.
+Documents run through the real parsers, chunker and embedder and are searched through the
+production search statement (``bench/quality_index.py``). Metrics: ``bench/quality_metrics``
+(graded gains, units deduplicated). Prints a Markdown report. Needs DATABASE_URL (or the dev
+stack); creates and drops its own database (``--database``). Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -19,19 +25,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
-import hashlib
 import json
-import math
 import os
-import uuid
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import numpy as np
 from pgvector.asyncpg import register_vector
 
+from bench import quality_stdlib
+from bench.quality_examples import (
+    DATA,
+    SourceDocument,
+    example_documents,
+    section_id,
+    sections_of,
+    write_corpus,
+)
+from bench.quality_index import (
+    PRINCIPAL,
+    EmbeddingCache,
+    QueryEmbedder,
+    chunk_documents,
+    embed_set,
+    load_tenant,
+    timed,
+)
+from bench.quality_metrics import Scores, mean, score
 from services.indexer.embedding.factory import build_embedder
+from services.indexer.embedding.port import Embedder
 from services.indexer.embedding.settings import load_embedding_settings
 from services.indexer.search import Generation, Searcher, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex, SearchSettings
@@ -39,156 +64,245 @@ from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.runtime.db import create_pool
 from services.runtime.migrations import apply_migrations
 
-DB = "kb_bench_search_quality"
-STRATEGY = "bench-one-chunk"
-DATA = Path(__file__).resolve().parent / "search_quality_data"
-CONFIGS = {"q-simple": "simple", "q-english": "english"}
+CONFIGS = ("simple", "english")
+MODES = (SearchMode.KEYWORD, SearchMode.VECTOR, SearchMode.HYBRID)
 
 
-def read_beir(
-    directory: Path,
-) -> tuple[dict[str, dict[str, str]], dict[str, str], dict[str, set[str]]]:
-    corpus = {}
-    for line in (directory / "corpus.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        corpus[row["_id"]] = {"title": row.get("title", ""), "text": row["text"]}
-    queries = {}
+@dataclass
+class QualitySet:
+    name: str
+    documents: list[SourceDocument]
+    unit_of: Callable[[str, tuple[str, ...]], str]
+    queries: dict[str, str]
+    judgments: dict[str, dict[str, int]]
+    kinds: dict[str, str] = field(default_factory=dict)  # query id -> exact | paraphrase
+    units: int = 0
+
+
+def read_queries(directory: Path) -> tuple[dict[str, str], dict[str, str]]:
+    queries, kinds = {}, {}
     for line in (directory / "queries.jsonl").read_text().splitlines():
         row = json.loads(line)
         queries[row["_id"]] = row["text"]
-    qrels: dict[str, set[str]] = {}
-    with (directory / "qrels" / "test.tsv").open() as f:
+        kinds[row["_id"]] = row.get("metadata", {}).get("kind", "")
+    return queries, kinds
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    judgments: dict[str, dict[str, int]] = {}
+    with path.open() as f:
         for row in csv.DictReader(f, delimiter="\t"):
-            if int(row["score"]) > 0:
-                qrels.setdefault(row["query-id"], set()).add(row["corpus-id"])
-    return corpus, queries, qrels
+            judgments.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
+    return judgments
 
 
-def metrics(ranked: list[str], relevant: set[str]) -> tuple[float, float, float]:
-    recall5 = len(set(ranked[:5]) & relevant) / len(relevant)
-    mrr = next((1 / (i + 1) for i, d in enumerate(ranked[:10]) if d in relevant), 0.0)
-    dcg = sum(1 / math.log2(i + 2) for i, d in enumerate(ranked[:10]) if d in relevant)
-    ideal = sum(1 / math.log2(i + 2) for i in range(min(10, len(relevant))))
-    return recall5, mrr, dcg / ideal
+def examples_set(data: Path = DATA) -> QualitySet:
+    documents = example_documents()
+    units = {row["_id"] for row in sections_of(documents)}
+    queries, kinds = read_queries(data)
+    judgments = read_qrels(data / "qrels" / "test.tsv")
+    unknown = {u for j in judgments.values() for u in j} - units
+    if unknown:
+        sys.exit(f"qrels name sections the example documents no longer have: {sorted(unknown)}")
+    if set(queries) != set(judgments):
+        sys.exit("every query needs judgments, and every judged query a text")
+    return QualitySet("examples", documents, section_id, queries, judgments, kinds, len(units))
+
+
+def stdlib_set(pairs: int) -> QualitySet:
+    chosen = quality_stdlib.select(quality_stdlib.candidates(), pairs)
+    documents = [
+        SourceDocument(p.pair_id, p.source, "text/plain", p.passage.encode()) for p in chosen
+    ]
+    return QualitySet(
+        "stdlib",
+        documents,
+        lambda doc_key, _path: doc_key,
+        {p.pair_id: p.query for p in chosen},
+        {p.pair_id: {p.pair_id: 1} for p in chosen},
+        units=len(chosen),
+    )
+
+
+async def _fresh_database(admin_url: str, name: str) -> str:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return admin_url.rpartition("/")[0] + "/" + name
+
+
+async def _drop_database(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+def _tenant(set_name: str, config: str) -> str:
+    return f"q-{set_name}-{config}"
+
+
+async def _evaluate(
+    searcher: Searcher,
+    qset: QualitySet,
+    unit_of_chunk: dict[Any, str],
+    tenant: str,
+    mode: SearchMode,
+) -> tuple[dict[str, Scores], int]:
+    """Per-query scores, and how many queries got at least one result."""
+    out = {}
+    answered = 0
+    for qid, text in qset.queries.items():
+        result = await searcher.search(SearchRequest(tenant, text, (PRINCIPAL,), 10, mode))
+        ranking = [unit_of_chunk[(h.document_id, h.chunk_id)] for h in result.results]
+        answered += bool(ranking)
+        out[qid] = score(ranking, qset.judgments[qid])
+    return out, answered
+
+
+def _row(label: str, s: Scores, extra: str = "") -> str:
+    return f"| {label} | {s.ndcg10:.3f} | {s.recall10:.3f} | {s.mrr10:.3f} |{extra}"
 
 
 async def run(args: argparse.Namespace) -> None:
-    corpus, queries, qrels = read_beir(Path(args.data))
+    clock = timed()
     admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
-    admin = await asyncpg.connect(admin_url)
+    embedder: Embedder = build_embedder(load_embedding_settings())
+    cache = EmbeddingCache(embedder.model, enabled=not args.no_cache)
+    sets = []
+    if "examples" in args.sets:
+        if args.write_corpus:
+            write_corpus(example_documents())
+        sets.append(examples_set())
+    if "stdlib" in args.sets:
+        sets.append(stdlib_set(args.pairs))
+
+    lines = [
+        f"model `{embedder.model}`, Python {sys.version.split()[0]},"
+        f" command `{' '.join(['python -m bench.search_quality', *sys.argv[1:]])}`",
+        "",
+    ]
+    url = await _fresh_database(admin_url, args.database)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{DB}"')
-    finally:
-        await admin.close()
-    url = admin_url.rpartition("/")[0] + "/" + DB
-    embedder = build_embedder(load_embedding_settings())
-    ids = list(corpus)
-    vectors = await embedder.embed([f"{corpus[i]['title']}\n\n{corpus[i]['text']}" for i in ids])
-    doc_ids = {i: uuid.UUID(bytes=hashlib.sha256(i.encode()).digest()[:16]) for i in ids}
-    by_uuid = {v: k for k, v in doc_ids.items()}
-    conn = await asyncpg.connect(url)
-    try:
+        conn = await asyncpg.connect(url)
         await apply_migrations(conn)
         await register_vector(conn)
-        for tenant, config in CONFIGS.items():
-            await conn.execute(
-                "INSERT INTO tenant (tenant_id, tier, text_search_config)"
-                " VALUES ($1, 'standard', $2::regconfig)",
-                tenant,
-                config,
+        indexed = {}
+        for qset in sets:
+            t = timed()
+            idx = chunk_documents(qset.documents, embedder, qset.unit_of)
+            parse_s = t()
+            t = timed()
+            await embed_set(idx, embedder, cache)
+            embed_s = t()
+            t = timed()
+            for config in CONFIGS:
+                await load_tenant(
+                    conn, _tenant(qset.name, config), config, qset.documents, idx, embedder.model
+                )
+            load_s = t()
+            cache.save()
+            indexed[qset.name] = idx
+            rate = f"{idx.embedded / embed_s:.1f} chunks/s" if idx.embedded else "all cached"
+            lines.append(
+                f"- `{qset.name}`: {len(qset.documents)} documents, {qset.units} judged units,"
+                f" {idx.chunk_count} chunks, {len(qset.queries)} queries;"
+                f" parse+chunk {parse_s:.1f} s, embed {embed_s:.1f} s ({idx.embedded} chunks"
+                f" embedded, {rate}), load 2 tenants {load_s:.1f} s"
             )
-            for n, i in enumerate(ids):
-                await _add(conn, tenant, doc_ids[i], corpus[i], vectors[n], embedder.model)
-    finally:
         await conn.close()
-    settings = SearchSettings(database_url=url, db_pool_min_size=1, db_pool_max_size=2)
-    pool = await create_pool(settings)
-    try:
-        await PgVectorSink(pool).ensure_generation(
-            IndexGeneration(embedder.model, embedder.dimension, STRATEGY)
-        )
-        searcher = Searcher(
-            embedder,
-            PgSearchIndex(pool, Generation(embedder.model, embedder.dimension), settings),
-        )
-        print(f"{len(corpus)} passages, {len(queries)} queries, model {embedder.model}")
-        print()
-        print("| text search config | mode | recall@5 | MRR@10 | nDCG@10 |")
-        print("|---|---|---:|---:|---:|")
-        for tenant, config in CONFIGS.items():
-            for mode in (SearchMode.VECTOR, SearchMode.KEYWORD, SearchMode.HYBRID):
-                totals = np.zeros(3)
-                for qid, text in queries.items():
-                    result = await searcher.search(
-                        SearchRequest(tenant, text, ("group:all",), top_k=10, mode=mode)
-                    )
-                    ranked = [by_uuid[h.document_id] for h in result.results]
-                    totals += metrics(ranked, qrels[qid])
-                r5, mrr, ndcg = totals / len(queries)
-                print(f"| {config} | {mode.value} | {r5:.3f} | {mrr:.3f} | {ndcg:.3f} |")
+
+        settings = SearchSettings(database_url=url, db_pool_min_size=1, db_pool_max_size=2)
+        pool = await create_pool(settings)
+        try:
+            strategy = next(iter(indexed.values())).strategy_id
+            t = timed()
+            await PgVectorSink(pool).ensure_generation(
+                IndexGeneration(embedder.model, embedder.dimension, strategy)
+            )
+            lines.append(f"- HNSW index build {t():.1f} s")
+            t = timed()
+            all_queries = [q for s in sets for q in s.queries.values()]
+            query_embedder = await QueryEmbedder.prepared(embedder, all_queries, cache)
+            cache.save()
+            lines.append(f"- {len(set(all_queries))} queries embedded one by one in {t():.1f} s")
+            searcher = Searcher(
+                query_embedder,
+                PgSearchIndex(pool, Generation(embedder.model, embedder.dimension), settings),
+            )
+            for qset in sets:
+                lines += await _report_set(searcher, qset, indexed[qset.name].unit_of_chunk)
+        finally:
+            await pool.close()
     finally:
-        await pool.close()
         await embedder.aclose()
+        if not args.keep_database:
+            await _drop_database(admin_url, args.database)
+    lines.append("")
+    lines.append(f"total {clock():.0f} s")
+    print("\n".join(lines))
 
 
-async def _add(
-    conn: asyncpg.Connection[Any],
-    tenant: str,
-    document_id: uuid.UUID,
-    passage: dict[str, str],
-    vector: Any,
-    model: str,
-) -> None:
-    content = passage["text"].encode()
-    await conn.execute(
-        "INSERT INTO document (tenant_id, document_id, title, latest_version, published_version)"
-        " VALUES ($1, $2, $3, 1, 1)",
-        tenant,
-        document_id,
-        passage["title"],
-    )
-    await conn.execute(
-        "INSERT INTO document_version (tenant_id, document_id, version_number, content,"
-        " media_type, sha256, size_bytes, status)"
-        " VALUES ($1, $2, 1, $3, 'text/plain', $4, $5, 'PUBLISHED')",
-        tenant,
-        document_id,
-        content,
-        hashlib.sha256(content).digest(),
-        len(content),
-    )
-    await conn.execute(
-        "INSERT INTO document_acl VALUES ($1, $2, 'group:all', 'READ')", tenant, document_id
-    )
-    await conn.execute(
-        "INSERT INTO knowledge_chunk (tenant_id, document_id, version_number, embedding_model,"
-        " chunk_id, ordinal, heading_path, text, content_digest, embedding_dimension, embedding,"
-        " chunking_strategy) VALUES ($1, $2, 1, $3, 'c0', 0, $4, $5, $6, $7, $8, $9)",
-        tenant,
-        document_id,
-        model,
-        [passage["title"]],
-        passage["text"],
-        hashlib.sha256(content).digest(),
-        len(vector),
-        np.asarray(vector, dtype=np.float32),
-        STRATEGY,
-    )
-    await conn.execute(
-        "INSERT INTO document_search_version (tenant_id, document_id, version_number,"
-        " embedding_model, chunking_strategy) VALUES ($1, $2, 1, $3, $4)",
-        tenant,
-        document_id,
-        model,
-        STRATEGY,
-    )
+async def _report_set(
+    searcher: Searcher, qset: QualitySet, unit_of_chunk: dict[Any, str]
+) -> list[str]:
+    lines = ["", f"### `{qset.name}`", ""]
+    lines.append("| config, mode | nDCG@10 | recall@10 | MRR@10 | answered | search time |")
+    lines.append("|---|---:|---:|---:|---:|---:|")
+    by_kind: list[str] = []
+    verdicts = []
+    for config in CONFIGS:
+        means = {}
+        for mode in MODES:
+            t = timed()
+            per_query, answered = await _evaluate(
+                searcher, qset, unit_of_chunk, _tenant(qset.name, config), mode
+            )
+            took = t()
+            means[mode] = mean(list(per_query.values()))
+            label = f"{config}, {mode.value}"
+            share = answered / len(qset.queries)
+            lines.append(_row(label, means[mode], f" {share:.0%} | {took:.1f} s |"))
+            for kind in sorted(set(qset.kinds.values()) - {""}):
+                chosen = [s for q, s in per_query.items() if qset.kinds[q] == kind]
+                by_kind.append(
+                    _row(f"{config}, {mode.value}, {kind} ({len(chosen)})", mean(chosen))
+                )
+        best = max(means[SearchMode.KEYWORD].ndcg10, means[SearchMode.VECTOR].ndcg10)
+        hybrid = means[SearchMode.HYBRID].ndcg10
+        verdicts.append(
+            f"- {config}: hybrid nDCG@10 {hybrid:.4f} vs the better single mode {best:.4f}:"
+            f" target (hybrid >= better) {'MET' if hybrid >= best else 'NOT met'}"
+        )
+    if by_kind:
+        lines += [
+            "",
+            "| config, mode, query kind | nDCG@10 | recall@10 | MRR@10 |",
+            "|---|---:|---:|---:|",
+            *by_kind,
+        ]
+    return [*lines, "", *verdicts]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(DATA))
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument("--sets", default="examples,stdlib", help="examples,stdlib")
+    parser.add_argument("--pairs", type=int, default=2000, help="stdlib pairs (at most)")
+    parser.add_argument("--database", default="kb_bench_search_quality")
+    parser.add_argument("--no-cache", action="store_true", help="embed everything again")
+    parser.add_argument("--keep-database", action="store_true")
+    parser.add_argument(
+        "--write-corpus",
+        action="store_true",
+        help="rewrite search_quality_data/corpus.jsonl from the example documents",
+    )
+    args = parser.parse_args()
+    args.sets = {s.strip() for s in args.sets.split(",") if s.strip()}
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

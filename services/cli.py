@@ -40,6 +40,11 @@ COMMANDS: dict[str, LazyCommand] = {
     "tasks": LazyCommand(
         "services.indexer.cli", "tasks_app", "Inspect index tasks and requeue DEAD ones."
     ),
+    "index": LazyCommand(
+        "services.indexer.index_cli",
+        "index_app",
+        "Check the search index against what was published, and repair it.",
+    ),
     "relay": LazyCommand("services.relay.cli", "app", "Carry committed outbox rows to Kafka."),
     "tenants": LazyCommand("services.publisher.cli", "tenants_app", "Tenants and their API keys."),
     "operators": LazyCommand(

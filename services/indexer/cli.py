@@ -70,7 +70,7 @@ def _os_user() -> str:
         raise BadInput("cannot tell who you are: say it with --by") from None
 
 
-def _with_pool(
+def with_pool(
     settings: IndexerSettings, size: int, work: Callable[[asyncpg.Pool[Any]], Awaitable[T]]
 ) -> T:
     from services.indexer.wiring import open_pool
@@ -182,7 +182,7 @@ def list_tasks(
                 f"{task.error_code or '-'}  {task.updated_at.isoformat()}"
             )
 
-    _with_pool(settings, 1, _work)
+    with_pool(settings, 1, _work)
 
 
 @tasks_app.command("show")
@@ -200,7 +200,7 @@ def show(task_id: str = typer.Argument(..., help="The task id (UUID).")) -> None
         shown["requeues"] = [_as_json(r) for r in await queue.requeue_history(wanted)]
         return shown
 
-    typer.echo(json.dumps(_with_pool(settings, 1, _work), indent=2, sort_keys=True))
+    typer.echo(json.dumps(with_pool(settings, 1, _work), indent=2, sort_keys=True))
 
 
 @tasks_app.command("requeue")
@@ -232,4 +232,4 @@ def requeue(
             raise BadInput(error.message, code=error.code) from error
         return _as_json(record)
 
-    typer.echo(json.dumps(_with_pool(settings, 1, _work), indent=2, sort_keys=True))
+    typer.echo(json.dumps(with_pool(settings, 1, _work), indent=2, sort_keys=True))

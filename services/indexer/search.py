@@ -39,6 +39,10 @@ RRF_K: Final = 60
 # should still be able to win, so hybrid reads deeper than it answers.
 HYBRID_MIN_DEPTH: Final = 50
 HYBRID_MAX_DEPTH: Final = 200
+# Hybrid fuses a keyword candidate only if it holds at least this share of the query's
+# words (weighted by rarity): a chunk sharing just "can" and "I" with a question ranks in the
+# keyword list, and fused by rank it would outrank the vector list's best answer.
+HYBRID_MIN_KEYWORD_COVERAGE: Final = 0.5
 
 
 class SearchMode(enum.StrEnum):
@@ -100,6 +104,8 @@ class Candidate:
     text: str
     rank: int
     score: float
+    # Keyword list: the share of the query's (rarity-weighted) words the chunk holds.
+    coverage: float | None = None
 
     @property
     def key(self) -> tuple[uuid.UUID, str]:
@@ -168,7 +174,12 @@ def reciprocal_rank_fusion(
 def rank_results(request: SearchRequest, candidates: Candidates) -> tuple[SearchHit, ...]:
     """The answer: one list as ranked by the index, or both fused by reciprocal rank."""
     if request.mode is SearchMode.HYBRID:
-        fused = reciprocal_rank_fusion([candidates.vector, candidates.keyword])
+        keyword = [
+            c
+            for c in candidates.keyword
+            if c.coverage is None or c.coverage >= HYBRID_MIN_KEYWORD_COVERAGE
+        ]
+        fused = reciprocal_rank_fusion([candidates.vector, keyword])
     else:
         ranked = candidates.vector if request.mode is SearchMode.VECTOR else candidates.keyword
         fused = [(c, c.score) for c in sorted(ranked, key=lambda c: c.rank)]

@@ -29,6 +29,9 @@ QUERIES = queries_beside(__file__, "search.sql")
 TEMPLATE_MODEL: Final = "search-template-model"
 TEMPLATE_DIMENSION: Final = 1
 _ALIASES: Final = ("s", "c")
+# keyword_terms' columns, in search_candidates' parameter order ($9..$13).
+_TERMS: Final = ("strict", "any_word", "rarest_word", "ranking", "lexemes")
+_NO_KEYWORD_TERMS: Final = (None,) * len(_TERMS)
 
 
 class SearchSettings(RuntimeSettings):
@@ -37,16 +40,22 @@ class SearchSettings(RuntimeSettings):
     # How many index tuples an iterative scan may visit before it gives up: bounds the cost
     # of a search whose principals may read only a sliver of the tenant.
     search_max_scan_tuples: int = Field(default=20_000, ge=1_000, le=10_000_000)
+    # How many chunks matching the query's words the keyword list ranks at most, of each
+    # kind (all words; any of the rarer words): bounds a keyword search's cost whatever the
+    # query, at the price of ranking only that many of the matches of very common words.
+    # A search ranks at least its depth.
+    search_keyword_candidates: int = Field(default=250, ge=10, le=100_000)
     # How long a search waits for a connection before answering 503.
     search_acquire_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
 
 
 @cache
-def specialised_search_sql(model: str, dimension: int) -> str:
-    """``search_candidates`` with the model's predicate and vector expression as literals,
-    built from ann_index (which admits only safe model names), never from user input; one
-    text per model, so the server can cache its plan shape."""
-    sql = QUERIES["search_candidates"]
+def specialised_search_sql(model: str, dimension: int, name: str = "search_candidates") -> str:
+    """``search_candidates`` (or ``search_vector_candidates``) with the model's predicate
+    and vector expression as literals, built from ann_index (which admits only safe model
+    names), never from user input; one text per model, so the server can cache its plan
+    shape."""
+    sql = QUERIES[name]
     replacements = [
         (
             vector_expression(TEMPLATE_DIMENSION, "c.embedding"),
@@ -80,6 +89,9 @@ class PgSearchIndex:
         self._generation = generation
         self._settings = settings or SearchSettings()
         self._sql = specialised_search_sql(generation.embedding_model, generation.dimension)
+        self._vector_sql = specialised_search_sql(
+            generation.embedding_model, generation.dimension, "search_vector_candidates"
+        )
 
     @property
     def generation(self) -> Generation:
@@ -94,6 +106,7 @@ class PgSearchIndex:
         flt = request.filter
         settings = self._settings
         ef_search = min(1000, max(settings.search_ef_search, request.depth))
+        cap = max(settings.search_keyword_candidates, request.depth)
         with translate_db_errors():
             async with (
                 self._pool.acquire(timeout=settings.search_acquire_timeout_seconds) as conn,
@@ -104,8 +117,7 @@ class PgSearchIndex:
                     ef_search,
                     settings.search_max_scan_tuples,
                 )
-                rows = await conn.fetch(
-                    self._sql,
+                filters = (
                     request.tenant_id,
                     list(request.principals),
                     vector,
@@ -113,9 +125,20 @@ class PgSearchIndex:
                     list(flt.document_ids) if flt.document_ids is not None else None,
                     list(flt.heading_prefix) if flt.heading_prefix is not None else None,
                     request.mode.uses_vector,
-                    request.mode.uses_keyword,
-                    request.query,
                 )
+                if request.mode.uses_keyword:
+                    terms = await conn.fetchrow(
+                        QUERIES["keyword_terms"], request.tenant_id, request.query, cap
+                    )
+                    rows = await conn.fetch(
+                        self._sql,
+                        *filters,
+                        terms is not None,
+                        *(_NO_KEYWORD_TERMS if terms is None else (terms[t] for t in _TERMS)),
+                        cap,
+                    )
+                else:
+                    rows = await conn.fetch(self._vector_sql, *filters)
         vector_list: list[Candidate] = []
         keyword_list: list[Candidate] = []
         for row in rows:
@@ -128,6 +151,7 @@ class PgSearchIndex:
                 text=row["text"],
                 rank=row["rank"],
                 score=float(row["score"]),
+                coverage=row["coverage"],
             )
             (vector_list if row["list"] == SearchMode.VECTOR.value else keyword_list).append(
                 candidate

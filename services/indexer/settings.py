@@ -62,6 +62,9 @@ class IndexerSettings(RuntimeSettings):
     # Tokens per chunk, headings included; capped by what the embedding model reads.
     indexer_chunk_max_tokens: int = Field(default=256, ge=16, le=8192)
     indexer_chunk_overlap_tokens: int = Field(default=0, ge=0)
+    # maintenance_work_mem of an HNSW build over existing rows (a rebuild): the graph must fit
+    # or the build crawls (a PostgreSQL size: 512MB, 1GB, ...).
+    indexer_index_build_memory: str = Field(default="1GB", pattern=r"^[0-9]+ ?(kB|MB|GB|TB)$")
     # Wall time one document's parse + chunk may take (DOCUMENT_PARSE_TIMEOUT beyond it).
     indexer_parse_budget_seconds: float = Field(default=120.0, gt=0)
     # Processes parsing documents; by default one per slot, at most one per CPU.

@@ -103,6 +103,13 @@ SELECT current_setting('statement_timeout')
 -- Session-level: restored by the caller before the connection returns to the pool.
 SELECT set_config('statement_timeout', $1::text, false)
 
+-- name: maintenance_work_mem
+SELECT current_setting('maintenance_work_mem')
+
+-- name: set_maintenance_work_mem
+-- Session-level, for the HNSW build only: restored by the caller, like statement_timeout.
+SELECT set_config('maintenance_work_mem', $1::text, false)
+
 -- name: set_local_statement_timeout
 -- Transaction-level (SET LOCAL): gone at commit or rollback, nothing left on the connection.
 SELECT set_config('statement_timeout', $1::text, true)

@@ -110,6 +110,7 @@ class PgVectorSink:
         generation_lock_timeout_seconds: float = 3600.0,
         write_timeout_seconds: float = 30.0,
         write_timeout_per_chunk_seconds: float = 0.05,
+        index_build_memory: str = "1GB",
     ) -> None:
         self._pool = pool
         self._clock = clock or DatabaseClock()
@@ -117,6 +118,7 @@ class PgVectorSink:
         self._lock_timeout = generation_lock_timeout_seconds
         self._write_timeout = write_timeout_seconds
         self._write_timeout_per_chunk = write_timeout_per_chunk_seconds
+        self._index_build_memory = index_build_memory
 
     def write_timeout_ms(self, chunk_count: int) -> int:
         """The statement timeout of one write. Inserting into the HNSW index costs one to
@@ -136,7 +138,7 @@ class PgVectorSink:
             try:
                 with translate_db_errors():
                     await self._register(conn, generation)
-                    await _ensure_ann_index(conn, generation)
+                    await _ensure_ann_index(conn, generation, self._index_build_memory)
             finally:
                 with translate_db_errors():
                     await conn.fetchval(QUERIES["release_generation_lock"], model)
@@ -298,12 +300,17 @@ class PgVectorSink:
 
 
 def switched_event_id(lease: Lease, generation: IndexGeneration) -> uuid.UUID:
+    """One id per switch. The lease attempt is part of it: a pointer switches to a version
+    once in normal operation, but a second time after a repair recreated a lost pointer
+    (`kb index check --repair` re-runs the version's task under a new lease attempt), and
+    that second switch is an event of its own, not a duplicate of the first."""
     return event_id(
         DOCUMENT_SEARCH_VERSION_SWITCHED,
         lease.tenant_id,
         lease.document_id,
         lease.version_number,
         generation.embedding_model,
+        str(lease.lease_attempt),
     )
 
 
@@ -339,9 +346,13 @@ def prepare_write(
     return ChunkWrite(lease, generation, records)
 
 
-async def _ensure_ann_index(conn: Executor, generation: IndexGeneration) -> None:
+async def _ensure_ann_index(conn: Executor, generation: IndexGeneration, build_memory: str) -> None:
     """Build the model's HNSW index unless a valid one exists. Runs under the generation
-    lock, outside any transaction (CREATE INDEX CONCURRENTLY cannot run in one)."""
+    lock, outside any transaction (CREATE INDEX CONCURRENTLY cannot run in one).
+
+    An index built over existing rows (a rebuild after an interrupted build) crawls when its
+    graph does not fit in maintenance_work_mem: 874 s instead of 137 s for 100k chunks of
+    384 dimensions at the server's 64MB default (bench/results/search.md)."""
     name = generation.ann_index_name
     valid = await conn.fetchval(QUERIES["ann_index_state"], name)
     if valid is True:
@@ -349,7 +360,9 @@ async def _ensure_ann_index(conn: Executor, generation: IndexGeneration) -> None
     # A long build must not hit the pool's statement_timeout; restored before release, as
     # the pool does not reset sessions (queue_pg.skip_session_reset).
     previous = await conn.fetchval(QUERIES["statement_timeout"])
+    previous_memory = await conn.fetchval(QUERIES["maintenance_work_mem"])
     await conn.fetchval(QUERIES["set_statement_timeout"], "0")
+    await conn.fetchval(QUERIES["set_maintenance_work_mem"], build_memory)
     try:
         if valid is False:
             log.warning("ann_index.invalid_dropped", index=name, model=generation.embedding_model)
@@ -364,3 +377,4 @@ async def _ensure_ann_index(conn: Executor, generation: IndexGeneration) -> None
         log.info("ann_index.built", index=name, model=generation.embedding_model)
     finally:
         await conn.fetchval(QUERIES["set_statement_timeout"], previous)
+        await conn.fetchval(QUERIES["set_maintenance_work_mem"], previous_memory)

@@ -70,7 +70,7 @@ async def pipeline_indexer(
             limits=ParseLimits(budget_seconds=settings.indexer_parse_budget_seconds),
         )
         try:
-            sink = PgVectorSink(pool)
+            sink = PgVectorSink(pool, index_build_memory=settings.indexer_index_build_memory)
             indexer = PipelineIndexer(
                 PgVersionSource(pool),
                 parse_pool,

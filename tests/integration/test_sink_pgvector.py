@@ -179,6 +179,7 @@ async def test_one_fenced_commit_makes_the_version_searchable(
         created.document_id,
         1,
         GENERATION.embedding_model,
+        lease.lease_attempt,
     )
     assert event["event_id"] == expected_id
     assert event["tenant_id"] == created.tenant_id
@@ -512,7 +513,7 @@ async def test_an_invalid_index_left_by_a_failed_build_is_dropped_and_rebuilt(
         created.document_id,
         generation.embedding_model,
     )
-    sink = PgVectorSink(pool)
+    sink = PgVectorSink(pool, index_build_memory="77MB")
     with pytest.raises(Exception, match="expected 384 dimensions"):
         await sink.ensure_generation(generation)
     [leftover] = await ann_indexes(pool)
@@ -526,6 +527,17 @@ async def test_an_invalid_index_left_by_a_failed_build_is_dropped_and_rebuilt(
     # The pool's statement_timeout is back on the connection the build used.
     timeouts = {await pool.fetchval("SHOW statement_timeout") for _ in range(3)}
     assert "0" not in timeouts
+    # ... and so is its maintenance_work_mem: the build's own budget stays with the build.
+    budgets = {await pool.fetchval("SHOW maintenance_work_mem") for _ in range(3)}
+    assert "77MB" not in budgets
+
+
+async def test_the_hnsw_build_runs_with_its_own_memory_budget(pool: asyncpg.Pool[Any]) -> None:
+    # An unparsable budget fails the build itself: the setting reaches the build's session.
+    sink = PgVectorSink(pool, index_build_memory="a lot")
+    with pytest.raises(Exception, match="maintenance_work_mem"):
+        await sink.ensure_generation(IndexGeneration("budget-model", DIMENSION, "s1"))
+    assert await ann_indexes(pool) == []
 
 
 async def test_a_model_keeps_one_dimension(pool: asyncpg.Pool[Any], sink: PgVectorSink) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.embedding.port import Vectors
 from services.indexer.search import (
+    HYBRID_MIN_KEYWORD_COVERAGE,
     RRF_K,
     Candidate,
     Candidates,
@@ -101,6 +103,28 @@ def test_single_list_modes_keep_the_index_order_and_score_and_cut_at_top_k() -> 
     assert [(h.chunk_id, h.score) for h in rank_results(keyword, lists)] == [("k", 3.0)]
 
 
+def test_hybrid_fuses_only_keyword_candidates_covering_enough_of_the_query() -> None:
+    def keyword_hit(chunk: str, rank: int, coverage: float) -> Candidate:
+        return replace(candidate(chunk, rank, 1.0), coverage=coverage)
+
+    lists = Candidates(
+        vector=[candidate("answer", 1, 0.9), candidate("weak", 9, 0.1)],
+        # "weak" shares only a common word with the query: fused, its two ranks would put
+        # it above the vector list's answer.
+        keyword=[
+            keyword_hit("weak", 1, HYBRID_MIN_KEYWORD_COVERAGE / 2),
+            keyword_hit("exact", 2, HYBRID_MIN_KEYWORD_COVERAGE),
+        ],
+    )
+    hybrid = SearchRequest("acme", "q", ("p",), top_k=3, mode=SearchMode.HYBRID)
+    fused = rank_results(hybrid, lists)
+    assert [h.chunk_id for h in fused] == ["answer", "exact", "weak"]
+    assert fused[2].score == pytest.approx(1 / (RRF_K + 9))
+    # Keyword mode ranks every candidate the index returned.
+    keyword = SearchRequest("acme", "q", ("p",), top_k=3, mode=SearchMode.KEYWORD)
+    assert [h.chunk_id for h in rank_results(keyword, lists)] == ["weak", "exact"]
+
+
 class FakeIndex:
     def __init__(self, generation: Generation) -> None:
         self.generation = generation
@@ -173,8 +197,25 @@ def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
     assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "c.embedding_model")) == 2
     assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "s.embedding_model")) == 2
     assert specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384) is sql  # cached
+    vector_only = specialised_search_sql(
+        "all-MiniLM-L6-v2-onnx-int8", 384, "search_vector_candidates"
+    )
+    assert TEMPLATE_MODEL not in vector_only
+    assert vector_only.count(vector_expression(384, "c.embedding")) == 2
     with pytest.raises(ValueError, match="characters outside"):
         specialised_search_sql("model' OR true --", 384)
+
+
+def test_vector_mode_runs_the_very_vector_list_of_the_full_statement() -> None:
+    from services.indexer.search_pg import QUERIES
+
+    def vector_list(sql: str) -> str:
+        start = sql.index("WITH vector_list AS (")
+        return sql[start : sql.index("\n)", start)]
+
+    full = vector_list(QUERIES["search_candidates"])
+    assert "LIMIT $4" in full
+    assert vector_list(QUERIES["search_vector_candidates"]) == full
 
 
 async def test_the_search_route_fails_closed_without_the_auth_middleware() -> None:

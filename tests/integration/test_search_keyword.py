@@ -1,0 +1,179 @@
+"""The keyword list over a real PostgreSQL: its candidate cap bounds what is ranked but never
+what the walls keep out, natural questions match any of their words, the user's syntax
+still means what it says, and common words do not choose the candidates."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.indexer.embedding.hashing import HashingEmbedder
+from services.indexer.search import Generation, SearchMode, SearchRequest
+from services.indexer.search_pg import PgSearchIndex, SearchSettings
+from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
+
+pytestmark = pytest.mark.integration
+
+EMBEDDER = HashingEmbedder(64)
+CAP = 10
+
+
+@pytest.fixture
+async def conn_with_tenants(conn: asyncpg.Connection[Any]) -> asyncpg.Connection[Any]:
+    await conn.execute(
+        "INSERT INTO tenant (tenant_id, tier) VALUES ('acme', 'standard'), ('globex', 'standard')"
+    )
+    return conn
+
+
+@pytest.fixture
+def index(pool: asyncpg.Pool[Any]) -> PgSearchIndex:
+    return index_with(pool, CAP)
+
+
+def index_with(pool: asyncpg.Pool[Any], cap: int) -> PgSearchIndex:
+    settings = SearchSettings(database_url="postgresql://unused/db", search_keyword_candidates=cap)
+    return PgSearchIndex(pool, Generation(EMBEDDER.model, EMBEDDER.dimension), settings)
+
+
+# Documents whose chunks a scan reaches last, whichever way it goes: last in the table, and
+# last in document id order (the primary key's and the ACL index's).
+LAST = uuid.UUID(int=2**128 - 1)
+
+
+async def searchable(
+    conn: asyncpg.Connection[Any],
+    chunks: list[ChunkSpec],
+    *,
+    tenant: str = "acme",
+    read: tuple[str, ...] = ("group:all",),
+    title: str = "Doc",
+    document_id: uuid.UUID | None = None,
+) -> list[str]:
+    document_id = await add_document(conn, tenant, title=title, read=read, document_id=document_id)
+    ids = await add_version(conn, tenant, document_id, 1, chunks, EMBEDDER)
+    await point_search_at(conn, tenant, document_id, 1, EMBEDDER.model)
+    return ids
+
+
+async def keyword(
+    index: PgSearchIndex,
+    query: str,
+    *,
+    principals: tuple[str, ...] = ("group:all",),
+    top_k: int = 10,
+) -> list[str]:
+    request = SearchRequest("acme", query, principals, top_k=top_k, mode=SearchMode.KEYWORD)
+    candidates = await index.candidates(request, None)
+    return [c.text for c in sorted(candidates.keyword, key=lambda c: c.rank)]
+
+
+async def test_the_cap_bounds_how_many_matches_are_ranked(
+    conn_with_tenants: asyncpg.Connection[Any], pool: asyncpg.Pool[Any], index: PgSearchIndex
+) -> None:
+    conn = conn_with_tenants
+    # 3 * CAP chunks say "refund" once; the best match comes last in the table, where a scan
+    # reaches it only after the first CAP matches.
+    await searchable(conn, [ChunkSpec(f"refund clause {n}") for n in range(3 * CAP)])
+    best = [ChunkSpec("refund refund refund", ("Refund",))]
+    await searchable(conn, best, title="Best", document_id=LAST)
+
+    capped = await keyword(index, "refund", top_k=5)
+    assert len(capped) == 5
+    assert all(text.startswith("refund clause") for text in capped)
+
+    uncapped = index_with(pool, 1000)
+    assert (await keyword(uncapped, "refund", top_k=5))[0] == "refund refund refund"
+
+
+async def test_the_walls_apply_before_the_cap(
+    conn_with_tenants: asyncpg.Connection[Any], index: PgSearchIndex
+) -> None:
+    conn = conn_with_tenants
+    decoys = [ChunkSpec(f"refund clause {n}") for n in range(3 * CAP)]
+    # Before the caller's chunks in the table: another tenant's, another principal's, and
+    # a version no search pointer names.
+    await searchable(conn, decoys, tenant="globex")
+    await searchable(conn, decoys, read=("group:other",))
+    stale = await add_document(conn, "acme", read=("group:mine",))
+    await add_version(conn, "acme", stale, 1, decoys, EMBEDDER)
+    await add_version(
+        conn, "acme", stale, 2, [ChunkSpec("refund in the current version")], EMBEDDER
+    )
+    await point_search_at(conn, "acme", stale, 2, EMBEDDER.model)
+    await searchable(
+        conn, [ChunkSpec(f"refund for me {n}") for n in range(3)], read=("group:mine",)
+    )
+
+    found = await keyword(index, "refund", principals=("group:mine",), top_k=CAP)
+    assert sorted(found) == [
+        "refund for me 0",
+        "refund for me 1",
+        "refund for me 2",
+        "refund in the current version",
+    ]
+
+
+async def test_a_natural_question_finds_chunks_holding_some_of_its_words(
+    conn_with_tenants: asyncpg.Connection[Any], index: PgSearchIndex
+) -> None:
+    await searchable(
+        conn_with_tenants,
+        [
+            ChunkSpec("Shipping costs are not refunded.", ("Refund policy",)),
+            ChunkSpec("Contact support by email.", ("Contact",)),
+            ChunkSpec("Opening hours are nine to five."),
+        ],
+    )
+    # No chunk holds every word ('simple' keeps "how", "do", "I"): all words ANDed found
+    # nothing; any of them, ranked by the rarer ones a chunk holds, finds the answer first.
+    found = await keyword(index, "how do I get my shipping costs refunded")
+    assert found[0] == "Shipping costs are not refunded."
+    assert "Contact support by email." not in found
+
+
+async def test_the_users_syntax_still_means_what_it_says(
+    conn_with_tenants: asyncpg.Connection[Any], index: PgSearchIndex
+) -> None:
+    await searchable(
+        conn_with_tenants,
+        [
+            ChunkSpec("Refunds within 30 days of purchase."),
+            ChunkSpec("Days off: 30 per year, refunds not applicable."),
+            ChunkSpec("Shipping costs are not refunded."),
+            ChunkSpec("Contact support by email."),
+        ],
+    )
+    # A quoted phrase: the words next to each other, in that order.
+    assert await keyword(index, '"30 days"') == ["Refunds within 30 days of purchase."]
+    # -word: none holding it; no falling back to "any of the words".
+    assert await keyword(index, "refunds -days") == []
+    assert await keyword(index, "30 -purchase") == [
+        "Days off: 30 per year, refunds not applicable."
+    ]
+    # or: either side.
+    assert sorted(await keyword(index, "shipping or email")) == [
+        "Contact support by email.",
+        "Shipping costs are not refunded.",
+    ]
+
+
+async def test_common_words_do_not_choose_the_candidates(
+    conn_with_tenants: asyncpg.Connection[Any], index: PgSearchIndex
+) -> None:
+    conn = conn_with_tenants
+    # "policy" is in 4 * CAP chunks, the telling word in one, last in the table. Only
+    # the statistics say which is which.
+    await searchable(conn, [ChunkSpec(f"general policy clause {n}") for n in range(4 * CAP)])
+    telling = [ChunkSpec("policy on refunds for damaged goods")]
+    await searchable(conn, telling, title="Refunds", document_id=LAST)
+    await conn.execute("ANALYZE knowledge_chunk")
+
+    # No chunk holds "details": the rarer words choose the candidates, then the rarest
+    # common one fills the list; a chunk holding both ranks first.
+    found = await keyword(index, "refunds policy details")
+    assert found[0] == "policy on refunds for damaged goods"
+    assert len(found) == 10
