@@ -1,14 +1,14 @@
 """Keyword and hybrid search before and after the bounded keyword list, interleaved in one run.
 
-    uv run python -m bench.search_latency --chunks 100000 --vectors clustered   # the corpus
+    uv run python -m bench.search_scale_single --chunks 100000 --vectors clustered   # the corpus
     uv run python -m bench.keyword_ab --database kb_bench_search [--queries 200] [--caps 1000,250]
 
-Reads the corpus bench.search_latency left in ``--database`` (one tenant, 100,000 chunks of
+Reads the corpus bench.search_scale_single left in ``--database`` (one tenant, 100,000 chunks of
 Zipf-drawn words). "before" is search.sql as of ``--before`` (git), run with that version's
 parameters in the same kind of read-only transaction; "after" is ``PgSearchIndex`` as it is.
 Each query runs before, after and as the plain unfiltered pgvector query, one after another
 on one pool, so load on a shared machine hits all three alike; reported: p50/p95 and p50
-against the plain query. Query sets: two random vocabulary words (bench.search_latency's),
+against the plain query. Query sets: two random vocabulary words (bench.search_scale_single's),
 the two commonest words (every chunk matches: the worst case), and natural questions (six
 vocabulary words among "how do I ... the ... for ..."). Not part of the test suite.
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.search_latency import (
+from bench.search_scale_single import (
     CLUSTERS,
     DIMENSION,
     MODEL,

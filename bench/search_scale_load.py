@@ -1,0 +1,388 @@
+"""Loading the corpus of ``bench.search_latency`` into a database of its own, and building
+its indexes; or reusing a database loaded before (``--reuse``: load and build once, measure
+many times).
+
+The load is COPY (binary vectors, as the sink writes them) in batches of 50,000 chunks.
+The chunks' full-text GIN index is dropped for the load and built again afterwards from
+its own definition (one build is much faster than 1M incremental GIN inserts); the rows'
+triggers are off during the COPY (``session_replication_role = replica``: the foreign-key
+checks and the trigger that copies the tenant's text search config, which is ``simple``,
+the column's default, for every bench tenant). Then ``VACUUM ANALYZE`` and the model's
+HNSW index, with ``maintenance_work_mem`` and parallel maintenance workers set for the
+build. What the load measured is kept in a ``bench_meta`` table of the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+import asyncpg
+from pgvector.asyncpg import register_vector
+
+from bench.search_scale_corpus import (
+    CORPUS_VERSION,
+    DIMENSION,
+    GROUPS,
+    TENANTS,
+    Corpus,
+    document_uuid,
+    tenant_name,
+    text_batches,
+    vector_batches,
+)
+from services.indexer.ann_index import ann_index_name, create_ann_index_sql
+from services.runtime.migrations import apply_migrations
+from services.runtime.tenant_auth import hash_api_key
+
+STRATEGY = "bench"
+KEY_PREFIX_FOR_BENCH = "kb"
+GIN_INDEX = "knowledge_chunk_search_document"
+
+CHUNK_COLUMNS = [
+    "tenant_id",
+    "document_id",
+    "version_number",
+    "embedding_model",
+    "chunk_id",
+    "ordinal",
+    "heading_path",
+    "text",
+    "content_digest",
+    "embedding_dimension",
+    "embedding",
+    "chunking_strategy",
+]
+
+
+def url_for(admin_url: str, name: str) -> str:
+    base, _, _ = admin_url.rpartition("/")
+    return f"{base}/{name}"
+
+
+def api_key(tenant: str) -> str:
+    """The bench tenant's API key (a well-formed key; only its hash is stored)."""
+    return f"{KEY_PREFIX_FOR_BENCH}.{tenant}.bench-{hashlib.sha256(tenant.encode()).hexdigest()}"
+
+
+def corpus_identity(corpus: Corpus, model: str) -> dict[str, Any]:
+    return {
+        "corpus_version": CORPUS_VERSION,
+        "chunks": corpus.chunks,
+        "seed": corpus.seed,
+        "vectors": corpus.vectors,
+        "model": model,
+    }
+
+
+async def reusable(admin_url: str, database: str, identity: dict[str, Any]) -> str | None:
+    """Why ``database`` cannot be reused for ``identity`` (None: it can)."""
+    try:
+        conn = await asyncpg.connect(url_for(admin_url, database))
+    except asyncpg.InvalidCatalogNameError:
+        return f"database {database} does not exist"
+    try:
+        row = await conn.fetchval(
+            "SELECT value FROM bench_meta WHERE key = 'identity'"
+            " AND EXISTS (SELECT 1 FROM bench_meta WHERE key = 'built')"
+        )
+    except asyncpg.UndefinedTableError:
+        return f"database {database} holds no bench corpus"
+    finally:
+        await conn.close()
+    if row is None:
+        return f"database {database}: its load or index build did not finish"
+    if json.loads(row) != identity:
+        return f"database {database} holds another corpus: {row}"
+    return None
+
+
+async def meta(url: str) -> dict[str, Any]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT key, value FROM bench_meta")
+    finally:
+        await conn.close()
+    return {r["key"]: json.loads(r["value"]) for r in rows}
+
+
+async def _record(conn: asyncpg.Connection[Any], key: str, value: Any) -> None:
+    await conn.execute(
+        "INSERT INTO bench_meta (key, value) VALUES ($1, $2)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        key,
+        json.dumps(value),
+    )
+
+
+async def load(
+    admin_url: str,
+    database: str,
+    corpus: Corpus,
+    model: str,
+    *,
+    maintenance_work_mem: str,
+    parallel_workers: int,
+    log: Any = print,
+) -> str:
+    """Creates ``database`` anew with the corpus and its indexes; returns its URL."""
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{database}"')
+    finally:
+        await admin.close()
+    url = url_for(admin_url, database)
+    conn = await asyncpg.connect(url)
+    try:
+        await apply_migrations(conn)
+        await register_vector(conn)
+        await conn.execute("CREATE TABLE bench_meta (key text PRIMARY KEY, value jsonb NOT NULL)")
+        await _record(conn, "identity", corpus_identity(corpus, model))
+        await conn.execute("SET statement_timeout = 0")
+        started = time.perf_counter()
+        await _copy_tenants_and_documents(conn, corpus, model)
+        gin_definition = await conn.fetchval("SELECT pg_get_indexdef(to_regclass($1))", GIN_INDEX)
+        await conn.execute(f"DROP INDEX {GIN_INDEX}")
+        await conn.execute("SET session_replication_role = replica")
+        copied = 0
+        for vectors, (texts, headings) in zip(
+            vector_batches(corpus), text_batches(corpus), strict=True
+        ):
+            await conn.copy_records_to_table(
+                "knowledge_chunk",
+                records=_chunk_rows(corpus, model, copied, vectors, texts, headings),
+                columns=CHUNK_COLUMNS,
+            )
+            copied += len(texts)
+            log(f"loaded {copied} chunks, {time.perf_counter() - started:.0f}s")
+        await conn.execute("RESET session_replication_role")
+        loaded = time.perf_counter() - started
+        await _record(conn, "load_s", loaded)
+
+        await conn.execute(f"SET maintenance_work_mem = '{maintenance_work_mem}'")
+        await conn.execute(f"SET max_parallel_maintenance_workers = {int(parallel_workers)}")
+        started = time.perf_counter()
+        await conn.execute(gin_definition)
+        await _record(conn, "gin_build_s", time.perf_counter() - started)
+        log(f"GIN index built, {time.perf_counter() - started:.0f}s")
+        started = time.perf_counter()
+        await conn.execute("VACUUM ANALYZE")
+        await _record(conn, "vacuum_analyze_s", time.perf_counter() - started)
+        started = time.perf_counter()
+        # The sink's DDL without CONCURRENTLY (nothing writes meanwhile): the same index.
+        await conn.execute(
+            create_ann_index_sql(model, DIMENSION).replace("INDEX CONCURRENTLY", "INDEX")
+        )
+        await _record(conn, "hnsw_build_s", time.perf_counter() - started)
+        log(f"HNSW index built, {time.perf_counter() - started:.0f}s")
+        await conn.execute("ANALYZE knowledge_chunk")
+        await _record(
+            conn,
+            "build_settings",
+            {
+                "maintenance_work_mem": maintenance_work_mem,
+                "max_parallel_maintenance_workers": parallel_workers,
+            },
+        )
+        sizes = await conn.fetchrow(
+            "SELECT pg_relation_size('knowledge_chunk') AS heap,"
+            " pg_total_relation_size('knowledge_chunk') AS total,"
+            " pg_relation_size(to_regclass($1)) AS hnsw,"
+            " pg_relation_size(to_regclass($2)) AS gin",
+            ann_index_name(model),
+            GIN_INDEX,
+        )
+        assert sizes is not None
+        await _record(conn, "sizes", dict(sizes))
+        await _record(conn, "built", True)
+    finally:
+        await conn.close()
+    return url
+
+
+async def _copy_tenants_and_documents(
+    conn: asyncpg.Connection[Any], corpus: Corpus, model: str
+) -> None:
+    tenants = [tenant_name(t) for t in range(TENANTS)]
+    await conn.executemany(
+        "INSERT INTO tenant (tenant_id, tier) VALUES ($1, 'standard')", [(t,) for t in tenants]
+    )
+    await conn.executemany(
+        "INSERT INTO tenant_api_key (key_id, tenant_id, key_hash)"
+        " VALUES (gen_random_uuid(), $1, $2)",
+        [(t, hash_api_key(api_key(t))) for t in tenants],
+    )
+    counts = corpus.document_chunks()
+    docs, versions, acls, pointers = [], [], [], []
+    for d in range(corpus.documents):
+        tenant = tenant_name(int(corpus.document_tenant[d]))
+        document_id = document_uuid(d)
+        docs.append((tenant, document_id, f"Document {d}", 1, 1, 1))
+        content = f"document {d}".encode()
+        versions.append(
+            (
+                tenant,
+                document_id,
+                1,
+                content,
+                "text/plain",
+                hashlib.sha256(content).digest(),
+                len(content),
+                "PUBLISHED",
+            )
+        )
+        acls.append((tenant, document_id, "group:everyone", "READ"))
+        mask = int(corpus.document_groups[d])
+        acls.extend(
+            (tenant, document_id, f"group:g{g:02d}", "READ") for g in range(GROUPS) if mask >> g & 1
+        )
+        if corpus.document_narrow[d]:
+            acls.append((tenant, document_id, "group:narrow", "READ"))
+        pointers.append((tenant, document_id, 1, model, STRATEGY, int(counts[d])))
+    await conn.copy_records_to_table(
+        "document",
+        records=docs,
+        columns=[
+            "tenant_id",
+            "document_id",
+            "title",
+            "revision",
+            "latest_version",
+            "published_version",
+        ],
+    )
+    await conn.copy_records_to_table(
+        "document_version",
+        records=versions,
+        columns=[
+            "tenant_id",
+            "document_id",
+            "version_number",
+            "content",
+            "media_type",
+            "sha256",
+            "size_bytes",
+            "status",
+        ],
+    )
+    await conn.copy_records_to_table(
+        "document_acl",
+        records=acls,
+        columns=["tenant_id", "document_id", "principal", "permission"],
+    )
+    await conn.copy_records_to_table(
+        "document_search_version",
+        records=pointers,
+        columns=[
+            "tenant_id",
+            "document_id",
+            "version_number",
+            "embedding_model",
+            "chunking_strategy",
+            "chunk_count",
+        ],
+    )
+
+
+def _chunk_rows(
+    corpus: Corpus,
+    model: str,
+    first: int,
+    vectors: Any,
+    texts: list[str],
+    headings: list[list[str]],
+) -> list[tuple[Any, ...]]:
+    rows = []
+    starts: dict[int, int] = {}
+    for n, text in enumerate(texts):
+        i = first + n
+        d = int(corpus.chunk_document[i])
+        ordinal = i - starts.setdefault(d, _document_start(corpus, d, i))
+        rows.append(
+            (
+                tenant_name(int(corpus.document_tenant[d])),
+                document_uuid(d),
+                1,
+                model,
+                str(i),
+                ordinal,
+                headings[n],
+                text,
+                hashlib.sha256(text.encode()).digest(),
+                DIMENSION,
+                vectors[n],
+                STRATEGY,
+            )
+        )
+    return rows
+
+
+def _document_start(corpus: Corpus, d: int, i: int) -> int:
+    while i > 0 and int(corpus.chunk_document[i - 1]) == d:
+        i -= 1
+    return i
+
+
+def tenant_ann_index(model: str, tenant: str) -> str:
+    return f"{ann_index_name(model)}_{tenant}"
+
+
+async def per_tenant_ann_indexes(
+    url: str,
+    model: str,
+    *,
+    present: bool,
+    maintenance_work_mem: str,
+    parallel_workers: int,
+    log: Any = print,
+) -> float | None:
+    """An experiment, not what the sink builds: one partial HNSW index per tenant
+    (``WHERE embedding_model = m AND tenant_id = t``, the model's expression), which search's
+    custom plans can prove from the tenant literal. ``present`` builds the missing ones
+    (returns the seconds it took, None if none was missing); otherwise drops them all, so
+    that a reused database measures the sink's index alone."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SET statement_timeout = 0")
+        existing = {
+            r["indexname"]
+            for r in await conn.fetch(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'knowledge_chunk'"
+                " AND indexname LIKE $1",
+                ann_index_name(model) + "\\_%",
+            )
+        }
+        if not present:
+            for name in sorted(existing):
+                await conn.execute(f"DROP INDEX {name}")
+            return None
+        await conn.execute(f"SET maintenance_work_mem = '{maintenance_work_mem}'")
+        await conn.execute(f"SET max_parallel_maintenance_workers = {int(parallel_workers)}")
+        started = time.perf_counter()
+        built = 0
+        for t in range(TENANTS):
+            tenant = tenant_name(t)
+            name = tenant_ann_index(model, tenant)
+            if name in existing:
+                continue
+            sql = create_ann_index_sql(model, DIMENSION).replace("INDEX CONCURRENTLY", "INDEX")
+            sql = sql.replace(ann_index_name(model), name) + f" AND tenant_id = '{tenant}'"
+            await conn.execute(sql)
+            built += 1
+        if not built:
+            return None
+        seconds = time.perf_counter() - started
+        await conn.execute("ANALYZE knowledge_chunk")
+        size = await conn.fetchval(
+            "SELECT sum(pg_relation_size(indexrelid::regclass)) FROM pg_stat_user_indexes"
+            " WHERE indexrelname LIKE $1",
+            ann_index_name(model) + "\\_%",
+        )
+        await _record(conn, "per_tenant_hnsw", {"build_s": seconds, "size": int(size)})
+        log(f"{built} per-tenant HNSW indexes built in {seconds:.0f}s")
+        return seconds
+    finally:
+        await conn.close()

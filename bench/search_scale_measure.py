@@ -1,0 +1,461 @@
+"""The measurements of ``bench.search_latency`` on a loaded database: search through
+``PgSearchIndex`` at concurrency 1 and 8, its exact-scan twin, the plain pgvector query,
+recall and topK fill against numpy, the query embedding of the ONNX model, the HTTP rows
+of ``kb serve``; printed as Markdown tables on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.search_scale_corpus import (
+    DIMENSION,
+    PRINCIPAL_CLASSES,
+    Array,
+    Corpus,
+    Query,
+    all_vectors,
+    build_queries,
+    exact_top,
+    tenant_name,
+)
+from bench.search_scale_load import STRATEGY, meta
+from services.indexer.ann_index import model_predicate, vector_expression
+from services.indexer.search import (
+    Candidates,
+    Generation,
+    SearchHit,
+    SearchMode,
+    SearchRequest,
+    rank_results,
+)
+from services.indexer.search_pg import QUERIES, PgSearchIndex, SearchSettings
+from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
+from services.runtime.db import create_pool
+
+TOP_K = 10
+WARM_UP = 10
+COMMON_WORD_QUERIES = 50
+
+
+@dataclass
+class Row:
+    name: str
+    principals: str
+    concurrency: int
+    samples: list[float]
+    per_second: float
+    recall: float | None = None
+    filled: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def timed(
+    call: Callable[[int], Awaitable[Any]], count: int, concurrency: int
+) -> tuple[list[float], list[Any], float]:
+    """``count`` calls, ``concurrency`` at a time (after ``WARM_UP`` untimed ones): each
+    call's milliseconds, its answer, and calls per second over the whole run."""
+    for n in range(min(WARM_UP, count)):
+        await call(n)
+    samples = [0.0] * count
+    answers: list[Any] = [None] * count
+    todo = iter(range(count))
+
+    async def worker() -> None:
+        for n in todo:  # one iterator shared by the workers: each call runs once
+            started = time.perf_counter()
+            answers[n] = await call(n)
+            samples[n] = (time.perf_counter() - started) * 1000
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return samples, answers, count / (time.perf_counter() - started)
+
+
+class ExactSearchIndex(PgSearchIndex):
+    """The same statement with the vector list ordered by the bare column's distance: no
+    index has that expression, so the planner ranks every chunk that passes the filters
+    exactly (the limit of correctness)."""
+
+    def __init__(self, pool: Any, generation: Generation, settings: SearchSettings) -> None:
+        super().__init__(pool, generation, settings)
+        expression = vector_expression(generation.dimension, "c.embedding")
+        if expression not in self._sql:
+            raise AssertionError("search.sql no longer orders by the model's vector expression")
+        self._sql = self._sql.replace(expression, "(c.embedding)")
+
+
+def request_for(
+    query: Query, principal_class: str, mode: SearchMode, *, common: bool = False
+) -> SearchRequest:
+    text = query.common if common else query.text
+    return SearchRequest(
+        tenant_name(query.tenant), text, query.principals(principal_class), TOP_K, mode
+    )
+
+
+def variants(
+    index: PgSearchIndex,
+    exact_index: PgSearchIndex,
+    forced_index: PgSearchIndex,
+    concurrency: list[int],
+    queries: int,
+) -> list[tuple[str, SearchMode, PgSearchIndex, list[int], int, bool]]:
+    """(row name, mode, index, concurrency levels, queries, one common word only)."""
+    return [
+        ("search vector", SearchMode.VECTOR, index, concurrency, queries, False),
+        ("exact scan vector", SearchMode.VECTOR, exact_index, [1], queries, False),
+        (
+            "search vector, HNSW path forced",
+            SearchMode.VECTOR,
+            forced_index,
+            concurrency,
+            queries,
+            False,
+        ),
+        ("search keyword", SearchMode.KEYWORD, index, concurrency, queries, False),
+        # The keyword side's worst case: every chunk holding a common word is ranked.
+        (
+            "search keyword, one common word",
+            SearchMode.KEYWORD,
+            index,
+            concurrency,
+            min(queries, COMMON_WORD_QUERIES),
+            True,
+        ),
+        ("search hybrid", SearchMode.HYBRID, index, concurrency, queries, False),
+        ("exact scan hybrid", SearchMode.HYBRID, exact_index, [1], queries, False),
+        (
+            "search hybrid, HNSW path forced",
+            SearchMode.HYBRID,
+            forced_index,
+            concurrency,
+            queries,
+            False,
+        ),
+    ]
+
+
+async def measure(
+    url: str,
+    corpus: Corpus,
+    model: str,
+    args: argparse.Namespace,
+    *,
+    log: Callable[[str], None],
+) -> None:
+    queries = build_queries(corpus, args.queries)
+    log("computing every chunk's vector for the exact answers")
+    vectors = all_vectors(corpus)
+    readable = {
+        c: [corpus.readable(c, q.tenant, q.group_mask) for q in queries] for c in PRINCIPAL_CLASSES
+    }
+    exact = {
+        c: [exact_top(vectors, readable[c][n], q.vector, TOP_K) for n, q in enumerate(queries)]
+        for c in PRINCIPAL_CLASSES
+    }
+    plain_exact = global_top(vectors, np.stack([q.vector for q in queries]), TOP_K)
+    concurrency = args.concurrency
+    size = max(concurrency)
+    settings = SearchSettings(database_url=url, db_pool_min_size=size, db_pool_max_size=size)
+    pool = await create_pool(settings)
+    rows: list[Row] = []
+    try:
+        await PgVectorSink(pool).ensure_generation(IndexGeneration(model, DIMENSION, STRATEGY))
+        generation = Generation(model, DIMENSION)
+        index = PgSearchIndex(pool, generation, settings)
+        exact_index = ExactSearchIndex(pool, generation, settings)
+        # The same statement on sessions with enable_sort off: the planner then prefers
+        # the HNSW order to sorting the tenant's chunks (what the HNSW path would cost).
+        forced_pool = await create_pool(
+            settings,
+            server_settings={
+                "application_name": "kb-bench-hnsw-forced",
+                "statement_timeout": str(settings.db_statement_timeout_ms),
+                "enable_sort": "off",
+            },
+        )
+        forced_index = PgSearchIndex(forced_pool, generation, settings)
+        plain_sql = (
+            "SELECT chunk_id FROM knowledge_chunk c"
+            f" WHERE {model_predicate(model, 'c.embedding_model')}"
+            f" ORDER BY {vector_expression(DIMENSION, 'c.embedding')} <=> $1::vector"
+            f" LIMIT {TOP_K}"
+        )
+
+        async def plain(n: int) -> Any:
+            async with pool.acquire() as conn, conn.transaction(readonly=True):
+                await conn.execute(
+                    "SELECT set_config('hnsw.ef_search', $1, true)", str(settings.search_ef_search)
+                )
+                return await conn.fetch(plain_sql, queries[n].vector)
+
+        for c in concurrency:
+            samples, answers, rate = await timed(plain, len(queries), c)
+            hits = sum(
+                len(set(plain_exact[n]) & {int(r["chunk_id"]) for r in answer})
+                for n, answer in enumerate(answers)
+            )
+            rows.append(
+                Row("plain pgvector, unfiltered", "-", c, samples, rate, hits / (10 * len(queries)))
+            )
+            log(f"plain c{c}: p50 {statistics.median(samples):.2f} ms")
+
+        for principal_class in PRINCIPAL_CLASSES:
+            for label, mode, searcher, levels, count, common in variants(
+                index, exact_index, forced_index, concurrency, len(queries)
+            ):
+
+                async def call(
+                    n: int,
+                    mode: SearchMode = mode,
+                    principal_class: str = principal_class,
+                    searcher: PgSearchIndex = searcher,
+                    common: bool = common,
+                ) -> tuple[Candidates, tuple[SearchHit, ...]]:
+                    request = request_for(queries[n], principal_class, mode, common=common)
+                    candidates = await searcher.candidates(
+                        request, queries[n].vector if mode.uses_vector else None
+                    )
+                    return candidates, rank_results(request, candidates)
+
+                for c in levels:
+                    samples, answers, rate = await timed(call, count, c)
+                    row = Row(label, principal_class, c, samples, rate)
+                    score(row, mode, answers, exact[principal_class], readable[principal_class])
+                    rows.append(row)
+                    log(
+                        f"{row.name} {principal_class} c{c}: p50"
+                        f" {statistics.median(samples):.2f} ms,"
+                        f" p95 {percentile(samples, 0.95):.2f}"
+                    )
+        plans = await plan_shapes(pool, index, settings, queries)
+        plans |= {
+            f"{c}, HNSW path forced": shape
+            for c, shape in (
+                await plan_shapes(forced_pool, forced_index, settings, queries)
+            ).items()
+        }
+        await forced_pool.close()
+        facts = await meta(url)
+        facts["server"] = await server_facts(pool)
+    finally:
+        await pool.close()
+
+    embedding = await embedding_rows(queries, concurrency, log)
+    http_rows: list[Row] = []
+    http_memory: dict[str, Any] = {}
+    if not args.no_http:
+        from bench.search_scale_http import http_measure
+
+        http_rows, http_memory = await http_measure(url, queries, concurrency, log)
+    report(corpus, args, facts, rows, embedding, http_rows, http_memory, plans, readable, queries)
+
+
+def global_top(vectors: Array, queries: Array, k: int) -> list[list[int]]:
+    """The exact top ``k`` over every chunk, for each query (block by block)."""
+    best_ids = np.zeros((len(queries), 0), dtype=np.int64)
+    best_sims = np.zeros((len(queries), 0), dtype=np.float32)
+    for start in range(0, len(vectors), 100_000):
+        sims = queries @ vectors[start : start + 100_000].T
+        ids = np.broadcast_to(np.arange(start, start + sims.shape[1]), sims.shape)
+        sims = np.concatenate([best_sims, sims], axis=1)
+        ids = np.concatenate([best_ids, ids], axis=1)
+        keep = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        best_sims = np.take_along_axis(sims, keep, axis=1)
+        best_ids = np.take_along_axis(ids, keep, axis=1)
+    return [list(map(int, row)) for row in best_ids]
+
+
+def score(
+    row: Row,
+    mode: SearchMode,
+    answers: list[tuple[Candidates, tuple[SearchHit, ...]]],
+    exact: list[list[int]],
+    readable: list[Array],
+) -> None:
+    if mode is SearchMode.KEYWORD:
+        row.extra["mean results"] = statistics.mean(len(hits) for _, hits in answers)
+        return
+    hits = wanted = filled = 0
+    for n, (candidates, results) in enumerate(answers):
+        got = {int(c.chunk_id) for c in candidates.vector[:TOP_K]}
+        hits += len(got & set(exact[n]))
+        wanted += len(exact[n])
+        filled += len(results) >= min(TOP_K, len(readable[n]))
+    row.recall = hits / wanted if wanted else None
+    row.filled = filled / len(answers)
+
+
+async def plan_shapes(
+    pool: Any, index: PgSearchIndex, settings: SearchSettings, queries: list[Query]
+) -> dict[str, str]:
+    """The scans the planner chose for the vector list, per principal set (first query)."""
+    shapes = {}
+    query = queries[0]
+    for principal_class in PRINCIPAL_CLASSES:
+        request = request_for(query, principal_class, SearchMode.VECTOR)
+        async with pool.acquire() as conn, conn.transaction(readonly=True):
+            await conn.execute(
+                QUERIES["configure_search_transaction"],
+                settings.search_ef_search,
+                settings.search_max_scan_tuples,
+            )
+            # Vector mode: the keyword list's parameters (however many) stay NULL.
+            parameters = max(int(n) for n in re.findall(r"\$(\d+)", index._sql))
+            fixed = [request.tenant_id, list(request.principals), query.vector, request.depth]
+            fixed += [None, None, True, False]
+            plan = await conn.fetchval(
+                "EXPLAIN (FORMAT JSON) " + index._sql,
+                *fixed,
+                *[None] * (parameters - len(fixed)),
+            )
+        scans: list[str] = []
+        walk(json.loads(plan)[0]["Plan"], scans)
+        shapes[principal_class] = ", ".join(dict.fromkeys(scans))
+    return shapes
+
+
+def walk(node: dict[str, Any], scans: list[str]) -> None:
+    if "Scan" in node["Node Type"]:
+        scans.append(f"{node['Node Type']} {node.get('Index Name', node.get('Relation Name', ''))}")
+    for child in node.get("Plans", []):
+        walk(child, scans)
+
+
+async def server_facts(pool: Any) -> dict[str, str]:
+    async with pool.acquire() as conn:
+        return {
+            name: str(await conn.fetchval(f"SHOW {name}"))
+            for name in ("server_version", "shared_buffers", "work_mem", "effective_cache_size")
+        } | {
+            "pgvector": str(
+                await conn.fetchval("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            )
+        }
+
+
+async def embedding_rows(
+    queries: list[Query], concurrency: list[int], log: Callable[[str], None]
+) -> list[Row]:
+    """The offline ONNX model embedding each query text alone (the default settings)."""
+    from services.indexer.embedding.factory import build_embedder
+    from services.indexer.embedding.settings import EmbeddingSettings
+
+    embedder = build_embedder(EmbeddingSettings())
+    rows = []
+    try:
+        for c in concurrency:
+
+            async def call(n: int) -> Any:
+                return await embedder.embed([queries[n].text])
+
+            samples, _, rate = await timed(call, len(queries), c)
+            rows.append(Row(f"query embedding ({embedder.model})", "-", c, samples, rate))
+            log(f"embedding c{c}: p50 {statistics.median(samples):.2f} ms")
+    finally:
+        await embedder.aclose()
+    return rows
+
+
+def _mib(size: float) -> str:
+    return f"{size / 2**20:,.0f} MiB"
+
+
+def report(
+    corpus: Corpus,
+    args: argparse.Namespace,
+    facts: dict[str, Any],
+    rows: list[Row],
+    embedding: list[Row],
+    http_rows: list[Row],
+    http_memory: dict[str, Any],
+    plans: dict[str, str],
+    readable: dict[str, list[Array]],
+    queries: list[Query],
+) -> None:
+    server = facts["server"]
+    sizes = facts["sizes"]
+    per_million = 1_000_000 / corpus.chunks
+    tenant_chunks = np.bincount(corpus.document_tenant[corpus.chunk_document], minlength=100)
+    shares = {
+        c: statistics.mean(
+            len(r) / tenant_chunks[q.tenant] for r, q in zip(readable[c], queries, strict=True)
+        )
+        for c in PRINCIPAL_CLASSES
+    }
+    print(
+        f"{corpus.chunks:,} chunks, {corpus.documents:,} documents, 100 tenants,"
+        f" {args.vectors} vectors, {args.queries} queries per row, seed {args.seed};"
+        f" PostgreSQL {server['server_version']}, pgvector {server['pgvector']},"
+        f" shared_buffers {server['shared_buffers']}, work_mem {server['work_mem']}."
+    )
+    print(
+        "Readable share of the query's tenant (mean): "
+        + ", ".join(f"{c} {100 * shares[c]:.1f} %" for c in PRINCIPAL_CLASSES)
+        + "."
+    )
+    print()
+    print(
+        f"Load {facts['load_s']:.0f} s (COPY), GIN build {facts['gin_build_s']:.0f} s,"
+        f" VACUUM ANALYZE {facts['vacuum_analyze_s']:.0f} s,"
+        f" HNSW build {facts['hnsw_build_s']:.0f} s"
+        f" ({facts['build_settings']['maintenance_work_mem']} maintenance_work_mem,"
+        f" {facts['build_settings']['max_parallel_maintenance_workers']} parallel workers)."
+        f" Sizes: heap {_mib(sizes['heap'])}, HNSW {_mib(sizes['hnsw'])},"
+        f" GIN {_mib(sizes['gin'])}, table + all indexes {_mib(sizes['total'])}."
+        f" Per million chunks: HNSW build {facts['hnsw_build_s'] * per_million / 60:.1f} min,"
+        f" HNSW {_mib(sizes['hnsw'] * per_million)}, GIN {_mib(sizes['gin'] * per_million)}."
+    )
+    tenant_hnsw = facts.get("per_tenant_hnsw")
+    if args.per_tenant_hnsw and tenant_hnsw:
+        print()
+        print(
+            f"Experiment: a partial HNSW index per tenant, 100 of them built in"
+            f" {tenant_hnsw['build_s']:.0f} s, {_mib(tenant_hnsw['size'])} together."
+        )
+    print()
+    plain = {r.concurrency: r for r in rows if r.name.startswith("plain")}
+    print(
+        "| query | principals | conc. | p50 ms | p95 ms | p99 ms | queries/s"
+        " | p95 vs plain | recall@10 | topK filled |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows + embedding + http_rows:
+        base = plain.get(row.concurrency)
+        ratio = ""
+        if base is not None and not row.name.startswith("query embedding"):
+            ratio = f"{percentile(row.samples, 0.95) / percentile(base.samples, 0.95):.2f}x"
+        recall = "" if row.recall is None else f"{row.recall:.3f}"
+        filled = "" if row.filled is None else f"{100 * row.filled:.0f} %"
+        if "mean results" in row.extra:
+            filled = f"({row.extra['mean results']:.1f} results)"
+        print(
+            f"| {row.name} | {row.principals} | {row.concurrency}"
+            f" | {statistics.median(row.samples):.2f} | {percentile(row.samples, 0.95):.2f}"
+            f" | {percentile(row.samples, 0.99):.2f} | {row.per_second:.0f} | {ratio}"
+            f" | {recall} | {filled} |"
+        )
+    print()
+    for principal_class, shape in plans.items():
+        print(f"- vector list's scans, {principal_class}: {shape}")
+    if http_memory:
+        print(
+            f"- kb serve RSS: {_mib(http_memory['ready_rss'])} when ready,"
+            f" peak {_mib(http_memory['peak_rss'])} over the HTTP rows"
+            f" (VmHWM; {http_memory['embedder']})"
+        )
