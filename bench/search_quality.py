@@ -332,7 +332,7 @@ async def _fusion_grid(
                     )
                     ranking = [unit_of_chunk[(h.document_id, h.chunk_id)] for h in hits]
                     scores.append(score(ranking, qset.judgments[qid]))
-                cells.append(f"{mean(scores).ndcg10:.3f}")
+                cells.append(f"{mean(scores).ndcg10:.4f}")
             lines.append(f"| {config}, {coverage} | " + " | ".join(cells) + " |")
     return lines
 

@@ -42,9 +42,13 @@ HYBRID_MAX_DEPTH: Final = 200
 # Hybrid fuses a keyword candidate only if it holds at least this share of the query's
 # words (weighted by rarity): a chunk sharing just "can" and "I" with a question ranks in the
 # keyword list, and fused by rank it would outrank the vector list's best answer.
-HYBRID_MIN_KEYWORD_COVERAGE: Final = 0.5
-# The keyword list's weight in the fusion, the vector list's being 1.
-HYBRID_KEYWORD_WEIGHT: Final = 1.0
+# The keyword list's weight in the fusion, the vector list's being 1: exact terms (codes,
+# names) lift a chunk the vector list also found, without a keyword-only hit displacing the
+# vector list's answers to a paraphrase. Both chosen by `bench.search_quality --fusion-grid`
+# on the two quality sets (bench/results/search_quality.md): at 0.5 / 1.0 hybrid was below
+# vector on the labelled set's 'english' tenant.
+HYBRID_MIN_KEYWORD_COVERAGE: Final = 0.75
+HYBRID_KEYWORD_WEIGHT: Final = 0.3
 
 
 class SearchMode(enum.StrEnum):

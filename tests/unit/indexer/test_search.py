@@ -12,6 +12,7 @@ import pytest
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.embedding.port import Vectors
 from services.indexer.search import (
+    HYBRID_KEYWORD_WEIGHT,
     HYBRID_MIN_KEYWORD_COVERAGE,
     RRF_K,
     Candidate,
@@ -117,9 +118,14 @@ def test_hybrid_fuses_only_keyword_candidates_covering_enough_of_the_query() -> 
         ],
     )
     hybrid = SearchRequest("acme", "q", ("p",), top_k=3, mode=SearchMode.HYBRID)
-    fused = rank_results(hybrid, lists)
+    fused = rank_results(hybrid, lists, keyword_weight=1.0)
     assert [h.chunk_id for h in fused] == ["answer", "exact", "weak"]
     assert fused[2].score == pytest.approx(1 / (RRF_K + 9))
+    # The keyword list's weight scales its share: at the default, a keyword-only hit ranks
+    # below a vector hit of a similar rank.
+    weighted = rank_results(hybrid, lists)
+    assert [h.chunk_id for h in weighted] == ["answer", "weak", "exact"]
+    assert weighted[2].score == pytest.approx(HYBRID_KEYWORD_WEIGHT / (RRF_K + 2))
     # Keyword mode ranks every candidate the index returned.
     keyword = SearchRequest("acme", "q", ("p",), top_k=3, mode=SearchMode.KEYWORD)
     assert [h.chunk_id for h in rank_results(keyword, lists)] == ["weak", "exact"]
@@ -158,7 +164,8 @@ async def test_keyword_search_does_not_embed_and_vector_search_embeds_the_query(
     assert index.vectors[1] is not None
     np.testing.assert_array_equal(index.vectors[1], embedder.embed_sync(["refund"]))
     assert [h.chunk_id for h in keyword.results] == ["k"]
-    assert [h.chunk_id for h in hybrid.results] == ["k", "v"]  # a tie: by chunk id
+    # Both first in their lists: the vector list weighs more (HYBRID_KEYWORD_WEIGHT < 1).
+    assert [h.chunk_id for h in hybrid.results] == ["v", "k"]
     assert hybrid.generation == Generation("hashing-v1-8", 8)
     assert hybrid.took_ms >= 0
 
