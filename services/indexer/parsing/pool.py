@@ -322,7 +322,7 @@ class ParsePool:
             max_workers=1,
             mp_context=self._context,
             initializer=attach,
-            initargs=(worker_end,),
+            initargs=(worker_end, os.getpid()),
         )
         return _Slot(executor=executor, channel=channel, worker_end=worker_end)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -61,11 +63,31 @@ OnSlice = Callable[[list[Chunk]], Awaitable[None]]
 
 # The worker's end of its slot's pipe (set in the worker process by ``attach``).
 _CHANNEL: Connection | None = None
+# How often a parse process checks that its indexer still runs.
+_WATCHDOG_SECONDS = 1.0
 
 
-def attach(channel: Connection) -> None:
+def attach(channel: Connection, indexer_pid: int | None = None) -> None:
     global _CHANNEL
     _CHANNEL = channel
+    if indexer_pid is not None:
+        threading.Thread(
+            target=_exit_with, args=(indexer_pid,), name="parse-watchdog", daemon=True
+        ).start()
+
+
+def _exit_with(indexer_pid: int) -> None:
+    """Ends this parse process once the indexer that started it is gone. A SIGKILLed
+    indexer closes no pipe this process waits on (the executor's queue hands the child both
+    of its ends), so without this it would wait, orphaned, for ever."""
+    while True:
+        time.sleep(_WATCHDOG_SECONDS)
+        try:
+            os.kill(indexer_pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # the pid now belongs to another user's process
+            os._exit(0)
 
 
 def chunk_slices(
