@@ -16,6 +16,7 @@ from services.indexer.index_check import (
     RepairAction,
     find_drift,
 )
+from services.indexer.queue_pg import PgTaskQueue
 from services.runtime.clock import Clock, DatabaseClock
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import NotFound
@@ -33,10 +34,22 @@ class RepairOutcome:
     note: str
 
 
+# What a re-run's audit row says in place of the task's error.
+RERUN_REASON = ("INDEX_DRIFT", "re-run by kb index check --repair")
+
+
 class PgIndexCheck:
-    def __init__(self, pool: asyncpg.Pool[Any], *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        *,
+        clock: Clock | None = None,
+        queue: PgTaskQueue | None = None,
+    ) -> None:
         self._pool = pool
         self._clock = clock or DatabaseClock()
+        # A re-run goes through the queue's one requeue, as `kb tasks requeue` does.
+        self._queue = queue or PgTaskQueue(pool, clock=self._clock)
 
     async def states(self, tenant_id: str | None) -> list[DocumentIndexState]:
         with translate_db_errors():
@@ -59,9 +72,9 @@ class PgIndexCheck:
         repair, state = drift.repair, drift.state
         if repair.action is RepairAction.NONE or repair.version_number is None:
             return RepairOutcome(drift, False, repair.task_id, repair.reason)
-        with translate_db_errors():
-            async with self._pool.acquire() as conn, conn.transaction():
-                if repair.action is RepairAction.ENQUEUE:
+        if repair.action is RepairAction.ENQUEUE:
+            with translate_db_errors():
+                async with self._pool.acquire() as conn, conn.transaction():
                     enqueued = await enqueue_index_task(
                         conn,
                         tenant_id=state.tenant_id,
@@ -71,14 +84,15 @@ class PgIndexCheck:
                         max_attempts=budget,
                         now=self._clock.now(),
                     )
-                    note = "task created" if enqueued.created else "a task appeared meanwhile"
-                    return RepairOutcome(drift, True, enqueued.task_id, note)
-                rerun = await conn.fetchval(
-                    QUERIES["rerun_succeeded_task"], repair.task_id, by, budget, self._clock.now()
-                )
+            note = "task created" if enqueued.created else "a task appeared meanwhile"
+            return RepairOutcome(drift, True, enqueued.task_id, note)
+        assert repair.task_id is not None  # a RERUN names the task (index_check._rerun)
+        rerun = await self._queue.rerun_succeeded(
+            repair.task_id, by=by, budget=budget, reason=RERUN_REASON
+        )
         if rerun is None:
             return RepairOutcome(drift, False, repair.task_id, "its task is no longer SUCCEEDED")
-        return RepairOutcome(drift, True, rerun, "task back to PENDING")
+        return RepairOutcome(drift, True, rerun.task_id, "task back to PENDING")
 
 
 def _state(row: Mapping[str, Any]) -> DocumentIndexState:

@@ -269,25 +269,37 @@ SELECT *
  LIMIT $4
 
 -- name: requeue_task
--- $1 task, $2 who, $3 reset the budget?, $4 budget, $5 now. Only a DEAD task; the row lock
--- makes two concurrent requeues of one task produce one audit row (the second finds the
--- task no longer DEAD after the lock wait and requeues nothing). `attempts` is kept: it is
--- the fencing generation and must never repeat; the budget moves via max_attempts.
+-- $1 task, $2 the status it requeues from, $3 who, $4 reset the budget?, $5 budget,
+-- $6 reason code and $7 reason message for the audit (NULL: the task's own error), $8 now.
+-- The one way a finished task goes back to PENDING: from DEAD (`kb tasks requeue`, the
+-- operator page: PgTaskQueue.requeue) or from SUCCEEDED (`kb index check --repair`
+-- re-running a drifted version: PgTaskQueue.rerun_succeeded). A task in any other status,
+-- or in another status than $2, is left as it is and no audit row is written; the caller
+-- tells the two apart by reading the task.
+--
+-- The row lock makes two concurrent requeues of one task produce one audit row (the
+-- second finds the task no longer in $2 after the lock wait and requeues nothing).
+-- `attempts` is kept: it is the fencing generation and must never repeat; the budget
+-- moves via max_attempts (a reset grants $5 more attempts, otherwise exactly one).
+-- lease_owner: a re-run SUCCEEDED task forgets the worker that completed it; a requeued
+-- DEAD task keeps its last owner until the next claim replaces it (each as its caller did
+-- when they were two queries).
 WITH target AS (
-    SELECT task_id, attempts, max_attempts, error_code, error_message
+    SELECT task_id, status, attempts, max_attempts, error_code, error_message
       FROM index_task
-     WHERE task_id = $1 AND status = 'DEAD'
+     WHERE task_id = $1 AND status = $2::text AND $2::text IN ('DEAD', 'SUCCEEDED')
        FOR UPDATE
 ),
 requeued AS (
     UPDATE index_task t
        SET status = 'PENDING',
-           max_attempts = g.attempts + CASE WHEN $3::boolean THEN $4::integer ELSE 1 END,
+           max_attempts = g.attempts + CASE WHEN $4::boolean THEN $5::integer ELSE 1 END,
+           lease_owner = CASE WHEN g.status = 'SUCCEEDED' THEN NULL ELSE t.lease_owner END,
            lease_until = NULL,
-           next_attempt_at = coalesce($5::timestamptz, now()),
+           next_attempt_at = coalesce($8::timestamptz, now()),
            error_code = NULL,
            error_message = NULL,
-           updated_at = coalesce($5::timestamptz, now()),
+           updated_at = coalesce($8::timestamptz, now()),
            finished_at = NULL
       FROM target g
      WHERE t.task_id = g.task_id
@@ -296,8 +308,10 @@ requeued AS (
 INSERT INTO index_task_requeue (task_id, requeued_by, requeued_at, reset_attempts, attempts,
                                 previous_max_attempts, new_max_attempts, previous_error_code,
                                 previous_error_message)
-SELECT g.task_id, $2, coalesce($5::timestamptz, now()), $3::boolean, g.attempts,
-       g.max_attempts, r.max_attempts, g.error_code, g.error_message
+SELECT g.task_id, $3, coalesce($8::timestamptz, now()), $4::boolean, g.attempts,
+       g.max_attempts, r.max_attempts,
+       CASE WHEN $6::text IS NULL THEN g.error_code ELSE $6::text END,
+       CASE WHEN $6::text IS NULL THEN g.error_message ELSE $7::text END
   FROM target g
   JOIN requeued r ON r.task_id = g.task_id
 RETURNING *

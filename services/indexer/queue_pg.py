@@ -36,6 +36,9 @@ from services.runtime.tasks import index_task_fields
 
 QUERIES = queries_beside(__file__, "queries.sql")
 
+# The finished states a task can be put back to PENDING from (``requeue_task``).
+_REQUEUED_FROM = frozenset({TaskStatus.DEAD, TaskStatus.SUCCEEDED})
+
 
 async def skip_session_reset(conn: asyncpg.Connection[Any]) -> None:
     """``reset=`` for the indexer's pool. asyncpg's default runs ``RESET ALL; UNLISTEN *;
@@ -170,18 +173,57 @@ class PgTaskQueue:
     async def requeue(
         self, task_id: uuid.UUID, *, by: str, reset_attempts: bool, budget: int
     ) -> RequeueRecord:
-        with translate_db_errors():
-            row = await self._pool.fetchrow(
-                QUERIES["requeue_task"], task_id, by, reset_attempts, budget, self._clock.now()
-            )
-        if row is None:
+        record = await self.requeue_from(
+            TaskStatus.DEAD, task_id, by=by, reset_attempts=reset_attempts, budget=budget
+        )
+        if record is None:
             current = await self.get(task_id)
             if current is None:
                 raise NotFound(f"no index task {task_id}", code="TASK_NOT_FOUND")
             raise InvalidTransition(
                 f"task {task_id} is {current.status}; only DEAD tasks can be requeued"
             )
-        return _requeue_record(row)
+        return record
+
+    async def rerun_succeeded(
+        self, task_id: uuid.UUID, *, by: str, budget: int, reason: tuple[str, str]
+    ) -> RequeueRecord | None:
+        """Drift repair (`kb index check --repair`): a SUCCEEDED task back to PENDING with a
+        fresh budget of ``budget`` attempts, audited beside the operators' requeues with
+        ``reason`` (code, message) in place of an error. ``None`` when the task is not
+        SUCCEEDED (any more): nothing changed."""
+        return await self.requeue_from(
+            TaskStatus.SUCCEEDED, task_id, by=by, reset_attempts=True, budget=budget, reason=reason
+        )
+
+    async def requeue_from(
+        self,
+        status: TaskStatus,
+        task_id: uuid.UUID,
+        *,
+        by: str,
+        reset_attempts: bool,
+        budget: int,
+        reason: tuple[str, str] | None = None,
+    ) -> RequeueRecord | None:
+        """The one requeue: the task back to PENDING if it is ``status`` (DEAD or
+        SUCCEEDED), its generation kept, audited; ``None`` (nothing changed) otherwise."""
+        if status not in _REQUEUED_FROM:
+            raise ValueError(f"a task is requeued from DEAD or SUCCEEDED, not {status}")
+        code, message = reason if reason is not None else (None, None)
+        with translate_db_errors():
+            row = await self._pool.fetchrow(
+                QUERIES["requeue_task"],
+                task_id,
+                str(status),
+                by,
+                reset_attempts,
+                budget,
+                code,
+                message,
+                self._clock.now(),
+            )
+        return None if row is None else _requeue_record(row)
 
     async def requeue_history(self, task_id: uuid.UUID) -> list[RequeueRecord]:
         with translate_db_errors():
