@@ -10,6 +10,15 @@
 -- 1. `exhausted` marks DEAD (LEASE_ATTEMPTS_EXHAUSTED) RUNNING tasks of the tier whose lease
 --    expired with the attempt budget spent, at most $6 per claim, skipping rows another
 --    transaction holds (a worker completing it right now, or another claimer burying it).
+--    `buried_stream` deletes their staged chunks (knowledge_chunk_stream) with them: no
+--    attempt of theirs will run again to do it. It reads the rows committed when this
+--    statement began. A slice whose fence passed before the lease expired and that commits
+--    while this statement runs is not among them (a slice holding the row when the lock
+--    comes makes SKIP LOCKED pass the task over, to be buried by a later claim; one that
+--    committed just before the lock does not). Such rows stay until the task is requeued
+--    and its next attempt streams (its first slice deletes every earlier attempt's rows).
+--    It takes a slice transaction open across the expiry of its lease: heartbeats failing
+--    for a whole lease while the worker still writes.
 --
 -- 2. Fairness rule, in ROUNDS. Round 0 is every expired lease with budget left (a takeover;
 --    these have waited longest), oldest lease first. Otherwise a tenant's k-th oldest due
@@ -92,6 +101,11 @@ exhausted AS (
                FOR UPDATE OF x SKIP LOCKED) x
      WHERE t.task_id = x.task_id
     RETURNING t.task_id
+),
+buried_stream AS (
+    DELETE FROM knowledge_chunk_stream s
+     USING exhausted e
+     WHERE s.task_id = e.task_id
 ),
 tenant_head (tier, due_by, tenant_id, task_id, rank) AS (
     SELECT a.tier, a.due_by, n.tenant_id, n.task_id, 1::bigint
@@ -239,21 +253,34 @@ RETURNING task_id
 
 -- name: fail_task
 -- Same fence. $4 is RETRY_WAIT or DEAD as the retry policy decided from the error code.
-UPDATE index_task
-   SET status = $4::text,
-       lease_until = NULL,
-       next_attempt_at = coalesce($8::timestamptz, now()) + make_interval(secs => $5),
-       error_code = $6,
-       error_message = $7,
-       updated_at = coalesce($8::timestamptz, now()),
-       finished_at = CASE WHEN $4::text = 'DEAD' THEN coalesce($8::timestamptz, now()) END
- WHERE task_id = $1
-   AND status = 'RUNNING'
-   AND lease_owner = $2
-   AND attempts = $3
-   AND lease_until > coalesce($8::timestamptz, now())
-   AND $4::text IN ('RETRY_WAIT', 'DEAD')
-RETURNING *
+-- A task that ends DEAD takes its staged chunks (knowledge_chunk_stream, every attempt's)
+-- with it, in this statement: no later attempt will run to delete them. This statement sees
+-- all of them: this attempt wrote its slices one after another and has stopped, and an
+-- earlier attempt's last slice committed before our claim could take the row
+-- (sink.sql: lock_stream_lease). A RETRY_WAIT keeps them for the next attempt to delete.
+WITH failed AS (
+    UPDATE index_task
+       SET status = $4::text,
+           lease_until = NULL,
+           next_attempt_at = coalesce($8::timestamptz, now()) + make_interval(secs => $5),
+           error_code = $6,
+           error_message = $7,
+           updated_at = coalesce($8::timestamptz, now()),
+           finished_at = CASE WHEN $4::text = 'DEAD' THEN coalesce($8::timestamptz, now()) END
+     WHERE task_id = $1
+       AND status = 'RUNNING'
+       AND lease_owner = $2
+       AND attempts = $3
+       AND lease_until > coalesce($8::timestamptz, now())
+       AND $4::text IN ('RETRY_WAIT', 'DEAD')
+    RETURNING *
+),
+unstaged AS (
+    DELETE FROM knowledge_chunk_stream s
+     USING failed f
+     WHERE $4::text = 'DEAD' AND s.task_id = f.task_id
+)
+SELECT * FROM failed
 
 -- name: get_task
 SELECT * FROM index_task WHERE task_id = $1

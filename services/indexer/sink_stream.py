@@ -9,7 +9,8 @@ held FOR SHARE until the slice commits). The index itself is untouched until the
 attempt's rows into ``knowledge_chunk`` and clears the task's staging rows, in the same
 transaction as the search pointer, SUCCEEDED and the outbox event. A worker whose lease was
 taken over therefore writes nothing to the index; its staged rows are never read, and go
-when the task's next attempt starts staging or completes.
+when the task's next attempt starts staging or completes, or with the task when it ends
+DEAD (queries.sql: the fenced ``fail_task`` and the lease-expiry burial in ``claim_tasks``).
 """
 
 from __future__ import annotations
