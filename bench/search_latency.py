@@ -41,7 +41,6 @@ from bench.search_scale_corpus import build_corpus
 from bench.search_scale_load import (
     corpus_identity,
     load,
-    per_tenant_ann_indexes,
     reusable,
     url_for,
 )
@@ -79,14 +78,6 @@ async def run(args: argparse.Namespace) -> int:
             log=log,
         )
         log(f"{database} loaded and indexed in {time.perf_counter() - started:.0f}s")
-    await per_tenant_ann_indexes(
-        url,
-        MODEL,
-        present=args.per_tenant_hnsw,
-        maintenance_work_mem=mwm,
-        parallel_workers=args.parallel_workers,
-        log=log,
-    )
     if args.load_only:
         return 0
     from bench.search_scale_measure import measure
@@ -108,11 +99,6 @@ def main() -> None:
     parser.add_argument("--maintenance-work-mem", help="for the index builds (1GB; 4GB at 1M)")
     parser.add_argument("--parallel-workers", type=int, default=2)
     parser.add_argument("--no-http", action="store_true", help="skip the kb serve rows")
-    parser.add_argument(
-        "--per-tenant-hnsw",
-        action="store_true",
-        help="experiment: a partial HNSW index per tenant (built if missing; dropped without)",
-    )
     sys.exit(asyncio.run(run(parser.parse_args())))
 
 

@@ -33,7 +33,8 @@ from bench.search_scale_corpus import (
     text_batches,
     vector_batches,
 )
-from services.indexer.ann_index import ann_index_name, create_ann_index_sql
+from services.indexer.ann_index import ann_index_name, build_ann_index_sql
+from services.indexer.sink_pgvector import QUERIES as SINK_QUERIES
 from services.runtime.migrations import apply_migrations
 from services.runtime.tenant_auth import hash_api_key
 
@@ -144,7 +145,10 @@ async def load(
         await conn.execute("SET statement_timeout = 0")
         started = time.perf_counter()
         await _copy_tenants_and_documents(conn, corpus, model)
+        # The partitioned index's definition reads "ON ONLY": without it, one statement builds
+        # every partition's part.
         gin_definition = await conn.fetchval("SELECT pg_get_indexdef(to_regclass($1))", GIN_INDEX)
+        gin_definition = gin_definition.replace(" ON ONLY ", " ON ")
         await conn.execute(f"DROP INDEX {GIN_INDEX}")
         await conn.execute("SET session_replication_role = replica")
         copied = 0
@@ -172,10 +176,13 @@ async def load(
         await conn.execute("VACUUM ANALYZE")
         await _record(conn, "vacuum_analyze_s", time.perf_counter() - started)
         started = time.perf_counter()
-        # The sink's DDL without CONCURRENTLY (nothing writes meanwhile): the same index.
-        await conn.execute(
-            create_ann_index_sql(model, DIMENSION).replace("INDEX CONCURRENTLY", "INDEX")
-        )
+        # The sink's DDL without CONCURRENTLY (nothing writes meanwhile): the same index,
+        # partition by partition.
+        partitions = [
+            r["partition"] for r in await conn.fetch(SINK_QUERIES["knowledge_chunk_partitions"])
+        ]
+        for statement in build_ann_index_sql(model, DIMENSION, partitions, concurrently=False):
+            await conn.execute(statement)
         await _record(conn, "hnsw_build_s", time.perf_counter() - started)
         log(f"HNSW index built, {time.perf_counter() - started:.0f}s")
         await conn.execute("ANALYZE knowledge_chunk")
@@ -188,10 +195,15 @@ async def load(
             },
         )
         sizes = await conn.fetchrow(
-            "SELECT pg_relation_size('knowledge_chunk') AS heap,"
-            " pg_total_relation_size('knowledge_chunk') AS total,"
-            " pg_relation_size(to_regclass($1)) AS hnsw,"
-            " pg_relation_size(to_regclass($2)) AS gin",
+            # A partitioned table or index has no storage of its own: sum its partitions'.
+            "SELECT (SELECT sum(pg_relation_size(relid))::bigint"
+            "          FROM pg_partition_tree('knowledge_chunk')) AS heap,"
+            " (SELECT sum(pg_total_relation_size(relid))::bigint"
+            "    FROM pg_partition_tree('knowledge_chunk')) AS total,"
+            " (SELECT sum(pg_relation_size(relid))::bigint"
+            "    FROM pg_partition_tree(to_regclass($1))) AS hnsw,"
+            " (SELECT sum(pg_relation_size(relid))::bigint"
+            "    FROM pg_partition_tree(to_regclass($2))) AS gin",
             ann_index_name(model),
             GIN_INDEX,
         )
@@ -324,65 +336,3 @@ def _document_start(corpus: Corpus, d: int, i: int) -> int:
     while i > 0 and int(corpus.chunk_document[i - 1]) == d:
         i -= 1
     return i
-
-
-def tenant_ann_index(model: str, tenant: str) -> str:
-    return f"{ann_index_name(model)}_{tenant}"
-
-
-async def per_tenant_ann_indexes(
-    url: str,
-    model: str,
-    *,
-    present: bool,
-    maintenance_work_mem: str,
-    parallel_workers: int,
-    log: Any = print,
-) -> float | None:
-    """An experiment, not what the sink builds: one partial HNSW index per tenant
-    (``WHERE embedding_model = m AND tenant_id = t``, the model's expression), which search's
-    custom plans can prove from the tenant literal. ``present`` builds the missing ones
-    (returns the seconds it took, None if none was missing); otherwise drops them all, so
-    that a reused database measures the sink's index alone."""
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("SET statement_timeout = 0")
-        existing = {
-            r["indexname"]
-            for r in await conn.fetch(
-                "SELECT indexname FROM pg_indexes WHERE tablename = 'knowledge_chunk'"
-                " AND indexname LIKE $1",
-                ann_index_name(model) + "\\_%",
-            )
-        }
-        if not present:
-            for name in sorted(existing):
-                await conn.execute(f"DROP INDEX {name}")
-            return None
-        await conn.execute(f"SET maintenance_work_mem = '{maintenance_work_mem}'")
-        await conn.execute(f"SET max_parallel_maintenance_workers = {int(parallel_workers)}")
-        started = time.perf_counter()
-        built = 0
-        for t in range(TENANTS):
-            tenant = tenant_name(t)
-            name = tenant_ann_index(model, tenant)
-            if name in existing:
-                continue
-            sql = create_ann_index_sql(model, DIMENSION).replace("INDEX CONCURRENTLY", "INDEX")
-            sql = sql.replace(ann_index_name(model), name) + f" AND tenant_id = '{tenant}'"
-            await conn.execute(sql)
-            built += 1
-        if not built:
-            return None
-        seconds = time.perf_counter() - started
-        await conn.execute("ANALYZE knowledge_chunk")
-        size = await conn.fetchval(
-            "SELECT sum(pg_relation_size(indexrelid::regclass)) FROM pg_stat_user_indexes"
-            " WHERE indexrelname LIKE $1",
-            ann_index_name(model) + "\\_%",
-        )
-        await _record(conn, "per_tenant_hnsw", {"build_s": seconds, "size": int(size)})
-        log(f"{built} per-tenant HNSW indexes built in {seconds:.0f}s")
-        return seconds
-    finally:
-        await conn.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,11 +37,12 @@ from services.indexer.search import (
     SearchRequest,
     rank_results,
 )
-from services.indexer.search_pg import QUERIES, PgSearchIndex, SearchSettings
+from services.indexer.search_pg import QUERIES, PgSearchIndex, SearchSettings, VectorPath
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.runtime.db import create_pool
 
 TOP_K = 10
+PLAIN_TENANT = "plain pgvector, tenant only"
 WARM_UP = 10
 COMMON_WORD_QUERIES = 50
 
@@ -86,17 +86,15 @@ async def timed(
     return samples, answers, count / (time.perf_counter() - started)
 
 
-class ExactSearchIndex(PgSearchIndex):
-    """The same statement with the vector list ordered by the bare column's distance: no
-    index has that expression, so the planner ranks every chunk that passes the filters
-    exactly (the limit of correctness)."""
-
-    def __init__(self, pool: Any, generation: Generation, settings: SearchSettings) -> None:
-        super().__init__(pool, generation, settings)
-        expression = vector_expression(generation.dimension, "c.embedding")
-        if expression not in self._sql:
-            raise AssertionError("search.sql no longer orders by the model's vector expression")
-        self._sql = self._sql.replace(expression, "(c.embedding)")
+def index_on_path(
+    pool: Any, generation: Generation, settings: SearchSettings, path: VectorPath
+) -> PgSearchIndex:
+    """Search whose vector list always takes ``path``: EXACT ranks every chunk that passes
+    the filters (the limit of correctness); ANN always walks the tenant partition's graph."""
+    threshold = 0 if path is VectorPath.ANN else 10_000_000
+    return PgSearchIndex(
+        pool, generation, settings.model_copy(update={"search_exact_max_chunks": threshold})
+    )
 
 
 def request_for(
@@ -120,7 +118,7 @@ def variants(
         ("search vector", SearchMode.VECTOR, index, concurrency, queries, False),
         ("exact scan vector", SearchMode.VECTOR, exact_index, [1], queries, False),
         (
-            "search vector, HNSW path forced",
+            "search vector, ANN path forced",
             SearchMode.VECTOR,
             forced_index,
             concurrency,
@@ -140,7 +138,7 @@ def variants(
         ("search hybrid", SearchMode.HYBRID, index, concurrency, queries, False),
         ("exact scan hybrid", SearchMode.HYBRID, exact_index, [1], queries, False),
         (
-            "search hybrid, HNSW path forced",
+            "search hybrid, ANN path forced",
             SearchMode.HYBRID,
             forced_index,
             concurrency,
@@ -178,34 +176,42 @@ async def measure(
         await PgVectorSink(pool).ensure_generation(IndexGeneration(model, DIMENSION, STRATEGY))
         generation = Generation(model, DIMENSION)
         index = PgSearchIndex(pool, generation, settings)
-        exact_index = ExactSearchIndex(pool, generation, settings)
-        # The same statement on sessions with enable_sort off: the planner then prefers
-        # the HNSW order to sorting the tenant's chunks (what the HNSW path would cost).
-        forced_pool = await create_pool(
-            settings,
-            server_settings={
-                "application_name": "kb-bench-hnsw-forced",
-                "statement_timeout": str(settings.db_statement_timeout_ms),
-                "enable_sort": "off",
-            },
-        )
-        forced_index = PgSearchIndex(forced_pool, generation, settings)
+        exact_index = index_on_path(pool, generation, settings, VectorPath.EXACT)
+        forced_index = index_on_path(pool, generation, settings, VectorPath.ANN)
+        # The limit of speed: pgvector alone, neither the version join nor the ACL filter --
+        # over the query's tenant (its partition's HNSW index; the ratio's base), and over
+        # every tenant (every partition's index, merged).
         plain_sql = (
             "SELECT chunk_id FROM knowledge_chunk c"
             f" WHERE {model_predicate(model, 'c.embedding_model')}"
+            " AND ($2::text IS NULL OR c.tenant_id = $2)"
             f" ORDER BY {vector_expression(DIMENSION, 'c.embedding')} <=> $1::vector"
             f" LIMIT {TOP_K}"
         )
 
-        async def plain(n: int) -> Any:
+        async def plain(n: int, tenant: bool) -> Any:
             async with pool.acquire() as conn, conn.transaction(readonly=True):
                 await conn.execute(
-                    "SELECT set_config('hnsw.ef_search', $1, true)", str(settings.search_ef_search)
+                    "SELECT set_config('hnsw.ef_search', $1, true),"
+                    " set_config('plan_cache_mode', 'force_custom_plan', true)",
+                    str(settings.search_ef_search),
                 )
-                return await conn.fetch(plain_sql, queries[n].vector)
+                return await conn.fetch(
+                    plain_sql,
+                    queries[n].vector,
+                    tenant_name(queries[n].tenant) if tenant else None,
+                )
 
         for c in concurrency:
-            samples, answers, rate = await timed(plain, len(queries), c)
+            samples, answers, rate = await timed(lambda n: plain(n, True), len(queries), c)
+            hits = sum(
+                len(set(exact["all"][n]) & {int(r["chunk_id"]) for r in answer})
+                for n, answer in enumerate(answers)
+            )
+            rows.append(Row(PLAIN_TENANT, "-", c, samples, rate, hits / (TOP_K * len(queries))))
+            log(f"plain tenant c{c}: p50 {statistics.median(samples):.2f} ms")
+        for c in concurrency:
+            samples, answers, rate = await timed(lambda n: plain(n, False), len(queries), c)
             hits = sum(
                 len(set(plain_exact[n]) & {int(r["chunk_id"]) for r in answer})
                 for n, answer in enumerate(answers)
@@ -245,12 +251,9 @@ async def measure(
                     )
         plans = await plan_shapes(pool, index, settings, queries)
         plans |= {
-            f"{c}, HNSW path forced": shape
-            for c, shape in (
-                await plan_shapes(forced_pool, forced_index, settings, queries)
-            ).items()
+            f"{c}, ANN path forced": shape
+            for c, shape in (await plan_shapes(pool, forced_index, settings, queries)).items()
         }
-        await forced_pool.close()
         facts = await meta(url)
         facts["server"] = await server_facts(pool)
     finally:
@@ -309,24 +312,23 @@ async def plan_shapes(
     query = queries[0]
     for principal_class in PRINCIPAL_CLASSES:
         request = request_for(query, principal_class, SearchMode.VECTOR)
-        async with pool.acquire() as conn, conn.transaction(readonly=True):
+        async with (
+            pool.acquire() as conn,
+            conn.transaction(readonly=True, isolation="repeatable_read"),
+        ):
             await conn.execute(
                 QUERIES["configure_search_transaction"],
                 settings.search_ef_search,
                 settings.search_max_scan_tuples,
             )
-            # Vector mode: the keyword list's parameters (however many) stay NULL.
-            parameters = max(int(n) for n in re.findall(r"\$(\d+)", index._sql))
+            path = await index.vector_path(conn, request)
+            sql = index.vector_statement(path)
             fixed = [request.tenant_id, list(request.principals), query.vector, request.depth]
-            fixed += [None, None, True, False]
-            plan = await conn.fetchval(
-                "EXPLAIN (FORMAT JSON) " + index._sql,
-                *fixed,
-                *[None] * (parameters - len(fixed)),
-            )
+            fixed += [None, None]
+            plan = await conn.fetchval("EXPLAIN (FORMAT JSON) " + sql, *fixed)
         scans: list[str] = []
         walk(json.loads(plan)[0]["Plan"], scans)
-        shapes[principal_class] = ", ".join(dict.fromkeys(scans))
+        shapes[principal_class] = f"{path.value}: " + ", ".join(dict.fromkeys(scans))
     return shapes
 
 
@@ -421,15 +423,8 @@ def report(
         f" Per million chunks: HNSW build {facts['hnsw_build_s'] * per_million / 60:.1f} min,"
         f" HNSW {_mib(sizes['hnsw'] * per_million)}, GIN {_mib(sizes['gin'] * per_million)}."
     )
-    tenant_hnsw = facts.get("per_tenant_hnsw")
-    if args.per_tenant_hnsw and tenant_hnsw:
-        print()
-        print(
-            f"Experiment: a partial HNSW index per tenant, 100 of them built in"
-            f" {tenant_hnsw['build_s']:.0f} s, {_mib(tenant_hnsw['size'])} together."
-        )
     print()
-    plain = {r.concurrency: r for r in rows if r.name.startswith("plain")}
+    plain = {r.concurrency: r for r in rows if r.name == PLAIN_TENANT}
     print(
         "| query | principals | conc. | p50 ms | p95 ms | p99 ms | queries/s"
         " | p95 vs plain | recall@10 | topK filled |"

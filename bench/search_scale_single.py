@@ -39,7 +39,7 @@ import asyncpg
 import numpy as np
 from pgvector.asyncpg import register_vector
 
-from services.indexer.ann_index import create_ann_index_sql, model_predicate, vector_expression
+from services.indexer.ann_index import model_predicate, vector_expression
 from services.indexer.search import Generation, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex, SearchSettings
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
@@ -263,15 +263,10 @@ async def run(args: argparse.Namespace) -> None:
     pool = await create_pool(settings)
     try:
         started = time.perf_counter()
-        async with pool.acquire() as conn:
-            # The graph must fit in maintenance_work_mem or the build crawls (15 min vs a few
-            # at 100k x 384 here); ensure_generation then finds the index valid.
-            await conn.execute("SET maintenance_work_mem = '1GB'")
-            await conn.execute("SET statement_timeout = 0")
-            await conn.execute(create_ann_index_sql(MODEL, DIMENSION))
-            await conn.execute("RESET maintenance_work_mem")
-            await conn.execute("RESET statement_timeout")
-        await PgVectorSink(pool).ensure_generation(IndexGeneration(MODEL, DIMENSION, STRATEGY))
+        # The graph must fit in maintenance_work_mem or the build crawls (15 min vs a few at
+        # 100k x 384 here).
+        sink = PgVectorSink(pool, index_build_memory="1GB")
+        await sink.ensure_generation(IndexGeneration(MODEL, DIMENSION, STRATEGY))
         built = time.perf_counter() - started
         async with pool.acquire() as conn:
             await conn.execute("ANALYZE knowledge_chunk")

@@ -181,7 +181,7 @@ class EmbeddedPostgres:
                 "-c fsync=off",
                 "-c synchronous_commit=off",
                 "-c full_page_writes=off",
-                "-c shared_buffers=128MB",
+                f"-c shared_buffers={self.settings.pg_shared_buffers}",
             ]
         )
         self._run(

@@ -3,9 +3,12 @@
 ``knowledge_chunk.embedding`` has no fixed dimension (model and dimension are part of the
 index identity), so each model gets its own partial expression index:
 
-    CREATE INDEX <ann_index_name(model)> ON knowledge_chunk
+    CREATE INDEX <ann_index_name(model)> ON [ONLY] knowledge_chunk
         USING hnsw (<vector_expression(dimension)> vector_cosine_ops)
         WHERE <model_predicate(model)>
+
+``knowledge_chunk`` is partitioned by tenant (migrations/0014): the index is a partitioned
+index, one HNSW graph per partition, built partition by partition (``build_ann_index_sql``).
 
 A query uses that index only when it orders by the very same expression and its WHERE
 implies the very same predicate, written as a literal: with a bind parameter a generic plan
@@ -46,16 +49,72 @@ def model_predicate(model: str, column: str = "embedding_model") -> str:
     return f"{column} = '{check_model_name(model)}'"
 
 
-def create_ann_index_sql(model: str, dimension: int) -> str:
-    """The DDL of the model's ANN index (HNSW, cosine distance), built without blocking
-    writes. Run outside a transaction; ``PgVectorSink.ensure_generation`` decides when."""
+_SAFE_PARTITION = re.compile(r"^knowledge_chunk_[a-z0-9_]{1,30}$")
+
+
+def check_partition_name(partition: str) -> str:
+    if not _SAFE_PARTITION.match(partition):
+        raise ValueError(f"{partition!r} is not a partition name of knowledge_chunk")
+    return partition
+
+
+def partition_ann_index_name(model: str, partition: str) -> str:
+    """The part of the model's ANN index on one partition: the model's index name and the
+    partition's suffix (``knowledge_chunk_p07`` -> ``..._p07``)."""
+    suffix = check_partition_name(partition).removeprefix("knowledge_chunk_")
+    return f"{ann_index_name(model)}_{suffix}"
+
+
+def _index_body(model: str, dimension: int) -> str:
     return (
-        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {ann_index_name(model)} ON knowledge_chunk"
         f" USING hnsw ({vector_expression(dimension)} vector_cosine_ops)"
         f" WHERE {model_predicate(model)}"
     )
 
 
-def drop_ann_index_sql(model: str) -> str:
-    """Drops the model's ANN index (an INVALID leftover of an interrupted build)."""
-    return f"DROP INDEX CONCURRENTLY IF EXISTS {ann_index_name(model)}"
+def create_parent_ann_index_sql(model: str, dimension: int) -> str:
+    """The model's ANN index on the partitioned table itself, and on it alone (ON ONLY): it
+    stays INVALID, and unused, until every partition's part is attached. Instant."""
+    return (
+        f"CREATE INDEX IF NOT EXISTS {ann_index_name(model)} ON ONLY knowledge_chunk"
+        + _index_body(model, dimension)
+    )
+
+
+def create_partition_ann_index_sql(
+    model: str, dimension: int, partition: str, *, concurrently: bool = True
+) -> str:
+    """One partition's part of the model's ANN index; CONCURRENTLY (the sink's way) builds
+    it without blocking writes, and must run outside a transaction."""
+    how = "CONCURRENTLY " if concurrently else ""
+    return (
+        f"CREATE INDEX {how}IF NOT EXISTS {partition_ann_index_name(model, partition)}"
+        f" ON {check_partition_name(partition)}" + _index_body(model, dimension)
+    )
+
+
+def attach_partition_ann_index_sql(model: str, partition: str) -> str:
+    return (
+        f"ALTER INDEX {ann_index_name(model)}"
+        f" ATTACH PARTITION {partition_ann_index_name(model, partition)}"
+    )
+
+
+def drop_partition_ann_index_sql(model: str, partition: str) -> str:
+    """Drops one partition's part (an INVALID leftover of an interrupted build)."""
+    return f"DROP INDEX CONCURRENTLY IF EXISTS {partition_ann_index_name(model, partition)}"
+
+
+def build_ann_index_sql(
+    model: str, dimension: int, partitions: list[str], *, concurrently: bool = True
+) -> list[str]:
+    """Every statement that builds the model's ANN index from nothing, in order: the parent,
+    then each partition's part, built and attached (CREATE INDEX CONCURRENTLY cannot build a
+    partitioned index in one go)."""
+    statements = [create_parent_ann_index_sql(model, dimension)]
+    for partition in partitions:
+        statements.append(
+            create_partition_ann_index_sql(model, dimension, partition, concurrently=concurrently)
+        )
+        statements.append(attach_partition_ann_index_sql(model, partition))
+    return statements

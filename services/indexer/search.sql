@@ -1,7 +1,8 @@
 -- Search over the index (services/indexer/search_pg.py).
 
 -- name: configure_search_transaction
--- Run first in search's short read-only transaction; every setting is LOCAL to it.
+-- Run first in search's short read-only REPEATABLE READ transaction (its snapshot, taken
+-- here, is what both lists of a hybrid search read); every setting is LOCAL to it.
 -- pgvector >= 0.8 iterative index scans: when the tenant, version and ACL filters reject
 -- most of what the HNSW scan yields, the scan goes on (up to hnsw.max_scan_tuples) instead
 -- of returning fewer than LIMIT rows. relaxed_order may hand rows back slightly out of
@@ -13,56 +14,96 @@ SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),
        set_config('hnsw.max_scan_tuples', $2::integer::text, true),
        set_config('plan_cache_mode', 'force_custom_plan', true);
 
--- name: search_candidates
--- Both ranked lists in ONE statement, so both read one snapshot: a search running across a
--- search-pointer switch sees each document at its old or its new version, never both.
+-- name: choose_vector_path
+-- The vector list's path (search_pg.VectorPath): ANN when the principals $2 may read more
+-- than $5 chunks of tenant $1's current search versions of model $3 (within the document
+-- ids filter $4), else EXACT. It reads the readable documents' chunk counts (written by each
+-- switch) only until their running sum passes $5 -- the window emits row by row, and EXISTS
+-- stops at the first row over -- so a principal who may read the whole tenant costs
+-- $5 / (chunks per document) pointer rows, not the tenant's.
 --
--- This text is a template written for a placeholder model (search_pg.TEMPLATE_MODEL) of
--- dimension 1: search_pg replaces its model predicates and vector expression (built by
--- ann_index) with the real model's, as literals, and caches the result per model. The model's HNSW
--- index is partial (WHERE embedding_model = '<model>') over the expression
--- (embedding::vector(<dim>)): only a query with that very predicate and expression in its
--- text can use it; with a bind parameter the planner could not prove the partial predicate.
+-- On the ANN path it turns sorting off for the rest of the transaction: the planner,
+-- estimating the pointer and ACL filters at a few rows, would rather sort the tenant's
+-- chunks than walk the graph; with sorting disabled, the plan without a disabled node --
+-- the HNSW index's order -- wins. Every other sort of the search statement (the keyword
+-- list's ranking, the fusion's order) is in every plan alike, so it changes nothing there.
+WITH readable AS (
+    SELECT EXISTS (
+        SELECT 1
+          FROM (SELECT sum(coalesce(s.chunk_count, 0)) OVER (ROWS UNBOUNDED PRECEDING) AS running
+                  FROM document_search_version s
+                 WHERE s.tenant_id = $1
+                   AND s.embedding_model = $3
+                   AND ($4::uuid[] IS NULL OR s.document_id = ANY ($4::uuid[]))
+                   AND EXISTS (
+                         SELECT 1
+                           FROM document_acl a
+                          WHERE a.tenant_id = s.tenant_id
+                            AND a.document_id = s.document_id
+                            AND a.permission = 'READ'
+                            AND a.principal = ANY ($2::text[]))) r
+         WHERE r.running > $5) AS many
+)
+SELECT CASE WHEN r.many THEN 'ann' ELSE 'exact' END AS path,
+       set_config('enable_sort', CASE WHEN r.many THEN 'off' ELSE 'on' END, true) AS enable_sort
+  FROM readable r
+
+-- name: vector_list
+-- The vector list of search_vector_candidates: the $4 chunks nearest to the query vector $3
+-- among those the principals $2 may read in tenant $1.
 --
--- $1 tenant, $2 principals, $3 query vector (NULL in keyword mode), $4 depth of each list,
--- $5 document ids filter (NULL: all), $6 heading path prefix (NULL: all), $7 vector list
--- wanted, $8 keyword list wanted; from keyword_terms: $9 strict, $10 any_word, $11
--- rarest_word, $12 ranking, $13 lexemes; $14 keyword candidates of each kind (at least $4).
-WITH vector_list AS (
-    SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
-           (c.embedding::vector(1)) <=> $3::vector AS distance
-      FROM knowledge_chunk c
-     WHERE $7::boolean
-       AND c.tenant_id = $1
-       AND c.embedding_model = 'search-template-model'
-       AND ($5::uuid[] IS NULL OR c.document_id = ANY ($5::uuid[]))
-       AND ($6::text[] IS NULL OR c.heading_path[1:cardinality($6::text[])] = $6::text[])
-       -- The chunk belongs to its document's current search version (same model, same
-       -- chunking strategy) ...
-       AND EXISTS (
-             SELECT 1
-               FROM document_search_version s
-              WHERE s.tenant_id = c.tenant_id
-                AND s.document_id = c.document_id
-                AND s.version_number = c.version_number
-                AND s.embedding_model = 'search-template-model'
-                AND s.chunking_strategy = c.chunking_strategy)
-       -- ... and these principals may READ the document. Both are filters of the scan,
-       -- before the LIMIT: an HNSW scan probes them per candidate (two primary-key
-       -- lookups) and, iterating, goes on until it has $4 rows that pass; a selective ACL
-       -- lets the planner start from the ACL instead and rank that document set exactly.
-       AND EXISTS (
-             SELECT 1
-               FROM document_acl a
-              WHERE a.tenant_id = c.tenant_id
-                AND a.document_id = c.document_id
-                AND a.permission = 'READ'
-                AND a.principal = ANY ($2::text[]))
-     ORDER BY (c.embedding::vector(1)) <=> $3::vector
-     LIMIT $4
-),
--- The keyword list, bounded in cost whatever the query: at most $14 candidates of each kind
--- are ranked. $9 to $13 come from keyword_terms; a NULL query matches nothing.
+-- Written for the ANN path: ordered by the model's HNSW expression, which only the tenant
+-- partition's part of the model's index serves (search_pg's custom plans see the tenant as
+-- a value and prune to its partition, migrations/0014). search_pg derives the exact path
+-- from this text by ordering by the bare column instead, which no index serves: every
+-- readable chunk is then ranked, recall 1 -- what it does when the principals may read few
+-- enough chunks that ranking them all is cheaper than walking the graph past the others.
+SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
+       (c.embedding::vector(1)) <=> $3::vector AS distance
+  FROM knowledge_chunk c
+ WHERE c.tenant_id = $1
+   AND c.embedding_model = 'search-template-model'
+   AND ($5::uuid[] IS NULL OR c.document_id = ANY ($5::uuid[]))
+   AND ($6::text[] IS NULL OR c.heading_path[1:cardinality($6::text[])] = $6::text[])
+   -- The chunk belongs to its document's current search version (same model, same
+   -- chunking strategy) ...
+   AND EXISTS (
+         SELECT 1
+           FROM document_search_version s
+          WHERE s.tenant_id = c.tenant_id
+            AND s.document_id = c.document_id
+            AND s.version_number = c.version_number
+            AND s.embedding_model = 'search-template-model'
+            AND s.chunking_strategy = c.chunking_strategy)
+   -- ... and these principals may READ the document. Both are filters of the scan, before
+   -- the LIMIT: the HNSW scan probes them per candidate (two primary-key lookups) and,
+   -- iterating, goes on until it has $4 rows that pass; the exact path starts from the ACL
+   -- or the tenant's chunks, whichever the planner estimates cheaper.
+   AND EXISTS (
+         SELECT 1
+           FROM document_acl a
+          WHERE a.tenant_id = c.tenant_id
+            AND a.document_id = c.document_id
+            AND a.permission = 'READ'
+            AND a.principal = ANY ($2::text[]))
+ ORDER BY (c.embedding::vector(1)) <=> $3::vector
+ LIMIT $4
+
+-- name: search_keyword_candidates
+-- The keyword list: the $3 chunks that best match the query's words among those the
+-- principals $2 may read in tenant $1. Read in the search's REPEATABLE READ transaction,
+-- with the vector list (search_vector_candidates) when hybrid: both see one snapshot, so a
+-- search running across a search-pointer switch sees each document at its old or its new
+-- version, never both.
+--
+-- This text is a template (search_pg.TEMPLATE_MODEL), as vector_list is.
+--
+-- $1 tenant, $2 principals, $3 depth of the list, $4 document ids filter (NULL: all), $5
+-- heading path prefix (NULL: all); from keyword_terms: $6 strict, $7 any_word, $8
+-- rarest_word, $9 ranking, $10 lexemes; $11 keyword candidates of each kind (at least $3).
+WITH
+-- The keyword list, bounded in cost whatever the query: at most $11 candidates of each kind
+-- are ranked. $6 to $10 come from keyword_terms; a NULL query matches nothing.
 --
 -- The chunks these principals may search: the tenant's, the current search version's, READ
 -- by one of the principals, within the request's filters -- all before any LIMIT.
@@ -70,11 +111,10 @@ keyword_searchable AS NOT MATERIALIZED (
     SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
            c.search_document
       FROM knowledge_chunk c
-     WHERE $8::boolean
-       AND c.tenant_id = $1
+     WHERE c.tenant_id = $1
        AND c.embedding_model = 'search-template-model'
-       AND ($5::uuid[] IS NULL OR c.document_id = ANY ($5::uuid[]))
-       AND ($6::text[] IS NULL OR c.heading_path[1:cardinality($6::text[])] = $6::text[])
+       AND ($4::uuid[] IS NULL OR c.document_id = ANY ($4::uuid[]))
+       AND ($5::text[] IS NULL OR c.heading_path[1:cardinality($5::text[])] = $5::text[])
        AND EXISTS (
              SELECT 1
                FROM document_search_version s
@@ -91,24 +131,24 @@ keyword_searchable AS NOT MATERIALIZED (
                 AND a.permission = 'READ'
                 AND a.principal = ANY ($2::text[]))
 ),
--- The candidates, at most $14 of each kind: chunks holding every word (as
+-- The candidates, at most $11 of each kind: chunks holding every word (as
 -- websearch_to_tsquery reads the query); then, for a natural question that found fewer than
--- $4 of those, chunks holding any of its rarer words; then, still short, chunks holding the
--- rarest of its other words. Which $14 of more matches is up to the scan: the cap is what
+-- $3 of those, chunks holding any of its rarer words; then, still short, chunks holding the
+-- rarest of its other words. Which $11 of more matches is up to the scan: the cap is what
 -- bounds the cost of a query whose words are everywhere.
 keyword_all_words AS MATERIALIZED (
     SELECT c.*
       FROM keyword_searchable c
-     WHERE c.search_document @@ $9::tsquery
-     LIMIT $14
+     WHERE c.search_document @@ $6::tsquery
+     LIMIT $11
 ),
 keyword_any_word AS MATERIALIZED (
     SELECT c.*
       FROM keyword_searchable c
-     WHERE (SELECT count(*) FROM keyword_all_words) < $4
-       AND c.search_document @@ $10::tsquery
-       AND NOT coalesce(c.search_document @@ $9::tsquery, false)
-     LIMIT $14
+     WHERE (SELECT count(*) FROM keyword_all_words) < $3
+       AND c.search_document @@ $7::tsquery
+       AND NOT coalesce(c.search_document @@ $6::tsquery, false)
+     LIMIT $11
 ),
 keyword_candidate AS MATERIALIZED (
     SELECT a.* FROM keyword_all_words a
@@ -118,11 +158,11 @@ keyword_candidate AS MATERIALIZED (
     (SELECT c.*
        FROM keyword_searchable c
       WHERE (SELECT count(*) FROM keyword_all_words)
-            + (SELECT count(*) FROM keyword_any_word) < $4
-        AND c.search_document @@ $11::tsquery
-        AND NOT coalesce(c.search_document @@ $9::tsquery, false)
-        AND NOT coalesce(c.search_document @@ $10::tsquery, false)
-      LIMIT $14)
+            + (SELECT count(*) FROM keyword_any_word) < $3
+        AND c.search_document @@ $8::tsquery
+        AND NOT coalesce(c.search_document @@ $6::tsquery, false)
+        AND NOT coalesce(c.search_document @@ $7::tsquery, false)
+      LIMIT $11)
 ),
 -- Read each candidate's tsvector once (decompressing it is most of the cost of a test
 -- on it): ts_rank against the OR of the query's lexemes, and which of them it holds --
@@ -130,8 +170,8 @@ keyword_candidate AS MATERIALIZED (
 -- those.
 keyword_held AS MATERIALIZED (
     SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
-           coalesce(ts_rank(c.search_document, $12::tsquery, 32), 0) AS closeness,
-           tsvector_to_array(ts_filter(setweight(c.search_document, 'C', $13::text[]), '{C}'))
+           coalesce(ts_rank(c.search_document, $9::tsquery, 32), 0) AS closeness,
+           tsvector_to_array(ts_filter(setweight(c.search_document, 'C', $10::text[]), '{C}'))
                AS held
       FROM keyword_candidate c
 ),
@@ -139,7 +179,7 @@ keyword_held AS MATERIALIZED (
 -- the candidate set): "refund" among chunks that all say "policy" is what tells them apart.
 keyword_weight AS MATERIALIZED (
     SELECT l.lexeme, ln(1 + (n.total - d.holding + 0.5) / (d.holding + 0.5)) AS weight
-      FROM unnest($13::text[]) AS l(lexeme)
+      FROM unnest($10::text[]) AS l(lexeme)
      CROSS JOIN (SELECT count(*) AS total FROM keyword_held) n
      CROSS JOIN LATERAL (SELECT count(*) AS holding
                            FROM keyword_held h
@@ -161,63 +201,23 @@ keyword_list AS (
                            FROM keyword_weight w
                           WHERE w.lexeme = ANY (h.held)) m
      ORDER BY rank DESC, h.document_id, h.chunk_id
-     LIMIT $4
-),
-ranked AS (
-    SELECT 'vector' AS list,
-           row_number() OVER (ORDER BY v.distance, v.document_id, v.chunk_id) AS rank,
-           1 - v.distance AS score, NULL::float8 AS coverage,
-           v.document_id, v.version_number, v.chunk_id, v.heading_path, v.text
-      FROM vector_list v
-    UNION ALL
-    SELECT 'keyword' AS list,
-           row_number() OVER (ORDER BY k.rank DESC, k.document_id, k.chunk_id) AS rank,
-           k.rank AS score, k.coverage::float8 AS coverage,
-           k.document_id, k.version_number, k.chunk_id, k.heading_path, k.text
-      FROM keyword_list k
+     LIMIT $3
 )
-SELECT x.list, x.rank, x.score::float8 AS score, x.coverage, x.document_id, d.title,
-       x.version_number, x.chunk_id, x.heading_path, x.text
-  FROM ranked x
-  JOIN document d ON d.tenant_id = $1 AND d.document_id = x.document_id
- ORDER BY x.list, x.rank;
+SELECT 'keyword' AS list,
+       row_number() OVER (ORDER BY k.rank DESC, k.document_id, k.chunk_id) AS rank,
+       k.rank::float8 AS score, k.coverage::float8 AS coverage,
+       k.document_id, d.title, k.version_number, k.chunk_id, k.heading_path, k.text
+  FROM keyword_list k
+  JOIN document d ON d.tenant_id = $1 AND d.document_id = k.document_id
+ ORDER BY rank;
 
 -- name: search_vector_candidates
--- Vector mode: search_candidates' vector list alone -- the same text (a unit test holds
--- them equal), the same parameters $1 to $7 -- so that a vector search does not pay for
--- planning the keyword list.
+-- The vector list (vector_list), with each document's title. $1 tenant, $2 principals, $3
+-- query vector, $4 depth, $5 document ids filter (NULL: all), $6 heading path prefix (NULL:
+-- all). In hybrid search it runs after search_keyword_candidates in the same
+-- REPEATABLE READ transaction: one snapshot for both lists.
 WITH vector_list AS (
-    SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
-           (c.embedding::vector(1)) <=> $3::vector AS distance
-      FROM knowledge_chunk c
-     WHERE $7::boolean
-       AND c.tenant_id = $1
-       AND c.embedding_model = 'search-template-model'
-       AND ($5::uuid[] IS NULL OR c.document_id = ANY ($5::uuid[]))
-       AND ($6::text[] IS NULL OR c.heading_path[1:cardinality($6::text[])] = $6::text[])
-       -- The chunk belongs to its document's current search version (same model, same
-       -- chunking strategy) ...
-       AND EXISTS (
-             SELECT 1
-               FROM document_search_version s
-              WHERE s.tenant_id = c.tenant_id
-                AND s.document_id = c.document_id
-                AND s.version_number = c.version_number
-                AND s.embedding_model = 'search-template-model'
-                AND s.chunking_strategy = c.chunking_strategy)
-       -- ... and these principals may READ the document. Both are filters of the scan,
-       -- before the LIMIT: an HNSW scan probes them per candidate (two primary-key
-       -- lookups) and, iterating, goes on until it has $4 rows that pass; a selective ACL
-       -- lets the planner start from the ACL instead and rank that document set exactly.
-       AND EXISTS (
-             SELECT 1
-               FROM document_acl a
-              WHERE a.tenant_id = c.tenant_id
-                AND a.document_id = c.document_id
-                AND a.permission = 'READ'
-                AND a.principal = ANY ($2::text[]))
-     ORDER BY (c.embedding::vector(1)) <=> $3::vector
-     LIMIT $4
+    -- include: vector_list
 )
 SELECT 'vector' AS list,
        row_number() OVER (ORDER BY v.distance, v.document_id, v.chunk_id) AS rank,
@@ -228,12 +228,11 @@ SELECT 'vector' AS list,
  ORDER BY rank;
 
 -- name: keyword_terms
--- The keyword list's queries, read before search_candidates in the same transaction so that
--- the planner of that statement sees them as values: it then knows from the statistics how
--- many chunks a query matches, and reads a query whose words are in most chunks by a scan
--- that stops at the cap instead of building the GIN index's bitmap of all the matches.
--- (The tenant's configuration and the statistics are not the chunks: search_candidates
--- still reads every chunk in one snapshot.) No row for an unknown tenant.
+-- The keyword list's queries, read before search_keyword_candidates in the same transaction
+-- so that the planner of that statement sees them as values: it then knows from the
+-- statistics how many chunks a query matches, and reads a query whose words are in most
+-- chunks by a scan that stops at the cap instead of building the GIN index's bitmap of all
+-- the matches. No row for an unknown tenant.
 --
 -- strict: websearch_to_tsquery's reading of the text (every word; "a phrase", -not, or);
 -- NULL when it holds no lexeme (only stop words or punctuation).
@@ -246,8 +245,9 @@ SELECT 'vector' AS list,
 -- words stemmed); the ranking weighs each by its rarity.
 --
 -- How many chunks hold a lexeme is estimated from the statistics ANALYZE keeps on the
--- tsvector column (the fraction of rows holding each of the table's commonest lexemes; any
--- other lexeme is rarer than those); no statistics yet: every lexeme counts as rare.
+-- tsvector column of the tenant's partition (the fraction of rows holding each of its
+-- commonest lexemes; any other lexeme is rarer than those); no statistics yet: every lexeme
+-- counts as rare.
 -- $1 tenant, $2 query text, $3 keyword candidates of each kind.
 WITH query AS (
     SELECT websearch_to_tsquery(t.text_search_config, $2::text) AS strict,
@@ -256,9 +256,16 @@ WITH query AS (
       FROM tenant t
      WHERE t.tenant_id = $1
 ),
+-- The tenant's partition of knowledge_chunk (migrations/0014): the statistics are kept per
+-- partition (autovacuum's ANALYZE never visits the partitioned table itself), and the
+-- partition is what the keyword list reads.
+tenant_partition AS (
+    SELECT k.tableoid AS oid FROM knowledge_chunk k WHERE k.tenant_id = $1 LIMIT 1
+),
 common AS (
     SELECT e.lexeme, e.fraction * greatest(c.reltuples, 0) AS estimated_chunks
-      FROM pg_class c
+      FROM tenant_partition p
+      JOIN pg_class c ON c.oid = p.oid
       JOIN pg_namespace n ON n.oid = c.relnamespace
       JOIN pg_stats s
         ON s.schemaname = n.nspname
@@ -267,8 +274,7 @@ common AS (
        AND NOT s.inherited
      CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs)
                 AS e(lexeme, fraction)
-     WHERE c.oid = 'knowledge_chunk'::regclass
-       AND e.lexeme IS NOT NULL
+     WHERE e.lexeme IS NOT NULL
 ),
 lexeme AS (
     SELECT l.lexeme,

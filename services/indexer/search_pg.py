@@ -3,6 +3,7 @@ statement, in a short read-only transaction (the SQL is in ``search.sql``)."""
 
 from __future__ import annotations
 
+from enum import Enum
 from functools import cache
 from typing import Any, Final
 
@@ -29,9 +30,17 @@ QUERIES = queries_beside(__file__, "search.sql")
 TEMPLATE_MODEL: Final = "search-template-model"
 TEMPLATE_DIMENSION: Final = 1
 _ALIASES: Final = ("s", "c")
-# keyword_terms' columns, in search_candidates' parameter order ($9..$13).
+# keyword_terms' columns, in search_keyword_candidates' parameter order ($6..$10).
 _TERMS: Final = ("strict", "any_word", "rarest_word", "ranking", "lexemes")
-_NO_KEYWORD_TERMS: Final = (None,) * len(_TERMS)
+
+
+class VectorPath(Enum):
+    """How the vector list finds the nearest readable chunks (search.sql: vector_list)."""
+
+    # Walk the tenant partition's HNSW graph, filters probed per candidate, iterating.
+    ANN = "ann"
+    # Rank every chunk the principals may read: exact, and cheap while they are few.
+    EXACT = "exact"
 
 
 class SearchSettings(RuntimeSettings):
@@ -40,6 +49,10 @@ class SearchSettings(RuntimeSettings):
     # How many index tuples an iterative scan may visit before it gives up: bounds the cost
     # of a search whose principals may read only a sliver of the tenant.
     search_max_scan_tuples: int = Field(default=20_000, ge=1_000, le=10_000_000)
+    # Principals who may read at most this many chunks of the tenant (current versions) get
+    # them all ranked exactly (recall 1); more go through the tenant partition's HNSW index.
+    # 0: always the index. Chosen by bench/search_latency.py (BENCHMARKS.md).
+    search_exact_max_chunks: int = Field(default=2_000, ge=0, le=10_000_000)
     # How many chunks matching the query's words the keyword list ranks at most, of each
     # kind (all words; any of the rarer words): bounds a keyword search's cost whatever the
     # query, at the price of ranking only that many of the matches of very common words.
@@ -49,30 +62,42 @@ class SearchSettings(RuntimeSettings):
     search_acquire_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
 
 
+VECTOR_STATEMENT: Final = "search_vector_candidates"
+KEYWORD_STATEMENT: Final = "search_keyword_candidates"
+
+
 @cache
-def specialised_search_sql(model: str, dimension: int, name: str = "search_candidates") -> str:
-    """``search_candidates`` (or ``search_vector_candidates``) with the model's predicate
-    and vector expression as literals, built from ann_index (which admits only safe model
-    names), never from user input; one text per model, so the server can cache its plan
-    shape."""
+def specialised_search_sql(
+    model: str,
+    dimension: int,
+    name: str = VECTOR_STATEMENT,
+    path: VectorPath = VectorPath.ANN,
+) -> str:
+    """A search statement with the model's predicate and vector expression as literals,
+    built from ann_index (which admits only safe model names), never from user input; one
+    text per model and path, so the server can cache its plan shape. The exact path orders
+    by the bare column, which no index serves."""
     sql = QUERIES[name]
     replacements = [
-        (
-            vector_expression(TEMPLATE_DIMENSION, "c.embedding"),
-            vector_expression(dimension, "c.embedding"),
-        )
-    ]
-    replacements += [
         (
             model_predicate(TEMPLATE_MODEL, f"{alias}.embedding_model"),
             model_predicate(model, f"{alias}.embedding_model"),
         )
         for alias in _ALIASES
     ]
-    for template, real in replacements:
+    if name == VECTOR_STATEMENT:
+        expression = vector_expression(TEMPLATE_DIMENSION, "c.embedding")
+        exact = "c.embedding"
+        replacements.append(
+            (
+                expression,
+                vector_expression(dimension, "c.embedding") if path is VectorPath.ANN else exact,
+            )
+        )
+    for template, replacement in replacements:
         if template not in sql:
             raise AssertionError(f"search.sql lost its template expression {template!r}")
-        sql = sql.replace(template, real)
+        sql = sql.replace(template, replacement)
     if TEMPLATE_MODEL in sql:
         raise AssertionError("search.sql names the template model outside a model predicate")
     return sql
@@ -88,14 +113,41 @@ class PgSearchIndex:
         self._pool = pool
         self._generation = generation
         self._settings = settings or SearchSettings()
-        self._sql = specialised_search_sql(generation.embedding_model, generation.dimension)
-        self._vector_sql = specialised_search_sql(
-            generation.embedding_model, generation.dimension, "search_vector_candidates"
-        )
+        model, dimension = generation.embedding_model, generation.dimension
+        self._vector_sql = {
+            path: specialised_search_sql(model, dimension, VECTOR_STATEMENT, path)
+            for path in VectorPath
+        }
+        self._keyword_sql = specialised_search_sql(model, dimension, KEYWORD_STATEMENT)
 
     @property
     def generation(self) -> Generation:
         return self._generation
+
+    def vector_statement(self, path: VectorPath) -> str:
+        return self._vector_sql[path]
+
+    async def vector_path(
+        self,
+        conn: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any],
+        request: SearchRequest,
+    ) -> VectorPath:
+        """ANN when the principals may read more than ``search_exact_max_chunks`` chunks of
+        the tenant, else EXACT (and EXACT when no vector list is wanted: it is not run).
+        Sets the transaction up for the path (search.sql: choose_vector_path): call it
+        inside the search's transaction, before the statement."""
+        if not request.mode.uses_vector:
+            return VectorPath.EXACT
+        flt = request.filter
+        path = await conn.fetchval(
+            QUERIES["choose_vector_path"],
+            request.tenant_id,
+            list(request.principals),
+            self._generation.embedding_model,
+            list(flt.document_ids) if flt.document_ids is not None else None,
+            self._settings.search_exact_max_chunks,
+        )
+        return VectorPath(path)
 
     async def candidates(self, request: SearchRequest, query_vector: Vectors | None) -> Candidates:
         vector = None
@@ -110,7 +162,8 @@ class PgSearchIndex:
         with translate_db_errors():
             async with (
                 self._pool.acquire(timeout=settings.search_acquire_timeout_seconds) as conn,
-                conn.transaction(readonly=True),
+                # One snapshot for both lists, taken by the first statement.
+                conn.transaction(readonly=True, isolation="repeatable_read"),
             ):
                 await conn.execute(
                     QUERIES["configure_search_transaction"],
@@ -120,25 +173,32 @@ class PgSearchIndex:
                 filters = (
                     request.tenant_id,
                     list(request.principals),
-                    vector,
                     request.depth,
                     list(flt.document_ids) if flt.document_ids is not None else None,
                     list(flt.heading_prefix) if flt.heading_prefix is not None else None,
-                    request.mode.uses_vector,
                 )
+                tenant, principals, depth, document_ids, heading_prefix = filters
+                rows: list[asyncpg.Record] = []
                 if request.mode.uses_keyword:
                     terms = await conn.fetchrow(
                         QUERIES["keyword_terms"], request.tenant_id, request.query, cap
                     )
-                    rows = await conn.fetch(
-                        self._sql,
-                        *filters,
-                        terms is not None,
-                        *(_NO_KEYWORD_TERMS if terms is None else (terms[t] for t in _TERMS)),
-                        cap,
+                    if terms is not None:  # an unknown tenant has nothing to match
+                        rows += await conn.fetch(
+                            self._keyword_sql, *filters, *(terms[t] for t in _TERMS), cap
+                        )
+                # After the keyword list: the ANN path's settings must not reach its plan.
+                if request.mode.uses_vector:
+                    path = await self.vector_path(conn, request)
+                    rows += await conn.fetch(
+                        self._vector_sql[path],
+                        tenant,
+                        principals,
+                        vector,
+                        depth,
+                        document_ids,
+                        heading_prefix,
                     )
-                else:
-                    rows = await conn.fetch(self._vector_sql, *filters)
         vector_list: list[Candidate] = []
         keyword_list: list[Candidate] = []
         for row in rows:

@@ -83,9 +83,34 @@ SELECT coalesce(
 ) AS dimension
 
 -- name: ann_index_state
--- Whether the model's ANN index exists and is valid (an interrupted CREATE INDEX
--- CONCURRENTLY leaves an INVALID index behind that queries never use).
+-- Whether the model's ANN index exists and is valid: valid once every partition's part of it
+-- is built and attached (until then queries do not use it).
 SELECT i.indisvalid AS valid
+  FROM pg_class c
+  JOIN pg_index i ON i.indexrelid = c.oid
+ WHERE c.relname = $1
+   AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'knowledge_chunk'::regclass)
+
+-- name: knowledge_chunk_partitions
+-- The partitions of knowledge_chunk (migrations/0014), each of which holds its part of every
+-- model's ANN index.
+SELECT c.relname AS partition
+  FROM pg_inherits i
+  JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhparent = 'knowledge_chunk'::regclass
+ ORDER BY c.relname
+
+-- name: ann_partition_index_state
+-- $1 one partition's part of a model's ANN index, $2 the model's index: whether the part
+-- exists, is valid (an interrupted CREATE INDEX CONCURRENTLY leaves it INVALID) and is
+-- attached to the model's index. No row: it does not exist.
+SELECT i.indisvalid AS valid,
+       EXISTS (SELECT 1
+                 FROM pg_inherits h
+                 JOIN pg_class p ON p.oid = h.inhparent
+                WHERE h.inhrelid = c.oid
+                  AND p.relname = $2
+                  AND p.relnamespace = c.relnamespace) AS attached
   FROM pg_class c
   JOIN pg_index i ON i.indexrelid = c.oid
  WHERE c.relname = $1

@@ -27,9 +27,12 @@ import numpy.typing as npt
 
 from services.indexer.ann_index import (
     ann_index_name,
+    attach_partition_ann_index_sql,
     check_model_name,
-    create_ann_index_sql,
-    drop_ann_index_sql,
+    create_parent_ann_index_sql,
+    create_partition_ann_index_sql,
+    drop_partition_ann_index_sql,
+    partition_ann_index_name,
 )
 from services.indexer.ports import Clock, DatabaseClock, InTransaction
 from services.indexer.sink_stream import (
@@ -380,15 +383,18 @@ def prepare_write(
 
 
 async def _ensure_ann_index(conn: Executor, generation: IndexGeneration, build_memory: str) -> None:
-    """Build the model's HNSW index unless a valid one exists. Runs under the generation
-    lock, outside any transaction (CREATE INDEX CONCURRENTLY cannot run in one).
+    """Build the model's HNSW index unless a valid one exists: the partitioned index, then
+    each partition's part not yet built (an INVALID part, left by an interrupted build, is
+    dropped and built again) and attached. Runs under the generation lock, outside any
+    transaction (CREATE INDEX CONCURRENTLY cannot run in one); a crash half way leaves parts
+    that the next worker's call keeps.
 
     An index built over existing rows (a rebuild after an interrupted build) crawls when its
     graph does not fit in maintenance_work_mem: 874 s instead of 137 s for 100k chunks of
     384 dimensions at the server's 64MB default (bench/results/search.md)."""
     name = generation.ann_index_name
-    valid = await conn.fetchval(QUERIES["ann_index_state"], name)
-    if valid is True:
+    model = generation.embedding_model
+    if await conn.fetchval(QUERIES["ann_index_state"], name) is True:
         return
     # A long build must not hit the pool's statement_timeout; restored before release, as
     # the pool does not reset sessions (queue_pg.skip_session_reset).
@@ -397,17 +403,32 @@ async def _ensure_ann_index(conn: Executor, generation: IndexGeneration, build_m
     await conn.fetchval(QUERIES["set_statement_timeout"], "0")
     await conn.fetchval(QUERIES["set_maintenance_work_mem"], build_memory)
     try:
-        if valid is False:
-            log.warning("ann_index.invalid_dropped", index=name, model=generation.embedding_model)
-            await conn.execute(drop_ann_index_sql(generation.embedding_model))
-        log.info(
-            "ann_index.building",
-            index=name,
-            model=generation.embedding_model,
-            dimension=generation.dimension,
-        )
-        await conn.execute(create_ann_index_sql(generation.embedding_model, generation.dimension))
-        log.info("ann_index.built", index=name, model=generation.embedding_model)
+        log.info("ann_index.building", index=name, model=model, dimension=generation.dimension)
+        await conn.execute(create_parent_ann_index_sql(model, generation.dimension))
+        partitions = [
+            row["partition"] for row in await conn.fetch(QUERIES["knowledge_chunk_partitions"])
+        ]
+        for partition in partitions:
+            await _ensure_partition_ann_index(conn, generation, partition)
+        log.info("ann_index.built", index=name, model=model, partitions=len(partitions))
     finally:
         await conn.fetchval(QUERIES["set_statement_timeout"], previous)
         await conn.fetchval(QUERIES["set_maintenance_work_mem"], previous_memory)
+
+
+async def _ensure_partition_ann_index(
+    conn: Executor, generation: IndexGeneration, partition: str
+) -> None:
+    model = generation.embedding_model
+    part = partition_ann_index_name(model, partition)
+    state = await conn.fetchrow(
+        QUERIES["ann_partition_index_state"], part, generation.ann_index_name
+    )
+    if state is not None and not state["valid"]:
+        log.warning("ann_index.invalid_dropped", index=part, model=model)
+        await conn.execute(drop_partition_ann_index_sql(model, partition))
+        state = None
+    if state is None:
+        await conn.execute(create_partition_ann_index_sql(model, generation.dimension, partition))
+    if state is None or not state["attached"]:
+        await conn.execute(attach_partition_ann_index_sql(model, partition))

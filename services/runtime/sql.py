@@ -13,6 +13,11 @@ from functools import cache
 from pathlib import Path
 
 _HEADER = re.compile(r"^--\s*name:\s*(?P<name>[a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+# A line of its own naming another query of the same file, which takes its place (indented
+# as the line is): one text for a part two statements share, each of them still whole.
+_INCLUDE = re.compile(
+    r"^(?P<indent>[ \t]*)--\s*include:\s*(?P<name>[a-z_][a-z0-9_]*)\s*$", re.MULTILINE
+)
 
 
 class Queries(Mapping[str, str]):
@@ -51,7 +56,22 @@ def parse_queries(text: str, *, source: str = "<string>") -> dict[str, str]:
         if not body or _only_comments(body):
             raise ValueError(f"{source}: query {name!r} is empty")
         queries[name] = body.rstrip(";").rstrip()
-    return queries
+    return {name: _expand(name, queries, (), source) for name in queries}
+
+
+def _expand(name: str, queries: dict[str, str], including: tuple[str, ...], source: str) -> str:
+    if name in including:
+        raise ValueError(f"{source}: query {name!r} includes itself")
+
+    def included(match: re.Match[str]) -> str:
+        target = match.group("name")
+        if target not in queries:
+            raise ValueError(f"{source}: query {name!r} includes unknown query {target!r}")
+        body = _expand(target, queries, (*including, name), source)
+        indent = match.group("indent")
+        return "\n".join(indent + line if line else line for line in body.splitlines())
+
+    return _INCLUDE.sub(included, queries[name])
 
 
 def _only_comments(text: str) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from services.indexer.search_pg import VectorPath
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, add_tenant
 from tests.support.search import (
@@ -32,9 +33,13 @@ REFUND = [
 ]
 
 
-@pytest.fixture
-async def api(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
-    async with search_harness(settings) as harness:
+# Every test on both paths of the vector list: walking the tenant partition's HNSW index,
+# and ranking every readable chunk exactly.
+@pytest.fixture(params=[VectorPath.ANN, VectorPath.EXACT], ids=["ann", "exact"])
+async def api(
+    settings: RuntimeSettings, request: pytest.FixtureRequest
+) -> AsyncIterator[SearchHarness]:
+    async with search_harness(settings, vector_path=request.param) as harness:
         await create_ann_index(harness.pool, harness.embedder.model, harness.embedder.dimension)
         yield harness
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from services.indexer.ann_index import model_predicate, vector_expression
+from services.indexer.ann_index import model_predicate, partition_ann_index_name, vector_expression
 from services.indexer.chunking import Chunk, chunk_id_of
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
@@ -472,12 +473,19 @@ async def test_concurrent_ensure_generation_builds_one_valid_hnsw_index_that_que
             EXPLAIN (FORMAT JSON)
             SELECT chunk_id FROM knowledge_chunk
              WHERE {model_predicate(generation.embedding_model)}
+               AND tenant_id = '{created.tenant_id}'
              ORDER BY {vector_expression(DIMENSION)} <=> $1::vector({DIMENSION})
              LIMIT 10
             """,
             query_vector,
         )
-    assert f'"Index Name": "{generation.ann_index_name}"' in plan
+        partition = await conn.fetchval(
+            "SELECT tableoid::regclass::text FROM knowledge_chunk WHERE tenant_id = $1 LIMIT 1",
+            created.tenant_id,
+        )
+    # The tenant's partition alone, walked through its part of the model's index.
+    used = re.findall(r'"Index Name": "([^"]+)"', plan)
+    assert used == [partition_ann_index_name(generation.embedding_model, partition)]
 
     # The reuse lookup probes knowledge_chunk_reuse, whatever the table's size.
     digests = [hashlib.sha256(str(n).encode()).digest() for n in (5, 50, 500)]
@@ -491,7 +499,16 @@ async def test_concurrent_ensure_generation_builds_one_valid_hnsw_index_that_que
             DIMENSION,
             digests,
         )
-    assert '"Index Name": "knowledge_chunk_reuse"' in reuse_plan
+        reuse_parts = {
+            r["relid"]
+            for r in await conn.fetch(
+                "SELECT relid::regclass::text AS relid"
+                " FROM pg_partition_tree('knowledge_chunk_reuse') WHERE isleaf"
+            )
+        }
+    used = re.findall(r'"Index Name": "([^"]+)"', reuse_plan)
+    assert used
+    assert set(used) <= reuse_parts
     known = await sinks[0].known_embeddings(created.tenant_id, generation, digests)
     assert set(known) == set(digests)
 

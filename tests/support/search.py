@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from services.app import create_app
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.search import Generation, Searcher
-from services.indexer.search_pg import PgSearchIndex, SearchSettings
+from services.indexer.search_pg import PgSearchIndex, SearchSettings, VectorPath
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
@@ -142,15 +142,19 @@ async def point_search_at(
     *,
     strategy: str = STRATEGY,
 ) -> None:
-    """Switch the document's search pointer, as the sink's write does."""
+    """Switch the document's search pointer, as the sink's write does (with the version's
+    chunk count, which search reads to choose the vector list's path)."""
     await conn.execute(
         "INSERT INTO document_search_version (tenant_id, document_id, version_number,"
-        " embedding_model, chunking_strategy)"
-        " VALUES ($1, $2, $3, $4, $5)"
+        " embedding_model, chunking_strategy, chunk_count)"
+        " SELECT $1, $2, $3, $4, $5, count(*)::integer FROM knowledge_chunk"
+        "  WHERE tenant_id = $1 AND document_id = $2 AND version_number = $3"
+        "    AND embedding_model = $4 AND chunking_strategy = $5"
         " ON CONFLICT (tenant_id, document_id) DO UPDATE"
         " SET version_number = excluded.version_number,"
         "     embedding_model = excluded.embedding_model,"
         "     chunking_strategy = excluded.chunking_strategy,"
+        "     chunk_count = excluded.chunk_count,"
         "     switched_at = now()",
         tenant_id,
         document_id,
@@ -158,6 +162,14 @@ async def point_search_at(
         model,
         strategy,
     )
+
+
+# The threshold that makes search take a path whatever the principals may read.
+EXACT_MAX_CHUNKS = {
+    VectorPath.ANN: 0,
+    VectorPath.EXACT: 10_000_000,
+    None: SearchSettings.model_fields["search_exact_max_chunks"].default,
+}
 
 
 @dataclass
@@ -174,9 +186,14 @@ class SearchHarness:
 
 @asynccontextmanager
 async def search_harness(
-    settings: RuntimeSettings, *, dimension: int = 64, pool_size: int = 6
+    settings: RuntimeSettings,
+    *,
+    dimension: int = 64,
+    pool_size: int = 6,
+    vector_path: VectorPath | None = None,
 ) -> AsyncIterator[SearchHarness]:
-    """The composed app (publisher + search) over the test's database, in-process."""
+    """The composed app (publisher + search) over the test's database, in-process.
+    ``vector_path`` makes every vector list take that path (None: as search chooses)."""
     publisher_settings = PublisherSettings(
         database_url=settings.database_url,
         kafka_bootstrap_servers=settings.kafka_bootstrap_servers,
@@ -188,7 +205,10 @@ async def search_harness(
         index = PgSearchIndex(
             pool,
             Generation(embedder.model, dimension),
-            SearchSettings(database_url=settings.database_url),
+            SearchSettings(
+                database_url=settings.database_url,
+                search_exact_max_chunks=EXACT_MAX_CHUNKS[vector_path],
+            ),
         )
         searcher = Searcher(embedder, index)
         app = create_app(publisher_settings, store=PgPublisherStore(pool), searcher=searcher)

@@ -23,6 +23,26 @@ UPDATE t SET x = 1
     assert queries["heartbeat"] == "UPDATE t SET x = 1"
 
 
+def test_an_included_query_takes_the_place_of_its_line_indented_as_it_is() -> None:
+    text = """
+-- name: shared_part
+-- Which rows.
+SELECT x
+  FROM t
+
+-- name: whole
+WITH part AS (
+    -- include: shared_part
+)
+SELECT * FROM part
+"""
+    queries = parse_queries(text)
+    assert queries["shared_part"] == "-- Which rows.\nSELECT x\n  FROM t"
+    assert queries["whole"] == (
+        "WITH part AS (\n    -- Which rows.\n    SELECT x\n      FROM t\n)\nSELECT * FROM part"
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
@@ -30,6 +50,11 @@ UPDATE t SET x = 1
         ("-- name: a\nSELECT 1\n-- name: a\nSELECT 2", "defined twice"),
         ("-- name: a\n-- only a comment\n", "empty"),
         ("SELECT 0;\n-- name: a\nSELECT 1", "before the first"),
+        ("-- name: a\nSELECT * FROM (\n  -- include: b\n) x", "unknown query 'b'"),
+        (
+            "-- name: a\nSELECT (\n-- include: b\n)\n-- name: b\nSELECT (\n-- include: a\n)",
+            "includes itself",
+        ),
     ],
 )
 def test_malformed_query_files_are_rejected(text: str, problem: str) -> None:

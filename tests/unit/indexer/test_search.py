@@ -196,33 +196,46 @@ async def test_embedding_failures_keep_their_code(code: str, retriable: bool) ->
 
 def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
     from services.indexer.ann_index import model_predicate, vector_expression
-    from services.indexer.search_pg import TEMPLATE_MODEL, specialised_search_sql
+    from services.indexer.search_pg import (
+        KEYWORD_STATEMENT,
+        TEMPLATE_MODEL,
+        VECTOR_STATEMENT,
+        specialised_search_sql,
+    )
 
-    sql = specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384)
+    model = "all-MiniLM-L6-v2-onnx-int8"
+    sql = specialised_search_sql(model, 384)
     assert TEMPLATE_MODEL not in sql
     assert sql.count(vector_expression(384, "c.embedding")) == 2
-    assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "c.embedding_model")) == 2
-    assert sql.count(model_predicate("all-MiniLM-L6-v2-onnx-int8", "s.embedding_model")) == 2
-    assert specialised_search_sql("all-MiniLM-L6-v2-onnx-int8", 384) is sql  # cached
-    vector_only = specialised_search_sql(
-        "all-MiniLM-L6-v2-onnx-int8", 384, "search_vector_candidates"
-    )
-    assert TEMPLATE_MODEL not in vector_only
-    assert vector_only.count(vector_expression(384, "c.embedding")) == 2
+    assert sql.count(model_predicate(model, "c.embedding_model")) == 1
+    assert sql.count(model_predicate(model, "s.embedding_model")) == 1
+    assert specialised_search_sql(model, 384) is sql  # cached
+    assert specialised_search_sql(model, 384, VECTOR_STATEMENT) == sql
+    keyword = specialised_search_sql(model, 384, KEYWORD_STATEMENT)
+    assert TEMPLATE_MODEL not in keyword
+    assert model_predicate(model, "c.embedding_model") in keyword
+    assert "::vector" not in keyword
     with pytest.raises(ValueError, match="characters outside"):
         specialised_search_sql("model' OR true --", 384)
 
 
-def test_vector_mode_runs_the_very_vector_list_of_the_full_statement() -> None:
-    from services.indexer.search_pg import QUERIES
+def test_the_vector_statement_holds_the_vector_list_and_its_exact_twin_uses_no_index() -> None:
+    from services.indexer.ann_index import vector_expression
+    from services.indexer.search_pg import (
+        QUERIES,
+        VECTOR_STATEMENT,
+        VectorPath,
+        specialised_search_sql,
+    )
 
-    def vector_list(sql: str) -> str:
-        start = sql.index("WITH vector_list AS (")
-        return sql[start : sql.index("\n)", start)]
-
-    full = vector_list(QUERIES["search_candidates"])
-    assert "LIMIT $4" in full
-    assert vector_list(QUERIES["search_vector_candidates"]) == full
+    vector_list = "\n".join("    " + line for line in QUERIES["vector_list"].splitlines())
+    assert "LIMIT $4" in vector_list
+    assert QUERIES[VECTOR_STATEMENT].count(vector_list) == 1
+    exact = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.EXACT)
+    assert vector_expression(384, "c.embedding") not in exact
+    assert exact.count("c.embedding <=> $3::vector") == 2
+    ann = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.ANN)
+    assert ann.count(vector_expression(384, "c.embedding") + " <=> $3::vector") == 2
 
 
 async def test_the_search_route_fails_closed_without_the_auth_middleware() -> None:
