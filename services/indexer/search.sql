@@ -7,12 +7,11 @@
 -- most of what the HNSW scan yields, the scan goes on (up to hnsw.max_scan_tuples) instead
 -- of returning fewer than LIMIT rows. relaxed_order may hand rows back slightly out of
 -- distance order; the statement re-ranks them by distance anyway.
--- force_custom_plan: a generic plan would not see the LIMIT's value (and guesses 10% of
--- the table), which can price the HNSW scan out; planning this statement costs little.
+-- (plan_cache_mode is set by keyword_terms and choose_vector_path, for the statements after
+-- them.)
 SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),
        set_config('hnsw.ef_search', $1::integer::text, true),
-       set_config('hnsw.max_scan_tuples', $2::integer::text, true),
-       set_config('plan_cache_mode', 'force_custom_plan', true);
+       set_config('hnsw.max_scan_tuples', $2::integer::text, true);
 
 -- name: choose_vector_path
 -- The vector list's path (search_pg.VectorPath): ANN when the principals $2 may read more
@@ -22,12 +21,18 @@ SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),
 -- stops at the first row over -- so a principal who may read the whole tenant costs
 -- $5 / (chunks per document) pointer rows, not the tenant's.
 --
--- On the ANN path it turns sorting off for the rest of the transaction: the planner,
+-- Custom plans for what follows: a generic plan of search_vector_candidates would not see
+-- the tenant (to prune to its partition at planning) nor the LIMIT's value. On the ANN path
+-- it turns sorting off for the rest of the transaction: the planner,
 -- estimating the pointer and ACL filters at a few rows, would rather sort the tenant's
 -- chunks than walk the graph; with sorting disabled, the plan without a disabled node --
 -- the HNSW index's order -- wins. Every other sort of the search statement (the keyword
 -- list's ranking, the fusion's order) is in every plan alike, so it changes nothing there.
-WITH readable AS (
+-- Hash and merge joins go off with it: the graph yields a few dozen candidates (a few
+-- hundred when the principals read a small part of the tenant), and probing each one's
+-- pointer and ACL rows by primary key costs microseconds, where hashing the tenant's
+-- readable documents first costs milliseconds.
+WITH readable AS MATERIALIZED (  -- read twice below, run once
     SELECT EXISTS (
         SELECT 1
           FROM (SELECT sum(coalesce(s.chunk_count, 0)) OVER (ROWS UNBOUNDED PRECEDING) AS running
@@ -45,7 +50,12 @@ WITH readable AS (
          WHERE r.running > $5) AS many
 )
 SELECT CASE WHEN r.many THEN 'ann' ELSE 'exact' END AS path,
-       set_config('enable_sort', CASE WHEN r.many THEN 'off' ELSE 'on' END, true) AS enable_sort
+       set_config('enable_sort', CASE WHEN r.many THEN 'off' ELSE 'on' END, true) AS enable_sort,
+       set_config('enable_hashjoin', CASE WHEN r.many THEN 'off' ELSE 'on' END, true)
+           AS enable_hashjoin,
+       set_config('enable_mergejoin', CASE WHEN r.many THEN 'off' ELSE 'on' END, true)
+           AS enable_mergejoin,
+       set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode
   FROM readable r
 
 -- name: vector_list
@@ -227,6 +237,13 @@ SELECT 'vector' AS list,
   JOIN document d ON d.tenant_id = $1 AND d.document_id = v.document_id
  ORDER BY rank;
 
+-- name: tenant_partition
+-- The partition of knowledge_chunk holding tenant $1's chunks (a hash of the tenant: it never
+-- changes, search_pg caches it); no row while the tenant has no chunk.
+SELECT c.relname AS partition
+  FROM pg_class c
+ WHERE c.oid = (SELECT k.tableoid FROM knowledge_chunk k WHERE k.tenant_id = $1 LIMIT 1)
+
 -- name: keyword_terms
 -- The keyword list's queries, read before search_keyword_candidates in the same transaction
 -- so that the planner of that statement sees them as values: it then knows from the
@@ -248,7 +265,12 @@ SELECT 'vector' AS list,
 -- tsvector column of the tenant's partition (the fraction of rows holding each of its
 -- commonest lexemes; any other lexeme is rarer than those); no statistics yet: every lexeme
 -- counts as rare.
--- $1 tenant, $2 query text, $3 keyword candidates of each kind.
+-- $1 tenant, $2 query text, $3 keyword candidates of each kind, $4 the tenant's partition
+-- (tenant_partition; NULL: none yet).
+--
+-- Its own plan is generic (after PostgreSQL's first few runs): planning it, over the
+-- pg_stats view, costs more than running it. It turns custom plans on for what follows:
+-- search_keyword_candidates must be planned with these terms as values.
 WITH query AS (
     SELECT websearch_to_tsquery(t.text_search_config, $2::text) AS strict,
            tsvector_to_array(to_tsvector(t.text_search_config, $2::text)) AS lexemes,
@@ -256,16 +278,13 @@ WITH query AS (
       FROM tenant t
      WHERE t.tenant_id = $1
 ),
--- The tenant's partition of knowledge_chunk (migrations/0014): the statistics are kept per
--- partition (autovacuum's ANALYZE never visits the partitioned table itself), and the
--- partition is what the keyword list reads.
-tenant_partition AS (
-    SELECT k.tableoid AS oid FROM knowledge_chunk k WHERE k.tenant_id = $1 LIMIT 1
-),
+-- The statistics of the tenant's partition of knowledge_chunk ($4, migrations/0014): they
+-- are kept per partition (autovacuum's ANALYZE never visits the partitioned table itself),
+-- and the partition is what the keyword list reads. By name, so that both catalog lookups
+-- are index probes.
 common AS (
     SELECT e.lexeme, e.fraction * greatest(c.reltuples, 0) AS estimated_chunks
-      FROM tenant_partition p
-      JOIN pg_class c ON c.oid = p.oid
+      FROM pg_class c
       JOIN pg_namespace n ON n.oid = c.relnamespace
       JOIN pg_stats s
         ON s.schemaname = n.nspname
@@ -274,7 +293,11 @@ common AS (
        AND NOT s.inherited
      CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs)
                 AS e(lexeme, fraction)
-     WHERE e.lexeme IS NOT NULL
+     WHERE c.relname = $4::text
+       AND c.relnamespace = (SELECT k.relnamespace
+                               FROM pg_class k
+                              WHERE k.oid = 'knowledge_chunk'::regclass)
+       AND e.lexeme IS NOT NULL
 ),
 lexeme AS (
     SELECT l.lexeme,
@@ -301,5 +324,6 @@ SELECT CASE WHEN numnode(q.strict) > 0 THEN q.strict::text END AS strict,
        CASE WHEN NOT q.syntax THEN r.any_word END AS any_word,
        CASE WHEN NOT q.syntax THEN c.rarest_word END AS rarest_word,
        (SELECT string_agg(l.query::text, ' | ') FROM lexeme l) AS ranking,
-       ARRAY(SELECT l.lexeme FROM lexeme l ORDER BY l.lexeme) AS lexemes
+       ARRAY(SELECT l.lexeme FROM lexeme l ORDER BY l.lexeme) AS lexemes,
+       set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode
   FROM query q, rare r, rarest_common c;

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import Enum
 from functools import cache
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import asyncpg
 import numpy as np
@@ -34,6 +34,9 @@ _ALIASES: Final = ("s", "c")
 _TERMS: Final = ("strict", "any_word", "rarest_word", "ranking", "lexemes")
 
 
+Connection: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]"
+
+
 class VectorPath(Enum):
     """How the vector list finds the nearest readable chunks (search.sql: vector_list)."""
 
@@ -45,14 +48,17 @@ class VectorPath(Enum):
 
 class SearchSettings(RuntimeSettings):
     # HNSW candidate list size: recall against latency. Each search uses at least its depth.
-    search_ef_search: int = Field(default=100, ge=10, le=1000)
+    # 600: recall@10 0.958 against the exact answer on the 1M-chunk bench (400: 0.93; 100:
+    # 0.86), at ~13 ms for the graph walk there (BENCHMARKS.md). Only the ANN path uses it.
+    search_ef_search: int = Field(default=600, ge=10, le=1000)
     # How many index tuples an iterative scan may visit before it gives up: bounds the cost
     # of a search whose principals may read only a sliver of the tenant.
     search_max_scan_tuples: int = Field(default=20_000, ge=1_000, le=10_000_000)
     # Principals who may read at most this many chunks of the tenant (current versions) get
     # them all ranked exactly (recall 1); more go through the tenant partition's HNSW index.
-    # 0: always the index. Chosen by bench/search_latency.py (BENCHMARKS.md).
-    search_exact_max_chunks: int = Field(default=2_000, ge=0, le=10_000_000)
+    # 0: always the index. Ranking costs ~3 us a chunk (the vector is in the row): 5,000
+    # chunks take about what the graph walk takes (bench/search_latency.py, BENCHMARKS.md).
+    search_exact_max_chunks: int = Field(default=5_000, ge=0, le=10_000_000)
     # How many chunks matching the query's words the keyword list ranks at most, of each
     # kind (all words; any of the rarer words): bounds a keyword search's cost whatever the
     # query, at the price of ranking only that many of the matches of very common words.
@@ -119,6 +125,8 @@ class PgSearchIndex:
             for path in VectorPath
         }
         self._keyword_sql = specialised_search_sql(model, dimension, KEYWORD_STATEMENT)
+        # tenant -> its partition of knowledge_chunk (one short string per tenant searched).
+        self._partitions: dict[str, str] = {}
 
     @property
     def generation(self) -> Generation:
@@ -129,7 +137,7 @@ class PgSearchIndex:
 
     async def vector_path(
         self,
-        conn: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any],
+        conn: Connection,
         request: SearchRequest,
     ) -> VectorPath:
         """ANN when the principals may read more than ``search_exact_max_chunks`` chunks of
@@ -148,6 +156,14 @@ class PgSearchIndex:
             self._settings.search_exact_max_chunks,
         )
         return VectorPath(path)
+
+    async def _tenant_partition(self, conn: Connection, tenant_id: str) -> str | None:
+        partition = self._partitions.get(tenant_id)
+        if partition is None:
+            partition = await conn.fetchval(QUERIES["tenant_partition"], tenant_id)
+            if partition is not None:  # a tenant's partition never changes
+                self._partitions[tenant_id] = partition
+        return partition
 
     async def candidates(self, request: SearchRequest, query_vector: Vectors | None) -> Candidates:
         vector = None
@@ -181,11 +197,18 @@ class PgSearchIndex:
                 rows: list[asyncpg.Record] = []
                 if request.mode.uses_keyword:
                     terms = await conn.fetchrow(
-                        QUERIES["keyword_terms"], request.tenant_id, request.query, cap
+                        QUERIES["keyword_terms"],
+                        request.tenant_id,
+                        request.query,
+                        cap,
+                        await self._tenant_partition(conn, request.tenant_id),
                     )
                     if terms is not None:  # an unknown tenant has nothing to match
                         rows += await conn.fetch(
-                            self._keyword_sql, *filters, *(terms[t] for t in _TERMS), cap
+                            self._keyword_sql,
+                            *filters,
+                            *(terms[t] for t in _TERMS),
+                            cap,
                         )
                 # After the keyword list: the ANN path's settings must not reach its plan.
                 if request.mode.uses_vector:
