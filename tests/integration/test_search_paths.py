@@ -1,0 +1,129 @@
+"""Which path the vector list takes, and that it is the path's plan: principals who may read
+many chunks walk their tenant partition's HNSW graph, principals who may read few get every
+readable chunk ranked exactly (real PostgreSQL, migrations/0014's partitions)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.indexer.ann_index import partition_ann_index_name
+from services.indexer.search import Generation, SearchMode, SearchRequest
+from services.indexer.search_pg import QUERIES, PgSearchIndex, SearchSettings, VectorPath
+from services.runtime.settings import RuntimeSettings
+from tests.support.api import add_tenant
+from tests.support.search import (
+    ChunkSpec,
+    SearchHarness,
+    add_document,
+    add_version,
+    create_ann_index,
+    point_search_at,
+    search_harness,
+)
+
+pytestmark = pytest.mark.integration
+
+DOCUMENTS = 40
+CHUNKS_PER_DOCUMENT = 10
+EXACT_MAX_CHUNKS = 100  # "few": one document (10 chunks); "many": all 400
+
+
+@pytest.fixture
+async def api(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
+    async with search_harness(settings) as harness:
+        await create_ann_index(harness.pool, harness.embedder.model, harness.embedder.dimension)
+        yield harness
+
+
+@pytest.fixture
+async def index(api: SearchHarness, settings: RuntimeSettings) -> PgSearchIndex:
+    return PgSearchIndex(
+        api.pool,
+        Generation(api.embedder.model, api.embedder.dimension),
+        SearchSettings(
+            database_url=settings.database_url, search_exact_max_chunks=EXACT_MAX_CHUNKS
+        ),
+    )
+
+
+@pytest.fixture
+async def corpus(api: SearchHarness, conn: asyncpg.Connection[Any]) -> str:
+    await add_tenant(conn, "acme", "standard")
+    for n in range(DOCUMENTS):
+        read = ("group:many", "group:few") if n == 0 else ("group:many",)
+        document_id = await add_document(conn, "acme", title=f"Doc {n}", read=read)
+        chunks = [
+            ChunkSpec(f"clause {c} of policy {n} on refunds") for c in range(CHUNKS_PER_DOCUMENT)
+        ]
+        await add_version(conn, "acme", document_id, 1, chunks, api.embedder)
+        await point_search_at(conn, "acme", document_id, 1, api.embedder.model)
+    await conn.execute("ANALYZE")
+    partition: str = await conn.fetchval(
+        "SELECT tableoid::regclass::text FROM knowledge_chunk WHERE tenant_id = 'acme' LIMIT 1"
+    )
+    return partition
+
+
+async def plan_of(
+    index: PgSearchIndex, api: SearchHarness, principal: str
+) -> tuple[VectorPath, list[str]]:
+    """The path search chooses for ``principal`` and the indexes its vector list scans."""
+    request = SearchRequest("acme", "refunds", (principal,), 10, SearchMode.VECTOR)
+    vector = api.embedder.embed_sync(["refunds"])[0]
+    async with (
+        api.pool.acquire() as conn,
+        conn.transaction(readonly=True, isolation="repeatable_read"),
+    ):
+        await conn.execute(QUERIES["configure_search_transaction"], 100, 20_000)
+        path = await index.vector_path(conn, request)
+        plan = await conn.fetchval(
+            "EXPLAIN (FORMAT JSON) " + index.vector_statement(path),
+            "acme",
+            [principal],
+            vector,
+            10,
+            None,
+            None,
+        )
+    return path, re.findall(r'"Index Name": "([^"]+)"', json.dumps(json.loads(plan)))
+
+
+async def test_many_readable_chunks_walk_the_tenant_partitions_graph(
+    api: SearchHarness, index: PgSearchIndex, corpus: str
+) -> None:
+    path, indexes = await plan_of(index, api, "group:many")
+    assert path is VectorPath.ANN
+    assert partition_ann_index_name(api.embedder.model, corpus) in indexes
+    # Every result is readable and of the tenant, as on the exact path.
+    request = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.VECTOR)
+    candidates = await index.candidates(request, api.embedder.embed_sync(["refunds"])[0])
+    assert len(candidates.vector) == 10
+
+
+async def test_few_readable_chunks_are_ranked_exactly(
+    api: SearchHarness, index: PgSearchIndex, corpus: str
+) -> None:
+    path, indexes = await plan_of(index, api, "group:few")
+    assert path is VectorPath.EXACT
+    assert not [name for name in indexes if name.startswith("knowledge_chunk_ann_")]
+    request = SearchRequest("acme", "refunds", ("group:few",), 10, SearchMode.VECTOR)
+    candidates = await index.candidates(request, api.embedder.embed_sync(["refunds"])[0])
+    assert len(candidates.vector) == CHUNKS_PER_DOCUMENT
+    assert len({c.document_id for c in candidates.vector}) == 1
+
+
+async def test_no_readable_chunk_is_the_exact_path_and_an_empty_list(
+    api: SearchHarness, index: PgSearchIndex, corpus: str
+) -> None:
+    path, _ = await plan_of(index, api, "group:nobody")
+    assert path is VectorPath.EXACT
+    request = SearchRequest("acme", "refunds", ("group:nobody",), 10, SearchMode.HYBRID)
+    candidates = await index.candidates(request, api.embedder.embed_sync(["refunds"])[0])
+    assert candidates.vector == []
+    assert candidates.keyword == []
