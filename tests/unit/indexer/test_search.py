@@ -83,7 +83,8 @@ def test_same_chunk_id_in_two_documents_is_two_results() -> None:
     [
         (SearchMode.VECTOR, 7, 7),
         (SearchMode.KEYWORD, 100, 100),
-        (SearchMode.HYBRID, 1, 50),
+        (SearchMode.HYBRID, 1, 20),
+        (SearchMode.HYBRID, 10, 20),
         (SearchMode.HYBRID, 40, 80),
         (SearchMode.HYBRID, 100, 200),
     ],
