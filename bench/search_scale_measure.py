@@ -323,9 +323,8 @@ async def plan_shapes(
             )
             path = await index.vector_path(conn, request)
             sql = index.vector_statement(path)
-            fixed = [request.tenant_id, list(request.principals), query.vector, request.depth]
-            fixed += [None, None]
-            plan = await conn.fetchval("EXPLAIN (FORMAT JSON) " + sql, *fixed)
+            fixed = [request.tenant_id, list(request.principals), None, None, request.depth]
+            plan = await conn.fetchval("EXPLAIN (FORMAT JSON) " + sql, *fixed, query.vector)
         scans: list[str] = []
         walk(json.loads(plan)[0]["Plan"], scans)
         shapes[principal_class] = f"{path.value}: " + ", ".join(dict.fromkeys(scans))

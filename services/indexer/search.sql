@@ -58,23 +58,18 @@ SELECT CASE WHEN r.many THEN 'ann' ELSE 'exact' END AS path,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode
   FROM readable r
 
--- name: vector_list
--- The vector list of search_vector_candidates: the $4 chunks nearest to the query vector $3
--- among those the principals $2 may read in tenant $1.
---
--- Written for the ANN path: ordered by the model's HNSW expression, which only the tenant
--- partition's part of the model's index serves (search_pg's custom plans see the tenant as
--- a value and prune to its partition, migrations/0014). search_pg derives the exact path
--- from this text by ordering by the bare column instead, which no index serves: every
--- readable chunk is then ranked, recall 1 -- what it does when the principals may read few
--- enough chunks that ranking them all is cheaper than walking the graph past the others.
+-- name: searchable_chunks
+-- The chunks principals $2 may search in tenant $1 -- the current search version's, READ by
+-- one of them, within the request's filters ($3 document ids, NULL: all; $4 heading path
+-- prefix, NULL: all) -- for both lists, which include it as a NOT MATERIALIZED CTE: the
+-- planner folds it into each list's scan, so every filter applies before any LIMIT.
 SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
-       (c.embedding::vector(1)) <=> $3::vector AS distance
+       c.search_document, c.embedding
   FROM knowledge_chunk c
  WHERE c.tenant_id = $1
    AND c.embedding_model = 'search-template-model'
-   AND ($5::uuid[] IS NULL OR c.document_id = ANY ($5::uuid[]))
-   AND ($6::text[] IS NULL OR c.heading_path[1:cardinality($6::text[])] = $6::text[])
+   AND ($3::uuid[] IS NULL OR c.document_id = ANY ($3::uuid[]))
+   AND ($4::text[] IS NULL OR c.heading_path[1:cardinality($4::text[])] = $4::text[])
    -- The chunk belongs to its document's current search version (same model, same
    -- chunking strategy) ...
    AND EXISTS (
@@ -85,10 +80,10 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
             AND s.version_number = c.version_number
             AND s.embedding_model = 'search-template-model'
             AND s.chunking_strategy = c.chunking_strategy)
-   -- ... and these principals may READ the document. Both are filters of the scan, before
-   -- the LIMIT: the HNSW scan probes them per candidate (two primary-key lookups) and,
-   -- iterating, goes on until it has $4 rows that pass; the exact path starts from the ACL
-   -- or the tenant's chunks, whichever the planner estimates cheaper.
+   -- ... and these principals may READ the document. An HNSW scan probes both per
+   -- candidate (two primary-key lookups) and, iterating, goes on until it has its LIMIT of
+   -- rows that pass; an exact ranking starts from the ACL or the tenant's chunks, whichever
+   -- the planner estimates cheaper.
    AND EXISTS (
          SELECT 1
            FROM document_acl a
@@ -96,11 +91,28 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
             AND a.document_id = c.document_id
             AND a.permission = 'READ'
             AND a.principal = ANY ($2::text[]))
- ORDER BY (c.embedding::vector(1)) <=> $3::vector
- LIMIT $4
+
+-- name: vector_list
+-- The vector list of search_vector_candidates: the $5 searchable chunks ($1 to $4, as
+-- searchable_chunks) nearest to the query vector $6.
+--
+-- Written for the ANN path: ordered by the model's HNSW expression, which only the tenant
+-- partition's part of the model's index serves (search_pg's custom plans see the tenant as
+-- a value and prune to its partition, migrations/0014). search_pg derives the exact path
+-- from this text by ordering by the bare column instead, which no index serves: every
+-- readable chunk is then ranked, recall 1 -- what it does when the principals may read few
+-- enough chunks that ranking them all is cheaper than walking the graph past the others.
+WITH searchable AS NOT MATERIALIZED (
+    -- include: searchable_chunks
+)
+SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
+       (c.embedding::vector(1)) <=> $6::vector AS distance
+  FROM searchable c
+ ORDER BY (c.embedding::vector(1)) <=> $6::vector
+ LIMIT $5
 
 -- name: search_keyword_candidates
--- The keyword list: the $3 chunks that best match the query's words among those the
+-- The keyword list: the $5 chunks that best match the query's words among those the
 -- principals $2 may read in tenant $1. Read in the search's REPEATABLE READ transaction,
 -- with the vector list (search_vector_candidates) when hybrid: both see one snapshot, so a
 -- search running across a search-pointer switch sees each document at its old or its new
@@ -108,42 +120,18 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
 --
 -- This text is a template (search_pg.TEMPLATE_MODEL), as vector_list is.
 --
--- $1 tenant, $2 principals, $3 depth of the list, $4 document ids filter (NULL: all), $5
--- heading path prefix (NULL: all); from keyword_terms: $6 strict, $7 any_word, $8
--- rarest_word, $9 ranking, $10 lexemes; $11 keyword candidates of each kind (at least $3).
+-- $1 tenant, $2 principals, $3 document ids filter (NULL: all), $4 heading path prefix
+-- (NULL: all), $5 depth of the list; from keyword_terms: $6 strict, $7 any_word, $8
+-- rarest_word, $9 ranking, $10 lexemes; $11 keyword candidates of each kind (at least $5).
 WITH
 -- The keyword list, bounded in cost whatever the query: at most $11 candidates of each kind
 -- are ranked. $6 to $10 come from keyword_terms; a NULL query matches nothing.
---
--- The chunks these principals may search: the tenant's, the current search version's, READ
--- by one of the principals, within the request's filters -- all before any LIMIT.
 keyword_searchable AS NOT MATERIALIZED (
-    SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
-           c.search_document
-      FROM knowledge_chunk c
-     WHERE c.tenant_id = $1
-       AND c.embedding_model = 'search-template-model'
-       AND ($4::uuid[] IS NULL OR c.document_id = ANY ($4::uuid[]))
-       AND ($5::text[] IS NULL OR c.heading_path[1:cardinality($5::text[])] = $5::text[])
-       AND EXISTS (
-             SELECT 1
-               FROM document_search_version s
-              WHERE s.tenant_id = c.tenant_id
-                AND s.document_id = c.document_id
-                AND s.version_number = c.version_number
-                AND s.embedding_model = 'search-template-model'
-                AND s.chunking_strategy = c.chunking_strategy)
-       AND EXISTS (
-             SELECT 1
-               FROM document_acl a
-              WHERE a.tenant_id = c.tenant_id
-                AND a.document_id = c.document_id
-                AND a.permission = 'READ'
-                AND a.principal = ANY ($2::text[]))
+    -- include: searchable_chunks
 ),
 -- The candidates, at most $11 of each kind: chunks holding every word (as
 -- websearch_to_tsquery reads the query); then, for a natural question that found fewer than
--- $3 of those, chunks holding any of its rarer words; then, still short, chunks holding the
+-- $5 of those, chunks holding any of its rarer words; then, still short, chunks holding the
 -- rarest of its other words. Which $11 of more matches is up to the scan: the cap is what
 -- bounds the cost of a query whose words are everywhere.
 keyword_all_words AS MATERIALIZED (
@@ -155,7 +143,7 @@ keyword_all_words AS MATERIALIZED (
 keyword_any_word AS MATERIALIZED (
     SELECT c.*
       FROM keyword_searchable c
-     WHERE (SELECT count(*) FROM keyword_all_words) < $3
+     WHERE (SELECT count(*) FROM keyword_all_words) < $5
        AND c.search_document @@ $7::tsquery
        AND NOT coalesce(c.search_document @@ $6::tsquery, false)
      LIMIT $11
@@ -168,7 +156,7 @@ keyword_candidate AS MATERIALIZED (
     (SELECT c.*
        FROM keyword_searchable c
       WHERE (SELECT count(*) FROM keyword_all_words)
-            + (SELECT count(*) FROM keyword_any_word) < $3
+            + (SELECT count(*) FROM keyword_any_word) < $5
         AND c.search_document @@ $8::tsquery
         AND NOT coalesce(c.search_document @@ $6::tsquery, false)
         AND NOT coalesce(c.search_document @@ $7::tsquery, false)
@@ -211,7 +199,7 @@ keyword_list AS (
                            FROM keyword_weight w
                           WHERE w.lexeme = ANY (h.held)) m
      ORDER BY rank DESC, h.document_id, h.chunk_id
-     LIMIT $3
+     LIMIT $5
 )
 SELECT 'keyword' AS list,
        row_number() OVER (ORDER BY k.rank DESC, k.document_id, k.chunk_id) AS rank,
@@ -223,8 +211,8 @@ SELECT 'keyword' AS list,
 
 -- name: search_vector_candidates
 -- The vector list (vector_list), with each document's title. $1 tenant, $2 principals, $3
--- query vector, $4 depth, $5 document ids filter (NULL: all), $6 heading path prefix (NULL:
--- all). In hybrid search it runs after search_keyword_candidates in the same
+-- document ids filter (NULL: all), $4 heading path prefix (NULL: all), $5 depth, $6 query
+-- vector. In hybrid search it runs after search_keyword_candidates in the same
 -- REPEATABLE READ transaction: one snapshot for both lists.
 WITH vector_list AS (
     -- include: vector_list

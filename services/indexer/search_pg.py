@@ -186,14 +186,14 @@ class PgSearchIndex:
                     ef_search,
                     settings.search_max_scan_tuples,
                 )
-                filters = (
+                # search.sql's $1 to $5, the same in both statements.
+                searchable = (
                     request.tenant_id,
                     list(request.principals),
-                    request.depth,
                     list(flt.document_ids) if flt.document_ids is not None else None,
                     list(flt.heading_prefix) if flt.heading_prefix is not None else None,
+                    request.depth,
                 )
-                tenant, principals, depth, document_ids, heading_prefix = filters
                 rows: list[asyncpg.Record] = []
                 if request.mode.uses_keyword:
                     terms = await conn.fetchrow(
@@ -206,22 +206,14 @@ class PgSearchIndex:
                     if terms is not None:  # an unknown tenant has nothing to match
                         rows += await conn.fetch(
                             self._keyword_sql,
-                            *filters,
+                            *searchable,
                             *(terms[t] for t in _TERMS),
                             cap,
                         )
                 # After the keyword list: the ANN path's settings must not reach its plan.
                 if request.mode.uses_vector:
                     path = await self.vector_path(conn, request)
-                    rows += await conn.fetch(
-                        self._vector_sql[path],
-                        tenant,
-                        principals,
-                        vector,
-                        depth,
-                        document_ids,
-                        heading_prefix,
-                    )
+                    rows += await conn.fetch(self._vector_sql[path], *searchable, vector)
         vector_list: list[Candidate] = []
         keyword_list: list[Candidate] = []
         for row in rows:

@@ -86,10 +86,10 @@ async def plan_of(
             "EXPLAIN (FORMAT JSON) " + index.vector_statement(path),
             "acme",
             [principal],
-            vector,
+            None,
+            None,
             10,
-            None,
-            None,
+            vector,
         )
     return path, re.findall(r'"Index Name": "([^"]+)"', json.dumps(json.loads(plan)))
 

@@ -229,14 +229,19 @@ def test_the_vector_statement_holds_the_vector_list_and_its_exact_twin_uses_no_i
         specialised_search_sql,
     )
 
-    vector_list = "\n".join("    " + line for line in QUERIES["vector_list"].splitlines())
-    assert "LIMIT $4" in vector_list
-    assert QUERIES[VECTOR_STATEMENT].count(vector_list) == 1
+    def indented(name: str, by: int) -> str:
+        return "\n".join(" " * by + line if line else line for line in QUERIES[name].splitlines())
+
+    assert "LIMIT $5" in QUERIES["vector_list"]
+    assert QUERIES[VECTOR_STATEMENT].count(indented("vector_list", 4)) == 1
+    # Both lists search the very same chunks.
+    assert QUERIES[VECTOR_STATEMENT].count(indented("searchable_chunks", 8)) == 1
+    assert QUERIES["search_keyword_candidates"].count(indented("searchable_chunks", 4)) == 1
     exact = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.EXACT)
     assert vector_expression(384, "c.embedding") not in exact
-    assert exact.count("c.embedding <=> $3::vector") == 2
+    assert exact.count("c.embedding <=> $6::vector") == 2
     ann = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.ANN)
-    assert ann.count(vector_expression(384, "c.embedding") + " <=> $3::vector") == 2
+    assert ann.count(vector_expression(384, "c.embedding") + " <=> $6::vector") == 2
 
 
 async def test_the_search_route_fails_closed_without_the_auth_middleware() -> None:
