@@ -44,6 +44,51 @@ ON CONFLICT (tenant_id, document_id) DO UPDATE
  WHERE s.version_number < EXCLUDED.version_number
 RETURNING old.version_number AS previous_version, new.switched_at
 
+-- name: retire_superseded_chunks
+-- $1 tenant, $2 document, $3 version (the task's), $4 model, $5 strategy.
+-- Run right after switch_search_version, in the same fenced transaction, whether or not the
+-- pointer moved: deletes the document's chunks of this generation (same model AND strategy)
+-- that the pointer has left behind for good, i.e. older than the version it serves, and
+-- never newer than this task's version. So:
+--   * the pointer moved to v: the chunks of versions < v go;
+--   * the pointer already serves a newer version w of this generation (this task finished
+--     late): versions <= v go, this task's own chunks with them (nothing will serve them);
+--   * the pointer serves another generation (this task builds a generation beside the
+--     served one), or no pointer: nothing goes. Other generations' chunks never go here.
+-- Why it is safe:
+--   * An in-flight search runs in one REPEATABLE READ read-only transaction (search_pg):
+--     if its snapshot predates this commit it still sees the pointer at the old version AND
+--     the old version's rows (MVCC keeps deleted rows for older snapshots, and VACUUM
+--     removes neither heap rows nor their HNSW/GIN entries while such a snapshot lives); a
+--     snapshot taken after the commit sees the new pointer. Never half a version.
+--   * The pointer only moves forward (the forward-only trigger, switch_search_version's
+--     WHERE), so a version older than the pointer's is never served again.
+--   * Races between versions of one document: switch_search_version locks the pointer row
+--     (ON CONFLICT DO UPDATE locks the row even when its WHERE is false) until commit, so
+--     the completions of one document run this statement one at a time, each with a fresh
+--     READ COMMITTED snapshot taken after the lock: every chunk an earlier completion
+--     committed is seen; one that has not committed yet still has to take the lock, and
+--     then retires its own chunks if it turns out superseded. A newer version's rows are
+--     never touched ($3 bounds the range), staged ones (knowledge_chunk_stream) neither.
+--   * Embedding reuse (known_embeddings) takes any version's chunks: the served version's
+--     rows stay, so unchanged content keeps being reused (content that exists only in a
+--     retired version is embedded again if it comes back).
+-- Cost: one document's chunks, through the primary key prefix (tenant_id, document_id,
+-- version_number, embedding_model) of the tenant's partition; the strategy is a filter.
+-- Deleting only marks the rows: the HNSW and GIN entries go at the partition's next VACUUM.
+DELETE FROM knowledge_chunk c
+ USING document_search_version s
+ WHERE s.tenant_id = $1
+   AND s.document_id = $2
+   AND s.embedding_model = $4
+   AND s.chunking_strategy = $5
+   AND c.tenant_id = $1
+   AND c.document_id = $2
+   AND c.version_number < s.version_number
+   AND c.version_number <= $3::integer
+   AND c.embedding_model = $4
+   AND c.chunking_strategy = $5
+
 -- name: known_embeddings
 -- $1 tenant, $2 model, $3 strategy, $4 dimension, $5 digests. One probe of
 -- knowledge_chunk_reuse per digest, tenant-scoped; any version's chunk will do (the same

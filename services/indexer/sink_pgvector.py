@@ -4,8 +4,9 @@ registration of index generations with their ANN index.
 
 The write runs inside ``PgTaskQueue.complete``'s transaction, after the fenced UPDATE that
 marks the task SUCCEEDED (the task row is locked by then): chunks, the forward-only search
-pointer and the ``DocumentSearchVersionSwitched`` outbox event commit together with the task
-or not at all. Everything slow (parsing, embedding, building the rows) happens before it.
+pointer, the deletion of the versions it superseded (``sink_retire``) and the
+``DocumentSearchVersionSwitched`` outbox event commit together with the task or not at all.
+Everything slow (parsing, embedding, building the rows) happens before it.
 
 The pool must come from ``services.runtime.db.create_pool`` (it registers pgvector's binary
 codec for ``vector``, which the COPY and the reuse lookup use).
@@ -35,6 +36,7 @@ from services.indexer.ann_index import (
     partition_ann_index_name,
 )
 from services.indexer.ports import Clock, DatabaseClock, InTransaction
+from services.indexer.sink_retire import retire_superseded
 from services.indexer.sink_stream import (
     chunk_records,
     discard_attempt,
@@ -236,10 +238,10 @@ class PgVectorSink:
                 QUERIES["set_local_statement_timeout"],
                 str(self.write_timeout_ms(len(prepared.records))),
             )
-            # Always written, even when the pointer will not move to this version (an
-            # older version finishing late): harmless, since queries read only the
-            # pointer's version, and a new generation built beside the current one needs
-            # its chunks before any switch.
+            # Always written, even when the pointer will not move to this version: a new
+            # generation built beside the current one needs its chunks before any switch.
+            # An older version of the served generation finishing late is retired again
+            # right after the switch (sink_retire), in this transaction.
             await conn.execute(QUERIES["create_staging"])
             await conn.copy_records_to_table(
                 STAGING_TABLE,
@@ -274,6 +276,7 @@ class PgVectorSink:
                 lease.task_id,
                 self._clock.now(),
             )
+        await retire_superseded(conn, lease, generation)
         if switched is None:
             log.info(
                 "search_version.not_switched",

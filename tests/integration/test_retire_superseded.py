@@ -1,0 +1,561 @@
+"""Superseded versions leave the index with the switch that superseded them, on real
+PostgreSQL: the fenced complete deletes the document's older chunks of the same generation
+(model and strategy) in its own transaction, never another generation's, never a newer
+version's; a search whose snapshot predates the switch still reads the whole old version;
+racing versions of one document leave only the served one; the streamed completion does the
+same; and `kb index check` finds nothing to say about the result."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import asyncpg
+import pytest
+
+from services.indexer.chunking import Chunk, chunk_id_of
+from services.indexer.embedding.hashing import HashingEmbedder
+from services.indexer.index_check_pg import PgIndexCheck
+from services.indexer.parsing.pool import ParsePool
+from services.indexer.pipeline import PipelineIndexer, chunking_strategy
+from services.indexer.queue_pg import PgTaskQueue
+from services.indexer.search import Generation, Searcher, SearchMode, SearchRequest
+from services.indexer.search_pg import PgSearchIndex, SearchSettings, VectorPath
+from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
+from services.indexer.source_pg import PgVersionSource
+from services.indexer.task import Lease, RetryPolicy
+from services.indexer.worker import RunOnceResult, Worker
+from services.runtime.db import create_pool
+from services.runtime.media_types import MARKDOWN
+from services.runtime.settings import RuntimeSettings
+from services.runtime.transaction import Transaction
+from tests.support.clock import ManualClock
+from tests.support.search import EXACT_MAX_CHUNKS
+from tests.support.stack import REPO_ROOT
+from tests.support.tasks import CreatedTask, create_task
+
+pytestmark = pytest.mark.integration
+
+LEASE = 30.0
+EMBEDDER = HashingEmbedder(dimension=64)
+GENERATION = IndexGeneration(EMBEDDER.model, EMBEDDER.dimension, "heading-semchunk-v1:max=64")
+# Generations built beside the served one: another strategy of the model, another model.
+OTHER_STRATEGY = IndexGeneration(EMBEDDER.model, EMBEDDER.dimension, "another-strategy")
+OTHER_MODEL = IndexGeneration("other-model-64", EMBEDDER.dimension, GENERATION.chunking_strategy)
+
+
+def make_chunks(
+    document_id: uuid.UUID, version: int, texts: list[str], generation: IndexGeneration
+) -> list[Chunk]:
+    chunks = []
+    for ordinal, text in enumerate(texts):
+        path = ("Refunds",)
+        digest = hashlib.sha256(f"Refunds\n\n{text}".encode()).digest()
+        chunk_id = chunk_id_of(
+            document_id=document_id,
+            version_number=version,
+            strategy_id=generation.chunking_strategy,
+            ordinal=ordinal,
+            heading_path=path,
+            content_digest=digest,
+        )
+        chunks.append(Chunk(chunk_id, ordinal, path, text, digest))
+    return chunks
+
+
+def version_texts(version: int, count: int = 12) -> list[str]:
+    return [f"refund clause {n} of version {version}" for n in range(count)]
+
+
+async def publish_version(
+    pool: asyncpg.Pool[Any], created: CreatedTask, version: int, content: bytes | None = None
+) -> uuid.UUID:
+    """Version ``version`` of the document, published, with its due index task."""
+    task_id = uuid.uuid4()
+    content = content if content is not None else f"refund policy v{version}".encode()
+    await pool.execute(
+        """
+        WITH version AS (
+            INSERT INTO document_version (tenant_id, document_id, version_number, content,
+                                          media_type, sha256, size_bytes, status, published_at)
+            VALUES ($1, $2, $3, $4, $9, $5, $6, 'PUBLISHED', now())
+        ), doc AS (
+            UPDATE document SET latest_version = $3, published_version = $3
+             WHERE tenant_id = $1 AND document_id = $2
+        )
+        INSERT INTO index_task (task_id, tenant_id, document_id, version_number, tier,
+                                next_attempt_at)
+        VALUES ($7, $1, $2, $3, $8, now() - interval '1 hour')
+        """,
+        created.tenant_id,
+        created.document_id,
+        version,
+        content,
+        hashlib.sha256(content).digest(),
+        len(content),
+        task_id,
+        created.tier,
+        MARKDOWN if content.startswith(b"#") else "text/plain",
+    )
+    return task_id
+
+
+async def claim(queue: PgTaskQueue, task_id: uuid.UUID, owner: str = "w") -> Lease:
+    [lease] = await queue.claim("standard", owner, lease_seconds=LEASE)
+    assert lease.task_id == task_id
+    return lease
+
+
+async def complete(
+    queue: PgTaskQueue, sink: PgVectorSink, lease: Lease, texts: list[str]
+) -> list[Chunk]:
+    chunks = make_chunks(lease.document_id, lease.version_number, texts, GENERATION)
+    vectors = EMBEDDER.embed_sync([chunk.text for chunk in chunks])
+    await queue.complete(lease, in_transaction=sink.writer(lease, GENERATION, chunks, vectors))
+    return chunks
+
+
+async def write_beside(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink, lease: Lease, generation: IndexGeneration
+) -> None:
+    """The version's chunks under another generation, as a generation build writes them
+    (the sink's write in a transaction of its own; the lease is only its data)."""
+    chunks = make_chunks(lease.document_id, lease.version_number, ["beside"], generation)
+    async with pool.acquire() as conn, conn.transaction():
+        write = sink.writer(lease, generation, chunks, EMBEDDER.embed_sync(["beside"]))
+        await write(conn)
+
+
+async def chunk_versions(
+    pool: asyncpg.Pool[Any], document_id: uuid.UUID
+) -> dict[tuple[str, str], list[int]]:
+    """The document's chunk count per (model, strategy), as sorted version numbers."""
+    rows = await pool.fetch(
+        "SELECT embedding_model, chunking_strategy, version_number FROM knowledge_chunk"
+        " WHERE document_id = $1 ORDER BY 1, 2, 3",
+        document_id,
+    )
+    found: dict[tuple[str, str], list[int]] = {}
+    for row in rows:
+        key = (row["embedding_model"], row["chunking_strategy"])
+        found.setdefault(key, []).append(row["version_number"])
+    return found
+
+
+def generation_key(generation: IndexGeneration) -> tuple[str, str]:
+    return (generation.embedding_model, generation.chunking_strategy)
+
+
+@pytest.fixture
+async def sink(pool: asyncpg.Pool[Any]) -> PgVectorSink:
+    sink = PgVectorSink(pool)
+    for generation in (GENERATION, OTHER_STRATEGY, OTHER_MODEL):
+        await sink.ensure_generation(generation)
+    return sink
+
+
+async def test_a_switch_leaves_only_the_new_version_of_its_generation(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    v1 = await claim(queue, created.task_id)
+    await complete(queue, sink, v1, [*version_texts(1), "unchanged clause"])
+    # Two generations being built beside the served one hold v1 too.
+    await write_beside(pool, sink, v1, OTHER_STRATEGY)
+    await write_beside(pool, sink, v1, OTHER_MODEL)
+    assert await chunk_versions(pool, created.document_id) == {
+        generation_key(GENERATION): [1] * 13,
+        generation_key(OTHER_STRATEGY): [1],
+        generation_key(OTHER_MODEL): [1],
+    }
+
+    v2 = await claim(queue, await publish_version(pool, created, 2))
+    v2_chunks = await complete(queue, sink, v2, [*version_texts(2, 5), "unchanged clause"])
+
+    assert await chunk_versions(pool, created.document_id) == {
+        generation_key(GENERATION): [2] * 6,
+        generation_key(OTHER_STRATEGY): [1],
+        generation_key(OTHER_MODEL): [1],
+    }
+    current = await pool.fetchrow(
+        "SELECT version_number, chunk_count FROM document_search_version WHERE document_id = $1",
+        created.document_id,
+    )
+    assert current is not None
+    assert (current["version_number"], current["chunk_count"]) == (2, 6)
+    # Reuse by content digest reads the served version's rows.
+    unchanged = v2_chunks[-1].content_digest
+    known = await sink.known_embeddings(created.tenant_id, GENERATION, [unchanged])
+    assert set(known) == {unchanged}
+    # Nothing to say for `kb index check`.
+    assert await PgIndexCheck(pool).drift(created.tenant_id) == (1, [])
+
+
+async def test_a_version_finishing_after_a_newer_one_takes_nothing_newer_with_it(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    created = await create_task(pool)
+    v2_task = await publish_version(pool, created, 2)
+    queue = PgTaskQueue(pool)
+    claimed = await queue.claim("standard", "w", lease_seconds=LEASE, limit=2)
+    leases = {lease.version_number: lease for lease in claimed}
+    assert leases[2].task_id == v2_task
+    # v2 is served, then v1 finishes late: its pointer does not move, and its own chunks,
+    # which nothing will ever serve, go with it; v2's stay whole.
+    await complete(queue, sink, leases[2], version_texts(2, 3))
+    await write_beside(pool, sink, leases[1], OTHER_MODEL)
+    await complete(queue, sink, leases[1], version_texts(1, 4))
+    assert await chunk_versions(pool, created.document_id) == {
+        generation_key(GENERATION): [2, 2, 2],
+        generation_key(OTHER_MODEL): [1],
+    }
+    assert await PgIndexCheck(pool).drift(created.tenant_id) == (1, [])
+
+
+@pytest.mark.parametrize("first", [1, 2], ids=["v1-commits-first", "v2-commits-first"])
+async def test_racing_versions_of_one_document_leave_only_the_served_one(
+    settings: RuntimeSettings, sink: PgVectorSink, first: int
+) -> None:
+    """One version's transaction holds the pointer row when the other's reaches it; whichever
+    commits first, the other sees its chunks once it has the row, and only v2 is left."""
+    pool = await create_pool(settings, min_size=3, max_size=3)
+    try:
+        created = await create_task(pool)
+        await publish_version(pool, created, 2)
+        queue = PgTaskQueue(pool)
+        claimed = await queue.claim("standard", "w", lease_seconds=LEASE, limit=2)
+        leases = {lease.version_number: lease for lease in claimed}
+        holder, waiter = leases[first], leases[3 - first]
+        texts = {1: version_texts(1, 4), 2: version_texts(2, 3)}
+        holding, may_commit = asyncio.Event(), asyncio.Event()
+        hold_write = sink.writer(
+            holder,
+            GENERATION,
+            make_chunks(created.document_id, first, texts[first], GENERATION),
+            EMBEDDER.embed_sync(texts[first]),
+        )
+
+        async def paused_before_commit(conn: Transaction) -> None:
+            await hold_write(conn)
+            holding.set()
+            await may_commit.wait()
+
+        held = asyncio.create_task(queue.complete(holder, in_transaction=paused_before_commit))
+        racing: list[asyncio.Task[Any]] = [held]
+        try:
+            async with asyncio.timeout(30):
+                await holding.wait()
+            racing.append(asyncio.create_task(complete(queue, sink, waiter, texts[3 - first])))
+            await wait_until_blocked_on_a_lock(pool)
+        finally:
+            # Whatever failed above, no transaction is left waiting (the pool could not close).
+            may_commit.set()
+            await asyncio.gather(*racing)
+
+        assert await chunk_versions(pool, created.document_id) == {
+            generation_key(GENERATION): [2, 2, 2]
+        }
+        served = await pool.fetchval(
+            "SELECT version_number FROM document_search_version WHERE document_id = $1",
+            created.document_id,
+        )
+        assert served == 2
+    finally:
+        await pool.close()
+
+
+async def wait_until_blocked_on_a_lock(pool: asyncpg.Pool[Any]) -> None:
+    # The waiting transaction's progress is only visible from outside: wait (bounded) until
+    # a backend of this database waits for a lock.
+    async with asyncio.timeout(30):
+        while True:
+            blocked = await pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity"
+                "  WHERE datname = current_database() AND wait_event_type = 'Lock')"
+            )
+            if blocked:
+                return
+            await asyncio.sleep(0.02)
+
+
+class _PausedConnection:
+    """A real connection whose first statement (search's configure_search_transaction,
+    which takes the REPEATABLE READ snapshot) reports and then waits to be let go."""
+
+    def __init__(self, conn: Any, snapshot_taken: asyncio.Event, go_on: asyncio.Event) -> None:
+        self._conn = conn
+        self._snapshot_taken = snapshot_taken
+        self._go_on = go_on
+
+    async def execute(self, query: str, *args: Any) -> str:
+        status: str = await self._conn.execute(query, *args)
+        if not self._snapshot_taken.is_set():
+            self._snapshot_taken.set()
+            await self._go_on.wait()
+        return status
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class _PausingPool:
+    """Hands search its pool's connections, paused after their first statement."""
+
+    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
+        self._pool = pool
+        self.snapshot_taken = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    def acquire(self, *, timeout: float | None = None) -> AbstractAsyncContextManager[Any]:
+        return self._paused(timeout)
+
+    @asynccontextmanager
+    async def _paused(self, acquire_timeout: float | None) -> AsyncIterator[Any]:
+        async with self._pool.acquire(timeout=acquire_timeout) as conn:
+            yield _PausedConnection(conn, self.snapshot_taken, self.go_on)
+
+
+def searches() -> Iterator[tuple[SearchMode, VectorPath]]:
+    yield SearchMode.HYBRID, VectorPath.ANN
+    yield SearchMode.VECTOR, VectorPath.ANN
+    yield SearchMode.VECTOR, VectorPath.EXACT
+    yield SearchMode.KEYWORD, VectorPath.EXACT
+
+
+@pytest.mark.parametrize(("mode", "path"), list(searches()), ids=lambda v: str(v.value))
+async def test_a_search_whose_snapshot_predates_the_switch_still_reads_all_of_the_old_version(
+    pool: asyncpg.Pool[Any],
+    sink: PgVectorSink,
+    settings: RuntimeSettings,
+    mode: SearchMode,
+    path: VectorPath,
+) -> None:
+    created = await create_task(pool)
+    await pool.execute(
+        "INSERT INTO document_acl (tenant_id, document_id, principal, permission)"
+        " VALUES ($1, $2, 'group:all', 'READ')",
+        created.tenant_id,
+        created.document_id,
+    )
+    queue = PgTaskQueue(pool)
+    await complete(queue, sink, await claim(queue, created.task_id), version_texts(1))
+    v2 = await claim(queue, await publish_version(pool, created, 2))
+
+    paused = _PausingPool(pool)
+    search_settings = SearchSettings(
+        database_url=settings.database_url, search_exact_max_chunks=EXACT_MAX_CHUNKS[path]
+    )
+
+    def searcher(over: asyncpg.Pool[Any]) -> Searcher:
+        generation = Generation(EMBEDDER.model, EMBEDDER.dimension)
+        return Searcher(EMBEDDER, PgSearchIndex(over, generation, search_settings))
+
+    request = SearchRequest(
+        created.tenant_id, "refund clause", ("group:all",), top_k=100, mode=mode
+    )
+    # The search opens its transaction and takes its snapshot; v2 then switches and
+    # retires v1, and commits; only then does the search read.
+    in_flight = asyncio.create_task(searcher(cast("asyncpg.Pool[Any]", paused)).search(request))
+    try:
+        async with asyncio.timeout(30):
+            await paused.snapshot_taken.wait()
+        await complete(queue, sink, v2, version_texts(2, 5))
+        left = await chunk_versions(pool, created.document_id)
+    finally:
+        # Whatever failed above, the search's transaction ends (the pool could not close).
+        paused.go_on.set()
+        old = await in_flight
+    assert left == {generation_key(GENERATION): [2] * 5}  # v1 is gone, committed
+
+    assert sorted(hit.text for hit in old.results) == sorted(version_texts(1))
+    assert {hit.version_number for hit in old.results} == {1}
+    new = await searcher(pool).search(request)
+    assert sorted(hit.text for hit in new.results) == sorted(version_texts(2, 5))
+
+
+def long_markdown(version: int, sections: int = 30) -> bytes:
+    parts = [f"# Handbook v{version}"]
+    for n in range(sections):
+        # Most sections unchanged between versions, every third one rewritten.
+        edition = version if n % 3 == 0 else 0
+        body = " ".join(
+            f"Clause {n}.{k}: refunds for order class {k} take {n % 9 + 1 + edition} days."
+            for k in range(6)
+        )
+        parts.append(f"## Section {n}\n\n{body}")
+    return "\n\n".join(parts).encode()
+
+
+class _RecordingSink(PgVectorSink):
+    """The real sink, counting the completions that took the streamed path."""
+
+    streamed: int = 0
+
+    def stream_writer(self, lease: Lease, generation: IndexGeneration, chunk_count: int) -> Any:
+        self.streamed += 1
+        return super().stream_writer(lease, generation, chunk_count)
+
+
+async def test_the_streamed_completion_retires_the_older_version_too(
+    pool: asyncpg.Pool[Any], service_env: dict[str, str]
+) -> None:
+    clock = ManualClock(datetime.now(UTC))
+    created = await create_task(
+        pool, content=long_markdown(1), media_type=MARKDOWN, next_attempt_at=clock.now()
+    )
+    sink = _RecordingSink(pool, clock=clock)
+    indexer = PipelineIndexer(
+        PgVersionSource(pool),
+        ParsePool(inline=True),
+        EMBEDDER,
+        sink,
+        strategy=chunking_strategy(EMBEDDER, max_tokens=64),
+        batch_size=8,
+        # Small numbers, so a document of a hundred-odd chunks takes the streaming path.
+        slice_chunks=16,
+        stream_above_chunks=40,
+    )
+    generation = indexer.generation
+    await sink.ensure_generation(generation)
+    worker = Worker(
+        PgTaskQueue(pool, clock=clock),
+        indexer,
+        tier="standard",
+        owner="streamer",
+        policy=RetryPolicy(jitter=0),
+    )
+    assert await worker.run_once() is RunOnceResult.SUCCEEDED
+    v1_count = await pool.fetchval(
+        "SELECT chunk_count FROM document_search_version WHERE document_id = $1",
+        created.document_id,
+    )
+    assert v1_count > 40
+
+    await publish_version(pool, created, 2, long_markdown(2))
+    assert await worker.run_once() is RunOnceResult.SUCCEEDED
+    assert sink.streamed == 2
+
+    current = await pool.fetchrow(
+        "SELECT version_number, chunk_count FROM document_search_version WHERE document_id = $1",
+        created.document_id,
+    )
+    assert current is not None
+    assert current["version_number"] == 2
+    assert await chunk_versions(pool, created.document_id) == {
+        (generation.embedding_model, generation.chunking_strategy): [2] * current["chunk_count"]
+    }
+    assert await pool.fetchval("SELECT count(*) FROM knowledge_chunk_stream") == 0
+
+    # `kb index check`, as an operator runs it: green, nothing to report.
+    checked = await asyncio.to_thread(kb_index_check, service_env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout == ""
+    assert "1 documents, 0 drifted" in checked.stderr
+
+
+def kb_index_check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "index", "check"],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_the_delete_walks_the_primary_key_of_the_tenants_partition(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    created = await create_task(pool)
+    # A tenant partition with many documents' chunks and pointers, analysed, as in
+    # production.
+    others = [uuid.uuid4() for _ in range(2000)]
+    await pool.executemany(
+        "INSERT INTO document (tenant_id, document_id, title) VALUES ('acme', $1, 'other')",
+        [(document_id,) for document_id in others],
+    )
+    await pool.execute(
+        """
+        INSERT INTO document_version (tenant_id, document_id, version_number, content,
+                                      media_type, sha256, size_bytes, status)
+        SELECT 'acme', d, v, '', 'text/plain', sha256(''), 0, 'PUBLISHED'
+          FROM unnest($1::uuid[]) AS d, generate_series(1, 3) AS v
+        """,
+        others,
+    )
+    await pool.execute(
+        """
+        INSERT INTO knowledge_chunk (tenant_id, document_id, version_number, embedding_model,
+                                     chunking_strategy, chunk_id, ordinal, text,
+                                     content_digest, embedding_dimension, embedding)
+        SELECT 'acme', d, v, $2, $3, 'c' || n, n, 'text ' || n, sha256(n::text::bytea), 3,
+               '[1,2,3]'
+          FROM unnest($1::uuid[]) AS d, generate_series(1, 3) AS v, generate_series(0, 19) AS n
+        """,
+        others[:200],
+        GENERATION.embedding_model,
+        GENERATION.chunking_strategy,
+    )
+    await pool.execute(
+        """
+        INSERT INTO document_search_version (tenant_id, document_id, version_number,
+                                             embedding_model, chunking_strategy, chunk_count)
+        SELECT 'acme', d, 3, $2, $3, 20 FROM unnest($1::uuid[]) AS d
+        """,
+        others,
+        GENERATION.embedding_model,
+        GENERATION.chunking_strategy,
+    )
+    await pool.execute("ANALYZE knowledge_chunk, document_search_version")
+    partition = await pool.fetchval(
+        "SELECT tableoid::regclass::text FROM knowledge_chunk WHERE tenant_id = 'acme' LIMIT 1"
+    )
+    args = (
+        created.tenant_id,
+        created.document_id,
+        3,
+        GENERATION.embedding_model,
+        GENERATION.chunking_strategy,
+    )
+    for plan_cache_mode in ("force_custom_plan", "force_generic_plan"):
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
+            plan = json.loads(
+                await conn.fetchval(
+                    "EXPLAIN (FORMAT JSON) " + QUERIES["retire_superseded_chunks"], *args
+                )
+            )
+        scans = list(_plan_nodes(plan[0]["Plan"]))
+        chunk_scans = [
+            node
+            for node in scans
+            if node["Node Type"].endswith("Scan")
+            and node.get("Relation Name", "").startswith("knowledge_chunk")
+        ]
+        # Only the tenant's partition, through its primary key, bounded by the document and
+        # the version range; never a scan of the table.
+        assert [node["Relation Name"] for node in chunk_scans] == [partition], plan_cache_mode
+        [scan] = chunk_scans
+        assert scan["Node Type"] == "Index Scan", plan_cache_mode
+        assert scan["Index Name"] == f"{partition}_pkey", plan_cache_mode
+        condition = scan["Index Cond"]
+        for column in ("tenant_id", "document_id", "version_number", "embedding_model"):
+            assert column in condition, (plan_cache_mode, condition)
+        assert all(node["Node Type"] != "Seq Scan" for node in scans), plan_cache_mode
+
+
+def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _plan_nodes(child)
