@@ -13,6 +13,12 @@ SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),
        set_config('hnsw.ef_search', $1::integer::text, true),
        set_config('hnsw.max_scan_tuples', $2::integer::text, true);
 
+-- name: export_snapshot
+-- Hybrid search's snapshot, for the connection that reads its other list at the same time
+-- (search_pg: SET TRANSACTION SNAPSHOT, first in that connection's REPEATABLE READ
+-- transaction). Valid while this transaction lives.
+SELECT pg_export_snapshot()
+
 -- name: choose_vector_path
 -- The vector list's path (search_pg.VectorPath): ANN when the principals $2 may read more
 -- than $5 chunks of tenant $1's current search versions of model $3 (within the document

@@ -3,6 +3,9 @@ statement, in a short read-only transaction (the SQL is in ``search.sql``)."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+from collections.abc import Callable, Coroutine
 from enum import Enum
 from functools import cache
 from typing import Any, Final, TypeAlias
@@ -30,11 +33,18 @@ QUERIES = queries_beside(__file__, "search.sql")
 TEMPLATE_MODEL: Final = "search-template-model"
 TEMPLATE_DIMENSION: Final = 1
 _ALIASES: Final = ("s", "c")
+# How long hybrid search waits for a second connection before running its lists in turn.
+_SECOND_CONNECTION_WAIT_SECONDS: Final = 0.005
+_SNAPSHOT_ID: Final = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
 # keyword_terms' columns, in search_keyword_candidates' parameter order ($6..$10).
 _TERMS: Final = ("strict", "any_word", "rarest_word", "ranking", "lexemes")
 
 
 Connection: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]"
+
+
+# Reads one ranked list on a connection.
+ListReader: TypeAlias = Callable[[Connection], Coroutine[Any, Any, list[asyncpg.Record]]]
 
 
 class VectorPath(Enum):
@@ -172,63 +182,114 @@ class PgSearchIndex:
                 raise ValueError("a vector search needs the query's vector")
             vector = np.asarray(query_vector, dtype=np.float32).reshape(-1)
         flt = request.filter
-        settings = self._settings
-        ef_search = min(1000, max(settings.search_ef_search, request.depth))
-        cap = max(settings.search_keyword_candidates, request.depth)
+        # search.sql's $1 to $5, the same in both statements.
+        searchable = (
+            request.tenant_id,
+            list(request.principals),
+            list(flt.document_ids) if flt.document_ids is not None else None,
+            list(flt.heading_prefix) if flt.heading_prefix is not None else None,
+            request.depth,
+        )
+
+        async def keyword_list(conn: Connection) -> list[asyncpg.Record]:
+            return await self._keyword_list(conn, request, searchable)
+
+        async def vector_list(conn: Connection) -> list[asyncpg.Record]:
+            path = await self.vector_path(conn, request)
+            return await conn.fetch(self._vector_sql[path], *searchable, vector)
+
         with translate_db_errors():
             async with (
-                self._pool.acquire(timeout=settings.search_acquire_timeout_seconds) as conn,
+                self._pool.acquire(timeout=self._settings.search_acquire_timeout_seconds) as conn,
                 # One snapshot for both lists, taken by the first statement.
                 conn.transaction(readonly=True, isolation="repeatable_read"),
             ):
-                await conn.execute(
-                    QUERIES["configure_search_transaction"],
-                    ef_search,
-                    settings.search_max_scan_tuples,
-                )
-                # search.sql's $1 to $5, the same in both statements.
-                searchable = (
-                    request.tenant_id,
-                    list(request.principals),
-                    list(flt.document_ids) if flt.document_ids is not None else None,
-                    list(flt.heading_prefix) if flt.heading_prefix is not None else None,
-                    request.depth,
-                )
-                rows: list[asyncpg.Record] = []
-                if request.mode.uses_keyword:
-                    terms = await conn.fetchrow(
-                        QUERIES["keyword_terms"],
-                        request.tenant_id,
-                        request.query,
-                        cap,
-                        await self._tenant_partition(conn, request.tenant_id),
-                    )
-                    if terms is not None:  # an unknown tenant has nothing to match
-                        rows += await conn.fetch(
-                            self._keyword_sql,
-                            *searchable,
-                            *(terms[t] for t in _TERMS),
-                            cap,
-                        )
-                # After the keyword list: the ANN path's settings must not reach its plan.
-                if request.mode.uses_vector:
-                    path = await self.vector_path(conn, request)
-                    rows += await conn.fetch(self._vector_sql[path], *searchable, vector)
-        vector_list: list[Candidate] = []
-        keyword_list: list[Candidate] = []
-        for row in rows:
-            candidate = Candidate(
-                document_id=row["document_id"],
-                title=row["title"],
-                version_number=row["version_number"],
-                chunk_id=row["chunk_id"],
-                heading_path=tuple(row["heading_path"]),
-                text=row["text"],
-                rank=row["rank"],
-                score=float(row["score"]),
-                coverage=row["coverage"],
-            )
-            (vector_list if row["list"] == SearchMode.VECTOR.value else keyword_list).append(
-                candidate
-            )
-        return Candidates(vector=vector_list, keyword=keyword_list)
+                await self._configure(conn, request)
+                if request.mode is SearchMode.HYBRID:
+                    rows = await self._both_lists(conn, request, keyword_list, vector_list)
+                elif request.mode.uses_keyword:
+                    rows = await keyword_list(conn)
+                else:
+                    rows = await vector_list(conn)
+        return _candidates(rows)
+
+    async def _configure(self, conn: Connection, request: SearchRequest) -> None:
+        await conn.execute(
+            QUERIES["configure_search_transaction"],
+            min(1000, max(self._settings.search_ef_search, request.depth)),
+            self._settings.search_max_scan_tuples,
+        )
+
+    async def _keyword_list(
+        self, conn: Connection, request: SearchRequest, searchable: tuple[Any, ...]
+    ) -> list[asyncpg.Record]:
+        cap = max(self._settings.search_keyword_candidates, request.depth)
+        terms = await conn.fetchrow(
+            QUERIES["keyword_terms"],
+            request.tenant_id,
+            request.query,
+            cap,
+            await self._tenant_partition(conn, request.tenant_id),
+        )
+        if terms is None:  # an unknown tenant has nothing to match
+            return []
+        return await conn.fetch(self._keyword_sql, *searchable, *(terms[t] for t in _TERMS), cap)
+
+    async def _both_lists(
+        self,
+        conn: Connection,
+        request: SearchRequest,
+        keyword_list: ListReader,
+        vector_list: ListReader,
+    ) -> list[asyncpg.Record]:
+        """Hybrid: the two lists at once, on two connections sharing ``conn``'s snapshot
+        (exported, and imported by the second's transaction before anything else), so they
+        still see each document at one version. Without a free connection right away, in
+        turn on ``conn``: waiting for a second while holding the first could starve the
+        pool. The keyword list runs first there, before the ANN path's settings."""
+        snapshot = await conn.fetchval(QUERIES["export_snapshot"])
+        try:
+            second = await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
+        except TimeoutError:
+            return await keyword_list(conn) + await vector_list(conn)
+        try:
+            async with second.transaction(readonly=True, isolation="repeatable_read"):
+                await second.execute(import_snapshot_sql(snapshot))
+                await self._configure(second, request)
+                try:
+                    async with asyncio.TaskGroup() as group:
+                        keyword = group.create_task(keyword_list(conn))
+                        vector = group.create_task(vector_list(second))
+                except ExceptionGroup as failed:  # the first failure, as if run in turn
+                    raise failed.exceptions[0] from None
+                return keyword.result() + vector.result()
+        finally:
+            # Not the acquire's few milliseconds, which asyncpg would take for the reset.
+            await self._pool.release(second, timeout=self._settings.search_acquire_timeout_seconds)
+
+
+def import_snapshot_sql(snapshot: str) -> str:
+    """SET TRANSACTION SNAPSHOT takes no parameter; the id comes from pg_export_snapshot(),
+    and is checked to be one before it goes into the text."""
+    if not _SNAPSHOT_ID.fullmatch(snapshot):
+        raise ValueError(f"{snapshot!r} is not a snapshot id")
+    return f"SET TRANSACTION SNAPSHOT '{snapshot}'"
+
+
+def _candidates(rows: list[asyncpg.Record]) -> Candidates:
+    vector_list: list[Candidate] = []
+    keyword_list: list[Candidate] = []
+    for row in rows:
+        candidate = Candidate(
+            document_id=row["document_id"],
+            title=row["title"],
+            version_number=row["version_number"],
+            chunk_id=row["chunk_id"],
+            heading_path=tuple(row["heading_path"]),
+            text=row["text"],
+            rank=row["rank"],
+            score=float(row["score"]),
+            coverage=row["coverage"],
+        )
+        (vector_list if row["list"] == SearchMode.VECTOR.value else keyword_list).append(candidate)
+    return Candidates(vector=vector_list, keyword=keyword_list)

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -315,13 +315,37 @@ class _PausingPool:
         self.snapshot_taken = asyncio.Event()
         self.go_on = asyncio.Event()
 
-    def acquire(self, *, timeout: float | None = None) -> AbstractAsyncContextManager[Any]:
-        return self._paused(timeout)
+    def acquire(self, *, timeout: float | None = None) -> _Acquire:
+        return _Acquire(self, timeout)
+
+    async def release(self, conn: Any, *, timeout: float | None = None) -> None:  # noqa: ASYNC109 (asyncpg.Pool.release)
+        await self._pool.release(conn, timeout=timeout)
 
     @asynccontextmanager
-    async def _paused(self, acquire_timeout: float | None) -> AsyncIterator[Any]:
+    async def paused(self, acquire_timeout: float | None) -> AsyncIterator[Any]:
         async with self._pool.acquire(timeout=acquire_timeout) as conn:
             yield _PausedConnection(conn, self.snapshot_taken, self.go_on)
+
+
+class _Acquire:
+    """As asyncpg's acquire: ``async with`` (the search's connection, paused), or awaited
+    (hybrid's second connection, which imports the first one's snapshot: not paused)."""
+
+    def __init__(self, pool: _PausingPool, timeout: float | None) -> None:
+        self._pool = pool
+        self._timeout = timeout
+        self._paused: AbstractAsyncContextManager[Any] | None = None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._pool._pool.acquire(timeout=self._timeout).__await__()
+
+    async def __aenter__(self) -> Any:
+        self._paused = self._pool.paused(self._timeout)
+        return await self._paused.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._paused is not None
+        await self._paused.__aexit__(*exc)
 
 
 def searches() -> Iterator[tuple[SearchMode, VectorPath]]:

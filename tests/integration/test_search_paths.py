@@ -127,3 +127,40 @@ async def test_no_readable_chunk_is_the_exact_path_and_an_empty_list(
     candidates = await index.candidates(request, api.embedder.embed_sync(["refunds"])[0])
     assert candidates.vector == []
     assert candidates.keyword == []
+
+
+async def test_hybrid_reads_its_lists_on_one_connection_when_no_second_is_free(
+    api: SearchHarness, corpus: str, settings: RuntimeSettings
+) -> None:
+    # Hybrid reads its two lists at once on two connections sharing one snapshot; with the
+    # pool's only connection taken by the search itself, it reads them in turn instead of
+    # waiting for a second (which would never come).
+    from services.runtime.db import create_pool
+
+    pool = await create_pool(settings, min_size=1, max_size=1)
+    try:
+        generation = Generation(api.embedder.model, api.embedder.dimension)
+        single = PgSearchIndex(pool, generation, SearchSettings(database_url=settings.database_url))
+        wide = PgSearchIndex(
+            api.pool, generation, SearchSettings(database_url=settings.database_url)
+        )
+        request = SearchRequest("acme", "refunds policy", ("group:many",), 10, SearchMode.HYBRID)
+        vector = api.embedder.embed_sync(["refunds policy"])[0]
+        alone = await single.candidates(request, vector)
+        together = await wide.candidates(request, vector)
+    finally:
+        await pool.close()
+    assert alone == together
+    assert len(alone.vector) == 20
+    assert len(alone.keyword) == 20
+
+
+def test_only_a_snapshot_id_goes_into_the_import_statement() -> None:
+    from services.indexer.search_pg import import_snapshot_sql
+
+    assert import_snapshot_sql("00000003-0000001B-1") == (
+        "SET TRANSACTION SNAPSHOT '00000003-0000001B-1'"
+    )
+    for bad in ("", "1'; DROP TABLE tenant; --", "00000003-0000001B-1 ", "abc"):
+        with pytest.raises(ValueError, match="not a snapshot id"):
+            import_snapshot_sql(bad)
