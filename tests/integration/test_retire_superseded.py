@@ -8,7 +8,6 @@ same; and `kb index check` finds nothing to say about the result."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any, cast
 import asyncpg
 import pytest
 
-from services.indexer.chunking import Chunk, chunk_id_of
+from services.indexer.chunking import Chunk
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.index_check_pg import PgIndexCheck
 from services.indexer.parsing.pool import ParsePool
@@ -40,7 +39,8 @@ from services.runtime.transaction import Transaction
 from tests.support.clock import ManualClock
 from tests.support.search import EXACT_MAX_CHUNKS
 from tests.support.stack import REPO_ROOT
-from tests.support.tasks import CreatedTask, create_task
+from tests.support.tasks import create_task
+from tests.support.versions import make_chunks, publish_version
 
 pytestmark = pytest.mark.integration
 
@@ -52,60 +52,8 @@ OTHER_STRATEGY = IndexGeneration(EMBEDDER.model, EMBEDDER.dimension, "another-st
 OTHER_MODEL = IndexGeneration("other-model-64", EMBEDDER.dimension, GENERATION.chunking_strategy)
 
 
-def make_chunks(
-    document_id: uuid.UUID, version: int, texts: list[str], generation: IndexGeneration
-) -> list[Chunk]:
-    chunks = []
-    for ordinal, text in enumerate(texts):
-        path = ("Refunds",)
-        digest = hashlib.sha256(f"Refunds\n\n{text}".encode()).digest()
-        chunk_id = chunk_id_of(
-            document_id=document_id,
-            version_number=version,
-            strategy_id=generation.chunking_strategy,
-            ordinal=ordinal,
-            heading_path=path,
-            content_digest=digest,
-        )
-        chunks.append(Chunk(chunk_id, ordinal, path, text, digest))
-    return chunks
-
-
 def version_texts(version: int, count: int = 12) -> list[str]:
     return [f"refund clause {n} of version {version}" for n in range(count)]
-
-
-async def publish_version(
-    pool: asyncpg.Pool[Any], created: CreatedTask, version: int, content: bytes | None = None
-) -> uuid.UUID:
-    """Version ``version`` of the document, published, with its due index task."""
-    task_id = uuid.uuid4()
-    content = content if content is not None else f"refund policy v{version}".encode()
-    await pool.execute(
-        """
-        WITH version AS (
-            INSERT INTO document_version (tenant_id, document_id, version_number, content,
-                                          media_type, sha256, size_bytes, status, published_at)
-            VALUES ($1, $2, $3, $4, $9, $5, $6, 'PUBLISHED', now())
-        ), doc AS (
-            UPDATE document SET latest_version = $3, published_version = $3
-             WHERE tenant_id = $1 AND document_id = $2
-        )
-        INSERT INTO index_task (task_id, tenant_id, document_id, version_number, tier,
-                                next_attempt_at)
-        VALUES ($7, $1, $2, $3, $8, now() - interval '1 hour')
-        """,
-        created.tenant_id,
-        created.document_id,
-        version,
-        content,
-        hashlib.sha256(content).digest(),
-        len(content),
-        task_id,
-        created.tier,
-        MARKDOWN if content.startswith(b"#") else "text/plain",
-    )
-    return task_id
 
 
 async def claim(queue: PgTaskQueue, task_id: uuid.UUID, owner: str = "w") -> Lease:
@@ -117,7 +65,13 @@ async def claim(queue: PgTaskQueue, task_id: uuid.UUID, owner: str = "w") -> Lea
 async def complete(
     queue: PgTaskQueue, sink: PgVectorSink, lease: Lease, texts: list[str]
 ) -> list[Chunk]:
-    chunks = make_chunks(lease.document_id, lease.version_number, texts, GENERATION)
+    chunks = make_chunks(
+        lease.document_id,
+        lease.version_number,
+        texts,
+        GENERATION.chunking_strategy,
+        heading="Refunds",
+    )
     vectors = EMBEDDER.embed_sync([chunk.text for chunk in chunks])
     await queue.complete(lease, in_transaction=sink.writer(lease, GENERATION, chunks, vectors))
     return chunks
@@ -128,7 +82,13 @@ async def write_beside(
 ) -> None:
     """The version's chunks under another generation, as a generation build writes them
     (the sink's write in a transaction of its own; the lease is only its data)."""
-    chunks = make_chunks(lease.document_id, lease.version_number, ["beside"], generation)
+    chunks = make_chunks(
+        lease.document_id,
+        lease.version_number,
+        ["beside"],
+        generation.chunking_strategy,
+        heading="Refunds",
+    )
     async with pool.acquire() as conn, conn.transaction():
         write = sink.writer(lease, generation, chunks, EMBEDDER.embed_sync(["beside"]))
         await write(conn)
@@ -240,7 +200,13 @@ async def test_racing_versions_of_one_document_leave_only_the_served_one(
         hold_write = sink.writer(
             holder,
             GENERATION,
-            make_chunks(created.document_id, first, texts[first], GENERATION),
+            make_chunks(
+                created.document_id,
+                first,
+                texts[first],
+                GENERATION.chunking_strategy,
+                heading="Refunds",
+            ),
             EMBEDDER.embed_sync(texts[first]),
         )
 

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pytest
 
 from services.indexer.ann_index import model_predicate, partition_ann_index_name, vector_expression
-from services.indexer.chunking import Chunk, chunk_id_of
+from services.indexer.chunking import Chunk
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
 from services.indexer.task import Lease, TaskStatus
@@ -29,6 +29,7 @@ from services.runtime.errors import ConfigError, DatabaseBusy, LeaseLost
 from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
 from services.runtime.settings import RuntimeSettings
 from services.runtime.transaction import Transaction
+from tests.support import versions
 from tests.support.clock import ManualClock
 from tests.support.tasks import CreatedTask, create_task
 
@@ -46,20 +47,9 @@ class WorkerKilled(Exception):
 def make_chunks(
     document_id: uuid.UUID, version: int, texts: list[str], *, heading: str = "Refund policy"
 ) -> list[Chunk]:
-    chunks = []
-    for ordinal, text in enumerate(texts):
-        path = (heading,)
-        digest = hashlib.sha256(f"{heading}\n\n{text}".encode()).digest()
-        chunk_id = chunk_id_of(
-            document_id=document_id,
-            version_number=version,
-            strategy_id=GENERATION.chunking_strategy,
-            ordinal=ordinal,
-            heading_path=path,
-            content_digest=digest,
-        )
-        chunks.append(Chunk(chunk_id, ordinal, path, text, digest))
-    return chunks
+    return versions.make_chunks(
+        document_id, version, texts, GENERATION.chunking_strategy, heading=heading
+    )
 
 
 def unit_vectors(count: int, seed: int = 0) -> npt.NDArray[np.float32]:
@@ -70,32 +60,7 @@ def unit_vectors(count: int, seed: int = 0) -> npt.NDArray[np.float32]:
 
 async def add_version(pool: asyncpg.Pool[Any], created: CreatedTask, version: int) -> uuid.UUID:
     """Version ``version`` of the document, published, with its PENDING index task."""
-    task_id = uuid.uuid4()
-    content = f"refund policy v{version}".encode()
-    await pool.execute(
-        """
-        WITH version AS (
-            INSERT INTO document_version (tenant_id, document_id, version_number, content,
-                                          media_type, sha256, size_bytes, status, published_at)
-            VALUES ($1, $2, $3, $4, 'text/plain', $5, $6, 'PUBLISHED', now())
-        ), doc AS (
-            UPDATE document SET latest_version = $3, published_version = $3
-             WHERE tenant_id = $1 AND document_id = $2
-        )
-        INSERT INTO index_task (task_id, tenant_id, document_id, version_number, tier,
-                                next_attempt_at)
-        VALUES ($7, $1, $2, $3, $8, now() - interval '1 hour')
-        """,
-        created.tenant_id,
-        created.document_id,
-        version,
-        content,
-        hashlib.sha256(content).digest(),
-        len(content),
-        task_id,
-        created.tier,
-    )
-    return task_id
+    return await versions.publish_version(pool, created, version)
 
 
 async def claim_task(queue: PgTaskQueue, task_id: uuid.UUID, owner: str = "w1") -> Lease:
