@@ -38,12 +38,8 @@ from bench.search_scale_single import (
 )
 from services.indexer.ann_index import model_predicate, vector_expression
 from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import (
-    TEMPLATE_DIMENSION,
-    TEMPLATE_MODEL,
-    PgSearchIndex,
-    SearchSettings,
-)
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import TEMPLATE_DIMENSION, TEMPLATE_MODEL, SearchSettings
 from services.runtime.db import create_pool
 from services.runtime.sql import parse_queries
 

@@ -39,6 +39,7 @@ import time
 
 from bench.search_scale_corpus import build_corpus
 from bench.search_scale_load import (
+    build_tenant_graphs,
     corpus_identity,
     load,
     reusable,
@@ -78,6 +79,14 @@ async def run(args: argparse.Namespace) -> int:
             log=log,
         )
         log(f"{database} loaded and indexed in {time.perf_counter() - started:.0f}s")
+    if args.tenant_graph_min_chunks > 0:
+        await build_tenant_graphs(
+            url,
+            MODEL,
+            min_chunks=args.tenant_graph_min_chunks,
+            maintenance_work_mem=mwm,
+            log=log,
+        )
     if args.load_only:
         return 0
     from bench.search_scale_measure import measure
@@ -99,6 +108,12 @@ def main() -> None:
     parser.add_argument("--maintenance-work-mem", help="for the index builds (1GB; 4GB at 1M)")
     parser.add_argument("--parallel-workers", type=int, default=2)
     parser.add_argument("--no-http", action="store_true", help="skip the kb serve rows")
+    parser.add_argument(
+        "--tenant-graph-min-chunks",
+        type=int,
+        default=5000,
+        help="tenants with at least this many chunks get their own HNSW graph (0: none)",
+    )
     sys.exit(asyncio.run(run(parser.parse_args())))
 
 

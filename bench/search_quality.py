@@ -65,7 +65,8 @@ from services.indexer.search import (
     SearchRequest,
     rank_results,
 )
-from services.indexer.search_pg import PgSearchIndex, SearchSettings
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import SearchSettings
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.runtime.db import create_pool
 from services.runtime.migrations import apply_migrations

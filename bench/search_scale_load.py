@@ -35,6 +35,7 @@ from bench.search_scale_corpus import (
 )
 from services.indexer.ann_index import ann_index_name, build_ann_index_sql
 from services.indexer.sink_pgvector import QUERIES as SINK_QUERIES
+from services.indexer.tenant_graphs import PgTenantGraphs
 from services.runtime.migrations import apply_migrations
 from services.runtime.tenant_auth import hash_api_key
 
@@ -336,3 +337,32 @@ def _document_start(corpus: Corpus, d: int, i: int) -> int:
     while i > 0 and int(corpus.chunk_document[i - 1]) == d:
         i -= 1
     return i
+
+
+async def build_tenant_graphs(
+    url: str, model: str, *, min_chunks: int, maintenance_work_mem: str, log: Any = print
+) -> None:
+    """Each large tenant's own graph, as `kb indexer run` builds them (CONCURRENTLY, one
+    tenant at a time); records the time and size when it built any (a reused database keeps
+    its first figures)."""
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
+    try:
+        started = time.perf_counter()
+        graphs = PgTenantGraphs(
+            pool, min_chunks=min_chunks, index_build_memory=maintenance_work_mem
+        )
+        built = await graphs.ensure(model, DIMENSION)
+        if built:
+            seconds = time.perf_counter() - started
+            log(f"{len(built)} tenant graphs built, {seconds:.0f}s")
+            async with pool.acquire() as conn:
+                await _record(conn, "tenant_graphs_build_s", seconds)
+                size = await conn.fetchrow(
+                    "SELECT count(*) AS graphs, coalesce(sum(pg_relation_size(c.oid)), 0)::bigint"
+                    " AS bytes FROM pg_class c WHERE c.relkind = 'i' AND c.relname LIKE $1",
+                    ann_index_name(model) + "\\_t%",
+                )
+                assert size is not None
+                await _record(conn, "tenant_graphs", dict(size) | {"min_chunks": min_chunks})
+    finally:
+        await pool.close()

@@ -37,7 +37,8 @@ from services.indexer.search import (
     SearchRequest,
     rank_results,
 )
-from services.indexer.search_pg import QUERIES, PgSearchIndex, SearchSettings, VectorPath
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.runtime.db import create_pool
 
@@ -422,6 +423,17 @@ def report(
         f" Per million chunks: HNSW build {facts['hnsw_build_s'] * per_million / 60:.1f} min,"
         f" HNSW {_mib(sizes['hnsw'] * per_million)}, GIN {_mib(sizes['gin'] * per_million)}."
     )
+    graphs = facts.get("tenant_graphs")
+    if graphs:
+        print()
+        print(
+            f"Tenant graphs (tenants of at least {graphs['min_chunks']:,} chunks):"
+            f" {graphs['graphs']} built in {facts['tenant_graphs_build_s']:.0f} s"
+            " (CREATE INDEX CONCURRENTLY, one at a time),"
+            f" {_mib(graphs['bytes'])}; per million chunks"
+            f" {facts['tenant_graphs_build_s'] * per_million / 60:.1f} min,"
+            f" {_mib(graphs['bytes'] * per_million)}."
+        )
     print()
     plain = {r.concurrency: r for r in rows if r.name == PLAIN_TENANT}
     print(

@@ -41,7 +41,8 @@ from pgvector.asyncpg import register_vector
 
 from services.indexer.ann_index import model_predicate, vector_expression
 from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex, SearchSettings
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import SearchSettings
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.runtime.db import create_pool
 from services.runtime.migrations import apply_migrations

@@ -19,7 +19,8 @@ from fastapi import FastAPI
 from services.indexer.embedding.settings import EmbeddingSettings, load_embedding_settings
 from services.indexer.search import Generation, Searcher
 from services.indexer.search_api import search_router
-from services.indexer.search_pg import PgSearchIndex, SearchSettings
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import SearchSettings
 from services.operator.context import OperatorContext, build_operator_context
 from services.operator.routes import mount_operator
 from services.operator.settings import OperatorSettings

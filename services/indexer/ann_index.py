@@ -9,6 +9,9 @@ index identity), so each model gets its own partial expression index:
 
 ``knowledge_chunk`` is partitioned by tenant (migrations/0014): the index is a partitioned
 index, one HNSW graph per partition, built partition by partition (``build_ann_index_sql``).
+A large tenant also gets a graph of its own (``create_tenant_ann_index_sql``): the same
+expression on its partition, the predicate narrowed to the tenant, which a query of that
+tenant (the tenant a literal in its custom plan) prefers, being the smaller index.
 
 A query uses that index only when it orders by the very same expression and its WHERE
 implies the very same predicate, written as a literal: with a bind parameter a generic plan
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+
+from services.runtime.tenant_ids import TENANT_ID_PATTERN
 
 _SAFE_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 
@@ -118,3 +123,41 @@ def build_ann_index_sql(
         )
         statements.append(attach_partition_ann_index_sql(model, partition))
     return statements
+
+
+_SAFE_TENANT = re.compile(TENANT_ID_PATTERN)
+
+
+def check_tenant_name(tenant_id: str) -> str:
+    if not _SAFE_TENANT.match(tenant_id):
+        raise ValueError(f"{tenant_id!r} is not a tenant id")
+    return tenant_id
+
+
+def tenant_ann_index_name(model: str, tenant_id: str) -> str:
+    """A tenant's own graph of the model: the model's index name and a digest of the tenant
+    (a tenant id may be longer than an identifier has room for)."""
+    digest = hashlib.sha256(check_tenant_name(tenant_id).encode()).hexdigest()[:16]
+    return f"{ann_index_name(model)}_t{digest}"
+
+
+def tenant_predicate(model: str, tenant_id: str) -> str:
+    # Tenant ids are [a-z0-9-]: the literal needs no escaping.
+    return f"{model_predicate(model)} AND tenant_id = '{check_tenant_name(tenant_id)}'"
+
+
+def create_tenant_ann_index_sql(model: str, dimension: int, partition: str, tenant_id: str) -> str:
+    """A tenant's own HNSW graph, on the partition holding it, built without blocking writes
+    (outside a transaction). Not part of the model's partitioned index: a partial index on
+    one partition, which the tenant's searches use because its predicate holds for them."""
+    return (
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {tenant_ann_index_name(model, tenant_id)}"
+        f" ON {check_partition_name(partition)}"
+        f" USING hnsw ({vector_expression(dimension)} vector_cosine_ops)"
+        f" WHERE {tenant_predicate(model, tenant_id)}"
+    )
+
+
+def drop_tenant_ann_index_sql(model: str, tenant_id: str) -> str:
+    """Drops a tenant's graph (an INVALID leftover of an interrupted build)."""
+    return f"DROP INDEX CONCURRENTLY IF EXISTS {tenant_ann_index_name(model, tenant_id)}"

@@ -1,8 +1,12 @@
-"""`kb index check [--tenant T] [--repair]`.
+"""`kb index check [--tenant T] [--repair]`, `kb index tenant-graphs [--min-chunks N]`.
 
-stdout: one line per drift, naming the document (and, with --repair, what was done);
-stderr: the summary. Exit 0 when nothing drifted (or every drift was repaired), 1 when a
-drift is left, 2 on bad input.
+check -- stdout: one line per drift, naming the document (and, with --repair, what was
+done); stderr: the summary. Exit 0 when nothing drifted (or every drift was repaired), 1 when
+a drift is left, 2 on bad input.
+
+tenant-graphs -- stdout: one line per graph built; stderr: the summary. Exit 0 when every
+large tenant of every registered model has its graph, 1 when another process was building
+them (run it again later).
 """
 
 from __future__ import annotations
@@ -80,6 +84,55 @@ def check(
             err=True,
         )
         return left == 0
+
+    from services.indexer.cli import with_pool
+
+    if not with_pool(settings, 1, _work):
+        raise typer.Exit(cli_support.EXIT_FAILURE)
+
+
+@index_app.command("tenant-graphs")
+def tenant_graphs(
+    min_chunks: int | None = typer.Option(
+        None,
+        "--min-chunks",
+        min=1,
+        help="Tenants of at least this many chunks (default KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS).",
+    ),
+) -> None:
+    """Build the HNSW graph of each tenant large enough to have its own, for every
+    registered model, now (`kb indexer run` does it every
+    KB_INDEXER_TENANT_GRAPH_CHECK_SECONDS): after a bulk load, say."""
+    from services.indexer.cli import load_settings
+
+    from services.runtime.logging import configure_logging
+
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format, service="indexer")
+    threshold = min_chunks if min_chunks is not None else settings.indexer_tenant_graph_min_chunks
+
+    async def _work(pool: asyncpg.Pool[Any]) -> bool:
+        from services.indexer.sink_pgvector import PgVectorSink
+        from services.indexer.tenant_graphs import PgTenantGraphs
+
+        graphs = PgTenantGraphs(
+            pool, min_chunks=threshold, index_build_memory=settings.indexer_index_build_memory
+        )
+        done = True
+        models = {
+            g.generation.embedding_model: g.generation
+            for g in await PgVectorSink(pool).generations()
+        }
+        for model, generation in models.items():
+            built = await graphs.ensure(model, generation.dimension)
+            if built is None:
+                typer.echo(f"tenant graphs of {model}: another process is building them", err=True)
+                done = False
+                continue
+            for tenant in built:
+                typer.echo(f"built  {model}  {tenant}")
+            typer.echo(f"tenant graphs of {model}: {len(built)} built", err=True)
+        return done
 
     from services.indexer.cli import with_pool
 

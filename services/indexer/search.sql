@@ -1,4 +1,4 @@
--- Search over the index (services/indexer/search_pg.py).
+-- Search over the index (services/indexer/search_pg.py; specialised by search_sql.py).
 
 -- name: configure_search_transaction
 -- Run first in search's short read-only REPEATABLE READ transaction (its snapshot, taken
@@ -20,9 +20,10 @@ SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),
 SELECT pg_export_snapshot()
 
 -- name: choose_vector_path
--- The vector list's path (search_pg.VectorPath): ANN when the principals $2 may read more
+-- The vector list's path (search_sql.VectorPath): ANN when the principals $2 may read more
 -- than $5 chunks of tenant $1's current search versions of model $3 (within the document
--- ids filter $4), else EXACT. It reads the readable documents' chunk counts (written by each
+-- ids filter $4), else EXACT; and whether the ANN path walks the tenant's own graph ($6, $7
+-- below). It reads the readable documents' chunk counts (written by each
 -- switch) only until their running sum passes $5 -- the window emits row by row, and EXISTS
 -- stops at the first row over -- so a principal who may read the whole tenant costs
 -- $5 / (chunks per document) pointer rows, not the tenant's.
@@ -34,11 +35,13 @@ SELECT pg_export_snapshot()
 -- chunks than walk the graph; with sorting disabled, the plan without a disabled node --
 -- the HNSW index's order -- wins. Every other sort of the search statement (the keyword
 -- list's ranking, the fusion's order) is in every plan alike, so it changes nothing there.
--- Hash and merge joins go off with it: the graph yields a few dozen candidates (a few
--- hundred when the principals read a small part of the tenant), and probing each one's
--- pointer and ACL rows by primary key costs microseconds, where hashing the tenant's
--- readable documents first costs milliseconds.
-WITH readable AS MATERIALIZED (  -- read twice below, run once
+-- Hash and merge joins go off with it, and materializing: the graph yields a few dozen
+-- candidates (a few hundred when the principals read a small part of the tenant), and
+-- probing each one's pointer and ACL rows by index costs microseconds, where collecting the
+-- tenant's readable documents first costs milliseconds -- and, estimated at a dozen when
+-- they are a thousand, a materialized list of them was scanned again for every candidate
+-- (1M bench, whole tenant: 20 ms instead of 13).
+WITH readable AS MATERIALIZED (  -- read several times below, run once
     SELECT EXISTS (
         SELECT 1
           FROM (SELECT sum(coalesce(s.chunk_count, 0)) OVER (ROWS UNBOUNDED PRECEDING) AS running
@@ -54,15 +57,35 @@ WITH readable AS MATERIALIZED (  -- read twice below, run once
                             AND a.permission = 'READ'
                             AND a.principal = ANY ($2::text[]))) r
          WHERE r.running > $5) AS many
+),
+-- The tenant's own graph ($6, services/indexer/tenant_graphs.py), when it has one, valid:
+-- the planner walks it rather than its partition's (the smaller index), and it reaches the
+-- same recall with a smaller candidate list ($7 instead of the transaction's ef_search).
+tenant_graph AS MATERIALIZED (
+    SELECT EXISTS (
+        SELECT 1
+          FROM pg_class c
+          JOIN pg_index i ON i.indexrelid = c.oid
+         WHERE c.relname = $6::text
+           AND c.relnamespace = (SELECT k.relnamespace
+                                   FROM pg_class k
+                                  WHERE k.oid = 'knowledge_chunk'::regclass)
+           AND i.indisvalid) AS valid
 )
 SELECT CASE WHEN r.many THEN 'ann' ELSE 'exact' END AS path,
+       g.valid AS tenant_graph,
+       CASE WHEN r.many AND g.valid
+            THEN set_config('hnsw.ef_search', $7::integer::text, true)
+       END AS ef_search,
        set_config('enable_sort', CASE WHEN r.many THEN 'off' ELSE 'on' END, true) AS enable_sort,
        set_config('enable_hashjoin', CASE WHEN r.many THEN 'off' ELSE 'on' END, true)
            AS enable_hashjoin,
        set_config('enable_mergejoin', CASE WHEN r.many THEN 'off' ELSE 'on' END, true)
            AS enable_mergejoin,
+       set_config('enable_material', CASE WHEN r.many THEN 'off' ELSE 'on' END, true)
+           AS enable_material,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode
-  FROM readable r
+  FROM readable r, tenant_graph g
 
 -- name: searchable_chunks
 -- The chunks principals $2 may search in tenant $1 -- the current search version's, READ by
@@ -104,7 +127,7 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
 --
 -- Written for the ANN path: ordered by the model's HNSW expression, which only the tenant
 -- partition's part of the model's index serves (search_pg's custom plans see the tenant as
--- a value and prune to its partition, migrations/0014). search_pg derives the exact path
+-- a value and prune to its partition, migrations/0014). search_sql derives the exact path
 -- from this text by ordering by the bare column instead, which no index serves: every
 -- readable chunk is then ranked, recall 1 -- what it does when the principals may read few
 -- enough chunks that ranking them all is cheaper than walking the graph past the others.
@@ -124,7 +147,7 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
 -- search running across a search-pointer switch sees each document at its old or its new
 -- version, never both.
 --
--- This text is a template (search_pg.TEMPLATE_MODEL), as vector_list is.
+-- This text is a template (search_sql.TEMPLATE_MODEL), as vector_list is.
 --
 -- $1 tenant, $2 principals, $3 document ids filter (NULL: all), $4 heading path prefix
 -- (NULL: all), $5 depth of the list; from keyword_terms: $6 strict, $7 any_word, $8

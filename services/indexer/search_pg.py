@@ -1,20 +1,17 @@
-"""The search index on PostgreSQL: pgvector HNSW and full-text candidate lists in one
-statement, in a short read-only transaction (the SQL is in ``search.sql``)."""
+"""The search index on PostgreSQL: the vector and full-text candidate lists, read in one
+short read-only REPEATABLE READ transaction (the statements: ``search_sql``)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 from collections.abc import Callable, Coroutine
-from enum import Enum
-from functools import cache
 from typing import Any, Final, TypeAlias
 
 import asyncpg
 import numpy as np
-from pydantic import Field
 
-from services.indexer.ann_index import model_predicate, vector_expression
+from services.indexer.ann_index import tenant_ann_index_name
 from services.indexer.embedding.port import Vectors
 from services.indexer.search import (
     Candidate,
@@ -23,16 +20,16 @@ from services.indexer.search import (
     SearchMode,
     SearchRequest,
 )
+from services.indexer.search_sql import (
+    KEYWORD_STATEMENT,
+    QUERIES,
+    VECTOR_STATEMENT,
+    SearchSettings,
+    VectorPath,
+    specialised_search_sql,
+)
 from services.runtime.db import translate_db_errors
-from services.runtime.settings import RuntimeSettings
-from services.runtime.sql import queries_beside
 
-QUERIES = queries_beside(__file__, "search.sql")
-
-# What search.sql is written for; replaced by the real model's predicate and expression.
-TEMPLATE_MODEL: Final = "search-template-model"
-TEMPLATE_DIMENSION: Final = 1
-_ALIASES: Final = ("s", "c")
 # How long hybrid search waits for a second connection before running its lists in turn.
 _SECOND_CONNECTION_WAIT_SECONDS: Final = 0.005
 _SNAPSHOT_ID: Final = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
@@ -45,78 +42,6 @@ Connection: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionPr
 
 # Reads one ranked list on a connection.
 ListReader: TypeAlias = Callable[[Connection], Coroutine[Any, Any, list[asyncpg.Record]]]
-
-
-class VectorPath(Enum):
-    """How the vector list finds the nearest readable chunks (search.sql: vector_list)."""
-
-    # Walk the tenant partition's HNSW graph, filters probed per candidate, iterating.
-    ANN = "ann"
-    # Rank every chunk the principals may read: exact, and cheap while they are few.
-    EXACT = "exact"
-
-
-class SearchSettings(RuntimeSettings):
-    # HNSW candidate list size: recall against latency. Each search uses at least its depth.
-    # 600: recall@10 0.958 against the exact answer on the 1M-chunk bench (400: 0.93; 100:
-    # 0.86), at ~13 ms for the graph walk there (BENCHMARKS.md). Only the ANN path uses it.
-    search_ef_search: int = Field(default=600, ge=10, le=1000)
-    # How many index tuples an iterative scan may visit before it gives up: bounds the cost
-    # of a search whose principals may read only a sliver of the tenant.
-    search_max_scan_tuples: int = Field(default=20_000, ge=1_000, le=10_000_000)
-    # Principals who may read at most this many chunks of the tenant (current versions) get
-    # them all ranked exactly (recall 1); more go through the tenant partition's HNSW index.
-    # 0: always the index. Ranking costs ~3 us a chunk (the vector is in the row): 5,000
-    # chunks take about what the graph walk takes (bench/search_latency.py, BENCHMARKS.md).
-    search_exact_max_chunks: int = Field(default=5_000, ge=0, le=10_000_000)
-    # How many chunks matching the query's words the keyword list ranks at most, of each
-    # kind (all words; any of the rarer words): bounds a keyword search's cost whatever the
-    # query, at the price of ranking only that many of the matches of very common words.
-    # A search ranks at least its depth.
-    search_keyword_candidates: int = Field(default=250, ge=10, le=100_000)
-    # How long a search waits for a connection before answering 503.
-    search_acquire_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
-
-
-VECTOR_STATEMENT: Final = "search_vector_candidates"
-KEYWORD_STATEMENT: Final = "search_keyword_candidates"
-
-
-@cache
-def specialised_search_sql(
-    model: str,
-    dimension: int,
-    name: str = VECTOR_STATEMENT,
-    path: VectorPath = VectorPath.ANN,
-) -> str:
-    """A search statement with the model's predicate and vector expression as literals,
-    built from ann_index (which admits only safe model names), never from user input; one
-    text per model and path, so the server can cache its plan shape. The exact path orders
-    by the bare column, which no index serves."""
-    sql = QUERIES[name]
-    replacements = [
-        (
-            model_predicate(TEMPLATE_MODEL, f"{alias}.embedding_model"),
-            model_predicate(model, f"{alias}.embedding_model"),
-        )
-        for alias in _ALIASES
-    ]
-    if name == VECTOR_STATEMENT:
-        expression = vector_expression(TEMPLATE_DIMENSION, "c.embedding")
-        exact = "c.embedding"
-        replacements.append(
-            (
-                expression,
-                vector_expression(dimension, "c.embedding") if path is VectorPath.ANN else exact,
-            )
-        )
-    for template, replacement in replacements:
-        if template not in sql:
-            raise AssertionError(f"search.sql lost its template expression {template!r}")
-        sql = sql.replace(template, replacement)
-    if TEMPLATE_MODEL in sql:
-        raise AssertionError("search.sql names the template model outside a model predicate")
-    return sql
 
 
 class PgSearchIndex:
@@ -164,6 +89,8 @@ class PgSearchIndex:
             self._generation.embedding_model,
             list(flt.document_ids) if flt.document_ids is not None else None,
             self._settings.search_exact_max_chunks,
+            self._tenant_graph(request.tenant_id),
+            self._ef_search(self._settings.search_tenant_graph_ef_search, request),
         )
         return VectorPath(path)
 
@@ -213,10 +140,22 @@ class PgSearchIndex:
                     rows = await vector_list(conn)
         return _candidates(rows)
 
+    def _tenant_graph(self, tenant_id: str) -> str | None:
+        """The name the tenant's own graph has if it has one (tenant_graphs)."""
+        try:
+            return tenant_ann_index_name(self._generation.embedding_model, tenant_id)
+        except ValueError:  # not a tenant id the publisher admits: it has no graph
+            return None
+
+    @staticmethod
+    def _ef_search(setting: int, request: SearchRequest) -> int:
+        """At least the list's depth: an HNSW scan yields at most ef_search rows."""
+        return min(1000, max(setting, request.depth))
+
     async def _configure(self, conn: Connection, request: SearchRequest) -> None:
         await conn.execute(
             QUERIES["configure_search_transaction"],
-            min(1000, max(self._settings.search_ef_search, request.depth)),
+            self._ef_search(self._settings.search_ef_search, request),
             self._settings.search_max_scan_tuples,
         )
 
@@ -244,25 +183,40 @@ class PgSearchIndex:
     ) -> list[asyncpg.Record]:
         """Hybrid: the two lists at once, on two connections sharing ``conn``'s snapshot
         (exported, and imported by the second's transaction before anything else), so they
-        still see each document at one version. Without a free connection right away, in
-        turn on ``conn``: waiting for a second while holding the first could starve the
-        pool. The keyword list runs first there, before the ANN path's settings."""
+        still see each document at one version. The keyword list starts on ``conn`` at once,
+        while the second connection is fetched and set up."""
         snapshot = await conn.fetchval(QUERIES["export_snapshot"])
+        try:
+            async with asyncio.TaskGroup() as group:
+                keyword = group.create_task(keyword_list(conn))
+                vector = group.create_task(
+                    self._vector_list_beside(conn, keyword, snapshot, request, vector_list)
+                )
+        except ExceptionGroup as failed:  # the first failure, as if run in turn
+            raise failed.exceptions[0] from None
+        return keyword.result() + vector.result()
+
+    async def _vector_list_beside(
+        self,
+        conn: Connection,
+        keyword: asyncio.Task[list[asyncpg.Record]],
+        snapshot: str,
+        request: SearchRequest,
+        vector_list: ListReader,
+    ) -> list[asyncpg.Record]:
+        """The vector list on a second connection in ``snapshot``; without a free one right
+        away, on ``conn`` once the keyword list is done with it: waiting for a second while
+        holding the first could starve the pool."""
         try:
             second = await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
         except TimeoutError:
-            return await keyword_list(conn) + await vector_list(conn)
+            await asyncio.wait([keyword])  # its failure is the TaskGroup's to raise
+            return await vector_list(conn)
         try:
             async with second.transaction(readonly=True, isolation="repeatable_read"):
                 await second.execute(import_snapshot_sql(snapshot))
                 await self._configure(second, request)
-                try:
-                    async with asyncio.TaskGroup() as group:
-                        keyword = group.create_task(keyword_list(conn))
-                        vector = group.create_task(vector_list(second))
-                except ExceptionGroup as failed:  # the first failure, as if run in turn
-                    raise failed.exceptions[0] from None
-                return keyword.result() + vector.result()
+                return await vector_list(second)
         finally:
             # Not the acquire's few milliseconds, which asyncpg would take for the reset.
             await self._pool.release(second, timeout=self._settings.search_acquire_timeout_seconds)

@@ -65,6 +65,12 @@ class IndexerSettings(RuntimeSettings):
     # maintenance_work_mem of an HNSW build over existing rows (a rebuild): the graph must fit
     # or the build crawls (a PostgreSQL size: 512MB, 1GB, ...).
     indexer_index_build_memory: str = Field(default="1GB", pattern=r"^[0-9]+ ?(kB|MB|GB|TB)$")
+    # A tenant whose current versions hold at least this many chunks of the model gets an
+    # HNSW graph of its own (services/indexer/tenant_graphs.py); 0: none. Below
+    # KB_SEARCH_EXACT_MAX_CHUNKS search ranks every readable chunk anyway.
+    indexer_tenant_graph_min_chunks: int = Field(default=5_000, ge=0)
+    # How often `kb indexer run` looks for tenants that have grown past it.
+    indexer_tenant_graph_check_seconds: float = Field(default=300.0, gt=0)
     # Wall time one document's parse + chunk may take (DOCUMENT_PARSE_TIMEOUT beyond it).
     indexer_parse_budget_seconds: float = Field(default=120.0, gt=0)
     # Processes parsing documents; by default one per slot, at most one per CPU.

@@ -25,9 +25,10 @@ from services.indexer.pipeline import PipelineIndexer, chunking_strategy
 from services.indexer.ports import DocumentVersionIndexer
 from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
 from services.indexer.settings import IndexerSettings
-from services.indexer.sink_pgvector import PgVectorSink
+from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.indexer.source_pg import PgVersionSource
 from services.indexer.task import RetryPolicy
+from services.indexer.tenant_graphs import PgTenantGraphs
 from services.indexer.worker import RunOnceResult, Worker
 from services.runtime.cli_support import run_async
 from services.runtime.db import create_pool
@@ -122,7 +123,7 @@ def with_worker(
     settings: IndexerSettings,
     tier: str,
     concurrency: int,
-    work: Callable[[Worker, asyncpg.Pool[Any]], Awaitable[T]],
+    work: Callable[[Worker, asyncpg.Pool[Any], IndexGeneration], Awaitable[T]],
     *,
     wrap: WrapIndexer | None = None,
     observer: WorkerMetrics | None = None,
@@ -137,15 +138,16 @@ def with_worker(
             stack.push_async_callback(pool.close)
             beats = await open_pool(settings, settings.indexer_heartbeat_pool_size)
             stack.push_async_callback(beats.close)
-            indexer: DocumentVersionIndexer = await stack.enter_async_context(
+            pipeline = await stack.enter_async_context(
                 pipeline_indexer(settings, pool, slots=concurrency)
             )
+            indexer: DocumentVersionIndexer = pipeline
             if wrap is not None:
                 indexer = wrap(indexer)
             worker = build_worker(
                 settings, pool, indexer, tier, concurrency, heartbeat_pool=beats, observer=observer
             )
-            return await work(worker, pool)
+            return await work(worker, pool, pipeline.generation)
 
     return run_async(_run())
 
@@ -170,7 +172,7 @@ def run_workers(
         log.info("metrics.serving", host=settings.indexer_metrics_host, port=port)
     observer = WorkerMetrics(tier)
 
-    async def _work(worker: Worker, pool: asyncpg.Pool[Any]) -> None:
+    async def _work(worker: Worker, pool: asyncpg.Pool[Any], generation: IndexGeneration) -> None:
         sampler = QueueGaugeSampler(
             pool,
             [tier],
@@ -180,8 +182,23 @@ def run_workers(
         )
         hint_metrics = HintMetrics(tier)
 
+        tenant_graphs = PgTenantGraphs(
+            pool,
+            min_chunks=settings.indexer_tenant_graph_min_chunks,
+            index_build_memory=settings.indexer_index_build_memory,
+        )
+
         async def main(stop: asyncio.Event) -> None:
-            jobs = [worker.run(stop), sampler.run(stop)]
+            jobs = [
+                worker.run(stop),
+                sampler.run(stop),
+                tenant_graphs.run(
+                    stop,
+                    generation.embedding_model,
+                    generation.dimension,
+                    interval_seconds=settings.indexer_tenant_graph_check_seconds,
+                ),
+            ]
             if use_hints:
                 consumer = HintConsumer(
                     tier=tier,
@@ -200,7 +217,9 @@ def run_workers(
 
 
 def run_once(settings: IndexerSettings, tier: str) -> RunOnceResult:
-    async def _work(worker: Worker, pool: asyncpg.Pool[Any]) -> RunOnceResult:
+    async def _work(
+        worker: Worker, pool: asyncpg.Pool[Any], generation: IndexGeneration
+    ) -> RunOnceResult:
         return await worker.run_once()
 
     return with_worker(settings, tier, 1, _work)

@@ -28,7 +28,8 @@ def create_tenant(
     from services.runtime.cli_support import load_settings, run_async
     from services.runtime.db import connection
     from services.runtime.logging import configure_logging, get_logger
-    from services.runtime.tenant_auth import TENANT_ID_PATTERN, hash_api_key, new_api_key
+    from services.runtime.tenant_auth import hash_api_key, new_api_key
+    from services.runtime.tenant_ids import TENANT_ID_PATTERN
 
     if not re.fullmatch(TENANT_ID_PATTERN, name):
         raise BadInput(

@@ -27,7 +27,8 @@ from services.publisher.wire import (
 from services.runtime.errors import KbError
 from services.runtime.http_problem import PROBLEM_RESPONSE
 from services.runtime.logging import get_logger
-from services.runtime.tenant_auth import TENANT_ID_PATTERN, require_authenticated_tenant
+from services.runtime.tenant_auth import require_authenticated_tenant
+from services.runtime.tenant_ids import TENANT_ID_PATTERN
 
 log = get_logger(__name__)
 

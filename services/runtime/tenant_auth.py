@@ -27,7 +27,6 @@ from services.runtime.http_problem import kb_error_response
 
 AUTHENTICATED_TENANT: Final = "kb.authenticated_tenant"
 KEY_PREFIX: Final = "kb"
-TENANT_ID_PATTERN: Final = r"^[a-z0-9][a-z0-9-]{0,62}$"
 _KEY: Final = re.compile(
     r"^kb\.(?P<tenant>[a-z0-9][a-z0-9-]{0,62})\.(?P<secret>[A-Za-z0-9_-]{32,128})$"
 )

@@ -3,8 +3,6 @@ restore from backup or a hand-edited row would make it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,23 +16,11 @@ from services.indexer.task import RetryPolicy
 from services.indexer.worker import RunOnceResult, Worker
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, add_tenant, publish, publisher_harness, upload
+from tests.support.cli import kb
 from tests.support.documents import make_corrupt_pdf
 from tests.support.pipeline import running_pipeline
-from tests.support.stack import REPO_ROOT
 
 pytestmark = pytest.mark.integration
-
-
-def kb(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def policy(name: str, sections: int = 6) -> bytes:

@@ -27,7 +27,8 @@ from services.indexer.parsing.pool import ParsePool
 from services.indexer.pipeline import PipelineIndexer, chunking_strategy
 from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.search import Generation, Searcher, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex, SearchSettings, VectorPath
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import SearchSettings, VectorPath
 from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
 from services.indexer.source_pg import PgVersionSource
 from services.indexer.task import Lease, RetryPolicy

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.search_pg import VectorPath
+from services.indexer.search_sql import VectorPath
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, add_tenant
 from tests.support.search import (

@@ -12,7 +12,7 @@ import pytest
 from services.app import create_app
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.embedding.settings import EmbeddingSettings, HashingConfig
-from services.indexer.search_pg import SearchSettings
+from services.indexer.search_sql import SearchSettings
 from services.publisher.settings import PublisherSettings
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import BASE_URL, add_tenant, upload

@@ -12,7 +12,8 @@ import pytest
 
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex, SearchSettings
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import SearchSettings
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,8 @@ import pytest
 
 from services.indexer.ann_index import partition_ann_index_name
 from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import QUERIES, PgSearchIndex, SearchSettings, VectorPath
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import add_tenant
 from tests.support.search import (
@@ -74,6 +75,18 @@ async def plan_of(
     index: PgSearchIndex, api: SearchHarness, principal: str
 ) -> tuple[VectorPath, list[str]]:
     """The path search chooses for ``principal`` and the indexes its vector list scans."""
+    path, plan = await explain(index, api, principal)
+    return path, re.findall(r'"Index Name": "([^"]+)"', json.dumps(plan))
+
+
+def node_types(plan: Any) -> list[str]:
+    return re.findall(r'"Node Type": "([^"]+)"', json.dumps(plan))
+
+
+async def explain(
+    index: PgSearchIndex, api: SearchHarness, principal: str
+) -> tuple[VectorPath, Any]:
+    """The path search chooses for ``principal`` and its vector list's plan."""
     request = SearchRequest("acme", "refunds", (principal,), 10, SearchMode.VECTOR)
     vector = api.embedder.embed_sync(["refunds"])[0]
     async with (
@@ -91,7 +104,7 @@ async def plan_of(
             10,
             vector,
         )
-    return path, re.findall(r'"Index Name": "([^"]+)"', json.dumps(json.loads(plan)))
+    return path, json.loads(plan)
 
 
 async def test_many_readable_chunks_walk_the_tenant_partitions_graph(
@@ -104,6 +117,19 @@ async def test_many_readable_chunks_walk_the_tenant_partitions_graph(
     request = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.VECTOR)
     candidates = await index.candidates(request, api.embedder.embed_sync(["refunds"])[0])
     assert len(candidates.vector) == 10
+
+
+async def test_the_ann_path_probes_each_candidates_pointer_and_acl_rows(
+    api: SearchHarness, index: PgSearchIndex, corpus: str
+) -> None:
+    # The graph yields candidates in distance order; each is checked by index probes as it
+    # comes. Collecting the readable documents first (hashed, merged, or materialized and
+    # scanned again per candidate) costs what the tenant's size costs, before the first row.
+    path, plan = await explain(index, api, "group:many")
+    assert path is VectorPath.ANN
+    nodes = set(node_types(plan))
+    assert "Nested Loop" in nodes
+    assert not {"Materialize", "Hash", "Hash Join", "Merge Join", "HashAggregate"} & nodes
 
 
 async def test_few_readable_chunks_are_ranked_exactly(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import subprocess
-import sys
 from typing import Any
 
 import asyncpg
@@ -13,21 +11,9 @@ import pytest
 
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, publisher_harness, snapshot
-from tests.support.stack import REPO_ROOT
+from tests.support.cli import kb
 
 pytestmark = pytest.mark.integration
-
-
-def kb(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 async def test_create_prints_only_the_key_and_stores_its_hash(

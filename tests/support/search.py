@@ -19,7 +19,8 @@ from fastapi import FastAPI
 from services.app import create_app
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.search import Generation, Searcher
-from services.indexer.search_pg import PgSearchIndex, SearchSettings, VectorPath
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import SearchSettings, VectorPath
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore

@@ -197,7 +197,7 @@ async def test_embedding_failures_keep_their_code(code: str, retriable: bool) ->
 
 def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
     from services.indexer.ann_index import model_predicate, vector_expression
-    from services.indexer.search_pg import (
+    from services.indexer.search_sql import (
         KEYWORD_STATEMENT,
         TEMPLATE_MODEL,
         VECTOR_STATEMENT,
@@ -222,7 +222,7 @@ def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
 
 def test_the_vector_statement_holds_the_vector_list_and_its_exact_twin_uses_no_index() -> None:
     from services.indexer.ann_index import vector_expression
-    from services.indexer.search_pg import (
+    from services.indexer.search_sql import (
         QUERIES,
         VECTOR_STATEMENT,
         VectorPath,

@@ -38,12 +38,12 @@ from services.runtime.events import (
 from services.runtime.media_types import SUPPORTED_MEDIA_TYPES
 from services.runtime.tasks import IndexTaskRecord, TaskStatus
 from services.runtime.tenant_auth import (
-    TENANT_ID_PATTERN,
     bearer_token,
     hash_api_key,
     new_api_key,
     parse_api_key,
 )
+from services.runtime.tenant_ids import TENANT_ID_PATTERN
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 

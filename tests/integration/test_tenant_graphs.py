@@ -1,0 +1,254 @@
+"""A large tenant's own HNSW graph (services/indexer/tenant_graphs.py): built for tenants
+past the size, once, rebuilt when left INVALID, by one process at a time; search walks it
+with its own ef_search (real PostgreSQL, migrations/0014's partitions)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.indexer.ann_index import partition_ann_index_name, tenant_ann_index_name
+from services.indexer.search import Generation, SearchMode, SearchRequest
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
+from services.indexer.tenant_graphs import QUERIES as GRAPH_QUERIES
+from services.indexer.tenant_graphs import PgTenantGraphs
+from services.runtime.settings import RuntimeSettings
+from tests.support.api import add_tenant
+from tests.support.cli import kb
+from tests.support.search import (
+    ChunkSpec,
+    SearchHarness,
+    add_document,
+    add_version,
+    create_ann_index,
+    point_search_at,
+    search_harness,
+)
+
+pytestmark = pytest.mark.integration
+
+CHUNKS_PER_DOCUMENT = 10
+LARGE = 20 * CHUNKS_PER_DOCUMENT  # acme's chunks: the graph threshold
+PARTITION_EF_SEARCH = 40
+TENANT_EF_SEARCH = 123
+
+
+@pytest.fixture
+async def api(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
+    async with search_harness(settings) as harness:
+        await create_ann_index(harness.pool, harness.embedder.model, harness.embedder.dimension)
+        yield harness
+
+
+async def add_documents(
+    conn: asyncpg.Connection[Any], api: SearchHarness, tenant: str, documents: int
+) -> None:
+    await add_tenant(conn, tenant, "standard")
+    for n in range(documents):
+        document_id = await add_document(conn, tenant, title=f"Doc {n}", read=("group:all",))
+        chunks = [ChunkSpec(f"clause {c} of {tenant} policy {n}") for c in range(10)]
+        await add_version(conn, tenant, document_id, 1, chunks, api.embedder)
+        await point_search_at(conn, tenant, document_id, 1, api.embedder.model)
+
+
+async def same_partition_as(conn: asyncpg.Connection[Any], tenant: str) -> str:
+    """A tenant id that hashes to ``tenant``'s partition of knowledge_chunk (32 of them)."""
+    remainder = await conn.fetchval(
+        "SELECT r FROM generate_series(0, 31) r"
+        " WHERE satisfies_hash_partition('knowledge_chunk'::regclass, 32, r, $1::text)",
+        tenant,
+    )
+    for n in range(10_000):
+        candidate = f"neighbour-{n}"
+        if await conn.fetchval(
+            "SELECT satisfies_hash_partition('knowledge_chunk'::regclass, 32, $1, $2::text)",
+            remainder,
+            candidate,
+        ):
+            return candidate
+    raise AssertionError("no tenant id hashes to that partition")
+
+
+@pytest.fixture
+async def corpus(api: SearchHarness, conn: asyncpg.Connection[Any]) -> str:
+    """acme (200 chunks) shares its partition with a smaller neighbour (100); "small" has
+    10. Returns acme's partition."""
+    await add_documents(conn, api, "acme", LARGE // CHUNKS_PER_DOCUMENT)
+    await add_documents(conn, api, await same_partition_as(conn, "acme"), 10)
+    await add_documents(conn, api, "small", 1)
+    await conn.execute("ANALYZE")
+    partition: str = await conn.fetchval(
+        "SELECT tableoid::regclass::text FROM knowledge_chunk WHERE tenant_id = 'acme' LIMIT 1"
+    )
+    return partition
+
+
+def graphs_of(api: SearchHarness, min_chunks: int = LARGE) -> PgTenantGraphs:
+    return PgTenantGraphs(api.pool, min_chunks=min_chunks)
+
+
+async def ensure(api: SearchHarness, min_chunks: int = LARGE) -> list[str] | None:
+    return await graphs_of(api, min_chunks).ensure(api.embedder.model, api.embedder.dimension)
+
+
+async def graph_of(conn: asyncpg.Connection[Any], api: SearchHarness, tenant: str) -> Any:
+    return await conn.fetchrow(
+        "SELECT i.indisvalid AS valid, t.relname AS partition,"
+        "       pg_get_indexdef(i.indexrelid) AS definition"
+        "  FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+        "  JOIN pg_class t ON t.oid = i.indrelid WHERE c.relname = $1",
+        tenant_ann_index_name(api.embedder.model, tenant),
+    )
+
+
+async def vector_list_of(api: SearchHarness) -> tuple[VectorPath, str, list[str]]:
+    """acme's vector list: its path, the transaction's ef_search after the path is chosen,
+    and the indexes its plan scans."""
+    index = PgSearchIndex(
+        api.pool,
+        Generation(api.embedder.model, api.embedder.dimension),
+        SearchSettings(search_exact_max_chunks=0, search_tenant_graph_ef_search=TENANT_EF_SEARCH),
+    )
+    request = SearchRequest("acme", "refunds", ("group:all",), 10, SearchMode.VECTOR)
+    vector = api.embedder.embed_sync(["refunds"])[0]
+    async with (
+        api.pool.acquire() as conn,
+        conn.transaction(readonly=True, isolation="repeatable_read"),
+    ):
+        await conn.execute(QUERIES["configure_search_transaction"], PARTITION_EF_SEARCH, 20_000)
+        path = await index.vector_path(conn, request)
+        ef_search = await conn.fetchval("SELECT current_setting('hnsw.ef_search')")
+        plan = await conn.fetchval(
+            "EXPLAIN (FORMAT JSON) " + index.vector_statement(path),
+            "acme",
+            ["group:all"],
+            None,
+            None,
+            10,
+            vector,
+        )
+    return path, ef_search, re.findall(r'"Index Name": "([^"]+)"', json.dumps(json.loads(plan)))
+
+
+async def test_a_tenant_past_the_size_gets_a_graph_of_its_own_on_its_partition(
+    api: SearchHarness, corpus: str, conn: asyncpg.Connection[Any]
+) -> None:
+    assert await ensure(api) == ["acme"]
+    graph = await graph_of(conn, api, "acme")
+    assert graph["valid"]
+    assert graph["partition"] == corpus
+    assert "WHERE ((embedding_model = " in graph["definition"]
+    assert "(tenant_id = 'acme'::text)" in graph["definition"]
+    assert await graph_of(conn, api, "small") is None
+    # Built once: the next round finds it.
+    assert await ensure(api) == []
+
+
+async def test_search_walks_the_tenants_graph_with_its_own_ef_search(
+    api: SearchHarness, corpus: str
+) -> None:
+    path, ef_search, indexes = await vector_list_of(api)
+    assert path is VectorPath.ANN
+    assert ef_search == str(PARTITION_EF_SEARCH)
+    assert partition_ann_index_name(api.embedder.model, corpus) in indexes
+
+    await ensure(api)
+    path, ef_search, indexes = await vector_list_of(api)
+    assert path is VectorPath.ANN
+    assert ef_search == str(TENANT_EF_SEARCH)
+    assert indexes.count(tenant_ann_index_name(api.embedder.model, "acme")) == 1
+    assert partition_ann_index_name(api.embedder.model, corpus) not in indexes
+
+
+async def test_an_invalid_graph_is_not_walked_and_is_built_again(
+    api: SearchHarness, corpus: str, conn: asyncpg.Connection[Any]
+) -> None:
+    await ensure(api)
+    # What an interrupted CREATE INDEX CONCURRENTLY leaves behind.
+    await conn.execute(
+        "UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass($1)",
+        tenant_ann_index_name(api.embedder.model, "acme"),
+    )
+    _, ef_search, _ = await vector_list_of(api)
+    assert ef_search == str(PARTITION_EF_SEARCH)
+
+    assert await ensure(api) == ["acme"]
+    assert (await graph_of(conn, api, "acme"))["valid"]
+    _, ef_search, _ = await vector_list_of(api)
+    assert ef_search == str(TENANT_EF_SEARCH)
+
+
+async def test_one_process_builds_at_a_time_and_the_others_skip_the_round(
+    api: SearchHarness, corpus: str, conn: asyncpg.Connection[Any]
+) -> None:
+    model = api.embedder.model
+    assert await conn.fetchval(GRAPH_QUERIES["try_tenant_graphs_lock"], model)
+    try:
+        assert await ensure(api) is None
+        assert await graph_of(conn, api, "acme") is None
+    finally:
+        await conn.fetchval(GRAPH_QUERIES["release_tenant_graphs_lock"], model)
+    assert await ensure(api) == ["acme"]
+
+
+async def test_no_graphs_when_the_size_is_zero(
+    api: SearchHarness, corpus: str, conn: asyncpg.Connection[Any]
+) -> None:
+    assert await ensure(api, min_chunks=0) == []
+    assert await graph_of(conn, api, "acme") is None
+
+
+async def test_the_indexers_round_builds_graphs_until_stopped(
+    api: SearchHarness, corpus: str, conn: asyncpg.Connection[Any]
+) -> None:
+    graphs = graphs_of(api)
+    first_round = asyncio.Event()
+    ensure_now = graphs.ensure
+
+    async def observed(model: str, dimension: int) -> list[str] | None:
+        built = await ensure_now(model, dimension)
+        first_round.set()
+        return built
+
+    graphs.ensure = observed  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    rounds = asyncio.create_task(
+        graphs.run(stop, api.embedder.model, api.embedder.dimension, interval_seconds=3600)
+    )
+    await asyncio.wait_for(first_round.wait(), timeout=30)
+    assert (await graph_of(conn, api, "acme"))["valid"]
+    # Stopping does not wait for the next round's hour.
+    stop.set()
+    await asyncio.wait_for(rounds, timeout=10)
+
+
+async def test_kb_index_tenant_graphs_builds_them_now(
+    api: SearchHarness, corpus: str, conn: asyncpg.Connection[Any], service_env: dict[str, str]
+) -> None:
+    result = kb(service_env, "index", "tenant-graphs", "--min-chunks", str(LARGE))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"built  {api.embedder.model}  acme\n"
+    assert f"tenant graphs of {api.embedder.model}: 1 built" in result.stderr
+    assert (await graph_of(conn, api, "acme"))["valid"]
+
+
+@pytest.mark.parametrize("size", ["0", "-5", "many"])
+async def test_kb_index_tenant_graphs_refuses_a_size_that_is_not_positive(
+    api: SearchHarness,
+    corpus: str,
+    conn: asyncpg.Connection[Any],
+    service_env: dict[str, str],
+    size: str,
+) -> None:
+    result = kb(service_env, "index", "tenant-graphs", "--min-chunks", size)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert "--min-chunks" in result.stderr
+    assert await graph_of(conn, api, "acme") is None
