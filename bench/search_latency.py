@@ -109,6 +109,12 @@ def main() -> None:
     parser.add_argument("--parallel-workers", type=int, default=2)
     parser.add_argument("--no-http", action="store_true", help="skip the kb serve rows")
     parser.add_argument(
+        "--no-prewarm",
+        dest="prewarm",
+        action="store_false",
+        help="measure without reading the tables and indexes into shared_buffers first",
+    )
+    parser.add_argument(
         "--tenant-graph-min-chunks",
         type=int,
         default=5000,

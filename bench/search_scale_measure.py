@@ -28,7 +28,12 @@ from bench.search_scale_corpus import (
     tenant_name,
 )
 from bench.search_scale_load import STRATEGY, meta
-from services.indexer.ann_index import model_predicate, vector_expression
+from services.indexer.ann_index import (
+    ann_index_name,
+    model_predicate,
+    tenant_ann_index_name,
+    vector_expression,
+)
 from services.indexer.search import (
     Candidates,
     Generation,
@@ -38,7 +43,7 @@ from services.indexer.search import (
     rank_results,
 )
 from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
+from services.indexer.search_sql import SearchSettings, VectorPath
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.runtime.db import create_pool
 
@@ -174,6 +179,8 @@ async def measure(
     pool = await create_pool(settings)
     rows: list[Row] = []
     try:
+        if args.prewarm:
+            log(f"prewarmed {await prewarm(pool)} blocks")
         await PgVectorSink(pool).ensure_generation(IndexGeneration(model, DIMENSION, STRATEGY))
         generation = Generation(model, DIMENSION)
         index = PgSearchIndex(pool, generation, settings)
@@ -190,12 +197,27 @@ async def measure(
             f" LIMIT {TOP_K}"
         )
 
+        # The plain query walks what search walks (the planner prefers a tenant's own graph,
+        # as it does for search), at the ef_search search gives that graph.
+        graphs = {
+            r["relname"]
+            for r in await pool.fetch(
+                "SELECT relname FROM pg_class WHERE relkind = 'i' AND relname LIKE $1",
+                ann_index_name(model) + "\\_t%",
+            )
+        }
+
+        def plain_ef_search(n: int, tenant: bool) -> int:
+            if tenant and tenant_ann_index_name(model, tenant_name(queries[n].tenant)) in graphs:
+                return settings.search_tenant_graph_ef_search
+            return settings.search_ef_search
+
         async def plain(n: int, tenant: bool) -> Any:
             async with pool.acquire() as conn, conn.transaction(readonly=True):
                 await conn.execute(
                     "SELECT set_config('hnsw.ef_search', $1, true),"
                     " set_config('plan_cache_mode', 'force_custom_plan', true)",
-                    str(settings.search_ef_search),
+                    str(plain_ef_search(n, tenant)),
                 )
                 return await conn.fetch(
                     plain_sql,
@@ -317,11 +339,6 @@ async def plan_shapes(
             pool.acquire() as conn,
             conn.transaction(readonly=True, isolation="repeatable_read"),
         ):
-            await conn.execute(
-                QUERIES["configure_search_transaction"],
-                settings.search_ef_search,
-                settings.search_max_scan_tuples,
-            )
             path = await index.vector_path(conn, request)
             sql = index.vector_statement(path)
             fixed = [request.tenant_id, list(request.principals), None, None, request.depth]
@@ -337,6 +354,21 @@ def walk(node: dict[str, Any], scans: list[str]) -> None:
         scans.append(f"{node['Node Type']} {node.get('Index Name', node.get('Relation Name', ''))}")
     for child in node.get("Plans", []):
         walk(child, scans)
+
+
+async def prewarm(pool: Any) -> int:
+    """Reads what search reads (the chunks, the pointers, ACLs and documents, and all their
+    indexes) into shared_buffers, as a server that has been serving a while holds them: the
+    first queries of a row otherwise measure the disk, or the OS cache."""
+    async with pool.acquire() as conn:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        blocks: int = await conn.fetchval(
+            "SELECT coalesce(sum(pg_prewarm(c.oid)), 0)::bigint"
+            "  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'i')"
+            "   AND (c.relname LIKE 'knowledge\\_chunk%' OR c.relname LIKE 'document%')"
+        )
+    return blocks
 
 
 async def server_facts(pool: Any) -> dict[str, str]:
@@ -404,7 +436,8 @@ def report(
         f"{corpus.chunks:,} chunks, {corpus.documents:,} documents, 100 tenants,"
         f" {args.vectors} vectors, {args.queries} queries per row, seed {args.seed};"
         f" PostgreSQL {server['server_version']}, pgvector {server['pgvector']},"
-        f" shared_buffers {server['shared_buffers']}, work_mem {server['work_mem']}."
+        f" shared_buffers {server['shared_buffers']}, work_mem {server['work_mem']}"
+        + (", prewarmed (pg_prewarm)." if args.prewarm else ".")
     )
     print(
         "Readable share of the query's tenant (mean): "

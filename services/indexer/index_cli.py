@@ -104,7 +104,6 @@ def tenant_graphs(
     registered model, now (`kb indexer run` does it every
     KB_INDEXER_TENANT_GRAPH_CHECK_SECONDS): after a bulk load, say."""
     from services.indexer.cli import load_settings
-
     from services.runtime.logging import configure_logging
 
     settings = load_settings()

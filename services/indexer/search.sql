@@ -1,29 +1,18 @@
 -- Search over the index (services/indexer/search_pg.py; specialised by search_sql.py).
 
--- name: configure_search_transaction
--- Run first in search's short read-only REPEATABLE READ transaction (its snapshot, taken
--- here, is what both lists of a hybrid search read); every setting is LOCAL to it.
--- pgvector >= 0.8 iterative index scans: when the tenant, version and ACL filters reject
--- most of what the HNSW scan yields, the scan goes on (up to hnsw.max_scan_tuples) instead
--- of returning fewer than LIMIT rows. relaxed_order may hand rows back slightly out of
--- distance order; the statement re-ranks them by distance anyway.
--- (plan_cache_mode is set by keyword_terms and choose_vector_path, for the statements after
--- them.)
-SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),
-       set_config('hnsw.ef_search', $1::integer::text, true),
-       set_config('hnsw.max_scan_tuples', $2::integer::text, true);
-
 -- name: export_snapshot
 -- Hybrid search's snapshot, for the connection that reads its other list at the same time
 -- (search_pg: SET TRANSACTION SNAPSHOT, first in that connection's REPEATABLE READ
--- transaction). Valid while this transaction lives.
+-- transaction). Valid while this transaction lives; taken by this first statement.
 SELECT pg_export_snapshot()
 
 -- name: choose_vector_path
 -- The vector list's path (search_sql.VectorPath): ANN when the principals $2 may read more
 -- than $5 chunks of tenant $1's current search versions of model $3 (within the document
 -- ids filter $4), else EXACT; and whether the ANN path walks the tenant's own graph ($6, $7
--- below). It reads the readable documents' chunk counts (written by each
+-- below) or its partition's ($8: the graph's candidate list, ef_search). Run first in the
+-- list's read-only REPEATABLE READ transaction (for hybrid, after export_snapshot): every
+-- setting it makes is LOCAL to that transaction. It reads the readable documents' chunk counts (written by each
 -- switch) only until their running sum passes $5 -- the window emits row by row, and EXISTS
 -- stops at the first row over -- so a principal who may read the whole tenant costs
 -- $5 / (chunks per document) pointer rows, not the tenant's.
@@ -74,9 +63,15 @@ tenant_graph AS MATERIALIZED (
 )
 SELECT CASE WHEN r.many THEN 'ann' ELSE 'exact' END AS path,
        g.valid AS tenant_graph,
-       CASE WHEN r.many AND g.valid
-            THEN set_config('hnsw.ef_search', $7::integer::text, true)
-       END AS ef_search,
+       -- pgvector >= 0.8 iterative index scans: when the version and ACL probes reject most
+       -- of what the HNSW scan yields, the scan goes on (up to $9 tuples) instead of
+       -- returning fewer than LIMIT rows. relaxed_order may hand rows back slightly out of
+       -- distance order; the statement re-ranks them by distance anyway.
+       set_config('hnsw.iterative_scan', 'relaxed_order', true) AS iterative_scan,
+       set_config('hnsw.max_scan_tuples', $9::integer::text, true) AS max_scan_tuples,
+       set_config('hnsw.ef_search',
+                  CASE WHEN g.valid THEN $7::integer ELSE $8::integer END::text, true)
+           AS ef_search,
        set_config('enable_sort', CASE WHEN r.many THEN 'off' ELSE 'on' END, true) AS enable_sort,
        set_config('enable_hashjoin', CASE WHEN r.many THEN 'off' ELSE 'on' END, true)
            AS enable_hashjoin,
@@ -86,6 +81,14 @@ SELECT CASE WHEN r.many THEN 'ann' ELSE 'exact' END AS path,
            AS enable_material,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode
   FROM readable r, tenant_graph g
+
+-- name: undo_vector_path
+-- Back to the session's planner settings, after choose_vector_path's ANN path: for a
+-- statement that follows the vector list in the same transaction (hybrid's keyword list
+-- when no second connection was free).
+SELECT set_config(name, reset_val, true)
+  FROM pg_settings
+ WHERE name IN ('enable_sort', 'enable_hashjoin', 'enable_mergejoin', 'enable_material')
 
 -- name: searchable_chunks
 -- The chunks principals $2 may search in tenant $1 -- the current search version's, READ by

@@ -91,6 +91,8 @@ class PgSearchIndex:
             self._settings.search_exact_max_chunks,
             self._tenant_graph(request.tenant_id),
             self._ef_search(self._settings.search_tenant_graph_ef_search, request),
+            self._ef_search(self._settings.search_ef_search, request),
+            self._settings.search_max_scan_tuples,
         )
         return VectorPath(path)
 
@@ -131,7 +133,6 @@ class PgSearchIndex:
                 # One snapshot for both lists, taken by the first statement.
                 conn.transaction(readonly=True, isolation="repeatable_read"),
             ):
-                await self._configure(conn, request)
                 if request.mode is SearchMode.HYBRID:
                     rows = await self._both_lists(conn, request, keyword_list, vector_list)
                 elif request.mode.uses_keyword:
@@ -151,13 +152,6 @@ class PgSearchIndex:
     def _ef_search(setting: int, request: SearchRequest) -> int:
         """At least the list's depth: an HNSW scan yields at most ef_search rows."""
         return min(1000, max(setting, request.depth))
-
-    async def _configure(self, conn: Connection, request: SearchRequest) -> None:
-        await conn.execute(
-            QUERIES["configure_search_transaction"],
-            self._ef_search(self._settings.search_ef_search, request),
-            self._settings.search_max_scan_tuples,
-        )
 
     async def _keyword_list(
         self, conn: Connection, request: SearchRequest, searchable: tuple[Any, ...]
@@ -183,41 +177,45 @@ class PgSearchIndex:
     ) -> list[asyncpg.Record]:
         """Hybrid: the two lists at once, on two connections sharing ``conn``'s snapshot
         (exported, and imported by the second's transaction before anything else), so they
-        still see each document at one version. The keyword list starts on ``conn`` at once,
-        while the second connection is fetched and set up."""
+        still see each document at one version. The vector list, the longer of the two,
+        starts on ``conn`` at once; the keyword list waits for the second connection."""
         snapshot = await conn.fetchval(QUERIES["export_snapshot"])
         try:
             async with asyncio.TaskGroup() as group:
-                keyword = group.create_task(keyword_list(conn))
-                vector = group.create_task(
-                    self._vector_list_beside(conn, keyword, snapshot, request, vector_list)
+                vector = group.create_task(vector_list(conn))
+                keyword = group.create_task(
+                    self._keyword_list_beside(conn, vector, snapshot, keyword_list)
                 )
         except ExceptionGroup as failed:  # the first failure, as if run in turn
             raise failed.exceptions[0] from None
         return keyword.result() + vector.result()
 
-    async def _vector_list_beside(
+    async def _keyword_list_beside(
         self,
         conn: Connection,
-        keyword: asyncio.Task[list[asyncpg.Record]],
+        vector: asyncio.Task[list[asyncpg.Record]],
         snapshot: str,
-        request: SearchRequest,
-        vector_list: ListReader,
+        keyword_list: ListReader,
     ) -> list[asyncpg.Record]:
-        """The vector list on a second connection in ``snapshot``; without a free one right
-        away, on ``conn`` once the keyword list is done with it: waiting for a second while
-        holding the first could starve the pool."""
+        """The keyword list on a second connection in ``snapshot``; without a free one right
+        away, on ``conn`` once the vector list is done with it (waiting for a second while
+        holding the first could starve the pool), its path's planner settings undone."""
         try:
             second = await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
         except TimeoutError:
-            await asyncio.wait([keyword])  # its failure is the TaskGroup's to raise
-            return await vector_list(conn)
+            await asyncio.wait([vector])  # its failure is the TaskGroup's to raise
+            await conn.execute(QUERIES["undo_vector_path"])
+            return await keyword_list(conn)
         try:
-            async with second.transaction(readonly=True, isolation="repeatable_read"):
-                await second.execute(import_snapshot_sql(snapshot))
-                await self._configure(second, request)
-                return await vector_list(second)
+            # One round trip: the transaction and its snapshot.
+            await second.execute(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;" + import_snapshot_sql(snapshot)
+            )
+            rows = await keyword_list(second)
+            await second.execute("COMMIT")
+            return rows
         finally:
+            # A failure leaves the transaction open: the release's reset rolls it back.
             # Not the acquire's few milliseconds, which asyncpg would take for the reset.
             await self._pool.release(second, timeout=self._settings.search_acquire_timeout_seconds)
 

@@ -255,20 +255,31 @@ async def wait_until_blocked_on_a_lock(pool: asyncpg.Pool[Any]) -> None:
 
 
 class _PausedConnection:
-    """A real connection whose first statement (search's configure_search_transaction,
-    which takes the REPEATABLE READ snapshot) reports and then waits to be let go."""
+    """A real connection whose first statement after BEGIN (whichever list or path runs
+    first: it takes the REPEATABLE READ snapshot) reports and then waits to be let go."""
 
     def __init__(self, conn: Any, snapshot_taken: asyncio.Event, go_on: asyncio.Event) -> None:
         self._conn = conn
         self._snapshot_taken = snapshot_taken
         self._go_on = go_on
 
-    async def execute(self, query: str, *args: Any) -> str:
-        status: str = await self._conn.execute(query, *args)
+    async def _first_pauses(self, result: Any) -> Any:
         if not self._snapshot_taken.is_set():
             self._snapshot_taken.set()
             await self._go_on.wait()
-        return status
+        return result
+
+    async def execute(self, query: str, *args: Any) -> Any:
+        return await self._first_pauses(await self._conn.execute(query, *args))
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        return await self._first_pauses(await self._conn.fetch(query, *args))
+
+    async def fetchrow(self, query: str, *args: Any) -> Any:
+        return await self._first_pauses(await self._conn.fetchrow(query, *args))
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        return await self._first_pauses(await self._conn.fetchval(query, *args))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)

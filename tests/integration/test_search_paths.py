@@ -15,7 +15,7 @@ import pytest
 from services.indexer.ann_index import partition_ann_index_name
 from services.indexer.search import Generation, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
+from services.indexer.search_sql import SearchSettings, VectorPath
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import add_tenant
 from tests.support.search import (
@@ -93,7 +93,6 @@ async def explain(
         api.pool.acquire() as conn,
         conn.transaction(readonly=True, isolation="repeatable_read"),
     ):
-        await conn.execute(QUERIES["configure_search_transaction"], 100, 20_000)
         path = await index.vector_path(conn, request)
         plan = await conn.fetchval(
             "EXPLAIN (FORMAT JSON) " + index.vector_statement(path),

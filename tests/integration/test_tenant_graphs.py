@@ -16,7 +16,7 @@ import pytest
 from services.indexer.ann_index import partition_ann_index_name, tenant_ann_index_name
 from services.indexer.search import Generation, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
+from services.indexer.search_sql import SearchSettings, VectorPath
 from services.indexer.tenant_graphs import QUERIES as GRAPH_QUERIES
 from services.indexer.tenant_graphs import PgTenantGraphs
 from services.runtime.settings import RuntimeSettings
@@ -114,7 +114,11 @@ async def vector_list_of(api: SearchHarness) -> tuple[VectorPath, str, list[str]
     index = PgSearchIndex(
         api.pool,
         Generation(api.embedder.model, api.embedder.dimension),
-        SearchSettings(search_exact_max_chunks=0, search_tenant_graph_ef_search=TENANT_EF_SEARCH),
+        SearchSettings(
+            search_exact_max_chunks=0,
+            search_ef_search=PARTITION_EF_SEARCH,
+            search_tenant_graph_ef_search=TENANT_EF_SEARCH,
+        ),
     )
     request = SearchRequest("acme", "refunds", ("group:all",), 10, SearchMode.VECTOR)
     vector = api.embedder.embed_sync(["refunds"])[0]
@@ -122,7 +126,6 @@ async def vector_list_of(api: SearchHarness) -> tuple[VectorPath, str, list[str]
         api.pool.acquire() as conn,
         conn.transaction(readonly=True, isolation="repeatable_read"),
     ):
-        await conn.execute(QUERIES["configure_search_transaction"], PARTITION_EF_SEARCH, 20_000)
         path = await index.vector_path(conn, request)
         ef_search = await conn.fetchval("SELECT current_setting('hnsw.ef_search')")
         plan = await conn.fetchval(
