@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, TypeAlias
 
 import asyncpg
@@ -41,7 +41,15 @@ Connection: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionPr
 
 
 # Reads one ranked list on a connection.
-ListReader: TypeAlias = Callable[[Connection], Coroutine[Any, Any, list[asyncpg.Record]]]
+ListReader: TypeAlias = Callable[
+    [Connection, VectorPath], Coroutine[Any, Any, list[asyncpg.Record]]
+]
+# The keyword list's path, awaited once its terms are read (choose_vector_path turns custom
+# plans on, which keyword_terms must not get).
+PathSource: TypeAlias = Callable[[], Awaitable[VectorPath]]
+KeywordReader: TypeAlias = Callable[
+    [Connection, PathSource], Coroutine[Any, Any, list[asyncpg.Record]]
+]
 
 
 class PgSearchIndex:
@@ -59,7 +67,10 @@ class PgSearchIndex:
             path: specialised_search_sql(model, dimension, VECTOR_STATEMENT, path)
             for path in VectorPath
         }
-        self._keyword_sql = specialised_search_sql(model, dimension, KEYWORD_STATEMENT)
+        self._keyword_sql = {
+            path: specialised_search_sql(model, dimension, KEYWORD_STATEMENT, path)
+            for path in VectorPath
+        }
         # tenant -> its partition of knowledge_chunk (one short string per tenant searched).
         self._partitions: dict[str, str] = {}
 
@@ -70,17 +81,19 @@ class PgSearchIndex:
     def vector_statement(self, path: VectorPath) -> str:
         return self._vector_sql[path]
 
+    def keyword_statement(self, path: VectorPath) -> str:
+        return self._keyword_sql[path]
+
     async def vector_path(
         self,
         conn: Connection,
         request: SearchRequest,
     ) -> VectorPath:
         """ANN when the principals may read more than ``search_exact_max_chunks`` chunks of
-        the tenant, else EXACT (and EXACT when no vector list is wanted: it is not run).
-        Sets the transaction up for the path (search.sql: choose_vector_path): call it
-        inside the search's transaction, before the statement."""
-        if not request.mode.uses_vector:
-            return VectorPath.EXACT
+        the tenant, else EXACT: how the vector list finds its chunks, and whether the keyword
+        list probes its candidates or starts from the readable documents. Sets the
+        transaction up for the path (search.sql: choose_vector_path): call it inside the
+        search's transaction, before the statement."""
         flt = request.filter
         path = await conn.fetchval(
             QUERIES["choose_vector_path"],
@@ -120,11 +133,10 @@ class PgSearchIndex:
             request.depth,
         )
 
-        async def keyword_list(conn: Connection) -> list[asyncpg.Record]:
-            return await self._keyword_list(conn, request, searchable)
+        async def keyword_list(conn: Connection, path: PathSource) -> list[asyncpg.Record]:
+            return await self._keyword_list(conn, request, searchable, path)
 
-        async def vector_list(conn: Connection) -> list[asyncpg.Record]:
-            path = await self.vector_path(conn, request)
+        async def vector_list(conn: Connection, path: VectorPath) -> list[asyncpg.Record]:
             return await conn.fetch(self._vector_sql[path], *searchable, vector)
 
         with translate_db_errors():
@@ -136,9 +148,11 @@ class PgSearchIndex:
                 if request.mode is SearchMode.HYBRID:
                     rows = await self._both_lists(conn, request, keyword_list, vector_list)
                 elif request.mode.uses_keyword:
-                    rows = await keyword_list(conn)
+                    # Without a vector list the path is not worth its count (~1.5 ms): the
+                    # keyword list starts from the readable documents, as for few of them.
+                    rows = await keyword_list(conn, _joined)
                 else:
-                    rows = await vector_list(conn)
+                    rows = await vector_list(conn, await self.vector_path(conn, request))
         return _candidates(rows)
 
     def _tenant_graph(self, tenant_id: str) -> str | None:
@@ -154,7 +168,11 @@ class PgSearchIndex:
         return min(1000, max(setting, request.depth))
 
     async def _keyword_list(
-        self, conn: Connection, request: SearchRequest, searchable: tuple[Any, ...]
+        self,
+        conn: Connection,
+        request: SearchRequest,
+        searchable: tuple[Any, ...],
+        path: PathSource,
     ) -> list[asyncpg.Record]:
         cap = max(self._settings.search_keyword_candidates, request.depth)
         terms = await conn.fetchrow(
@@ -166,25 +184,35 @@ class PgSearchIndex:
         )
         if terms is None:  # an unknown tenant has nothing to match
             return []
-        return await conn.fetch(self._keyword_sql, *searchable, *(terms[t] for t in _TERMS), cap)
+        return await conn.fetch(
+            self._keyword_sql[await path()], *searchable, *(terms[t] for t in _TERMS), cap
+        )
 
     async def _both_lists(
         self,
         conn: Connection,
         request: SearchRequest,
-        keyword_list: ListReader,
+        keyword_list: KeywordReader,
         vector_list: ListReader,
     ) -> list[asyncpg.Record]:
         """Hybrid: the two lists at once, on two connections sharing ``conn``'s snapshot
         (exported, and imported by the second's transaction before anything else), so they
         still see each document at one version. The vector list, the longer of the two,
-        starts on ``conn`` at once; the keyword list waits for the second connection."""
+        starts on ``conn`` at once, choosing the path both lists follow; the keyword list
+        waits for the second connection and the path."""
         snapshot = await conn.fetchval(QUERIES["export_snapshot"])
+        chosen: asyncio.Future[VectorPath] = asyncio.get_running_loop().create_future()
+
+        async def vector_first() -> list[asyncpg.Record]:
+            path = await self.vector_path(conn, request)
+            chosen.set_result(path)
+            return await vector_list(conn, path)
+
         try:
             async with asyncio.TaskGroup() as group:
-                vector = group.create_task(vector_list(conn))
+                vector = group.create_task(vector_first())
                 keyword = group.create_task(
-                    self._keyword_list_beside(conn, vector, snapshot, keyword_list)
+                    self._keyword_list_beside(conn, vector, chosen, snapshot, keyword_list)
                 )
         except ExceptionGroup as failed:  # the first failure, as if run in turn
             raise failed.exceptions[0] from None
@@ -194,30 +222,36 @@ class PgSearchIndex:
         self,
         conn: Connection,
         vector: asyncio.Task[list[asyncpg.Record]],
+        chosen: asyncio.Future[VectorPath],
         snapshot: str,
-        keyword_list: ListReader,
+        keyword_list: KeywordReader,
     ) -> list[asyncpg.Record]:
         """The keyword list on a second connection in ``snapshot``; without a free one right
         away, on ``conn`` once the vector list is done with it (waiting for a second while
-        holding the first could starve the pool), its path's planner settings undone."""
+        holding the first could starve the pool), its path's planner settings undone. A
+        failed vector list cancels this one through the TaskGroup, ``chosen`` or not."""
         try:
             second = await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
         except TimeoutError:
             await asyncio.wait([vector])  # its failure is the TaskGroup's to raise
             await conn.execute(QUERIES["undo_vector_path"])
-            return await keyword_list(conn)
+            return await keyword_list(conn, lambda: chosen)
         try:
             # One round trip: the transaction and its snapshot.
             await second.execute(
                 "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;" + import_snapshot_sql(snapshot)
             )
-            rows = await keyword_list(second)
+            rows = await keyword_list(second, lambda: chosen)
             await second.execute("COMMIT")
             return rows
         finally:
             # A failure leaves the transaction open: the release's reset rolls it back.
             # Not the acquire's few milliseconds, which asyncpg would take for the reset.
             await self._pool.release(second, timeout=self._settings.search_acquire_timeout_seconds)
+
+
+async def _joined() -> VectorPath:
+    return VectorPath.EXACT
 
 
 def import_snapshot_sql(snapshot: str) -> str:

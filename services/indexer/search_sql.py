@@ -19,6 +19,8 @@ QUERIES = queries_beside(__file__, "search.sql")
 TEMPLATE_MODEL: Final = "search-template-model"
 TEMPLATE_DIMENSION: Final = 1
 _ALIASES: Final = ("s", "c")
+# Where a statement may probe per candidate (search.sql: searchable_chunks).
+_PROBE: Final = "/*probe*/"
 
 
 class VectorPath(Enum):
@@ -69,7 +71,8 @@ def specialised_search_sql(
     """A search statement with the model's predicate and vector expression as literals,
     built from ann_index (which admits only safe model names), never from user input; one
     text per model and path, so the server can cache its plan shape. The exact path orders
-    by the bare column, which no index serves."""
+    by the bare column, which no index serves; on the ANN path the keyword list probes each
+    candidate's version and ACL (search.sql: searchable_chunks)."""
     sql = QUERIES[name]
     replacements = [
         (
@@ -87,6 +90,8 @@ def specialised_search_sql(
                 vector_expression(dimension, "c.embedding") if path is VectorPath.ANN else exact,
             )
         )
+    if name == KEYWORD_STATEMENT and path is VectorPath.ANN:
+        replacements.append((_PROBE, "OFFSET 0"))
     for template, replacement in replacements:
         if template not in sql:
             raise AssertionError(f"search.sql lost its template expression {template!r}")

@@ -244,6 +244,24 @@ def test_the_vector_statement_holds_the_vector_list_and_its_exact_twin_uses_no_i
     assert ann.count(vector_expression(384, "c.embedding") + " <=> $6::vector") == 2
 
 
+def test_only_the_keyword_list_of_broad_principals_probes_each_candidate() -> None:
+    from services.indexer.search_sql import (
+        KEYWORD_STATEMENT,
+        VECTOR_STATEMENT,
+        VectorPath,
+        specialised_search_sql,
+    )
+
+    def probes(name: str, path: VectorPath) -> int:
+        return specialised_search_sql("m", 384, name, path).count("OFFSET 0")
+
+    # The version and the ACL: both EXISTS stay subqueries.
+    assert probes(KEYWORD_STATEMENT, VectorPath.ANN) == 2
+    assert probes(KEYWORD_STATEMENT, VectorPath.EXACT) == 0
+    assert probes(VECTOR_STATEMENT, VectorPath.ANN) == 0
+    assert probes(VECTOR_STATEMENT, VectorPath.EXACT) == 0
+
+
 async def test_the_search_route_fails_closed_without_the_auth_middleware() -> None:
     import httpx
     from fastapi import FastAPI
