@@ -110,7 +110,9 @@ async def meta(url: str) -> dict[str, Any]:
     return {r["key"]: json.loads(r["value"]) for r in rows}
 
 
-async def _record(conn: asyncpg.Connection[Any], key: str, value: Any) -> None:
+async def _record(
+    conn: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any], key: str, value: Any
+) -> None:
     await conn.execute(
         "INSERT INTO bench_meta (key, value) VALUES ($1, $2)"
         " ON CONFLICT (key) DO UPDATE SET value = excluded.value",

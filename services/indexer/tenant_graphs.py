@@ -81,11 +81,24 @@ class PgTenantGraphs:
         self, stop: asyncio.Event, model: str, dimension: int, *, interval_seconds: float
     ) -> None:
         """``ensure`` now and every ``interval_seconds`` until ``stop``; a failed round is
-        logged and tried again at the next."""
+        logged and tried again at the next. ``stop`` cuts a build short (a large tenant's
+        takes minutes, longer than a shutdown's grace): the index it leaves INVALID is
+        dropped and built again by the next round, here or in another process."""
         while not stop.is_set():
+            building = asyncio.create_task(self.ensure(model, dimension))
+            stopping = asyncio.create_task(stop.wait())
             try:
-                await self.ensure(model, dimension)
-            except Exception as error:  # a round fails alone; the next one tries again
+                await asyncio.wait({building, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if not building.done():
+                building.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await building
+                log.info("tenant_graph.round_stopped", model=model)
+                return
+            if (error := building.exception()) is not None:
+                # A round fails alone (the database away, say); the next one tries again.
                 log.warning("tenant_graph.round_failed", model=model, error=repr(error))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval_seconds)

@@ -38,6 +38,7 @@ from services.runtime.media_types import MARKDOWN
 from services.runtime.settings import RuntimeSettings
 from services.runtime.transaction import Transaction
 from tests.support.clock import ManualClock
+from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.search import EXACT_MAX_CHUNKS
 from tests.support.stack import REPO_ROOT
 from tests.support.tasks import create_task
@@ -238,20 +239,6 @@ async def test_racing_versions_of_one_document_leave_only_the_served_one(
         assert served == 2
     finally:
         await pool.close()
-
-
-async def wait_until_blocked_on_a_lock(pool: asyncpg.Pool[Any]) -> None:
-    # The waiting transaction's progress is only visible from outside: wait (bounded) until
-    # a backend of this database waits for a lock.
-    async with asyncio.timeout(30):
-        while True:
-            blocked = await pool.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity"
-                "  WHERE datname = current_database() AND wait_event_type = 'Lock')"
-            )
-            if blocked:
-                return
-            await asyncio.sleep(0.02)
 
 
 class _PausedConnection:

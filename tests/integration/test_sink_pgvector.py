@@ -31,6 +31,7 @@ from services.runtime.settings import RuntimeSettings
 from services.runtime.transaction import Transaction
 from tests.support import versions
 from tests.support.clock import ManualClock
+from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.tasks import CreatedTask, create_task
 
 pytestmark = pytest.mark.integration
@@ -575,7 +576,7 @@ async def test_concurrent_switches_of_one_document_serialise_on_the_pointer(
                 ),
             )
         )
-        await _wait_until_blocked_on_a_lock(pool)
+        await wait_until_blocked_on_a_lock(pool)
         may_commit.set()
         await asyncio.gather(first, second)
 
@@ -592,23 +593,6 @@ async def test_concurrent_switches_of_one_document_serialise_on_the_pointer(
         ]
     finally:
         await pool.close()
-
-
-async def _wait_until_blocked_on_a_lock(pool: asyncpg.Pool[Any]) -> None:
-    # The second transaction's progress is only visible from outside: wait (bounded) until
-    # a backend of this database waits for a lock.
-    async with asyncio.timeout(30):
-        while True:
-            blocked = await pool.fetchval(
-                """
-                SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                                WHERE datname = current_database()
-                                  AND wait_event_type = 'Lock')
-                """
-            )
-            if blocked:
-                return
-            await asyncio.sleep(0.02)
 
 
 async def test_a_write_over_its_time_budget_is_rolled_back_whole(pool: asyncpg.Pool[Any]) -> None:

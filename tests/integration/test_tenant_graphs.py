@@ -22,6 +22,7 @@ from services.indexer.tenant_graphs import PgTenantGraphs
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import add_tenant
 from tests.support.cli import kb
+from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.search import (
     ChunkSpec,
     SearchHarness,
@@ -255,3 +256,27 @@ async def test_kb_index_tenant_graphs_refuses_a_size_that_is_not_positive(
     assert result.stdout == ""
     assert "--min-chunks" in result.stderr
     assert await graph_of(conn, api, "acme") is None
+
+
+async def test_stopping_cuts_a_build_short_and_the_next_round_builds_it_again(
+    api: SearchHarness, corpus: str, conn: asyncpg.Connection[Any]
+) -> None:
+    # A transaction holding the partition's SHARE UPDATE EXCLUSIVE lock keeps CREATE INDEX
+    # CONCURRENTLY waiting, as a build of a very large tenant would take its time.
+    holding = conn.transaction()
+    await holding.start()
+    await conn.execute(f"LOCK TABLE {corpus} IN SHARE UPDATE EXCLUSIVE MODE")
+    stop = asyncio.Event()
+    rounds = asyncio.create_task(
+        graphs_of(api).run(stop, api.embedder.model, api.embedder.dimension, interval_seconds=3600)
+    )
+    await wait_until_blocked_on_a_lock(api.pool)
+    stop.set()
+    # Shutdown does not wait for the build.
+    await asyncio.wait_for(rounds, timeout=10)
+    await holding.rollback()
+    graph = await graph_of(conn, api, "acme")
+    assert graph is None or not graph["valid"]
+
+    assert await ensure(api) == ["acme"]
+    assert (await graph_of(conn, api, "acme"))["valid"]
