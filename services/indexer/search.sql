@@ -12,10 +12,12 @@ SELECT pg_export_snapshot()
 -- ids filter $4), else EXACT; and whether the ANN path walks the tenant's own graph ($6, $7
 -- below) or its partition's ($8: the graph's candidate list, ef_search). Run first in the
 -- list's read-only REPEATABLE READ transaction (for hybrid, after export_snapshot): every
--- setting it makes is LOCAL to that transaction. It reads the readable documents' chunk counts (written by each
--- switch) only until their running sum passes $5 -- the window emits row by row, and EXISTS
--- stops at the first row over -- so a principal who may read the whole tenant costs
--- $5 / (chunks per document) pointer rows, not the tenant's.
+-- setting it makes is LOCAL to that transaction. It reads the readable documents' chunk
+-- counts (written by each switch) only until their running sum passes $5 -- the window
+-- emits row by row, and EXISTS stops at the first row over -- so a principal who may read
+-- the whole tenant costs $5 / (chunks per document) pointer rows, not the tenant's (an
+-- index-only scan of migrations/0015's index). Hybrid's keyword list follows the same path
+-- (searchable_chunks).
 --
 -- Custom plans for what follows: a generic plan of search_vector_candidates would not see
 -- the tenant (to prune to its partition at planning) nor the LIMIT's value. On the ANN path
@@ -254,8 +256,8 @@ SELECT 'keyword' AS list,
 -- name: search_vector_candidates
 -- The vector list (vector_list), with each document's title. $1 tenant, $2 principals, $3
 -- document ids filter (NULL: all), $4 heading path prefix (NULL: all), $5 depth, $6 query
--- vector. In hybrid search it runs after search_keyword_candidates in the same
--- REPEATABLE READ transaction: one snapshot for both lists.
+-- vector. In hybrid search it runs beside search_keyword_candidates, on another connection
+-- in the same snapshot (search_pg: export_snapshot): one snapshot for both lists.
 WITH vector_list AS (
     -- include: vector_list
 )

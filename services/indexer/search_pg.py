@@ -30,7 +30,7 @@ from services.indexer.search_sql import (
 )
 from services.runtime.db import translate_db_errors
 
-# How long hybrid search waits for a second connection before running its lists in turn.
+# How long hybrid search waits for a second connection before reading its lists in turn.
 _SECOND_CONNECTION_WAIT_SECONDS: Final = 0.005
 _SNAPSHOT_ID: Final = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
 # keyword_terms' columns, in search_keyword_candidates' parameter order ($6..$10).
