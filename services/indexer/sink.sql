@@ -128,8 +128,10 @@ SELECT coalesce(
 ) AS dimension
 
 -- name: ann_index_state
--- Whether the model's ANN index exists and is valid: valid once every partition's part of it
--- is built and attached (until then queries do not use it).
+-- Whether an ANN index ($1) exists and is valid: the model's is valid once every partition's
+-- part of it is built and attached (until then queries do not use it); a tenant's graph
+-- (tenant_graphs) is INVALID when its CREATE INDEX CONCURRENTLY was interrupted. No row:
+-- there is none.
 SELECT i.indisvalid AS valid
   FROM pg_class c
   JOIN pg_index i ON i.indexrelid = c.oid
@@ -166,19 +168,20 @@ SELECT embedding_model, chunking_strategy, dimension, ann_index_name, created_at
   FROM index_generation
  ORDER BY created_at, embedding_model, chunking_strategy
 
--- name: statement_timeout
-SELECT current_setting('statement_timeout')
+-- name: start_index_build
+-- Session-level, for an HNSW build (sink_pgvector.index_build_session): no statement timeout
+-- and $1 of maintenance_work_mem; the previous values come back, for end_index_build, which
+-- the caller runs before the connection returns to the pool (the indexer's pool does not
+-- reset sessions).
+SELECT current_setting('statement_timeout') AS statement_timeout,
+       current_setting('maintenance_work_mem') AS maintenance_work_mem,
+       set_config('statement_timeout', '0', false) AS new_statement_timeout,
+       set_config('maintenance_work_mem', $1::text, false) AS new_maintenance_work_mem
 
--- name: set_statement_timeout
--- Session-level: restored by the caller before the connection returns to the pool.
-SELECT set_config('statement_timeout', $1::text, false)
-
--- name: maintenance_work_mem
-SELECT current_setting('maintenance_work_mem')
-
--- name: set_maintenance_work_mem
--- Session-level, for the HNSW build only: restored by the caller, like statement_timeout.
-SELECT set_config('maintenance_work_mem', $1::text, false)
+-- name: end_index_build
+-- $1, $2: start_index_build's statement_timeout and maintenance_work_mem.
+SELECT set_config('statement_timeout', $1::text, false),
+       set_config('maintenance_work_mem', $2::text, false)
 
 -- name: set_local_statement_timeout
 -- Transaction-level (SET LOCAL): gone at commit or rollback, nothing left on the connection.

@@ -15,9 +15,10 @@ codec for ``vector``, which the COPY and the reuse lookup use).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -399,13 +400,7 @@ async def _ensure_ann_index(conn: Executor, generation: IndexGeneration, build_m
     model = generation.embedding_model
     if await conn.fetchval(QUERIES["ann_index_state"], name) is True:
         return
-    # A long build must not hit the pool's statement_timeout; restored before release, as
-    # the pool does not reset sessions (queue_pg.skip_session_reset).
-    previous = await conn.fetchval(QUERIES["statement_timeout"])
-    previous_memory = await conn.fetchval(QUERIES["maintenance_work_mem"])
-    await conn.fetchval(QUERIES["set_statement_timeout"], "0")
-    await conn.fetchval(QUERIES["set_maintenance_work_mem"], build_memory)
-    try:
+    async with index_build_session(conn, build_memory):
         log.info("ann_index.building", index=name, model=model, dimension=generation.dimension)
         await conn.execute(create_parent_ann_index_sql(model, generation.dimension))
         partitions = [
@@ -414,9 +409,24 @@ async def _ensure_ann_index(conn: Executor, generation: IndexGeneration, build_m
         for partition in partitions:
             await _ensure_partition_ann_index(conn, generation, partition)
         log.info("ann_index.built", index=name, model=model, partitions=len(partitions))
+
+
+@contextlib.asynccontextmanager
+async def index_build_session(conn: Executor, build_memory: str) -> AsyncIterator[None]:
+    """The connection set up for an HNSW build, and back as it was afterwards: a long build
+    must not hit the pool's statement_timeout, and crawls when its graph does not fit in
+    maintenance_work_mem. Restored before release, as the indexer's pool does not reset
+    sessions (queue_pg.skip_session_reset)."""
+    previous = await conn.fetchrow(QUERIES["start_index_build"], build_memory)
+    assert previous is not None
+    try:
+        yield
     finally:
-        await conn.fetchval(QUERIES["set_statement_timeout"], previous)
-        await conn.fetchval(QUERIES["set_maintenance_work_mem"], previous_memory)
+        await conn.fetchval(
+            QUERIES["end_index_build"],
+            previous["statement_timeout"],
+            previous["maintenance_work_mem"],
+        )
 
 
 async def _ensure_partition_ann_index(

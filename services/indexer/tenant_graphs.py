@@ -27,6 +27,8 @@ from services.indexer.ann_index import (
     drop_tenant_ann_index_sql,
     tenant_ann_index_name,
 )
+from services.indexer.sink_pgvector import QUERIES as SINK_QUERIES
+from services.indexer.sink_pgvector import index_build_session
 from services.runtime.db import translate_db_errors
 from services.runtime.logging import get_logger
 from services.runtime.sql import queries_beside
@@ -109,19 +111,12 @@ async def _ensure_tenant_graph(
 ) -> bool:
     """True when it built the tenant's graph, False when a valid one was there."""
     name = tenant_ann_index_name(model, tenant)
-    valid = await conn.fetchval(QUERIES["index_validity"], name)
+    valid = await conn.fetchval(SINK_QUERIES["ann_index_state"], name)
     if valid is True:
         return False
-    previous = await conn.fetchrow(QUERIES["build_settings"], build_memory)
-    try:
+    async with index_build_session(conn, build_memory):
         if valid is False:
             log.warning("tenant_graph.invalid_dropped", model=model, tenant_id=tenant, index=name)
             await conn.execute(drop_tenant_ann_index_sql(model, tenant))
         await conn.execute(create_tenant_ann_index_sql(model, dimension, partition, tenant))
-    finally:
-        await conn.fetchval(
-            QUERIES["restore_build_settings"],
-            previous["statement_timeout"],
-            previous["maintenance_work_mem"],
-        )
     return True
