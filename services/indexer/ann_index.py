@@ -30,7 +30,7 @@ _SAFE_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 
 
 def check_model_name(model: str) -> str:
-    if not _SAFE_MODEL.match(model):
+    if not _SAFE_MODEL.fullmatch(model):
         raise ValueError(
             f"embedding model name {model!r} has characters outside [A-Za-z0-9._:/@+-]"
         )
@@ -58,7 +58,7 @@ _SAFE_PARTITION = re.compile(r"^knowledge_chunk_[a-z0-9_]{1,30}$")
 
 
 def check_partition_name(partition: str) -> str:
-    if not _SAFE_PARTITION.match(partition):
+    if not _SAFE_PARTITION.fullmatch(partition):
         raise ValueError(f"{partition!r} is not a partition name of knowledge_chunk")
     return partition
 
@@ -129,7 +129,7 @@ _SAFE_TENANT = re.compile(TENANT_ID_PATTERN)
 
 
 def check_tenant_name(tenant_id: str) -> str:
-    if not _SAFE_TENANT.match(tenant_id):
+    if not _SAFE_TENANT.fullmatch(tenant_id):
         raise ValueError(f"{tenant_id!r} is not a tenant id")
     return tenant_id
 

@@ -26,7 +26,8 @@ def test_a_tenant_graph_is_named_after_its_model_and_tenant_within_an_identifier
 
 
 @pytest.mark.parametrize(
-    "tenant", ["Acme", "acme'; DROP TABLE knowledge_chunk; --", "", "-acme", "a" * 64, "acmé"]
+    "tenant",
+    ["Acme", "acme'; DROP TABLE knowledge_chunk; --", "", "-acme", "a" * 64, "acmé", "acme\n"],
 )
 def test_a_tenant_id_the_publisher_would_refuse_never_reaches_ddl(tenant: str) -> None:
     with pytest.raises(ValueError, match="not a tenant id"):
@@ -50,3 +51,11 @@ def test_a_tenant_graph_is_a_partial_index_of_its_partition_built_concurrently()
 def test_a_tenant_graph_goes_only_on_a_partition_of_knowledge_chunk() -> None:
     with pytest.raises(ValueError, match="not a partition"):
         create_tenant_ann_index_sql(MODEL, 384, "document_acl", "acme")
+
+
+def test_a_model_or_partition_name_with_a_trailing_newline_never_reaches_ddl() -> None:
+    # "$" matches before a final newline: the names must match whole.
+    with pytest.raises(ValueError, match="characters outside"):
+        tenant_ann_index_name(MODEL + "\n", "acme")
+    with pytest.raises(ValueError, match="not a partition"):
+        create_tenant_ann_index_sql(MODEL, 384, "knowledge_chunk_p07\n", "acme")
