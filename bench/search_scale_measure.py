@@ -116,12 +116,16 @@ def variants(
     index: PgSearchIndex,
     exact_index: PgSearchIndex,
     forced_index: PgSearchIndex,
+    counting_index: PgSearchIndex,
     concurrency: list[int],
     queries: int,
 ) -> list[tuple[str, SearchMode, PgSearchIndex, list[int], int, bool]]:
     """(row name, mode, index, concurrency levels, queries, one common word only)."""
     return [
         ("search vector", SearchMode.VECTOR, index, concurrency, queries, False),
+        # A principal set's first search (or one past KB_SEARCH_PATH_CACHE_SECONDS): the path
+        # is counted before the vector list.
+        ("search vector, path counted", SearchMode.VECTOR, counting_index, [1], queries, False),
         ("exact scan vector", SearchMode.VECTOR, exact_index, [1], queries, False),
         (
             "search vector, ANN path forced",
@@ -142,6 +146,7 @@ def variants(
             True,
         ),
         ("search hybrid", SearchMode.HYBRID, index, concurrency, queries, False),
+        ("search hybrid, path counted", SearchMode.HYBRID, counting_index, [1], queries, False),
         ("exact scan hybrid", SearchMode.HYBRID, exact_index, [1], queries, False),
         (
             "search hybrid, ANN path forced",
@@ -186,6 +191,9 @@ async def measure(
         index = PgSearchIndex(pool, generation, settings)
         exact_index = index_on_path(pool, generation, settings, VectorPath.EXACT)
         forced_index = index_on_path(pool, generation, settings, VectorPath.ANN)
+        counting_index = PgSearchIndex(
+            pool, generation, settings.model_copy(update={"search_path_cache_seconds": 0})
+        )
         # The limit of speed: pgvector alone, neither the version join nor the ACL filter --
         # over the query's tenant (its partition's HNSW index; the ratio's base), and over
         # every tenant (every partition's index, merged).
@@ -246,7 +254,7 @@ async def measure(
 
         for principal_class in PRINCIPAL_CLASSES:
             for label, mode, searcher, levels, count, common in variants(
-                index, exact_index, forced_index, concurrency, len(queries)
+                index, exact_index, forced_index, counting_index, concurrency, len(queries)
             ):
 
                 async def call(

@@ -9,89 +9,50 @@ SELECT pg_export_snapshot()
 -- name: choose_vector_path
 -- The vector list's path (search_sql.VectorPath): ANN when the principals $2 may read more
 -- than $5 chunks of tenant $1's current search versions of model $3 (within the document
--- ids filter $4), else EXACT; and whether the ANN path walks the tenant's own graph ($6, $7
--- below) or its partition's ($8: the graph's candidate list, ef_search). Run first in the
--- list's read-only REPEATABLE READ transaction (for hybrid, after export_snapshot): every
--- setting it makes is LOCAL to that transaction. It reads the readable documents' chunk
--- counts (written by each switch) only until their running sum passes $5 -- the window
--- emits row by row, and EXISTS stops at the first row over -- so a principal who may read
--- the whole tenant costs $5 / (chunks per document) pointer rows, not the tenant's (an
--- index-only scan of migrations/0015's index). Hybrid's keyword list follows the same path
+-- ids filter $4), else EXACT; and whether the tenant has a valid graph of its own ($6), which
+-- the ANN path then walks with its own ef_search. search_pg keeps the answer a short while
+-- (search_path_cache) and sets the transaction up for the path
+-- (search_sql.vector_path_settings_sql). It reads the readable documents' chunk counts
+-- (written by each switch) only until their running sum passes $5 -- the window emits row
+-- by row, and EXISTS stops at the first row over -- so a principal who may read the whole
+-- tenant costs $5 / (chunks per document) pointer rows, not the tenant's (an index-only scan
+-- of migrations/0015's index). Hybrid's keyword list follows the same path
 -- (searchable_chunks).
---
--- Custom plans for what follows: a generic plan of search_vector_candidates would not see
--- the tenant (to prune to its partition at planning) nor the LIMIT's value. On the ANN path
--- it turns sorting off for the rest of the transaction: the planner,
--- estimating the pointer and ACL filters at a few rows, would rather sort the tenant's
--- chunks than walk the graph; with sorting disabled, the plan without a disabled node --
--- the HNSW index's order -- wins. Every other sort of the search statement (the keyword
--- list's ranking, the fusion's order) is in every plan alike, so it changes nothing there.
--- Hash and merge joins go off with it, and materializing: the graph yields a few dozen
--- candidates (a few hundred when the principals read a small part of the tenant), and
--- probing each one's pointer and ACL rows by index costs microseconds, where collecting the
--- tenant's readable documents first costs milliseconds -- and, estimated at a dozen when
--- they are a thousand, a materialized list of them was scanned again for every candidate
--- (1M bench, whole tenant: 20 ms instead of 13).
-WITH readable AS MATERIALIZED (  -- read several times below, run once
-    SELECT EXISTS (
-        SELECT 1
-          FROM (SELECT sum(coalesce(s.chunk_count, 0)) OVER (ROWS UNBOUNDED PRECEDING) AS running
-                  FROM document_search_version s
-                 WHERE s.tenant_id = $1
-                   AND s.embedding_model = $3
-                   AND ($4::uuid[] IS NULL OR s.document_id = ANY ($4::uuid[]))
-                   AND EXISTS (
-                         SELECT 1
-                           FROM document_acl a
-                          WHERE a.tenant_id = s.tenant_id
-                            AND a.document_id = s.document_id
-                            AND a.permission = 'READ'
-                            AND a.principal = ANY ($2::text[]))) r
-         WHERE r.running > $5) AS many
-),
--- The tenant's own graph ($6, services/indexer/tenant_graphs.py), when it has one, valid:
--- the planner walks it rather than its partition's (the smaller index), and it reaches the
--- same recall with a smaller candidate list ($7 instead of the transaction's ef_search).
-tenant_graph AS MATERIALIZED (
-    SELECT EXISTS (
-        SELECT 1
-          FROM pg_class c
-          JOIN pg_index i ON i.indexrelid = c.oid
-         WHERE c.relname = $6::text
-           AND c.relnamespace = (SELECT k.relnamespace
-                                   FROM pg_class k
-                                  WHERE k.oid = 'knowledge_chunk'::regclass)
-           AND i.indisvalid) AS valid
-)
-SELECT CASE WHEN r.many THEN 'ann' ELSE 'exact' END AS path,
-       g.valid AS tenant_graph,
-       -- pgvector >= 0.8 iterative index scans: when the version and ACL probes reject most
-       -- of what the HNSW scan yields, the scan goes on (up to $9 tuples) instead of
-       -- returning fewer than LIMIT rows. relaxed_order may hand rows back slightly out of
-       -- distance order; the statement re-ranks them by distance anyway.
-       set_config('hnsw.iterative_scan', 'relaxed_order', true) AS iterative_scan,
-       set_config('hnsw.max_scan_tuples', $9::integer::text, true) AS max_scan_tuples,
-       set_config('hnsw.ef_search',
-                  CASE WHEN g.valid THEN $7::integer ELSE $8::integer END::text, true)
-           AS ef_search,
-       set_config('enable_sort', CASE WHEN r.many THEN 'off' ELSE 'on' END, true) AS enable_sort,
-       set_config('enable_hashjoin', CASE WHEN r.many THEN 'off' ELSE 'on' END, true)
-           AS enable_hashjoin,
-       set_config('enable_mergejoin', CASE WHEN r.many THEN 'off' ELSE 'on' END, true)
-           AS enable_mergejoin,
-       set_config('enable_material', CASE WHEN r.many THEN 'off' ELSE 'on' END, true)
-           AS enable_material,
-       set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode
-  FROM readable r, tenant_graph g
+SELECT CASE WHEN EXISTS (
+         SELECT 1
+           FROM (SELECT sum(coalesce(s.chunk_count, 0)) OVER (ROWS UNBOUNDED PRECEDING) AS running
+                   FROM document_search_version s
+                  WHERE s.tenant_id = $1
+                    AND s.embedding_model = $3
+                    AND ($4::uuid[] IS NULL OR s.document_id = ANY ($4::uuid[]))
+                    AND EXISTS (
+                          SELECT 1
+                            FROM document_acl a
+                           WHERE a.tenant_id = s.tenant_id
+                             AND a.document_id = s.document_id
+                             AND a.permission = 'READ'
+                             AND a.principal = ANY ($2::text[]))) r
+          WHERE r.running > $5)
+       THEN 'ann' ELSE 'exact' END AS path,
+       -- The tenant's own graph (services/indexer/tenant_graphs.py), valid: the planner
+       -- walks it rather than its partition's (the smaller index).
+       EXISTS (
+         SELECT 1
+           FROM pg_class c
+           JOIN pg_index i ON i.indexrelid = c.oid
+          WHERE c.relname = $6::text
+            AND c.relnamespace = (SELECT k.relnamespace
+                                    FROM pg_class k
+                                   WHERE k.oid = 'knowledge_chunk'::regclass)
+            AND i.indisvalid) AS tenant_graph
 
 -- name: undo_vector_path
--- Back to the session's planner settings, after choose_vector_path: for the statements that
--- follow the vector list in the same transaction (hybrid's keyword list when no second
--- connection was free; keyword_terms wants its generic plan).
+-- Back to the session's planner settings $1 (search_sql.PLANNER_SETTINGS), after the vector
+-- path's: for the statements that follow the vector list in the same transaction (hybrid's
+-- keyword list when no second connection was free; keyword_terms wants its generic plan).
 SELECT set_config(name, reset_val, true)
   FROM pg_settings
- WHERE name IN ('enable_sort', 'enable_hashjoin', 'enable_mergejoin', 'enable_material',
-                'plan_cache_mode')
+ WHERE name = ANY ($1::text[])
 
 -- name: searchable_chunks
 -- The chunks principals $2 may search in tenant $1 -- the current search version's, READ by

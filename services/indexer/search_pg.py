@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final, TypeAlias
 
 import asyncpg
 import numpy as np
 
-from services.indexer.ann_index import tenant_ann_index_name
 from services.indexer.embedding.port import Vectors
 from services.indexer.search import (
     Candidate,
@@ -20,8 +19,10 @@ from services.indexer.search import (
     SearchMode,
     SearchRequest,
 )
+from services.indexer.search_paths import Connection, PathChoice, PathSource, VectorPaths
 from services.indexer.search_sql import (
     KEYWORD_STATEMENT,
+    PLANNER_SETTINGS,
     QUERIES,
     VECTOR_STATEMENT,
     SearchSettings,
@@ -37,16 +38,10 @@ _SNAPSHOT_ID: Final = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
 _TERMS: Final = ("strict", "any_word", "rarest_word", "ranking", "lexemes")
 
 
-Connection: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]"
-
-
 # Reads one ranked list on a connection.
 ListReader: TypeAlias = Callable[
     [Connection, VectorPath], Coroutine[Any, Any, list[asyncpg.Record]]
 ]
-# The keyword list's path, awaited once its terms are read (choose_vector_path turns custom
-# plans on, which keyword_terms must not get).
-PathSource: TypeAlias = Callable[[], Awaitable[VectorPath]]
 KeywordReader: TypeAlias = Callable[
     [Connection, PathSource], Coroutine[Any, Any, list[asyncpg.Record]]
 ]
@@ -73,6 +68,7 @@ class PgSearchIndex:
         }
         # tenant -> its partition of knowledge_chunk (one short string per tenant searched).
         self._partitions: dict[str, str] = {}
+        self._paths = VectorPaths(generation, self._settings)
 
     @property
     def generation(self) -> Generation:
@@ -88,26 +84,10 @@ class PgSearchIndex:
         self,
         conn: Connection,
         request: SearchRequest,
+        kept: PathChoice | None = None,
     ) -> VectorPath:
-        """ANN when the principals may read more than ``search_exact_max_chunks`` chunks of
-        the tenant, else EXACT: how the vector list finds its chunks, and whether the keyword
-        list probes its candidates or starts from the readable documents. Sets the
-        transaction up for the path (search.sql: choose_vector_path): call it inside the
-        search's transaction, before the statement."""
-        flt = request.filter
-        path = await conn.fetchval(
-            QUERIES["choose_vector_path"],
-            request.tenant_id,
-            list(request.principals),
-            self._generation.embedding_model,
-            list(flt.document_ids) if flt.document_ids is not None else None,
-            self._settings.search_exact_max_chunks,
-            self._tenant_graph(request.tenant_id),
-            self._ef_search(self._settings.search_tenant_graph_ef_search, request),
-            self._ef_search(self._settings.search_ef_search, request),
-            self._settings.search_max_scan_tuples,
-        )
-        return VectorPath(path)
+        """The vector list's path, its transaction set up for it (search_paths)."""
+        return await self._paths.set_up(conn, request, kept)
 
     async def _tenant_partition(self, conn: Connection, tenant_id: str) -> str | None:
         partition = self._partitions.get(tenant_id)
@@ -149,23 +129,12 @@ class PgSearchIndex:
                     rows = await self._both_lists(conn, request, keyword_list, vector_list)
                 elif request.mode.uses_keyword:
                     # Without a vector list the path is not worth its count (~1.5 ms): the
-                    # keyword list starts from the readable documents, as for few of them.
-                    rows = await keyword_list(conn, _joined)
+                    # keyword list follows a kept one, else starts from the readable
+                    # documents, as for few of them.
+                    rows = await keyword_list(conn, self._paths.kept_path_or_exact(request))
                 else:
                     rows = await vector_list(conn, await self.vector_path(conn, request))
         return _candidates(rows)
-
-    def _tenant_graph(self, tenant_id: str) -> str | None:
-        """The name the tenant's own graph has if it has one (tenant_graphs)."""
-        try:
-            return tenant_ann_index_name(self._generation.embedding_model, tenant_id)
-        except ValueError:  # not a tenant id the publisher admits: it has no graph
-            return None
-
-    @staticmethod
-    def _ef_search(setting: int, request: SearchRequest) -> int:
-        """At least the list's depth: an HNSW scan yields at most ef_search rows."""
-        return min(1000, max(setting, request.depth))
 
     async def _keyword_list(
         self,
@@ -198,14 +167,18 @@ class PgSearchIndex:
         """Hybrid: the two lists at once, on two connections sharing ``conn``'s snapshot
         (exported, and imported by the second's transaction before anything else), so they
         still see each document at one version. The vector list, the longer of the two,
-        starts on ``conn`` at once, choosing the path both lists follow; the keyword list
-        waits for the second connection and the path."""
+        starts on ``conn`` at once, choosing the path both lists follow unless a recent
+        choice is kept; the keyword list waits for the second connection and the path."""
         snapshot = await conn.fetchval(QUERIES["export_snapshot"])
         chosen: asyncio.Future[VectorPath] = asyncio.get_running_loop().create_future()
+        kept = self._paths.kept(request)
+        if kept is not None:
+            chosen.set_result(kept.path)
 
         async def vector_first() -> list[asyncpg.Record]:
-            path = await self.vector_path(conn, request)
-            chosen.set_result(path)
+            path = await self.vector_path(conn, request, kept)
+            if not chosen.done():
+                chosen.set_result(path)
             return await vector_list(conn, path)
 
         try:
@@ -234,7 +207,7 @@ class PgSearchIndex:
             second = await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
         except TimeoutError:
             await asyncio.wait([vector])  # its failure is the TaskGroup's to raise
-            await conn.execute(QUERIES["undo_vector_path"])
+            await conn.execute(QUERIES["undo_vector_path"], list(PLANNER_SETTINGS))
             return await keyword_list(conn, lambda: chosen)
         try:
             # One round trip: the transaction and its snapshot.
@@ -248,10 +221,6 @@ class PgSearchIndex:
             # A failure leaves the transaction open: the release's reset rolls it back.
             # Not the acquire's few milliseconds, which asyncpg would take for the reset.
             await self._pool.release(second, timeout=self._settings.search_acquire_timeout_seconds)
-
-
-async def _joined() -> VectorPath:
-    return VectorPath.EXACT
 
 
 def import_snapshot_sql(snapshot: str) -> str:

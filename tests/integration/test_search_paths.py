@@ -143,6 +143,57 @@ async def test_few_readable_chunks_are_ranked_exactly(
     assert len({c.document_id for c in candidates.vector}) == 1
 
 
+async def test_the_exact_path_probes_the_readable_documents_from_their_acl_rows(
+    api: SearchHarness, index: PgSearchIndex, corpus: str
+) -> None:
+    # Few readable documents: their pointers are probed one by one from the ACL's rows, not
+    # every pointer of the tenant read and hashed (the planner misjudges how many are read).
+    path, plan = await explain(index, api, "group:few")
+    assert path is VectorPath.EXACT
+    nodes = set(node_types(plan))
+    assert "Nested Loop" in nodes
+    assert not {"Hash Join", "Merge Join", "Bitmap Heap Scan"} & nodes
+
+
+async def test_a_kept_path_only_decides_speed_the_acl_is_read_by_every_search(
+    api: SearchHarness, conn: asyncpg.Connection[Any], settings: RuntimeSettings, corpus: str
+) -> None:
+    generation = Generation(api.embedder.model, api.embedder.dimension)
+
+    def searcher(path_cache_seconds: float, exact_max_chunks: int) -> PgSearchIndex:
+        return PgSearchIndex(
+            api.pool,
+            generation,
+            SearchSettings(
+                database_url=settings.database_url,
+                search_exact_max_chunks=exact_max_chunks,
+                search_path_cache_seconds=path_cache_seconds,
+            ),
+        )
+
+    keeping, counting = searcher(3600, EXACT_MAX_CHUNKS), searcher(0, EXACT_MAX_CHUNKS)
+    assert (await explain(keeping, api, "group:few"))[0] is VectorPath.EXACT
+    # group:few now may read every document: more than EXACT_MAX_CHUNKS chunks.
+    await conn.execute(
+        "INSERT INTO document_acl (tenant_id, document_id, principal, permission)"
+        " SELECT tenant_id, document_id, 'group:few', 'READ' FROM document"
+        " WHERE tenant_id = 'acme' ON CONFLICT DO NOTHING"
+    )
+    assert (await explain(keeping, api, "group:few"))[0] is VectorPath.EXACT  # kept
+    assert (await explain(counting, api, "group:few"))[0] is VectorPath.ANN
+    request = SearchRequest("acme", "refunds", ("group:few",), 10, SearchMode.HYBRID)
+    vector = api.embedder.embed_sync(["refunds"])[0]
+    kept = await keeping.candidates(request, vector)
+    # The kept (exact) path ranks what the principal may read now: every document.
+    assert kept == await searcher(0, 10_000_000).candidates(request, vector)
+    assert len({c.document_id for c in kept.vector}) > 1
+    # And a revoked grant is gone at once, whatever path is kept.
+    await conn.execute("DELETE FROM document_acl WHERE principal = 'group:few'")
+    emptied = await keeping.candidates(request, vector)
+    assert emptied.vector == []
+    assert emptied.keyword == []
+
+
 async def test_no_readable_chunk_is_the_exact_path_and_an_empty_list(
     api: SearchHarness, index: PgSearchIndex, corpus: str
 ) -> None:
