@@ -130,7 +130,7 @@ async def _measure(
                 return response.json()
 
             for c in concurrency:
-                samples, answers, rate = await timed(call, len(queries), c)
+                samples, answers, rate, _ = await timed(call, len(queries), c)
                 row = Row(
                     f"HTTP kb serve {mode.value} (embedding incl.)",
                     PRINCIPALS,

@@ -63,6 +63,9 @@ class Row:
     recall: float | None = None
     filled: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The plain tenant query's milliseconds for the same queries, each run right after the
+    # row's own call (the ratio's base: the machine's drift between rows cancels out).
+    paired: list[float] | None = None
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -71,25 +74,47 @@ def percentile(samples: Sequence[float], q: float) -> float:
 
 
 async def timed(
-    call: Callable[[int], Awaitable[Any]], count: int, concurrency: int
-) -> tuple[list[float], list[Any], float]:
+    call: Callable[[int], Awaitable[Any]],
+    count: int,
+    concurrency: int,
+    peer: Callable[[int], Awaitable[Any]] | None = None,
+) -> tuple[list[float], list[Any], float, list[float]]:
     """``count`` calls, ``concurrency`` at a time (after ``WARM_UP`` untimed ones): each
-    call's milliseconds, its answer, and calls per second over the whole run."""
+    call's milliseconds, its answer, calls per second over the whole run, and -- with
+    ``peer`` -- the peer's milliseconds for the same query, run by the same worker beside
+    each call (calls per second are then the workers' busy rate, by Little's law:
+    concurrency over the mean call time)."""
     for n in range(min(WARM_UP, count)):
         await call(n)
     samples = [0.0] * count
+    peer_samples = [0.0] * count if peer is not None else []
     answers: list[Any] = [None] * count
     todo = iter(range(count))
 
+    async def run(n: int) -> None:
+        started = time.perf_counter()
+        answers[n] = await call(n)
+        samples[n] = (time.perf_counter() - started) * 1000
+
+    async def run_peer(n: int) -> None:
+        if peer is not None:
+            started = time.perf_counter()
+            await peer(n)
+            peer_samples[n] = (time.perf_counter() - started) * 1000
+
     async def worker() -> None:
         for n in todo:  # one iterator shared by the workers: each call runs once
-            started = time.perf_counter()
-            answers[n] = await call(n)
-            samples[n] = (time.perf_counter() - started) * 1000
+            # Every other query runs the peer first: whichever runs second finds the
+            # query's part of the graph in the CPU's caches.
+            first, second = (run_peer, run) if n % 2 else (run, run_peer)
+            await first(n)
+            await second(n)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return samples, answers, count / (time.perf_counter() - started)
+    if peer is not None:
+        return samples, answers, concurrency * 1000 / statistics.mean(samples), peer_samples
+    return samples, answers, count / (time.perf_counter() - started), peer_samples
 
 
 def index_on_path(
@@ -101,6 +126,22 @@ def index_on_path(
     return PgSearchIndex(
         pool, generation, settings.model_copy(update={"search_exact_max_chunks": threshold})
     )
+
+
+async def prime_paths(
+    pool: Any,
+    index: PgSearchIndex,
+    queries: list[Query],
+    principal_class: str,
+    mode: SearchMode,
+) -> None:
+    """Has ``index`` keep each query's principals' vector path, as their earlier search
+    would have (KB_SEARCH_PATH_CACHE_SECONDS), without running the query itself (whose
+    pages would then be warm)."""
+    async with pool.acquire() as conn:
+        for query in queries:
+            async with conn.transaction(readonly=True, isolation="repeatable_read"):
+                await index.vector_path(conn, request_for(query, principal_class, mode))
 
 
 def request_for(
@@ -120,7 +161,10 @@ def variants(
     concurrency: list[int],
     queries: int,
 ) -> list[tuple[str, SearchMode, PgSearchIndex, list[int], int, bool]]:
-    """(row name, mode, index, concurrency levels, queries, one common word only)."""
+    """(row name, mode, index, concurrency levels, queries, one common word only).
+
+    ``index``'s rows are searches by principals who searched a moment ago (their path is
+    kept: ``prime_paths``); ``counting_index``'s are first searches (counted)."""
     return [
         ("search vector", SearchMode.VECTOR, index, concurrency, queries, False),
         # A principal set's first search (or one past KB_SEARCH_PATH_CACHE_SECONDS): the path
@@ -234,7 +278,7 @@ async def measure(
                 )
 
         for c in concurrency:
-            samples, answers, rate = await timed(lambda n: plain(n, True), len(queries), c)
+            samples, answers, rate, _ = await timed(lambda n: plain(n, True), len(queries), c)
             hits = sum(
                 len(set(exact["all"][n]) & {int(r["chunk_id"]) for r in answer})
                 for n, answer in enumerate(answers)
@@ -242,7 +286,7 @@ async def measure(
             rows.append(Row(PLAIN_TENANT, "-", c, samples, rate, hits / (TOP_K * len(queries))))
             log(f"plain tenant c{c}: p50 {statistics.median(samples):.2f} ms")
         for c in concurrency:
-            samples, answers, rate = await timed(lambda n: plain(n, False), len(queries), c)
+            samples, answers, rate, _ = await timed(lambda n: plain(n, False), len(queries), c)
             hits = sum(
                 len(set(plain_exact[n]) & {int(r["chunk_id"]) for r in answer})
                 for n, answer in enumerate(answers)
@@ -270,9 +314,13 @@ async def measure(
                     )
                     return candidates, rank_results(request, candidates)
 
+                if searcher is index:
+                    await prime_paths(pool, index, queries, principal_class, mode)
                 for c in levels:
-                    samples, answers, rate = await timed(call, count, c)
-                    row = Row(label, principal_class, c, samples, rate)
+                    samples, answers, rate, paired = await timed(
+                        call, count, c, peer=lambda n: plain(n, True)
+                    )
+                    row = Row(label, principal_class, c, samples, rate, paired=paired)
                     score(row, mode, answers, exact[principal_class], readable[principal_class])
                     rows.append(row)
                     log(
@@ -406,7 +454,7 @@ async def embedding_rows(
             async def call(n: int) -> Any:
                 return await embedder.embed([queries[n].text])
 
-            samples, _, rate = await timed(call, len(queries), c)
+            samples, _, rate, _ = await timed(call, len(queries), c)
             rows.append(Row(f"query embedding ({embedder.model})", "-", c, samples, rate))
             log(f"embedding c{c}: p50 {statistics.median(samples):.2f} ms")
     finally:
@@ -479,14 +527,17 @@ def report(
     plain = {r.concurrency: r for r in rows if r.name == PLAIN_TENANT}
     print(
         "| query | principals | conc. | p50 ms | p95 ms | p99 ms | queries/s"
-        " | p95 vs plain | recall@10 | topK filled |"
+        " | p95 vs plain | paired plain p95 | p95 vs paired | recall@10 | topK filled |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows + embedding + http_rows:
         base = plain.get(row.concurrency)
-        ratio = ""
+        ratio = paired_p95 = paired_ratio = ""
         if base is not None and not row.name.startswith("query embedding"):
             ratio = f"{percentile(row.samples, 0.95) / percentile(base.samples, 0.95):.2f}x"
+        if row.paired:
+            paired_p95 = f"{percentile(row.paired, 0.95):.2f}"
+            paired_ratio = f"{percentile(row.samples, 0.95) / percentile(row.paired, 0.95):.2f}x"
         recall = "" if row.recall is None else f"{row.recall:.3f}"
         filled = "" if row.filled is None else f"{100 * row.filled:.0f} %"
         if "mean results" in row.extra:
@@ -495,7 +546,7 @@ def report(
             f"| {row.name} | {row.principals} | {row.concurrency}"
             f" | {statistics.median(row.samples):.2f} | {percentile(row.samples, 0.95):.2f}"
             f" | {percentile(row.samples, 0.99):.2f} | {row.per_second:.0f} | {ratio}"
-            f" | {recall} | {filled} |"
+            f" | {paired_p95} | {paired_ratio} | {recall} | {filled} |"
         )
     print()
     for principal_class, shape in plans.items():

@@ -194,6 +194,31 @@ async def test_a_kept_path_only_decides_speed_the_acl_is_read_by_every_search(
     assert emptied.keyword == []
 
 
+async def test_keyword_search_follows_a_kept_path_with_the_same_answer(
+    api: SearchHarness, settings: RuntimeSettings, corpus: str
+) -> None:
+    # Keyword search alone does not count the path; once a vector search of the same
+    # principals has kept ANN, its list probes each match instead of starting from the
+    # readable documents -- another plan, the same list.
+    index = PgSearchIndex(
+        api.pool,
+        Generation(api.embedder.model, api.embedder.dimension),
+        SearchSettings(
+            database_url=settings.database_url, search_exact_max_chunks=EXACT_MAX_CHUNKS
+        ),
+    )
+    keyword = SearchRequest("acme", "clause policy", ("group:many",), 10, SearchMode.KEYWORD)
+    joined = await index.candidates(keyword, None)
+    vector = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.VECTOR)
+    await index.candidates(vector, api.embedder.embed_sync(["refunds"])[0])
+    kept = index._paths.kept(keyword)
+    assert kept is not None
+    assert kept.path is VectorPath.ANN
+    probed = await index.candidates(keyword, None)
+    assert len(joined.keyword) == 10
+    assert probed == joined
+
+
 async def test_no_readable_chunk_is_the_exact_path_and_an_empty_list(
     api: SearchHarness, index: PgSearchIndex, corpus: str
 ) -> None:
