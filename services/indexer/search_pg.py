@@ -30,8 +30,11 @@ from services.indexer.search_sql import (
     specialised_search_sql,
 )
 from services.runtime.db import translate_db_errors
+from services.runtime.logging import get_logger
 
-# How long hybrid search waits for a second connection before reading its lists in turn.
+log = get_logger(__name__)
+
+# How long hybrid search waits for an idle second connection before reading its lists in turn.
 _SECOND_CONNECTION_WAIT_SECONDS: Final = 0.005
 _SNAPSHOT_ID: Final = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
 # keyword_terms' columns, in search_keyword_candidates' parameter order ($6..$10).
@@ -68,6 +71,7 @@ class PgSearchIndex:
         }
         # tenant -> its partition of knowledge_chunk (one short string per tenant searched).
         self._partitions: dict[str, str] = {}
+        self._growing: asyncio.Task[None] | None = None
         self._paths = VectorPaths(generation, self._settings)
 
     @property
@@ -191,6 +195,30 @@ class PgSearchIndex:
             raise failed.exceptions[0] from None
         return keyword.result() + vector.result()
 
+    async def _idle_connection(self) -> asyncpg.pool.PoolConnectionProxy[Any] | None:
+        """An idle connection of the pool, else None at once. Waiting for one to be opened
+        would outlast reading the lists in turn, and a connect cut short by a timeout leaves
+        asyncpg's half-done attempt behind (an error logged, a backend started for nothing).
+        While the pool may grow, one more connection is opened in the background, for the
+        searches that follow (the pool starts with KB_DB_POOL_MIN_SIZE, 1 by default)."""
+        if self._pool.get_idle_size() == 0:
+            if self._growing is None and self._pool.get_size() < self._pool.get_max_size():
+                self._growing = asyncio.create_task(self._grow_pool())
+            return None
+        try:
+            return await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
+        except TimeoutError:  # taken meanwhile, and none to spare
+            return None
+
+    async def _grow_pool(self) -> None:
+        try:
+            async with self._pool.acquire(timeout=self._settings.search_acquire_timeout_seconds):
+                pass
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            log.warning("search.pool_growth_failed", error=str(error))
+        finally:
+            self._growing = None
+
     async def _keyword_list_beside(
         self,
         conn: Connection,
@@ -203,9 +231,8 @@ class PgSearchIndex:
         away, on ``conn`` once the vector list is done with it (waiting for a second while
         holding the first could starve the pool), its path's planner settings undone. A
         failed vector list cancels this one through the TaskGroup, ``chosen`` or not."""
-        try:
-            second = await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
-        except TimeoutError:
+        second = await self._idle_connection()
+        if second is None:
             await asyncio.wait([vector])  # its failure is the TaskGroup's to raise
             await conn.execute(QUERIES["undo_vector_path"], list(PLANNER_SETTINGS))
             return await keyword_list(conn, lambda: chosen)

@@ -4,6 +4,7 @@ still means what it says, and common words do not choose the candidates."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.search import Generation, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings
+from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
 
 pytestmark = pytest.mark.integration
@@ -178,3 +179,47 @@ async def test_common_words_do_not_choose_the_candidates(
     found = await keyword(index, "refunds policy details")
     assert found[0] == "policy on refunds for damaged goods"
     assert len(found) == 10
+
+
+async def test_the_rarest_common_word_only_fills_the_list_to_its_depth(
+    conn_with_tenants: asyncpg.Connection[Any], index: PgSearchIndex
+) -> None:
+    # Its matches are tested chunk by chunk (it is in more than CAP chunks): taking CAP of
+    # them to rank would test every readable chunk; the list needs only what fills it.
+    conn = conn_with_tenants
+    await searchable(conn, [ChunkSpec(f"general policy clause {n}") for n in range(4 * CAP)])
+    await searchable(conn, [ChunkSpec("policy on refunds for damaged goods")], title="Refunds")
+    await conn.execute("ANALYZE knowledge_chunk")
+    depth = 3
+    request = SearchRequest(
+        "acme", "refunds policy details", ("group:all",), top_k=depth, mode=SearchMode.KEYWORD
+    )
+    partition = await conn.fetchval(QUERIES["tenant_partition"], "acme")
+    async with conn.transaction(readonly=True, isolation="repeatable_read"):
+        terms = await conn.fetchrow(QUERIES["keyword_terms"], "acme", request.query, CAP, partition)
+        assert terms is not None
+        assert terms["any_word"] is not None
+        assert terms["rarest_word"] == "'policy'"
+        plan = await conn.fetchval(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + index.keyword_statement(VectorPath.EXACT),
+            "acme",
+            ["group:all"],
+            None,
+            None,
+            depth,
+            *(terms[t] for t in ("strict", "any_word", "rarest_word", "ranking", "lexemes")),
+            CAP,
+        )
+    candidates = [
+        node["Actual Rows"]
+        for node in walk(json.loads(plan)[0]["Plan"])
+        if node.get("Subplan Name") == "CTE keyword_candidate"
+    ]
+    assert candidates == [depth]  # 1 holding "refunds", 2 holding "policy" (not 1 + CAP)
+    found = await keyword(index, request.query, top_k=depth)
+    assert found[0] == "policy on refunds for damaged goods"
+    assert len(found) == depth
+
+
+def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(n for child in node.get("Plans", []) for n in walk(child))]

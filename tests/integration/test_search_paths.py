@@ -4,6 +4,8 @@ readable chunk ranked exactly (real PostgreSQL, migrations/0014's partitions).""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import re
 from collections.abc import AsyncIterator
@@ -254,6 +256,43 @@ async def test_hybrid_reads_its_lists_on_one_connection_when_no_second_is_free(
     assert alone == together
     assert len(alone.vector) == 20
     assert len(alone.keyword) == 20
+
+
+async def test_hybrid_without_an_idle_connection_reads_in_turn_and_grows_the_pool(
+    api: SearchHarness, corpus: str, settings: RuntimeSettings
+) -> None:
+    # A pool that starts with one connection (KB_DB_POOL_MIN_SIZE's default): the first
+    # hybrid search reads its lists in turn at once -- no connect started and cut short by
+    # a timeout, which asyncpg reports as a never-retrieved ConnectionError -- and a second
+    # connection is opened behind it for the next search.
+    from services.runtime.db import create_pool
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    pool = await create_pool(settings, min_size=1, max_size=4)
+    try:
+        index = PgSearchIndex(
+            pool,
+            Generation(api.embedder.model, api.embedder.dimension),
+            SearchSettings(database_url=settings.database_url),
+        )
+        request = SearchRequest("acme", "refunds policy", ("group:many",), 10, SearchMode.HYBRID)
+        vector = api.embedder.embed_sync(["refunds policy"])[0]
+        assert pool.get_size() == 1
+        first = await index.candidates(request, vector)
+        if index._growing is not None:  # else done already, during the search
+            await index._growing
+        assert pool.get_size() == 2
+        assert pool.get_idle_size() == 2
+        assert await index.candidates(request, vector) == first
+        assert index._growing is None  # the second search found an idle connection
+        gc.collect()
+    finally:
+        await pool.close()
+        loop.set_exception_handler(previous)
+    assert reported == []
 
 
 def test_only_a_snapshot_id_goes_into_the_import_statement() -> None:
