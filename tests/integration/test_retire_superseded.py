@@ -286,6 +286,15 @@ class _PausingPool:
     async def release(self, conn: Any, *, timeout: float | None = None) -> None:  # noqa: ASYNC109 (asyncpg.Pool.release)
         await self._pool.release(conn, timeout=timeout)
 
+    def get_idle_size(self) -> int:
+        return self._pool.get_idle_size()
+
+    def get_size(self) -> int:
+        return self._pool.get_size()
+
+    def get_max_size(self) -> int:
+        return self._pool.get_max_size()
+
     @asynccontextmanager
     async def paused(self, acquire_timeout: float | None) -> AsyncIterator[Any]:
         async with self._pool.acquire(timeout=acquire_timeout) as conn:
