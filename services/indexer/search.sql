@@ -10,8 +10,8 @@ SELECT pg_export_snapshot()
 -- The vector list's path (search_sql.VectorPath): ANN when the principals $2 may read more
 -- than $5 chunks of tenant $1's current search versions of model $3 (within the document
 -- ids filter $4), else EXACT; and whether the tenant has a valid graph of its own ($6), which
--- the ANN path then walks with its own ef_search. search_pg keeps the answer a short while
--- (search_path_cache) and sets the transaction up for the path
+-- the ANN path then walks with its own ef_search. search_paths keeps the answer a short while
+-- and sets the transaction up for the path
 -- (search_sql.vector_path_settings_sql). It reads the readable documents' chunk counts
 -- (written by each switch) only until their running sum passes $5 -- the window emits row
 -- by row, and EXISTS stops at the first row over -- so a principal who may read the whole

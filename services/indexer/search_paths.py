@@ -2,9 +2,9 @@
 may read (search.sql: choose_vector_path), kept a short while per tenant, principal set and
 document filter, and set up in the search's transaction (search_sql.vector_path_settings_sql).
 
-Counting costs a count of the chunks the principals may read, up to the exact-ranking
-threshold: ~2 ms for a principal who reads a quarter of a 10,000-chunk tenant (1M bench),
-on every search. A choice only decides how fast the vector list is found, never which
+Counting the chunks the principals may read, up to the exact-ranking threshold, costs ~2 ms
+for a principal who reads a quarter of a 10,000-chunk tenant (1M bench): on every search,
+until kept. A choice only decides how fast the vector list is found, never which
 chunks are eligible: the version and ACL filters are in every statement whatever the path.
 A stale choice (the principals gained or lost access since) therefore costs time, not
 correctness, and at most ``ttl_seconds`` of it.
