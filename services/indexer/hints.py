@@ -117,7 +117,9 @@ class HintConsumer:
         while not stop.is_set():
             source: HintSource | None = None
             try:
-                source = await self._connect()
+                source = await self._connect_unless_stopped(stop)
+                if source is None:
+                    break
                 self._set_connected(True)
                 failures = 0
                 while not stop.is_set():
@@ -145,6 +147,27 @@ class HintConsumer:
                 if source is not None:
                     await _close(source)
         self._set_connected(False)
+
+    async def _connect_unless_stopped(self, stop: asyncio.Event) -> HintSource | None:
+        """The source, or None once ``stop`` is set first: joining the group can take as long
+        as its rebalance (a killed member is waited for until its session expires, then up to
+        the join's own bound), and a stopping worker must not wait for that -- an
+        orchestrator's grace period is often 30 s. The connect is cancelled (it closes what
+        it opened)."""
+        connecting = asyncio.ensure_future(self._connect())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not connecting.done():
+                connecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await connecting
+        if connecting.cancelled():
+            return None
+        source: HintSource = connecting.result()  # its failure is run()'s to count
+        return source
 
     def handle(self, messages: Iterable[HintMessage]) -> bool:
         """Wake the worker once if any message is a valid hint for this tier."""

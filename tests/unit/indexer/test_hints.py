@@ -171,3 +171,29 @@ async def test_an_outage_is_survived_reported_and_hints_resume() -> None:
     assert hints.stats.outages == 3  # at start, after the first source, after the second
     assert states.count(True) >= 1  # it was connected at some point
     assert states[-1] is False
+
+
+async def test_stopping_does_not_wait_for_a_slow_join() -> None:
+    # A group join waits for the rebalance (a killed member until its session expires): a
+    # stopping worker cancels it rather than sitting out its bound.
+    stop = asyncio.Event()
+    joining = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def slow_join() -> Any:
+        joining.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()  # where the real connect stops the consumer it started
+            raise
+
+    hints = HintConsumer(tier="standard", wake=Wakes(), connect=slow_join)
+    running = asyncio.ensure_future(hints.run(stop))
+    await joining.wait()
+    stop.set()
+    async with asyncio.timeout(5):
+        await running
+    assert cancelled.is_set()
+    assert hints.stats.connected is False
+    assert hints.stats.outages == 0  # stopping is not an outage
