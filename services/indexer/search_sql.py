@@ -54,7 +54,7 @@ class SearchSettings(RuntimeSettings):
     # A search ranks at least its depth.
     search_keyword_candidates: int = Field(default=250, ge=10, le=100_000)
     # How long a principal set's vector path (exact or ANN, and whether the tenant has a
-    # graph of its own) is reused before it is counted again (search_path_cache). The path
+    # graph of its own) is reused before it is counted again (search_paths). The path
     # decides speed only: every path filters by version and ACL. 0: counted on every search.
     search_path_cache_seconds: float = Field(default=30.0, ge=0, le=3600)
     # How many principal sets' paths are kept, per process.

@@ -197,18 +197,11 @@ async def test_a_kept_path_only_decides_speed_the_acl_is_read_by_every_search(
 
 
 async def test_keyword_search_follows_a_kept_path_with_the_same_answer(
-    api: SearchHarness, settings: RuntimeSettings, corpus: str
+    api: SearchHarness, index: PgSearchIndex, corpus: str
 ) -> None:
     # Keyword search alone does not count the path; once a vector search of the same
     # principals has kept ANN, its list probes each match instead of starting from the
     # readable documents -- another plan, the same list.
-    index = PgSearchIndex(
-        api.pool,
-        Generation(api.embedder.model, api.embedder.dimension),
-        SearchSettings(
-            database_url=settings.database_url, search_exact_max_chunks=EXACT_MAX_CHUNKS
-        ),
-    )
     keyword = SearchRequest("acme", "clause policy", ("group:many",), 10, SearchMode.KEYWORD)
     joined = await index.candidates(keyword, None)
     vector = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.VECTOR)
