@@ -243,85 +243,59 @@ SELECT c.relname AS partition
  WHERE c.oid = (SELECT k.tableoid FROM knowledge_chunk k WHERE k.tenant_id = $1 LIMIT 1)
 
 -- name: keyword_terms
--- The keyword list's queries, read before search_keyword_candidates in the same transaction
--- so that the planner of that statement sees them as values: it then knows from the
--- statistics how many chunks a query matches, and reads a query whose words are in most
--- chunks by a scan that stops at the cap instead of building the GIN index's bitmap of all
--- the matches. No row for an unknown tenant.
+-- The query's words (services/indexer/keyword_terms.py chooses from them the keyword list's
+-- terms), read before search_keyword_candidates in the same transaction so that the planner
+-- of that statement sees the terms as values: it then knows from the statistics how many
+-- chunks a query matches, and reads a query whose words are in most chunks by a scan that
+-- stops at the cap instead of building the GIN index's bitmap of all the matches. No row for
+-- an unknown tenant. $1 tenant, $2 query text.
 --
 -- strict: websearch_to_tsquery's reading of the text (every word; "a phrase", -not, or);
 -- NULL when it holds no lexeme (only stop words or punctuation).
--- any_word: for a natural question (no quotes, no leading minus, no lone "or"), the OR of
--- its lexemes estimated in at most $3 chunks (a common word like "how" or "policy" would
--- bring candidates from most of the table, crowding out the telling ones); NULL otherwise.
--- rarest_word: for a natural question, the rarest of its other lexemes, if any.
--- ranking: the OR of its lexemes, what ts_rank weighs the chunk's occurrences against.
+-- natural: no quotes, no leading minus, no lone "or".
 -- lexemes: the lexemes of the text under the tenant's configuration (stop words dropped,
--- words stemmed); the ranking weighs each by its rarity.
+-- words stemmed), in the database's order; queries: each as a tsquery of it alone.
 --
--- How many chunks hold a lexeme is estimated from the statistics ANALYZE keeps on the
--- tsvector column of the tenant's partition (the fraction of rows holding each of its
--- commonest lexemes; any other lexeme is rarer than those); no statistics yet: every lexeme
--- counts as rare.
--- $1 tenant, $2 query text, $3 keyword candidates of each kind, $4 the tenant's partition
--- (tenant_partition; NULL: none yet).
---
--- Its own plan is generic (after PostgreSQL's first few runs): planning it, over the
--- pg_stats view, costs more than running it. It turns custom plans on for what follows:
--- search_keyword_candidates must be planned with these terms as values.
+-- It turns custom plans on for what follows: search_keyword_candidates must be planned with
+-- the terms as values.
 WITH query AS (
     SELECT websearch_to_tsquery(t.text_search_config, $2::text) AS strict,
            tsvector_to_array(to_tsvector(t.text_search_config, $2::text)) AS lexemes,
            $2::text ~ '["]|(^|\s)-\S|(^|\s)[oO][rR](\s|$)' AS syntax
       FROM tenant t
      WHERE t.tenant_id = $1
-),
--- The statistics of the tenant's partition of knowledge_chunk ($4, migrations/0014): they
--- are kept per partition (autovacuum's ANALYZE never visits the partitioned table itself),
--- and the partition is what the keyword list reads. By name, so that both catalog lookups
--- are index probes.
-common AS (
-    SELECT e.lexeme, e.fraction * greatest(c.reltuples, 0) AS estimated_chunks
-      FROM pg_class c
-      JOIN pg_namespace n ON n.oid = c.relnamespace
-      JOIN pg_stats s
-        ON s.schemaname = n.nspname
-       AND s.tablename = c.relname
-       AND s.attname = 'search_document'
-       AND NOT s.inherited
-     CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs)
-                AS e(lexeme, fraction)
-     WHERE c.relname = $4::text
-       AND c.relnamespace = (SELECT k.relnamespace
-                               FROM pg_class k
-                              WHERE k.oid = 'knowledge_chunk'::regclass)
-       AND e.lexeme IS NOT NULL
-),
-lexeme AS (
-    SELECT l.lexeme,
-           coalesce(m.estimated_chunks, 0) AS estimated_chunks,
-           ('''' || replace(replace(l.lexeme, '\', '\\'), '''', '''''') || '''')::tsquery
-               AS query
-      FROM query q
-     CROSS JOIN LATERAL unnest(q.lexemes) AS l(lexeme)
-      LEFT JOIN common m ON m.lexeme = l.lexeme
-),
-rare AS (
-    SELECT string_agg(l.query::text, ' | ') AS any_word
-      FROM lexeme l
-     WHERE l.estimated_chunks <= $3
-),
-rarest_common AS (
-    SELECT (SELECT l.query::text
-              FROM lexeme l
-             WHERE l.estimated_chunks > $3
-             ORDER BY l.estimated_chunks, l.lexeme
-             LIMIT 1) AS rarest_word
 )
 SELECT CASE WHEN numnode(q.strict) > 0 THEN q.strict::text END AS strict,
-       CASE WHEN NOT q.syntax THEN r.any_word END AS any_word,
-       CASE WHEN NOT q.syntax THEN c.rarest_word END AS rarest_word,
-       (SELECT string_agg(l.query::text, ' | ') FROM lexeme l) AS ranking,
-       ARRAY(SELECT l.lexeme FROM lexeme l ORDER BY l.lexeme) AS lexemes,
+       NOT q.syntax AS natural,
+       ARRAY(SELECT l.lexeme FROM unnest(q.lexemes) AS l(lexeme) ORDER BY l.lexeme) AS lexemes,
+       ARRAY(SELECT ('''' || replace(replace(l.lexeme, '\', '\\'), '''', '''''') || '''')
+                        ::tsquery::text
+               FROM unnest(q.lexemes) AS l(lexeme)
+              ORDER BY l.lexeme) AS queries,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode
-  FROM query q, rare r, rarest_common c;
+  FROM query q;
+
+-- name: partition_common_lexemes
+-- The commonest lexemes of a partition of knowledge_chunk ($1, the tenant's:
+-- tenant_partition) and how many chunks each is estimated to be in, from the statistics
+-- ANALYZE keeps on its tsvector column (the fraction of rows holding each; any other lexeme
+-- is rarer). Per partition because ANALYZE keeps them so (autovacuum's never visits the
+-- partitioned table itself), and the partition is what the keyword list reads; by name, so
+-- that both catalog lookups are index probes. No rows before the partition's first ANALYZE.
+-- Kept a while per partition (keyword_terms.PartitionStatistics): reading them costs more
+-- than the rest of a search's terms.
+SELECT e.lexeme, e.fraction * greatest(c.reltuples, 0) AS estimated_chunks
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_stats s
+    ON s.schemaname = n.nspname
+   AND s.tablename = c.relname
+   AND s.attname = 'search_document'
+   AND NOT s.inherited
+ CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs)
+            AS e(lexeme, fraction)
+ WHERE c.relname = $1::text
+   AND c.relnamespace = (SELECT k.relnamespace
+                           FROM pg_class k
+                          WHERE k.oid = 'knowledge_chunk'::regclass)
+   AND e.lexeme IS NOT NULL

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final, TypeAlias
 
 import asyncpg
 import numpy as np
 
 from services.indexer.embedding.port import Vectors
+from services.indexer.keyword_terms import (
+    PartitionStatistics,
+    QueryWords,
+    common_lexemes,
+    keyword_terms,
+)
 from services.indexer.search import (
     Candidate,
     Candidates,
@@ -37,8 +43,6 @@ log = get_logger(__name__)
 # How long hybrid search waits for an idle second connection before reading its lists in turn.
 _SECOND_CONNECTION_WAIT_SECONDS: Final = 0.005
 _SNAPSHOT_ID: Final = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
-# keyword_terms' columns, in search_keyword_candidates' parameter order ($6..$10).
-_TERMS: Final = ("strict", "any_word", "rarest_word", "ranking", "lexemes")
 
 
 # Reads one ranked list on a connection.
@@ -73,6 +77,7 @@ class PgSearchIndex:
         self._partitions: dict[str, str] = {}
         self._growing: asyncio.Task[None] | None = None
         self._paths = VectorPaths(generation, self._settings)
+        self._statistics = PartitionStatistics(self._settings.search_statistics_cache_seconds)
 
     @property
     def generation(self) -> Generation:
@@ -148,18 +153,30 @@ class PgSearchIndex:
         path: PathSource,
     ) -> list[asyncpg.Record]:
         cap = max(self._settings.search_keyword_candidates, request.depth)
-        terms = await conn.fetchrow(
-            QUERIES["keyword_terms"],
-            request.tenant_id,
-            request.query,
-            cap,
-            await self._tenant_partition(conn, request.tenant_id),
-        )
-        if terms is None:  # an unknown tenant has nothing to match
+        row = await conn.fetchrow(QUERIES["keyword_terms"], request.tenant_id, request.query)
+        if row is None:  # an unknown tenant has nothing to match
             return []
-        return await conn.fetch(
-            self._keyword_sql[await path()], *searchable, *(terms[t] for t in _TERMS), cap
+        words = QueryWords(
+            strict=row["strict"],
+            natural=row["natural"],
+            lexemes=tuple(row["lexemes"]),
+            queries=tuple(row["queries"]),
         )
+        terms = keyword_terms(words, await self._common_lexemes(conn, request.tenant_id), cap)
+        return await conn.fetch(
+            self._keyword_sql[await path()], *searchable, *terms.parameters(), cap
+        )
+
+    async def _common_lexemes(self, conn: Connection, tenant_id: str) -> Mapping[str, float]:
+        partition = await self._tenant_partition(conn, tenant_id)
+        if partition is None:  # no chunk yet
+            return {}
+
+        async def read() -> Mapping[str, float]:
+            rows = await conn.fetch(QUERIES["partition_common_lexemes"], partition)
+            return common_lexemes([(r["lexeme"], r["estimated_chunks"]) for r in rows])
+
+        return await self._statistics.common(partition, read)
 
     async def _both_lists(
         self,

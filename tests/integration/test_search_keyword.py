@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from services.indexer.embedding.hashing import HashingEmbedder
+from services.indexer.keyword_terms import QueryWords, common_lexemes, keyword_terms
 from services.indexer.search import Generation, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex
 from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
@@ -195,11 +196,18 @@ async def test_the_rarest_common_word_only_fills_the_list_to_its_depth(
         "acme", "refunds policy details", ("group:all",), top_k=depth, mode=SearchMode.KEYWORD
     )
     partition = await conn.fetchval(QUERIES["tenant_partition"], "acme")
+    common = common_lexemes(
+        [tuple(r) for r in await conn.fetch(QUERIES["partition_common_lexemes"], partition)]
+    )
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
-        terms = await conn.fetchrow(QUERIES["keyword_terms"], "acme", request.query, CAP, partition)
-        assert terms is not None
-        assert terms["any_word"] is not None
-        assert terms["rarest_word"] == "'policy'"
+        row = await conn.fetchrow(QUERIES["keyword_terms"], "acme", request.query)
+        assert row is not None
+        words = QueryWords(
+            row["strict"], row["natural"], tuple(row["lexemes"]), tuple(row["queries"])
+        )
+        terms = keyword_terms(words, common, CAP)
+        assert terms.any_word is not None
+        assert terms.rarest_word == "'policy'"
         plan = await conn.fetchval(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + index.keyword_statement(VectorPath.EXACT),
             "acme",
@@ -207,7 +215,7 @@ async def test_the_rarest_common_word_only_fills_the_list_to_its_depth(
             None,
             None,
             depth,
-            *(terms[t] for t in ("strict", "any_word", "rarest_word", "ranking", "lexemes")),
+            *terms.parameters(),
             CAP,
         )
     candidates = [
