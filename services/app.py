@@ -94,13 +94,16 @@ async def _search_resources(
         pool = await create_pool(settings)
         try:
             generation = Generation(embedder.model, embedder.dimension)
-            searcher = Searcher(embedder, PgSearchIndex(pool, generation, settings))
+            index = PgSearchIndex(pool, generation, settings)
             log.info(
                 "search.started",
                 embedding_model=generation.embedding_model,
                 dimension=generation.dimension,
             )
-            yield searcher, pool
+            try:
+                yield Searcher(embedder, index), pool
+            finally:
+                await index.ended()
         finally:
             await pool.close()
     finally:

@@ -129,6 +129,12 @@ class VectorPaths:
         transaction up for the path: call it inside the search's transaction, before the
         statement. ``kept``: a choice already looked up."""
         choice = kept or await self._choice(conn, request)
+        await conn.execute(self.settings_sql(request, choice))
+        return choice.path
+
+    def settings_sql(self, request: SearchRequest, choice: PathChoice) -> str:
+        """The SET LOCAL statements of ``choice`` (search_sql.vector_path_settings_sql), for
+        a transaction that knows its path before it starts."""
         settings = self._settings
         ef_search = (
             settings.search_tenant_graph_ef_search
@@ -137,10 +143,7 @@ class VectorPaths:
         )
         # At least the list's depth: an HNSW scan yields at most ef_search rows.
         ef_search = min(1000, max(ef_search, request.depth))
-        await conn.execute(
-            vector_path_settings_sql(choice.path, ef_search, settings.search_max_scan_tuples)
-        )
-        return choice.path
+        return vector_path_settings_sql(choice.path, ef_search, settings.search_max_scan_tuples)
 
     async def _choice(self, conn: Connection, request: SearchRequest) -> PathChoice:
         key = path_key(request)

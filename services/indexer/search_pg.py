@@ -43,6 +43,9 @@ log = get_logger(__name__)
 # How long hybrid search waits for an idle second connection before reading its lists in turn.
 _SECOND_CONNECTION_WAIT_SECONDS: Final = 0.005
 _SNAPSHOT_ID: Final = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
+PooledConnection: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
+# Every search's transaction: one snapshot for all its statements (and its two connections).
+BEGIN_READ_ONLY: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;"
 
 
 # Reads one ranked list on a connection.
@@ -76,6 +79,8 @@ class PgSearchIndex:
         # tenant -> its partition of knowledge_chunk (one short string per tenant searched).
         self._partitions: dict[str, str] = {}
         self._growing: asyncio.Task[None] | None = None
+        # Searches' transactions ending after their answers (_end_later).
+        self._ending: set[asyncio.Task[None]] = set()
         self._paths = VectorPaths(generation, self._settings)
         self._statistics = PartitionStatistics(self._settings.search_statistics_cache_seconds)
 
@@ -129,21 +134,67 @@ class PgSearchIndex:
             return await conn.fetch(self._vector_sql[path], *searchable, vector)
 
         with translate_db_errors():
-            async with (
-                self._pool.acquire(timeout=self._settings.search_acquire_timeout_seconds) as conn,
-                # One snapshot for both lists, taken by the first statement.
-                conn.transaction(readonly=True, isolation="repeatable_read"),
-            ):
-                if request.mode is SearchMode.HYBRID:
-                    rows = await self._both_lists(conn, request, keyword_list, vector_list)
-                elif request.mode.uses_keyword:
-                    # Without a vector list the path is not worth its count (~1.5 ms): the
-                    # keyword list follows a kept one, else starts from the readable
-                    # documents, as for few of them.
-                    rows = await keyword_list(conn, self._paths.kept_path_or_exact(request))
-                else:
-                    rows = await vector_list(conn, await self.vector_path(conn, request))
+            conn = await self._pool.acquire(timeout=self._settings.search_acquire_timeout_seconds)
+            try:
+                rows = await self._lists(conn, request, keyword_list, vector_list)
+            except BaseException:
+                self._end_later(conn, commit=False)
+                raise
+            self._end_later(conn, commit=True)
         return _candidates(rows)
+
+    async def _lists(
+        self,
+        conn: Connection,
+        request: SearchRequest,
+        keyword_list: KeywordReader,
+        vector_list: ListReader,
+    ) -> list[asyncpg.Record]:
+        """The request's lists, in one read-only REPEATABLE READ transaction on ``conn``
+        (hybrid: and a second connection in its snapshot), left open: the caller ends it.
+        The transaction starts with a kept vector path's settings: one round trip."""
+        kept = self._paths.kept(request) if request.mode.uses_vector else None
+        begin = BEGIN_READ_ONLY + (self._paths.settings_sql(request, kept) if kept else "")
+        await conn.execute(begin)
+        if request.mode is SearchMode.HYBRID:
+            return await self._both_lists(conn, request, kept, keyword_list, vector_list)
+        if request.mode.uses_keyword:
+            # Without a vector list the path is not worth its count (~1.5 ms): the keyword
+            # list follows a kept one, else starts from the readable documents, as for few
+            # of them.
+            return await keyword_list(conn, self._paths.kept_path_or_exact(request))
+        path = kept.path if kept is not None else await self.vector_path(conn, request)
+        return await vector_list(conn, path)
+
+    def _end_later(self, conn: PooledConnection, *, commit: bool) -> None:
+        """Ends a search's transaction and releases its connection after the answer: the
+        answer does not wait for the COMMIT of a read-only transaction nor for the pool's
+        reset of the connection (two round trips, ~0.5 ms)."""
+        ending = asyncio.create_task(self._end(conn, commit=commit))
+        self._ending.add(ending)
+        ending.add_done_callback(self._ending.discard)
+
+    async def _end(self, conn: PooledConnection, *, commit: bool) -> None:
+        try:
+            await conn.execute("COMMIT" if commit else "ROLLBACK")
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            # The release below rolls back what is left, or closes a broken connection.
+            if commit:
+                log.warning("search.commit_failed", error=str(error))
+        finally:
+            try:
+                await self._pool.release(
+                    conn, timeout=self._settings.search_acquire_timeout_seconds
+                )
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                # asyncpg closes a connection it could not reset: the pool opens another.
+                log.warning("search.release_failed", error=str(error))
+
+    async def ended(self) -> None:
+        """Waits for the transactions of answered searches to end (their connections back in
+        the pool)."""
+        while self._ending:
+            await asyncio.gather(*self._ending)
 
     async def _keyword_list(
         self,
@@ -182,6 +233,7 @@ class PgSearchIndex:
         self,
         conn: Connection,
         request: SearchRequest,
+        kept: PathChoice | None,
         keyword_list: KeywordReader,
         vector_list: ListReader,
     ) -> list[asyncpg.Record]:
@@ -189,17 +241,18 @@ class PgSearchIndex:
         (exported, and imported by the second's transaction before anything else), so they
         still see each document at one version. The vector list, the longer of the two,
         starts on ``conn`` at once, choosing the path both lists follow unless a recent
-        choice is kept; the keyword list waits for the second connection and the path."""
+        choice is kept (and set up with the transaction); the keyword list waits for the
+        second connection and the path."""
         snapshot = await conn.fetchval(QUERIES["export_snapshot"])
         chosen: asyncio.Future[VectorPath] = asyncio.get_running_loop().create_future()
-        kept = self._paths.kept(request)
         if kept is not None:
             chosen.set_result(kept.path)
 
         async def vector_first() -> list[asyncpg.Record]:
-            path = await self.vector_path(conn, request, kept)
-            if not chosen.done():
-                chosen.set_result(path)
+            if kept is not None:
+                return await vector_list(conn, kept.path)
+            path = await self.vector_path(conn, request)
+            chosen.set_result(path)
             return await vector_list(conn, path)
 
         try:
@@ -255,16 +308,13 @@ class PgSearchIndex:
             return await keyword_list(conn, lambda: chosen)
         try:
             # One round trip: the transaction and its snapshot.
-            await second.execute(
-                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;" + import_snapshot_sql(snapshot)
-            )
+            await second.execute(BEGIN_READ_ONLY + import_snapshot_sql(snapshot))
             rows = await keyword_list(second, lambda: chosen)
-            await second.execute("COMMIT")
-            return rows
-        finally:
-            # A failure leaves the transaction open: the release's reset rolls it back.
-            # Not the acquire's few milliseconds, which asyncpg would take for the reset.
-            await self._pool.release(second, timeout=self._settings.search_acquire_timeout_seconds)
+        except BaseException:
+            self._end_later(second, commit=False)
+            raise
+        self._end_later(second, commit=True)
+        return rows
 
 
 def import_snapshot_sql(snapshot: str) -> str:

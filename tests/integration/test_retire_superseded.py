@@ -12,8 +12,8 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Generator, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Generator, Iterator
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -246,80 +246,88 @@ class _PausedConnection:
     first: it takes the REPEATABLE READ snapshot) reports and then waits to be let go."""
 
     def __init__(self, conn: Any, snapshot_taken: asyncio.Event, go_on: asyncio.Event) -> None:
-        self._conn = conn
+        self.unwrapped = conn
         self._snapshot_taken = snapshot_taken
         self._go_on = go_on
 
-    async def _first_pauses(self, result: Any) -> Any:
-        if not self._snapshot_taken.is_set():
+    async def _first_pauses(self, query: str, result: Any) -> Any:
+        # BEGIN (with the path's SET LOCALs, if kept) takes no snapshot.
+        if not self._snapshot_taken.is_set() and not query.startswith("BEGIN"):
             self._snapshot_taken.set()
             await self._go_on.wait()
         return result
 
     async def execute(self, query: str, *args: Any) -> Any:
-        return await self._first_pauses(await self._conn.execute(query, *args))
+        return await self._first_pauses(query, await self.unwrapped.execute(query, *args))
 
     async def fetch(self, query: str, *args: Any) -> Any:
-        return await self._first_pauses(await self._conn.fetch(query, *args))
+        return await self._first_pauses(query, await self.unwrapped.fetch(query, *args))
 
     async def fetchrow(self, query: str, *args: Any) -> Any:
-        return await self._first_pauses(await self._conn.fetchrow(query, *args))
+        return await self._first_pauses(query, await self.unwrapped.fetchrow(query, *args))
 
     async def fetchval(self, query: str, *args: Any) -> Any:
-        return await self._first_pauses(await self._conn.fetchval(query, *args))
+        return await self._first_pauses(query, await self.unwrapped.fetchval(query, *args))
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
+        return getattr(self.unwrapped, name)
 
 
 class _PausingPool:
-    """Hands search its pool's connections, paused after their first statement."""
+    """Hands search its pool's connections: the first one paused after its first statement
+    that takes a snapshot (the search's own connection; hybrid's second one imports its
+    snapshot)."""
 
     def __init__(self, pool: asyncpg.Pool[Any]) -> None:
-        self._pool = pool
+        self.pool = pool
         self.snapshot_taken = asyncio.Event()
         self.go_on = asyncio.Event()
+        self._paused_one = False
 
     def acquire(self, *, timeout: float | None = None) -> _Acquire:
         return _Acquire(self, timeout)
 
+    async def acquire_paused_first(self, acquire_timeout: float | None) -> Any:
+        conn = await self.pool.acquire(timeout=acquire_timeout)
+        if self._paused_one:
+            return conn
+        self._paused_one = True
+        return _PausedConnection(conn, self.snapshot_taken, self.go_on)
+
     async def release(self, conn: Any, *, timeout: float | None = None) -> None:  # noqa: ASYNC109 (asyncpg.Pool.release)
-        await self._pool.release(conn, timeout=timeout)
+        if isinstance(conn, _PausedConnection):
+            conn = conn.unwrapped
+        await self.pool.release(conn, timeout=timeout)
 
     def get_idle_size(self) -> int:
-        return self._pool.get_idle_size()
+        return self.pool.get_idle_size()
 
     def get_size(self) -> int:
-        return self._pool.get_size()
+        return self.pool.get_size()
 
     def get_max_size(self) -> int:
-        return self._pool.get_max_size()
-
-    @asynccontextmanager
-    async def paused(self, acquire_timeout: float | None) -> AsyncIterator[Any]:
-        async with self._pool.acquire(timeout=acquire_timeout) as conn:
-            yield _PausedConnection(conn, self.snapshot_taken, self.go_on)
+        return self.pool.get_max_size()
 
 
 class _Acquire:
-    """As asyncpg's acquire: ``async with`` (the search's connection, paused), or awaited
-    (hybrid's second connection, which imports the first one's snapshot: not paused)."""
+    """As asyncpg's acquire: awaited (search's connections, the first paused), or ``async
+    with`` (the pool's growth in the background: not paused)."""
 
     def __init__(self, pool: _PausingPool, timeout: float | None) -> None:
         self._pool = pool
         self._timeout = timeout
-        self._paused: AbstractAsyncContextManager[Any] | None = None
+        self._held: AbstractAsyncContextManager[Any] | None = None
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return self._pool._pool.acquire(timeout=self._timeout).__await__()
+        return self._pool.acquire_paused_first(self._timeout).__await__()
 
     async def __aenter__(self) -> Any:
-        self._paused = self._pool.paused(self._timeout)
-        return await self._paused.__aenter__()
+        self._held = self._pool.pool.acquire(timeout=self._timeout)
+        return await self._held.__aenter__()
 
     async def __aexit__(self, *exc: Any) -> None:
-        assert self._paused is not None
-        await self._paused.__aexit__(*exc)
+        assert self._held is not None
+        await self._held.__aexit__(*exc)
 
 
 def searches() -> Iterator[tuple[SearchMode, VectorPath]]:

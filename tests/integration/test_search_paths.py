@@ -277,6 +277,7 @@ async def test_hybrid_without_an_idle_connection_reads_in_turn_and_grows_the_poo
         first = await index.candidates(request, vector)
         if index._growing is not None:  # else done already, during the search
             await index._growing
+        await index.ended()  # its connection back in the pool
         assert pool.get_size() == 2
         assert pool.get_idle_size() == 2
         assert await index.candidates(request, vector) == first

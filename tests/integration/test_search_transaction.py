@@ -1,0 +1,150 @@
+"""A search's transaction (real PostgreSQL): it starts with a kept path's settings in one
+round trip, ends after the answer -- committed, or rolled back when the search failed --
+and its connections go back to the pool either way."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.indexer.embedding.hashing import HashingEmbedder
+from services.indexer.search import Generation, SearchMode, SearchRequest
+from services.indexer.search_pg import PgSearchIndex
+from services.indexer.search_sql import SearchSettings
+from services.runtime.db import _init_connection, create_pool
+from services.runtime.errors import KbError
+from services.runtime.settings import RuntimeSettings
+from tests.support.api import add_tenant
+from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
+
+pytestmark = pytest.mark.integration
+
+EMBEDDER = HashingEmbedder(64)
+MODES = (SearchMode.HYBRID, SearchMode.VECTOR, SearchMode.KEYWORD)
+
+
+class Statements:
+    """What the pool's connections send, as asyncpg logs it."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def log(self, record: Any) -> None:
+        self.sent.append(record.query)
+
+    async def init(self, conn: asyncpg.Connection[Any]) -> None:
+        await _init_connection(conn)
+        conn.add_query_logger(self.log)
+
+
+@pytest.fixture
+async def statements() -> Statements:
+    return Statements()
+
+
+@pytest.fixture
+async def pool(settings: RuntimeSettings, statements: Statements) -> AsyncIterator[Any]:
+    pool = await create_pool(settings, min_size=2, max_size=4, init=statements.init)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture
+async def index(pool: asyncpg.Pool[Any], settings: RuntimeSettings) -> PgSearchIndex:
+    return PgSearchIndex(
+        pool,
+        Generation(EMBEDDER.model, EMBEDDER.dimension),
+        SearchSettings(database_url=settings.database_url),
+    )
+
+
+@pytest.fixture
+async def corpus(conn: asyncpg.Connection[Any]) -> None:
+    await add_tenant(conn, "acme", "standard")
+    for n in range(3):
+        document_id = await add_document(conn, "acme", title=f"Doc {n}", read=("group:all",))
+        chunks = [ChunkSpec(f"clause {c} of policy {n} on refunds") for c in range(4)]
+        await add_version(conn, "acme", document_id, 1, chunks, EMBEDDER)
+        await point_search_at(conn, "acme", document_id, 1, EMBEDDER.model)
+
+
+@pytest.fixture
+async def reported() -> AsyncIterator[list[dict[str, Any]]]:
+    """What reaches the event loop's exception handler (asyncpg reports there a connection
+    released in an open transaction)."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    seen: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: seen.append(context))
+    yield seen
+    loop.set_exception_handler(previous)
+
+
+def request(mode: SearchMode) -> SearchRequest:
+    return SearchRequest("acme", "refunds policy", ("group:all",), 10, mode)
+
+
+VECTOR = EMBEDDER.embed_sync(["refunds policy"])[0]
+
+
+async def all_back(pool: asyncpg.Pool[Any]) -> bool:
+    return pool.get_idle_size() == pool.get_size()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: str(m.value))
+async def test_a_search_ends_its_transaction_after_the_answer(
+    pool: asyncpg.Pool[Any],
+    index: PgSearchIndex,
+    statements: Statements,
+    corpus: None,
+    reported: list[dict[str, Any]],
+    mode: SearchMode,
+) -> None:
+    first = await index.candidates(request(mode), VECTOR)
+    await index.ended()
+    assert await all_back(pool)
+    statements.sent.clear()
+    again = await index.candidates(request(mode), VECTOR)
+    await index.ended()
+    assert again == first
+    assert len(first.vector if mode.uses_vector else first.keyword) >= 10
+    assert await all_back(pool)
+    begins = [s for s in statements.sent if s.startswith("BEGIN")]
+    assert statements.sent.count("COMMIT") == len(begins) >= 1
+    assert "ROLLBACK" not in statements.sent
+    if mode.uses_vector:
+        # The kept path's settings ride on BEGIN: no round trip of their own.
+        assert "SET LOCAL hnsw.ef_search" in begins[0]
+        assert not [s for s in statements.sent if s.startswith("SET LOCAL")]
+    assert reported == []
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: str(m.value))
+async def test_a_failed_search_rolls_back_and_returns_its_connections(
+    pool: asyncpg.Pool[Any],
+    index: PgSearchIndex,
+    statements: Statements,
+    conn: asyncpg.Connection[Any],
+    corpus: None,
+    reported: list[dict[str, Any]],
+    mode: SearchMode,
+) -> None:
+    await index.candidates(request(mode), VECTOR)  # its path kept
+    await index.ended()
+    await conn.execute("ALTER TABLE document_acl RENAME TO document_acl_gone")
+    statements.sent.clear()
+    with pytest.raises(KbError):
+        await index.candidates(request(mode), VECTOR)
+    await index.ended()
+    assert await all_back(pool)
+    assert "ROLLBACK" in statements.sent
+    assert "COMMIT" not in statements.sent
+    assert reported == []
+    await conn.execute("ALTER TABLE document_acl_gone RENAME TO document_acl")
+    assert await index.candidates(request(mode), VECTOR)
