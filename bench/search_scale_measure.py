@@ -418,6 +418,8 @@ async def prewarm(pool: Any) -> int:
     first queries of a row otherwise measure the disk, or the OS cache."""
     async with pool.acquire() as conn:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        # From a cold disk, reading ~8 GB takes longer than the pool's statement timeout.
+        await conn.execute("SET statement_timeout = 0")
         blocks: int = await conn.fetchval(
             "SELECT coalesce(sum(pg_prewarm(c.oid)), 0)::bigint"
             "  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"

@@ -25,6 +25,7 @@ from services.indexer.search import (
     SearchMode,
     SearchRequest,
 )
+from services.indexer.search_connections import SearchConnections
 from services.indexer.search_paths import Connection, PathChoice, PathSource, VectorPaths
 from services.indexer.search_sql import (
     KEYWORD_STATEMENT,
@@ -36,14 +37,8 @@ from services.indexer.search_sql import (
     specialised_search_sql,
 )
 from services.runtime.db import translate_db_errors
-from services.runtime.logging import get_logger
 
-log = get_logger(__name__)
-
-# How long hybrid search waits for an idle second connection before reading its lists in turn.
-_SECOND_CONNECTION_WAIT_SECONDS: Final = 0.005
 _SNAPSHOT_ID: Final = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
-PooledConnection: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
 # Every search's transaction: one snapshot for all its statements (and its two connections).
 BEGIN_READ_ONLY: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;"
 
@@ -64,7 +59,6 @@ class PgSearchIndex:
         generation: Generation,
         settings: SearchSettings | None = None,
     ) -> None:
-        self._pool = pool
         self._generation = generation
         self._settings = settings or SearchSettings()
         model, dimension = generation.embedding_model, generation.dimension
@@ -78,9 +72,7 @@ class PgSearchIndex:
         }
         # tenant -> its partition of knowledge_chunk (one short string per tenant searched).
         self._partitions: dict[str, str] = {}
-        self._growing: asyncio.Task[None] | None = None
-        # Searches' transactions ending after their answers (_end_later).
-        self._ending: set[asyncio.Task[None]] = set()
+        self._connections = SearchConnections(pool, self._settings)
         self._paths = VectorPaths(generation, self._settings)
         self._statistics = PartitionStatistics(self._settings.search_statistics_cache_seconds)
 
@@ -134,13 +126,13 @@ class PgSearchIndex:
             return await conn.fetch(self._vector_sql[path], *searchable, vector)
 
         with translate_db_errors():
-            conn = await self._pool.acquire(timeout=self._settings.search_acquire_timeout_seconds)
+            conn = await self._connections.acquire()
             try:
                 rows = await self._lists(conn, request, keyword_list, vector_list)
             except BaseException:
-                self._end_later(conn, commit=False)
+                self._connections.end_later(conn, commit=False)
                 raise
-            self._end_later(conn, commit=True)
+            self._connections.end_later(conn, commit=True)
         return _candidates(rows)
 
     async def _lists(
@@ -166,35 +158,9 @@ class PgSearchIndex:
         path = kept.path if kept is not None else await self.vector_path(conn, request)
         return await vector_list(conn, path)
 
-    def _end_later(self, conn: PooledConnection, *, commit: bool) -> None:
-        """Ends a search's transaction and releases its connection after the answer: the
-        answer does not wait for the COMMIT of a read-only transaction nor for the pool's
-        reset of the connection (two round trips, ~0.5 ms)."""
-        ending = asyncio.create_task(self._end(conn, commit=commit))
-        self._ending.add(ending)
-        ending.add_done_callback(self._ending.discard)
-
-    async def _end(self, conn: PooledConnection, *, commit: bool) -> None:
-        try:
-            await conn.execute("COMMIT" if commit else "ROLLBACK")
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-            # The release below rolls back what is left, or closes a broken connection.
-            if commit:
-                log.warning("search.commit_failed", error=str(error))
-        finally:
-            try:
-                await self._pool.release(
-                    conn, timeout=self._settings.search_acquire_timeout_seconds
-                )
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-                # asyncpg closes a connection it could not reset: the pool opens another.
-                log.warning("search.release_failed", error=str(error))
-
     async def ended(self) -> None:
-        """Waits for the transactions of answered searches to end (their connections back in
-        the pool)."""
-        while self._ending:
-            await asyncio.gather(*self._ending)
+        """Waits for what answered searches left running (search_connections.settled)."""
+        await self._connections.settled()
 
     async def _keyword_list(
         self,
@@ -265,30 +231,6 @@ class PgSearchIndex:
             raise failed.exceptions[0] from None
         return keyword.result() + vector.result()
 
-    async def _idle_connection(self) -> asyncpg.pool.PoolConnectionProxy[Any] | None:
-        """An idle connection of the pool, else None at once. Waiting for one to be opened
-        would outlast reading the lists in turn, and a connect cut short by a timeout leaves
-        asyncpg's half-done attempt behind (an error logged, a backend started for nothing).
-        While the pool may grow, one more connection is opened in the background, for the
-        searches that follow (the pool starts with KB_DB_POOL_MIN_SIZE, 1 by default)."""
-        if self._pool.get_idle_size() == 0:
-            if self._growing is None and self._pool.get_size() < self._pool.get_max_size():
-                self._growing = asyncio.create_task(self._grow_pool())
-            return None
-        try:
-            return await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
-        except TimeoutError:  # taken meanwhile, and none to spare
-            return None
-
-    async def _grow_pool(self) -> None:
-        try:
-            async with self._pool.acquire(timeout=self._settings.search_acquire_timeout_seconds):
-                pass
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-            log.warning("search.pool_growth_failed", error=str(error))
-        finally:
-            self._growing = None
-
     async def _keyword_list_beside(
         self,
         conn: Connection,
@@ -301,7 +243,7 @@ class PgSearchIndex:
         away, on ``conn`` once the vector list is done with it (waiting for a second while
         holding the first could starve the pool), its path's planner settings undone. A
         failed vector list cancels this one through the TaskGroup, ``chosen`` or not."""
-        second = await self._idle_connection()
+        second = await self._connections.idle()
         if second is None:
             await asyncio.wait([vector])  # its failure is the TaskGroup's to raise
             await conn.execute(QUERIES["undo_vector_path"], list(PLANNER_SETTINGS))
@@ -311,9 +253,9 @@ class PgSearchIndex:
             await second.execute(BEGIN_READ_ONLY + import_snapshot_sql(snapshot))
             rows = await keyword_list(second, lambda: chosen)
         except BaseException:
-            self._end_later(second, commit=False)
+            self._connections.end_later(second, commit=False)
             raise
-        self._end_later(second, commit=True)
+        self._connections.end_later(second, commit=True)
         return rows
 
 
