@@ -265,15 +265,20 @@ WITH query AS (
       FROM tenant t
      WHERE t.tenant_id = $1
 )
+-- Both arrays follow one numbering of the lexemes (the database's order).
 SELECT CASE WHEN numnode(q.strict) > 0 THEN q.strict::text END AS strict,
        NOT q.syntax AS natural,
-       ARRAY(SELECT l.lexeme FROM unnest(q.lexemes) AS l(lexeme) ORDER BY l.lexeme) AS lexemes,
-       ARRAY(SELECT ('''' || replace(replace(l.lexeme, '\', '\\'), '''', '''''') || '''')
-                        ::tsquery::text
-               FROM unnest(q.lexemes) AS l(lexeme)
-              ORDER BY l.lexeme) AS queries,
+       coalesce(w.lexemes, '{}') AS lexemes,
+       coalesce(w.queries, '{}') AS queries,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode
-  FROM query q;
+  FROM query q
+ CROSS JOIN LATERAL (
+        SELECT array_agg(n.lexeme ORDER BY n.position) AS lexemes,
+               array_agg(('''' || replace(replace(n.lexeme, '\', '\\'), '''', '''''') || '''')
+                             ::tsquery::text
+                         ORDER BY n.position) AS queries
+          FROM (SELECT l.lexeme, row_number() OVER (ORDER BY l.lexeme) AS position
+                  FROM unnest(q.lexemes) AS l(lexeme)) n) w;
 
 -- name: partition_common_lexemes
 -- The commonest lexemes of a partition of knowledge_chunk ($1, the tenant's:

@@ -41,6 +41,8 @@ class SearchConnections:
         if self._pool.get_idle_size() == 0:
             if self._growing is None and self._pool.get_size() < self._pool.get_max_size():
                 self._growing = asyncio.create_task(self._grow())
+                # Cleared however it ends, cancelled before it ran included.
+                self._growing.add_done_callback(self._grown)
             return None
         try:
             return await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
@@ -57,7 +59,9 @@ class SearchConnections:
                 pass
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             log.warning("search.pool_growth_failed", error=str(error))
-        finally:
+
+    def _grown(self, growing: asyncio.Task[None]) -> None:
+        if self._growing is growing:
             self._growing = None
 
     def end_later(self, conn: PooledConnection, *, commit: bool) -> None:
@@ -70,21 +74,24 @@ class SearchConnections:
         ending.add_done_callback(self._ending.discard)
 
     async def _end(self, conn: PooledConnection, *, commit: bool) -> None:
+        # Nobody awaits this task: whatever goes wrong is logged here, and the connection
+        # goes back to the pool whatever happened (asyncpg rolls back what is left, or
+        # closes a connection it cannot reset; the pool opens another).
         try:
-            await conn.execute("COMMIT" if commit else "ROLLBACK")
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-            # The release below rolls back what is left, or closes a broken connection.
+            await conn.execute("COMMIT" if commit else "ROLLBACK", timeout=self._timeout)
+        except Exception as error:
             if commit:
                 log.warning("search.commit_failed", error=str(error))
         finally:
             try:
                 await self._pool.release(conn, timeout=self._timeout)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-                # asyncpg closes a connection it could not reset: the pool opens another.
+            except Exception as error:
                 log.warning("search.release_failed", error=str(error))
 
     async def settled(self) -> None:
         """Waits for what answered searches left running: their transactions ending (their
-        connections back in the pool) and the pool's growth."""
+        connections back in the pool) and the pool's growth. Cancelling the wait cancels
+        none of them."""
         while self._ending or self._growing is not None:
-            await asyncio.gather(*self._ending, *([self._growing] if self._growing else []))
+            running = [*self._ending, *([self._growing] if self._growing else [])]
+            await asyncio.wait(running)

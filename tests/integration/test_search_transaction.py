@@ -15,7 +15,7 @@ from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.search import Generation, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex
 from services.indexer.search_sql import SearchSettings
-from services.runtime.db import _init_connection, create_pool
+from services.runtime.db import _init_connection, connection, create_pool
 from services.runtime.errors import KbError
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import add_tenant
@@ -135,7 +135,7 @@ async def test_a_failed_search_rolls_back_and_returns_its_connections(
     reported: list[dict[str, Any]],
     mode: SearchMode,
 ) -> None:
-    await index.candidates(request(mode), VECTOR)  # its path kept
+    before = await index.candidates(request(mode), VECTOR)  # its path kept
     await index.ended()
     await conn.execute("ALTER TABLE document_acl RENAME TO document_acl_gone")
     statements.sent.clear()
@@ -147,4 +147,49 @@ async def test_a_failed_search_rolls_back_and_returns_its_connections(
     assert "COMMIT" not in statements.sent
     assert reported == []
     await conn.execute("ALTER TABLE document_acl_gone RENAME TO document_acl")
-    assert await index.candidates(request(mode), VECTOR)
+    assert await index.candidates(request(mode), VECTOR) == before
+
+
+async def wait_until_blocked(watcher: asyncpg.Connection[Any], backends: int) -> None:
+    """Returns once ``backends`` backends of the database wait for a lock (at most 30 s).
+    ``watcher``: a connection of its own (a pool's could be the one search needs)."""
+    async with asyncio.timeout(30):
+        while True:
+            blocked = await watcher.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if blocked >= backends:
+                return
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: str(m.value))
+async def test_a_cancelled_search_rolls_back_and_returns_its_connections(
+    settings: RuntimeSettings,
+    pool: asyncpg.Pool[Any],
+    index: PgSearchIndex,
+    statements: Statements,
+    conn: asyncpg.Connection[Any],
+    corpus: None,
+    reported: list[dict[str, Any]],
+    mode: SearchMode,
+) -> None:
+    # A client gone while the search's statements run (hybrid: on both connections).
+    before = await index.candidates(request(mode), VECTOR)
+    await index.ended()
+    statements.sent.clear()
+    waiting = 2 if mode is SearchMode.HYBRID else 1
+    async with connection(settings) as watcher, conn.transaction():
+        await conn.execute("LOCK TABLE document_acl IN ACCESS EXCLUSIVE MODE")
+        search = asyncio.create_task(index.candidates(request(mode), VECTOR))
+        await wait_until_blocked(watcher, waiting)
+        search.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await search
+    await index.ended()
+    assert await all_back(pool)
+    assert statements.sent.count("ROLLBACK") == waiting
+    assert "COMMIT" not in statements.sent
+    assert reported == []
+    assert await index.candidates(request(mode), VECTOR) == before
