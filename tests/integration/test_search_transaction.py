@@ -19,6 +19,7 @@ from services.runtime.db import _init_connection, connection, create_pool
 from services.runtime.errors import KbError
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import add_tenant
+from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
 
 pytestmark = pytest.mark.integration
@@ -97,6 +98,14 @@ async def all_back(pool: asyncpg.Pool[Any]) -> bool:
     return pool.get_idle_size() == pool.get_size()
 
 
+async def answered_once(index: PgSearchIndex, statements: Statements, mode: SearchMode) -> Any:
+    """A search's answer, its path now kept and its transaction ended; nothing logged yet."""
+    answer = await index.candidates(request(mode), VECTOR)
+    await index.ended()
+    statements.sent.clear()
+    return answer
+
+
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: str(m.value))
 async def test_a_search_ends_its_transaction_after_the_answer(
     pool: asyncpg.Pool[Any],
@@ -135,10 +144,8 @@ async def test_a_failed_search_rolls_back_and_returns_its_connections(
     reported: list[dict[str, Any]],
     mode: SearchMode,
 ) -> None:
-    before = await index.candidates(request(mode), VECTOR)  # its path kept
-    await index.ended()
+    before = await answered_once(index, statements, mode)
     await conn.execute("ALTER TABLE document_acl RENAME TO document_acl_gone")
-    statements.sent.clear()
     with pytest.raises(KbError):
         await index.candidates(request(mode), VECTOR)
     await index.ended()
@@ -148,20 +155,6 @@ async def test_a_failed_search_rolls_back_and_returns_its_connections(
     assert reported == []
     await conn.execute("ALTER TABLE document_acl_gone RENAME TO document_acl")
     assert await index.candidates(request(mode), VECTOR) == before
-
-
-async def wait_until_blocked(watcher: asyncpg.Connection[Any], backends: int) -> None:
-    """Returns once ``backends`` backends of the database wait for a lock (at most 30 s).
-    ``watcher``: a connection of its own (a pool's could be the one search needs)."""
-    async with asyncio.timeout(30):
-        while True:
-            blocked = await watcher.fetchval(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            if blocked >= backends:
-                return
-            await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: str(m.value))
@@ -176,14 +169,12 @@ async def test_a_cancelled_search_rolls_back_and_returns_its_connections(
     mode: SearchMode,
 ) -> None:
     # A client gone while the search's statements run (hybrid: on both connections).
-    before = await index.candidates(request(mode), VECTOR)
-    await index.ended()
-    statements.sent.clear()
+    before = await answered_once(index, statements, mode)
     waiting = 2 if mode is SearchMode.HYBRID else 1
     async with connection(settings) as watcher, conn.transaction():
         await conn.execute("LOCK TABLE document_acl IN ACCESS EXCLUSIVE MODE")
         search = asyncio.create_task(index.candidates(request(mode), VECTOR))
-        await wait_until_blocked(watcher, waiting)
+        await wait_until_blocked_on_a_lock(watcher, waiting)
         search.cancel()
         with pytest.raises(asyncio.CancelledError):
             await search
