@@ -42,6 +42,7 @@ from bench.search_scale_load import (
     build_tenant_graphs,
     corpus_identity,
     load,
+    migrate,
     reusable,
     url_for,
 )
@@ -68,6 +69,8 @@ async def run(args: argparse.Namespace) -> int:
             return 2
         url = url_for(admin_url, database)
         log(f"reusing {database}")
+        for name in await migrate(url):
+            log(f"applied migration {name}")
     else:
         url = await load(
             admin_url,

@@ -101,6 +101,20 @@ async def reusable(admin_url: str, database: str, identity: dict[str, Any]) -> s
     return None
 
 
+async def migrate(url: str) -> list[str]:
+    """Applies the migrations a reused database lacks (a newer checkout's): it is measured
+    with the schema the code expects. Returns the names of those applied."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SET statement_timeout = 0")
+        result = await apply_migrations(conn)
+        if result.applied:
+            await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+    return [m.name for m in result.applied]
+
+
 async def meta(url: str) -> dict[str, Any]:
     conn = await asyncpg.connect(url)
     try:

@@ -3,6 +3,7 @@ and vector path, and what tunes them (``KB_SEARCH_*``)."""
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from functools import cache
 from typing import Final
@@ -151,6 +152,9 @@ def specialised_search_sql(
                 vector_expression(dimension, "c.embedding") if path is VectorPath.ANN else exact,
             )
         )
+        if path is VectorPath.EXACT:
+            # The same chunks, the readable documents listed first (search.sql).
+            sql = _swap_included(sql, "searchable_chunks", "searchable_chunks_listed")
     if name == KEYWORD_STATEMENT and path is VectorPath.ANN:
         replacements.append((_PROBE, "OFFSET 0"))
     for template, replacement in replacements:
@@ -160,3 +164,19 @@ def specialised_search_sql(
     if TEMPLATE_MODEL in sql:
         raise AssertionError("search.sql names the template model outside a model predicate")
     return sql
+
+
+def _swap_included(sql: str, included: str, replacement: str) -> str:
+    """``sql`` with the text of query ``included`` (put there by an include line, indented as
+    that line was: runtime.sql) replaced by the text of query ``replacement``, alike."""
+    first_line = QUERIES[included].splitlines()[0]
+    found = re.search(rf"^([ \t]*){re.escape(first_line)}$", sql, re.MULTILINE)
+    indent = found.group(1) if found else ""
+    text = _indented(QUERIES[included], indent)
+    if sql.count(text) != 1:
+        raise AssertionError(f"search.sql's statement lost its inclusion of {included!r}")
+    return sql.replace(text, _indented(QUERIES[replacement], indent))
+
+
+def _indented(text: str, indent: str) -> str:
+    return "\n".join(indent + line if line else line for line in text.splitlines())

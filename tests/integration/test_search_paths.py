@@ -85,6 +85,17 @@ def node_types(plan: Any) -> list[str]:
     return re.findall(r'"Node Type": "([^"]+)"', json.dumps(plan))
 
 
+def plan_nodes(plan: Any) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, depth first."""
+    nodes: list[dict[str, Any]] = []
+    pending = [entry["Plan"] for entry in plan]
+    while pending:
+        node = pending.pop()
+        nodes.append(node)
+        pending.extend(node.get("Plans", []))
+    return nodes
+
+
 async def explain(
     index: PgSearchIndex, api: SearchHarness, principal: str
 ) -> tuple[VectorPath, Any]:
@@ -145,16 +156,30 @@ async def test_few_readable_chunks_are_ranked_exactly(
     assert len({c.document_id for c in candidates.vector}) == 1
 
 
-async def test_the_exact_path_probes_the_readable_documents_from_their_acl_rows(
+async def test_the_exact_path_lists_the_readable_documents_pointers_in_one_scan(
     api: SearchHarness, index: PgSearchIndex, corpus: str
 ) -> None:
-    # Few readable documents: their pointers are probed one by one from the ACL's rows, not
-    # every pointer of the tenant read and hashed (the planner misjudges how many are read).
+    # Few readable documents: their ids (from the ACL) go into one scan of the pointers'
+    # covering index (migrations/0016), not a primary-key probe per document, nor every
+    # pointer of the tenant read and hashed (the planner misjudges how many are read).
     path, plan = await explain(index, api, "group:few")
     assert path is VectorPath.EXACT
     nodes = set(node_types(plan))
     assert "Nested Loop" in nodes
     assert not {"Hash Join", "Merge Join", "Bitmap Heap Scan"} & nodes
+    pointer_scans = [
+        (node["Node Type"], node["Index Name"])
+        for node in plan_nodes(plan)
+        if node.get("Relation Name") == "document_search_version"
+    ]
+    assert pointer_scans == [("Index Only Scan", "document_search_version_current")]
+    # The ACL is read once, for the list (an InitPlan), not probed per document or chunk.
+    acl_reads = [
+        node.get("Parent Relationship")
+        for node in plan_nodes(plan)
+        if node.get("Relation Name") == "document_acl"
+    ]
+    assert acl_reads == ["InitPlan"]
 
 
 async def test_a_kept_path_only_decides_speed_the_acl_is_read_by_every_search(

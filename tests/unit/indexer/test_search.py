@@ -262,6 +262,30 @@ def test_only_the_keyword_list_of_broad_principals_probes_each_candidate() -> No
     assert probes(VECTOR_STATEMENT, VectorPath.EXACT) == 0
 
 
+def test_only_the_exact_vector_list_lists_the_readable_documents_first() -> None:
+    from services.indexer.search_sql import (
+        KEYWORD_STATEMENT,
+        QUERIES,
+        VECTOR_STATEMENT,
+        VectorPath,
+        specialised_search_sql,
+    )
+
+    listing = "s.document_id = ANY (ARRAY("
+    assert listing in QUERIES["searchable_chunks_listed"]
+    assert listing not in QUERIES["searchable_chunks"]
+    exact = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.EXACT)
+    assert exact.count(listing) == 1
+    assert "FROM document_acl a" in exact
+    assert exact.count("document_search_version s") == 1
+    for name, path in [
+        (VECTOR_STATEMENT, VectorPath.ANN),
+        (KEYWORD_STATEMENT, VectorPath.ANN),
+        (KEYWORD_STATEMENT, VectorPath.EXACT),
+    ]:
+        assert listing not in specialised_search_sql("m", 384, name, path)
+
+
 async def test_the_search_route_fails_closed_without_the_auth_middleware() -> None:
     import httpx
     from fastapi import FastAPI
