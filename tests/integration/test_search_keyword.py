@@ -231,3 +231,50 @@ async def test_the_rarest_common_word_only_fills_the_list_to_its_depth(
 
 def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [node, *(n for child in node.get("Plans", []) for n in walk(child))]
+
+
+async def test_the_keyword_list_is_planned_without_hash_or_merge_joins(
+    conn_with_tenants: asyncpg.Connection[Any], index: PgSearchIndex
+) -> None:
+    # A principal who may read a quarter of many documents: the planner, taking the readable
+    # documents for far fewer than they are, would hash them with every pointer of the
+    # tenant and test each readable chunk's words. keyword_terms turns hash and merge joins
+    # off for the rest of the search's transaction, as the vector list's paths do.
+    conn = conn_with_tenants
+    for n in range(200):
+        read = ("group:all", "group:quarter") if n % 4 == 0 else ("group:all",)
+        words = "refunds for damaged goods" if n % 50 == 0 else f"general clause {n}"
+        await searchable(conn, [ChunkSpec(f"{words} part {c}") for c in range(5)], read=read)
+    await conn.execute("VACUUM ANALYZE")
+    request = SearchRequest(
+        "acme", "damaged refunds", ("group:quarter",), top_k=10, mode=SearchMode.KEYWORD
+    )
+    partition = await conn.fetchval(QUERIES["tenant_partition"], "acme")
+    common = common_lexemes(
+        [tuple(r) for r in await conn.fetch(QUERIES["partition_common_lexemes"], partition)]
+    )
+    async with conn.transaction(readonly=True, isolation="repeatable_read"):
+        row = await conn.fetchrow(QUERIES["keyword_terms"], "acme", request.query)
+        assert row is not None
+        words = QueryWords(
+            row["strict"], row["natural"], tuple(row["lexemes"]), tuple(row["queries"])
+        )
+        terms = keyword_terms(words, common, CAP)
+        plan = await conn.fetchval(
+            "EXPLAIN (FORMAT JSON) " + index.keyword_statement(VectorPath.EXACT),
+            "acme",
+            ["group:quarter"],
+            None,
+            None,
+            10,
+            *terms.parameters(),
+            CAP,
+        )
+    nodes = {node["Node Type"] for node in walk(json.loads(plan)[0]["Plan"])}
+    assert not {"Hash Join", "Merge Join"} & nodes
+    # Only for that transaction.
+    assert await conn.fetchval("SHOW enable_hashjoin") == "on"
+    assert await conn.fetchval("SHOW enable_mergejoin") == "on"
+    # Documents 0 and 100 hold the words and are readable (50 and 150 are not).
+    found = await keyword(index, request.query, principals=("group:quarter",))
+    assert sorted(found) == sorted([f"refunds for damaged goods part {c}" for c in range(5)] * 2)
