@@ -9,7 +9,8 @@ corpus of ``bench/search_scale_corpus.py`` (100 tenants, documents of 4-16 chunk
 a few groups each, 1 % of each tenant readable by ``group:narrow``, random or clustered
 unit vectors of dimension 384, words drawn from the standard library's docstrings), loaded
 by COPY and indexed as ``bench/search_scale_load.py`` says. ``--reuse`` measures a database
-an earlier run loaded (same chunks, seed and vectors) instead of loading it again.
+an earlier run loaded (same chunks, seed and vectors) instead of loading it again, after
+applying the migrations it lacks (a newer checkout's).
 
 Measured (``bench/search_scale_measure.py``), the query vector given (the embedding is
 timed on its own, with the offline ONNX model), at concurrency 1 and 8:
