@@ -243,8 +243,8 @@ async def test_the_keyword_list_is_planned_without_hash_or_merge_joins(
     conn = conn_with_tenants
     for n in range(200):
         read = ("group:all", "group:quarter") if n % 4 == 0 else ("group:all",)
-        words = "refunds for damaged goods" if n % 50 == 0 else f"general clause {n}"
-        await searchable(conn, [ChunkSpec(f"{words} part {c}") for c in range(5)], read=read)
+        text = "refunds for damaged goods" if n % 50 == 0 else f"general clause {n}"
+        await searchable(conn, [ChunkSpec(f"{text} part {c}") for c in range(5)], read=read)
     await conn.execute("VACUUM ANALYZE")
     request = SearchRequest(
         "acme", "damaged refunds", ("group:quarter",), top_k=10, mode=SearchMode.KEYWORD
