@@ -12,7 +12,12 @@ import asyncpg
 import pytest
 
 from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.keyword_terms import QueryWords, common_lexemes, keyword_terms
+from services.indexer.keyword_terms import (
+    KeywordTerms,
+    QueryWords,
+    common_lexemes,
+    keyword_terms,
+)
 from services.indexer.search import Generation, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex
 from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
@@ -195,38 +200,52 @@ async def test_the_rarest_common_word_only_fills_the_list_to_its_depth(
     request = SearchRequest(
         "acme", "refunds policy details", ("group:all",), top_k=depth, mode=SearchMode.KEYWORD
     )
-    partition = await conn.fetchval(QUERIES["tenant_partition"], "acme")
-    common = common_lexemes(
-        [tuple(r) for r in await conn.fetch(QUERIES["partition_common_lexemes"], partition)]
-    )
-    async with conn.transaction(readonly=True, isolation="repeatable_read"):
-        row = await conn.fetchrow(QUERIES["keyword_terms"], "acme", request.query)
-        assert row is not None
-        words = QueryWords(
-            row["strict"], row["natural"], tuple(row["lexemes"]), tuple(row["queries"])
-        )
-        terms = keyword_terms(words, common, CAP)
-        assert terms.any_word is not None
-        assert terms.rarest_word == "'policy'"
-        plan = await conn.fetchval(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + index.keyword_statement(VectorPath.EXACT),
-            "acme",
-            ["group:all"],
-            None,
-            None,
-            depth,
-            *terms.parameters(),
-            CAP,
-        )
+    terms, plan = await keyword_plan(conn, index, request, analyze=True)
+    assert terms.any_word is not None
+    assert terms.rarest_word == "'policy'"
     candidates = [
         node["Actual Rows"]
-        for node in walk(json.loads(plan)[0]["Plan"])
+        for node in walk(plan)
         if node.get("Subplan Name") == "CTE keyword_candidate"
     ]
     assert candidates == [depth]  # 1 holding "refunds", 2 holding "policy" (not 1 + CAP)
     found = await keyword(index, request.query, top_k=depth)
     assert found[0] == "policy on refunds for damaged goods"
     assert len(found) == depth
+
+
+async def keyword_plan(
+    conn: asyncpg.Connection[Any],
+    index: PgSearchIndex,
+    request: SearchRequest,
+    *,
+    analyze: bool = False,
+) -> tuple[KeywordTerms, dict[str, Any]]:
+    """The request's keyword terms and the exact path's keyword statement's plan, read as a
+    search reads them: keyword_terms first, in the same transaction."""
+    partition = await conn.fetchval(QUERIES["tenant_partition"], request.tenant_id)
+    common = common_lexemes(
+        [tuple(r) for r in await conn.fetch(QUERIES["partition_common_lexemes"], partition)]
+    )
+    async with conn.transaction(readonly=True, isolation="repeatable_read"):
+        row = await conn.fetchrow(QUERIES["keyword_terms"], request.tenant_id, request.query)
+        assert row is not None
+        words = QueryWords(
+            row["strict"], row["natural"], tuple(row["lexemes"]), tuple(row["queries"])
+        )
+        terms = keyword_terms(words, common, CAP)
+        explain = "EXPLAIN (ANALYZE, FORMAT JSON) " if analyze else "EXPLAIN (FORMAT JSON) "
+        plan = await conn.fetchval(
+            explain + index.keyword_statement(VectorPath.EXACT),
+            request.tenant_id,
+            list(request.principals),
+            None,
+            None,
+            request.depth,
+            *terms.parameters(),
+            CAP,
+        )
+    return terms, json.loads(plan)[0]["Plan"]
 
 
 def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -249,28 +268,8 @@ async def test_the_keyword_list_is_planned_without_hash_or_merge_joins(
     request = SearchRequest(
         "acme", "damaged refunds", ("group:quarter",), top_k=10, mode=SearchMode.KEYWORD
     )
-    partition = await conn.fetchval(QUERIES["tenant_partition"], "acme")
-    common = common_lexemes(
-        [tuple(r) for r in await conn.fetch(QUERIES["partition_common_lexemes"], partition)]
-    )
-    async with conn.transaction(readonly=True, isolation="repeatable_read"):
-        row = await conn.fetchrow(QUERIES["keyword_terms"], "acme", request.query)
-        assert row is not None
-        words = QueryWords(
-            row["strict"], row["natural"], tuple(row["lexemes"]), tuple(row["queries"])
-        )
-        terms = keyword_terms(words, common, CAP)
-        plan = await conn.fetchval(
-            "EXPLAIN (FORMAT JSON) " + index.keyword_statement(VectorPath.EXACT),
-            "acme",
-            ["group:quarter"],
-            None,
-            None,
-            10,
-            *terms.parameters(),
-            CAP,
-        )
-    nodes = {node["Node Type"] for node in walk(json.loads(plan)[0]["Plan"])}
+    _, plan = await keyword_plan(conn, index, request)
+    nodes = {node["Node Type"] for node in walk(plan)}
     assert not {"Hash Join", "Merge Join"} & nodes
     # Only for that transaction.
     assert await conn.fetchval("SHOW enable_hashjoin") == "on"

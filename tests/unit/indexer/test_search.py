@@ -271,6 +271,14 @@ def test_only_the_exact_vector_list_lists_the_readable_documents_first() -> None
         specialised_search_sql,
     )
 
+    def head(name: str) -> list[str]:
+        """The query's columns and filters up to its first EXISTS, comments aside."""
+        lines = QUERIES[name][QUERIES[name].index("SELECT") :].splitlines()
+        until = next(n for n, line in enumerate(lines) if "EXISTS" in line)
+        return [line for line in lines[:until] if not line.strip().startswith("--")]
+
+    # Twins: the same chunks' columns, tenant, model and request filters.
+    assert head("searchable_chunks_listed") == head("searchable_chunks")
     listing = "s.document_id = ANY (ARRAY("
     assert listing in QUERIES["searchable_chunks_listed"]
     assert listing not in QUERIES["searchable_chunks"]
