@@ -9,7 +9,11 @@
 -- chunk counts reads it as before). Pointers already change every indexed column on each
 -- switch (version, chunk count): the wider index costs no HOT update that was possible.
 -- A plain CREATE INDEX: while it builds (seconds per million documents) pointer switches
--- wait, searches do not; the DROP takes the table's lock for a moment.
+-- wait, searches do not; the DROP takes the table's lock for a moment. Queued behind a long
+-- reader of the table, that lock would hold every search up behind it: the migration gives
+-- up after 10 s instead (and is rolled back whole; run `kb migrate` again).
+SET LOCAL lock_timeout = '10s';
+
 CREATE INDEX document_search_version_current
     ON document_search_version (tenant_id, embedding_model, document_id)
     INCLUDE (version_number, chunking_strategy, chunk_count);

@@ -107,7 +107,9 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
 -- primary key. Probing each readable document's pointer from its ACL row instead (the EXISTS
 -- of searchable_chunks, which the ANN path needs: a probe per graph candidate) cost a
 -- descent and a heap page per document (1M bench, typical user, ~260 documents: the exact
--- list 11.6 -> 9.9 ms p50). The array is an uncorrelated subquery: read once per statement.
+-- list 11.6 -> 9.9 ms p50). The array is an uncorrelated subquery: read once per statement;
+-- it holds only the documents of the request's filter $3, if any (a broad reader who
+-- filters to a few documents takes this path: the array stays that small).
 -- The keyword list keeps searchable_chunks on every path (with the list: slower for the
 -- typical user, its plan no longer starting from the full-text index's matches).
 SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
@@ -130,7 +132,8 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
                     FROM document_acl a
                    WHERE a.tenant_id = $1
                      AND a.permission = 'READ'
-                     AND a.principal = ANY ($2::text[]))))
+                     AND a.principal = ANY ($2::text[])
+                     AND ($3::uuid[] IS NULL OR a.document_id = ANY ($3::uuid[])))))
 
 -- name: vector_list
 -- The vector list of search_vector_candidates: the $5 searchable chunks ($1 to $4, as

@@ -137,6 +137,39 @@ async def test_no_tenant_reads_another_tenants_chunks(
     assert {r["title"] for r in body["results"]} == {"Acme refunds"}
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_another_tenants_acl_for_the_same_document_id_grants_nothing(
+    api: SearchHarness,
+    acme: ApiTenant,
+    globex: ApiTenant,
+    conn: asyncpg.Connection[Any],
+    mode: str,
+) -> None:
+    # Document ids are unique per tenant only: globex's ACL row for the same id must not
+    # open acme's document (nor its pointer stand for acme's).
+    shared = uuid.uuid4()
+    for tenant, read, title in (
+        (globex, ("group:x",), "Globex refunds"),
+        (acme, ("group:y",), "Acme refunds"),
+    ):
+        await add_document(conn, tenant.tenant_id, title=title, read=read, document_id=shared)
+        await add_version(conn, tenant.tenant_id, shared, 1, REFUND, api.embedder)
+        await point_search_at(conn, tenant.tenant_id, shared, 1, api.embedder.model)
+
+    async def titles(tenant: ApiTenant, principal: str) -> set[str]:
+        body = (
+            await api.search(
+                tenant, {"query": "refund", "principals": [principal], "mode": mode, "topK": 100}
+            )
+        ).json()
+        return {r["title"] for r in body["results"]}
+
+    assert await titles(acme, "group:x") == set()
+    assert await titles(globex, "group:y") == set()
+    assert await titles(acme, "group:y") == {"Acme refunds"}
+    assert await titles(globex, "group:x") == {"Globex refunds"}
+
+
 ACL_PRINCIPAL = "group:Admins"
 NOT_THE_PRINCIPAL = [
     "group:admins",  # case
