@@ -12,7 +12,7 @@ from pydantic import Field
 
 from services.indexer.ann_index import model_predicate, vector_expression
 from services.runtime.settings import RuntimeSettings
-from services.runtime.sql import queries_beside
+from services.runtime.sql import indented, queries_beside
 
 QUERIES = queries_beside(__file__, "search.sql")
 
@@ -173,11 +173,7 @@ def _swap_included(sql: str, included: str, replacement: str) -> str:
     first_line = QUERIES[included].splitlines()[0]
     found = re.search(rf"^([ \t]*){re.escape(first_line)}$", sql, re.MULTILINE)
     indent = found.group(1) if found else ""
-    text = _indented(QUERIES[included], indent)
+    text = indented(QUERIES[included], indent)
     if sql.count(text) != 1:
         raise AssertionError(f"search.sql's statement lost its inclusion of {included!r}")
-    return sql.replace(text, _indented(QUERIES[replacement], indent))
-
-
-def _indented(text: str, indent: str) -> str:
-    return "\n".join(indent + line if line else line for line in text.splitlines())
+    return sql.replace(text, indented(QUERIES[replacement], indent))

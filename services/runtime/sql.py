@@ -68,10 +68,15 @@ def _expand(name: str, queries: dict[str, str], including: tuple[str, ...], sour
         if target not in queries:
             raise ValueError(f"{source}: query {name!r} includes unknown query {target!r}")
         body = _expand(target, queries, (*including, name), source)
-        indent = match.group("indent")
-        return "\n".join(indent + line if line else line for line in body.splitlines())
+        return indented(body, match.group("indent"))
 
     return _INCLUDE.sub(included, queries[name])
+
+
+def indented(text: str, indent: str) -> str:
+    """``text`` as an include line indented by ``indent`` puts it into a query (blank lines
+    stay blank)."""
+    return "\n".join(indent + line if line else line for line in text.splitlines())
 
 
 def _only_comments(text: str) -> bool:
