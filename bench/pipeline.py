@@ -49,11 +49,11 @@ from services.indexer.embedding.port import Embedder, Vectors
 from services.indexer.parsing import ParseLimits, parse_document
 from services.indexer.parsing.pool import ParsePool
 from services.indexer.pipeline import chunking_strategy
-from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
+from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import RetryPolicy
 from services.indexer.tokens import TokenizerSpec, load_token_counter
 from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
-from services.runtime.db import create_pool
+from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.logging import configure_logging
 from services.runtime.migrations import apply_migrations
 from services.runtime.settings import RuntimeSettings

@@ -45,10 +45,10 @@ import numpy.typing as npt
 from pgvector import Vector
 
 from services.indexer.chunking import Chunk, chunk_id_of
-from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
+from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
 from services.indexer.task import Lease
-from services.runtime.db import create_pool
+from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.migrations import apply_migrations
 from services.runtime.settings import RuntimeSettings
 

@@ -28,10 +28,10 @@ from typing import Any
 import asyncpg
 
 from services.indexer.ports import IndexingOutcome
-from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
+from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.task import Lease
 from services.indexer.worker import Worker
-from services.runtime.db import create_pool
+from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.logging import configure_logging
 from services.runtime.migrations import apply_migrations
 from services.runtime.settings import RuntimeSettings

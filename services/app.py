@@ -85,13 +85,13 @@ async def _search_resources(
     settings: SearchSettings, embedding_settings: EmbeddingSettings
 ) -> AsyncIterator[tuple[Searcher, Any]]:
     from services.indexer.embedding.factory import build_embedder
-    from services.runtime.db import create_pool
+    from services.indexer.search_connections import open_search_pool
 
     # The same provider settings as the indexer's (KB_EMBEDDING_*): queries must be embedded
     # by the model the index was built with.
     embedder = build_embedder(embedding_settings)
     try:
-        pool = await create_pool(settings)
+        pool = await open_search_pool(settings)
         try:
             generation = Generation(embedder.model, embedder.dimension)
             index = PgSearchIndex(pool, generation, settings)

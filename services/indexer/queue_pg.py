@@ -40,15 +40,6 @@ QUERIES = queries_beside(__file__, "queries.sql")
 _REQUEUED_FROM = frozenset({TaskStatus.DEAD, TaskStatus.SUCCEEDED})
 
 
-async def skip_session_reset(conn: asyncpg.Connection[Any]) -> None:
-    """``reset=`` for the indexer's pool. asyncpg's default runs ``RESET ALL; UNLISTEN *;
-    ...`` on every release: one more round trip per query, a third of the claim->complete
-    cost. The queue sets no session state (no SET, LISTEN, advisory lock or cursor), nor
-    may a sink's ``in_transaction`` hook, so only a transaction left open is undone."""
-    if conn.is_in_transaction():
-        await conn.execute("ROLLBACK")
-
-
 class PgTaskQueue:
     def __init__(
         self,

@@ -10,7 +10,9 @@ from typing import Any, Final, TypeAlias
 import asyncpg
 
 from services.indexer.search_sql import SearchSettings
+from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.logging import get_logger
+from services.runtime.settings import RuntimeSettings
 
 log = get_logger(__name__)
 
@@ -18,6 +20,17 @@ PooledConnection: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
 
 # How long hybrid search waits for an idle second connection before reading its lists in turn.
 _SECOND_CONNECTION_WAIT_SECONDS: Final = 0.005
+
+
+async def open_search_pool(settings: RuntimeSettings, **overrides: Any) -> asyncpg.Pool[Any]:
+    """The pool search reads on (``kb serve``: also the operator page's reads and the search
+    lag sampler). Released connections are not reset: search sets its planner settings with
+    SET LOCAL, in a transaction it ends before release, and the other readers set nothing, so
+    asyncpg's ``RESET ALL; UNLISTEN *; ...`` would be a round trip per connection per search
+    (two for hybrid) spent undoing nothing."""
+    options: dict[str, Any] = {"reset": skip_session_reset}
+    options.update(overrides)
+    return await create_pool(settings, **options)
 
 
 class SearchConnections:

@@ -416,7 +416,7 @@ async def index_build_session(conn: Executor, build_memory: str) -> AsyncIterato
     """The connection set up for an HNSW build, and back as it was afterwards: a long build
     must not hit the pool's statement_timeout, and crawls when its graph does not fit in
     maintenance_work_mem. Restored before release, as the indexer's pool does not reset
-    sessions (queue_pg.skip_session_reset)."""
+    sessions (runtime.db.skip_session_reset)."""
     previous = await conn.fetchrow(QUERIES["start_index_build"], build_memory)
     assert previous is not None
     try:

@@ -23,7 +23,7 @@ from services.indexer.parsing import ParseLimits
 from services.indexer.parsing.pool import ParsePool
 from services.indexer.pipeline import PipelineIndexer, chunking_strategy
 from services.indexer.ports import DocumentVersionIndexer
-from services.indexer.queue_pg import PgTaskQueue, skip_session_reset
+from services.indexer.queue_pg import PgTaskQueue
 from services.indexer.settings import IndexerSettings
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.indexer.source_pg import PgVersionSource
@@ -31,7 +31,7 @@ from services.indexer.task import RetryPolicy
 from services.indexer.tenant_graphs import PgTenantGraphs
 from services.indexer.worker import RunOnceResult, Worker
 from services.runtime.cli_support import run_async
-from services.runtime.db import create_pool
+from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.logging import get_logger
 from services.runtime.signals import run_until_signalled
 

@@ -40,10 +40,9 @@ def create_app(
         if app.state.store is not None:
             yield
             return
-        from services.publisher.store_pg import PgPublisherStore
-        from services.runtime.db import create_pool
+        from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
 
-        pool = await create_pool(settings)
+        pool = await open_publisher_pool(settings)
         _use_store(
             app,
             PgPublisherStore(

@@ -19,10 +19,11 @@ from services.publisher.ports import (
     PendingEvent,
     VersionInfo,
 )
-from services.runtime.db import translate_db_errors
+from services.runtime.db import create_pool, skip_session_reset, translate_db_errors
 from services.runtime.errors import BadInput
 from services.runtime.migrations import pending_migrations
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.settings import RuntimeSettings
 from services.runtime.sql import queries_beside
 from services.runtime.tasks import (
     TASK_TYPE_INDEX_VERSION,
@@ -33,6 +34,16 @@ from services.runtime.tasks import (
 )
 
 QUERIES = queries_beside(__file__, "queries.sql")
+
+
+async def open_publisher_pool(settings: RuntimeSettings, **overrides: Any) -> asyncpg.Pool[Any]:
+    """The publisher's pool. Released connections are not reset: the publisher keeps every
+    lock and setting inside its transactions (the outbox's lock is transaction-scoped), so
+    asyncpg's ``RESET ALL; UNLISTEN *; ...`` on release would be one more round trip per
+    request -- the API key check of every tenant request included -- undoing nothing."""
+    options: dict[str, Any] = {"reset": skip_session_reset}
+    options.update(overrides)
+    return await create_pool(settings, **options)
 
 
 def _task_of_status_row(row: asyncpg.Record) -> IndexTaskRecord:

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from services.runtime.avro import default_registry
+from services.runtime.db import _init_connection
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import (
     ApiTenant,
@@ -325,3 +326,37 @@ async def test_stored_content_cannot_be_changed_afterwards(
         await conn.execute(
             "UPDATE document_version SET status = 'DRAFT' WHERE document_id = $1", document_id
         )
+
+
+async def test_released_connections_are_not_reset_and_hold_no_transaction(
+    settings: RuntimeSettings, acme: ApiTenant
+) -> None:
+    # The publisher's pool skips asyncpg's session reset on release (one round trip less per
+    # request, the API key check included): what it relies on is that every publish ends its
+    # transaction and takes only transaction-scoped locks -- a refused one too.
+    sent: list[str] = []
+
+    async def init(conn: asyncpg.Connection[Any]) -> None:
+        await _init_connection(conn)
+        conn.add_query_logger(lambda record: sent.append(record.query))
+
+    async with publisher_harness(settings, pool_size=2, init=init) as api:
+        document_id = await _draft(api, acme)
+        assert (await publish(api.client, acme, document_id, 1, 1)).status_code == 202
+        assert (await publish(api.client, acme, document_id, 1, 1)).status_code == 202
+        stale = await publish(api.client, acme, document_id, 1, 1, read=["other"])
+        assert stale.status_code == 409, stale.text
+        assert sent
+        assert not [s for s in sent if "RESET ALL" in s or "UNLISTEN" in s]
+        held = [await api.pool.acquire() for _ in range(api.pool.get_size())]
+        try:
+            for conn in held:
+                assert not conn.is_in_transaction()
+                advisory = await conn.fetchval(
+                    "SELECT count(*) FROM pg_locks"
+                    " WHERE pid = pg_backend_pid() AND locktype = 'advisory'"
+                )
+                assert advisory == 0
+        finally:
+            for conn in held:
+                await api.pool.release(conn)

@@ -1,6 +1,7 @@
 """A search's transaction (real PostgreSQL): it starts with a kept path's settings in one
 round trip, ends after the answer -- committed, or rolled back when the search failed --
-and its connections go back to the pool either way."""
+and its connections go back to the pool either way (the pool ``kb serve`` opens:
+open_search_pool, which does not reset released sessions)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.search import Generation, SearchMode, SearchRequest
+from services.indexer.search_connections import open_search_pool
 from services.indexer.search_pg import PgSearchIndex
 from services.indexer.search_sql import SearchSettings
-from services.runtime.db import _init_connection, connection, create_pool
+from services.runtime.db import _init_connection, connection
 from services.runtime.errors import KbError
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import add_tenant
@@ -49,7 +51,7 @@ async def statements() -> Statements:
 
 @pytest.fixture
 async def pool(settings: RuntimeSettings, statements: Statements) -> AsyncIterator[Any]:
-    pool = await create_pool(settings, min_size=2, max_size=4, init=statements.init)
+    pool = await open_search_pool(settings, min_size=2, max_size=4, init=statements.init)
     try:
         yield pool
     finally:
@@ -184,3 +186,51 @@ async def test_a_cancelled_search_rolls_back_and_returns_its_connections(
     assert "COMMIT" not in statements.sent
     assert reported == []
     assert await index.candidates(request(mode), VECTOR) == before
+
+
+# What a search sets, and what a session has when nothing set it.
+SESSION_DEFAULTS = {
+    "enable_hashjoin": "on",
+    "enable_mergejoin": "on",
+    "enable_sort": "on",
+    "enable_bitmapscan": "on",
+    "plan_cache_mode": "auto",
+    "hnsw.ef_search": "40",
+    "hnsw.iterative_scan": "off",
+}
+
+
+async def session_settings(conn: Any) -> dict[str, str]:
+    await conn.fetchval("SELECT '[1]'::vector")  # pgvector's settings exist once it is loaded
+    rows = await conn.fetch(
+        "SELECT name, current_setting(name) AS value FROM unnest($1::text[]) AS n(name)",
+        list(SESSION_DEFAULTS),
+    )
+    return {row["name"]: row["value"] for row in rows}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: str(m.value))
+async def test_released_connections_are_not_reset_and_keep_nothing_of_the_search(
+    pool: asyncpg.Pool[Any],
+    index: PgSearchIndex,
+    statements: Statements,
+    corpus: None,
+    mode: SearchMode,
+) -> None:
+    # Principals reading a corner of the tenant take the exact path, the rest the ANN path:
+    # both paths' settings must end with the transaction, without RESET ALL on release.
+    await answered_once(index, statements, mode)
+    narrow = SearchRequest("acme", "refunds policy", ("group:nobody",), 10, mode)
+    await index.candidates(narrow, VECTOR)
+    await index.candidates(request(mode), VECTOR)
+    await index.ended()
+    assert await all_back(pool)
+    assert not [s for s in statements.sent if "RESET ALL" in s or "UNLISTEN" in s]
+    held = [await pool.acquire() for _ in range(pool.get_size())]
+    try:
+        for conn in held:
+            assert not conn.is_in_transaction()
+            assert await session_settings(conn) == SESSION_DEFAULTS
+    finally:
+        for conn in held:
+            await pool.release(conn)

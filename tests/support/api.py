@@ -16,8 +16,7 @@ from fastapi import FastAPI
 
 from services.publisher.api import create_app
 from services.publisher.settings import PublisherSettings
-from services.publisher.store_pg import PgPublisherStore, PgTenantStore
-from services.runtime.db import create_pool
+from services.publisher.store_pg import PgPublisherStore, PgTenantStore, open_publisher_pool
 from services.runtime.settings import RuntimeSettings
 from services.runtime.tenant_auth import hash_api_key, new_api_key
 
@@ -56,16 +55,21 @@ class Harness:
 
 @asynccontextmanager
 async def publisher_harness(
-    settings: RuntimeSettings, *, max_upload_bytes: int = 64 * 1024, pool_size: int = 4
+    settings: RuntimeSettings,
+    *,
+    max_upload_bytes: int = 64 * 1024,
+    pool_size: int = 4,
+    **pool_options: Any,
 ) -> AsyncIterator[Harness]:
-    """The real app over the test's database, called in-process through ASGITransport."""
+    """The real app over the test's database, called in-process through ASGITransport, on
+    the pool the publisher opens (``pool_options``: e.g. an ``init`` that logs)."""
     publisher_settings = PublisherSettings(
         database_url=settings.database_url,
         kafka_bootstrap_servers=settings.kafka_bootstrap_servers,
         publisher_max_upload_bytes=max_upload_bytes,
         db_pool_max_size=pool_size,
     )
-    pool = await create_pool(publisher_settings)
+    pool = await open_publisher_pool(publisher_settings, **pool_options)
     try:
         app = create_app(publisher_settings, store=PgPublisherStore(pool))
         transport = httpx.ASGITransport(app=app)

@@ -19,12 +19,12 @@ from fastapi import FastAPI
 from services.app import create_app
 from services.indexer.embedding.hashing import HashingEmbedder
 from services.indexer.search import Generation, Searcher
+from services.indexer.search_connections import open_search_pool
 from services.indexer.search_pg import PgSearchIndex
 from services.indexer.search_sql import SearchSettings, VectorPath
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
-from services.runtime.db import create_pool
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import BASE_URL
 
@@ -200,7 +200,7 @@ async def search_harness(
         kafka_bootstrap_servers=settings.kafka_bootstrap_servers,
         db_pool_max_size=pool_size,
     )
-    pool = await create_pool(publisher_settings)
+    pool = await open_search_pool(publisher_settings)
     try:
         embedder = HashingEmbedder(dimension)
         index = PgSearchIndex(
