@@ -42,10 +42,10 @@ from services.indexer.search import (
     SearchRequest,
     rank_results,
 )
+from services.indexer.search_connections import open_search_pool
 from services.indexer.search_pg import PgSearchIndex
 from services.indexer.search_sql import SearchSettings, VectorPath
 from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
-from services.runtime.db import create_pool
 
 TOP_K = 10
 PLAIN_TENANT = "plain pgvector, tenant only"
@@ -225,7 +225,7 @@ async def measure(
     concurrency = args.concurrency
     size = max(concurrency)
     settings = SearchSettings(database_url=url, db_pool_min_size=size, db_pool_max_size=size)
-    pool = await create_pool(settings)
+    pool = await open_search_pool(settings)
     rows: list[Row] = []
     try:
         if args.prewarm:
@@ -416,10 +416,11 @@ async def prewarm(pool: Any) -> int:
     """Reads what search reads (the chunks, the pointers, ACLs and documents, and all their
     indexes) into shared_buffers, as a server that has been serving a while holds them: the
     first queries of a row otherwise measure the disk, or the OS cache."""
-    async with pool.acquire() as conn:
+    async with pool.acquire() as conn, conn.transaction():
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
-        # From a cold disk, reading ~8 GB takes longer than the pool's statement timeout.
-        await conn.execute("SET statement_timeout = 0")
+        # From a cold disk, reading ~8 GB takes longer than the pool's statement timeout (the
+        # search pool does not reset sessions: LOCAL, for this transaction only).
+        await conn.execute("SET LOCAL statement_timeout = 0")
         blocks: int = await conn.fetchval(
             "SELECT coalesce(sum(pg_prewarm(c.oid)), 0)::bigint"
             "  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
