@@ -28,10 +28,13 @@ from services.indexer.search import (
 from services.indexer.search_connections import SearchConnections
 from services.indexer.search_paths import Connection, PathChoice, PathSource, VectorPaths
 from services.indexer.search_sql import (
+    ALL_KEYWORD_KINDS,
+    KEYWORD_KINDS,
     KEYWORD_STATEMENT,
     PLANNER_SETTINGS,
     QUERIES,
     VECTOR_STATEMENT,
+    KeywordKinds,
     SearchSettings,
     VectorPath,
     specialised_search_sql,
@@ -67,8 +70,9 @@ class PgSearchIndex:
             for path in VectorPath
         }
         self._keyword_sql = {
-            path: specialised_search_sql(model, dimension, KEYWORD_STATEMENT, path)
+            (path, kinds): specialised_search_sql(model, dimension, KEYWORD_STATEMENT, path, kinds)
             for path in VectorPath
+            for kinds in KEYWORD_KINDS
         }
         # tenant -> its partition of knowledge_chunk (one short string per tenant searched).
         self._partitions: dict[str, str] = {}
@@ -83,8 +87,8 @@ class PgSearchIndex:
     def vector_statement(self, path: VectorPath) -> str:
         return self._vector_sql[path]
 
-    def keyword_statement(self, path: VectorPath) -> str:
-        return self._keyword_sql[path]
+    def keyword_statement(self, path: VectorPath, kinds: KeywordKinds = ALL_KEYWORD_KINDS) -> str:
+        return self._keyword_sql[(path, kinds)]
 
     async def vector_path(
         self,
@@ -180,8 +184,9 @@ class PgSearchIndex:
             queries=tuple(row["queries"]),
         )
         terms = keyword_terms(words, await self._common_lexemes(conn, request.tenant_id), cap)
+        kinds = KeywordKinds.of(terms.any_word, terms.rarest_word)
         return await conn.fetch(
-            self._keyword_sql[await path()], *searchable, *terms.parameters(), cap
+            self._keyword_sql[(await path(), kinds)], *searchable, *terms.parameters(), cap
         )
 
     async def _common_lexemes(self, conn: Connection, tenant_id: str) -> Mapping[str, float]:

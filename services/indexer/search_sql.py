@@ -4,6 +4,7 @@ and vector path, and what tunes them (``KB_SEARCH_*``)."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import Enum
 from functools import cache
 from typing import Final
@@ -124,19 +125,53 @@ VECTOR_STATEMENT: Final = "search_vector_candidates"
 KEYWORD_STATEMENT: Final = "search_keyword_candidates"
 
 
+@dataclass(frozen=True)
+class KeywordKinds:
+    """Which of the keyword list's later kinds of candidates a query's terms can find
+    (search.sql: keyword_any_word needs a rarer word, $7; keyword_rarest_word a common one,
+    $8); the first kind, chunks holding every word, is always there."""
+
+    any_word: bool = True
+    rarest_word: bool = True
+
+    @classmethod
+    def of(cls, any_word: str | None, rarest_word: str | None) -> KeywordKinds:
+        return cls(any_word=any_word is not None, rarest_word=rarest_word is not None)
+
+
+ALL_KEYWORD_KINDS: Final = KeywordKinds()
+KEYWORD_KINDS: Final = tuple(
+    KeywordKinds(any_word, rarest_word)
+    for any_word in (True, False)
+    for rarest_word in (True, False)
+)
+
+
 @cache
 def specialised_search_sql(
     model: str,
     dimension: int,
     name: str = VECTOR_STATEMENT,
     path: VectorPath = VectorPath.ANN,
+    kinds: KeywordKinds = ALL_KEYWORD_KINDS,
 ) -> str:
     """A search statement with the model's predicate and vector expression as literals,
     built from ann_index (which admits only safe model names), never from user input; one
-    text per model and path, so the server can cache its plan shape. The exact path orders
-    by the bare column, which no index serves; on the ANN path the keyword list probes each
-    candidate's version and ACL (search.sql: searchable_chunks)."""
+    text per model and path (and, for the keyword list, per kinds of candidates its terms
+    can find), so the server can cache its plan shape. The exact path orders by the bare
+    column, which no index serves; on the ANN path the keyword list probes each candidate's
+    version and ACL (search.sql: searchable_chunks). A keyword list whose query has no rarer
+    word, or no common one, leaves out that kind's scan (search.sql: keyword_no_candidates)."""
     sql = QUERIES[name]
+    if name == KEYWORD_STATEMENT:
+        for kind, included in (
+            (kinds.any_word, "keyword_any_word"),
+            (kinds.rarest_word, "keyword_rarest_word"),
+        ):
+            if not kind:
+                sql = _swap_included(sql, included, "keyword_no_candidates")
+    elif kinds != ALL_KEYWORD_KINDS:
+        raise ValueError("only the keyword list has kinds of candidates")
     replacements = [
         (
             model_predicate(TEMPLATE_MODEL, f"{alias}.embedding_model"),

@@ -20,7 +20,13 @@ from services.indexer.keyword_terms import (
 )
 from services.indexer.search import Generation, SearchMode, SearchRequest
 from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import QUERIES, SearchSettings, VectorPath
+from services.indexer.search_sql import (
+    ALL_KEYWORD_KINDS,
+    QUERIES,
+    KeywordKinds,
+    SearchSettings,
+    VectorPath,
+)
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
 
 pytestmark = pytest.mark.integration
@@ -220,9 +226,36 @@ async def keyword_plan(
     request: SearchRequest,
     *,
     analyze: bool = False,
+    path: VectorPath = VectorPath.EXACT,
+    kinds: KeywordKinds | None = None,
 ) -> tuple[KeywordTerms, dict[str, Any]]:
-    """The request's keyword terms and the exact path's keyword statement's plan, read as a
-    search reads them: keyword_terms first, in the same transaction."""
+    """The request's keyword terms and the plan of the keyword statement a search runs for
+    them on ``path`` (``kinds``: that variant's instead), read as a search reads them:
+    keyword_terms first, in the same transaction."""
+    terms, plan = await _keyword_statement(conn, index, request, "EXPLAIN", analyze, path, kinds)
+    return terms, json.loads(plan)[0]["Plan"]
+
+
+async def keyword_rows(
+    conn: asyncpg.Connection[Any],
+    index: PgSearchIndex,
+    request: SearchRequest,
+    path: VectorPath,
+    kinds: KeywordKinds,
+) -> list[tuple[Any, ...]]:
+    _, rows = await _keyword_statement(conn, index, request, "", False, path, kinds)
+    return [tuple(row) for row in rows]
+
+
+async def _keyword_statement(
+    conn: asyncpg.Connection[Any],
+    index: PgSearchIndex,
+    request: SearchRequest,
+    explain: str,
+    analyze: bool,
+    path: VectorPath,
+    kinds: KeywordKinds | None,
+) -> tuple[KeywordTerms, Any]:
     partition = await conn.fetchval(QUERIES["tenant_partition"], request.tenant_id)
     common = common_lexemes(
         [tuple(r) for r in await conn.fetch(QUERIES["partition_common_lexemes"], partition)]
@@ -234,18 +267,15 @@ async def keyword_plan(
             row["strict"], row["natural"], tuple(row["lexemes"]), tuple(row["queries"])
         )
         terms = keyword_terms(words, common, CAP)
-        explain = "EXPLAIN (ANALYZE, FORMAT JSON) " if analyze else "EXPLAIN (FORMAT JSON) "
-        plan = await conn.fetchval(
-            explain + index.keyword_statement(VectorPath.EXACT),
-            request.tenant_id,
-            list(request.principals),
-            None,
-            None,
-            request.depth,
-            *terms.parameters(),
-            CAP,
-        )
-    return terms, json.loads(plan)[0]["Plan"]
+        if kinds is None:
+            kinds = KeywordKinds.of(terms.any_word, terms.rarest_word)
+        statement = index.keyword_statement(path, kinds)
+        if explain:
+            options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
+            statement = f"{explain} ({options}) {statement}"
+        args = (request.tenant_id, list(request.principals), None, None, request.depth)
+        result = await conn.fetch(statement, *args, *terms.parameters(), CAP)
+    return terms, (result[0][0] if explain else result)
 
 
 def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -277,3 +307,34 @@ async def test_the_keyword_list_is_planned_without_hash_or_merge_joins(
     # Documents 0 and 100 hold the words and are readable (50 and 150 are not).
     found = await keyword(index, request.query, principals=("group:quarter",))
     assert sorted(found) == sorted([f"refunds for damaged goods part {c}" for c in range(5)] * 2)
+
+
+@pytest.mark.parametrize("path", list(VectorPath), ids=lambda p: str(p.value))
+async def test_a_query_without_rarer_or_common_words_leaves_out_those_kinds_scans(
+    conn_with_tenants: asyncpg.Connection[Any], index: PgSearchIndex, path: VectorPath
+) -> None:
+    # The keyword list is planned for every search; a kind of candidates the query has no
+    # term for would find nothing, and the statement a search runs leaves its scan out
+    # (search_sql; tests/unit: which text) -- with the full statement's rows.
+    conn = conn_with_tenants
+    await searchable(conn, [ChunkSpec(f"general policy clause {n}") for n in range(4 * CAP)])
+    await searchable(conn, [ChunkSpec("policy on refunds for damaged goods")], title="Refunds")
+    await searchable(conn, [ChunkSpec("damaged parcels are refunded")], read=("group:other",))
+    await conn.execute("ANALYZE knowledge_chunk")
+    cases = {
+        # rarer words only: no common word to fill with
+        "refunds damaged": KeywordKinds(any_word=True, rarest_word=False),
+        # common words only: no rarer word to choose candidates
+        "general policy": KeywordKinds(any_word=False, rarest_word=True),
+        # the user's syntax: every word, nothing else
+        '"damaged goods"': KeywordKinds(any_word=False, rarest_word=False),
+        # both
+        "refunds policy details": ALL_KEYWORD_KINDS,
+    }
+    for query, kinds in cases.items():
+        request = SearchRequest("acme", query, ("group:all",), top_k=3, mode=SearchMode.KEYWORD)
+        terms, _ = await keyword_plan(conn, index, request, path=path)
+        assert KeywordKinds.of(terms.any_word, terms.rarest_word) == kinds, query
+        rows = await keyword_rows(conn, index, request, path, kinds)
+        assert rows == await keyword_rows(conn, index, request, path, ALL_KEYWORD_KINDS), query
+        assert rows, query

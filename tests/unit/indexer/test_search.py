@@ -294,6 +294,40 @@ def test_only_the_exact_vector_list_lists_the_readable_documents_first() -> None
         assert listing not in specialised_search_sql("m", 384, name, path)
 
 
+@pytest.mark.parametrize("any_word", [True, False])
+@pytest.mark.parametrize("rarest_word", [True, False])
+def test_the_keyword_list_scans_only_for_the_kinds_its_terms_can_find(
+    any_word: bool, rarest_word: bool
+) -> None:
+    from services.indexer.search_sql import (
+        KEYWORD_STATEMENT,
+        VECTOR_STATEMENT,
+        KeywordKinds,
+        VectorPath,
+        specialised_search_sql,
+    )
+
+    kinds = KeywordKinds(any_word=any_word, rarest_word=rarest_word)
+    for path in VectorPath:
+        sql = specialised_search_sql("m", 384, KEYWORD_STATEMENT, path, kinds)
+        # Each kind reads the chunks once; one left out reads nothing (WHERE false).
+        assert sql.count("FROM keyword_searchable c") == 1 + any_word + rarest_word
+        assert ("AND c.search_document @@ $7::tsquery" in sql) is any_word
+        assert ("AND c.search_document @@ $8::tsquery" in sql) is rarest_word
+        assert sql.count("SELECT a.* FROM keyword_all_words a WHERE false") == 2 - (
+            any_word + rarest_word
+        )
+        # The kinds' CTEs stay, so that the rest of the statement reads as before.
+        assert "keyword_any_word AS MATERIALIZED (" in sql
+        assert "keyword_rarest_word AS MATERIALIZED (" in sql
+        # Typed even when no kind reads them.
+        assert "$7::tsquery AS any_word, $8::tsquery AS rarest_word" in sql
+    if not (any_word and rarest_word):
+        with pytest.raises(ValueError, match="only the keyword list"):
+            specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.ANN, kinds)
+    assert KeywordKinds.of("'a'" if any_word else None, "'b'" if rarest_word else None) == kinds
+
+
 async def test_the_search_route_fails_closed_without_the_auth_middleware() -> None:
     import httpx
     from fastapi import FastAPI
