@@ -190,11 +190,26 @@ keyword_all_words AS MATERIALIZED (
      WHERE c.search_document @@ $6::tsquery
      LIMIT $11
 ),
+-- (Each later kind is a CTE of its own: search_sql leaves out the body of one the query's
+-- terms cannot fill, keyword_no_candidates.)
 keyword_any_word AS MATERIALIZED (
-    -- include: keyword_any_word
+    SELECT c.*
+      FROM keyword_searchable c
+     WHERE (SELECT count(*) FROM keyword_all_words) < $5
+       AND c.search_document @@ $7::tsquery
+       AND NOT coalesce(c.search_document @@ $6::tsquery, false)
+     LIMIT $11
 ),
 keyword_rarest_word AS MATERIALIZED (
-    -- include: keyword_rarest_word
+    SELECT c.*
+      FROM keyword_searchable c
+     WHERE (SELECT count(*) FROM keyword_all_words)
+           + (SELECT count(*) FROM keyword_any_word) < $5
+       AND c.search_document @@ $8::tsquery
+       AND NOT coalesce(c.search_document @@ $6::tsquery, false)
+       AND NOT coalesce(c.search_document @@ $7::tsquery, false)
+     LIMIT greatest(0, $5 - (SELECT count(*) FROM keyword_all_words)
+                          - (SELECT count(*) FROM keyword_any_word))
 ),
 keyword_candidate AS MATERIALIZED (
     SELECT a.* FROM keyword_all_words a
@@ -250,38 +265,18 @@ SELECT 'keyword' AS list,
   JOIN document d ON d.tenant_id = $1 AND d.document_id = k.document_id
  ORDER BY rank;
 
--- name: keyword_any_word
--- search_keyword_candidates' second kind: for a natural question that found fewer than $5
--- chunks holding every word, chunks holding any of its rarer words ($7, NULL when it has
--- none), at most $11.
-SELECT c.*
-  FROM keyword_searchable c
- WHERE (SELECT count(*) FROM keyword_all_words) < $5
-   AND c.search_document @@ $7::tsquery
-   AND NOT coalesce(c.search_document @@ $6::tsquery, false)
- LIMIT $11
-
--- name: keyword_rarest_word
--- search_keyword_candidates' third kind: still short of $5, chunks holding the rarest of the
--- question's common words ($8, NULL when it has none), only as many as fill the list.
-SELECT c.*
-  FROM keyword_searchable c
- WHERE (SELECT count(*) FROM keyword_all_words)
-       + (SELECT count(*) FROM keyword_any_word) < $5
-   AND c.search_document @@ $8::tsquery
-   AND NOT coalesce(c.search_document @@ $6::tsquery, false)
-   AND NOT coalesce(c.search_document @@ $7::tsquery, false)
- LIMIT greatest(0, $5 - (SELECT count(*) FROM keyword_all_words)
-                      - (SELECT count(*) FROM keyword_any_word))
-
 -- name: keyword_no_candidates
--- In place of keyword_any_word or keyword_rarest_word when the query has no such word ($7 or
--- $8 NULL, so that kind would find nothing; search_sql swaps it in): no rows, and nothing
--- for the planner to plan. The keyword list is planned for each search (its terms as values,
--- keyword_terms), and each kind's scan with its version and ACL probes cost ~0.7 ms of it
--- even when a NULL term made its filter false (1M bench, typical user: 3.1 -> 2.4 ms p50 of
--- planning for the queries without a rarer word, the same rows).
-SELECT a.* FROM keyword_all_words a WHERE false
+-- The body of search_keyword_candidates' keyword_any_word or keyword_rarest_word when the
+-- query has no such word ($7 or $8 NULL, so that kind would find nothing; search_sql swaps
+-- it in): no rows, of searchable_chunks' columns, and nothing for the planner to plan. The
+-- keyword list is planned for each search (its terms as values, keyword_terms), and each
+-- kind's scan with its version and ACL probes cost ~0.7 ms of it even when a NULL term made
+-- its filter false (1M bench, typical user: planning 3.1 -> 2.4 ms p50 for the queries
+-- without a rarer word; 3.40 -> 3.08 ms mean over all 200; the same rows).
+SELECT NULL::uuid AS document_id, NULL::integer AS version_number, NULL::text AS chunk_id,
+       NULL::text[] AS heading_path, NULL::text AS text, NULL::tsvector AS search_document,
+       NULL::vector AS embedding
+ WHERE false
 
 -- name: search_vector_candidates
 -- The vector list (vector_list), with each document's title. $1 tenant, $2 principals, $3

@@ -25,7 +25,7 @@ _SECOND_CONNECTION_WAIT_SECONDS: Final = 0.005
 async def open_search_pool(settings: RuntimeSettings, **overrides: Any) -> asyncpg.Pool[Any]:
     """The pool search reads on (``kb serve``: also the operator page's reads and the search
     lag sampler). Released connections are not reset: search sets its planner settings with
-    SET LOCAL, in a transaction it ends before release, and the other readers set nothing, so
+    SET LOCAL, in a transaction it ends before release, and its other users set nothing, so
     asyncpg's ``RESET ALL; UNLISTEN *; ...`` would be a round trip per connection per search
     (two for hybrid) spent undoing nothing."""
     options: dict[str, Any] = {"reset": skip_session_reset}

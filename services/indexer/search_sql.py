@@ -164,12 +164,12 @@ def specialised_search_sql(
     word, or no common one, leaves out that kind's scan (search.sql: keyword_no_candidates)."""
     sql = QUERIES[name]
     if name == KEYWORD_STATEMENT:
-        for kind, included in (
+        for kind, cte in (
             (kinds.any_word, "keyword_any_word"),
             (kinds.rarest_word, "keyword_rarest_word"),
         ):
             if not kind:
-                sql = _swap_included(sql, included, "keyword_no_candidates")
+                sql = _emptied_cte(sql, cte)
     elif kinds != ALL_KEYWORD_KINDS:
         raise ValueError("only the keyword list has kinds of candidates")
     replacements = [
@@ -212,3 +212,13 @@ def _swap_included(sql: str, included: str, replacement: str) -> str:
     if sql.count(text) != 1:
         raise AssertionError(f"search.sql's statement lost its inclusion of {included!r}")
     return sql.replace(text, indented(QUERIES[replacement], indent))
+
+
+def _emptied_cte(sql: str, cte: str) -> str:
+    """``sql`` with the body of its MATERIALIZED CTE ``cte`` (up to the line closing it) replaced
+    by keyword_no_candidates, which finds nothing."""
+    found = re.search(rf"^{re.escape(cte)} AS MATERIALIZED \(\n(.*?)\n\),$", sql, re.M | re.S)
+    if found is None or sql.count(f"{cte} AS MATERIALIZED (") != 1:
+        raise AssertionError(f"search.sql's keyword statement lost its CTE {cte!r}")
+    body = indented(QUERIES["keyword_no_candidates"], "    ")
+    return sql[: found.start(1)] + body + sql[found.end(1) :]

@@ -42,7 +42,8 @@ async def skip_session_reset(conn: asyncpg.Connection[Any]) -> None:
     advisory lock or cursor: settings go with SET LOCAL): only a transaction left open is
     undone. asyncpg's default runs ``RESET ALL; UNLISTEN *; ...`` on every release, one more
     round trip per use of a connection (the indexer's claim->complete: a third of its cost;
-    a search: one per connection it read on)."""
+    a search: one per connection it read on). asyncpg (0.32) rolls back a transaction left
+    open before it calls this; the ROLLBACK here keeps that true whatever it does."""
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
 

@@ -179,6 +179,24 @@ async def test_every_named_query_prepares_against_the_migrated_schema(
                 await conn.prepare(sql)
             except asyncpg.PostgresError as exc:  # pragma: no cover - the failure message
                 pytest.fail(f"{path.relative_to(REPO_ROOT)}:{name} does not prepare: {exc}")
+    # Search's statements as they run: each model's text per path and, for the keyword list,
+    # per kinds of candidates (a left-out kind's empty body must keep the row type and the
+    # statement its parameters' types).
+    from services.indexer.search_sql import (
+        KEYWORD_KINDS,
+        KEYWORD_STATEMENT,
+        VECTOR_STATEMENT,
+        VectorPath,
+        specialised_search_sql,
+    )
+
+    for path_ in VectorPath:
+        variants = [specialised_search_sql("m", 8, VECTOR_STATEMENT, path_)] + [
+            specialised_search_sql("m", 8, KEYWORD_STATEMENT, path_, kinds)
+            for kinds in KEYWORD_KINDS
+        ]
+        for sql in variants:
+            await conn.prepare(sql)
 
 
 async def test_an_edited_applied_migration_is_refused(

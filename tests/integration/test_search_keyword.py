@@ -298,7 +298,7 @@ async def test_the_keyword_list_is_planned_without_hash_or_merge_joins(
     request = SearchRequest(
         "acme", "damaged refunds", ("group:quarter",), top_k=10, mode=SearchMode.KEYWORD
     )
-    _, plan = await keyword_plan(conn, index, request)
+    _, plan = await keyword_plan(conn, index, request, kinds=ALL_KEYWORD_KINDS)
     nodes = {node["Node Type"] for node in walk(plan)}
     assert not {"Hash Join", "Merge Join"} & nodes
     # Only for that transaction.
@@ -320,17 +320,22 @@ async def test_a_query_without_rarer_or_common_words_leaves_out_those_kinds_scan
     await searchable(conn, [ChunkSpec(f"general policy clause {n}") for n in range(4 * CAP)])
     await searchable(conn, [ChunkSpec("policy on refunds for damaged goods")], title="Refunds")
     await searchable(conn, [ChunkSpec("damaged parcels are refunded")], read=("group:other",))
+    await searchable(conn, [ChunkSpec("damaged parcels are returned")])
+    await searchable(conn, [ChunkSpec(f"standard terms {n}") for n in range(2 * CAP)])
     await conn.execute("ANALYZE knowledge_chunk")
     cases = {
         # rarer words only: no common word to fill with
         "refunds damaged": KeywordKinds(any_word=True, rarest_word=False),
         # common words only: no rarer word to choose candidates
         "general policy": KeywordKinds(any_word=False, rarest_word=True),
+        # two common words never together: the rarest fills the list, no rarer word
+        "policy terms": KeywordKinds(any_word=False, rarest_word=True),
         # the user's syntax: every word, nothing else
         '"damaged goods"': KeywordKinds(any_word=False, rarest_word=False),
         # both
         "refunds policy details": ALL_KEYWORD_KINDS,
     }
+    found: dict[str, list[str]] = {}
     for query, kinds in cases.items():
         request = SearchRequest("acme", query, ("group:all",), top_k=3, mode=SearchMode.KEYWORD)
         terms, _ = await keyword_plan(conn, index, request, path=path)
@@ -338,3 +343,9 @@ async def test_a_query_without_rarer_or_common_words_leaves_out_those_kinds_scan
         rows = await keyword_rows(conn, index, request, path, kinds)
         assert rows == await keyword_rows(conn, index, request, path, ALL_KEYWORD_KINDS), query
         assert rows, query
+        found[query] = [row[-1] for row in rows]
+    # The kinds kept fill the list: the rarer words beyond the one chunk holding both, the
+    # rarest common word where no chunk holds both.
+    assert "damaged parcels are returned" in found["refunds damaged"]
+    assert all(text.startswith("standard terms") for text in found["policy terms"])
+    assert found["policy terms"]

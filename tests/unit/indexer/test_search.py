@@ -314,9 +314,7 @@ def test_the_keyword_list_scans_only_for_the_kinds_its_terms_can_find(
         assert sql.count("FROM keyword_searchable c") == 1 + any_word + rarest_word
         assert ("AND c.search_document @@ $7::tsquery" in sql) is any_word
         assert ("AND c.search_document @@ $8::tsquery" in sql) is rarest_word
-        assert sql.count("SELECT a.* FROM keyword_all_words a WHERE false") == 2 - (
-            any_word + rarest_word
-        )
+        assert sql.count("NULL::tsvector AS search_document") == 2 - (any_word + rarest_word)
         # The kinds' CTEs stay, so that the rest of the statement reads as before.
         assert "keyword_any_word AS MATERIALIZED (" in sql
         assert "keyword_rarest_word AS MATERIALIZED (" in sql
