@@ -10,7 +10,7 @@ from typing import Any, Final, TypeAlias
 import asyncpg
 
 from services.indexer.search_sql import SearchSettings
-from services.runtime.db import create_pool, skip_session_reset
+from services.runtime.db import create_pool_without_session_reset
 from services.runtime.logging import get_logger
 from services.runtime.settings import RuntimeSettings
 
@@ -28,9 +28,7 @@ async def open_search_pool(settings: RuntimeSettings, **overrides: Any) -> async
     SET LOCAL, in a transaction it ends before release, and its other users set nothing, so
     asyncpg's ``RESET ALL; UNLISTEN *; ...`` would be a round trip per connection per search
     (two for hybrid) spent undoing nothing."""
-    options: dict[str, Any] = {"reset": skip_session_reset}
-    options.update(overrides)
-    return await create_pool(settings, **options)
+    return await create_pool_without_session_reset(settings, **overrides)
 
 
 class SearchConnections:

@@ -31,7 +31,7 @@ from services.indexer.task import RetryPolicy
 from services.indexer.tenant_graphs import PgTenantGraphs
 from services.indexer.worker import RunOnceResult, Worker
 from services.runtime.cli_support import run_async
-from services.runtime.db import create_pool, skip_session_reset
+from services.runtime.db import create_pool_without_session_reset
 from services.runtime.logging import get_logger
 from services.runtime.signals import run_until_signalled
 
@@ -43,7 +43,7 @@ WrapIndexer = Callable[[DocumentVersionIndexer], DocumentVersionIndexer]
 
 
 async def open_pool(settings: IndexerSettings, size: int) -> asyncpg.Pool[Any]:
-    return await create_pool(settings, min_size=1, max_size=size, reset=skip_session_reset)
+    return await create_pool_without_session_reset(settings, min_size=1, max_size=size)
 
 
 @contextlib.asynccontextmanager

@@ -19,7 +19,7 @@ from services.publisher.ports import (
     PendingEvent,
     VersionInfo,
 )
-from services.runtime.db import create_pool, skip_session_reset, translate_db_errors
+from services.runtime.db import create_pool_without_session_reset, translate_db_errors
 from services.runtime.errors import BadInput
 from services.runtime.migrations import pending_migrations
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
@@ -41,9 +41,7 @@ async def open_publisher_pool(settings: RuntimeSettings, **overrides: Any) -> as
     lock and setting inside its transactions (the outbox's lock is transaction-scoped), so
     asyncpg's ``RESET ALL; UNLISTEN *; ...`` on release would be one more round trip per
     request -- the API key check of every tenant request included -- undoing nothing."""
-    options: dict[str, Any] = {"reset": skip_session_reset}
-    options.update(overrides)
-    return await create_pool(settings, **options)
+    return await create_pool_without_session_reset(settings, **overrides)
 
 
 def _task_of_status_row(row: asyncpg.Record) -> IndexTaskRecord:

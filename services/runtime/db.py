@@ -65,6 +65,14 @@ async def create_pool(settings: RuntimeSettings, **overrides: Any) -> asyncpg.Po
     return pool
 
 
+async def create_pool_without_session_reset(
+    settings: RuntimeSettings, **overrides: Any
+) -> asyncpg.Pool[Any]:
+    """A pool whose released connections are not reset (``skip_session_reset``): for the
+    pools whose every user keeps its settings and locks inside transactions."""
+    return await create_pool(settings, **{"reset": skip_session_reset, **overrides})
+
+
 async def connect(settings: RuntimeSettings) -> asyncpg.Connection[Any]:
     with translate_db_errors():
         conn: asyncpg.Connection[Any] = await asyncpg.connect(settings.database_url)
