@@ -112,9 +112,6 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
 -- filters to a few documents takes this path: the array stays that small).
 -- The keyword list keeps searchable_chunks on every path (with the list: slower for the
 -- typical user, its plan no longer starting from the full-text index's matches).
--- search_sql names the tenant's partition instead of knowledge_chunk here (tenant_partition):
--- the exact list runs by a generic plan, made once per partition and connection, which on
--- the partitioned table could not prune to the tenant's partition when it is made.
 SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
        c.search_document, c.embedding
   FROM knowledge_chunk c
@@ -299,9 +296,7 @@ SELECT 'vector' AS list,
 
 -- name: tenant_partition
 -- The partition of knowledge_chunk holding tenant $1's chunks (a hash of the tenant: it never
--- changes, search_pg caches it); no row while the tenant has no chunk. The keyword list reads
--- its word statistics by it; the exact vector list reads it by name
--- (searchable_chunks_listed).
+-- changes, search_pg caches it); no row while the tenant has no chunk.
 SELECT c.relname AS partition
   FROM pg_class c
  WHERE c.oid = (SELECT k.tableoid FROM knowledge_chunk k WHERE k.tenant_id = $1 LIMIT 1)

@@ -84,30 +84,8 @@ class PgSearchIndex:
     def generation(self) -> Generation:
         return self._generation
 
-    def vector_statement(self, path: VectorPath, partition: str | None = None) -> str:
-        """The vector list's statement on ``path``; on the exact path, reading ``partition``
-        (the tenant's) if given (search_sql.specialised_search_sql)."""
-        if partition is None:
-            return self._vector_sql[path]
-        generation = self._generation
-        return specialised_search_sql(
-            generation.embedding_model,
-            generation.dimension,
-            VECTOR_STATEMENT,
-            path,
-            partition=partition,
-        )
-
-    async def _vector_statement_for(
-        self, conn: Connection, tenant_id: str, path: VectorPath
-    ) -> str | None:
-        """The statement of ``tenant_id``'s vector list on ``path``; None when the tenant has
-        no chunk (read in the search's snapshot: nothing to rank). The exact path reads the
-        tenant's partition, by a plan made once per partition and connection."""
-        if path is VectorPath.ANN:
-            return self._vector_sql[path]
-        partition = await self._tenant_partition(conn, tenant_id)
-        return None if partition is None else self.vector_statement(path, partition)
+    def vector_statement(self, path: VectorPath) -> str:
+        return self._vector_sql[path]
 
     def keyword_statement(self, path: VectorPath, kinds: KeywordKinds = ALL_KEYWORD_KINDS) -> str:
         return self._keyword_sql[(path, kinds)]
@@ -149,10 +127,7 @@ class PgSearchIndex:
             return await self._keyword_list(conn, request, searchable, path)
 
         async def vector_list(conn: Connection, path: VectorPath) -> list[asyncpg.Record]:
-            statement = await self._vector_statement_for(conn, request.tenant_id, path)
-            if statement is None:
-                return []
-            return await conn.fetch(statement, *searchable, vector)
+            return await conn.fetch(self._vector_sql[path], *searchable, vector)
 
         with translate_db_errors():
             conn = await self._connections.acquire()

@@ -23,10 +23,6 @@ TEMPLATE_DIMENSION: Final = 1
 _ALIASES: Final = ("s", "c")
 # Where a statement may probe per candidate (search.sql: searchable_chunks).
 _PROBE: Final = "/*probe*/"
-# The chunks a statement reads, and a partition of them as migrations/0014 names them
-# (search.sql: tenant_partition).
-_CHUNKS: Final = "FROM knowledge_chunk c\n"
-_PARTITION: Final = re.compile(r"knowledge_chunk_p[0-9]{1,4}")
 
 
 class VectorPath(Enum):
@@ -94,14 +90,8 @@ def vector_path_settings_sql(path: VectorPath, ef_search: int, max_scan_tuples: 
     returning fewer than LIMIT rows; relaxed_order may hand rows back slightly out of
     distance order, and the statement ranks them by distance anyway.
 
-    Plans: on the ANN path custom ones -- a generic plan would not see the tenant (to prune
-    to its partition at planning, and to walk its graph, an index whose predicate names it)
-    nor the LIMIT's value. On the exact path the generic one: the statement names the
-    tenant's partition (``specialised_search_sql``'s ``partition``) and its plan is the same
-    for every tenant and principal that takes the path (the readable documents listed, their
-    pointers and chunks read by index), so each connection plans it once per partition
-    instead of on every search (~0.9 ms of the typical user's ~10 ms on the 1M bench, a
-    third of the narrow principal's). Hash and merge joins off on both paths: the lists join
+    Custom plans: a generic plan would not see the tenant (to prune to its partition at
+    planning) nor the LIMIT's value. Hash and merge joins off on both paths: the lists join
     a few hundred rows at most, by index, and the planner -- estimating the tenant's
     readable documents at a hundredth of what they are (it takes document ids to be
     independent of the tenant) -- would hash every search pointer of the tenant instead.
@@ -126,7 +116,7 @@ def vector_path_settings_sql(path: VectorPath, ef_search: int, max_scan_tuples: 
         "enable_mergejoin": "off",
         "enable_material": "off" if ann else "on",
         "enable_bitmapscan": "on" if ann else "off",
-        "plan_cache_mode": "force_custom_plan" if ann else "force_generic_plan",
+        "plan_cache_mode": "force_custom_plan",
     }
     return "".join(f"SET LOCAL {name} = {value};" for name, value in values.items())
 
@@ -164,7 +154,6 @@ def specialised_search_sql(
     name: str = VECTOR_STATEMENT,
     path: VectorPath = VectorPath.ANN,
     kinds: KeywordKinds = ALL_KEYWORD_KINDS,
-    partition: str | None = None,
 ) -> str:
     """A search statement with the model's predicate and vector expression as literals,
     built from ann_index (which admits only safe model names), never from user input; one
@@ -172,16 +161,7 @@ def specialised_search_sql(
     can find), so the server can cache its plan shape. The exact path orders by the bare
     column, which no index serves; on the ANN path the keyword list probes each candidate's
     version and ACL (search.sql: searchable_chunks). A keyword list whose query has no rarer
-    word, or no common one, leaves out that kind's scan (search.sql: keyword_no_candidates).
-
-    ``partition``: the exact vector list reads this partition of the chunks (the tenant's:
-    search.sql's tenant_partition) instead of the partitioned table, so that its generic plan
-    -- one per partition, which the exact path uses (``vector_path_settings_sql``) -- reads
-    that partition alone; the tenant filter stays."""
-    if partition is not None and (name != VECTOR_STATEMENT or path is not VectorPath.EXACT):
-        raise ValueError("only the exact vector list names a partition")
-    if partition is not None and not _PARTITION.fullmatch(partition):
-        raise ValueError(f"{partition!r} is not a partition of knowledge_chunk")
+    word, or no common one, leaves out that kind's scan (search.sql: keyword_no_candidates)."""
     sql = QUERIES[name]
     if name == KEYWORD_STATEMENT:
         for kind, cte in (
@@ -211,10 +191,6 @@ def specialised_search_sql(
         if path is VectorPath.EXACT:
             # The same chunks, the readable documents listed first (search.sql).
             sql = _swap_included(sql, "searchable_chunks", "searchable_chunks_listed")
-        if partition is not None:
-            if sql.count(_CHUNKS) != 1:
-                raise AssertionError("search.sql's exact vector list lost its chunks' table")
-            sql = sql.replace(_CHUNKS, f"FROM {partition} c\n")
     if name == KEYWORD_STATEMENT and path is VectorPath.ANN:
         replacements.append((_PROBE, "OFFSET 0"))
     for template, replacement in replacements:

@@ -197,18 +197,6 @@ async def test_every_named_query_prepares_against_the_migrated_schema(
         ]
         for sql in variants:
             await conn.prepare(sql)
-    # The exact vector list on each partition of the chunks (search.sql: tenant_partition).
-    partitions = await conn.fetch(
-        "SELECT inhrelid::regclass::text AS name FROM pg_inherits"
-        " WHERE inhparent = 'knowledge_chunk'::regclass"
-    )
-    assert len(partitions) == 32
-    for partition in partitions:
-        await conn.prepare(
-            specialised_search_sql(
-                "m", 8, VECTOR_STATEMENT, VectorPath.EXACT, partition=partition["name"]
-            )
-        )
 
 
 async def test_an_edited_applied_migration_is_refused(

@@ -182,69 +182,7 @@ async def test_the_exact_path_lists_the_readable_documents_pointers_in_one_scan(
     assert acl_reads == ["InitPlan"]
 
 
-async def test_the_exact_path_reads_the_tenants_partition_by_one_plan_per_connection(
-    api: SearchHarness, corpus: str, settings: RuntimeSettings
-) -> None:
-    # The exact list's plan is the same for every tenant and principal on the path: the
-    # statement names the tenant's partition and is planned once per connection (a generic
-    # plan), not on every search. On the partitioned table a generic plan could not prune
-    # to the tenant's partition when it is made.
-    from services.runtime.db import create_pool_without_session_reset
-
-    pool = await create_pool_without_session_reset(settings, min_size=1, max_size=1)
-    try:
-        index = PgSearchIndex(
-            pool,
-            Generation(api.embedder.model, api.embedder.dimension),
-            SearchSettings(
-                database_url=settings.database_url, search_exact_max_chunks=EXACT_MAX_CHUNKS
-            ),
-        )
-        vector = api.embedder.embed_sync(["refunds"])[0]
-        answers = []
-        for mode in (SearchMode.VECTOR, SearchMode.VECTOR, SearchMode.HYBRID):
-            request = SearchRequest("acme", "refunds", ("group:few",), 10, mode)
-            answers.append(await index.candidates(request, vector))
-            await index.ended()
-        async with pool.acquire() as conn:
-            prepared = await conn.fetch(
-                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
-            )
-            # The same rows as the partitioned table's statement planned for the values.
-            async with conn.transaction(readonly=True, isolation="repeatable_read"):
-                await conn.execute("SET LOCAL enable_hashjoin = off")
-                planned_per_search = await conn.fetch(
-                    index.vector_statement(VectorPath.EXACT),
-                    "acme",
-                    ["group:few"],
-                    None,
-                    None,
-                    10,
-                    vector,
-                )
-    finally:
-        await pool.close()
-    exact_lists = [
-        (row["generic_plans"], row["custom_plans"])
-        for row in prepared
-        if "ORDER BY c.embedding <=> $6::vector" in row["statement"]
-        and f"FROM {corpus} c\n" in row["statement"]
-    ]
-    assert exact_lists == [(3, 0)]
-    assert not [
-        row
-        for row in prepared
-        if "<=> $6::vector" in row["statement"] and "FROM knowledge_chunk c\n" in row["statement"]
-    ], "the vector list read the partitioned table"
-    assert len(answers[0].vector) == CHUNKS_PER_DOCUMENT
-    assert answers[0] == answers[1]
-    assert answers[2].vector == answers[0].vector
-    assert [(c.document_id, c.chunk_id) for c in answers[0].vector] == [
-        (row["document_id"], row["chunk_id"]) for row in planned_per_search
-    ]
-
-
-async def test_a_tenant_without_chunks_has_an_empty_exact_list(
+async def test_a_tenant_without_chunks_has_empty_lists_in_every_mode(
     api: SearchHarness, index: PgSearchIndex, conn: asyncpg.Connection[Any], corpus: str
 ) -> None:
     await add_tenant(conn, "globex", "standard")
@@ -254,7 +192,6 @@ async def test_a_tenant_without_chunks_has_an_empty_exact_list(
         candidates = await index.candidates(request, api.embedder.embed_sync(["refunds"])[0])
         assert candidates.vector == []
         assert candidates.keyword == []
-    assert "globex" not in index._partitions  # no partition to remember until a chunk
 
 
 async def test_a_kept_path_only_decides_speed_the_acl_is_read_by_every_search(

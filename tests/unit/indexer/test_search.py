@@ -294,35 +294,6 @@ def test_only_the_exact_vector_list_lists_the_readable_documents_first() -> None
         assert listing not in specialised_search_sql("m", 384, name, path)
 
 
-def test_the_exact_vector_list_reads_the_partition_it_is_given_and_nothing_else() -> None:
-    from services.indexer.search_sql import (
-        KEYWORD_STATEMENT,
-        VECTOR_STATEMENT,
-        VectorPath,
-        specialised_search_sql,
-    )
-
-    exact = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.EXACT)
-    named = specialised_search_sql(
-        "m", 384, VECTOR_STATEMENT, VectorPath.EXACT, partition="knowledge_chunk_p07"
-    )
-    assert "FROM knowledge_chunk c\n" in exact
-    assert "knowledge_chunk c" not in named
-    assert named.count("FROM knowledge_chunk_p07 c\n") == 1
-    # Only the table changes: the tenant filter stays, the rest is the same text.
-    assert named.replace("knowledge_chunk_p07 c", "knowledge_chunk c") == exact
-    assert "c.tenant_id = $1" in named
-    for bad in ("knowledge_chunk", "knowledge_chunk_p07 c; DROP TABLE tenant --", "document"):
-        with pytest.raises(ValueError, match="not a partition"):
-            specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.EXACT, partition=bad)
-    for name, path in [
-        (VECTOR_STATEMENT, VectorPath.ANN),
-        (KEYWORD_STATEMENT, VectorPath.EXACT),
-    ]:
-        with pytest.raises(ValueError, match="only the exact vector list"):
-            specialised_search_sql("m", 384, name, path, partition="knowledge_chunk_p07")
-
-
 @pytest.mark.parametrize("any_word", [True, False])
 @pytest.mark.parametrize("rarest_word", [True, False])
 def test_the_keyword_list_scans_only_for_the_kinds_its_terms_can_find(
