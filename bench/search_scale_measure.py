@@ -335,6 +335,10 @@ async def measure(
         }
         facts = await meta(url)
         facts["server"] = await server_facts(pool)
+        facts["exact_index_bytes"] = await pool.fetchval(
+            "SELECT coalesce(sum(pg_relation_size(relid)), 0)::bigint"
+            "  FROM pg_partition_tree(to_regclass('knowledge_chunk_exact'))"
+        )
     finally:
         await pool.close()
 
@@ -514,6 +518,20 @@ def report(
         f" GIN {_mib(sizes['gin'])}, table + all indexes {_mib(sizes['total'])}."
         f" Per million chunks: HNSW build {facts['hnsw_build_s'] * per_million / 60:.1f} min,"
         f" HNSW {_mib(sizes['hnsw'] * per_million)}, GIN {_mib(sizes['gin'] * per_million)}."
+    )
+    # Loaded before migrations/0017, the database got the exact list's index when --reuse
+    # migrated it: its size is read now, its build time was not taken.
+    exact_bytes = facts["exact_index_bytes"]
+    exact_build = facts.get("exact_build_s")
+    print()
+    print(
+        f"Exact list's index (migrations/0017): {_mib(exact_bytes)}, per million chunks"
+        f" {_mib(exact_bytes * per_million)}"
+        + (
+            f"; built in {exact_build:.0f} s ({exact_build * per_million:.0f} s per million)."
+            if exact_build is not None
+            else " (built by the migration of a database loaded before it; time not taken)."
+        )
     )
     graphs = facts.get("tenant_graphs")
     if graphs:

@@ -134,18 +134,20 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
                      AND a.permission = 'READ'
                      AND a.principal = ANY ($2::text[])
                      AND ($3::uuid[] IS NULL OR a.document_id = ANY ($3::uuid[])))))
+   -- The model's dimension (search_sql writes it; a model has one): what lets the planner
+   -- see that migrations/0017's index, of models of up to 512 dimensions, holds these chunks.
+   AND c.embedding_dimension = 1
 
 -- name: vector_list
 -- The vector list of search_vector_candidates: the $5 searchable chunks ($1 to $4, as
 -- searchable_chunks) nearest to the query vector $6.
 --
--- Written for the ANN path: ordered by the model's HNSW expression, which only the tenant
+-- The ANN path's: ordered by the model's HNSW expression, which only the tenant
 -- partition's part of the model's index serves (search_pg's custom plans see the tenant as
--- a value and prune to its partition, migrations/0014). search_sql derives the exact path
--- from this text by ordering by the bare column instead, which no index serves, and by
--- reading searchable_chunks_listed: every readable chunk is then ranked, recall 1 -- what it
--- does when the principals may read few enough chunks that ranking them all is cheaper than
--- walking the graph past the others.
+-- a value and prune to its partition, migrations/0014). The exact path reads
+-- vector_list_exact instead (search_sql swaps it in): every readable chunk ranked, recall 1
+-- -- what it does when the principals may read few enough chunks that ranking them all is
+-- cheaper than walking the graph past the others.
 WITH searchable AS NOT MATERIALIZED (
     -- include: searchable_chunks
 )
@@ -154,6 +156,33 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
   FROM searchable c
  ORDER BY (c.embedding::vector(1)) <=> $6::vector
  LIMIT $5
+
+-- name: vector_list_exact
+-- vector_list on the exact path (search_sql swaps it in): every chunk the principals may
+-- read, ranked by distance to the query vector $6 -- each read from its entry in
+-- migrations/0017's index, which INCLUDEs the chunking strategy and the vector, rather
+-- than from its row: an index-only scan, ~5 vectors to a leaf page where a 3.2 kB row fills
+-- half a heap page (1M bench, typical user, ~3,000 chunks ranked: 10.9 -> 7.8 ms p50; models
+-- of up to 512 dimensions, which that index holds). Only the $5 nearest are then read from
+-- their rows, for their heading path and text. The heading-prefix filter $4 needs the row:
+-- with it, the readable rows are read.
+WITH searchable AS NOT MATERIALIZED (
+    -- include: searchable_chunks_listed
+),
+nearest AS MATERIALIZED (
+    SELECT c.document_id, c.version_number, c.chunk_id, c.embedding <=> $6::vector AS distance
+      FROM searchable c
+     ORDER BY c.embedding <=> $6::vector
+     LIMIT $5
+)
+SELECT n.document_id, n.version_number, n.chunk_id, c.heading_path, c.text, n.distance
+  FROM nearest n
+  JOIN knowledge_chunk c
+    ON c.tenant_id = $1
+   AND c.document_id = n.document_id
+   AND c.version_number = n.version_number
+   AND c.embedding_model = 'search-template-model'
+   AND c.chunk_id = n.chunk_id
 
 -- name: search_keyword_candidates
 -- The keyword list: the $5 chunks that best match the query's words among those the

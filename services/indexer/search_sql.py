@@ -21,6 +21,7 @@ QUERIES = queries_beside(__file__, "search.sql")
 TEMPLATE_MODEL: Final = "search-template-model"
 TEMPLATE_DIMENSION: Final = 1
 _ALIASES: Final = ("s", "c")
+_TEMPLATE_DIMENSION_PREDICATE: Final = f"c.embedding_dimension = {TEMPLATE_DIMENSION}"
 # Where a statement may probe per candidate (search.sql: searchable_chunks).
 _PROBE: Final = "/*probe*/"
 
@@ -158,10 +159,12 @@ def specialised_search_sql(
     """A search statement with the model's predicate and vector expression as literals,
     built from ann_index (which admits only safe model names), never from user input; one
     text per model and path (and, for the keyword list, per kinds of candidates its terms
-    can find), so the server can cache its plan shape. The exact path orders by the bare
-    column, which no index serves; on the ANN path the keyword list probes each candidate's
-    version and ACL (search.sql: searchable_chunks). A keyword list whose query has no rarer
-    word, or no common one, leaves out that kind's scan (search.sql: keyword_no_candidates)."""
+    can find), so the server can cache its plan shape. The exact path ranks every readable
+    chunk by the bare column, which no graph serves, from the leaves of a btree holding the
+    vectors (search.sql: vector_list_exact); on the ANN path the keyword list probes each
+    candidate's version and ACL (search.sql: searchable_chunks). A keyword list whose query
+    has no rarer word, or no common one, leaves out that kind's scan (search.sql:
+    keyword_no_candidates)."""
     sql = QUERIES[name]
     if name == KEYWORD_STATEMENT:
         for kind, cte in (
@@ -180,17 +183,20 @@ def specialised_search_sql(
         for alias in _ALIASES
     ]
     if name == VECTOR_STATEMENT:
-        expression = vector_expression(TEMPLATE_DIMENSION, "c.embedding")
-        exact = "c.embedding"
-        replacements.append(
-            (
-                expression,
-                vector_expression(dimension, "c.embedding") if path is VectorPath.ANN else exact,
+        if path is VectorPath.ANN:
+            replacements.append(
+                (
+                    vector_expression(TEMPLATE_DIMENSION, "c.embedding"),
+                    vector_expression(dimension, "c.embedding"),
+                )
             )
-        )
-        if path is VectorPath.EXACT:
-            # The same chunks, the readable documents listed first (search.sql).
-            sql = _swap_included(sql, "searchable_chunks", "searchable_chunks_listed")
+        else:
+            # Every readable chunk ranked, from the exact list's index (search.sql).
+            sql = _swap_included(sql, "vector_list", "vector_list_exact")
+            vector_expression(dimension)  # checks the dimension is one
+            replacements.append(
+                (_TEMPLATE_DIMENSION_PREDICATE, f"c.embedding_dimension = {int(dimension)}")
+            )
     if name == KEYWORD_STATEMENT and path is VectorPath.ANN:
         replacements.append((_PROBE, "OFFSET 0"))
     for template, replacement in replacements:

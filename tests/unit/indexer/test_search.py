@@ -240,8 +240,12 @@ def test_the_vector_statement_holds_the_vector_list_and_its_exact_twin_uses_no_i
     exact = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.EXACT)
     assert vector_expression(384, "c.embedding") not in exact
     assert exact.count("c.embedding <=> $6::vector") == 2
+    # The exact list names the model's dimension (migrations/0017's index is partial on it).
+    assert exact.count("c.embedding_dimension = 384") == 1
+    assert "embedding_dimension = 1\n" not in exact
     ann = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.ANN)
     assert ann.count(vector_expression(384, "c.embedding") + " <=> $6::vector") == 2
+    assert "embedding_dimension" not in ann
 
 
 def test_only_the_keyword_list_of_broad_principals_probes_each_candidate() -> None:
