@@ -349,3 +349,45 @@ async def test_a_query_without_rarer_or_common_words_leaves_out_those_kinds_scan
     assert "damaged parcels are returned" in found["refunds damaged"]
     assert all(text.startswith("standard terms") for text in found["policy terms"])
     assert found["policy terms"]
+
+
+@pytest.mark.parametrize("path", list(VectorPath), ids=lambda p: str(p.value))
+async def test_the_full_text_index_finds_only_the_tenants_matches(
+    conn_with_tenants: asyncpg.Connection[Any], index: PgSearchIndex, path: VectorPath
+) -> None:
+    # The tenant is the full-text index's first column (migrations/0018): the index scan
+    # yields the tenant's matches only, and no other tenant's row is read to be filtered out
+    # -- globex holds the same words many times over (in the same partition or not: the
+    # index condition names the tenant either way).
+    conn = conn_with_tenants
+    for n in range(3):
+        await searchable(conn, [ChunkSpec(f"refunds for damaged goods {n}")])
+    for n in range(100):
+        await searchable(conn, [ChunkSpec(f"general terms {n}")])
+    for n in range(60):
+        await searchable(conn, [ChunkSpec(f"refunds for damaged goods {n}")], tenant="globex")
+    await conn.execute("VACUUM ANALYZE")
+    request = SearchRequest(
+        "acme", "damaged refunds", ("group:all",), top_k=10, mode=SearchMode.KEYWORD
+    )
+    await conn.execute("SET enable_seqscan = off")  # tables this small: a scan is cheaper
+    try:
+        _, plan = await keyword_plan(
+            conn, index, request, analyze=True, path=path, kinds=ALL_KEYWORD_KINDS
+        )
+    finally:
+        await conn.execute("RESET enable_seqscan")
+    full_text = [
+        node
+        for node in walk(plan)
+        if node["Node Type"] == "Bitmap Index Scan"
+        and "search_document" in node["Index Name"]
+        and node.get("Actual Loops", 0) > 0
+    ]
+    assert full_text, "the full-text index was not used"
+    for node in full_text:
+        assert "tenant_id = 'acme'" in node["Index Cond"], node["Index Cond"]
+        assert "search_document @@" in node["Index Cond"], node["Index Cond"]
+        assert node["Actual Rows"] <= 3  # acme's three matches, none of globex's 60
+    found = await keyword(index, request.query)
+    assert sorted(found) == [f"refunds for damaged goods {n}" for n in range(3)]
