@@ -345,8 +345,10 @@ SELECT c.relname AS partition
 -- words stemmed), in the database's order; queries: each as a tsquery of it alone.
 --
 -- It sets up the planner for what follows in the transaction: custom plans
--- (search_keyword_candidates must be planned with the terms as values), and hash and merge
--- joins off, as the vector list's paths have them (search_sql.vector_path_settings_sql).
+-- (search_keyword_candidates must be planned with the terms as values); hash and merge
+-- joins off, as the vector list's paths have them (search_sql.vector_path_settings_sql);
+-- and, as there too, no parallel plans, which the planner would cost out for every scan of
+-- a list that never takes one.
 -- The planner takes the readable documents for a hundredth of what they are (it takes
 -- document ids to be independent of the tenant); free to hash them, it joined the tenant's
 -- pointers with them and tested every readable chunk's tsvector, where a nested loop starts
@@ -368,7 +370,8 @@ SELECT CASE WHEN numnode(q.strict) > 0 THEN q.strict::text END AS strict,
        coalesce(w.queries, '{}') AS queries,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
        set_config('enable_hashjoin', 'off', true) AS enable_hashjoin,
-       set_config('enable_mergejoin', 'off', true) AS enable_mergejoin
+       set_config('enable_mergejoin', 'off', true) AS enable_mergejoin,
+       set_config('max_parallel_workers_per_gather', '0', true) AS parallel_workers
   FROM query q
  CROSS JOIN LATERAL (
         SELECT array_agg(n.lexeme ORDER BY n.position) AS lexemes,

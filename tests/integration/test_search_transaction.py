@@ -195,6 +195,7 @@ SESSION_DEFAULTS = {
     "enable_sort": "on",
     "enable_bitmapscan": "on",
     "enable_material": "on",
+    "max_parallel_workers_per_gather": "2",
     "plan_cache_mode": "auto",
     "hnsw.ef_search": "40",
     "hnsw.iterative_scan": "off",

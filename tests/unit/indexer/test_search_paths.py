@@ -103,6 +103,7 @@ def test_the_ann_path_walks_the_graph_and_probes_each_candidate() -> None:
         assert values[off] == "off"
     assert values["enable_bitmapscan"] == "on"
     assert values["plan_cache_mode"] == "force_custom_plan"
+    assert values["max_parallel_workers_per_gather"] == "0"
 
 
 def test_the_exact_path_sorts_and_probes_from_the_acl() -> None:
