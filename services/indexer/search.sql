@@ -160,10 +160,10 @@ SELECT c.document_id, c.version_number, c.chunk_id, c.heading_path, c.text,
 -- name: vector_list_exact
 -- vector_list on the exact path (search_sql swaps it in): every chunk the principals may
 -- read, ranked by distance to the query vector $6 -- each read from its entry in
--- migrations/0017's index, which INCLUDEs the chunking strategy and the vector, rather
--- than from its row: an index-only scan, ~5 vectors to a leaf page where a 3.2 kB row fills
--- half a heap page (1M bench, typical user, ~3,000 chunks ranked: 10.9 -> 7.8 ms p50; models
--- of up to 512 dimensions, which that index holds). Only the $5 nearest are then read from
+-- migrations/0017's index, which INCLUDEs the chunking strategy, dimension and vector,
+-- rather than from its row: an index-only scan, ~5 vectors to a leaf page where a 3.2 kB row
+-- fills half a heap page (1M bench, typical user, ~2,600 chunks ranked: the vector search
+-- 11.5 -> 9.4 ms p50; models of up to 512 dimensions, which that index holds). Only the $5 nearest are then read from
 -- their rows, for their heading path and text. The heading-prefix filter $4 needs the row:
 -- with it, the readable rows are read.
 WITH searchable AS NOT MATERIALIZED (
