@@ -163,17 +163,10 @@ async def load(
         await conn.execute("SET statement_timeout = 0")
         started = time.perf_counter()
         await _copy_tenants_and_documents(conn, corpus, model)
-        # The partitioned index's definition reads "ON ONLY": without it, one statement builds
-        # every partition's part.
-        gin_definition = await conn.fetchval("SELECT pg_get_indexdef(to_regclass($1))", GIN_INDEX)
-        gin_definition = gin_definition.replace(" ON ONLY ", " ON ")
-        await conn.execute(f"DROP INDEX {GIN_INDEX}")
-        # The exact vector list's index (migrations/0017) too: built once after the load.
-        exact_definition = await conn.fetchval(
-            "SELECT pg_get_indexdef(to_regclass($1))", EXACT_INDEX
-        )
-        exact_definition = exact_definition.replace(" ON ONLY ", " ON ")
-        await conn.execute(f"DROP INDEX {EXACT_INDEX}")
+        # The full-text index and the exact vector list's (migrations/0017) are built once
+        # after the load.
+        gin_definition = await _dropped_index(conn, GIN_INDEX)
+        exact_definition = await _dropped_index(conn, EXACT_INDEX)
         await conn.execute("SET session_replication_role = replica")
         copied = 0
         for vectors, (texts, headings) in zip(
@@ -192,14 +185,14 @@ async def load(
 
         await conn.execute(f"SET maintenance_work_mem = '{maintenance_work_mem}'")
         await conn.execute(f"SET max_parallel_maintenance_workers = {int(parallel_workers)}")
-        started = time.perf_counter()
-        await conn.execute(gin_definition)
-        await _record(conn, "gin_build_s", time.perf_counter() - started)
-        log(f"GIN index built, {time.perf_counter() - started:.0f}s")
-        started = time.perf_counter()
-        await conn.execute(exact_definition)
-        await _record(conn, "exact_build_s", time.perf_counter() - started)
-        log(f"exact list's index built, {time.perf_counter() - started:.0f}s")
+        for definition, fact, what in (
+            (gin_definition, "gin_build_s", "GIN index"),
+            (exact_definition, "exact_build_s", "exact list's index"),
+        ):
+            started = time.perf_counter()
+            await conn.execute(definition)
+            await _record(conn, fact, time.perf_counter() - started)
+            log(f"{what} built, {time.perf_counter() - started:.0f}s")
         started = time.perf_counter()
         await conn.execute("VACUUM ANALYZE")
         await _record(conn, "vacuum_analyze_s", time.perf_counter() - started)
@@ -244,6 +237,15 @@ async def load(
     finally:
         await conn.close()
     return url
+
+
+async def _dropped_index(conn: asyncpg.Connection[Any], name: str) -> str:
+    """Drops index ``name`` of the partitioned table; returns the statement that builds it
+    again. The partitioned index's definition reads "ON ONLY": without it, one statement
+    builds every partition's part."""
+    definition: str = await conn.fetchval("SELECT pg_get_indexdef(to_regclass($1))", name)
+    await conn.execute(f"DROP INDEX {name}")
+    return definition.replace(" ON ONLY ", " ON ")
 
 
 async def _copy_tenants_and_documents(

@@ -27,7 +27,7 @@ from bench.search_scale_corpus import (
     exact_top,
     tenant_name,
 )
-from bench.search_scale_load import STRATEGY, meta
+from bench.search_scale_load import EXACT_INDEX, STRATEGY, meta
 from services.indexer.ann_index import (
     ann_index_name,
     model_predicate,
@@ -337,7 +337,8 @@ async def measure(
         facts["server"] = await server_facts(pool)
         facts["exact_index_bytes"] = await pool.fetchval(
             "SELECT coalesce(sum(pg_relation_size(relid)), 0)::bigint"
-            "  FROM pg_partition_tree(to_regclass('knowledge_chunk_exact'))"
+            "  FROM pg_partition_tree(to_regclass($1))",
+            EXACT_INDEX,
         )
     finally:
         await pool.close()
