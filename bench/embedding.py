@@ -26,8 +26,8 @@ import numpy as np
 import onnxruntime
 from tokenizers import Tokenizer
 
-from services.indexer.embedding.batching import embed_batched
-from services.indexer.embedding.onnx_local import (
+from services.embedding.batching import embed_batched
+from services.embedding.onnx_local import (
     MAX_SEQ_LENGTH,
     OnnxLocalEmbedder,
     default_model_file,

@@ -36,19 +36,19 @@ from bench.search_scale_single import (
     unit_vectors,
     url_for,
 )
-from services.indexer.ann_index import model_predicate, vector_expression
-from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import TEMPLATE_DIMENSION, TEMPLATE_MODEL, SearchSettings
+from services.index.ann import model_predicate, vector_expression
 from services.runtime.db import create_pool
 from services.runtime.sql import parse_queries
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import Generation, SearchMode, SearchRequest
+from services.search.statements import TEMPLATE_DIMENSION, TEMPLATE_MODEL, SearchSettings
 
 BEFORE = "b288e85"  # main before the bounded keyword list
 
 
 def old_sql(commit: str) -> tuple[str, str]:
     text = subprocess.run(
-        ["git", "show", f"{commit}:services/indexer/search.sql"],
+        ["git", "show", f"{commit}:services/search/search.sql"],
         check=True,
         capture_output=True,
         text=True,

@@ -42,17 +42,17 @@ from typing import Any
 
 import asyncpg
 
-from services.indexer.chunking import chunk_sections
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.embedding.onnx_local import OnnxLocalEmbedder
-from services.indexer.embedding.port import Embedder, Vectors
-from services.indexer.parsing import ParseLimits, parse_document
-from services.indexer.parsing.pool import ParsePool
-from services.indexer.pipeline import chunking_strategy
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.task import RetryPolicy
-from services.indexer.tokens import TokenizerSpec, load_token_counter
-from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.onnx_local import OnnxLocalEmbedder
+from services.embedding.port import Embedder, Vectors
+from services.embedding.tokens import TokenizerSpec, load_token_counter
+from services.indexer.pipeline.chunking import chunk_sections
+from services.indexer.pipeline.parsing import ParseLimits, parse_document
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.pipeline.version_indexer import chunking_strategy
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import RetryPolicy
+from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.logging import configure_logging
 from services.runtime.migrations import apply_migrations

@@ -22,7 +22,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.indexer.parsing import parse_document
+from services.indexer.pipeline.parsing import parse_document
 from services.runtime.media_types import normalise_media_type
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

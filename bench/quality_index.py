@@ -26,13 +26,13 @@ import asyncpg
 import numpy as np
 
 from bench.quality_examples import SourceDocument
-from services.indexer.chunking import Chunk, chunk_sections
-from services.indexer.embedding.batching import embed_batched
-from services.indexer.embedding.port import Embedder, Vectors
-from services.indexer.parsing import parse_document
-from services.indexer.pipeline import chunking_strategy
+from services.embedding.batching import embed_batched
+from services.embedding.port import Embedder, Vectors
+from services.embedding.tokens import TokenizerSpec, load_token_counter
+from services.indexer.pipeline.chunking import Chunk, chunk_sections
+from services.indexer.pipeline.parsing import parse_document
+from services.indexer.pipeline.version_indexer import chunking_strategy
 from services.indexer.settings import IndexerSettings
-from services.indexer.tokens import TokenizerSpec, load_token_counter
 
 PRINCIPAL = "group:all"
 EMBED_BATCH = 32

@@ -47,7 +47,7 @@ from bench.search_scale_load import (
     reusable,
     url_for,
 )
-from services.indexer.embedding.onnx_local import MODEL_NAME
+from services.embedding.onnx_local import MODEL_NAME
 
 # The offline model's name: `kb serve` with its default embedder searches this index.
 MODEL = MODEL_NAME

@@ -55,21 +55,22 @@ from bench.quality_index import (
     timed,
 )
 from bench.quality_metrics import Scores, mean, score
-from services.indexer.embedding.factory import build_embedder
-from services.indexer.embedding.port import Embedder
-from services.indexer.embedding.settings import load_embedding_settings
-from services.indexer.search import (
+from services.embedding.factory import build_embedder
+from services.embedding.port import Embedder
+from services.embedding.settings import load_embedding_settings
+from services.index.generation import IndexGeneration
+from services.indexer.sink.pgvector import PgVectorSink
+from services.runtime.db import create_pool
+from services.runtime.migrations import apply_migrations
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import (
     Generation,
     Searcher,
     SearchMode,
     SearchRequest,
     rank_results,
 )
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings
-from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
-from services.runtime.db import create_pool
-from services.runtime.migrations import apply_migrations
+from services.search.statements import SearchSettings
 
 CONFIGS = ("simple", "english")
 MODES = (SearchMode.KEYWORD, SearchMode.VECTOR, SearchMode.HYBRID)

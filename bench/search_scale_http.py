@@ -23,7 +23,7 @@ import httpx
 from bench.search_scale_corpus import Query, tenant_name
 from bench.search_scale_load import api_key
 from bench.search_scale_measure import TOP_K, Row, timed
-from services.indexer.search import SearchMode
+from services.search.searcher import SearchMode
 
 PRINCIPALS = "typical"
 READY_TIMEOUT_SECONDS = 180.0

@@ -33,9 +33,9 @@ from bench.search_scale_corpus import (
     text_batches,
     vector_batches,
 )
-from services.indexer.ann_index import ann_index_name, build_ann_index_sql
-from services.indexer.sink_pgvector import QUERIES as SINK_QUERIES
-from services.indexer.tenant_graphs import PgTenantGraphs
+from services.index.ann import ann_index_name, build_ann_index_sql
+from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
+from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
 from services.runtime.migrations import apply_migrations
 from services.runtime.tenant_auth import hash_api_key
 

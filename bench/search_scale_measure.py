@@ -28,13 +28,17 @@ from bench.search_scale_corpus import (
     tenant_name,
 )
 from bench.search_scale_load import EXACT_INDEX, STRATEGY, meta
-from services.indexer.ann_index import (
+from services.index.ann import (
     ann_index_name,
     model_predicate,
     tenant_ann_index_name,
     vector_expression,
 )
-from services.indexer.search import (
+from services.index.generation import IndexGeneration
+from services.indexer.sink.pgvector import PgVectorSink
+from services.search.connections import open_search_pool
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import (
     Candidates,
     Generation,
     SearchHit,
@@ -42,10 +46,7 @@ from services.indexer.search import (
     SearchRequest,
     rank_results,
 )
-from services.indexer.search_connections import open_search_pool
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings, VectorPath
-from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
+from services.search.statements import SearchSettings, VectorPath
 
 TOP_K = 10
 PLAIN_TENANT = "plain pgvector, tenant only"
@@ -451,8 +452,8 @@ async def embedding_rows(
     queries: list[Query], concurrency: list[int], log: Callable[[str], None]
 ) -> list[Row]:
     """The offline ONNX model embedding each query text alone (the default settings)."""
-    from services.indexer.embedding.factory import build_embedder
-    from services.indexer.embedding.settings import EmbeddingSettings
+    from services.embedding.factory import build_embedder
+    from services.embedding.settings import EmbeddingSettings
 
     embedder = build_embedder(EmbeddingSettings())
     rows = []

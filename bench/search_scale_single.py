@@ -39,13 +39,14 @@ import asyncpg
 import numpy as np
 from pgvector.asyncpg import register_vector
 
-from services.indexer.ann_index import model_predicate, vector_expression
-from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings
-from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
+from services.index.ann import model_predicate, vector_expression
+from services.index.generation import IndexGeneration
+from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.db import create_pool
 from services.runtime.migrations import apply_migrations
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import Generation, SearchMode, SearchRequest
+from services.search.statements import SearchSettings
 
 DB = "kb_bench_search"
 MODEL = "bench-random-384"

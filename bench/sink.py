@@ -44,10 +44,11 @@ import numpy as np
 import numpy.typing as npt
 from pgvector import Vector
 
-from services.indexer.chunking import Chunk, chunk_id_of
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
-from services.indexer.task import Lease
+from services.index.generation import IndexGeneration
+from services.indexer.pipeline.chunking import Chunk, chunk_id_of
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import Lease
+from services.indexer.sink.pgvector import QUERIES, PgVectorSink
 from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.migrations import apply_migrations
 from services.runtime.settings import RuntimeSettings

@@ -28,9 +28,9 @@ from typing import Any
 import asyncpg
 
 from services.indexer.ports import IndexingOutcome
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.task import Lease
-from services.indexer.worker import Worker
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import Lease
+from services.indexer.queue.worker import Worker
 from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.logging import configure_logging
 from services.runtime.migrations import apply_migrations

@@ -16,11 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from services.indexer.embedding.settings import EmbeddingSettings, load_embedding_settings
-from services.indexer.search import Generation, Searcher
-from services.indexer.search_api import search_router
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings
+from services.embedding.settings import EmbeddingSettings, load_embedding_settings
 from services.operator.context import OperatorContext, build_operator_context
 from services.operator.routes import mount_operator
 from services.operator.settings import OperatorSettings
@@ -29,6 +25,10 @@ from services.publisher.ports import PublisherStore
 from services.publisher.settings import PublisherSettings
 from services.runtime.logging import get_logger
 from services.runtime.search_lag import run_search_lag_sampler
+from services.search.index_pg import PgSearchIndex
+from services.search.routes import search_router
+from services.search.searcher import Generation, Searcher
+from services.search.statements import SearchSettings
 
 log = get_logger(__name__)
 
@@ -84,8 +84,8 @@ def create_app(
 async def _search_resources(
     settings: SearchSettings, embedding_settings: EmbeddingSettings
 ) -> AsyncIterator[tuple[Searcher, Any]]:
-    from services.indexer.embedding.factory import build_embedder
-    from services.indexer.search_connections import open_search_pool
+    from services.embedding.factory import build_embedder
+    from services.search.connections import open_search_pool
 
     # The same provider settings as the indexer's (KB_EMBEDDING_*): queries must be embedded
     # by the model the index was built with.

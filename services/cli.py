@@ -41,7 +41,7 @@ COMMANDS: dict[str, LazyCommand] = {
         "services.indexer.cli", "tasks_app", "Inspect index tasks and requeue DEAD ones."
     ),
     "index": LazyCommand(
-        "services.indexer.index_cli",
+        "services.indexer.maintenance.cli",
         "index_app",
         "Check the search index against what was published, and repair it.",
     ),

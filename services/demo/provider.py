@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from services.indexer.embedding.onnx_local import OnnxLocalEmbedder
+from services.embedding.onnx_local import OnnxLocalEmbedder
 
 
 class EmbeddingRequest(BaseModel):

@@ -143,7 +143,7 @@ def run_once(
 
 
 def _queue(pool: asyncpg.Pool[Any]) -> Any:
-    from services.indexer.queue_pg import PgTaskQueue
+    from services.indexer.queue.store_pg import PgTaskQueue
 
     return PgTaskQueue(pool)
 
@@ -220,7 +220,7 @@ def requeue(
     if not who or len(who) > 200:
         raise BadInput("--by must be 1 to 200 characters")
 
-    from services.indexer.task import InvalidTransition
+    from services.indexer.queue.task import InvalidTransition
 
     async def _work(pool: asyncpg.Pool[Any]) -> dict[str, Any]:
         try:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.indexer.attempt import WorkerEvent
+from services.indexer.queue.attempt import WorkerEvent
 from services.runtime.logging import get_logger
 from services.runtime.sql import queries_beside
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.indexer.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
+from services.indexer.queue.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
 from services.runtime.clock import Clock as Clock
 from services.runtime.clock import DatabaseClock as DatabaseClock
 from services.runtime.transaction import Transaction as Transaction

@@ -56,8 +56,8 @@ class IndexerSettings(RuntimeSettings):
     # must not starve a lease.
     indexer_heartbeat_pool_size: int = Field(default=2, ge=1, le=16)
     # Which DocumentVersionIndexer the CLI wires in: the parse -> chunk -> embed -> pgvector
-    # pipeline (services/indexer/pipeline.py); the embedding provider is configured by
-    # KB_EMBEDDING_* (services/indexer/embedding/settings.py).
+    # pipeline (services/indexer/pipeline/version_indexer.py); the embedding provider is
+    # configured by KB_EMBEDDING_* (services/embedding/settings.py).
     indexer: Literal["pipeline"] = "pipeline"
     # Tokens per chunk, headings included; capped by what the embedding model reads.
     indexer_chunk_max_tokens: int = Field(default=256, ge=16, le=8192)
@@ -66,7 +66,7 @@ class IndexerSettings(RuntimeSettings):
     # or the build crawls (a PostgreSQL size: 512MB, 1GB, ...).
     indexer_index_build_memory: str = Field(default="1GB", pattern=r"^[0-9]+ ?(kB|MB|GB|TB)$")
     # A tenant whose current versions hold at least this many chunks of the model gets an
-    # HNSW graph of its own (services/indexer/tenant_graphs.py); 0: none. Below
+    # HNSW graph of its own (services/indexer/maintenance/tenant_graphs.py); 0: none. Below
     # KB_SEARCH_EXACT_MAX_CHUNKS search ranks every readable chunk anyway.
     indexer_tenant_graph_min_chunks: int = Field(default=5_000, ge=0)
     # How often `kb indexer run` looks for tenants that have grown past it.

@@ -14,22 +14,23 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from services.indexer.embedding.factory import build_embedder
-from services.indexer.embedding.settings import load_embedding_settings
-from services.indexer.hints import HintConsumer
-from services.indexer.hints_kafka import KafkaHintSource
+from services.embedding.factory import build_embedder
+from services.embedding.settings import load_embedding_settings
+from services.index.generation import IndexGeneration
+from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
 from services.indexer.metrics import HintMetrics, QueueGaugeSampler, WorkerMetrics
-from services.indexer.parsing import ParseLimits
-from services.indexer.parsing.pool import ParsePool
-from services.indexer.pipeline import PipelineIndexer, chunking_strategy
+from services.indexer.pipeline.parsing import ParseLimits
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.pipeline.source_pg import PgVersionSource
+from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
 from services.indexer.ports import DocumentVersionIndexer
-from services.indexer.queue_pg import PgTaskQueue
+from services.indexer.queue.hints import HintConsumer
+from services.indexer.queue.hints_kafka import KafkaHintSource
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import RetryPolicy
+from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.settings import IndexerSettings
-from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
-from services.indexer.source_pg import PgVersionSource
-from services.indexer.task import RetryPolicy
-from services.indexer.tenant_graphs import PgTenantGraphs
-from services.indexer.worker import RunOnceResult, Worker
+from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.cli_support import run_async
 from services.runtime.db import create_pool_without_session_reset
 from services.runtime.logging import get_logger

@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from services.indexer.queue_pg import PgTaskQueue
+from services.indexer.queue.store_pg import PgTaskQueue
 from services.operator.settings import OperatorSettings
 from services.operator.store_pg import PgOperatorStore
 from services.relay.outbox_pg import PgOutboxSource

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from services.indexer.ports import TaskQueue
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.task import (
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import (
     ErrorCode,
     FailureDecision,
     InvalidTransition,

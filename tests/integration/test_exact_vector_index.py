@@ -14,10 +14,10 @@ import asyncpg
 import numpy as np
 import pytest
 
-from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings, VectorPath
 from services.runtime.settings import RuntimeSettings
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import Generation, SearchMode, SearchRequest
+from services.search.statements import SearchSettings, VectorPath
 from tests.support.api import add_tenant
 from tests.support.search import (
     EXACT_MAX_CHUNKS,

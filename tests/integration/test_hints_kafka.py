@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from services.indexer.hints import HintConsumer, HintStats, SkipReason
-from services.indexer.hints_kafka import KafkaHintSource
+from services.indexer.queue.hints import HintConsumer, HintStats, SkipReason
+from services.indexer.queue.hints_kafka import KafkaHintSource
 from services.runtime.avro import MAGIC, default_registry
 from services.runtime.events import INDEX_TASK_CREATED, index_hints_topic
 from services.runtime.settings import RuntimeSettings

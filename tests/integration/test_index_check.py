@@ -11,9 +11,9 @@ import asyncpg
 import httpx
 import pytest
 
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.task import RetryPolicy
-from services.indexer.worker import RunOnceResult, Worker
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import RetryPolicy
+from services.indexer.queue.worker import RunOnceResult, Worker
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, add_tenant, publish, publisher_harness, upload
 from tests.support.cli import kb

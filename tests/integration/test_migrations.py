@@ -182,7 +182,7 @@ async def test_every_named_query_prepares_against_the_migrated_schema(
     # Search's statements as they run: each model's text per path and, for the keyword list,
     # per kinds of candidates (a left-out kind's empty body must keep the row type and the
     # statement its parameters' types).
-    from services.indexer.search_sql import (
+    from services.search.statements import (
         KEYWORD_KINDS,
         KEYWORD_STATEMENT,
         VECTOR_STATEMENT,

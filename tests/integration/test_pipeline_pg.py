@@ -14,14 +14,14 @@ import asyncpg
 import httpx
 import pytest
 
-from services.indexer.embedding.factory import build_embedder
-from services.indexer.embedding.settings import EmbeddingSettings, OpenAIConfig
-from services.indexer.parsing.pool import ParsePool
+from services.embedding.factory import build_embedder
+from services.embedding.settings import EmbeddingSettings, OpenAIConfig
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.pipeline.source_pg import PgVersionSource
 from services.indexer.ports import DocumentVersionIndexer
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.source_pg import PgVersionSource
-from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy
-from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease, RetryPolicy
+from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, add_tenant, publish, publisher_harness, upload
 from tests.support.clock import ManualClock
@@ -168,7 +168,7 @@ async def test_a_corrupt_v2_is_dead_and_v1_stays_searchable(
 
 
 async def test_v2_reembeds_only_the_changed_paragraph(api: Api, pool: asyncpg.Pool[Any]) -> None:
-    from services.indexer.embedding.hashing import HashingEmbedder
+    from services.embedding.hashing import HashingEmbedder
 
     recording = RecordingEmbedder(HashingEmbedder(dimension=64))
     document_id, _ = await api.publish_new(policy_document(200))

@@ -16,19 +16,19 @@ import asyncpg
 import numpy as np
 import pytest
 
-from services.indexer.chunking import chunk_sections
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.embedding.port import Vectors
-from services.indexer.parsing import parse_document
-from services.indexer.parsing.pool import ParsePool
-from services.indexer.pipeline import PipelineIndexer, chunking_strategy
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.sink_pgvector import PgVectorSink
-from services.indexer.sink_stream import StagedChunksMissing
-from services.indexer.source_pg import PgVersionSource
-from services.indexer.task import Lease, RetryPolicy, TaskStatus
-from services.indexer.tokens import approximate_tokens
-from services.indexer.worker import RunOnceResult, Worker
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.port import Vectors
+from services.embedding.tokens import approximate_tokens
+from services.indexer.pipeline.chunking import chunk_sections
+from services.indexer.pipeline.parsing import parse_document
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.pipeline.source_pg import PgVersionSource
+from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import Lease, RetryPolicy, TaskStatus
+from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.sink.stream import StagedChunksMissing
 from services.runtime.errors import LeaseLost
 from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED
 from services.runtime.media_types import MARKDOWN

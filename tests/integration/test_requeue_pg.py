@@ -11,9 +11,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.index_check_pg import RERUN_REASON
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.task import (
+from services.indexer.maintenance.index_check_pg import RERUN_REASON
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import (
     ErrorCode,
     FailureDecision,
     InvalidTransition,

@@ -20,23 +20,24 @@ from typing import Any, cast
 import asyncpg
 import pytest
 
-from services.indexer.chunking import Chunk
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.index_check_pg import PgIndexCheck
-from services.indexer.parsing.pool import ParsePool
-from services.indexer.pipeline import PipelineIndexer, chunking_strategy
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.search import Generation, Searcher, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings, VectorPath
-from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
-from services.indexer.source_pg import PgVersionSource
-from services.indexer.task import Lease, RetryPolicy
-from services.indexer.worker import RunOnceResult, Worker
+from services.embedding.hashing import HashingEmbedder
+from services.index.generation import IndexGeneration
+from services.indexer.maintenance.index_check_pg import PgIndexCheck
+from services.indexer.pipeline.chunking import Chunk
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.pipeline.source_pg import PgVersionSource
+from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import Lease, RetryPolicy
+from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.sink.pgvector import QUERIES, PgVectorSink
 from services.runtime.db import create_pool
 from services.runtime.media_types import MARKDOWN
 from services.runtime.settings import RuntimeSettings
 from services.runtime.transaction import Transaction
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import Generation, Searcher, SearchMode, SearchRequest
+from services.search.statements import SearchSettings, VectorPath
 from tests.support.clock import ManualClock
 from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.search import EXACT_MAX_CHUNKS

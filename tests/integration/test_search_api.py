@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.search_sql import VectorPath
 from services.runtime.settings import RuntimeSettings
+from services.search.statements import VectorPath
 from tests.support.api import ApiTenant, add_tenant
 from tests.support.search import (
     ChunkSpec,

@@ -10,11 +10,11 @@ import httpx
 import pytest
 
 from services.app import create_app
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.embedding.settings import EmbeddingSettings, HashingConfig
-from services.indexer.search_sql import SearchSettings
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.settings import EmbeddingSettings, HashingConfig
 from services.publisher.settings import PublisherSettings
 from services.runtime.settings import RuntimeSettings
+from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, add_tenant, upload
 from tests.support.search import (
     ChunkSpec,

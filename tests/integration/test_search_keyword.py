@@ -11,16 +11,16 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.keyword_terms import (
+from services.embedding.hashing import HashingEmbedder
+from services.search.index_pg import PgSearchIndex
+from services.search.keyword_terms import (
     KeywordTerms,
     QueryWords,
     common_lexemes,
     keyword_terms,
 )
-from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import (
+from services.search.searcher import Generation, SearchMode, SearchRequest
+from services.search.statements import (
     ALL_KEYWORD_KINDS,
     QUERIES,
     KeywordKinds,

@@ -14,11 +14,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.ann_index import partition_ann_index_name
-from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings, VectorPath
+from services.index.ann import partition_ann_index_name
 from services.runtime.settings import RuntimeSettings
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import Generation, SearchMode, SearchRequest
+from services.search.statements import SearchSettings, VectorPath
 from tests.support.api import add_tenant
 from tests.support.search import (
     ChunkSpec,
@@ -325,7 +325,7 @@ async def test_hybrid_without_an_idle_connection_reads_in_turn_and_grows_the_poo
 
 
 def test_only_a_snapshot_id_goes_into_the_import_statement() -> None:
-    from services.indexer.search_pg import import_snapshot_sql
+    from services.search.index_pg import import_snapshot_sql
 
     assert import_snapshot_sql("00000003-0000001B-1") == (
         "SET TRANSACTION SNAPSHOT '00000003-0000001B-1'"

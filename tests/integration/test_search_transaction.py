@@ -12,14 +12,14 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_connections import open_search_pool
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings
+from services.embedding.hashing import HashingEmbedder
 from services.runtime.db import _init_connection, connection
 from services.runtime.errors import KbError
 from services.runtime.settings import RuntimeSettings
+from services.search.connections import open_search_pool
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import Generation, SearchMode, SearchRequest
+from services.search.statements import SearchSettings
 from tests.support.api import add_tenant
 from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at

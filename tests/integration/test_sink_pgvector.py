@@ -18,11 +18,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from services.indexer.ann_index import model_predicate, partition_ann_index_name, vector_expression
-from services.indexer.chunking import Chunk
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.sink_pgvector import QUERIES, IndexGeneration, PgVectorSink
-from services.indexer.task import Lease, TaskStatus
+from services.index.ann import model_predicate, partition_ann_index_name, vector_expression
+from services.index.generation import IndexGeneration
+from services.indexer.pipeline.chunking import Chunk
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import Lease, TaskStatus
+from services.indexer.sink.pgvector import QUERIES, PgVectorSink
 from services.runtime.avro import default_registry
 from services.runtime.db import create_pool
 from services.runtime.errors import ConfigError, DatabaseBusy, LeaseLost

@@ -15,9 +15,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.sink_pgvector import PgVectorSink
-from services.indexer.task import ErrorCode, Lease, RetryPolicy, TaskStatus
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import ErrorCode, Lease, RetryPolicy, TaskStatus
+from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.media_types import MARKDOWN
 from tests.integration.test_pipeline_stream_pg import (
     LEASE,

@@ -14,8 +14,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.task import TaskStatus
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import TaskStatus
 from services.runtime.db import create_pool
 from services.runtime.errors import DatabaseUnavailable, LeaseLost
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key

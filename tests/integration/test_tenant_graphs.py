@@ -1,5 +1,5 @@
-"""A large tenant's own HNSW graph (services/indexer/tenant_graphs.py): built for tenants
-past the size, once, rebuilt when left INVALID, by one process at a time; search walks it
+"""A large tenant's own HNSW graph (services/indexer/maintenance/tenant_graphs.py): built for
+tenants past the size, once, rebuilt when left INVALID, by one process at a time; search walks it
 with its own ef_search (real PostgreSQL, migrations/0014's partitions)."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.ann_index import partition_ann_index_name, tenant_ann_index_name
-from services.indexer.search import Generation, SearchMode, SearchRequest
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings, VectorPath
-from services.indexer.tenant_graphs import QUERIES as GRAPH_QUERIES
-from services.indexer.tenant_graphs import PgTenantGraphs
+from services.index.ann import partition_ann_index_name, tenant_ann_index_name
+from services.indexer.maintenance.tenant_graphs import QUERIES as GRAPH_QUERIES
+from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
 from services.runtime.settings import RuntimeSettings
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import Generation, SearchMode, SearchRequest
+from services.search.statements import SearchSettings, VectorPath
 from tests.support.api import add_tenant
 from tests.support.cli import kb
 from tests.support.locks import wait_until_blocked_on_a_lock

@@ -13,9 +13,9 @@ import asyncpg
 import pytest
 
 from services.indexer.ports import IndexingOutcome, Transaction
-from services.indexer.queue_pg import PgTaskQueue
-from services.indexer.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
-from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
+from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import create_pool, translate_db_errors
 from services.runtime.settings import RuntimeSettings
 from tests.support.clock import ManualClock

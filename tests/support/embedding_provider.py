@@ -40,7 +40,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, Field
 
-from services.indexer.embedding.hashing import HashingEmbedder
+from services.embedding.hashing import HashingEmbedder
 
 IN_PROCESS_URL = "http://embedding-provider.test/v1"
 

@@ -7,9 +7,9 @@ import asyncio
 import os
 import uuid
 
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.parsing.pool import ParsePool
-from services.indexer.pipeline import chunking_strategy
+from services.embedding.hashing import HashingEmbedder
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.pipeline.version_indexer import chunking_strategy
 
 
 def descendants(pid: int) -> list[int]:

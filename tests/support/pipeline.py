@@ -9,14 +9,14 @@ from typing import Any
 
 import asyncpg
 
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.embedding.port import Embedder, Vectors
-from services.indexer.parsing.pool import ParsePool
-from services.indexer.pipeline import PipelineIndexer, chunking_strategy
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.port import Embedder, Vectors
+from services.embedding.tokens import TokenizerSpec
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.pipeline.source_pg import PgVersionSource
+from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
 from services.indexer.ports import Clock
-from services.indexer.sink_pgvector import PgVectorSink
-from services.indexer.source_pg import PgVersionSource
-from services.indexer.tokens import TokenizerSpec
+from services.indexer.sink.pgvector import PgVectorSink
 
 
 class RecordingEmbedder:

@@ -17,15 +17,16 @@ import numpy as np
 from fastapi import FastAPI
 
 from services.app import create_app
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.search import Generation, Searcher
-from services.indexer.search_connections import open_search_pool
-from services.indexer.search_pg import PgSearchIndex
-from services.indexer.search_sql import SearchSettings, VectorPath
-from services.indexer.sink_pgvector import IndexGeneration, PgVectorSink
+from services.embedding.hashing import HashingEmbedder
+from services.index.generation import IndexGeneration
+from services.indexer.sink.pgvector import PgVectorSink
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
 from services.runtime.settings import RuntimeSettings
+from services.search.connections import open_search_pool
+from services.search.index_pg import PgSearchIndex
+from services.search.searcher import Generation, Searcher
+from services.search.statements import SearchSettings, VectorPath
 from tests.support.api import BASE_URL
 
 STRATEGY = "heading-semchunk-v1:max=256:overlap=0:tok=test"

@@ -96,7 +96,7 @@ def _plant(root: Path, relative: str, source: str) -> None:
 @pytest.mark.parametrize(
     ("relative", "source", "imported"),
     [
-        ("services/relay/x.py", "from services.indexer.task import TaskStatus\n", "indexer"),
+        ("services/relay/x.py", "from services.indexer.queue.task import TaskStatus\n", "indexer"),
         ("services/publisher/x.py", "import services.relay.relay\n", "relay"),
         ("services/indexer/x.py", "from services import publisher\n", "publisher"),
         # Lazy, inside a function: still a dependency.

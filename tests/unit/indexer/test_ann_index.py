@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.indexer.ann_index import (
+from services.index.ann import (
     ann_index_name,
     create_tenant_ann_index_sql,
     drop_tenant_ann_index_sql,

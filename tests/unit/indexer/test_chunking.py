@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.indexer.chunking import Chunk, ChunkingStrategy, chunk_id_of, chunk_sections
-from services.indexer.parsing import Section, parse_document
-from services.indexer.parsing.section import normalise_heading, normalise_text
-from services.indexer.tokens import TokenizerSpec, approximate_tokens, load_token_counter
+from services.embedding.tokens import TokenizerSpec, approximate_tokens, load_token_counter
+from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy, chunk_id_of, chunk_sections
+from services.indexer.pipeline.parsing import Section, parse_document
+from services.indexer.pipeline.parsing.section import normalise_heading, normalise_text
 from services.runtime.errors import ConfigError
 from services.runtime.media_types import MARKDOWN
 from tests.support.documents import make_large_text, make_markdown
@@ -229,7 +229,7 @@ def test_a_tokenizer_that_counts_more_for_the_joined_input_still_gets_its_bound(
 
 
 def test_a_huge_section_is_chunked_in_windows_cut_at_paragraph_breaks() -> None:
-    from services.indexer.chunking import _windows
+    from services.indexer.pipeline.chunking import _windows
 
     paragraphs = [f"Paragraph {n} " + "word " * (n % 40) for n in range(400)]
     text = "\n\n".join(p.strip() for p in paragraphs)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.indexer.hints import HintConsumer, HintMessage, HintStats, SkipReason
+from services.indexer.queue.hints import HintConsumer, HintMessage, HintStats, SkipReason
 from services.runtime.avro import MAGIC, default_registry
 from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, INDEX_TASK_CREATED
 

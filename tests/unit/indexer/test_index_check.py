@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from services.indexer.index_check import (
+from services.indexer.maintenance.index_check import (
     DocumentIndexState,
     DriftKind,
     RepairAction,

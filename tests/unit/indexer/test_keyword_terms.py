@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from services.indexer.keyword_terms import (
+from services.search.keyword_terms import (
     PartitionStatistics,
     QueryWords,
     common_lexemes,

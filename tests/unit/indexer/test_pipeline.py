@@ -13,13 +13,17 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from services.indexer.chunking import Chunk, ChunkingStrategy
-from services.indexer.parsing.pool import ParsePool
-from services.indexer.pipeline import PipelineIndexer, chunking_strategy, index_generation
+from services.embedding.tokens import TokenizerSpec
+from services.index.generation import IndexGeneration
+from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.pipeline.version_indexer import (
+    PipelineIndexer,
+    chunking_strategy,
+    index_generation,
+)
 from services.indexer.ports import StoredVersion
-from services.indexer.sink_pgvector import IndexGeneration
-from services.indexer.task import ErrorCode, IndexingFailed, Lease
-from services.indexer.tokens import TokenizerSpec
+from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.errors import ConfigError
 from services.runtime.transaction import Transaction
 

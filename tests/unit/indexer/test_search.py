@@ -9,9 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.embedding.port import Vectors
-from services.indexer.search import (
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.port import Vectors
+from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.runtime.errors import KbError
+from services.search.searcher import (
     HYBRID_KEYWORD_WEIGHT,
     HYBRID_MIN_KEYWORD_COVERAGE,
     RRF_K,
@@ -25,8 +27,6 @@ from services.indexer.search import (
     rank_results,
     reciprocal_rank_fusion,
 )
-from services.indexer.task import ErrorCode, IndexingFailed
-from services.runtime.errors import KbError
 
 DOC = uuid.UUID("00000000-0000-0000-0000-00000000000d")
 
@@ -196,8 +196,8 @@ async def test_embedding_failures_keep_their_code(code: str, retriable: bool) ->
 
 
 def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
-    from services.indexer.ann_index import model_predicate, vector_expression
-    from services.indexer.search_sql import (
+    from services.index.ann import model_predicate, vector_expression
+    from services.search.statements import (
         KEYWORD_STATEMENT,
         TEMPLATE_MODEL,
         VECTOR_STATEMENT,
@@ -221,8 +221,8 @@ def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
 
 
 def test_the_vector_statement_holds_the_vector_list_and_its_exact_twin_uses_no_index() -> None:
-    from services.indexer.ann_index import vector_expression
-    from services.indexer.search_sql import (
+    from services.index.ann import vector_expression
+    from services.search.statements import (
         QUERIES,
         VECTOR_STATEMENT,
         VectorPath,
@@ -249,7 +249,7 @@ def test_the_vector_statement_holds_the_vector_list_and_its_exact_twin_uses_no_i
 
 
 def test_only_the_keyword_list_of_broad_principals_probes_each_candidate() -> None:
-    from services.indexer.search_sql import (
+    from services.search.statements import (
         KEYWORD_STATEMENT,
         VECTOR_STATEMENT,
         VectorPath,
@@ -267,7 +267,7 @@ def test_only_the_keyword_list_of_broad_principals_probes_each_candidate() -> No
 
 
 def test_only_the_exact_vector_list_lists_the_readable_documents_first() -> None:
-    from services.indexer.search_sql import (
+    from services.search.statements import (
         KEYWORD_STATEMENT,
         QUERIES,
         VECTOR_STATEMENT,
@@ -303,7 +303,7 @@ def test_only_the_exact_vector_list_lists_the_readable_documents_first() -> None
 def test_the_keyword_list_scans_only_for_the_kinds_its_terms_can_find(
     any_word: bool, rarest_word: bool
 ) -> None:
-    from services.indexer.search_sql import (
+    from services.search.statements import (
         KEYWORD_STATEMENT,
         VECTOR_STATEMENT,
         KeywordKinds,
@@ -334,8 +334,8 @@ async def test_the_search_route_fails_closed_without_the_auth_middleware() -> No
     import httpx
     from fastapi import FastAPI
 
-    from services.indexer.search_api import search_router
     from services.runtime.http_problem import install_problem_handlers
+    from services.search.routes import search_router
 
     app = FastAPI()
     install_problem_handlers(app)

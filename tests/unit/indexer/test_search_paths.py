@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from services.indexer.search import SearchFilter, SearchMode, SearchRequest
-from services.indexer.search_paths import PathCache, PathChoice, path_key
-from services.indexer.search_sql import (
+from services.search.paths import PathCache, PathChoice, path_key
+from services.search.searcher import SearchFilter, SearchMode, SearchRequest
+from services.search.statements import (
     PLANNER_SETTINGS,
     VectorPath,
     vector_path_settings_sql,

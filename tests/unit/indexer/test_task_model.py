@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.indexer import task as model
-from services.indexer.task import (
+from services.indexer.queue import task as model
+from services.indexer.queue.task import (
     RETRYABLE_CODES,
     TERMINAL_CODES,
     TRANSITIONS,

@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.indexer import task as model
-from services.indexer.task import (
+from services.indexer.queue import task as model
+from services.indexer.queue.task import (
     TRANSITIONS,
     ErrorCode,
     IndexTask,

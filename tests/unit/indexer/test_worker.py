@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from services.indexer.ports import IndexingOutcome
-from services.indexer.task import (
+from services.indexer.queue.task import (
     ErrorCode,
     IndexingFailed,
     IndexTask,
@@ -19,7 +19,7 @@ from services.indexer.task import (
     RetryPolicy,
     TaskStatus,
 )
-from services.indexer.worker import RunOnceResult, Worker, WorkerEvent
+from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import DatabaseError
 from services.runtime.errors import ConfigError, DatabaseBusy, DatabaseUnavailable
 from tests.fakes.task_queue import InMemoryTaskQueue, InMemoryTransaction

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.indexer.embedding.factory import build_embedder
-from services.indexer.embedding.hashing import HashingEmbedder
-from services.indexer.embedding.onnx_local import OnnxLocalEmbedder
-from services.indexer.embedding.openai_http import OpenAIHttpEmbedder
-from services.indexer.embedding.settings import (
+from services.embedding.factory import build_embedder
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.onnx_local import OnnxLocalEmbedder
+from services.embedding.openai_http import OpenAIHttpEmbedder
+from services.embedding.settings import (
     EmbeddingSettings,
     HashingConfig,
     OnnxLocalConfig,

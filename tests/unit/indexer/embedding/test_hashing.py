@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.indexer.embedding import Embedder, HashingEmbedder
+from services.embedding import Embedder, HashingEmbedder
 
 
 async def test_rows_are_unit_vectors_of_the_configured_dimension() -> None:

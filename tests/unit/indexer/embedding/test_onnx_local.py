@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.indexer.embedding import Embedder
-from services.indexer.embedding.onnx_local import (
+from services.embedding import Embedder
+from services.embedding.onnx_local import (
     MODEL_NAME,
     ModelFileRejected,
     OnnxLocalEmbedder,
     default_model_file,
 )
-from services.indexer.tokens import load_token_counter
+from services.embedding.tokens import load_token_counter
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
-from services.indexer.embedding import HashingEmbedder, embed_batched
-from services.indexer.embedding.openai_http import OpenAIHttpEmbedder
-from services.indexer.embedding.port import InputRefused
-from services.indexer.task import (
+from services.embedding import HashingEmbedder, embed_batched
+from services.embedding.openai_http import OpenAIHttpEmbedder
+from services.embedding.port import InputRefused
+from services.indexer.queue.task import (
     TASK_TYPE_INDEX_VERSION,
     ErrorCode,
     IndexingFailed,

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services.indexer.embedding.openai_wire import parse_embeddings, retry_after_seconds
-from services.indexer.task import ErrorCode, IndexingFailed
+from services.embedding.openai_wire import parse_embeddings, retry_after_seconds
+from services.indexer.queue.task import ErrorCode, IndexingFailed
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 

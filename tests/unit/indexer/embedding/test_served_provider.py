@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from services.indexer.embedding import HashingEmbedder, embed_batched
-from services.indexer.embedding.openai_http import OpenAIHttpEmbedder
-from services.indexer.task import ErrorCode, IndexingFailed
+from services.embedding import HashingEmbedder, embed_batched
+from services.embedding.openai_http import OpenAIHttpEmbedder
+from services.indexer.queue.task import ErrorCode, IndexingFailed
 from tests.support.embedding_provider import EmbeddingProvider, ServedProvider, served_provider
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.indexer.parsing import parse_document
-from services.indexer.task import ErrorCode, IndexingFailed
+from services.indexer.pipeline.parsing import parse_document
+from services.indexer.queue.task import ErrorCode, IndexingFailed
 from services.runtime import media_types
 from tests.support.documents import make_markdown
 
@@ -29,7 +29,7 @@ def test_every_supported_media_type_has_a_parser() -> None:
 
 
 def test_a_library_exception_leaves_as_a_parse_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    import services.indexer.parsing as parsing
+    import services.indexer.pipeline.parsing as parsing
 
     def explode(content: bytes) -> list[parsing.Section]:
         raise KeyError("/Root" + "x" * 500)

@@ -6,8 +6,8 @@ import pytest
 from docx import Document
 from docx.enum.style import WD_STYLE_TYPE
 
-from services.indexer.parsing import ParseLimits, parse_document
-from services.indexer.task import ErrorCode, IndexingFailed
+from services.indexer.pipeline.parsing import ParseLimits, parse_document
+from services.indexer.queue.task import ErrorCode, IndexingFailed
 from services.runtime.media_types import DOCX
 from tests.support.documents import (
     SAMPLE,

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.indexer.parsing import parse_document
-from services.indexer.task import ErrorCode, IndexingFailed
+from services.indexer.pipeline.parsing import parse_document
+from services.indexer.queue.task import ErrorCode, IndexingFailed
 from services.runtime.media_types import HTML
 from tests.support.documents import SAMPLE, expected_sections, make_html
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from services.indexer.chunking import ChunkingStrategy, chunk_sections
-from services.indexer.parsing import ParseLimits, parse_document
-from services.indexer.parsing.pool import ParsePool
-from services.indexer.task import ErrorCode, IndexingFailed
-from services.indexer.tokens import TokenizerSpec, approximate_tokens
+from services.embedding.tokens import TokenizerSpec, approximate_tokens
+from services.indexer.pipeline.chunking import ChunkingStrategy, chunk_sections
+from services.indexer.pipeline.parsing import ParseLimits, parse_document
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.queue.task import ErrorCode, IndexingFailed
 from services.runtime.media_types import MARKDOWN, PDF
 from tests.support.documents import make_large_pdf, make_markdown, make_scanned_pdf
 
@@ -226,7 +226,7 @@ async def test_an_overrun_in_one_slot_leaves_the_other_slot_parsing(big_pdf: byt
 async def test_slices_stream_in_order_and_a_consumer_failure_is_its_own(
     pool: ParsePool, big_pdf: bytes
 ) -> None:
-    from services.indexer.parsing.stream import DocumentBytes
+    from services.indexer.pipeline.parsing.stream import DocumentBytes
 
     content = make_markdown()
     whole = chunk_sections(

@@ -4,8 +4,8 @@ import codecs
 
 import pytest
 
-from services.indexer.parsing import Section, parse_document
-from services.indexer.task import ErrorCode, IndexingFailed
+from services.indexer.pipeline.parsing import Section, parse_document
+from services.indexer.queue.task import ErrorCode, IndexingFailed
 from services.runtime.media_types import TEXT
 from tests.support.documents import make_text
 
@@ -71,8 +71,8 @@ def test_invisible_characters_do_not_split_words() -> None:
 def test_a_long_text_normalised_in_blocks_is_the_whole_text_normalised(seed: int) -> None:
     import random
 
-    from services.indexer.parsing.section import normalise_text
-    from services.indexer.parsing.text import _blocks
+    from services.indexer.pipeline.parsing.section import normalise_text
+    from services.indexer.pipeline.parsing.text import _blocks
 
     rng = random.Random(seed)
     pieces = ["word", " ", "\n", "\n\n", "\r\n", "\r", "\t", "  \n \n", "\x0b", "\u200b", "é"]

@@ -1,0 +1,50 @@
+"""The embedder the settings ask for."""
+
+from __future__ import annotations
+
+import httpx
+
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.onnx_local import OnnxLocalEmbedder
+from services.embedding.openai_http import OpenAIHttpEmbedder
+from services.embedding.port import Embedder
+from services.embedding.settings import (
+    EmbeddingSettings,
+    HashingConfig,
+    OnnxLocalConfig,
+    OpenAIConfig,
+)
+from services.embedding.tokens import TokenizerSpec
+
+
+def build_embedder(
+    settings: EmbeddingSettings, *, transport: httpx.AsyncBaseTransport | None = None
+) -> Embedder:
+    """``transport`` replaces the network for the HTTP provider (tests: httpx.ASGITransport)."""
+    provider = settings.provider
+    if isinstance(provider, OnnxLocalConfig):
+        return OnnxLocalEmbedder(
+            intra_op_threads=provider.intra_op_threads,
+            max_concurrent_inferences=provider.max_concurrent_inferences,
+            inference_batch_size=provider.inference_batch_size,
+        )
+    if isinstance(provider, OpenAIConfig):
+        return OpenAIHttpEmbedder(
+            base_url=provider.base_url,
+            model=provider.model,
+            dimension=provider.dimensions,
+            send_dimensions=provider.send_dimensions,
+            api_key=provider.api_key,
+            timeout_seconds=provider.timeout_seconds,
+            connect_timeout_seconds=provider.connect_timeout_seconds,
+            encoding_format=provider.encoding_format,
+            tokenizer=TokenizerSpec(
+                name=provider.model if provider.tokenizer_file else "approximate",
+                tokenizer_file=provider.tokenizer_file,
+                max_input_tokens=provider.max_input_tokens,
+            ),
+            transport=transport,
+        )
+    if isinstance(provider, HashingConfig):
+        return HashingEmbedder(provider.dimensions)
+    raise AssertionError(f"unknown embedding provider {provider!r}")

@@ -1,0 +1,190 @@
+"""Which embedding provider the indexer uses, read from ``KB_EMBEDDING_*`` and frozen.
+
+The provider is a discriminated union validated at the edge; flat environment variables
+build it, so an operator writes
+
+    KB_EMBEDDING_PROVIDER=openai                  # onnx-local (default) | openai | hashing
+    KB_EMBEDDING_BASE_URL=https://api.openai.com/v1
+    KB_EMBEDDING_MODEL=text-embedding-3-small
+    KB_EMBEDDING_DIMENSIONS=1536
+    KB_EMBEDDING_API_KEY=...
+
+Variables that belong to another provider are ignored. ``load_embedding_settings`` turns a
+bad setting into a ConfigError that names the setting and never echoes the API key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from services.index.ann import check_model_name
+from services.runtime.errors import ConfigError
+
+ENV_PREFIX = "KB_EMBEDDING_"
+
+
+class OnnxLocalConfig(BaseModel):
+    """The shipped int8 all-MiniLM-L6-v2 on onnxruntime: offline, the default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["onnx-local"] = "onnx-local"
+    # onnxruntime threads per inference; 2 fits the small machines this runs on.
+    intra_op_threads: int = Field(default=2, ge=1, le=64)
+    # Inferences at once per process; more than one only helps with many spare cores.
+    max_concurrent_inferences: int = Field(default=1, ge=1, le=64)
+    # Texts per model run inside one request (sorted by length, padded to the longest).
+    # 1, not 16: a run over several texts takes hundreds of MiB of activations on top of
+    # the model (16 texts of 240 tokens: +330 MiB, 4 texts: +220 MiB, 1 text: none seen),
+    # and one text at a time is no slower on 2 cores (no padding at all; issue 9,
+    # bench/results/pipeline-memory.md).
+    inference_batch_size: int = Field(default=1, ge=1, le=1024)
+
+
+class OpenAIConfig(BaseModel):
+    """An OpenAI-compatible ``/embeddings`` endpoint (OpenAI, vLLM, TEI, Ollama, LiteLLM)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["openai"] = "openai"
+    # Up to and including the API version: requests go to {base_url}/embeddings.
+    base_url: str
+    model: str
+    # The vector size the index stores: part of the index identity, so always stated.
+    dimensions: int = Field(ge=1, le=16000)
+    # Also send `dimensions` in each request (models that can shorten their vectors, such as
+    # text-embedding-3-*); off for servers that reject the parameter.
+    send_dimensions: bool = False
+    api_key: SecretStr | None = None
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    connect_timeout_seconds: float = Field(default=5.0, gt=0, le=600)
+    encoding_format: Literal["float", "base64"] = "float"
+    # How chunking counts: the model's tokenizer.json when it is on this machine, else an
+    # approximate count that errs high.
+    tokenizer_file: str | None = None
+    max_input_tokens: int = Field(default=512, ge=16, le=1_000_000)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        return check_model_name(value)
+
+    @field_validator("tokenizer_file")
+    @classmethod
+    def _existing_file(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isfile(value):
+            raise ValueError(f"no tokenizer file at {value}")
+        return value
+
+
+class HashingConfig(BaseModel):
+    """The deterministic hashing stand-in: plumbing tests and chaos runs only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["hashing"] = "hashing"
+    dimensions: int = Field(default=384, ge=1, le=16000)
+
+
+ProviderConfig = Annotated[
+    OnnxLocalConfig | OpenAIConfig | HashingConfig, Field(discriminator="kind")
+]
+_PROVIDERS: dict[str, type[BaseModel]] = {
+    "onnx-local": OnnxLocalConfig,
+    "openai": OpenAIConfig,
+    "hashing": HashingConfig,
+}
+
+
+class _FlatProviderSource(PydanticBaseSettingsSource):
+    """Builds ``provider`` from flat KB_EMBEDDING_* variables (KB_EMBEDDING_PROVIDER names the
+    kind; the others fill the fields of that kind)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self._environ = {key.upper(): value for key, value in environ.items()}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        kind = self._environ.get(f"{ENV_PREFIX}PROVIDER")
+        config_class = _PROVIDERS.get(kind or "onnx-local")
+        if config_class is None:
+            # Unknown kind: let the discriminated union name the choices.
+            return {"provider": {"kind": kind}}
+        fields: dict[str, Any] = {"kind": kind or "onnx-local"}
+        for name in config_class.model_fields:
+            value = self._environ.get(f"{ENV_PREFIX}{name.upper()}")
+            if value is not None and name != "kind":
+                # Wrapped at once: a validation error elsewhere never shows the raw key.
+                fields[name] = SecretStr(value) if name == "api_key" else value
+        return {"provider": fields}
+
+
+class EmbeddingSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", populate_by_name=True
+    )
+
+    provider: ProviderConfig = Field(
+        default_factory=OnnxLocalConfig,
+        # Never read as one variable: _FlatProviderSource builds it from the flat ones.
+        validation_alias="KB_EMBEDDING_PROVIDER_CONFIG_UNUSED",
+    )
+    # Texts per embedding request.
+    batch_size: int = Field(default=32, ge=1, le=2048)
+    # Tokens per request (providers limit both); unset: no token budget.
+    max_batch_tokens: int | None = Field(default=None, ge=1)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _FlatProviderSource(settings_cls, os.environ), env_settings
+
+
+def load_embedding_settings(**overrides: Any) -> EmbeddingSettings:
+    """The settings from the environment (and ``overrides``), or a ConfigError naming each
+    bad setting by its variable, without the values (one of them may be the API key)."""
+    try:
+        return EmbeddingSettings(**overrides)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors(include_input=False, include_url=False):
+            location = [str(part) for part in item["loc"] if part not in ("provider",)]
+            # The union adds the kind as a location step: name only the variable.
+            location = [part for part in location if part not in _PROVIDERS]
+            name = f"{ENV_PREFIX}{location[-1].upper()}" if location else f"{ENV_PREFIX}PROVIDER"
+            problems.append(f"{name}: {item['msg']}")
+        message = "invalid embedding settings: " + "; ".join(problems)
+        secret = os.environ.get(f"{ENV_PREFIX}API_KEY")
+        if secret:
+            message = message.replace(secret, "***")
+        raise ConfigError(message) from None

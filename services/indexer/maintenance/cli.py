@@ -1,0 +1,150 @@
+"""`kb index check [--tenant T] [--repair]`, `kb index tenant-graphs [--min-chunks N]`.
+
+check -- stdout: one line per drift, naming the document (and, with --repair, what was
+done); stderr: the summary. Exit 0 when nothing drifted (or every drift was repaired), 1 when
+a drift is left, 2 on bad input.
+
+tenant-graphs -- stdout: one line per graph built; stderr: the summary. Exit 0 when every
+large tenant of every registered model has its graph, 1 when another process was building
+them (run it again later).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from services.runtime import cli_support
+from services.runtime.errors import BadInput
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from services.indexer.maintenance.index_check import Drift
+    from services.indexer.maintenance.index_check_pg import RepairOutcome
+
+index_app = typer.Typer(
+    help="Check the search index against what was published, and repair it.",
+    no_args_is_help=True,
+)
+
+_TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+REPAIRED_BY = "kb index check --repair"
+
+
+def _tenant(value: str | None) -> str | None:
+    if value is not None and not _TENANT.match(value):
+        raise BadInput(f"tenant {value!r}: lowercase letters, digits and '-', at most 63")
+    return value
+
+
+@index_app.callback()
+def _group() -> None:
+    """Check the search index against what was published, and repair it."""
+
+
+@index_app.command("check")
+def check(
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant's documents."),
+    repair: bool = typer.Option(
+        False,
+        "--repair",
+        help="Create missing tasks and re-run SUCCEEDED tasks of drifted versions.",
+    ),
+) -> None:
+    """Find documents whose served version drifted from the published one: published but
+    never queued, SUCCEEDED but not served, served with chunks missing, or a pointer ahead
+    of the published version. Exit 1 on drift (each document named on stdout)."""
+    from services.indexer.cli import load_settings
+
+    settings = load_settings()
+    wanted = _tenant(tenant)
+
+    async def _work(pool: asyncpg.Pool[Any]) -> bool:
+        from services.indexer.maintenance.index_check_pg import PgIndexCheck
+
+        checker = PgIndexCheck(pool)
+        checked, drifts = await checker.drift(wanted)
+        left = 0
+        for drift in drifts:
+            if not repair:
+                typer.echo(_line(drift))
+                left += 1
+                continue
+            outcome = await checker.repair(
+                drift, by=REPAIRED_BY, budget=settings.indexer_max_attempts
+            )
+            typer.echo(f"{_line(drift)}  ->  {_outcome(outcome)}")
+            left += 0 if outcome.repaired else 1
+        repaired = len(drifts) - left if repair else 0
+        typer.echo(
+            f"index check: {checked} documents, {len(drifts)} drifted, {repaired} repaired",
+            err=True,
+        )
+        return left == 0
+
+    from services.indexer.cli import with_pool
+
+    if not with_pool(settings, 1, _work):
+        raise typer.Exit(cli_support.EXIT_FAILURE)
+
+
+@index_app.command("tenant-graphs")
+def tenant_graphs(
+    min_chunks: int | None = typer.Option(
+        None,
+        "--min-chunks",
+        min=1,
+        help="Tenants of at least this many chunks (default KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS).",
+    ),
+) -> None:
+    """Build the HNSW graph of each tenant large enough to have its own, for every
+    registered model, now (`kb indexer run` does it every
+    KB_INDEXER_TENANT_GRAPH_CHECK_SECONDS): after a bulk load, say."""
+    from services.indexer.cli import load_settings
+    from services.runtime.logging import configure_logging
+
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format, service="indexer")
+    threshold = min_chunks if min_chunks is not None else settings.indexer_tenant_graph_min_chunks
+
+    async def _work(pool: asyncpg.Pool[Any]) -> bool:
+        from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
+        from services.indexer.sink.pgvector import PgVectorSink
+
+        graphs = PgTenantGraphs(
+            pool, min_chunks=threshold, index_build_memory=settings.indexer_index_build_memory
+        )
+        done = True
+        models = {
+            g.generation.embedding_model: g.generation
+            for g in await PgVectorSink(pool).generations()
+        }
+        for model, generation in models.items():
+            built = await graphs.ensure(model, generation.dimension)
+            if built is None:
+                typer.echo(f"tenant graphs of {model}: another process is building them", err=True)
+                done = False
+                continue
+            for tenant in built:
+                typer.echo(f"built  {model}  {tenant}")
+            typer.echo(f"tenant graphs of {model}: {len(built)} built", err=True)
+        return done
+
+    from services.indexer.cli import with_pool
+
+    if not with_pool(settings, 1, _work):
+        raise typer.Exit(cli_support.EXIT_FAILURE)
+
+
+def _line(drift: Drift) -> str:
+    state = drift.state
+    return f"{drift.kind}  {state.tenant_id}  {state.document_id}  {drift.detail}"
+
+
+def _outcome(outcome: RepairOutcome) -> str:
+    task = "-" if outcome.task_id is None else str(outcome.task_id)
+    verdict = "REPAIRED" if outcome.repaired else "NOT_REPAIRED"
+    return f"{verdict} task={task} ({outcome.note})"

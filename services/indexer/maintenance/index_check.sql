@@ -1,0 +1,37 @@
+-- `kb index check` (services/indexer/maintenance/index_check_pg.py).
+
+-- name: document_index_states
+-- $1 tenant (NULL: every tenant). One statement, one snapshot: the pointer, the chunks it
+-- names and the tasks are read as of the same instant, so a switch committing meanwhile is
+-- seen whole or not at all (never "pointer moved, chunks not yet there").
+-- The chunk count is one primary-key range scan per served document.
+SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
+       s.version_number AS served_version, s.chunk_count AS recorded_chunks,
+       present.chunks AS present_chunks,
+       pt.task_id AS published_task_id, pt.status AS published_task_status,
+       st.task_id AS served_task_id, st.status AS served_task_status
+  FROM document d
+  JOIN tenant t ON t.tenant_id = d.tenant_id
+  LEFT JOIN document_search_version s
+         ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
+  LEFT JOIN index_task pt
+         ON pt.tenant_id = d.tenant_id AND pt.document_id = d.document_id
+        AND pt.version_number = d.published_version AND pt.task_type = $2
+  LEFT JOIN index_task st
+         ON st.tenant_id = d.tenant_id AND st.document_id = d.document_id
+        AND st.version_number = s.version_number AND st.task_type = $2
+  LEFT JOIN LATERAL (
+        SELECT count(*)::integer AS chunks
+          FROM knowledge_chunk c
+         WHERE c.tenant_id = s.tenant_id
+           AND c.document_id = s.document_id
+           AND c.version_number = s.version_number
+           AND c.embedding_model = s.embedding_model
+           AND c.chunking_strategy IS NOT DISTINCT FROM s.chunking_strategy
+       ) present ON s.document_id IS NOT NULL
+ WHERE ($1::text IS NULL OR d.tenant_id = $1)
+   AND (d.published_version IS NOT NULL OR s.document_id IS NOT NULL)
+ ORDER BY d.tenant_id, d.document_id
+
+-- name: tenant_exists
+SELECT EXISTS (SELECT 1 FROM tenant WHERE tenant_id = $1)

@@ -1,0 +1,122 @@
+"""A large tenant's own HNSW graph of a model, kept by the indexer.
+
+Every search is within one tenant. The partition's graph (ann_index) holds the few tenants
+hashed to that partition, so a search walks past the others' chunks: on the 1M bench, to
+reach recall@10 0.95 it needs ef_search 600 and ~13 ms. A graph of the tenant's chunks
+alone reaches 0.965 at ef_search 200 in ~8 ms (bench/results/search.md). So each tenant
+whose current versions hold at least ``min_chunks`` chunks of the model gets a partial HNSW
+index of its own on its partition (ann_index.create_tenant_ann_index_sql); a smaller tenant
+is ranked exactly by search anyway (``KB_SEARCH_EXACT_MAX_CHUNKS``), which is why the two
+thresholds share their default.
+
+Built with CREATE INDEX CONCURRENTLY, one tenant at a time, by whichever indexer process
+takes the model's tenant-graphs lock; the others skip the round. A graph is never dropped
+here, except an INVALID one (an interrupted build), which is dropped and built again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import asyncpg
+
+from services.index.ann import (
+    create_tenant_ann_index_sql,
+    drop_tenant_ann_index_sql,
+    tenant_ann_index_name,
+)
+from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
+from services.indexer.sink.pgvector import index_build_session
+from services.runtime.db import translate_db_errors
+from services.runtime.logging import get_logger
+from services.runtime.sql import queries_beside
+
+QUERIES = queries_beside(__file__, "tenant_graphs.sql")
+log = get_logger(__name__)
+
+
+class PgTenantGraphs:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        *,
+        min_chunks: int,
+        index_build_memory: str = "1GB",
+    ) -> None:
+        self._pool = pool
+        self._min_chunks = min_chunks
+        self._build_memory = index_build_memory
+
+    async def ensure(self, model: str, dimension: int) -> list[str] | None:
+        """Builds the graph of every tenant that has reached ``min_chunks`` chunks and has
+        none (or an INVALID one); returns the tenants built, or None when another process
+        holds the model's lock (it is building them)."""
+        if self._min_chunks <= 0:
+            return []
+        built: list[str] = []
+        with translate_db_errors():
+            async with self._pool.acquire() as conn:
+                if not await conn.fetchval(QUERIES["try_tenant_graphs_lock"], model):
+                    return None
+                try:
+                    large = await conn.fetch(QUERIES["large_tenants"], model, self._min_chunks)
+                    for row in large:
+                        tenant = row["tenant_id"]
+                        if await _ensure_tenant_graph(
+                            conn, model, dimension, tenant, row["partition"], self._build_memory
+                        ):
+                            log.info(
+                                "tenant_graph.built",
+                                model=model,
+                                tenant_id=tenant,
+                                chunks=row["chunks"],
+                                index=tenant_ann_index_name(model, tenant),
+                            )
+                            built.append(tenant)
+                finally:
+                    await conn.fetchval(QUERIES["release_tenant_graphs_lock"], model)
+        return built
+
+    async def run(
+        self, stop: asyncio.Event, model: str, dimension: int, *, interval_seconds: float
+    ) -> None:
+        """``ensure`` now and every ``interval_seconds`` until ``stop``; a failed round is
+        logged and tried again at the next. ``stop`` cuts a build short (a large tenant's
+        takes minutes, longer than a shutdown's grace): the index it leaves INVALID is
+        dropped and built again by the next round, here or in another process."""
+        while not stop.is_set():
+            building = asyncio.create_task(self.ensure(model, dimension))
+            stopping = asyncio.create_task(stop.wait())
+            try:
+                await asyncio.wait({building, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if not building.done():
+                building.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await building
+                log.info("tenant_graph.round_stopped", model=model)
+                return
+            if (error := building.exception()) is not None:
+                # A round fails alone (the database away, say); the next one tries again.
+                log.warning("tenant_graph.round_failed", model=model, error=repr(error))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval_seconds)
+
+
+async def _ensure_tenant_graph(
+    conn: Any, model: str, dimension: int, tenant: str, partition: str, build_memory: str
+) -> bool:
+    """True when it built the tenant's graph, False when a valid one was there."""
+    name = tenant_ann_index_name(model, tenant)
+    valid = await conn.fetchval(SINK_QUERIES["ann_index_state"], name)
+    if valid is True:
+        return False
+    async with index_build_session(conn, build_memory):
+        if valid is False:
+            log.warning("tenant_graph.invalid_dropped", model=model, tenant_id=tenant, index=name)
+            await conn.execute(drop_tenant_ann_index_sql(model, tenant))
+        await conn.execute(create_tenant_ann_index_sql(model, dimension, partition, tenant))
+    return True

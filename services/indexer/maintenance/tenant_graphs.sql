@@ -1,0 +1,28 @@
+-- A large tenant's own HNSW graph (services/indexer/maintenance/tenant_graphs.py).
+
+-- name: large_tenants
+-- Tenants whose current search versions of model $1 hold at least $2 chunks (the chunk
+-- counts each switch writes on the pointer), the largest first, with the partition of
+-- knowledge_chunk that holds them. A full pass over the pointers (one row per document):
+-- run every few minutes, not per request.
+SELECT s.tenant_id, s.chunks, p.relname AS partition
+  FROM (SELECT tenant_id, sum(coalesce(chunk_count, 0)) AS chunks
+          FROM document_search_version
+         WHERE embedding_model = $1
+         GROUP BY tenant_id
+        HAVING sum(coalesce(chunk_count, 0)) >= $2) s
+ CROSS JOIN LATERAL (
+        SELECT c.relname
+          FROM pg_class c
+         WHERE c.oid = (SELECT k.tableoid FROM knowledge_chunk k
+                         WHERE k.tenant_id = s.tenant_id LIMIT 1)) p
+ ORDER BY s.chunks DESC, s.tenant_id
+
+-- name: try_tenant_graphs_lock
+-- One builder of a model's tenant graphs at a time, across processes: tried, never waited
+-- for (a session waiting in pg_advisory_lock holds a snapshot that the holder's CREATE INDEX
+-- CONCURRENTLY would wait for). Session-level, released by release_tenant_graphs_lock.
+SELECT pg_try_advisory_lock(hashtextextended('kb.tenant_graphs:' || $1::text, 0))
+
+-- name: release_tenant_graphs_lock
+SELECT pg_advisory_unlock(hashtextextended('kb.tenant_graphs:' || $1::text, 0))

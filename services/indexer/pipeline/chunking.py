@@ -1,0 +1,269 @@
+"""Chunking: sections into token-bounded, heading-aware chunks with deterministic ids.
+
+Each section is split on its own (a chunk never spans two headings) by semchunk, which
+prefers paragraph, then line, then sentence, then word boundaries; a section over
+``WINDOW_CHARS`` is first cut at paragraph breaks into windows of about that size, chunked
+one after another, so that chunks can be handed on while a huge section is still being
+chunked. What is embedded is the
+heading path followed by the chunk text, and that whole input stays within the strategy's
+``max_tokens`` as the embedding model's tokenizer counts it. The same sections and strategy
+always give the same chunks with the same ids, so re-running a task writes the same rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from semchunk.semchunk import chunk as semchunk_chunk
+
+from services.embedding.tokens import TokenCounter, TokenizerSpec
+from services.indexer.pipeline.parsing.section import Section
+from services.runtime.errors import ConfigError
+
+HEADING_SEPARATOR: Final = " > "
+# The heading prefix may take at most this share of a chunk; deeper paths lose their
+# outermost headings first (the innermost says most about the text).
+_MAX_HEADING_SHARE: Final = 0.5
+# Long texts are judged by a prefix of about this many characters per token of budget.
+_CHARS_PER_TOKEN: Final = 6
+_TOKEN_CHARS_SLACK: Final = 64
+# Sections longer than this many characters are chunked window by window (``_windows``).
+WINDOW_CHARS: Final = 1 << 20
+
+
+@dataclass(frozen=True)
+class ChunkingStrategy:
+    tokenizer: TokenizerSpec
+    max_tokens: int = 256  # per chunk, heading prefix included
+    overlap_tokens: int = 0
+    name: str = "heading-semchunk-v1"
+
+    def __post_init__(self) -> None:
+        if not 8 <= self.max_tokens <= self.tokenizer.max_counted_tokens:
+            raise ConfigError(
+                f"chunk max_tokens {self.max_tokens} must be between 8 and the model's "
+                f"{self.tokenizer.max_counted_tokens} input tokens (special tokens excluded)"
+            )
+        if not 0 <= self.overlap_tokens < self.max_tokens // 2:
+            raise ConfigError(
+                f"chunk overlap_tokens {self.overlap_tokens} must be below half of max_tokens"
+            )
+
+    @property
+    def strategy_id(self) -> str:
+        """Names everything that changes the chunks: a different id is a different index."""
+        return (
+            f"{self.name}:max={self.max_tokens}:overlap={self.overlap_tokens}"
+            f":tok={self.tokenizer.name}"
+        )
+
+
+def embedding_input_of(heading_path: tuple[str, ...], text: str) -> str:
+    if not heading_path:
+        return text
+    return HEADING_SEPARATOR.join(heading_path) + "\n\n" + text
+
+
+@dataclass(frozen=True)
+class Chunk:
+    chunk_id: str
+    ordinal: int  # 0.. in document order
+    heading_path: tuple[str, ...]
+    text: str  # the passage shown to users
+    content_digest: bytes  # sha256 of embedding_input
+
+    @property
+    def embedding_input(self) -> str:
+        return embedding_input_of(self.heading_path, self.text)
+
+
+def chunk_id_of(
+    *,
+    document_id: uuid.UUID,
+    version_number: int,
+    strategy_id: str,
+    ordinal: int,
+    heading_path: tuple[str, ...],
+    content_digest: bytes,
+) -> str:
+    # JSON keeps the fields apart unambiguously (no separator can occur inside one).
+    key = json.dumps(
+        [
+            str(document_id),
+            version_number,
+            strategy_id,
+            ordinal,
+            list(heading_path),
+            content_digest.hex(),
+        ],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
+
+
+class _Memo:
+    """semchunk counts the same candidate texts over and over; one document's counts are
+    kept for the document only (semchunk's own memo would grow for the process's life)."""
+
+    def __init__(self, count: TokenCounter) -> None:
+        self._count = count
+        self._known: dict[str, int] = {}
+
+    def forget_all_but(self, keep: str) -> None:
+        """Lets go of every count but ``keep``'s (the next window of a huge section)."""
+        kept = self._known.get(keep)
+        self._known.clear()
+        if kept is not None:
+            self._known[keep] = kept
+
+    def __call__(self, text: str) -> int:
+        known = self._known.get(text)
+        if known is None:
+            known = self._known[text] = self._count(text)
+        return known
+
+
+def _fit_heading_path(
+    path: tuple[str, ...], max_tokens: int, count: TokenCounter
+) -> tuple[str, ...]:
+    allowed = int(max_tokens * _MAX_HEADING_SHARE)
+    while path and count(embedding_input_of(path, "")) > allowed:
+        if len(path) > 1:
+            path = path[1:]
+            continue
+        title = path[0]
+        low, high = 0, len(title)  # the longest prefix of the title that fits
+        while low < high:
+            middle = (low + high + 1) // 2
+            if count(embedding_input_of((title[:middle],), "")) <= allowed:
+                low = middle
+            else:
+                high = middle - 1
+        path = (title[:low].rstrip(),) if title[:low].strip() else ()
+    return path
+
+
+def _split(text: str, size: int, overlap: int, count: TokenCounter) -> list[str]:
+    # semchunk only asks "does this fit in ``size``?" of long candidate texts: a prefix
+    # already over the size answers it without tokenizing megabytes (no token is longer
+    # than the window's slack; every piece's final input is counted exactly afterwards).
+    window = size * _CHARS_PER_TOKEN + _TOKEN_CHARS_SLACK
+
+    def fits_count(candidate: str) -> int:
+        if len(candidate) > window and count(candidate[:window]) > size:
+            return size + 1
+        return count(candidate)
+
+    pieces = semchunk_chunk(
+        text, chunk_size=size, token_counter=fits_count, memoize=False, overlap=overlap or None
+    )
+    assert isinstance(pieces, list)  # without offsets=True semchunk returns just the texts
+    return [piece for piece in pieces if piece.strip()]
+
+
+def _section_pieces(
+    text: str, path: tuple[str, ...], strategy: ChunkingStrategy, count: TokenCounter
+) -> list[str]:
+    prefix_tokens = count(embedding_input_of(path, "")) if path else 0
+    budget = strategy.max_tokens - prefix_tokens
+    pieces: list[str] = []
+    pending = deque(_split(text, budget, strategy.overlap_tokens, count))
+    # Token counts are not always additive (the joint text may tokenize differently), so
+    # every full input is checked; one that is over is split again, more tightly.
+    while pending:
+        piece = pending.popleft()
+        excess = count(embedding_input_of(path, piece)) - strategy.max_tokens
+        if excess <= 0 or count(piece) <= 1:
+            pieces.append(piece)
+            continue
+        tighter = max(1, min(budget, count(piece)) - excess)
+        smaller = _split(piece, tighter, 0, count)
+        if smaller == [piece]:  # nothing left to split (one character over budget)
+            pieces.append(piece)
+            continue
+        pending.extendleft(reversed(smaller))
+    return pieces
+
+
+def _windows(text: str, size: int) -> Iterator[str]:
+    """A huge section in pieces of about ``size`` characters, cut at a paragraph break
+    (else a line break, else anywhere): semchunk then holds one window's candidates at a
+    time, not a 50 MB section's. Sections under ``size`` are one window, as before."""
+    start = 0
+    while len(text) - start > size:
+        end = start + size
+        cut = text.rfind("\n\n", start + size // 2, end)
+        if cut < 0:
+            cut = text.rfind("\n", start + size // 2, end)
+        if cut < 0:
+            cut = end
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def iter_chunks(
+    sections: Iterable[Section],
+    *,
+    document_id: uuid.UUID,
+    version_number: int,
+    strategy: ChunkingStrategy,
+    count_tokens: TokenCounter,
+) -> Iterator[Chunk]:
+    """The chunks of a document in order, each within ``strategy.max_tokens`` (heading
+    prefix included), produced one section window at a time: a consumer that hands them on
+    in slices never holds the whole document's chunks."""
+    strategy_id = strategy.strategy_id
+    ordinal = 0
+    for section in sections:
+        # Counts are remembered for one window of one section: a huge document's candidate
+        # texts are not kept for its whole life.
+        count = _Memo(count_tokens)
+        path = _fit_heading_path(section.heading_path, strategy.max_tokens, count)
+        for window_number, window in enumerate(_windows(section.text, WINDOW_CHARS)):
+            if window_number:
+                count.forget_all_but(embedding_input_of(path, ""))
+            for piece in _section_pieces(window, path, strategy, count):
+                digest = hashlib.sha256(embedding_input_of(path, piece).encode("utf-8")).digest()
+                yield Chunk(
+                    chunk_id=chunk_id_of(
+                        document_id=document_id,
+                        version_number=version_number,
+                        strategy_id=strategy_id,
+                        ordinal=ordinal,
+                        heading_path=path,
+                        content_digest=digest,
+                    ),
+                    ordinal=ordinal,
+                    heading_path=path,
+                    text=piece,
+                    content_digest=digest,
+                )
+                ordinal += 1
+
+
+def chunk_sections(
+    sections: Iterable[Section],
+    *,
+    document_id: uuid.UUID,
+    version_number: int,
+    strategy: ChunkingStrategy,
+    count_tokens: TokenCounter,
+) -> list[Chunk]:
+    """All of ``iter_chunks`` at once (small documents, tests)."""
+    return list(
+        iter_chunks(
+            sections,
+            document_id=document_id,
+            version_number=version_number,
+            strategy=strategy,
+            count_tokens=count_tokens,
+        )
+    )

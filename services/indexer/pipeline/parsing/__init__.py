@@ -1,0 +1,76 @@
+"""Parsing: a document version's bytes, by media type, into sections under heading paths.
+
+``parse_document`` is the boundary: whatever a parsing library raises leaves it as an
+``IndexingFailed`` with one of the document codes, never as the library's own exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.indexer.pipeline.parsing.docx import parse_docx
+from services.indexer.pipeline.parsing.html import parse_html
+from services.indexer.pipeline.parsing.markdown import parse_markdown
+from services.indexer.pipeline.parsing.pdf import parse_pdf
+from services.indexer.pipeline.parsing.section import Section
+from services.indexer.pipeline.parsing.text import parse_text
+from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.runtime import media_types
+
+__all__ = ["ParseLimits", "Section", "parse_document"]
+
+_MESSAGE_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class ParseLimits:
+    max_decompressed_bytes: int = 256 * 1024 * 1024  # DOCX/zip bombs -> DOCUMENT_TOO_LARGE
+    max_compression_ratio: float = 200.0
+    budget_seconds: float = 120.0  # wall time of parse+chunk -> DOCUMENT_PARSE_TIMEOUT
+
+
+_Parser = Callable[[bytes, ParseLimits], list[Section]]
+
+_PARSERS: dict[str, _Parser] = {
+    media_types.TEXT: lambda content, _: parse_text(content),
+    media_types.MARKDOWN: lambda content, _: parse_markdown(content),
+    media_types.HTML: lambda content, _: parse_html(content),
+    media_types.PDF: lambda content, _: parse_pdf(content),
+    media_types.DOCX: parse_docx,
+}
+
+
+def _short(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or "no detail"
+    text = f"{type(error).__name__}: {text}"
+    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 1] + "…"
+
+
+def parse_document(
+    media_type: str, content: bytes, limits: ParseLimits = ParseLimits()
+) -> list[Section]:
+    """Non-empty sections in document order. Raises ``IndexingFailed`` with
+    UNSUPPORTED_DOCUMENT, DOCUMENT_PARSE_FAILED, DOCUMENT_EMPTY or DOCUMENT_TOO_LARGE."""
+    normalised = media_types.normalise_media_type(media_type)
+    parser = _PARSERS.get(normalised)
+    if parser is None:
+        raise IndexingFailed(
+            ErrorCode.UNSUPPORTED_DOCUMENT, f"no parser for media type {media_type!r}"
+        )
+    try:
+        sections = parser(content, limits)
+    except IndexingFailed:
+        raise
+    except MemoryError:
+        raise IndexingFailed(
+            ErrorCode.DOCUMENT_TOO_LARGE, f"{normalised} needs more memory than there is"
+        ) from None
+    except Exception as error:
+        # Libraries raise anything from their own errors to KeyError on a malformed file.
+        raise IndexingFailed(
+            ErrorCode.DOCUMENT_PARSE_FAILED, f"{normalised} could not be parsed: {_short(error)}"
+        ) from None
+    if not sections:
+        raise IndexingFailed(ErrorCode.DOCUMENT_EMPTY, f"the {normalised} document has no text")
+    return sections

@@ -1,0 +1,223 @@
+"""The indexing pipeline for one leased task (DESIGN §6): load the immutable version, parse
+and chunk it off the event loop, reuse the embeddings the index already holds for unchanged
+content, embed the rest in batches, and hand the sink's write to the fenced ``complete``.
+
+Chunks come back from the parse process in slices and are embedded slice by slice
+(``slices.DocumentRun``), so a huge document is never held whole: its slices are staged
+under the attempt's fence and moved into the index by the fenced ``complete``.
+
+It holds no transaction or lock while it works: the version is read in one statement, and
+the index is written only by the sink inside ``complete``'s transaction (staged slices wait
+outside the index until then).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import Final, Protocol
+
+from services.embedding.port import Embedder
+from services.embedding.tokens import load_token_counter
+from services.index.generation import IndexGeneration
+from services.indexer import metrics
+from services.indexer.pipeline.chunking import ChunkingStrategy
+from services.indexer.pipeline.parsing.stream import DEFAULT_SLICE_CHUNKS, DocumentBytes, OnSlice
+from services.indexer.pipeline.slices import DocumentRun, EmbeddingPolicy, IndexSink
+from services.indexer.ports import IndexingOutcome, StoredVersion, VersionSource
+from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
+from services.runtime.logging import get_logger
+from services.runtime.media_types import normalise_media_type
+from services.runtime.transaction import Transaction
+
+log = get_logger(__name__)
+
+# Documents of up to this many chunks are held in memory and written by the fenced
+# complete in one go, as before; longer ones are staged slice by slice (slices.py).
+STREAM_ABOVE_CHUNKS: Final = 2048
+
+
+class ChunkParser(Protocol):
+    """What the pipeline needs of ``parsing.pool.ParsePool``."""
+
+    async def stream_chunks(
+        self,
+        media_type: str,
+        content: DocumentBytes,
+        *,
+        document_id: uuid.UUID,
+        version_number: int,
+        strategy: ChunkingStrategy,
+        on_slice: OnSlice,
+        slice_chunks: int = ...,
+    ) -> int: ...
+
+
+def chunking_strategy(
+    embedder: Embedder, *, max_tokens: int, overlap_tokens: int = 0
+) -> ChunkingStrategy:
+    """Chunks never longer than the model reads: ``max_tokens`` capped by its input limit
+    less the special tokens it adds (a 256-token BERT model reads 254 counted tokens, as
+    [CLS] and [SEP] take the other two)."""
+    tokenizer = embedder.tokenizer
+    return ChunkingStrategy(
+        tokenizer=tokenizer,
+        max_tokens=min(max_tokens, tokenizer.max_counted_tokens),
+        overlap_tokens=overlap_tokens,
+    )
+
+
+def index_generation(embedder: Embedder, strategy: ChunkingStrategy) -> IndexGeneration:
+    """What a version is indexed as: the model, its dimension and the chunking strategy."""
+    return IndexGeneration(
+        embedding_model=embedder.model,
+        dimension=embedder.dimension,
+        chunking_strategy=strategy.strategy_id,
+    )
+
+
+class PipelineIndexer:
+    """A ``DocumentVersionIndexer``: parse -> chunk -> embed (incrementally) -> sink, one
+    slice of chunks at a time (``slices.DocumentRun``)."""
+
+    def __init__(
+        self,
+        source: VersionSource,
+        parse_pool: ChunkParser,
+        embedder: Embedder,
+        sink: IndexSink,
+        *,
+        strategy: ChunkingStrategy,
+        batch_size: int,
+        max_batch_tokens: int | None = None,
+        slice_chunks: int = DEFAULT_SLICE_CHUNKS,
+        stream_above_chunks: int = STREAM_ABOVE_CHUNKS,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if slice_chunks < 1 or stream_above_chunks < 0:
+            raise ValueError("slice_chunks must be >= 1 and stream_above_chunks >= 0")
+        self._source = source
+        self._parse_pool = parse_pool
+        self._embedder = embedder
+        self._sink = sink
+        self._strategy = strategy
+        self._batch_size = batch_size
+        self._slice_chunks = slice_chunks
+        self._stream_above = stream_above_chunks
+        # Token budgets per request are counted the way the model counts.
+        self._policy = EmbeddingPolicy(
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            count_tokens=(
+                load_token_counter(strategy.tokenizer) if max_batch_tokens is not None else None
+            ),
+        )
+        self.generation = index_generation(embedder, strategy)
+
+    async def index(self, lease: Lease) -> IndexingOutcome:
+        ids = {
+            "task_id": str(lease.task_id),
+            "tenant_id": lease.tenant_id,
+            "document_id": str(lease.document_id),
+            "version_number": lease.version_number,
+        }
+        started = time.perf_counter()
+        version = await self._load(lease)
+        metrics.STAGE_SECONDS.labels(lease.tier, "load").observe(time.perf_counter() - started)
+        media_type, size_bytes = version.media_type, version.size_bytes
+        # The parse pool takes the bytes and lets them go once sent: a big document is not
+        # held here while its chunks stream back.
+        content = DocumentBytes(version.content)
+        del version
+
+        run = DocumentRun(
+            lease,
+            self.generation,
+            self._embedder,
+            self._sink,
+            self._policy,
+            stream_above_chunks=self._stream_above,
+        )
+        started = time.perf_counter()
+        try:
+            count = await self._parse_pool.stream_chunks(
+                normalise_media_type(media_type),
+                content,
+                document_id=lease.document_id,
+                version_number=lease.version_number,
+                strategy=self._strategy,
+                on_slice=run.take,
+                slice_chunks=self._slice_chunks,
+            )
+            if not count:
+                raise IndexingFailed(ErrorCode.DOCUMENT_EMPTY, "the document has no text to index")
+            write = await run.finish()
+        except Exception:
+            await run.abandon()
+            raise
+        elapsed = time.perf_counter() - started
+        parse_seconds = elapsed - run.embed_seconds - run.stage_seconds
+        log.info(
+            "pipeline.parsed",
+            **ids,
+            media_type=media_type,
+            size_bytes=size_bytes,
+            chunks=count,
+            streamed=run.staged,
+            duration_ms=round(parse_seconds * 1000, 1),
+        )
+        log.info(
+            "pipeline.embedded",
+            **ids,
+            chunks=count,
+            reused=run.reused,
+            embedded=run.embedded,
+            embedding_model=self.generation.embedding_model,
+            duration_ms=round(run.embed_seconds * 1000, 1),
+        )
+        # Parsing and chunking run together in the parse process: one stage for both,
+        # the time spent waiting for it (embedding and staging overlap with it).
+        metrics.STAGE_SECONDS.labels(lease.tier, "parse").observe(parse_seconds)
+        metrics.STAGE_SECONDS.labels(lease.tier, "embed").observe(run.embed_seconds)
+        metrics.CHUNKS_PER_TASK.labels(lease.tier, "indexed").observe(count)
+        metrics.CHUNKS_PER_TASK.labels(lease.tier, "embedded").observe(run.embedded)
+        metrics.EMBEDDING_BATCHES_PER_TASK.labels(lease.tier).observe(
+            -(-run.embedded // self._batch_size) if run.embedded else 0
+        )
+        staging_seconds = run.stage_seconds
+
+        async def timed_write(transaction: Transaction) -> None:
+            began = time.perf_counter()
+            await write(transaction)
+            # The sink's time: the fenced write, and the slices staged before it.
+            metrics.STAGE_SECONDS.labels(lease.tier, "sink").observe(
+                staging_seconds + time.perf_counter() - began
+            )
+
+        return IndexingOutcome(write=timed_write)
+
+    async def _load(self, lease: Lease) -> StoredVersion:
+        version = await self._source.load(lease.tenant_id, lease.document_id, lease.version_number)
+        if version is None:
+            raise IndexingFailed(
+                ErrorCode.DOCUMENT_VERSION_MISSING,
+                f"document {lease.document_id} version {lease.version_number} does not exist",
+            )
+        # The stored bytes must be the ones published: a mismatch is corruption, and
+        # indexing it would make wrong content searchable.
+        if len(version.content) != version.size_bytes:
+            raise IndexingFailed(
+                ErrorCode.DOCUMENT_PARSE_FAILED,
+                f"content is {len(version.content)} bytes, {version.size_bytes} recorded",
+            )
+        if hashlib.sha256(version.content).digest() != version.sha256:
+            raise IndexingFailed(
+                ErrorCode.DOCUMENT_PARSE_FAILED, "content does not match its recorded sha256"
+            )
+        return version
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)

@@ -1,0 +1,350 @@
+-- Index task queue (DESIGN §4). Every time-dependent query takes `now` as its last
+-- parameter: NULL means the database clock, a value is a test's injected time.
+
+-- name: claim_tasks
+-- $1 tier, $2 owner, $3 lease seconds, $4 how many to claim, $5 candidates to consider,
+-- $6 how many exhausted leases to bury, $7 now.
+--
+-- One statement, one short transaction, no lock held once it returns.
+--
+-- 1. `exhausted` marks DEAD (LEASE_ATTEMPTS_EXHAUSTED) RUNNING tasks of the tier whose lease
+--    expired with the attempt budget spent, at most $6 per claim, skipping rows another
+--    transaction holds (a worker completing it right now, or another claimer burying it).
+--    `buried_stream` deletes their staged chunks (knowledge_chunk_stream) with them: no
+--    attempt of theirs will run again to do it. It reads the rows committed when this
+--    statement began. A slice whose fence passed before the lease expired and that commits
+--    while this statement runs is not among them (a slice holding the row when the lock
+--    comes makes SKIP LOCKED pass the task over, to be buried by a later claim; one that
+--    committed just before the lock does not). Such rows stay until the task is requeued
+--    and its next attempt streams (its first slice deletes every earlier attempt's rows).
+--    It takes a slice transaction open across the expiry of its lease: heartbeats failing
+--    for a whole lease while the worker still writes.
+--
+-- 2. Fairness rule, in ROUNDS. Round 0 is every expired lease with budget left (a takeover;
+--    these have waited longest), oldest lease first. Otherwise a tenant's k-th oldest due
+--    task is in round (k + the tenant's RUNNING tasks in this tier): a tenant's second task
+--    is never claimed before every other tenant's first, and a tenant that already holds
+--    workers yields to one that holds none. Within a round, tenants take turns: they are
+--    ordered by (their rank by tenant_id + turn) mod T, where T is the number of tenants
+--    with due work and `turn` comes from a sequence that every claim advances (lock-free,
+--    never rolled back), so each claim starts the round at the next tenant. Hence: a tenant
+--    with 10,000 due tasks delays another tenant's single task by at most one round -- the
+--    single task is in round 1 + its tenant's RUNNING count and the big tenant has one task
+--    per round, so at most T - 1 claims go first, whatever its backlog or its tasks' age --
+--    and concurrent claimers (which all skip each other's locked rows down the same list)
+--    serve it in the same round. Tasks of one tenant due at the same instant go in index
+--    order.
+--
+--    `tenant_head` finds the tenants with due work with a skip scan over
+--    index_task_due_by_tenant (tier, tenant_id, next_attempt_at): one probe per tenant, in
+--    tenant_id order (hence its rank), returns that tenant's oldest due task; one more probe
+--    finds no further tenant. The probe filters on next_attempt_at <= now like every
+--    candidate: a tenant whose queued tasks are all in the future (RETRY_WAIT backing off)
+--    counted in T would shrink every tenant's share ceil($5 / T) to 1 and starve the claim.
+--    The filter is an index condition on the index's last column; PostgreSQL 18's btree
+--    skip scan jumps over such a tenant's future entries instead of reading them.
+--
+--    `slot` is the candidate list: the takeovers, then for each tenant the slots
+--    k = 1 .. ceil($5 / T), slot k in round k + its RUNNING count, sorted by round and turn
+--    and cut at 2 * $5 slots. A slot is not yet a task, so the list is cheap to build;
+--    `candidate` names the task of a slot only when the locking below reaches it (a
+--    sub-select in its select list, above the sort, so evaluated for the rows actually
+--    read; it repeats the ORDER BY so that the walk below needs no sort of its own): slot 1
+--    is the task the skip scan returned, slot 2 costs one probe of two index entries, and
+--    the first time a slot k > 2 is reached, `later_task` (MATERIALIZED: computed once, on
+--    first use) reads every tenant's 2nd to ceil($5 / T)-th due tasks, one probe per
+--    tenant, for the slots to look up. A tenant with fewer due tasks leaves slots empty;
+--    fewer than $5 slots can be empty in all, so the cut list still holds the rule's first
+--    $5 candidates. So a claim reads O(T + $5) index entries whatever the backlog -- T + 1
+--    skip-scan probes, the rest only as deep as the locking goes -- and SUCCEEDED/DEAD rows
+--    are in none of the partial indexes it reads.
+--
+-- 3. `locked` walks the candidates in round order and locks each one's row FOR UPDATE SKIP
+--    LOCKED, until it holds $4. Why it cannot double-claim: a row a concurrent claimer has
+--    locked is skipped, not waited for; a row another transaction claimed and committed
+--    after our snapshot is re-read under the row lock (READ COMMITTED re-check), and the
+--    WHERE of the locking sub-select no longer holds for it (RUNNING with a fresh lease), so
+--    it is dropped. The lock is taken in a LATERAL sub-select, one candidate at a time in
+--    list order, so the walk stops at the $4-th row it holds and never resolves or locks a
+--    candidate it does not need. The list holds $5 candidates (or every due task), more
+--    than $4, so that concurrent claimers that skip each other's rows still find work in
+--    the same statement.
+--
+-- 4. The UPDATE makes them RUNNING with attempts + 1: the new lease generation
+--    (lease_attempt) every later write must present.
+--
+-- Plan: asyncpg prepares the statement, and PostgreSQL keeps a generic plan only while it
+-- is not costlier than the custom plans of the first five executions; otherwise it plans
+-- every claim anew (a few ms). So no estimate that decides the plan may depend on a
+-- parameter's value: every LIMIT reads its parameter through a scalar sub-select, and the
+-- tier and `now` reach the probes and the re-check as columns (`tier`, `due_by`) rather
+-- than as parameters, which a custom plan would estimate from the column statistics.
+-- Custom and generic plans then cost the same and the generic one is kept: nested loops
+-- over the partial indexes and the primary key, the same whatever the table's size.
+WITH RECURSIVE
+exhausted AS (
+    UPDATE index_task t
+       SET status = 'DEAD',
+           lease_until = NULL,
+           error_code = 'LEASE_ATTEMPTS_EXHAUSTED',
+           error_message = 'lease expired ' || t.attempts || ' times; attempt budget '
+                           || t.max_attempts || ' spent',
+           updated_at = coalesce($7::timestamptz, now()),
+           finished_at = coalesce($7::timestamptz, now())
+      FROM (SELECT x.task_id
+              FROM index_task x
+             WHERE x.tier = $1
+               AND x.status = 'RUNNING'
+               AND x.lease_until <= coalesce($7::timestamptz, now())
+               AND x.attempts >= x.max_attempts
+             LIMIT (SELECT $6::integer)
+               FOR UPDATE OF x SKIP LOCKED) x
+     WHERE t.task_id = x.task_id
+    RETURNING t.task_id
+),
+buried_stream AS (
+    DELETE FROM knowledge_chunk_stream s
+     USING exhausted e
+     WHERE s.task_id = e.task_id
+),
+tenant_head (tier, due_by, tenant_id, task_id, rank) AS (
+    SELECT a.tier, a.due_by, n.tenant_id, n.task_id, 1::bigint
+      -- OFFSET 0: tier and now become columns the planner cannot see through (see Plan).
+      FROM (SELECT $1::text AS tier, coalesce($7::timestamptz, now()) AS due_by OFFSET 0) a
+     CROSS JOIN LATERAL (
+           SELECT q.tenant_id, q.task_id
+             FROM index_task q
+            WHERE q.tier = a.tier AND q.status IN ('PENDING', 'RETRY_WAIT')
+              AND q.next_attempt_at <= a.due_by
+            ORDER BY q.tenant_id, q.next_attempt_at
+            LIMIT 1) n
+    UNION ALL
+    SELECT h.tier, h.due_by, n.tenant_id, n.task_id, h.rank + 1
+      FROM tenant_head h
+     CROSS JOIN LATERAL (
+           SELECT q.tenant_id, q.task_id
+             FROM index_task q
+            WHERE q.tier = h.tier AND q.status IN ('PENDING', 'RETRY_WAIT')
+              AND q.tenant_id > h.tenant_id
+              AND q.next_attempt_at <= h.due_by
+            ORDER BY q.tenant_id, q.next_attempt_at
+            LIMIT 1) n
+),
+running_per_tenant AS (
+    SELECT r.tenant_id, count(*) AS running
+      FROM index_task r
+     WHERE r.tier = $1 AND r.status = 'RUNNING'
+     GROUP BY r.tenant_id
+),
+tenant_turn AS (
+    SELECT h.tier, h.due_by, h.tenant_id, h.task_id AS first_task,
+           coalesce(rp.running, 0) AS running,
+           (h.rank + (SELECT nextval('index_task_claim_turn'))) % count(*) OVER () AS position,
+           (($5::integer + count(*) OVER () - 1) / count(*) OVER ())::integer AS share
+      FROM tenant_head h
+      LEFT JOIN running_per_tenant rp ON rp.tenant_id = h.tenant_id
+),
+slot AS (
+    SELECT r.task_id, 0::bigint AS round, 0::bigint AS position, r.lease_until AS due_at,
+           NULL::text AS tenant_id, 1::bigint AS k,
+           $1::text AS tier, coalesce($7::timestamptz, now()) AS due_by
+      FROM index_task r
+     WHERE r.tier = $1
+       AND r.status = 'RUNNING'
+       AND r.lease_until <= coalesce($7::timestamptz, now())
+       AND r.attempts < r.max_attempts
+    UNION ALL
+    -- unnest(array_fill(..)) rather than generate_series: a row estimate of 10, not 1000.
+    SELECT o.first_task, g.k + o.running, o.position, NULL, o.tenant_id, g.k, o.tier, o.due_by
+      FROM tenant_turn o
+     CROSS JOIN LATERAL unnest(array_fill(0, ARRAY[o.share])) WITH ORDINALITY AS g (z, k)
+),
+later_task AS MATERIALIZED (
+    SELECT o.tenant_id, d.task_id, d.k + 1 AS k
+      FROM tenant_turn o
+     CROSS JOIN LATERAL unnest(ARRAY(
+           SELECT q.task_id
+             FROM index_task q
+            WHERE q.tier = o.tier
+              AND q.tenant_id = o.tenant_id
+              AND q.status IN ('PENDING', 'RETRY_WAIT')
+              AND q.next_attempt_at <= o.due_by
+              AND q.task_id <> o.first_task
+            ORDER BY q.next_attempt_at
+            LIMIT o.share - 1)) WITH ORDINALITY AS d (task_id, k)
+),
+candidate AS (
+    SELECT c.round, c.position, c.due_at, c.tier, c.due_by,
+           CASE WHEN c.k = 1 THEN c.task_id
+                WHEN c.k = 2 THEN (SELECT q.task_id
+                                     FROM index_task q
+                                    WHERE q.tier = c.tier
+                                      AND q.tenant_id = c.tenant_id
+                                      AND q.status IN ('PENDING', 'RETRY_WAIT')
+                                      AND q.next_attempt_at <= c.due_by
+                                      AND q.task_id <> c.task_id
+                                    ORDER BY q.next_attempt_at
+                                    LIMIT 1)
+                ELSE (SELECT l.task_id FROM later_task l
+                       WHERE l.tenant_id = c.tenant_id AND l.k = c.k)
+           END AS task_id
+      FROM (SELECT s.*
+              FROM slot s
+             ORDER BY s.round, s.position, s.due_at, s.task_id
+             LIMIT (SELECT 2 * $5::integer)) c
+     ORDER BY c.round, c.position, c.due_at
+),
+locked AS MATERIALIZED (
+    SELECT l.task_id
+      FROM candidate c
+     CROSS JOIN LATERAL (
+           SELECT t.task_id
+             FROM index_task t
+            WHERE t.task_id = c.task_id
+              AND t.tier = c.tier
+              AND (   (t.status IN ('PENDING', 'RETRY_WAIT') AND t.next_attempt_at <= c.due_by)
+                   OR (t.status = 'RUNNING' AND t.lease_until <= c.due_by
+                       AND t.attempts < t.max_attempts))
+              FOR UPDATE SKIP LOCKED) l
+     ORDER BY c.round, c.position, c.due_at
+     LIMIT (SELECT $4::integer)
+)
+UPDATE index_task t
+   SET status = 'RUNNING',
+       attempts = t.attempts + 1,
+       lease_owner = $2,
+       lease_until = coalesce($7::timestamptz, now()) + make_interval(secs => $3),
+       updated_at = coalesce($7::timestamptz, now())
+  FROM locked l
+ WHERE t.task_id = l.task_id
+RETURNING t.task_id, t.tenant_id, t.document_id, t.version_number, t.task_type, t.tier,
+          t.attempts AS lease_attempt, t.max_attempts, t.lease_owner, t.lease_until
+
+-- name: heartbeat
+-- The fence (DESIGN §4): RUNNING, our owner, our generation, lease not yet expired. Only
+-- lease_until and updated_at change, neither is indexed, and the table's fillfactor leaves
+-- room on the page: a heartbeat is a HOT update that touches no index.
+UPDATE index_task
+   SET lease_until = coalesce($5::timestamptz, now()) + make_interval(secs => $4),
+       updated_at = coalesce($5::timestamptz, now())
+ WHERE task_id = $1
+   AND status = 'RUNNING'
+   AND lease_owner = $2
+   AND attempts = $3
+   AND lease_until > coalesce($5::timestamptz, now())
+RETURNING lease_until
+
+-- name: complete_task
+-- Same fence. Run inside the caller's transaction: the row lock taken here is held until
+-- commit, so the sink's writes that follow in the same transaction cannot race a takeover.
+UPDATE index_task
+   SET status = 'SUCCEEDED',
+       lease_until = NULL,
+       error_code = NULL,
+       error_message = NULL,
+       updated_at = coalesce($4::timestamptz, now()),
+       finished_at = coalesce($4::timestamptz, now())
+ WHERE task_id = $1
+   AND status = 'RUNNING'
+   AND lease_owner = $2
+   AND attempts = $3
+   AND lease_until > coalesce($4::timestamptz, now())
+RETURNING task_id
+
+-- name: fail_task
+-- Same fence. $4 is RETRY_WAIT or DEAD as the retry policy decided from the error code.
+-- A task that ends DEAD takes its staged chunks (knowledge_chunk_stream, every attempt's)
+-- with it, in this statement: no later attempt will run to delete them. This statement sees
+-- all of them: this attempt wrote its slices one after another and has stopped, and an
+-- earlier attempt's last slice committed before our claim could take the row
+-- (sink.sql: lock_stream_lease). A RETRY_WAIT keeps them for the next attempt to delete.
+WITH failed AS (
+    UPDATE index_task
+       SET status = $4::text,
+           lease_until = NULL,
+           next_attempt_at = coalesce($8::timestamptz, now()) + make_interval(secs => $5),
+           error_code = $6,
+           error_message = $7,
+           updated_at = coalesce($8::timestamptz, now()),
+           finished_at = CASE WHEN $4::text = 'DEAD' THEN coalesce($8::timestamptz, now()) END
+     WHERE task_id = $1
+       AND status = 'RUNNING'
+       AND lease_owner = $2
+       AND attempts = $3
+       AND lease_until > coalesce($8::timestamptz, now())
+       AND $4::text IN ('RETRY_WAIT', 'DEAD')
+    RETURNING *
+),
+unstaged AS (
+    DELETE FROM knowledge_chunk_stream s
+     USING failed f
+     WHERE $4::text = 'DEAD' AND s.task_id = f.task_id
+)
+SELECT * FROM failed
+
+-- name: get_task
+SELECT * FROM index_task WHERE task_id = $1
+
+-- name: list_tasks
+-- Operators' view; every filter optional. Newest changes first.
+SELECT *
+  FROM index_task
+ WHERE ($1::text IS NULL OR status = $1)
+   AND ($2::text IS NULL OR tenant_id = $2)
+   AND ($3::text IS NULL OR tier = $3)
+ ORDER BY updated_at DESC, task_id
+ LIMIT $4
+
+-- name: requeue_task
+-- $1 task, $2 the status it requeues from, $3 who, $4 reset the budget?, $5 budget,
+-- $6 reason code and $7 reason message for the audit (NULL: the task's own error), $8 now.
+-- The one way a finished task goes back to PENDING: from DEAD (`kb tasks requeue`, the
+-- operator page: PgTaskQueue.requeue) or from SUCCEEDED (`kb index check --repair`
+-- re-running a drifted version: PgTaskQueue.rerun_succeeded). A task in any other status,
+-- or in another status than $2, is left as it is and no audit row is written; the caller
+-- tells the two apart by reading the task.
+--
+-- The row lock makes two concurrent requeues of one task produce one audit row (the
+-- second finds the task no longer in $2 after the lock wait and requeues nothing).
+-- `attempts` is kept: it is the fencing generation and must never repeat; the budget
+-- moves via max_attempts (a reset grants $5 more attempts, otherwise exactly one).
+-- lease_owner: a re-run SUCCEEDED task forgets the worker that completed it; a requeued
+-- DEAD task keeps its last owner until the next claim replaces it (each as its caller did
+-- when they were two queries).
+WITH target AS (
+    SELECT task_id, status, attempts, max_attempts, error_code, error_message
+      FROM index_task
+     WHERE task_id = $1 AND status = $2::text AND $2::text IN ('DEAD', 'SUCCEEDED')
+       FOR UPDATE
+),
+requeued AS (
+    UPDATE index_task t
+       SET status = 'PENDING',
+           max_attempts = g.attempts + CASE WHEN $4::boolean THEN $5::integer ELSE 1 END,
+           lease_owner = CASE WHEN g.status = 'SUCCEEDED' THEN NULL ELSE t.lease_owner END,
+           lease_until = NULL,
+           next_attempt_at = coalesce($8::timestamptz, now()),
+           error_code = NULL,
+           error_message = NULL,
+           updated_at = coalesce($8::timestamptz, now()),
+           finished_at = NULL
+      FROM target g
+     WHERE t.task_id = g.task_id
+    RETURNING t.task_id, t.max_attempts
+)
+INSERT INTO index_task_requeue (task_id, requeued_by, requeued_at, reset_attempts, attempts,
+                                previous_max_attempts, new_max_attempts, previous_error_code,
+                                previous_error_message)
+SELECT g.task_id, $3, coalesce($8::timestamptz, now()), $4::boolean, g.attempts,
+       g.max_attempts, r.max_attempts,
+       CASE WHEN $6::text IS NULL THEN g.error_code ELSE $6::text END,
+       CASE WHEN $6::text IS NULL THEN g.error_message ELSE $7::text END
+  FROM target g
+  JOIN requeued r ON r.task_id = g.task_id
+RETURNING *
+
+-- name: requeue_history
+SELECT *
+  FROM index_task_requeue
+ WHERE task_id = $1
+ ORDER BY requeue_id

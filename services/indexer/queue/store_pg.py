@@ -1,0 +1,261 @@
+"""The PostgreSQL task queue: named queries in ``queries.sql``, one method per query.
+
+Every write is one short statement (``complete`` is one short transaction, with the sink's
+work inside it); no transaction or lock is ever held across indexing work.
+
+Heartbeats may run on a pool of their own (``heartbeat_pool``, one or two connections): when
+every connection of the main pool is busy claiming and writing results, a heartbeat waiting
+for one would let a healthy lease expire. Each heartbeat gives up after a quarter of the
+lease (waiting for a connection included), before the next beat is due at a third.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import asyncpg
+
+from services.indexer.ports import InTransaction
+from services.indexer.queue.task import (
+    FailureDecision,
+    IndexTask,
+    InvalidTransition,
+    Lease,
+    RequeueRecord,
+    TaskStatus,
+)
+from services.runtime.clock import Clock, DatabaseClock
+from services.runtime.db import translate_db_errors
+from services.runtime.errors import LeaseLost, NotFound
+from services.runtime.sql import queries_beside
+from services.runtime.tasks import index_task_fields
+
+QUERIES = queries_beside(__file__, "queries.sql")
+
+# The finished states a task can be put back to PENDING from (``requeue_task``).
+_REQUEUED_FROM = frozenset({TaskStatus.DEAD, TaskStatus.SUCCEEDED})
+
+
+class PgTaskQueue:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        *,
+        heartbeat_pool: asyncpg.Pool[Any] | None = None,
+        clock: Clock | None = None,
+        exhausted_per_claim: int = 100,
+        min_candidates: int = 32,
+    ) -> None:
+        self._pool = pool
+        self._heartbeat_pool = heartbeat_pool or pool
+        self._clock = clock or DatabaseClock()
+        self._exhausted_per_claim = exhausted_per_claim
+        self._min_candidates = min_candidates
+
+    async def claim(
+        self, tier: str, owner: str, *, lease_seconds: float, limit: int = 1
+    ) -> list[Lease]:
+        if limit < 1:
+            return []
+        # Consider more candidates than we take: concurrent claimers skip each other's
+        # locked rows and must still find work in the same statement.
+        candidates = max(self._min_candidates, 4 * limit)
+        with translate_db_errors():
+            rows = await self._pool.fetch(
+                QUERIES["claim_tasks"],
+                tier,
+                owner,
+                float(lease_seconds),
+                limit,
+                candidates,
+                self._exhausted_per_claim,
+                self._clock.now(),
+            )
+        return [_lease(row) for row in rows]
+
+    async def heartbeat(self, lease: Lease, *, lease_seconds: float) -> Lease:
+        # A timed-out beat (DatabaseUnavailable) ends before the next one is due.
+        budget = lease_seconds / 4
+        deadline = time.monotonic() + budget
+        with translate_db_errors():
+            async with self._heartbeat_pool.acquire(timeout=budget) as conn:
+                lease_until = await conn.fetchval(
+                    QUERIES["heartbeat"],
+                    lease.task_id,
+                    lease.owner,
+                    lease.lease_attempt,
+                    float(lease_seconds),
+                    self._clock.now(),
+                    timeout=max(0.001, deadline - time.monotonic()),
+                )
+        if lease_until is None:
+            raise _lost(lease)
+        return replace(lease, lease_until=lease_until)
+
+    async def complete(self, lease: Lease, *, in_transaction: InTransaction | None = None) -> None:
+        if in_transaction is None:
+            # Nothing to write with it: one autocommitted statement, one round trip.
+            with translate_db_errors():
+                await self._complete_fenced(self._pool, lease)
+            return
+        with translate_db_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                # Raising inside the block rolls the transaction back: nothing written.
+                await self._complete_fenced(conn, lease)
+                await in_transaction(conn)
+
+    async def _complete_fenced(
+        self, executor: asyncpg.Pool[Any] | asyncpg.pool.PoolConnectionProxy[Any], lease: Lease
+    ) -> None:
+        done = await executor.fetchval(
+            QUERIES["complete_task"],
+            lease.task_id,
+            lease.owner,
+            lease.lease_attempt,
+            self._clock.now(),
+        )
+        if done is None:
+            raise _lost(lease)
+
+    async def fail(self, lease: Lease, decision: FailureDecision) -> IndexTask:
+        with translate_db_errors():
+            row = await self._pool.fetchrow(
+                QUERIES["fail_task"],
+                lease.task_id,
+                lease.owner,
+                lease.lease_attempt,
+                str(decision.status),
+                float(decision.delay_seconds),
+                decision.error_code,
+                decision.error_message,
+                self._clock.now(),
+            )
+        if row is None:
+            raise _lost(lease)
+        return task_from_row(row)
+
+    async def get(self, task_id: uuid.UUID) -> IndexTask | None:
+        with translate_db_errors():
+            row = await self._pool.fetchrow(QUERIES["get_task"], task_id)
+        return None if row is None else task_from_row(row)
+
+    async def list_tasks(
+        self,
+        *,
+        status: TaskStatus | None = None,
+        tenant_id: str | None = None,
+        tier: str | None = None,
+        limit: int = 100,
+    ) -> list[IndexTask]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(
+                QUERIES["list_tasks"],
+                None if status is None else str(status),
+                tenant_id,
+                tier,
+                limit,
+            )
+        return [task_from_row(row) for row in rows]
+
+    async def requeue(
+        self, task_id: uuid.UUID, *, by: str, reset_attempts: bool, budget: int
+    ) -> RequeueRecord:
+        record = await self.requeue_from(
+            TaskStatus.DEAD, task_id, by=by, reset_attempts=reset_attempts, budget=budget
+        )
+        if record is None:
+            current = await self.get(task_id)
+            if current is None:
+                raise NotFound(f"no index task {task_id}", code="TASK_NOT_FOUND")
+            raise InvalidTransition(
+                f"task {task_id} is {current.status}; only DEAD tasks can be requeued"
+            )
+        return record
+
+    async def rerun_succeeded(
+        self, task_id: uuid.UUID, *, by: str, budget: int, reason: tuple[str, str]
+    ) -> RequeueRecord | None:
+        """Drift repair (`kb index check --repair`): a SUCCEEDED task back to PENDING with a
+        fresh budget of ``budget`` attempts, audited beside the operators' requeues with
+        ``reason`` (code, message) in place of an error. ``None`` when the task is not
+        SUCCEEDED (any more): nothing changed."""
+        return await self.requeue_from(
+            TaskStatus.SUCCEEDED, task_id, by=by, reset_attempts=True, budget=budget, reason=reason
+        )
+
+    async def requeue_from(
+        self,
+        status: TaskStatus,
+        task_id: uuid.UUID,
+        *,
+        by: str,
+        reset_attempts: bool,
+        budget: int,
+        reason: tuple[str, str] | None = None,
+    ) -> RequeueRecord | None:
+        """The one requeue: the task back to PENDING if it is ``status`` (DEAD or
+        SUCCEEDED), its generation kept, audited; ``None`` (nothing changed) otherwise."""
+        if status not in _REQUEUED_FROM:
+            raise ValueError(f"a task is requeued from DEAD or SUCCEEDED, not {status}")
+        code, message = reason if reason is not None else (None, None)
+        with translate_db_errors():
+            row = await self._pool.fetchrow(
+                QUERIES["requeue_task"],
+                task_id,
+                str(status),
+                by,
+                reset_attempts,
+                budget,
+                code,
+                message,
+                self._clock.now(),
+            )
+        return None if row is None else _requeue_record(row)
+
+    async def requeue_history(self, task_id: uuid.UUID) -> list[RequeueRecord]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(QUERIES["requeue_history"], task_id)
+        return [_requeue_record(row) for row in rows]
+
+
+def _requeue_record(row: Mapping[str, Any]) -> RequeueRecord:
+    return RequeueRecord(
+        task_id=row["task_id"],
+        requeued_by=row["requeued_by"],
+        requeued_at=row["requeued_at"],
+        reset_attempts=row["reset_attempts"],
+        attempts=row["attempts"],
+        previous_max_attempts=row["previous_max_attempts"],
+        new_max_attempts=row["new_max_attempts"],
+        previous_error_code=row["previous_error_code"],
+        previous_error_message=row["previous_error_message"],
+    )
+
+
+def _lost(lease: Lease) -> LeaseLost:
+    return LeaseLost(
+        f"task {lease.task_id}: lease {lease.lease_attempt} of {lease.owner} no longer holds"
+    )
+
+
+def _lease(row: Mapping[str, Any]) -> Lease:
+    return Lease(
+        task_id=row["task_id"],
+        owner=row["lease_owner"],
+        lease_attempt=row["lease_attempt"],
+        lease_until=row["lease_until"],
+        tenant_id=row["tenant_id"],
+        document_id=row["document_id"],
+        version_number=row["version_number"],
+        task_type=row["task_type"],
+        tier=row["tier"],
+        max_attempts=row["max_attempts"],
+    )
+
+
+def task_from_row(row: Mapping[str, Any]) -> IndexTask:
+    return IndexTask(**index_task_fields(row))

@@ -1,0 +1,418 @@
+"""The indexer's sink on PostgreSQL + pgvector: the one short fenced transaction that makes a
+document version searchable, the reuse of embeddings already in the index, and the
+registration of index generations with their ANN index.
+
+The write runs inside ``PgTaskQueue.complete``'s transaction, after the fenced UPDATE that
+marks the task SUCCEEDED (the task row is locked by then): chunks, the forward-only search
+pointer, the deletion of the versions it superseded (``sink_retire``) and the
+``DocumentSearchVersionSwitched`` outbox event commit together with the task or not at all.
+Everything slow (parsing, embedding, building the rows) happens before it.
+
+The pool must come from ``services.runtime.db.create_pool`` (it registers pgvector's binary
+codec for ``vector``, which the COPY and the reuse lookup use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+import asyncpg
+import numpy as np
+import numpy.typing as npt
+
+from services.index.ann import (
+    attach_partition_ann_index_sql,
+    create_parent_ann_index_sql,
+    create_partition_ann_index_sql,
+    drop_partition_ann_index_sql,
+    partition_ann_index_name,
+)
+from services.index.generation import IndexGeneration, RegisteredGeneration
+from services.indexer.ports import Clock, DatabaseClock, InTransaction
+from services.indexer.queue.task import Lease
+from services.indexer.sink.retire import retire_superseded
+from services.indexer.sink.stream import (
+    chunk_records,
+    discard_attempt,
+    move_staged,
+    stage_slice,
+)
+from services.runtime.avro import SchemaRegistry, default_registry
+from services.runtime.db import translate_db_errors
+from services.runtime.errors import ConfigError, DatabaseBusy
+from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
+from services.runtime.logging import get_logger
+from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.sql import queries_beside
+from services.runtime.transaction import Transaction
+
+if TYPE_CHECKING:
+    from services.indexer.pipeline.chunking import Chunk
+
+QUERIES = queries_beside(__file__, "sink.sql")
+
+# A connection of the pool, or one opened on its own: both run the same queries.
+Executor: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]"
+
+log = get_logger(__name__)
+
+STAGING_TABLE: Final = "knowledge_chunk_staging"
+STAGING_COLUMNS: Final = (
+    "chunk_id",
+    "ordinal",
+    "heading_path",
+    "text",
+    "content_digest",
+    "embedding",
+)
+
+
+@dataclass(frozen=True)
+class ChunkWrite:
+    """One version's chunks, ready to COPY: built before the transaction opens."""
+
+    lease: Lease
+    generation: IndexGeneration
+    records: list[tuple[Any, ...]]
+
+
+class PgVectorSink:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        *,
+        clock: Clock | None = None,
+        registry: SchemaRegistry | None = None,
+        generation_lock_timeout_seconds: float = 3600.0,
+        write_timeout_seconds: float = 30.0,
+        write_timeout_per_chunk_seconds: float = 0.05,
+        index_build_memory: str = "1GB",
+    ) -> None:
+        self._pool = pool
+        self._clock = clock or DatabaseClock()
+        self._registry = registry or default_registry()
+        self._lock_timeout = generation_lock_timeout_seconds
+        self._write_timeout = write_timeout_seconds
+        self._write_timeout_per_chunk = write_timeout_per_chunk_seconds
+        self._index_build_memory = index_build_memory
+
+    def write_timeout_ms(self, chunk_count: int) -> int:
+        """The statement timeout of one write. Inserting into the HNSW index costs one to
+        tens of milliseconds per row (a loaded 2-core machine: ~22 ms, bench/results/sink.md),
+        so a long document's chunks would outlast the pool's fixed statement_timeout and
+        time out on every retry."""
+        seconds = self._write_timeout + self._write_timeout_per_chunk * chunk_count
+        return max(1, round(seconds * 1000))
+
+    async def ensure_generation(self, generation: IndexGeneration) -> None:
+        """Register ``generation`` and build its model's HNSW index if it is missing or
+        INVALID (left behind by an interrupted build). Safe from many workers at once: one
+        builds while the others wait for it, then find the index valid."""
+        model = generation.embedding_model
+        async with self._pool.acquire() as conn:
+            await self._lock_generation(conn, model)
+            try:
+                with translate_db_errors():
+                    await self._register(conn, generation)
+                    await _ensure_ann_index(conn, generation, self._index_build_memory)
+            finally:
+                with translate_db_errors():
+                    await conn.fetchval(QUERIES["release_generation_lock"], model)
+
+    async def _lock_generation(self, conn: Executor, model: str) -> None:
+        # Polled, never waited for inside PostgreSQL: see try_generation_lock in sink.sql.
+        deadline = time.monotonic() + self._lock_timeout
+        pause = 0.05
+        while True:
+            with translate_db_errors():
+                if await conn.fetchval(QUERIES["try_generation_lock"], model):
+                    return
+            if time.monotonic() >= deadline:
+                raise DatabaseBusy(
+                    f"index generation of {model!r}: another worker held its lock for "
+                    f"over {self._lock_timeout:.0f}s"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def _register(self, conn: Executor, generation: IndexGeneration) -> None:
+        dimension = await conn.fetchval(
+            QUERIES["register_generation"],
+            generation.embedding_model,
+            generation.chunking_strategy,
+            generation.dimension,
+            generation.ann_index_name,
+        )
+        if dimension != generation.dimension:
+            raise ConfigError(
+                f"embedding model {generation.embedding_model!r} is indexed with dimension "
+                f"{dimension}, not {generation.dimension}: a model has one dimension"
+            )
+
+    async def generations(self) -> list[RegisteredGeneration]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(QUERIES["list_generations"])
+        return [
+            RegisteredGeneration(
+                IndexGeneration(row["embedding_model"], row["dimension"], row["chunking_strategy"]),
+                row["ann_index_name"],
+                row["created_at"],
+            )
+            for row in rows
+        ]
+
+    async def known_embeddings(
+        self, tenant_id: str, generation: IndexGeneration, digests: Sequence[bytes]
+    ) -> dict[bytes, npt.NDArray[np.float32]]:
+        """Embeddings this tenant's index (same generation) already holds for these content
+        digests: unchanged content of a new version is not embedded again."""
+        if not digests:
+            return {}
+        with translate_db_errors():
+            rows = await self._pool.fetch(
+                QUERIES["known_embeddings"],
+                tenant_id,
+                generation.embedding_model,
+                generation.chunking_strategy,
+                generation.dimension,
+                list(dict.fromkeys(digests)),
+            )
+        return {
+            bytes(row["content_digest"]): row["embedding"].to_numpy().astype(np.float32)
+            for row in rows
+        }
+
+    def writer(
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunks: Sequence[Chunk],
+        embeddings: npt.NDArray[Any],
+    ) -> InTransaction:
+        """The ``write(conn)`` to run inside ``queue.complete``'s fenced transaction."""
+        prepared = prepare_write(lease, generation, chunks, embeddings)
+
+        async def write(conn: Transaction) -> None:
+            await self._write(conn, prepared)
+
+        return write
+
+    async def _write(self, conn: Transaction, prepared: ChunkWrite) -> None:
+        lease, generation = prepared.lease, prepared.generation
+        with translate_db_errors():
+            await conn.fetchval(
+                QUERIES["set_local_statement_timeout"],
+                str(self.write_timeout_ms(len(prepared.records))),
+            )
+            # Always written, even when the pointer will not move to this version: a new
+            # generation built beside the current one needs its chunks before any switch.
+            # An older version of the served generation finishing late is retired again
+            # right after the switch (sink_retire), in this transaction.
+            await conn.execute(QUERIES["create_staging"])
+            await conn.copy_records_to_table(
+                STAGING_TABLE,
+                schema_name="pg_temp",
+                records=prepared.records,
+                columns=STAGING_COLUMNS,
+            )
+            await conn.execute(
+                QUERIES["insert_staged_chunks"],
+                lease.tenant_id,
+                lease.document_id,
+                lease.version_number,
+                generation.embedding_model,
+                generation.chunking_strategy,
+                generation.dimension,
+            )
+        await self._switch(conn, lease, generation, len(prepared.records))
+
+    async def _switch(
+        self, conn: Transaction, lease: Lease, generation: IndexGeneration, chunk_count: int
+    ) -> None:
+        """The forward-only pointer switch and, when it moved, its outbox event."""
+        with translate_db_errors():
+            switched = await conn.fetchrow(
+                QUERIES["switch_search_version"],
+                lease.tenant_id,
+                lease.document_id,
+                lease.version_number,
+                generation.embedding_model,
+                generation.chunking_strategy,
+                chunk_count,
+                lease.task_id,
+                self._clock.now(),
+            )
+        await retire_superseded(conn, lease, generation)
+        if switched is None:
+            log.info(
+                "search_version.not_switched",
+                tenant_id=lease.tenant_id,
+                document_id=str(lease.document_id),
+                version_number=lease.version_number,
+                task_id=str(lease.task_id),
+                reason="pointer_at_same_or_newer_version",
+            )
+            return
+        await add_event(conn, self._switched_event(lease, generation, chunk_count, switched))
+
+    # -- large documents: staged slice by slice, moved in by the fenced complete -----------
+
+    async def stage(
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunks: Sequence[Chunk],
+        embeddings: npt.NDArray[Any],
+        *,
+        first: bool,
+    ) -> None:
+        """Stages one slice of a large document under the lease's fence (``LeaseLost`` when
+        it no longer holds); nothing reaches the index before ``stream_writer``'s write."""
+        records = await asyncio.to_thread(chunk_records, lease, generation, chunks, embeddings)
+        await stage_slice(self._pool, self._clock, lease, records, first=first)
+
+    async def discard_stream(self, lease: Lease) -> None:
+        await discard_attempt(self._pool, lease)
+
+    def stream_writer(
+        self, lease: Lease, generation: IndexGeneration, chunk_count: int
+    ) -> InTransaction:
+        """The ``write(conn)`` for a staged document, run inside ``queue.complete``'s fenced
+        transaction: the attempt's ``chunk_count`` staged chunks into the index, then the
+        pointer and its event, as ``writer`` does for a document held in memory."""
+
+        async def write(conn: Transaction) -> None:
+            with translate_db_errors():
+                await conn.fetchval(
+                    QUERIES["set_local_statement_timeout"],
+                    str(self.write_timeout_ms(chunk_count)),
+                )
+            await move_staged(conn, lease, generation, chunk_count)
+            await self._switch(conn, lease, generation, chunk_count)
+
+        return write
+
+    def _switched_event(
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunk_count: int,
+        switched: asyncpg.Record,
+    ) -> OutboxEvent:
+        id_ = switched_event_id(lease, generation)
+        payload = self._registry.encode(
+            DOCUMENT_SEARCH_VERSION_SWITCHED,
+            {
+                "eventId": str(id_),
+                "tenantId": lease.tenant_id,
+                "tier": lease.tier,
+                "documentId": str(lease.document_id),
+                "versionNumber": lease.version_number,
+                "previousVersionNumber": switched["previous_version"],
+                "embeddingModel": generation.embedding_model,
+                "chunkCount": chunk_count,
+                "taskId": str(lease.task_id),
+                "occurredAt": switched["switched_at"],
+            },
+        )
+        return OutboxEvent(
+            event_type=DOCUMENT_SEARCH_VERSION_SWITCHED,
+            tenant_id=lease.tenant_id,
+            tier=lease.tier,
+            aggregate_key=aggregate_key(lease.tenant_id, lease.document_id),
+            payload=payload,
+            event_id=id_,
+        )
+
+
+def switched_event_id(lease: Lease, generation: IndexGeneration) -> uuid.UUID:
+    """One id per switch. The lease attempt is part of it: a pointer switches to a version
+    once in normal operation, but a second time after a repair recreated a lost pointer
+    (`kb index check --repair` re-runs the version's task under a new lease attempt), and
+    that second switch is an event of its own, not a duplicate of the first."""
+    return event_id(
+        DOCUMENT_SEARCH_VERSION_SWITCHED,
+        lease.tenant_id,
+        lease.document_id,
+        lease.version_number,
+        generation.embedding_model,
+        str(lease.lease_attempt),
+    )
+
+
+def prepare_write(
+    lease: Lease,
+    generation: IndexGeneration,
+    chunks: Sequence[Chunk],
+    embeddings: npt.NDArray[Any],
+) -> ChunkWrite:
+    """Checks the embeddings against the chunks and the generation, and builds the COPY
+    records, so the transaction only sends them."""
+    return ChunkWrite(lease, generation, chunk_records(lease, generation, chunks, embeddings))
+
+
+async def _ensure_ann_index(conn: Executor, generation: IndexGeneration, build_memory: str) -> None:
+    """Build the model's HNSW index unless a valid one exists: the partitioned index, then
+    each partition's part not yet built (an INVALID part, left by an interrupted build, is
+    dropped and built again) and attached. Runs under the generation lock, outside any
+    transaction (CREATE INDEX CONCURRENTLY cannot run in one); a crash half way leaves parts
+    that the next worker's call keeps.
+
+    An index built over existing rows (a rebuild after an interrupted build) crawls when its
+    graph does not fit in maintenance_work_mem: 874 s instead of 137 s for 100k chunks of
+    384 dimensions at the server's 64MB default (bench/results/search.md)."""
+    name = generation.ann_index_name
+    model = generation.embedding_model
+    if await conn.fetchval(QUERIES["ann_index_state"], name) is True:
+        return
+    async with index_build_session(conn, build_memory):
+        log.info("ann_index.building", index=name, model=model, dimension=generation.dimension)
+        await conn.execute(create_parent_ann_index_sql(model, generation.dimension))
+        partitions = [
+            row["partition"] for row in await conn.fetch(QUERIES["knowledge_chunk_partitions"])
+        ]
+        for partition in partitions:
+            await _ensure_partition_ann_index(conn, generation, partition)
+        log.info("ann_index.built", index=name, model=model, partitions=len(partitions))
+
+
+@contextlib.asynccontextmanager
+async def index_build_session(conn: Executor, build_memory: str) -> AsyncIterator[None]:
+    """The connection set up for an HNSW build, and back as it was afterwards: a long build
+    must not hit the pool's statement_timeout, and crawls when its graph does not fit in
+    maintenance_work_mem. Restored before release, as the indexer's pool does not reset
+    sessions (runtime.db.skip_session_reset)."""
+    previous = await conn.fetchrow(QUERIES["start_index_build"], build_memory)
+    assert previous is not None
+    try:
+        yield
+    finally:
+        await conn.fetchval(
+            QUERIES["end_index_build"],
+            previous["statement_timeout"],
+            previous["maintenance_work_mem"],
+        )
+
+
+async def _ensure_partition_ann_index(
+    conn: Executor, generation: IndexGeneration, partition: str
+) -> None:
+    model = generation.embedding_model
+    part = partition_ann_index_name(model, partition)
+    state = await conn.fetchrow(
+        QUERIES["ann_partition_index_state"], part, generation.ann_index_name
+    )
+    if state is not None and not state["valid"]:
+        log.warning("ann_index.invalid_dropped", index=part, model=model)
+        await conn.execute(drop_partition_ann_index_sql(model, partition))
+        state = None
+    if state is None:
+        await conn.execute(create_partition_ann_index_sql(model, generation.dimension, partition))
+    if state is None or not state["attached"]:
+        await conn.execute(attach_partition_ann_index_sql(model, partition))

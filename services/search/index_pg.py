@@ -1,0 +1,291 @@
+"""The search index on PostgreSQL: the vector and full-text candidate lists, read in one
+short read-only REPEATABLE READ transaction (the statements: ``search_sql``)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Final, TypeAlias
+
+import asyncpg
+import numpy as np
+
+from services.embedding.port import Vectors
+from services.runtime.db import translate_db_errors
+from services.search.connections import SearchConnections
+from services.search.keyword_terms import (
+    PartitionStatistics,
+    QueryWords,
+    common_lexemes,
+    keyword_terms,
+)
+from services.search.paths import Connection, PathChoice, PathSource, VectorPaths
+from services.search.searcher import (
+    Candidate,
+    Candidates,
+    Generation,
+    SearchMode,
+    SearchRequest,
+)
+from services.search.statements import (
+    ALL_KEYWORD_KINDS,
+    KEYWORD_KINDS,
+    KEYWORD_STATEMENT,
+    PLANNER_SETTINGS,
+    QUERIES,
+    VECTOR_STATEMENT,
+    KeywordKinds,
+    SearchSettings,
+    VectorPath,
+    specialised_search_sql,
+)
+
+_SNAPSHOT_ID: Final = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
+# Every search's transaction: one snapshot for all its statements (and its two connections).
+BEGIN_READ_ONLY: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;"
+
+
+# Reads one ranked list on a connection.
+ListReader: TypeAlias = Callable[
+    [Connection, VectorPath], Coroutine[Any, Any, list[asyncpg.Record]]
+]
+KeywordReader: TypeAlias = Callable[
+    [Connection, PathSource], Coroutine[Any, Any, list[asyncpg.Record]]
+]
+
+
+class PgSearchIndex:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        generation: Generation,
+        settings: SearchSettings | None = None,
+    ) -> None:
+        self._generation = generation
+        self._settings = settings or SearchSettings()
+        model, dimension = generation.embedding_model, generation.dimension
+        self._vector_sql = {
+            path: specialised_search_sql(model, dimension, VECTOR_STATEMENT, path)
+            for path in VectorPath
+        }
+        self._keyword_sql = {
+            (path, kinds): specialised_search_sql(model, dimension, KEYWORD_STATEMENT, path, kinds)
+            for path in VectorPath
+            for kinds in KEYWORD_KINDS
+        }
+        # tenant -> its partition of knowledge_chunk (one short string per tenant searched).
+        self._partitions: dict[str, str] = {}
+        self._connections = SearchConnections(pool, self._settings)
+        self._paths = VectorPaths(generation, self._settings)
+        self._statistics = PartitionStatistics(self._settings.search_statistics_cache_seconds)
+
+    @property
+    def generation(self) -> Generation:
+        return self._generation
+
+    def vector_statement(self, path: VectorPath) -> str:
+        return self._vector_sql[path]
+
+    def keyword_statement(self, path: VectorPath, kinds: KeywordKinds = ALL_KEYWORD_KINDS) -> str:
+        return self._keyword_sql[(path, kinds)]
+
+    async def vector_path(
+        self,
+        conn: Connection,
+        request: SearchRequest,
+        kept: PathChoice | None = None,
+    ) -> VectorPath:
+        """The vector list's path, its transaction set up for it (search_paths)."""
+        return await self._paths.set_up(conn, request, kept)
+
+    async def _tenant_partition(self, conn: Connection, tenant_id: str) -> str | None:
+        partition = self._partitions.get(tenant_id)
+        if partition is None:
+            partition = await conn.fetchval(QUERIES["tenant_partition"], tenant_id)
+            if partition is not None:  # a tenant's partition never changes
+                self._partitions[tenant_id] = partition
+        return partition
+
+    async def candidates(self, request: SearchRequest, query_vector: Vectors | None) -> Candidates:
+        vector = None
+        if request.mode.uses_vector:
+            if query_vector is None:
+                raise ValueError("a vector search needs the query's vector")
+            vector = np.asarray(query_vector, dtype=np.float32).reshape(-1)
+        flt = request.filter
+        # search.sql's $1 to $5, the same in both statements.
+        searchable = (
+            request.tenant_id,
+            list(request.principals),
+            list(flt.document_ids) if flt.document_ids is not None else None,
+            list(flt.heading_prefix) if flt.heading_prefix is not None else None,
+            request.depth,
+        )
+
+        async def keyword_list(conn: Connection, path: PathSource) -> list[asyncpg.Record]:
+            return await self._keyword_list(conn, request, searchable, path)
+
+        async def vector_list(conn: Connection, path: VectorPath) -> list[asyncpg.Record]:
+            return await conn.fetch(self._vector_sql[path], *searchable, vector)
+
+        with translate_db_errors():
+            conn = await self._connections.acquire()
+            try:
+                rows = await self._lists(conn, request, keyword_list, vector_list)
+            except BaseException:
+                self._connections.end_later(conn, commit=False)
+                raise
+            self._connections.end_later(conn, commit=True)
+        return _candidates(rows)
+
+    async def _lists(
+        self,
+        conn: Connection,
+        request: SearchRequest,
+        keyword_list: KeywordReader,
+        vector_list: ListReader,
+    ) -> list[asyncpg.Record]:
+        """The request's lists, in one read-only REPEATABLE READ transaction on ``conn``
+        (hybrid: and a second connection in its snapshot), left open: the caller ends it.
+        The transaction starts with a kept vector path's settings: one round trip."""
+        kept = self._paths.kept(request) if request.mode.uses_vector else None
+        begin = BEGIN_READ_ONLY + (self._paths.settings_sql(request, kept) if kept else "")
+        await conn.execute(begin)
+        if request.mode is SearchMode.HYBRID:
+            return await self._both_lists(conn, request, kept, keyword_list, vector_list)
+        if request.mode.uses_keyword:
+            # Without a vector list the path is not worth its count (~1.5 ms): the keyword
+            # list follows a kept one, else starts from the readable documents, as for few
+            # of them.
+            return await keyword_list(conn, self._paths.kept_path_or_exact(request))
+        path = kept.path if kept is not None else await self.vector_path(conn, request)
+        return await vector_list(conn, path)
+
+    async def ended(self) -> None:
+        """Waits for what answered searches left running (search_connections.settled)."""
+        await self._connections.settled()
+
+    async def _keyword_list(
+        self,
+        conn: Connection,
+        request: SearchRequest,
+        searchable: tuple[Any, ...],
+        path: PathSource,
+    ) -> list[asyncpg.Record]:
+        cap = max(self._settings.search_keyword_candidates, request.depth)
+        row = await conn.fetchrow(QUERIES["keyword_terms"], request.tenant_id, request.query)
+        if row is None:  # an unknown tenant has nothing to match
+            return []
+        words = QueryWords(
+            strict=row["strict"],
+            natural=row["natural"],
+            lexemes=tuple(row["lexemes"]),
+            queries=tuple(row["queries"]),
+        )
+        terms = keyword_terms(words, await self._common_lexemes(conn, request.tenant_id), cap)
+        kinds = KeywordKinds.of(terms.any_word, terms.rarest_word)
+        return await conn.fetch(
+            self._keyword_sql[(await path(), kinds)], *searchable, *terms.parameters(), cap
+        )
+
+    async def _common_lexemes(self, conn: Connection, tenant_id: str) -> Mapping[str, float]:
+        partition = await self._tenant_partition(conn, tenant_id)
+        if partition is None:  # no chunk yet
+            return {}
+
+        async def read() -> Mapping[str, float]:
+            rows = await conn.fetch(QUERIES["partition_common_lexemes"], partition)
+            return common_lexemes([(r["lexeme"], r["estimated_chunks"]) for r in rows])
+
+        return await self._statistics.common(partition, read)
+
+    async def _both_lists(
+        self,
+        conn: Connection,
+        request: SearchRequest,
+        kept: PathChoice | None,
+        keyword_list: KeywordReader,
+        vector_list: ListReader,
+    ) -> list[asyncpg.Record]:
+        """Hybrid: the two lists at once, on two connections sharing ``conn``'s snapshot
+        (exported, and imported by the second's transaction before anything else), so they
+        still see each document at one version. The vector list, the longer of the two,
+        starts on ``conn`` at once, choosing the path both lists follow unless a recent
+        choice is kept (and set up with the transaction); the keyword list waits for the
+        second connection and the path."""
+        snapshot = await conn.fetchval(QUERIES["export_snapshot"])
+        chosen: asyncio.Future[VectorPath] = asyncio.get_running_loop().create_future()
+        if kept is not None:
+            chosen.set_result(kept.path)
+
+        async def vector_first() -> list[asyncpg.Record]:
+            if kept is not None:
+                return await vector_list(conn, kept.path)
+            path = await self.vector_path(conn, request)
+            chosen.set_result(path)
+            return await vector_list(conn, path)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                vector = group.create_task(vector_first())
+                keyword = group.create_task(
+                    self._keyword_list_beside(conn, vector, chosen, snapshot, keyword_list)
+                )
+        except ExceptionGroup as failed:  # the first failure, as if run in turn
+            raise failed.exceptions[0] from None
+        return keyword.result() + vector.result()
+
+    async def _keyword_list_beside(
+        self,
+        conn: Connection,
+        vector: asyncio.Task[list[asyncpg.Record]],
+        chosen: asyncio.Future[VectorPath],
+        snapshot: str,
+        keyword_list: KeywordReader,
+    ) -> list[asyncpg.Record]:
+        """The keyword list on a second connection in ``snapshot``; without a free one right
+        away, on ``conn`` once the vector list is done with it (waiting for a second while
+        holding the first could starve the pool), its path's planner settings undone. A
+        failed vector list cancels this one through the TaskGroup, ``chosen`` or not."""
+        second = await self._connections.idle()
+        if second is None:
+            await asyncio.wait([vector])  # its failure is the TaskGroup's to raise
+            await conn.execute(QUERIES["undo_vector_path"], list(PLANNER_SETTINGS))
+            return await keyword_list(conn, lambda: chosen)
+        try:
+            # One round trip: the transaction and its snapshot.
+            await second.execute(BEGIN_READ_ONLY + import_snapshot_sql(snapshot))
+            rows = await keyword_list(second, lambda: chosen)
+        except BaseException:
+            self._connections.end_later(second, commit=False)
+            raise
+        self._connections.end_later(second, commit=True)
+        return rows
+
+
+def import_snapshot_sql(snapshot: str) -> str:
+    """SET TRANSACTION SNAPSHOT takes no parameter; the id comes from pg_export_snapshot(),
+    and is checked to be one before it goes into the text."""
+    if not _SNAPSHOT_ID.fullmatch(snapshot):
+        raise ValueError(f"{snapshot!r} is not a snapshot id")
+    return f"SET TRANSACTION SNAPSHOT '{snapshot}'"
+
+
+def _candidates(rows: list[asyncpg.Record]) -> Candidates:
+    vector_list: list[Candidate] = []
+    keyword_list: list[Candidate] = []
+    for row in rows:
+        candidate = Candidate(
+            document_id=row["document_id"],
+            title=row["title"],
+            version_number=row["version_number"],
+            chunk_id=row["chunk_id"],
+            heading_path=tuple(row["heading_path"]),
+            text=row["text"],
+            rank=row["rank"],
+            score=float(row["score"]),
+            coverage=row["coverage"],
+        )
+        (vector_list if row["list"] == SearchMode.VECTOR.value else keyword_list).append(candidate)
+    return Candidates(vector=vector_list, keyword=keyword_list)

@@ -1,0 +1,181 @@
+"""The search route (DESIGN §7): ``POST /v1/tenants/{tenantId}/search``.
+
+Mounted into the app the tenant-auth middleware wraps (services/app.py), and failing closed
+on its own should a request arrive unauthenticated. Errors are problem+json.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request, Security
+from fastapi.security import HTTPBearer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+from services.runtime.http_problem import PROBLEM_RESPONSE
+from services.runtime.logging import get_logger
+from services.runtime.tenant_auth import require_authenticated_tenant
+from services.search.searcher import (
+    DEFAULT_TOP_K,
+    MAX_FILTER_DOCUMENTS,
+    MAX_HEADING_CHARS,
+    MAX_HEADING_PREFIX_DEPTH,
+    MAX_PRINCIPAL_CHARS,
+    MAX_PRINCIPALS,
+    MAX_QUERY_CHARS,
+    MAX_TOP_K,
+    MIN_TOP_K,
+    Searcher,
+    SearchFilter,
+    SearchMode,
+    SearchRequest,
+    SearchResult,
+)
+
+log = get_logger(__name__)
+
+
+def _no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold NUL: refuse it here (422) instead of failing in the driver.
+    if "\x00" in value:
+        raise ValueError("must not contain the NUL character")
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must contain more than whitespace")
+    return value
+
+
+QueryText = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_QUERY_CHARS),
+    AfterValidator(_no_nul),
+    AfterValidator(_not_blank),
+]
+Principal = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_PRINCIPAL_CHARS), AfterValidator(_no_nul)
+]
+Heading = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_HEADING_CHARS), AfterValidator(_no_nul)
+]
+
+
+class SearchModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        from_attributes=True,
+    )
+
+
+class SearchFilterBody(SearchModel):
+    document_ids: list[uuid.UUID] | None = Field(
+        default=None,
+        max_length=MAX_FILTER_DOCUMENTS,
+        description="Only chunks of these documents.",
+    )
+    heading_prefix: list[Heading] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_HEADING_PREFIX_DEPTH,
+        description='Only chunks whose heading path starts with these headings, e.g. ["Refunds"].',
+    )
+
+
+class SearchBody(SearchModel):
+    query: QueryText
+    top_k: int = Field(default=DEFAULT_TOP_K, ge=MIN_TOP_K, le=MAX_TOP_K, strict=True)
+    principals: list[Principal] = Field(
+        max_length=MAX_PRINCIPALS,
+        description="Who is asking: only documents whose READ ACL names one of them are "
+        "searched. An empty list matches nothing.",
+    )
+    mode: SearchMode = SearchMode.HYBRID
+    filter: SearchFilterBody | None = None
+
+
+class SearchHitBody(SearchModel):
+    document_id: uuid.UUID
+    title: str
+    version_number: int
+    chunk_id: str
+    heading_path: list[str]
+    text: str
+    score: float
+
+
+class GenerationBody(SearchModel):
+    embedding_model: str
+    dimension: int
+
+
+class SearchResponse(SearchModel):
+    results: list[SearchHitBody]
+    generation: GenerationBody
+    took_ms: float
+
+
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="TenantApiKey",
+    description="The tenant's API key from `kb tenants create` (`kb.<tenant>.<secret>`).",
+)
+
+TenantId = Annotated[str, Path(alias="tenantId")]
+
+
+def _require_tenant(request: Request, tenant_id: TenantId) -> None:
+    require_authenticated_tenant(request, tenant_id)
+
+
+search_router = APIRouter(
+    prefix="/v1/tenants/{tenantId}",
+    dependencies=[Security(bearer), Depends(_require_tenant)],
+)
+
+
+def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: PROBLEM_RESPONSE for status in sorted(set(statuses))}
+
+
+@search_router.post(
+    "/search",
+    response_model=SearchResponse,
+    responses=_problems(400, 401, 403, 413, 422, 503),
+    summary="Search the tenant's searchable documents that the principals may read",
+)
+async def search(request: Request, tenant_id: TenantId, body: SearchBody) -> SearchResponse:
+    searcher: Searcher = request.app.state.searcher
+    flt = body.filter
+    result: SearchResult = await searcher.search(
+        SearchRequest(
+            tenant_id=tenant_id,
+            query=body.query,
+            principals=tuple(body.principals),
+            top_k=body.top_k,
+            mode=body.mode,
+            filter=SearchFilter(
+                document_ids=tuple(flt.document_ids)
+                if flt and flt.document_ids is not None
+                else None,
+                heading_prefix=(
+                    tuple(flt.heading_prefix) if flt and flt.heading_prefix is not None else None
+                ),
+            ),
+        )
+    )
+    log.info(
+        "search.served",
+        tenant_id=tenant_id,
+        mode=body.mode.value,
+        top_k=body.top_k,
+        results=len(result.results),
+        took_ms=result.took_ms,
+    )
+    return SearchResponse.model_validate(result)
