@@ -1,10 +1,16 @@
-"""Import rules (COMMON: how we write code): no service imports another, and the shared
-runtime imports no service. Checked on the source, by parsing every module's imports --
-including lazy ones inside functions -- so that no code path can break the rule."""
+"""Import rules: the floors of ``services`` (docs/architecture.md#layers) and no import cycle.
+
+A part of ``services`` may import its own modules and the parts on the floors below its own;
+never a part above, and never a sibling on its own floor (no service imports another). Only
+the top floor, where the processes and the HTTP app are composed, imports sideways. Checked
+on the source, by parsing every module's imports -- lazy ones inside functions and
+``TYPE_CHECKING`` blocks included -- so that no code path can break the rule.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +18,17 @@ import pytest
 
 from tests.support.stack import REPO_ROOT
 
-SERVICES = ("publisher", "relay", "indexer")
+# Bottom up. A part missing from every floor is a violation of its own: a new package must
+# say where it stands.
+FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"runtime"}),  # settings, db, logging, errors, shared vocabulary
+    frozenset({"index"}),  # the index's identity: generations, ANN index names
+    frozenset({"embedding"}),  # embedding providers, tokens, batching
+    frozenset({"publisher", "relay", "indexer", "search"}),  # the services
+    frozenset({"operator"}),  # the operator page reads every service's tables
+    frozenset({"app", "serve", "cli", "demo", "devstack"}),  # where processes are composed
+)
+TOP_FLOOR = len(FLOORS) - 1
 
 
 @dataclass(frozen=True)
@@ -20,9 +36,17 @@ class Violation:
     module: str
     line: int
     imported: str
+    why: str
 
     def __str__(self) -> str:
-        return f"{self.module}:{self.line} imports {self.imported}"
+        return f"{self.module}:{self.line} imports {self.imported} ({self.why})"
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    path: Path
+    imports: list[tuple[int, str]]
 
 
 def _imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
@@ -55,36 +79,130 @@ def _imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
     return found
 
 
-def _owner(module: str) -> str | None:
-    """The part of services a module belongs to: a service name, "runtime", or None."""
+def modules(root: Path) -> Iterator[Module]:
+    """Every module of the ``services`` package under ``root`` with what it imports."""
+    for path in sorted((root / "services").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if path.name == "__init__.py":
+            name = package = ".".join(parts[:-1])
+        else:
+            name = ".".join(parts)
+            package = name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        yield Module(name, path, _imported_modules(tree, package))
+
+
+def _part(module: str) -> str | None:
+    """The part of ``services`` a module belongs to (``services.indexer.queue.task`` ->
+    ``indexer``); None for the package itself and for anything outside it."""
     parts = module.split(".")
     if len(parts) >= 2 and parts[0] == "services":
         return parts[1]
     return None
 
 
+def _floor(part: str) -> int | None:
+    return next((level for level, parts in enumerate(FLOORS) if part in parts), None)
+
+
 def violations(root: Path) -> list[Violation]:
-    """Rule breaches in the ``services`` package under ``root``."""
+    """Breaches of the floors in the ``services`` package under ``root``."""
     found: list[Violation] = []
-    for path in sorted((root / "services").rglob("*.py")):
-        relative = path.relative_to(root).with_suffix("")
-        module = ".".join(relative.parts)
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        if path.name == "__init__.py":
-            module = package = ".".join(relative.parts[:-1])
-        importer = _owner(module)
-        if importer not in (*SERVICES, "runtime"):
-            continue  # the `kb` entry point and the dev stack may wire services together
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for line, imported in _imported_modules(tree, package):
-            target = _owner(imported)
-            if target in SERVICES and target != importer:
-                found.append(Violation(str(path.relative_to(root)), line, imported))
+    for module in modules(root):
+        importer = _part(module.name)
+        if importer is None:
+            continue
+        where = str(module.path.relative_to(root))
+        importer_floor = _floor(importer)
+        if importer_floor is None:
+            found.append(Violation(where, 1, module.name, f"services.{importer} has no floor"))
+            continue
+        for line, imported in module.imports:
+            target = _part(imported)
+            if target is None or target == importer:
+                continue
+            target_floor = _floor(target)
+            if target_floor is None:
+                why = f"services.{target} has no floor"
+            elif target_floor > importer_floor:
+                why = "upward"
+            elif target_floor == importer_floor and importer_floor != TOP_FLOOR:
+                why = "sideways"
+            else:
+                continue
+            found.append(Violation(where, line, imported, why))
     return found
 
 
-def test_no_service_imports_another_and_runtime_imports_none() -> None:
+def import_cycles(root: Path) -> list[list[str]]:
+    """The strongly connected groups of more than one module in the import graph of
+    ``services`` (every import counted, lazy ones too), found with Tarjan's algorithm."""
+    graph: dict[str, set[str]] = {}
+    for module in modules(root):
+        graph[module.name] = {imported for _, imported in module.imports}
+    for name in graph:
+        # `from services.x import name` names a module only when services.x.name is one.
+        graph[name] = {imported for imported in graph[name] if imported in graph} - {name}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_every_import_goes_down_the_floors() -> None:
     assert [str(v) for v in violations(REPO_ROOT)] == []
+
+
+def test_every_part_of_services_has_a_floor() -> None:
+    parts = {
+        path.stem if path.is_file() else path.name
+        for path in (REPO_ROOT / "services").iterdir()
+        if (path.suffix == ".py" and path.name != "__init__.py")
+        or (path.is_dir() and (path / "__init__.py").exists())
+    }
+    assert sorted(p for p in parts if _floor(p) is None) == []
+
+
+def test_every_package_of_services_is_a_regular_package() -> None:
+    """A folder of modules without ``__init__.py`` is a namespace package: it imports, but
+    tools (mypy, the packaging, this test's module names) treat it differently."""
+    folders = {
+        path.parent
+        for path in (REPO_ROOT / "services").rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    assert sorted(str(f) for f in folders if not (f / "__init__.py").exists()) == []
+
+
+def test_no_import_cycle_in_services() -> None:
+    assert import_cycles(REPO_ROOT) == []
 
 
 def _plant(root: Path, relative: str, source: str) -> None:
@@ -93,37 +211,81 @@ def _plant(root: Path, relative: str, source: str) -> None:
     path.write_text(source, encoding="utf-8")
 
 
+def _plant_clean_tree(root: Path) -> None:
+    _plant(root, "services/__init__.py", "")
+    for part in sorted(set().union(*FLOORS)):
+        if part in ("app", "serve", "cli"):
+            continue
+        _plant(root, f"services/{part}/__init__.py", "")
+    # Allowed: down the floors, inside a part, and sideways on the top floor.
+    _plant(root, "services/indexer/ok.py", "from services.runtime import tasks\n")
+    _plant(root, "services/indexer/room/ok.py", "from ..ok import x\n")
+    _plant(root, "services/search/ok.py", "import services.embedding.port\n")
+    _plant(root, "services/embedding/ok.py", "from services.index.ann import f\n")
+    _plant(root, "services/operator/ok.py", "from services.relay import outbox_pg\n")
+    _plant(root, "services/cli.py", "from services.indexer import cli\nimport services.demo\n")
+    _plant(root, "services/demo/ok.py", "from services.devstack import kafka\n")
+
+
 @pytest.mark.parametrize(
-    ("relative", "source", "imported"),
+    ("relative", "source", "imported", "why"),
     [
-        ("services/relay/x.py", "from services.indexer.queue.task import TaskStatus\n", "indexer"),
-        ("services/publisher/x.py", "import services.relay.relay\n", "relay"),
-        ("services/indexer/x.py", "from services import publisher\n", "publisher"),
+        ("services/relay/x.py", "from services.indexer.queue import task\n", "indexer", "sideways"),
+        ("services/publisher/x.py", "import services.relay.relay\n", "relay", "sideways"),
+        ("services/indexer/x.py", "from services import publisher\n", "publisher", "sideways"),
+        ("services/indexer/x.py", "from services import search\n", "search", "sideways"),
+        ("services/search/x.py", "from services.indexer import sink\n", "indexer", "sideways"),
+        ("services/indexer/x.py", "from services.app import create_app\n", "app", "upward"),
+        ("services/publisher/x.py", "import services.demo.story\n", "demo", "upward"),
+        ("services/runtime/x.py", "from services.operator import routes\n", "operator", "upward"),
+        ("services/index/x.py", "from services.embedding import port\n", "embedding", "upward"),
+        ("services/embedding/x.py", "from services.search import searcher\n", "search", "upward"),
+        ("services/operator/x.py", "from services.devstack import kafka\n", "devstack", "upward"),
+        ("services/indexer/x.py", "from services.newpart import y\n", "newpart", "no floor"),
         # Lazy, inside a function: still a dependency.
         (
             "services/runtime/x.py",
             "def f():\n    from services.indexer import worker\n    return worker\n",
             "indexer",
+            "upward",
         ),
-        ("services/indexer/sub/x.py", "from ...relay import relay\n", "relay"),
+        ("services/indexer/sub/x.py", "from ...relay import relay\n", "relay", "sideways"),
         (
             "services/runtime/y.py",
             "import importlib\nm = importlib.import_module('services.publisher.api')\n",
             "publisher",
+            "upward",
         ),
     ],
 )
 def test_the_checker_finds_a_planted_violation(
-    tmp_path: Path, relative: str, source: str, imported: str
+    tmp_path: Path, relative: str, source: str, imported: str, why: str
 ) -> None:
-    for name in (*SERVICES, "runtime"):
-        _plant(tmp_path, f"services/{name}/__init__.py", "")
-    _plant(tmp_path, "services/__init__.py", "")
-    _plant(tmp_path, "services/indexer/ok.py", "from services.runtime import tasks\n")
-    _plant(tmp_path, "services/cli.py", "from services.indexer import cli\n")  # allowed
+    _plant_clean_tree(tmp_path)
     assert violations(tmp_path) == []
     _plant(tmp_path, relative, source)
     found = violations(tmp_path)
     assert found, f"{relative} importing {imported} was not caught"
-    assert all(_owner(v.imported) == imported for v in found)
+    assert all(_part(v.imported) == imported for v in found)
+    assert all(why in v.why for v in found)
     assert {v.module for v in found} == {relative}
+
+
+def test_the_checker_finds_a_part_without_a_floor(tmp_path: Path) -> None:
+    _plant_clean_tree(tmp_path)
+    _plant(tmp_path, "services/newpart/__init__.py", "")
+    _plant(tmp_path, "services/newpart/x.py", "from services.runtime import db\n")
+    assert [v.why for v in violations(tmp_path)] == ["services.newpart has no floor"] * 2
+
+
+def test_the_cycle_finder_finds_a_planted_cycle(tmp_path: Path) -> None:
+    _plant_clean_tree(tmp_path)
+    _plant(tmp_path, "services/indexer/sink/__init__.py", "")
+    _plant(tmp_path, "services/indexer/sink/a.py", "from services.indexer.sink.b import x\n")
+    _plant(tmp_path, "services/indexer/sink/b.py", "from services.indexer.sink import c\n")
+    assert import_cycles(tmp_path) == []
+    # A lazy import closes the circle: still a cycle of dependencies.
+    _plant(tmp_path, "services/indexer/sink/c.py", "def f():\n    from . import a\n")
+    assert import_cycles(tmp_path) == [
+        ["services.indexer.sink.a", "services.indexer.sink.b", "services.indexer.sink.c"]
+    ]

@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from services.indexer.pipeline.parsing.docx import parse_docx
 from services.indexer.pipeline.parsing.html import parse_html
+from services.indexer.pipeline.parsing.limits import ParseLimits
 from services.indexer.pipeline.parsing.markdown import parse_markdown
 from services.indexer.pipeline.parsing.pdf import parse_pdf
 from services.indexer.pipeline.parsing.section import Section
@@ -21,13 +21,7 @@ from services.runtime import media_types
 __all__ = ["ParseLimits", "Section", "parse_document"]
 
 _MESSAGE_LIMIT = 200
-
-
-@dataclass(frozen=True)
-class ParseLimits:
-    max_decompressed_bytes: int = 256 * 1024 * 1024  # DOCX/zip bombs -> DOCUMENT_TOO_LARGE
-    max_compression_ratio: float = 200.0
-    budget_seconds: float = 120.0  # wall time of parse+chunk -> DOCUMENT_PARSE_TIMEOUT
+_DEFAULT_LIMITS = ParseLimits()
 
 
 _Parser = Callable[[bytes, ParseLimits], list[Section]]
@@ -48,7 +42,7 @@ def _short(error: BaseException) -> str:
 
 
 def parse_document(
-    media_type: str, content: bytes, limits: ParseLimits = ParseLimits()
+    media_type: str, content: bytes, limits: ParseLimits = _DEFAULT_LIMITS
 ) -> list[Section]:
     """Non-empty sections in document order. Raises ``IndexingFailed`` with
     UNSUPPORTED_DOCUMENT, DOCUMENT_PARSE_FAILED, DOCUMENT_EMPTY or DOCUMENT_TOO_LARGE."""

@@ -22,7 +22,7 @@ from services.indexer.pipeline.parsing.section import Section, SectionBuilder
 from services.indexer.queue.task import ErrorCode, IndexingFailed
 
 if TYPE_CHECKING:
-    from services.indexer.pipeline.parsing import ParseLimits
+    from services.indexer.pipeline.parsing.limits import ParseLimits
 
 _HEADING_STYLE = re.compile(r"heading\s*([1-9])", re.IGNORECASE)
 _REQUIRED_PARTS = ("[Content_Types].xml", "word/document.xml")
