@@ -157,6 +157,12 @@ class EmbeddingSettings(BaseSettings):
     batch_size: int = Field(default=32, ge=1, le=2048)
     # Tokens per request (providers limit both); unset: no token budget.
     max_batch_tokens: int | None = Field(default=None, ge=1)
+    # The texts of every task an indexer runs at once share requests: a request that is not
+    # full waits this long for more texts before it is sent anyway.
+    batch_linger_seconds: float = Field(default=0.005, ge=0, le=1)
+    # Requests an indexer process has outstanding at once: two keep a provider busy while
+    # one answer travels back; more only queue at the provider.
+    max_requests_in_flight: int = Field(default=2, ge=1, le=64)
 
     @classmethod
     def settings_customise_sources(

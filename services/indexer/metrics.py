@@ -76,6 +76,16 @@ EMBEDDING_BATCHES_PER_TASK = Histogram(
     ["tier"],
     buckets=(0, 1, 2, 5, 10, 25, 50, 100, 250, 1000),
 )
+EMBEDDING_REQUEST_INPUTS = Histogram(
+    "kb_indexer_embedding_request_inputs",
+    "Texts in one embedding request (the requests are shared by the tasks being indexed)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+)
+EMBEDDING_REQUEST_DOCUMENTS = Histogram(
+    "kb_indexer_embedding_request_documents",
+    "Documents whose texts shared one embedding request",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
 PUBLISH_TO_SEARCHABLE = Histogram(
     "kb_indexer_publish_to_searchable_seconds",
     "From a version's publish commit to the commit that made it searchable",

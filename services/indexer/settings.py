@@ -44,7 +44,9 @@ class IndexerSettings(RuntimeSettings):
     # The longest provider Retry-After a task waits for (default: the backoff cap); a longer
     # one ends the task DEAD with its code, for an operator to requeue.
     indexer_max_retry_after_seconds: float | None = Field(default=None, gt=0)
-    indexer_concurrency: int = Field(default=4, ge=1, le=256)
+    # Tasks a process indexes at once. Their chunks share embedding requests, so a process
+    # indexing short documents needs enough of them to fill a request.
+    indexer_concurrency: int = Field(default=16, ge=1, le=256)
     # An idle loop polls at most this far apart even when no Kafka hint arrives.
     indexer_poll_seconds: float = Field(default=5.0, gt=0)
     indexer_idle_backoff_min_seconds: float = Field(default=0.05, gt=0)
@@ -75,6 +77,9 @@ class IndexerSettings(RuntimeSettings):
     indexer_parse_budget_seconds: float = Field(default=120.0, gt=0)
     # Processes parsing documents; by default one per slot, at most one per CPU.
     indexer_parse_workers: int | None = Field(default=None, ge=1, le=64)
+    # Plain text and Markdown smaller than this are parsed on a thread of the indexer, not
+    # sent to a parse process (whose round trip costs more than their parse); 0: never.
+    indexer_parse_inline_max_bytes: int = Field(default=65_536, ge=0, le=16 * 1024 * 1024)
     # Kafka hints (kb.index-hints.<tier>, consumer group kb-indexer.<tier>) wake the claim
     # loop; off, the indexer works by its poll timer alone (`kb indexer run --no-hints`).
     indexer_hints: bool = True

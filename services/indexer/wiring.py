@@ -70,6 +70,7 @@ async def pipeline_indexer(
         parse_pool = ParsePool(
             workers=workers,
             limits=ParseLimits(budget_seconds=settings.indexer_parse_budget_seconds),
+            inline_below_bytes=settings.indexer_parse_inline_max_bytes,
         )
         try:
             sink = PgVectorSink(pool, index_build_memory=settings.indexer_index_build_memory)
@@ -81,6 +82,8 @@ async def pipeline_indexer(
                 strategy=strategy,
                 batch_size=embedding.batch_size,
                 max_batch_tokens=embedding.max_batch_tokens,
+                batch_linger_seconds=embedding.batch_linger_seconds,
+                max_requests_in_flight=embedding.max_requests_in_flight,
             )
             await sink.ensure_generation(indexer.generation)
             yield indexer

@@ -21,8 +21,7 @@ from typing import Final, Protocol
 
 import numpy as np
 
-from services.embedding.batching import embed_batched
-from services.embedding.port import Embedder, Vectors
+from services.embedding.port import Vectors
 from services.embedding.tokens import TokenCounter
 from services.index.generation import IndexGeneration
 from services.indexer.pipeline.chunking import Chunk
@@ -73,6 +72,13 @@ class IndexSink(Protocol):
     ) -> InTransaction: ...
 
 
+class BatchEmbedder(Protocol):
+    """What a run needs of ``services.embedding.coalescing.CoalescingEmbedder``: any number
+    of texts embedded, in requests it shares with the other documents being indexed."""
+
+    async def embed_all(self, texts: Sequence[str]) -> Vectors: ...
+
+
 @dataclass(frozen=True)
 class EmbeddingPolicy:
     """How a run embeds: requests of ``batch_size`` texts within ``max_batch_tokens``."""
@@ -90,7 +96,7 @@ class DocumentRun:
         self,
         lease: Lease,
         generation: IndexGeneration,
-        embedder: Embedder,
+        embedder: BatchEmbedder,
         sink: IndexSink,
         policy: EmbeddingPolicy,
         *,
@@ -204,12 +210,8 @@ class DocumentRun:
         for start in range(0, len(missing), wave):
             batch = missing[start : start + wave]
             # Every request's answer is checked there (count, dimension, finite values).
-            vectors = await embed_batched(
-                self._embedder,
-                [part[rows_of[digest][0]].embedding_input for digest in batch],
-                batch_size=self._policy.batch_size,
-                max_batch_tokens=self._policy.max_batch_tokens,
-                count_tokens=self._policy.count_tokens,
+            vectors = await self._embedder.embed_all(
+                [part[rows_of[digest][0]].embedding_input for digest in batch]
             )
             for digest, vector in zip(batch, vectors, strict=True):
                 rows[rows_of[digest]] = vector

@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Final, Protocol
 
+from services.embedding.coalescing import CoalescingEmbedder, RequestStats
 from services.embedding.port import Embedder
 from services.embedding.tokens import load_token_counter
 from services.index.generation import IndexGeneration
@@ -93,6 +94,8 @@ class PipelineIndexer:
         max_batch_tokens: int | None = None,
         slice_chunks: int = DEFAULT_SLICE_CHUNKS,
         stream_above_chunks: int = STREAM_ABOVE_CHUNKS,
+        batch_linger_seconds: float = 0.005,
+        max_requests_in_flight: int = 2,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -113,6 +116,16 @@ class PipelineIndexer:
             count_tokens=(
                 load_token_counter(strategy.tokenizer) if max_batch_tokens is not None else None
             ),
+        )
+        # One queue for every task this indexer runs at once: their chunks share requests.
+        self._requests = CoalescingEmbedder(
+            embedder,
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            count_tokens=self._policy.count_tokens,
+            linger_seconds=batch_linger_seconds,
+            max_in_flight=max_requests_in_flight,
+            on_request=_observe_request,
         )
         self.generation = index_generation(embedder, strategy)
 
@@ -135,7 +148,7 @@ class PipelineIndexer:
         run = DocumentRun(
             lease,
             self.generation,
-            self._embedder,
+            self._requests,
             self._sink,
             self._policy,
             stream_above_chunks=self._stream_above,
@@ -217,6 +230,11 @@ class PipelineIndexer:
                 ErrorCode.DOCUMENT_PARSE_FAILED, "content does not match its recorded sha256"
             )
         return version
+
+
+def _observe_request(stats: RequestStats) -> None:
+    metrics.EMBEDDING_REQUEST_INPUTS.observe(stats.inputs)
+    metrics.EMBEDDING_REQUEST_DOCUMENTS.observe(stats.callers)
 
 
 def _ms_since(started: float) -> float:

@@ -43,12 +43,14 @@ from services.indexer.pipeline.parsing.stream import (
     stream_in_worker,
 )
 from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.runtime import media_types
 from services.runtime.logging import get_logger
 from services.runtime.native_memory import release_freed_memory
 
 log = get_logger(__name__)
 
 _START_METHOD: Final = "forkserver"
+_INLINE_MEDIA_TYPES: Final = frozenset({media_types.TEXT, media_types.MARKDOWN})
 _DEFAULT_LIMITS: Final = ParseLimits()
 _PRELOAD: Final = (
     "services.indexer.pipeline.parsing.pool",
@@ -99,12 +101,18 @@ class ParsePool:
     wait for a free one (the wait is not part of a document's budget)."""
 
     def __init__(
-        self, *, workers: int = 1, limits: ParseLimits = _DEFAULT_LIMITS, inline: bool = False
+        self,
+        *,
+        workers: int = 1,
+        limits: ParseLimits = _DEFAULT_LIMITS,
+        inline: bool = False,
+        inline_below_bytes: int = 0,
     ) -> None:
-        if workers < 1:
-            raise ValueError("a parse pool needs at least one worker")
+        if workers < 1 or inline_below_bytes < 0:
+            raise ValueError("a parse pool needs at least one worker, and a size >= 0")
         self._limits = limits
         self._inline = inline
+        self._inline_below = inline_below_bytes
         self._context = multiprocessing.get_context(_START_METHOD)
         if not inline:
             # The forkserver imports the parsers once; every worker, and every replacement
@@ -158,9 +166,16 @@ class ParsePool:
             raise ValueError("slice_chunks must be >= 1")
         budget = self._limits.budget_seconds if budget_seconds is None else budget_seconds
         args = (media_type, document_id, version_number, strategy, self._limits, slice_chunks)
-        if self._inline:
+        if self._inline or self.parses_inline(media_type, content.size):
             return await self._stream_inline(content, args, budget, on_slice)
         return await self._stream_in_slot(content, args, budget, on_slice)
+
+    def parses_inline(self, media_type: str, size_bytes: int) -> bool:
+        """Small plain text and Markdown are parsed on a thread of this process: their
+        parse takes less time than the round trip to a worker, and their parsers (a
+        decode, a Markdown tokenizer) neither hang nor blow up memory the way a PDF or a
+        DOCX can, which is what the worker processes' budget and isolation are for."""
+        return media_type in _INLINE_MEDIA_TYPES and size_bytes < self._inline_below
 
     async def parse_and_chunk(
         self,
@@ -212,7 +227,7 @@ class ParsePool:
         on_slice: OnSlice,
     ) -> int:
         # A thread cannot be stopped: past the budget the caller moves on and the thread
-        # finishes its step on its own. Inline mode is for tests.
+        # finishes its step on its own. Inline: small text documents, and tests.
         media_type, document_id, version_number, strategy, limits, slice_chunks = args
         messages = chunk_slices(
             media_type,

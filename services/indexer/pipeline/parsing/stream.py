@@ -42,10 +42,11 @@ class DocumentBytes:
     """A document's bytes, handed to the pool once: ``take`` gives them up, so that while
     its chunks stream back nothing in this process still holds a 50 MB document."""
 
-    __slots__ = ("_content",)
+    __slots__ = ("_content", "size")
 
     def __init__(self, content: bytes) -> None:
         self._content: bytes | None = content
+        self.size = len(content)
 
     def take(self) -> bytes:
         content = self._content

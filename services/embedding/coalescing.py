@@ -1,0 +1,269 @@
+"""One embedding queue per process and model: the texts of every concurrent caller packed
+into full requests.
+
+A document of one or two chunks makes a request of one or two inputs, and a model charges
+per request as well as per input (its fixed cost, the round trip): a worker indexing many
+small documents at once keeps the provider busy on nearly empty requests. Here every
+caller's texts join one queue, and a request leaves as soon as it is full
+(``batch_size`` texts or ``max_batch_tokens`` tokens), or after ``linger_seconds`` with what
+has gathered, with at most ``max_in_flight`` requests outstanding.
+
+Each caller still gets exactly its own rows, and its own errors:
+- a request that fails (rate limited, unavailable, a malformed answer) fails every caller
+  with texts in it, each of which applies its own task's retry policy;
+- an input the provider refuses on its own (``InputRefused``) fails only the caller it
+  belongs to, at that caller's position; the request's other texts go back to the head of
+  the queue and are sent again without it;
+- a caller that goes away (its lease lost, its task cancelled) leaves the queue: its texts
+  not yet sent are dropped, its rows of a request in flight are thrown away.
+A queue serves one model: the callers' chunks never mix models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.embedding.port import Embedder, InputRefused, Vectors, checked_vectors
+from services.embedding.tokens import TokenCounter, TokenizerSpec, approximate_tokens
+
+
+@dataclass(eq=False)
+class _Caller:
+    texts: Sequence[str]
+    rows: Vectors
+    done: asyncio.Future[Vectors]
+    waiting: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.waiting = len(self.texts)
+
+    @property
+    def gone(self) -> bool:
+        return self.done.done()
+
+
+@dataclass(frozen=True)
+class _Item:
+    caller: _Caller
+    position: int  # in the caller's texts
+    tokens: int
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """What one request carried, for metrics and benchmarks."""
+
+    inputs: int
+    callers: int
+    seconds: float
+
+
+class CoalescingEmbedder:
+    """Packs the texts of concurrent ``embed_all`` calls into requests of ``inner``."""
+
+    def __init__(
+        self,
+        inner: Embedder,
+        *,
+        batch_size: int,
+        max_batch_tokens: int | None = None,
+        count_tokens: TokenCounter | None = None,
+        linger_seconds: float = 0.005,
+        max_in_flight: int = 2,
+        on_request: Callable[[RequestStats], None] | None = None,
+    ) -> None:
+        if batch_size < 1 or max_in_flight < 1 or linger_seconds < 0:
+            raise ValueError("batch_size and max_in_flight must be >= 1, linger_seconds >= 0")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        self.inner = inner
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+        # Without the model's counter, the approximate one errs high: requests stay in budget.
+        self._count = count_tokens or approximate_tokens
+        self.linger_seconds = linger_seconds
+        self.max_in_flight = max_in_flight
+        self._on_request = on_request
+        self._queue: deque[_Item] = deque()
+        self._queued_tokens = 0
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._arrived = asyncio.Event()
+        self._dispatcher: asyncio.Task[None] | None = None
+
+    # --- the Embedder's identity, passed through ---------------------------------------------
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def dimension(self) -> int:
+        return self.inner.dimension
+
+    @property
+    def tokenizer(self) -> TokenizerSpec:
+        return self.inner.tokenizer
+
+    # --- callers ----------------------------------------------------------------------------
+
+    async def embed_all(self, texts: Sequence[str]) -> Vectors:
+        """Every text's vector, row i = texts[i], however many texts: they go out in the
+        queue's requests, beside other callers' texts."""
+        rows = np.empty((len(texts), self.dimension), dtype=np.float32)
+        if not texts:
+            return rows
+        caller = _Caller(texts, rows, asyncio.get_running_loop().create_future())
+        for position, text in enumerate(texts):
+            tokens = self._count(text) if self.max_batch_tokens is not None else 0
+            self._queue.append(_Item(caller, position, tokens))
+            self._queued_tokens += tokens
+        self._arrived.set()
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.create_task(self._dispatch())
+        try:
+            return await caller.done
+        finally:
+            if not caller.done.done():
+                caller.done.cancel()  # cancelled: what is still queued is dropped when met
+
+    async def aclose(self) -> None:
+        """Stop the dispatcher and wait for requests in flight (their callers are answered)."""
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher
+        if self._in_flight:
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    # --- the dispatcher ---------------------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        """Sends requests while texts are queued; ends when the queue is empty (the next
+        caller starts another)."""
+        while True:
+            self._drop_gone()
+            if not self._queue:
+                return
+            if len(self._in_flight) >= self.max_in_flight:
+                await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            if not self._full():
+                # Give concurrent callers a moment to fill the request.
+                await self._linger()
+                self._drop_gone()
+                if not self._queue:
+                    return
+            batch = self._take()
+            request = asyncio.create_task(self._send(batch))
+            self._in_flight.add(request)
+            request.add_done_callback(self._in_flight.discard)
+
+    async def _linger(self) -> None:
+        """Until the queue fills a request, or ``linger_seconds`` have passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger_seconds
+        while not self._full():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._arrived.wait()
+            except TimeoutError:
+                return
+
+    def _full(self) -> bool:
+        if len(self._queue) >= self.batch_size:
+            return True
+        return self.max_batch_tokens is not None and self._queued_tokens >= self.max_batch_tokens
+
+    def _drop_gone(self) -> None:
+        while self._queue and self._queue[0].caller.gone:
+            self._queued_tokens -= self._queue.popleft().tokens
+
+    def _take(self) -> list[_Item]:
+        """The next request's texts, in queue order: at most ``batch_size``, within the
+        token budget (a text over the budget on its own still goes, alone)."""
+        batch: list[_Item] = []
+        tokens = 0
+        while self._queue and len(batch) < self.batch_size:
+            item = self._queue[0]
+            if item.caller.gone:
+                self._queued_tokens -= self._queue.popleft().tokens
+                continue
+            if (
+                self.max_batch_tokens is not None
+                and batch
+                and tokens + item.tokens > self.max_batch_tokens
+            ):
+                break
+            self._queue.popleft()
+            self._queued_tokens -= item.tokens
+            tokens += item.tokens
+            batch.append(item)
+        return batch
+
+    async def _send(self, batch: list[_Item]) -> None:
+        started = time.perf_counter()
+        try:
+            vectors = checked_vectors(
+                await self.inner.embed([i.caller.texts[i.position] for i in batch]),
+                rows=len(batch),
+                dimension=self.dimension,
+                source=self.model,
+            )
+        except InputRefused as refused:
+            self._refused(batch, refused)
+            return
+        except asyncio.CancelledError:
+            for caller in {item.caller for item in batch}:
+                if not caller.gone:
+                    caller.done.cancel()
+            raise
+        except Exception as error:
+            for caller in {item.caller for item in batch}:
+                if not caller.gone:
+                    caller.done.set_exception(error)
+            return
+        finally:
+            self._report(batch, time.perf_counter() - started)
+        for item, vector in zip(batch, vectors, strict=True):
+            caller = item.caller
+            if caller.gone:
+                continue
+            caller.rows[item.position] = vector
+            caller.waiting -= 1
+            if caller.waiting == 0:
+                caller.done.set_result(caller.rows)
+
+    def _refused(self, batch: list[_Item], refused: InputRefused) -> None:
+        """Only the refused input's caller fails; the rest of the request goes back to the
+        head of the queue, in order, to be sent without it."""
+        if not 0 <= refused.position < len(batch):
+            for caller in {item.caller for item in batch}:
+                if not caller.gone:
+                    caller.done.set_exception(refused)
+            return
+        culprit = batch[refused.position]
+        if not culprit.caller.gone:
+            culprit.caller.done.set_exception(InputRefused(culprit.position, refused.detail))
+        for item in reversed(batch):
+            if not item.caller.gone:
+                self._queue.appendleft(item)
+                self._queued_tokens += item.tokens
+        self._arrived.set()
+        if self._queue and (self._dispatcher is None or self._dispatcher.done()):
+            self._dispatcher = asyncio.create_task(self._dispatch())
+
+    def _report(self, batch: list[_Item], seconds: float) -> None:
+        if self._on_request is not None:
+            callers = len({id(item.caller) for item in batch})
+            self._on_request(RequestStats(len(batch), callers, seconds))
