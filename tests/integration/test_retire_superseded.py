@@ -223,7 +223,9 @@ async def test_racing_versions_of_one_document_leave_only_the_served_one(
         try:
             async with asyncio.timeout(30):
                 await holding.wait()
-            racing.append(asyncio.create_task(complete(queue, sink, waiter, texts[3 - first])))
+            # Another worker's queue: one queue commits its completions one group at a time.
+            other = PgTaskQueue(pool)
+            racing.append(asyncio.create_task(complete(other, sink, waiter, texts[3 - first])))
             await wait_until_blocked_on_a_lock(pool)
         finally:
             # Whatever failed above, no transaction is left waiting (the pool could not close).

@@ -569,8 +569,9 @@ async def test_concurrent_switches_of_one_document_serialise_on_the_pointer(
 
         first = asyncio.create_task(queue.complete(v1, in_transaction=v1_paused_before_commit))
         await written.wait()
+        # Another worker's queue: one queue commits its completions one group at a time.
         second = asyncio.create_task(
-            queue.complete(
+            PgTaskQueue(pool).complete(
                 v2,
                 in_transaction=sink.writer(
                     v2, GENERATION, make_chunks(created.document_id, 2, ["b"]), unit_vectors(1)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import asyncpg
 
 from services.indexer.ports import InTransaction
+from services.indexer.queue.completions import GroupCommitter
 from services.indexer.queue.task import (
     FailureDecision,
     IndexTask,
@@ -33,6 +34,7 @@ from services.runtime.db import translate_db_errors
 from services.runtime.errors import LeaseLost, NotFound
 from services.runtime.sql import queries_beside
 from services.runtime.tasks import index_task_fields
+from services.runtime.transaction import Transaction
 
 QUERIES = queries_beside(__file__, "queries.sql")
 
@@ -49,12 +51,22 @@ class PgTaskQueue:
         clock: Clock | None = None,
         exhausted_per_claim: int = 100,
         min_candidates: int = 32,
+        max_completion_group: int = 32,
+        on_completion_group: Callable[[int], None] | None = None,
     ) -> None:
         self._pool = pool
         self._heartbeat_pool = heartbeat_pool or pool
         self._clock = clock or DatabaseClock()
         self._exhausted_per_claim = exhausted_per_claim
         self._min_candidates = min_candidates
+        # Completions with a write commit in groups (completions.py); 1: each on its own.
+        self.completions = GroupCommitter(
+            pool,
+            self._fence_holds,
+            _lost,
+            max_group=max_completion_group,
+            on_group=on_completion_group,
+        )
 
     async def claim(
         self, tier: str, owner: str, *, lease_seconds: float, limit: int = 1
@@ -102,11 +114,17 @@ class PgTaskQueue:
             with translate_db_errors():
                 await self._complete_fenced(self._pool, lease)
             return
-        with translate_db_errors():
-            async with self._pool.acquire() as conn, conn.transaction():
-                # Raising inside the block rolls the transaction back: nothing written.
-                await self._complete_fenced(conn, lease)
-                await in_transaction(conn)
+        await self.completions.complete(lease, in_transaction)
+
+    async def _fence_holds(self, conn: Transaction, lease: Lease) -> bool:
+        done = await conn.fetchval(
+            QUERIES["complete_task"],
+            lease.task_id,
+            lease.owner,
+            lease.lease_attempt,
+            self._clock.now(),
+        )
+        return done is not None
 
     async def _complete_fenced(
         self, executor: asyncpg.Pool[Any] | asyncpg.pool.PoolConnectionProxy[Any], lease: Lease

@@ -5,22 +5,30 @@
 -- name: create_staging
 -- A per-transaction staging table shaped like knowledge_chunk_staging (migration 0006),
 -- dropped at commit or rollback: nothing outlives the transaction on the pooled connection.
--- Temporary tables write no WAL, so the COPY into it is cheap.
-CREATE TEMP TABLE knowledge_chunk_staging (LIKE knowledge_chunk_staging) ON COMMIT DROP
+-- Temporary tables write no WAL, so the COPY into it is cheap. Completions committed as a
+-- group (services/indexer/queue/completions.py) share the transaction: the first creates
+-- the table, the next ones find it, emptied by insert_staged_chunks.
+CREATE TEMP TABLE IF NOT EXISTS knowledge_chunk_staging (LIKE knowledge_chunk_staging)
+    ON COMMIT DROP
 
 -- name: insert_staged_chunks
 -- $1 tenant, $2 document, $3 version, $4 model, $5 strategy, $6 dimension.
 -- `knowledge_chunk_staging` is the temporary table of create_staging (it shadows the
--- permanent one). Idempotent: a chunk already there (same key: the chunk id is derived from
--- version, strategy, ordinal, heading path and content digest) is left as it is, so a
--- re-run writes the identical set. DO NOTHING takes no lock on existing rows, and two
--- writers of one version cannot race: only the lease holder gets here.
+-- permanent one); its rows are deleted as they are moved, so the next write of the same
+-- transaction starts from an empty table. Idempotent: a chunk already there (same key: the
+-- chunk id is derived from version, strategy, ordinal, heading path and content digest) is
+-- left as it is, so a re-run writes the identical set. DO NOTHING takes no lock on existing
+-- rows, and two writers of one version cannot race: only the lease holder gets here.
+WITH staged AS (
+    DELETE FROM knowledge_chunk_staging
+    RETURNING chunk_id, ordinal, heading_path, text, content_digest, embedding
+)
 INSERT INTO knowledge_chunk (tenant_id, document_id, version_number, embedding_model,
                              chunking_strategy, chunk_id, ordinal, heading_path, text,
                              content_digest, embedding_dimension, embedding)
 SELECT $1::text, $2::uuid, $3::integer, $4::text, $5::text, s.chunk_id, s.ordinal,
        s.heading_path, s.text, s.content_digest, $6::integer, s.embedding
-  FROM knowledge_chunk_staging s
+  FROM staged s
 ON CONFLICT DO NOTHING
 
 -- name: switch_search_version

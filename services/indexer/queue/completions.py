@@ -1,0 +1,143 @@
+"""Group commit for the fenced completions of several tasks: one short transaction, each
+task's fence and write in a savepoint of its own.
+
+A completion is a small transaction (the fenced UPDATE, the chunks, the pointer, an outbox
+event), and its COMMIT -- a WAL flush, a round trip -- costs as much as everything in it for
+a short document. While one group commits, the completions that arrive wait and then go
+together as the next group, so under load a commit serves many tasks and at low load a
+completion is never delayed by a timer.
+
+Each task keeps its own outcome. A fence that no longer holds (the lease was lost), or a
+write that fails, rolls back that task's savepoint only: its rows are never written, and it
+gets its own error (``LeaseLost``, or the write's). The other tasks of the group commit. A
+COMMIT that fails, or a connection lost mid-group, fails every task not failed already with
+that error: the caller reads each task's row back to learn whether the COMMIT landed, as
+for a completion of its own.
+
+Within a group, tasks are written in (tenant, document, version) order: the pointer rows
+and the outbox's per-document advisory locks are taken in one order by every group, so two
+groups committing at once wait for each other instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from services.indexer.ports import InTransaction
+from services.indexer.queue.task import Lease
+from services.runtime.db import translate_db_errors
+from services.runtime.transaction import Transaction
+
+# The fenced UPDATE of one task, in the group's transaction: False when the fence refused it.
+Fence = Callable[[Transaction, Lease], Awaitable[bool]]
+LostLease = Callable[[Lease], Exception]
+
+
+@dataclass(eq=False)
+class _Completion:
+    lease: Lease
+    write: InTransaction
+    done: asyncio.Future[None]
+    error: BaseException | None = field(default=None)
+
+    @property
+    def order(self) -> tuple[str, str, int]:
+        lease = self.lease
+        return (lease.tenant_id, str(lease.document_id), lease.version_number)
+
+
+class GroupCommitter:
+    """Runs the completions handed to ``complete`` in groups of at most ``max_group``,
+    one group at a time."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        fence: Fence,
+        lost: LostLease,
+        *,
+        max_group: int = 32,
+        on_group: Callable[[int], None] | None = None,
+    ) -> None:
+        if max_group < 1:
+            raise ValueError("max_group must be >= 1")
+        self._pool = pool
+        self._fence = fence
+        self._lost = lost
+        self.max_group = max_group
+        self._on_group = on_group
+        self._queue: deque[_Completion] = deque()
+        self._committer: asyncio.Task[None] | None = None
+
+    async def complete(self, lease: Lease, write: InTransaction) -> None:
+        """Returns once the task's completion committed; raises what kept it from it."""
+        completion = _Completion(lease, write, asyncio.get_running_loop().create_future())
+        self._queue.append(completion)
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_groups())
+        await completion.done
+
+    async def _commit_groups(self) -> None:
+        while self._queue:
+            group = [self._queue.popleft() for _ in range(min(self.max_group, len(self._queue)))]
+            # A caller that went away (cancelled at shutdown) is not written: its lease
+            # expires and the task is done again, as when it is cancelled before completing.
+            group = sorted((c for c in group if not c.done.done()), key=lambda c: c.order)
+            if not group:
+                continue
+            if self._on_group is not None:
+                self._on_group(len(group))
+            try:
+                await self._commit(group)
+            except BaseException as error:
+                for completion in group:
+                    if completion.error is None:
+                        completion.error = error
+                if not isinstance(error, Exception):
+                    self._settle(group)
+                    raise
+            self._settle(group)
+
+    async def _commit(self, group: list[_Completion]) -> None:
+        if len(group) == 1:
+            # Alone, the transaction is the task's own: no savepoint needed.
+            completion = group[0]
+            with translate_db_errors():
+                async with self._pool.acquire() as conn, conn.transaction():
+                    if not await self._fence(conn, completion.lease):
+                        raise self._lost(completion.lease)
+                    await completion.write(conn)
+            return
+        with translate_db_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                for completion in group:
+                    try:
+                        with translate_db_errors():
+                            # A savepoint: rolled back alone when this task's fence or
+                            # write fails, with whatever it wrote and locked.
+                            async with conn.transaction():
+                                if not await self._fence(conn, completion.lease):
+                                    raise self._lost(completion.lease)
+                                await completion.write(conn)
+                    except Exception as error:
+                        completion.error = error
+                        if conn.is_closed():
+                            raise
+
+    @staticmethod
+    def _settle(group: list[_Completion]) -> None:
+        for completion in group:
+            if completion.done.done():
+                continue
+            if completion.error is None:
+                completion.done.set_result(None)
+            elif isinstance(completion.error, Exception):
+                completion.done.set_exception(completion.error)
+            else:
+                completion.done.cancel()
