@@ -43,6 +43,9 @@ def configure_logging(level: str = "info", fmt: str = "json", *, service: str = 
 # Client libraries log every failed reconnect while a broker is away (several a second);
 # our own code logs an outage once, with its action name, and counts it in a metric.
 _QUIET_UNLESS_DEBUG = ("aiokafka", "kafka")
+# httpx logs every request at INFO (every embedding request of an indexer); the parsers
+# trace tokens; at debug level they are all there.
+_WARNINGS_UNLESS_DEBUG = ("httpx", "httpcore", "markdown_it")
 
 
 def _route_library_logs(level: int, renderer: Any) -> None:
@@ -65,8 +68,9 @@ def _route_library_logs(level: int, renderer: Any) -> None:
     root.setLevel(level)
     for name in _QUIET_UNLESS_DEBUG:
         logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.CRITICAL)
-    # A parser's per-token tracing, never useful in our logs.
-    logging.getLogger("markdown_it").setLevel(logging.WARNING)
+    # A line per request or per parser token: what we log of them is our own event.
+    for name in _WARNINGS_UNLESS_DEBUG:
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.WARNING)
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]

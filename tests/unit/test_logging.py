@@ -43,3 +43,20 @@ def test_aiokafka_speaks_at_debug(monkeypatch: pytest.MonkeyPatch) -> None:
     logging.getLogger("aiokafka").error("Unable connect to node with id 1")
     assert "Unable connect" in now.getvalue()
     configure_logging("info", "json", service="test")
+
+
+def test_http_clients_log_requests_only_at_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = io.StringIO()
+    monkeypatch.setattr("sys.stderr", now)
+    configure_logging("info", "json", service="test")
+    request = 'HTTP Request: POST http://127.0.0.1/v1/embeddings "HTTP/1.1 200 OK"'
+    logging.getLogger("httpx").info(request)  # one line per embedding request
+    logging.getLogger("httpx").warning("connection pool full")
+    assert [json.loads(line)["event"] for line in now.getvalue().splitlines()] == [
+        "connection pool full"
+    ]
+    configure_logging("debug", "json", service="test")
+    logging.getLogger("httpx").info(request)
+    events = [json.loads(line)["event"] for line in now.getvalue().splitlines()]
+    assert events[-1] == request
+    configure_logging("info", "json", service="test")
