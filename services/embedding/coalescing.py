@@ -78,6 +78,7 @@ class CoalescingEmbedder:
         linger_seconds: float = 0.005,
         max_in_flight: int = 2,
         on_request: Callable[[RequestStats], None] | None = None,
+        ready: asyncio.Future[None] | None = None,
     ) -> None:
         if batch_size < 1 or max_in_flight < 1 or linger_seconds < 0:
             raise ValueError("batch_size and max_in_flight must be >= 1, linger_seconds >= 0")
@@ -91,6 +92,9 @@ class CoalescingEmbedder:
         self.linger_seconds = linger_seconds
         self.max_in_flight = max_in_flight
         self._on_request = on_request
+        # The provider warming up (a local model loading) while tasks are claimed and
+        # parsed: requests wait for it; if it failed, they fail with its error.
+        self._ready = ready
         self._queue: deque[_Item] = deque()
         self._queued_tokens = 0
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -214,6 +218,8 @@ class CoalescingEmbedder:
     async def _send(self, batch: list[_Item]) -> None:
         started = time.perf_counter()
         try:
+            if self._ready is not None:
+                await asyncio.shield(self._ready)
             vectors = checked_vectors(
                 await self.inner.embed([i.caller.texts[i.position] for i in batch]),
                 rows=len(batch),

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
+from typing import TYPE_CHECKING
 
 from services.embedding.hashing import HashingEmbedder
-from services.embedding.onnx_local import OnnxLocalEmbedder
-from services.embedding.openai_http import OpenAIHttpEmbedder
 from services.embedding.port import Embedder
 from services.embedding.settings import (
     EmbeddingSettings,
@@ -16,19 +14,30 @@ from services.embedding.settings import (
 )
 from services.embedding.tokens import TokenizerSpec
 
+if TYPE_CHECKING:
+    import httpx
+
 
 def build_embedder(
     settings: EmbeddingSettings, *, transport: httpx.AsyncBaseTransport | None = None
 ) -> Embedder:
-    """``transport`` replaces the network for the HTTP provider (tests: httpx.ASGITransport)."""
+    """``transport`` replaces the network for the HTTP provider (tests: httpx.ASGITransport).
+
+    Each provider's module is imported only when it is the one asked for: the ONNX runtime
+    and the HTTP client take long to import, and `kb indexer run` claims before either is
+    needed."""
     provider = settings.provider
     if isinstance(provider, OnnxLocalConfig):
+        from services.embedding.onnx_local import OnnxLocalEmbedder
+
         return OnnxLocalEmbedder(
             intra_op_threads=provider.intra_op_threads,
             max_concurrent_inferences=provider.max_concurrent_inferences,
             inference_batch_size=provider.inference_batch_size,
         )
     if isinstance(provider, OpenAIConfig):
+        from services.embedding.openai_http import OpenAIHttpEmbedder
+
         return OpenAIHttpEmbedder(
             base_url=provider.base_url,
             model=provider.model,

@@ -56,11 +56,13 @@ async def pipeline_indexer(
     embedding = load_embedding_settings()
     embedder = build_embedder(embedding)
     try:
-        # A local model is loaded (and its file checked) now: a bad install fails at start,
-        # not inside the first task.
+        # A local model loads (and its file is checked) while the first tasks are claimed
+        # and parsed: their requests wait for it, and a bad install stops the process
+        # (with_worker) before any task's attempt is spent on it.
         warm_up = getattr(embedder, "warm_up", None)
-        if warm_up is not None:
-            await warm_up()
+        warming: asyncio.Task[None] | None = (
+            asyncio.create_task(warm_up()) if warm_up is not None else None
+        )
         strategy = chunking_strategy(
             embedder,
             max_tokens=settings.indexer_chunk_max_tokens,
@@ -84,13 +86,36 @@ async def pipeline_indexer(
                 max_batch_tokens=embedding.max_batch_tokens,
                 batch_linger_seconds=embedding.batch_linger_seconds,
                 max_requests_in_flight=embedding.max_requests_in_flight,
+                embedder_ready=warming,
             )
             await sink.ensure_generation(indexer.generation)
             yield indexer
         finally:
             await parse_pool.aclose()
     finally:
+        if warming is not None and not warming.done():
+            warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await warming
         await embedder.aclose()
+
+
+async def _unless_warm_up_fails(work: Awaitable[T], ready: asyncio.Future[None] | None) -> T:
+    """``work``'s result; but if the embedder's warm-up fails first, ``work`` is cancelled
+    (claimed tasks are left to their leases) and the warm-up's error is raised: `kb indexer
+    run` exits with it instead of failing every task it claimed."""
+    running = asyncio.ensure_future(work)
+    if ready is None:
+        return await running
+    waiters: set[asyncio.Future[Any]] = {running, ready}
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    if ready.done() and not ready.cancelled() and ready.exception() is not None:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await running
+        log.error("embedder.warm_up_failed", error=str(ready.exception()))
+        raise ready.exception()  # type: ignore[misc]
+    return await running
 
 
 def build_worker(
@@ -151,7 +176,9 @@ def with_worker(
             worker = build_worker(
                 settings, pool, indexer, tier, concurrency, heartbeat_pool=beats, observer=observer
             )
-            return await work(worker, pool, pipeline.generation)
+            return await _unless_warm_up_fails(
+                work(worker, pool, pipeline.generation), pipeline.embedder_ready
+            )
 
     return run_async(_run())
 

@@ -59,7 +59,7 @@ async def running_pipeline(
     max_tokens: int = 128,
     batch_size: int = 32,
     clock: Clock | None = None,
-    **streaming: int,
+    **streaming: Any,
 ) -> AsyncIterator[PipelineIndexer]:
     """The pipeline with a hashing embedder (fast) unless told otherwise, and an inline
     parse pool unless one is given; closed on the way out. ``streaming``: the pipeline's

@@ -13,6 +13,7 @@ outside the index until then).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 import uuid
@@ -96,6 +97,7 @@ class PipelineIndexer:
         stream_above_chunks: int = STREAM_ABOVE_CHUNKS,
         batch_linger_seconds: float = 0.005,
         max_requests_in_flight: int = 2,
+        embedder_ready: asyncio.Future[None] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -126,7 +128,9 @@ class PipelineIndexer:
             linger_seconds=batch_linger_seconds,
             max_in_flight=max_requests_in_flight,
             on_request=_observe_request,
+            ready=embedder_ready,
         )
+        self.embedder_ready = embedder_ready
         self.generation = index_generation(embedder, strategy)
 
     async def index(self, lease: Lease) -> IndexingOutcome:

@@ -179,7 +179,7 @@ class Harness:
         return chunks, rows
 
 
-def harness(batch_size: int = 16, max_tokens: int = 64, **streaming: int) -> Harness:
+def harness(batch_size: int = 16, max_tokens: int = 64, **streaming: Any) -> Harness:
     source, embedder, sink = Source(), RecordingEmbedder(), MemorySink()
     strategy = chunking_strategy(embedder, max_tokens=max_tokens)
     indexer = PipelineIndexer(

@@ -8,13 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.indexer.pipeline.parsing.docx import parse_docx
-from services.indexer.pipeline.parsing.html import parse_html
 from services.indexer.pipeline.parsing.limits import ParseLimits
-from services.indexer.pipeline.parsing.markdown import parse_markdown
-from services.indexer.pipeline.parsing.pdf import parse_pdf
 from services.indexer.pipeline.parsing.section import Section
-from services.indexer.pipeline.parsing.text import parse_text
 from services.indexer.queue.task import ErrorCode, IndexingFailed
 from services.runtime import media_types
 
@@ -26,12 +21,46 @@ _DEFAULT_LIMITS = ParseLimits()
 
 _Parser = Callable[[bytes, ParseLimits], list[Section]]
 
+
+# Each parser's module (and its library: pypdf, python-docx, selectolax, markdown-it) is
+# imported at its first document: the parse processes preload them all, and the indexer
+# itself only ever parses small text and Markdown (parsing.pool), so it starts without them.
+def _text(content: bytes, limits: ParseLimits) -> list[Section]:
+    from services.indexer.pipeline.parsing.text import parse_text
+
+    return parse_text(content)
+
+
+def _markdown(content: bytes, limits: ParseLimits) -> list[Section]:
+    from services.indexer.pipeline.parsing.markdown import parse_markdown
+
+    return parse_markdown(content)
+
+
+def _html(content: bytes, limits: ParseLimits) -> list[Section]:
+    from services.indexer.pipeline.parsing.html import parse_html
+
+    return parse_html(content)
+
+
+def _pdf(content: bytes, limits: ParseLimits) -> list[Section]:
+    from services.indexer.pipeline.parsing.pdf import parse_pdf
+
+    return parse_pdf(content)
+
+
+def _docx(content: bytes, limits: ParseLimits) -> list[Section]:
+    from services.indexer.pipeline.parsing.docx import parse_docx
+
+    return parse_docx(content, limits)
+
+
 _PARSERS: dict[str, _Parser] = {
-    media_types.TEXT: lambda content, _: parse_text(content),
-    media_types.MARKDOWN: lambda content, _: parse_markdown(content),
-    media_types.HTML: lambda content, _: parse_html(content),
-    media_types.PDF: lambda content, _: parse_pdf(content),
-    media_types.DOCX: parse_docx,
+    media_types.TEXT: _text,
+    media_types.MARKDOWN: _markdown,
+    media_types.HTML: _html,
+    media_types.PDF: _pdf,
+    media_types.DOCX: _docx,
 }
 
 

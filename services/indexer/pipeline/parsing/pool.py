@@ -55,6 +55,12 @@ _DEFAULT_LIMITS: Final = ParseLimits()
 _PRELOAD: Final = (
     "services.indexer.pipeline.parsing.pool",
     "services.indexer.pipeline.parsing.stream",
+    # The parsers are imported at first use (parsing/__init__.py): here, before any budget.
+    "services.indexer.pipeline.parsing.text",
+    "services.indexer.pipeline.parsing.markdown",
+    "services.indexer.pipeline.parsing.html",
+    "services.indexer.pipeline.parsing.pdf",
+    "services.indexer.pipeline.parsing.docx",
     "tokenizers",
 )
 

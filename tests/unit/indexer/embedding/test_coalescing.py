@@ -151,3 +151,26 @@ async def test_no_texts_no_request() -> None:
     queue = CoalescingEmbedder(inner, batch_size=4)
     assert (await queue.embed_all([])).shape == (0, DIMENSION)
     assert inner.requests == []
+
+
+async def test_requests_wait_for_the_provider_to_be_ready() -> None:
+    inner = Gated()
+    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    queue = CoalescingEmbedder(inner, batch_size=1, linger_seconds=0, ready=ready)
+    waiting = asyncio.create_task(queue.embed_all(["early"]))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert inner.requests == []  # claimed and parsed, but the model is still loading
+    ready.set_result(None)
+    assert (await waiting).shape == (1, DIMENSION)
+    assert inner.requests == [["early"]]
+
+
+async def test_a_failed_warm_up_fails_the_requests_with_its_error() -> None:
+    inner = Gated()
+    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    ready.set_exception(IndexingFailed(ErrorCode.EMBEDDING_UNAVAILABLE, "model file rejected"))
+    queue = CoalescingEmbedder(inner, batch_size=1, linger_seconds=0, ready=ready)
+    with pytest.raises(IndexingFailed, match="model file rejected"):
+        await queue.embed_all(["text"])
+    assert inner.requests == []
