@@ -10,6 +10,7 @@ import pytest
 from services.embedding.tokens import TokenizerSpec
 from services.indexer.pipeline.chunking import ChunkingStrategy
 from services.indexer.pipeline.parsing.pool import ParsePool
+from services.runtime.index_failures import ErrorCode, IndexingFailed
 from services.runtime.media_types import HTML, MARKDOWN, TEXT
 from tests.support.documents import make_markdown
 
@@ -68,3 +69,10 @@ async def test_a_large_or_other_document_goes_to_a_worker_process(pool: ParsePoo
 
 def test_the_threshold_off_parses_nothing_inline() -> None:
     assert not ParsePool(workers=1).parses_inline(TEXT, 10)
+
+
+async def test_a_small_document_that_fails_to_parse_fails_with_its_code(pool: ParsePool) -> None:
+    with pytest.raises(IndexingFailed) as failed:
+        await chunk_texts(pool, TEXT, b"   \n\n \t\n")
+    assert failed.value.code == ErrorCode.DOCUMENT_EMPTY
+    assert pool.worker_pids() == []

@@ -1,0 +1,341 @@
+"""Indexing throughput of `kb indexer run`, against the model's own rate in the same run.
+
+    uv run python -m bench.indexing_throughput --corpus notes --model onnx
+    uv run python -m bench.indexing_throughput --corpus documents --model hashing
+
+What a user would measure: ``--documents`` documents of one corpus are published (rows
+written as the publisher writes them, each with its PENDING task), then one
+`kb indexer run` with default settings is started as a process, its embedding provider an
+OpenAI-compatible server (``bench.throughput_provider``, a process of its own) running the
+shipped int8 all-MiniLM-L6-v2 (``onnx``) or the hashing stand-in (``hashing``: the
+pipeline's own overhead). Timed from the indexer's start until every task is SUCCEEDED.
+
+Corpora, generated deterministically: ``notes``, short notes of about 600 characters;
+``documents``, texts of about 1,250 characters in paragraphs.
+
+The limit (``onnx``): the same inputs the server was sent, embedded by the bare model in
+this process at each batch size of ``--bare-batches``, after the run; the best rate is the
+model's own, and the pipeline's documents/s is reported as a share of it. The server's
+busy share is the time it spent inside the model over the run's length.
+
+Needs DATABASE_URL (or the dev stack: `kb dev up`). Uses its own database
+(``--database``, recreated). Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from bench.pipeline import recreate
+from tests.support.tasks import create_task
+
+BENCH_DB = "kb_bench_throughput"
+MODEL_NAME = "all-MiniLM-L6-v2-onnx-int8"
+TENANTS = 4
+WORDS = (
+    "refund",
+    "order",
+    "customer",
+    "delivery",
+    "invoice",
+    "warranty",
+    "return",
+    "policy",
+    "exchange",
+    "receipt",
+    "shipping",
+    "carrier",
+    "parcel",
+    "damage",
+    "credit",
+    "account",
+    "payment",
+    "balance",
+    "discount",
+    "voucher",
+    "subscription",
+    "renewal",
+    "cancel",
+    "notice",
+    "period",
+    "contract",
+    "employee",
+    "leave",
+    "holiday",
+    "manager",
+    "approval",
+    "expense",
+    "travel",
+    "hotel",
+    "flight",
+    "budget",
+    "quarter",
+    "report",
+    "audit",
+    "compliance",
+    "privacy",
+    "consent",
+    "record",
+    "retention",
+    "archive",
+    "backup",
+    "access",
+    "badge",
+    "office",
+    "desk",
+    "meeting",
+    "agenda",
+)
+
+
+def sentence(rng: random.Random) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(8, 16))]
+    return " ".join(words).capitalize() + "."
+
+
+def paragraph(rng: random.Random, characters: int) -> str:
+    text = ""
+    while len(text) < characters:
+        text = f"{text} {sentence(rng)}".strip()
+    return text
+
+
+def corpus(kind: str, count: int, seed: int = 7) -> list[bytes]:
+    """``notes``: one paragraph of ~600 characters; ``documents``: ~1,250 characters in
+    paragraphs of ~300. Every document differs (no embedding is reused between them)."""
+    rng = random.Random(seed)
+    out = []
+    for number in range(count):
+        if kind == "notes":
+            text = f"Note {number}. {paragraph(rng, 590)}\n"
+        else:
+            text = "\n\n".join(paragraph(rng, 280) for _ in range(4)) + "\n"
+            text = f"Document {number}\n\n{text}"
+        out.append(text.encode())
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_provider(model: str, inference_batch: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.throughput_provider",
+            "--port",
+            str(port),
+            "--model",
+            model,
+            "--inference-batch",
+            str(inference_batch),
+        ]
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{base}/stats", timeout=1).raise_for_status()
+            return process, base
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit("the bench provider did not start")
+
+
+def indexer_env(url: str, provider: str) -> dict[str, str]:
+    from services.embedding.onnx_local import default_tokenizer_file
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    env.update(
+        DATABASE_URL=url,
+        KB_LOG_LEVEL="warning",
+        KB_EMBEDDING_PROVIDER="openai",
+        KB_EMBEDDING_BASE_URL=f"{provider}/v1",
+        KB_EMBEDDING_MODEL=MODEL_NAME,
+        KB_EMBEDDING_DIMENSIONS="384",
+        KB_EMBEDDING_TOKENIZER_FILE=str(default_tokenizer_file()),
+        KB_EMBEDDING_MAX_INPUT_TOKENS="256",
+    )
+    return env
+
+
+async def publish(url: str, documents: list[bytes]) -> None:
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
+    try:
+        for number, content in enumerate(documents):
+            await create_task(pool, tenant_id=f"tenant-{number % TENANTS}", content=content)
+    finally:
+        await pool.close()
+
+
+async def progress(conn: asyncpg.Connection[Any]) -> tuple[int, int, int]:
+    row = await conn.fetchrow(
+        """SELECT count(*) FILTER (WHERE status = 'SUCCEEDED') AS done,
+                  count(*) FILTER (WHERE status = 'DEAD') AS dead,
+                  count(*) FILTER (WHERE status <> 'PENDING') AS started
+             FROM index_task"""
+    )
+    assert row is not None
+    return row["done"], row["dead"], row["started"]
+
+
+async def run_indexer(
+    url: str, provider: str, count: int, limit_seconds: float, profile: str | None = None
+) -> dict[str, Any]:
+    kb = Path(sys.executable).with_name("kb")
+    conn = await asyncpg.connect(url)
+    try:
+        started = time.monotonic()
+        command = [str(kb), "indexer", "run", "--tier", "standard", "--no-hints"]
+        process = await asyncio.create_subprocess_exec(*command, env=indexer_env(url, provider))
+        profiler = None
+        if profile:
+            # py-spy (pip install py-spy): collapsed stacks of the indexer, for flame graphs.
+            profiler = await asyncio.create_subprocess_exec(
+                "py-spy",
+                "record",
+                "-f",
+                "raw",
+                "-r",
+                "100",
+                "-o",
+                profile,
+                "-p",
+                str(process.pid),
+            )
+        first_claim: float | None = None
+        done = dead = 0
+        try:
+            while time.monotonic() - started < limit_seconds:
+                done, dead, begun = await progress(conn)
+                now = time.monotonic()
+                if first_claim is None and begun:
+                    first_claim = now - started
+                if done + dead >= count:
+                    break
+                if process.returncode is not None:
+                    raise SystemExit(f"kb indexer run exited with {process.returncode}")
+                await asyncio.sleep(0.02)
+            elapsed = time.monotonic() - started
+        finally:
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                await asyncio.wait_for(profiler.wait(), 60)
+            process.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(process.wait(), 60)
+        span = await conn.fetchrow(
+            "SELECT extract(epoch FROM max(finished_at) - min(finished_at)) AS steady"
+            " FROM index_task WHERE status = 'SUCCEEDED'"
+        )
+        chunks = await conn.fetchval("SELECT count(*) FROM knowledge_chunk")
+        assert span is not None
+    finally:
+        await conn.close()
+    return {
+        "succeeded": done,
+        "dead": dead,
+        "seconds": elapsed,
+        "first_claim_seconds": first_claim,
+        "first_to_last_completion_seconds": float(span["steady"] or 0.0),
+        "chunks": chunks,
+    }
+
+
+async def bare_model(inputs: list[str], batches: list[int]) -> dict[int, float]:
+    """Seconds the bare model takes for ``inputs`` at each batch size, one request at a
+    time, the model's own sorted, padded runs of the whole batch."""
+    from services.embedding.onnx_local import OnnxLocalEmbedder
+
+    seconds = {}
+    for batch in batches:
+        model = OnnxLocalEmbedder(inference_batch_size=batch)
+        await model.embed(inputs[:batch])  # loaded and warm
+        began = time.perf_counter()
+        for start in range(0, len(inputs), batch):
+            await model.embed(inputs[start : start + batch])
+        seconds[batch] = time.perf_counter() - began
+        await model.aclose()
+    return seconds
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    admin_url = os.environ.get("DATABASE_URL")
+    if not admin_url:
+        raise SystemExit('DATABASE_URL is needed (eval "$(uv run kb dev up)")')
+    url = await recreate(admin_url, args.database)
+    documents = corpus(args.corpus, args.documents)
+    await publish(url, documents)
+    provider, base = start_provider(args.model, args.inference_batch)
+    try:
+        run = await run_indexer(url, base, len(documents), args.timeout, args.profile)
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            stats = (await client.get("/stats")).json()
+            inputs: list[str] = (await client.get("/inputs")).json()
+    finally:
+        provider.terminate()
+        provider.wait(timeout=30)
+    result: dict[str, Any] = {
+        "corpus": args.corpus,
+        "model": args.model,
+        "documents": len(documents),
+        "mean_characters": sum(map(len, documents)) / len(documents),
+        **run,
+        "docs_per_second": run["succeeded"] / run["seconds"],
+        "requests": stats["requests"],
+        "inputs": stats["inputs"],
+        "inputs_per_request": stats["inputs"] / max(1, stats["requests"]),
+        "model_busy_seconds": stats["busy_seconds"],
+        "model_busy_share": stats["busy_seconds"] / run["seconds"],
+    }
+    if args.model == "onnx":
+        bare = await bare_model(inputs, args.bare_batches)
+        best_batch = min(bare, key=lambda batch: bare[batch])
+        bare_rate = len(documents) / bare[best_batch]
+        result.update(
+            bare_seconds_by_batch={str(k): round(v, 3) for k, v in bare.items()},
+            bare_best_batch=best_batch,
+            bare_docs_per_second=bare_rate,
+            share_of_bare_model=result["docs_per_second"] / bare_rate,
+        )
+    else:
+        result["share_of_library_rate_400"] = result["docs_per_second"] / 400
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--corpus", choices=["notes", "documents"], default="notes")
+    parser.add_argument("--model", choices=["onnx", "hashing"], default="onnx")
+    parser.add_argument("--documents", type=int, default=500)
+    parser.add_argument("--database", default=BENCH_DB)
+    parser.add_argument("--inference-batch", type=int, default=32)
+    parser.add_argument("--bare-batches", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--profile", help="record the indexer with py-spy into this file")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(measure(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""An OpenAI-compatible embedding server for the throughput bench that counts what it is sent.
+
+    uv run python -m bench.throughput_provider --port P --model onnx|hashing [--inference-batch N]
+
+``POST /v1/embeddings`` embeds with the shipped int8 all-MiniLM-L6-v2 (``onnx``, each request's
+texts run through the model ``--inference-batch`` at a time) or the hashing stand-in
+(``hashing``: pipeline overhead only). ``GET /stats`` reports requests, inputs and the
+seconds spent inside the model (its busy time), ``GET /inputs`` every text it was sent;
+``POST /stats/reset`` zeroes them. One
+request is embedded at a time, as one model on one machine serves them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.port import Embedder
+
+
+class EmbeddingRequest(BaseModel):
+    input: str | list[str]
+    model: str
+    encoding_format: str | None = None
+    dimensions: int | None = None
+
+
+def build_model(kind: str, inference_batch: int) -> Embedder:
+    if kind == "hashing":
+        return HashingEmbedder(384)
+    from services.embedding.onnx_local import OnnxLocalEmbedder
+
+    return OnnxLocalEmbedder(inference_batch_size=inference_batch)
+
+
+def create_app(model: Embedder) -> FastAPI:
+    app = FastAPI(title="kb throughput bench provider")
+    stats: dict[str, float] = {"requests": 0, "inputs": 0, "busy_seconds": 0.0}
+    # Every input, in the order sent: the bench embeds the same texts with the bare model.
+    received: list[str] = []
+    one_at_a_time = asyncio.Lock()
+
+    @app.get("/stats")
+    async def read_stats() -> dict[str, Any]:
+        return {"model": model.model, **stats}
+
+    @app.post("/stats/reset")
+    async def reset() -> dict[str, Any]:
+        stats.update(requests=0, inputs=0, busy_seconds=0.0)
+        received.clear()
+        return {"model": model.model, **stats}
+
+    @app.get("/inputs")
+    async def inputs() -> list[str]:
+        return received
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        async with one_at_a_time:
+            started = time.perf_counter()
+            vectors = await model.embed(texts)
+            stats["busy_seconds"] += time.perf_counter() - started
+        stats["requests"] += 1
+        stats["inputs"] += len(texts)
+        received.extend(texts)
+        return {
+            "object": "list",
+            "model": body.model,
+            "data": [
+                {"object": "embedding", "index": i, "embedding": row.tolist()}
+                for i, row in enumerate(vectors)
+            ],
+            "usage": {"prompt_tokens": 0, "total_tokens": 0},
+        }
+
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", choices=["onnx", "hashing"], default="onnx")
+    parser.add_argument("--inference-batch", type=int, default=32)
+    args = parser.parse_args()
+    app = create_app(build_model(args.model, args.inference_batch))
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
