@@ -329,7 +329,7 @@ def main() -> None:
     parser.add_argument("--model", choices=["onnx", "hashing"], default="onnx")
     parser.add_argument("--documents", type=int, default=500)
     parser.add_argument("--database", default=BENCH_DB)
-    parser.add_argument("--inference-batch", type=int, default=32)
+    parser.add_argument("--inference-batch", type=int, default=8)
     parser.add_argument("--bare-batches", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--profile", help="record the indexer with py-spy into this file")

@@ -89,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", choices=["onnx", "hashing"], default="onnx")
-    parser.add_argument("--inference-batch", type=int, default=32)
+    parser.add_argument("--inference-batch", type=int, default=8)
     args = parser.parse_args()
     app = create_app(build_model(args.model, args.inference_batch))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

@@ -6,7 +6,9 @@ per request as well as per input (its fixed cost, the round trip): a worker inde
 small documents at once keeps the provider busy on nearly empty requests. Here every
 caller's texts join one queue, and a request leaves as soon as it is full
 (``batch_size`` texts or ``max_batch_tokens`` tokens), or after ``linger_seconds`` with what
-has gathered, with at most ``max_in_flight`` requests outstanding.
+has gathered. Full requests go out up to ``max_in_flight`` at once; a partial one only when
+no request is outstanding, so that a provider slower than the callers gets full requests
+(its cost per input is lowest there) instead of a queue of small ones.
 
 Each caller still gets exactly its own rows, and its own errors:
 - a request that fails (rate limited, unavailable, a malformed answer) fails every caller
@@ -158,6 +160,11 @@ class CoalescingEmbedder:
             if len(self._in_flight) >= self.max_in_flight:
                 await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
                 continue
+            if not self._full() and self._in_flight:
+                # A partial request would only wait at the provider behind the one out:
+                # the queue fills meanwhile, and goes when full or when that one is back.
+                await self._arrival_or_answer()
+                continue
             if not self._full():
                 # Give concurrent callers a moment to fill the request.
                 await self._linger()
@@ -168,6 +175,14 @@ class CoalescingEmbedder:
             request = asyncio.create_task(self._send(batch))
             self._in_flight.add(request)
             request.add_done_callback(self._in_flight.discard)
+
+    async def _arrival_or_answer(self) -> None:
+        self._arrived.clear()
+        arrival = asyncio.create_task(self._arrived.wait())
+        try:
+            await asyncio.wait({arrival, *self._in_flight}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            arrival.cancel()
 
     async def _linger(self) -> None:
         """Until the queue fills a request, or ``linger_seconds`` have passed."""

@@ -174,3 +174,33 @@ async def test_a_failed_warm_up_fails_the_requests_with_its_error() -> None:
     with pytest.raises(IndexingFailed, match="model file rejected"):
         await queue.embed_all(["text"])
     assert inner.requests == []
+
+
+async def test_a_partial_request_waits_while_another_is_out() -> None:
+    inner = Gated()
+    inner.gate = asyncio.Event()
+    queue = CoalescingEmbedder(inner, batch_size=4, linger_seconds=0, max_in_flight=2)
+    first = asyncio.create_task(queue.embed_all(["first"]))
+    await inner.started.wait()
+    later = [asyncio.create_task(queue.embed_all([f"later {i}"])) for i in range(3)]
+    for _ in range(10):
+        await asyncio.sleep(0)
+    # A slow provider is not sent three requests of one text: they wait for it, together.
+    assert inner.requests == [["first"]]
+    inner.gate.set()
+    await asyncio.gather(first, *later)
+    assert inner.requests == [["first"], ["later 0", "later 1", "later 2"]]
+
+
+async def test_full_requests_go_out_while_another_is_out() -> None:
+    inner = Gated()
+    inner.gate = asyncio.Event()
+    queue = CoalescingEmbedder(inner, batch_size=2, linger_seconds=0, max_in_flight=2)
+    first = asyncio.create_task(queue.embed_all(["a", "b"]))
+    await inner.started.wait()
+    second = asyncio.create_task(queue.embed_all(["c", "d"]))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert inner.requests == [["a", "b"], ["c", "d"]]
+    inner.gate.set()
+    await asyncio.gather(first, second)
