@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import pytest
@@ -18,6 +18,63 @@ from tests.support.stack import (
     running_stack,
 )
 
+# --- the servers are for tests marked `integration` ------------------------------------------
+# `scripts/test --unit` deselects `integration` (and `e2e`) and must start no server, so a test
+# that reaches PostgreSQL or Kafka without the mark is an error, not a silent server start.
+
+INTEGRATION = "integration"
+# Every other server fixture (database_url, settings, service_env, pool, conn, ...) depends on
+# one of these, so they are in the fixture closure of any test that statically uses a server.
+SERVER_FIXTURES = frozenset({"stack", "template_database"})
+
+
+def server_fixtures_of(item: pytest.Item) -> list[str]:
+    return sorted(SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+
+
+class Node(Protocol):  # a test item, or the node of a function-scoped fixture's request
+    @property
+    def nodeid(self) -> str: ...
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None: ...
+
+
+def require_integration_mark(node: Node, what: str) -> None:
+    if node.get_closest_marker(INTEGRATION) is None:
+        pytest.fail(
+            f"{node.nodeid} uses {what} (the real PostgreSQL/Kafka) but is not marked"
+            f" `{INTEGRATION}`: add `pytestmark = pytest.mark.{INTEGRATION}` to its module,"
+            f" or `marks=pytest.mark.{INTEGRATION}` to the param that needs the servers",
+            pytrace=False,
+        )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects anything
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # An e2e test that uses the servers is an integration test as well: `-m integration`
+    # selects it and `-m "not integration"` leaves it out, like any other server test.
+    for item in items:
+        if item.get_closest_marker("e2e") is not None and server_fixtures_of(item):
+            item.add_marker(INTEGRATION)
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture is set up, so no server starts
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    used = server_fixtures_of(item)
+    if used:
+        require_integration_mark(item, "fixture " + ", ".join(used))
+
+
+@pytest.fixture
+def integration_only(request: pytest.FixtureRequest) -> None:
+    """The first argument of `database_url`, which every function-scoped server fixture goes
+    through: a test that requests one of them with ``request.getfixturevalue`` (invisible to
+    the check above) fails here, before the servers are started for it."""
+    require_integration_mark(request.node, "a server fixture")
+
+
+# --- the servers ---------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
@@ -31,7 +88,9 @@ async def template_database(stack: Stack) -> str:
 
 
 @pytest.fixture
-async def database_url(stack: Stack, template_database: str) -> AsyncIterator[str]:
+async def database_url(
+    integration_only: None, stack: Stack, template_database: str
+) -> AsyncIterator[str]:
     """A fresh, migrated database of this test's own."""
     name = await create_test_database(stack, template_database)
     try:

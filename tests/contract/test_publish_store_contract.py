@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import asyncpg
 import pytest
@@ -23,8 +23,6 @@ from services.publisher.ports import PublisherStore
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore
 from services.runtime.errors import Conflict, NotFound
 from tests.fakes.publisher_store import MemoryPublisherStore
-
-pytestmark = pytest.mark.integration
 
 KEY_HASH = hashlib.sha256(b"key of acme").digest()
 
@@ -98,18 +96,28 @@ class Subject:
     publisher: Publisher
 
 
-@pytest.fixture(params=["memory", "postgres"])
-async def subject(
-    request: pytest.FixtureRequest,
-    pool: asyncpg.Pool[Any],
-    conn: asyncpg.Connection[Any],
-) -> Subject:
+PgBackend: TypeAlias = "tuple[asyncpg.Pool[Any], asyncpg.Connection[Any]]"
+
+
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.integration)])
+def backend(request: pytest.FixtureRequest) -> PgBackend | None:
+    """None for the fake; a pool and a connection on a fresh migrated database for PostgreSQL
+    (only that run needs the servers). A sync fixture, so the session stack starts outside
+    the event loop."""
+    if request.param == "memory":
+        return None
+    return request.getfixturevalue("pool"), request.getfixturevalue("conn")
+
+
+@pytest.fixture
+async def subject(backend: PgBackend | None) -> Subject:
     store: PublisherStore
     probe: Probe
-    if request.param == "memory":
+    if backend is None:
         memory = MemoryPublisherStore()
         store, probe = memory, MemoryProbe(memory)
     else:
+        pool, conn = backend
         store, probe = PgPublisherStore(pool), PgProbe(conn)
     await probe.add_tenant("acme", "standard", KEY_HASH)
     await probe.add_tenant("globex", "premium", hashlib.sha256(b"globex").digest())

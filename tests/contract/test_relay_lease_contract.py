@@ -15,8 +15,6 @@ from services.runtime.errors import ConfigError
 from services.runtime.settings import RuntimeSettings
 from tests.fakes.relay import FakeLeaseStore
 
-pytestmark = pytest.mark.integration
-
 # Two snapshots PostgreSQL accepts as text; the fake stores them as they are.
 LATER = "100:105:101,103"
 LATEST = "200:200:"
@@ -38,11 +36,23 @@ class Store(Protocol):
     async def release(self, lease: Lease, progress: Progress, now: Any = None) -> None: ...
 
 
-@pytest.fixture(params=["postgres", "fake"])
-async def store(request: pytest.FixtureRequest, settings: RuntimeSettings) -> AsyncIterator[Store]:
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.integration), "fake"])
+def backend(request: pytest.FixtureRequest) -> RuntimeSettings | None:
+    """None for the fake; settings naming a fresh migrated database for PostgreSQL (only that
+    run needs the servers). A sync fixture, so the session stack starts outside the event
+    loop."""
     if request.param == "fake":
+        return None
+    settings: RuntimeSettings = request.getfixturevalue("settings")
+    return settings
+
+
+@pytest.fixture
+async def store(backend: RuntimeSettings | None) -> AsyncIterator[Store]:
+    if backend is None:
         yield FakeLeaseStore()
         return
+    settings = backend
     pool: asyncpg.Pool[Any] = await create_relay_pool(settings)
     try:
         yield PgLeaseStore(pool)

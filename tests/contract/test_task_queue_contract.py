@@ -51,7 +51,7 @@ class Harness:
         return task.status
 
 
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.integration)])
 def backend(request: pytest.FixtureRequest) -> Any:
     """None for the fake; the real pool (a fresh migrated database) for PostgreSQL. A sync
     fixture, so the session stack starts outside the event loop."""

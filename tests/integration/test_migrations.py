@@ -1,8 +1,8 @@
-"""The migrated schema is what the code expects."""
+"""The migrated schema is what the code expects. Every test but the last needs PostgreSQL (and
+is marked `integration`); the last only reads the files."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -39,6 +39,7 @@ async def _columns(conn: asyncpg.Connection[Any]) -> dict[str, dict[str, str]]:
     return tables
 
 
+@pytest.mark.integration
 async def test_applying_twice_is_a_no_op(empty_database: asyncpg.Connection[Any]) -> None:
     first = await apply_migrations(empty_database)
     schema_after_first = await _columns(empty_database)
@@ -50,6 +51,7 @@ async def test_applying_twice_is_a_no_op(empty_database: asyncpg.Connection[Any]
     assert await _columns(empty_database) == schema_after_first
 
 
+@pytest.mark.integration
 async def test_schema_has_every_table_and_key_of_the_design(
     empty_database: asyncpg.Connection[Any],
 ) -> None:
@@ -169,6 +171,7 @@ async def test_schema_has_every_table_and_key_of_the_design(
     assert all("SUCCEEDED" not in d and "DEAD" not in d for d in claimable)
 
 
+@pytest.mark.integration
 async def test_every_named_query_prepares_against_the_migrated_schema(
     conn: asyncpg.Connection[Any],
 ) -> None:
@@ -199,6 +202,7 @@ async def test_every_named_query_prepares_against_the_migrated_schema(
             await conn.prepare(sql)
 
 
+@pytest.mark.integration
 async def test_an_edited_applied_migration_is_refused(
     empty_database: asyncpg.Connection[Any],
 ) -> None:
@@ -212,6 +216,7 @@ async def test_an_edited_applied_migration_is_refused(
         await apply_migrations(empty_database, edited)
 
 
+@pytest.mark.integration
 async def test_a_database_ahead_of_the_code_is_refused(
     empty_database: asyncpg.Connection[Any],
 ) -> None:
@@ -224,6 +229,7 @@ async def test_a_database_ahead_of_the_code_is_refused(
         await apply_migrations(empty_database, migrations)
 
 
+@pytest.mark.integration
 async def test_concurrent_migrate_runs_apply_each_file_once(
     stack: Stack,
 ) -> None:
@@ -242,7 +248,9 @@ async def test_concurrent_migrate_runs_apply_each_file_once(
 
 
 def test_migration_files_are_plain_numbered_sql() -> None:
-    files = sorted(Path(REPO_ROOT / "migrations").glob("*"))
+    # Beside the migrations only their README: `load_migrations` reads `*.sql` alone, so a
+    # migration misnamed `.SQL` or `.sql.bak` would be skipped silently.
+    files = sorted(p for p in (REPO_ROOT / "migrations").glob("*") if p.name != "README.md")
     assert files, "no migrations"
     for path in files:
         assert path.suffix == ".sql", path

@@ -15,6 +15,8 @@ from services.runtime.db import translate_db_errors
 from services.runtime.errors import Conflict
 from services.runtime.settings import RuntimeSettings
 
+pytestmark = pytest.mark.integration
+
 
 async def test_pgvector_nearest_neighbour_query(pool: asyncpg.Pool[Any]) -> None:
     async with pool.acquire() as conn:

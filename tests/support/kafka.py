@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, PgWakeups, create_relay_pool
@@ -115,6 +115,34 @@ class TopicReader:
             while not done(self.messages):
                 await self.poll()
         return self.messages
+
+    async def read_to_end(self, timeout_s: float = 30.0) -> list[Delivered]:
+        """Reads every partition of the topics up to the end offset the broker reports now.
+
+        Whatever was written and acknowledged before the call is in ``messages`` on return,
+        and nothing is waited for beyond it: once the producers under test have stopped,
+        "nothing more arrived" is a statement about the broker's log, not about a pause."""
+        assert self._consumer is not None
+        async with asyncio.timeout(timeout_s):
+            ends = await self._consumer.end_offsets(list(await self._every_partition()))
+            for partition, end in ends.items():
+                while await self._consumer.position(partition) < end:
+                    await self.poll()
+        return self.messages
+
+    async def _every_partition(self) -> set[TopicPartition]:
+        """Every partition of the topics, once the subscription has them all assigned."""
+        assert self._consumer is not None
+        while True:
+            partitions = {
+                TopicPartition(topic, partition)
+                for topic in self.topics
+                for partition in self._consumer.partitions_for_topic(topic) or ()
+            }
+            known = all(self._consumer.partitions_for_topic(topic) for topic in self.topics)
+            if known and partitions <= self._consumer.assignment():
+                return partitions
+            await self.poll()  # the consumer refreshes its metadata and assignment meanwhile
 
     async def read_event_ids(
         self, wanted: Iterable[uuid.UUID], timeout_s: float = 60.0
