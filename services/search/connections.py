@@ -1,4 +1,4 @@
-"""Search's connections (search_pg): the one each search reads on, hybrid's second one when
+"""Search's connections (index_pg): the one each search reads on, hybrid's second one when
 one is idle, and how both go back to the pool -- their read-only transactions ended after
 the answer, not before it."""
 

@@ -1,5 +1,5 @@
 """The search index on PostgreSQL: the vector and full-text candidate lists, read in one
-short read-only REPEATABLE READ transaction (the statements: ``search_sql``)."""
+short read-only REPEATABLE READ transaction (the statements: ``statements``)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ class PgSearchIndex:
         request: SearchRequest,
         kept: PathChoice | None = None,
     ) -> VectorPath:
-        """The vector list's path, its transaction set up for it (search_paths)."""
+        """The vector list's path, its transaction set up for it (paths.py)."""
         return await self._paths.set_up(conn, request, kept)
 
     async def _tenant_partition(self, conn: Connection, tenant_id: str) -> str | None:
@@ -155,9 +155,9 @@ class PgSearchIndex:
         if request.mode is SearchMode.HYBRID:
             return await self._both_lists(conn, request, kept, keyword_list, vector_list)
         if request.mode.uses_keyword:
-            # Without a vector list the path is not worth its count (~1.5 ms): the keyword
-            # list follows a kept one, else starts from the readable documents, as for few
-            # of them.
+            # Without a vector list the path is not worth the time its count takes: the
+            # keyword list follows a kept one, else starts from the readable documents, as
+            # for few of them.
             return await keyword_list(conn, self._paths.kept_path_or_exact(request))
         path = kept.path if kept is not None else await self.vector_path(conn, request)
         return await vector_list(conn, path)

@@ -5,7 +5,7 @@ PostgreSQL reads the query's words under the tenant's text search configuration
 (search.sql: keyword_terms); how common each word is comes from the statistics ANALYZE
 keeps on the tenant's partition (partition_common_lexemes), which change only when ANALYZE
 runs again: they are kept here a short while per partition, so that a search does not read
-them (~1 ms on the 1M bench, more than the rest of the terms) every time.
+them (which costs more than the rest of the terms) every time.
 
 A word's commonness only decides which candidates are tried first and how cheaply; a stale
 estimate costs time, never a chunk the principals may not read.

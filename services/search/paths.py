@@ -1,10 +1,10 @@
-"""The vector list's path (search_sql.VectorPath): chosen by counting what the principals
+"""The vector list's path (statements.VectorPath): chosen by counting what the principals
 may read (search.sql: choose_vector_path), kept a short while per tenant, principal set and
-document filter, and set up in the search's transaction (search_sql.vector_path_settings_sql).
+document filter, and set up in the search's transaction (statements.vector_path_settings_sql).
 
-Counting the chunks the principals may read, up to the exact-ranking threshold, costs ~2 ms
-for a principal who reads a quarter of a 10,000-chunk tenant (1M bench): on every search,
-until kept. A choice only decides how fast the vector list is found, never which
+Counting the chunks the principals may read, up to the exact-ranking threshold, takes a
+noticeable share of a search for a principal who reads much of a large tenant: on every
+search, until kept. A choice only decides how fast the vector list is found, never which
 chunks are eligible: the version and ACL filters are in every statement whatever the path.
 A stale choice (the principals gained or lost access since) therefore costs time, not
 correctness, and at most ``ttl_seconds`` of it.
@@ -133,7 +133,7 @@ class VectorPaths:
         return choice.path
 
     def settings_sql(self, request: SearchRequest, choice: PathChoice) -> str:
-        """The SET LOCAL statements of ``choice`` (search_sql.vector_path_settings_sql), for
+        """The SET LOCAL statements of ``choice`` (statements.vector_path_settings_sql), for
         a transaction that knows its path before it starts."""
         settings = self._settings
         ef_search = (

@@ -2,7 +2,7 @@
 reciprocal rank fusion of the vector and keyword lists.
 
 Pure Python: the query embedding comes through the pipeline's ``Embedder`` port, the
-candidate lists through a ``SearchIndex`` port (PostgreSQL: ``search_pg``). Every filter
+candidate lists through a ``SearchIndex`` port (PostgreSQL: ``index_pg``). Every filter
 (tenant, current search version, READ ACL) is the index's job and happens before ranking;
 this module only orders what the index may show.
 """
@@ -36,10 +36,10 @@ MAX_HEADING_CHARS: Final = 500
 # ranks so that one list cannot dominate the fused order.
 RRF_K: Final = 60
 # How deep each list goes before fusion: a chunk ranked just below top_k in both lists
-# should still be able to win, so hybrid reads deeper than it answers. 20 (2 x the default
-# topK) gave the same nDCG@10 as 50 on both quality sets (0.9125 / 0.9068 labelled; 0.4508 /
-# 0.4505 stdlib vs 0.4511 at 50), and reading 50 made the keyword list fall back to its
-# any-word and rarest-word stages for more queries, each reading hundreds more chunks.
+# should still be able to win, so hybrid reads deeper than it answers. Twice the default
+# topK ranks as well (nDCG@10) on both quality sets as reading 50 deep, which made the
+# keyword list fall back to its any-word and rarest-word stages for more queries, each
+# reading many more chunks.
 HYBRID_MIN_DEPTH: Final = 20
 HYBRID_MAX_DEPTH: Final = 200
 # Hybrid fuses a keyword candidate only if it holds at least this share of the query's
@@ -48,8 +48,8 @@ HYBRID_MAX_DEPTH: Final = 200
 # The keyword list's weight in the fusion, the vector list's being 1: exact terms (codes,
 # names) lift a chunk the vector list also found, without a keyword-only hit displacing the
 # vector list's answers to a paraphrase. Both chosen by `bench.search_quality --fusion-grid`
-# on the two quality sets (bench/results/search_quality.md): at 0.5 / 1.0 hybrid was below
-# vector on the labelled set's 'english' tenant.
+# on the two quality sets (bench/results/search_quality.md): at some of the other values
+# tried, hybrid ranked below vector alone on the labelled set's 'english' tenant.
 HYBRID_MIN_KEYWORD_COVERAGE: Final = 0.75
 HYBRID_KEYWORD_WEIGHT: Final = 0.3
 

@@ -1,9 +1,17 @@
-"""Search's SQL (``search.sql``) and settings: the statements specialised per embedding model
-and vector path, and what tunes them (``KB_SEARCH_*``)."""
+"""Search's SQL and settings: the statements run as written (``search.sql``), the two
+candidate statements assembled per embedding model, vector path and kinds of keyword
+candidates from named fragments (``statement_fragments.pgsql``), and what tunes them
+(``KB_SEARCH_*``).
+
+A candidate statement is its fragment with each ``-- slot: <slot>`` line replaced by what
+the variant puts there: a fragment chosen from ``slot_choices`` (by path and kinds), the
+model's literals (``_MODEL_SLOTS``), or nothing. Every text this assembles is kept in
+tests/unit/search/snapshots/ (one file per variant), compared on every test run.
+"""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -16,18 +24,20 @@ from services.runtime.settings import RuntimeSettings
 from services.runtime.sql import indented, queries_beside
 
 QUERIES = queries_beside(__file__, "search.sql")
+# Parts of statements, not statements: not a .sql file, whose named queries are each prepared
+# on its own (tests/integration/test_migrations.py); the statements made of them are.
+FRAGMENTS = queries_beside(__file__, "statement_fragments.pgsql")
+_SLOT_LINE: Final = "-- slot:"
 
-# What search.sql is written for; replaced by the real model's predicate and expression.
+# The model and dimension search.sql was written for before its statements were assembled
+# from fragments (bench.keyword_ab reads an old commit's search.sql with them).
 TEMPLATE_MODEL: Final = "search-template-model"
 TEMPLATE_DIMENSION: Final = 1
-_ALIASES: Final = ("s", "c")
-_TEMPLATE_DIMENSION_PREDICATE: Final = f"c.embedding_dimension = {TEMPLATE_DIMENSION}"
-# Where a statement may probe per candidate (search.sql: searchable_chunks).
-_PROBE: Final = "/*probe*/"
 
 
 class VectorPath(Enum):
-    """How the vector list finds the nearest readable chunks (search.sql: vector_list)."""
+    """How the vector list finds the nearest readable chunks (statement_fragments.pgsql:
+    vector_list_ann, vector_list_exact)."""
 
     # Walk the tenant partition's HNSW graph, filters probed per candidate, iterating.
     ANN = "ann"
@@ -37,19 +47,20 @@ class VectorPath(Enum):
 
 class SearchSettings(RuntimeSettings):
     # HNSW candidate list size: recall against latency. Each search uses at least its depth.
-    # 600: recall@10 0.958 against the exact answer on the 1M-chunk bench (400: 0.93; 100:
-    # 0.86), at ~13 ms for the graph walk there (BENCHMARKS.md). Only the ANN path uses it.
+    # The default trades a longer graph walk for recall@10 against the exact answer, which
+    # smaller lists lose on the large bench (BENCHMARKS.md). Only the ANN path uses it.
     search_ef_search: int = Field(default=600, ge=10, le=1000)
     # The same for a tenant with a graph of its own (KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS):
-    # 200 gives recall@10 0.965 on the 1M bench where the partition's graph needs 600.
+    # its smaller graph reaches the same recall with a smaller list than the partition's.
     search_tenant_graph_ef_search: int = Field(default=200, ge=10, le=1000)
     # How many index tuples an iterative scan may visit before it gives up: bounds the cost
     # of a search whose principals may read only a sliver of the tenant.
     search_max_scan_tuples: int = Field(default=20_000, ge=1_000, le=10_000_000)
     # Principals who may read at most this many chunks of the tenant (current versions) get
     # them all ranked exactly (recall 1); more go through the tenant partition's HNSW index.
-    # 0: always the index. Ranking costs ~3 us a chunk (the vector is in the row): 5,000
-    # chunks take about what the graph walk takes (bench/search_latency.py, BENCHMARKS.md).
+    # 0: always the index. Ranking exactly costs time in proportion to the chunks ranked (the
+    # vector is in the row): the default is about as many as take the graph walk's time
+    # (bench/search_latency.py, BENCHMARKS.md).
     search_exact_max_chunks: int = Field(default=5_000, ge=0, le=10_000_000)
     # How many chunks matching the query's words the keyword list ranks at most, of each
     # kind (all words; any of the rarer words): bounds a keyword search's cost whatever the
@@ -57,7 +68,7 @@ class SearchSettings(RuntimeSettings):
     # A search ranks at least its depth.
     search_keyword_candidates: int = Field(default=250, ge=10, le=100_000)
     # How long a principal set's vector path (exact or ANN, and whether the tenant has a
-    # graph of its own) is reused before it is counted again (search_paths). The path
+    # graph of its own) is reused before it is counted again (paths.py). The path
     # decides speed only: every path filters by version and ACL. 0: counted on every search.
     search_path_cache_seconds: float = Field(default=30.0, ge=0, le=3600)
     # How many principal sets' paths are kept, per process.
@@ -100,15 +111,15 @@ def vector_path_settings_sql(path: VectorPath, ef_search: int, max_scan_tuples: 
     On the ANN path sorting and materializing go off too: with sorting disabled the plan
     without a disabled node, the HNSW index's order, wins over sorting the tenant's chunks;
     the graph yields a few dozen candidates, and probing each one's pointer and ACL rows by
-    index costs microseconds where collecting the readable documents first (and, estimated
-    at a dozen, scanning them again per candidate) cost milliseconds (1M bench, whole
-    tenant: 20 ms instead of 13). On the exact path bitmap scans go off: the readable
-    documents' pointers are read by one index scan of the documents listed from the ACL
-    (search.sql: searchable_chunks_listed) rather than every pointer of the tenant read
-    from the heap. On both paths no parallel plans: a list reads a few thousand rows at most,
-    where starting workers would cost more than they save; the planner never chose one for
-    these lists, and no longer costs them out for every scan (1M bench: the same plans for
-    every principal set, planning 0.05-0.15 ms shorter)."""
+    index is cheap where collecting the readable documents first (and, estimated at a
+    dozen, scanning them again per candidate) is slower for a principal who may read the
+    whole tenant. On the exact path bitmap scans go off: the readable documents' pointers
+    are read by one index scan of the documents listed from the ACL
+    (statement_fragments.pgsql: searchable_chunks_listed) rather than every pointer of the
+    tenant read from the heap. On both paths no parallel plans: a list reads a few thousand
+    rows at most, where starting workers would cost more than they save; the planner never
+    chose one for these lists, and no longer costs them out for every scan (the same plans
+    for every principal set, planned in less time)."""
     if not (isinstance(ef_search, int) and isinstance(max_scan_tuples, int)):
         raise TypeError("ef_search and max_scan_tuples are integers")
     ann = path is VectorPath.ANN
@@ -134,8 +145,9 @@ KEYWORD_STATEMENT: Final = "search_keyword_candidates"
 @dataclass(frozen=True)
 class KeywordKinds:
     """Which of the keyword list's later kinds of candidates a query's terms can find
-    (search.sql: keyword_any_word needs a rarer word, $7; keyword_rarest_word a common one,
-    $8); the first kind, chunks holding every word, is always there."""
+    (statement_fragments.pgsql: keyword_any_word_candidates needs a rarer word, $7;
+    keyword_rarest_word_candidates a common one, $8); the first kind, chunks holding every
+    word, is always there."""
 
     any_word: bool = True
     rarest_word: bool = True
@@ -153,6 +165,72 @@ KEYWORD_KINDS: Final = tuple(
 )
 
 
+# Every variant of the two statements: (statement, vector path, kinds of keyword candidates).
+STATEMENT_VARIANTS: Final = tuple(
+    (name, path, kinds)
+    for name in (VECTOR_STATEMENT, KEYWORD_STATEMENT)
+    for path in VectorPath
+    for kinds in (KEYWORD_KINDS if name == KEYWORD_STATEMENT else (ALL_KEYWORD_KINDS,))
+)
+
+# The slots of statement_fragments.pgsql a variant fills with one of its fragments, or
+# leaves out (None): per statement and vector path ...
+_PATH_CHOICES: Final[Mapping[tuple[str, VectorPath], Mapping[str, str | None]]] = {
+    # Walk the model's HNSW graph, which probes each candidate anyway: no OFFSET 0 needed.
+    (VECTOR_STATEMENT, VectorPath.ANN): {"vector_list": "vector_list_ann", "probe": None},
+    # Rank every readable chunk from the exact list's index (searchable_chunks_listed).
+    (VECTOR_STATEMENT, VectorPath.EXACT): {"vector_list": "vector_list_exact"},
+    # Principals who may read most of the tenant: each candidate's version and ACL probed.
+    (KEYWORD_STATEMENT, VectorPath.ANN): {"probe": "probe_each_candidate"},
+    # Few readable chunks: the planner may start from the readable documents.
+    (KEYWORD_STATEMENT, VectorPath.EXACT): {"probe": None},
+}
+# ... and, for the keyword list, per kind of candidates: (its scan, no scan).
+_KIND_CHOICES: Final = {
+    "keyword_any_word": ("keyword_any_word_candidates", "keyword_no_candidates"),
+    "keyword_rarest_word": ("keyword_rarest_word_candidates", "keyword_no_candidates"),
+}
+
+
+def _dimension_predicate(dimension: int) -> str:
+    vector_expression(dimension)  # checks the dimension is one
+    return f"c.embedding_dimension = {int(dimension)}"
+
+
+# The slots the model fills, with literals: a partial index (the model's HNSW index,
+# services/index/ann.py; migrations/0017's exact list index) serves a statement only if the
+# statement's text implies the index's predicate, and the HNSW index only an ORDER BY of its
+# very expression. From services/index/ann.py's functions (which admit only safe model
+# names), never from user input.
+_MODEL_SLOTS: Final[Mapping[str, Callable[[str, int], str]]] = {
+    "chunk_model": lambda model, _: "AND " + model_predicate(model, "c.embedding_model"),
+    "pointer_model": lambda model, _: "AND " + model_predicate(model, "s.embedding_model"),
+    "chunk_dimension": lambda _, dimension: "AND " + _dimension_predicate(dimension),
+    "chunk_vector": lambda _, dimension: vector_expression(dimension, "c.embedding"),
+}
+
+
+def slot_choices(
+    name: str, path: VectorPath = VectorPath.ANN, kinds: KeywordKinds = ALL_KEYWORD_KINDS
+) -> dict[str, str | None]:
+    """The fragment of statement_fragments.pgsql that fills each slot of statement ``name``
+    on ``path`` (and, for the keyword list, with ``kinds`` of candidates); None: the slot is
+    left out. The model's slots (``_MODEL_SLOTS``) aside."""
+    if name not in (VECTOR_STATEMENT, KEYWORD_STATEMENT):
+        raise ValueError(f"no search statement named {name!r}")
+    if name != KEYWORD_STATEMENT and kinds != ALL_KEYWORD_KINDS:
+        raise ValueError("only the keyword list has kinds of candidates")
+    choices = dict(_PATH_CHOICES[(name, path)])
+    if name == KEYWORD_STATEMENT:
+        for slot, kind in (
+            ("keyword_any_word", kinds.any_word),
+            ("keyword_rarest_word", kinds.rarest_word),
+        ):
+            scan, no_scan = _KIND_CHOICES[slot]
+            choices[slot] = scan if kind else no_scan
+    return choices
+
+
 @cache
 def specialised_search_sql(
     model: str,
@@ -161,75 +239,55 @@ def specialised_search_sql(
     path: VectorPath = VectorPath.ANN,
     kinds: KeywordKinds = ALL_KEYWORD_KINDS,
 ) -> str:
-    """A search statement with the model's predicate and vector expression as literals,
-    built from ann_index (which admits only safe model names), never from user input; one
-    text per model and path (and, for the keyword list, per kinds of candidates its terms
-    can find), so the server can cache its plan shape. The exact path ranks every readable
-    chunk by the bare column, which no graph serves, from the leaves of a btree holding the
-    vectors (search.sql: vector_list_exact); on the ANN path the keyword list probes each
-    candidate's version and ACL (search.sql: searchable_chunks). A keyword list whose query
-    has no rarer word, or no common one, leaves out that kind's scan (search.sql:
-    keyword_no_candidates)."""
-    sql = QUERIES[name]
-    if name == KEYWORD_STATEMENT:
-        for kind, cte in (
-            (kinds.any_word, "keyword_any_word"),
-            (kinds.rarest_word, "keyword_rarest_word"),
-        ):
-            if not kind:
-                sql = _emptied_cte(sql, cte)
-    elif kinds != ALL_KEYWORD_KINDS:
-        raise ValueError("only the keyword list has kinds of candidates")
-    replacements = [
-        (
-            model_predicate(TEMPLATE_MODEL, f"{alias}.embedding_model"),
-            model_predicate(model, f"{alias}.embedding_model"),
-        )
-        for alias in _ALIASES
-    ]
-    if name == VECTOR_STATEMENT:
-        if path is VectorPath.ANN:
-            replacements.append(
-                (
-                    vector_expression(TEMPLATE_DIMENSION, "c.embedding"),
-                    vector_expression(dimension, "c.embedding"),
-                )
-            )
-        else:
-            # Every readable chunk ranked, from the exact list's index (search.sql).
-            sql = _swap_included(sql, "vector_list", "vector_list_exact")
-            vector_expression(dimension)  # checks the dimension is one
-            replacements.append(
-                (_TEMPLATE_DIMENSION_PREDICATE, f"c.embedding_dimension = {int(dimension)}")
-            )
-    if name == KEYWORD_STATEMENT and path is VectorPath.ANN:
-        replacements.append((_PROBE, "OFFSET 0"))
-    for template, replacement in replacements:
-        if template not in sql:
-            raise AssertionError(f"search.sql lost its template expression {template!r}")
-        sql = sql.replace(template, replacement)
-    if TEMPLATE_MODEL in sql:
-        raise AssertionError("search.sql names the template model outside a model predicate")
+    """Statement ``name`` as it runs for the model on ``path`` (and, for the keyword list,
+    with ``kinds`` of candidates): its fragment of statement_fragments.pgsql, each slot
+    filled with the fragment ``slot_choices`` says, or with the model's literals
+    (``_MODEL_SLOTS``). One text per model and variant, so the server can cache its plan
+    shape. The exact path ranks every readable chunk by the bare column, which no graph
+    serves, from the leaves of a btree holding the vectors (vector_list_exact); on the ANN
+    path the keyword list probes each candidate's version and ACL (probe_each_candidate). A
+    keyword list whose query has no rarer word, or no common one, leaves out that kind's scan
+    (keyword_no_candidates)."""
+    choices = slot_choices(name, path, kinds)
+    filled: set[str] = set()
+
+    def piece(slot: str) -> str | None:
+        filled.add(slot)
+        if slot in _MODEL_SLOTS:
+            return _MODEL_SLOTS[slot](model, dimension)
+        if slot not in choices:
+            raise AssertionError(f"{FRAGMENTS.source}: {name} has a slot {slot!r} it leaves open")
+        fragment = choices[slot]
+        if fragment is None:
+            return None
+        return f"-- slot {slot}: {fragment}\n" + _assembled(fragment, piece)
+
+    sql = _assembled(name, piece)
+    if unused := set(choices) - filled:
+        raise AssertionError(f"{FRAGMENTS.source}: {name} has no slot {sorted(unused)}")
     return sql
 
 
-def _swap_included(sql: str, included: str, replacement: str) -> str:
-    """``sql`` with the text of query ``included`` (put there by an include line, indented as
-    that line was: runtime.sql) replaced by the text of query ``replacement``, alike."""
-    first_line = QUERIES[included].splitlines()[0]
-    found = re.search(rf"^([ \t]*){re.escape(first_line)}$", sql, re.MULTILINE)
-    indent = found.group(1) if found else ""
-    text = indented(QUERIES[included], indent)
-    if sql.count(text) != 1:
-        raise AssertionError(f"search.sql's statement lost its inclusion of {included!r}")
-    return sql.replace(text, indented(QUERIES[replacement], indent))
+def _assembled(fragment: str, piece: Callable[[str], str | None]) -> str:
+    """Fragment ``fragment`` (its includes in place: runtime.sql) with each of its slot lines
+    replaced by ``piece(slot)``, indented as the line is; a slot without a piece is left out,
+    line and all."""
+    lines: list[str] = []
+    for line in FRAGMENTS[fragment].splitlines():
+        slot = _slot(line)
+        if slot is None:
+            lines.append(line)
+        elif (text := piece(slot)) is not None:
+            lines.append(indented(text, line[: len(line) - len(line.lstrip())]))
+    return "\n".join(lines)
 
 
-def _emptied_cte(sql: str, cte: str) -> str:
-    """``sql`` with the body of its MATERIALIZED CTE ``cte`` (up to the line closing it) replaced
-    by keyword_no_candidates, which finds nothing."""
-    found = re.search(rf"^{re.escape(cte)} AS MATERIALIZED \(\n(.*?)\n\),$", sql, re.M | re.S)
-    if found is None or sql.count(f"{cte} AS MATERIALIZED (") != 1:
-        raise AssertionError(f"search.sql's keyword statement lost its CTE {cte!r}")
-    body = indented(QUERIES["keyword_no_candidates"], "    ")
-    return sql[: found.start(1)] + body + sql[found.end(1) :]
+def _slot(line: str) -> str | None:
+    """The slot a line of a fragment stands for (``-- slot: <slot>``, a line of its own)."""
+    words = line.strip()
+    if not words.startswith(_SLOT_LINE):
+        return None
+    slot = words.removeprefix(_SLOT_LINE).strip()
+    if not (slot.isidentifier() and slot.islower()):
+        raise ValueError(f"{FRAGMENTS.source}: {words!r} names no slot")
+    return slot

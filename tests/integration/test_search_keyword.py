@@ -315,7 +315,8 @@ async def test_a_query_without_rarer_or_common_words_leaves_out_those_kinds_scan
 ) -> None:
     # The keyword list is planned for every search; a kind of candidates the query has no
     # term for would find nothing, and the statement a search runs leaves its scan out
-    # (search_sql; tests/unit: which text) -- with the full statement's rows.
+    # (statements.slot_choices; tests/unit/search/snapshots: which text) -- with the full
+    # statement's rows.
     conn = conn_with_tenants
     await searchable(conn, [ChunkSpec(f"general policy clause {n}") for n in range(4 * CAP)])
     await searchable(conn, [ChunkSpec("policy on refunds for damaged goods")], title="Refunds")

@@ -199,22 +199,22 @@ def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
     from services.index.ann import model_predicate, vector_expression
     from services.search.statements import (
         KEYWORD_STATEMENT,
-        TEMPLATE_MODEL,
         VECTOR_STATEMENT,
         specialised_search_sql,
     )
 
     model = "all-MiniLM-L6-v2-onnx-int8"
     sql = specialised_search_sql(model, 384)
-    assert TEMPLATE_MODEL not in sql
+    assert "-- slot:" not in sql  # every slot filled or left out
     assert sql.count(vector_expression(384, "c.embedding")) == 2
     assert sql.count(model_predicate(model, "c.embedding_model")) == 1
     assert sql.count(model_predicate(model, "s.embedding_model")) == 1
     assert specialised_search_sql(model, 384) is sql  # cached
     assert specialised_search_sql(model, 384, VECTOR_STATEMENT) == sql
     keyword = specialised_search_sql(model, 384, KEYWORD_STATEMENT)
-    assert TEMPLATE_MODEL not in keyword
+    assert "-- slot:" not in keyword
     assert model_predicate(model, "c.embedding_model") in keyword
+    assert model_predicate(model, "s.embedding_model") in keyword
     assert "::vector" not in keyword
     with pytest.raises(ValueError, match="characters outside"):
         specialised_search_sql("model' OR true --", 384)
@@ -223,28 +223,37 @@ def test_the_search_sql_is_specialised_per_model_with_literals() -> None:
 def test_the_vector_statement_holds_the_vector_list_and_its_exact_twin_uses_no_index() -> None:
     from services.index.ann import vector_expression
     from services.search.statements import (
-        QUERIES,
+        FRAGMENTS,
+        KEYWORD_STATEMENT,
         VECTOR_STATEMENT,
         VectorPath,
+        slot_choices,
         specialised_search_sql,
     )
 
     def indented(name: str, by: int) -> str:
-        return "\n".join(" " * by + line if line else line for line in QUERIES[name].splitlines())
+        return "\n".join(" " * by + line if line else line for line in FRAGMENTS[name].splitlines())
 
-    assert "LIMIT $5" in QUERIES["vector_list"]
-    assert QUERIES[VECTOR_STATEMENT].count(indented("vector_list", 4)) == 1
+    # The vector statement's list is the path's fragment, each bounded by the depth.
+    for path, fragment in (
+        (VectorPath.ANN, "vector_list_ann"),
+        (VectorPath.EXACT, "vector_list_exact"),
+    ):
+        assert slot_choices(VECTOR_STATEMENT, path)["vector_list"] == fragment
+        assert "LIMIT $5" in FRAGMENTS[fragment]
+    assert FRAGMENTS[VECTOR_STATEMENT].count("    -- slot: vector_list\n") == 1
     # Both lists search the very same chunks.
-    assert QUERIES[VECTOR_STATEMENT].count(indented("searchable_chunks", 8)) == 1
-    assert QUERIES["search_keyword_candidates"].count(indented("searchable_chunks", 4)) == 1
+    assert FRAGMENTS["vector_list_ann"].count(indented("searchable_chunks", 4)) == 1
+    assert FRAGMENTS[KEYWORD_STATEMENT].count(indented("searchable_chunks", 4)) == 1
     exact = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.EXACT)
     assert vector_expression(384, "c.embedding") not in exact
     assert exact.count("c.embedding <=> $6::vector") == 2
     # The exact list names the model's dimension (migrations/0017's index is partial on it).
     assert exact.count("c.embedding_dimension = 384") == 1
-    assert "embedding_dimension = 1\n" not in exact
     ann = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.ANN)
-    assert ann.count(vector_expression(384, "c.embedding") + " <=> $6::vector") == 2
+    # Ordered by the model's HNSW expression (its own line in the text: a slot).
+    words = " ".join(ann.split())
+    assert words.count(vector_expression(384, "c.embedding") + " <=> $6::vector") == 2
     assert "embedding_dimension" not in ann
 
 
@@ -268,24 +277,24 @@ def test_only_the_keyword_list_of_broad_principals_probes_each_candidate() -> No
 
 def test_only_the_exact_vector_list_lists_the_readable_documents_first() -> None:
     from services.search.statements import (
+        FRAGMENTS,
         KEYWORD_STATEMENT,
-        QUERIES,
         VECTOR_STATEMENT,
         VectorPath,
         specialised_search_sql,
     )
 
-    def head(name: str) -> list[str]:
-        """The query's columns and filters up to its first EXISTS, comments aside."""
-        lines = QUERIES[name][QUERIES[name].index("SELECT") :].splitlines()
-        until = next(n for n, line in enumerate(lines) if "EXISTS" in line)
-        return [line for line in lines[:until] if not line.strip().startswith("--")]
+    def indented(name: str, by: int) -> str:
+        return "\n".join(" " * by + line if line else line for line in FRAGMENTS[name].splitlines())
 
-    # Twins: the same chunks' columns, tenant, model and request filters.
-    assert head("searchable_chunks_listed") == head("searchable_chunks")
+    # Twins: the same chunks' columns, tenant, model and request filters, of the current
+    # search version -- one text for both.
+    for twin in ("searchable_chunks", "searchable_chunks_listed"):
+        assert FRAGMENTS[twin].count(FRAGMENTS["filtered_chunks"]) == 1
+        assert FRAGMENTS[twin].count(indented("current_search_version", 9)) == 1
     listing = "s.document_id = ANY (ARRAY("
-    assert listing in QUERIES["searchable_chunks_listed"]
-    assert listing not in QUERIES["searchable_chunks"]
+    assert listing in FRAGMENTS["searchable_chunks_listed"]
+    assert listing not in FRAGMENTS["searchable_chunks"]
     exact = specialised_search_sql("m", 384, VECTOR_STATEMENT, VectorPath.EXACT)
     assert exact.count(listing) == 1
     assert "FROM document_acl a" in exact
