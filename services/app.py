@@ -21,6 +21,7 @@ from services.operator.context import OperatorContext, build_operator_context
 from services.operator.routes import mount_operator
 from services.operator.settings import OperatorSettings
 from services.publisher.api import create_app as create_publisher_app
+from services.publisher.bulk.domain import BulkStore
 from services.publisher.ports import PublisherStore
 from services.publisher.settings import PublisherSettings
 from services.runtime.logging import get_logger
@@ -37,6 +38,7 @@ def create_app(
     settings: PublisherSettings | None = None,
     *,
     store: PublisherStore | None = None,
+    bulk_store: BulkStore | None = None,
     searcher: Searcher | None = None,
     search_settings: SearchSettings | None = None,
     embedding_settings: EmbeddingSettings | None = None,
@@ -45,7 +47,7 @@ def create_app(
 ) -> FastAPI:
     """Without ``store`` / ``searcher`` the app opens its own pools and embedder in its
     lifespan (the embedder from ``KB_EMBEDDING_*``, as the indexer's)."""
-    app = create_publisher_app(settings, store=store)
+    app = create_publisher_app(settings, store=store, bulk_store=bulk_store)
     app.title = "kb-pipeline"
     app.state.searcher = searcher
     app.include_router(search_router)

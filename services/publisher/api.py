@@ -14,12 +14,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.publisher.body_limit import BodyLimitMiddleware
+from services.publisher.bulk.domain import BulkPublisher, BulkStore
+from services.publisher.bulk.routes import bulk_router
 from services.publisher.domain import Publisher
 from services.publisher.metrics import MetricsMiddleware, PublisherMetrics
 from services.publisher.ops_routes import ops_router
 from services.publisher.ports import PublisherStore
 from services.publisher.readiness import ReadinessProbe
-from services.publisher.routes import tenant_router
+from services.publisher.routes import bearer, tenant_router
 from services.publisher.settings import PublisherSettings
 from services.publisher.upload_budget import UploadBudget, UploadBudgetMiddleware
 from services.runtime.http_problem import document_errors_as_problem_json, install_problem_handlers
@@ -30,9 +32,13 @@ log = get_logger(__name__)
 
 
 def create_app(
-    settings: PublisherSettings | None = None, *, store: PublisherStore | None = None
+    settings: PublisherSettings | None = None,
+    *,
+    store: PublisherStore | None = None,
+    bulk_store: BulkStore | None = None,
 ) -> FastAPI:
-    """The publisher app. Without ``store`` it opens its own pool in its lifespan."""
+    """The publisher app. Without ``store`` it opens its own pool in its lifespan; a given
+    ``store`` comes with its ``bulk_store`` (without one, bulk publishing answers 503)."""
     settings = settings or PublisherSettings()
 
     @asynccontextmanager
@@ -40,6 +46,7 @@ def create_app(
         if app.state.store is not None:
             yield
             return
+        from services.publisher.bulk.store_pg import PgBulkStore
         from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
 
         pool = await open_publisher_pool(settings)
@@ -49,6 +56,9 @@ def create_app(
                 pool,
                 acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,
                 readiness_timeout_seconds=settings.publisher_readiness_timeout_seconds,
+            ),
+            PgBulkStore(
+                pool, acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds
             ),
         )
         log.info("publisher.started")
@@ -73,8 +83,9 @@ def create_app(
     app.state.settings = settings
     app.state.store = None
     app.state.publisher = None
+    app.state.bulk_publisher = None
     if store is not None:
-        _use_store(app, store)
+        _use_store(app, store, bulk_store)
     app.state.metrics = PublisherMetrics()
     app.state.upload_budget = UploadBudget(settings.publisher_max_inflight_upload_bytes)
     app.state.readiness = ReadinessProbe(
@@ -83,6 +94,7 @@ def create_app(
     )
     install_problem_handlers(app)
     app.include_router(tenant_router)
+    app.include_router(bulk_router(bearer))
     app.include_router(ops_router)
     # Added innermost first.
     app.add_middleware(
@@ -102,10 +114,16 @@ def create_app(
     return app
 
 
-def _use_store(app: FastAPI, store: PublisherStore) -> None:
+def _use_store(app: FastAPI, store: PublisherStore, bulk_store: BulkStore | None) -> None:
     settings: PublisherSettings = app.state.settings
     app.state.store = store
     app.state.publisher = Publisher(store, max_upload_bytes=settings.publisher_max_upload_bytes)
+    if bulk_store is not None:
+        app.state.bulk_publisher = BulkPublisher(
+            app.state.publisher,
+            bulk_store,
+            max_upload_bytes=settings.publisher_max_upload_bytes,
+        )
 
 
 def _store(app: FastAPI) -> PublisherStore:

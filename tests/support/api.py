@@ -15,6 +15,7 @@ import httpx
 from fastapi import FastAPI
 
 from services.publisher.api import create_app
+from services.publisher.bulk.store_pg import PgBulkStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore, open_publisher_pool
 from services.runtime.settings import RuntimeSettings
@@ -71,7 +72,9 @@ async def publisher_harness(
     )
     pool = await open_publisher_pool(publisher_settings, **pool_options)
     try:
-        app = create_app(publisher_settings, store=PgPublisherStore(pool))
+        app = create_app(
+            publisher_settings, store=PgPublisherStore(pool), bulk_store=PgBulkStore(pool)
+        )
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
             yield Harness(app, client, pool)

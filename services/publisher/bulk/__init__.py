@@ -1,0 +1,1 @@
+"""Backfill publishing: many documents or versions in one request (``POST .../documents/bulk``)."""

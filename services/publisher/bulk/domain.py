@@ -1,0 +1,253 @@
+"""Backfill publishing: many documents (or new versions) uploaded and published in one call.
+
+Each item is still what the single calls make of it: its own version, ACL, index task and
+outbox events, checked by the same rules. An item that breaks a rule is refused on its own,
+with the problem code the single call would answer; the others go on.
+
+New documents -- a backfill's bulk -- are written together: one transaction, one statement
+per table for all of them (``BulkStore.insert_published_documents``). Nothing else can write
+a document that does not exist yet, so this is the single calls' outcome without their
+per-document round trips. New versions of existing documents go through the single calls
+(``Publisher.add_version`` then ``Publisher.publish``): their document is locked and its
+revision checked as any other publish.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+from services.publisher.domain import (
+    Publisher,
+    Upload,
+    check_principals,
+    check_title,
+    check_upload,
+)
+from services.publisher.ports import PendingEvent
+from services.runtime.avro import SchemaRegistry, default_registry
+from services.runtime.errors import KbError
+from services.runtime.events import (
+    DOCUMENT_VERSION_PUBLISHED,
+    INDEX_TASK_CREATED,
+    event_id,
+)
+from services.runtime.tasks import TASK_TYPE_INDEX_VERSION
+
+# A new document published at once: created at revision 1, published at revision 2.
+PUBLISHED_REVISION = 2
+
+
+@dataclass(frozen=True)
+class BulkItem:
+    """One item of a bulk call: a new document (``title``) or a new version of an existing
+    one (``document_id``), with the read ACL it is published with."""
+
+    upload: Upload
+    read_principals: list[str]
+    title: str | None = None
+    document_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class ItemPublished:
+    index: int
+    document_id: uuid.UUID
+    version_number: int
+    revision: int
+    index_task_id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class ItemRefused:
+    index: int
+    error: KbError
+
+
+ItemResult = ItemPublished | ItemRefused
+
+
+@dataclass(frozen=True)
+class NewPublishedDocument:
+    """A new document's rows as one bulk write stores them: version 1, published."""
+
+    document_id: uuid.UUID
+    title: str
+    content: bytes
+    media_type: str
+    sha256: bytes
+    read_principals: frozenset[str]
+    index_task_id: uuid.UUID
+
+
+class BulkStore(Protocol):
+    async def tenant_tier(self, tenant_id: str) -> str: ...
+
+    async def insert_published_documents(
+        self,
+        tenant_id: str,
+        tier: str,
+        documents: Sequence[NewPublishedDocument],
+        events: Sequence[PendingEvent],
+        now: datetime | None,
+    ) -> None:
+        """Every document with its version, ACL, PENDING task and events, in one
+        transaction: all of them or none."""
+        ...
+
+
+class BulkPublisher:
+    def __init__(
+        self,
+        publisher: Publisher,
+        store: BulkStore,
+        *,
+        max_upload_bytes: int,
+        registry: SchemaRegistry | None = None,
+    ) -> None:
+        self._publisher = publisher
+        self._store = store
+        self._max_upload_bytes = max_upload_bytes
+        self._registry = registry or default_registry()
+
+    async def publish_many(
+        self, tenant_id: str, items: Sequence[BulkItem], *, now: datetime | None = None
+    ) -> list[ItemResult]:
+        """One result per item, in order."""
+        results: dict[int, ItemResult] = {}
+        documents: list[tuple[int, NewPublishedDocument]] = []
+        for index, item in enumerate(items):
+            if item.document_id is not None:
+                continue
+            try:
+                documents.append((index, self._new_document(item)))
+            except KbError as error:
+                results[index] = ItemRefused(index, error)
+        if documents:
+            tier = await self._store.tenant_tier(tenant_id)
+            events = [
+                event
+                for _, document in documents
+                for event in self._events(tenant_id, tier, document, now)
+            ]
+            await self._store.insert_published_documents(
+                tenant_id, tier, [document for _, document in documents], events, now
+            )
+            for index, document in documents:
+                results[index] = ItemPublished(
+                    index, document.document_id, 1, PUBLISHED_REVISION, document.index_task_id
+                )
+        for index, item in enumerate(items):
+            if item.document_id is not None:
+                results[index] = await self._new_version(index, tenant_id, item, now)
+        return [results[index] for index in range(len(items))]
+
+    def _new_document(self, item: BulkItem) -> NewPublishedDocument:
+        title = check_title(item.title or "")
+        media_type = check_upload(item.upload, self._max_upload_bytes)
+        principals = check_principals(item.read_principals)
+        content = item.upload.content
+        return NewPublishedDocument(
+            document_id=uuid.uuid4(),
+            title=title,
+            content=content,
+            media_type=media_type,
+            sha256=hashlib.sha256(content).digest(),
+            read_principals=principals,
+            index_task_id=uuid.uuid4(),
+        )
+
+    async def _new_version(
+        self, index: int, tenant_id: str, item: BulkItem, now: datetime | None
+    ) -> ItemResult:
+        assert item.document_id is not None
+        try:
+            check_principals(item.read_principals)  # refused before anything is written
+            created = await self._publisher.add_version(
+                tenant_id, item.document_id, item.upload, now=now
+            )
+            published = await self._publisher.publish(
+                tenant_id,
+                item.document_id,
+                created.version_number,
+                expected_revision=created.revision,
+                read_principals=item.read_principals,
+                now=now,
+            )
+        except KbError as error:
+            return ItemRefused(index, error)
+        return ItemPublished(
+            index,
+            item.document_id,
+            published.version_number,
+            published.revision,
+            published.index_task_id,
+        )
+
+    def _events(
+        self, tenant_id: str, tier: str, document: NewPublishedDocument, now: datetime | None
+    ) -> list[PendingEvent]:
+        """The events the single calls would add for this document: its task created, its
+        version published (revision 2, nothing published before)."""
+        occurred_at = now or datetime.now(UTC)
+        task_id = document.index_task_id
+        common = {"tenantId": tenant_id, "tier": tier, "documentId": document.document_id}
+        created = {
+            **common,
+            "versionNumber": 1,
+            "taskId": task_id,
+            "taskType": TASK_TYPE_INDEX_VERSION,
+            "occurredAt": occurred_at,
+        }
+        published = {
+            **common,
+            "versionNumber": 1,
+            "revision": PUBLISHED_REVISION,
+            "previousPublishedVersion": None,
+            "title": document.title,
+            "mediaType": document.media_type,
+            "sha256": document.sha256.hex(),
+            "sizeBytes": len(document.content),
+            "readPrincipals": sorted(document.read_principals),
+            "indexTaskId": task_id,
+            "occurredAt": occurred_at,
+        }
+        return [
+            self._event(
+                INDEX_TASK_CREATED,
+                event_id(INDEX_TASK_CREATED, task_id),
+                tenant_id,
+                tier,
+                document.document_id,
+                created,
+            ),
+            self._event(
+                DOCUMENT_VERSION_PUBLISHED,
+                event_id(
+                    DOCUMENT_VERSION_PUBLISHED,
+                    tenant_id,
+                    document.document_id,
+                    PUBLISHED_REVISION,
+                ),
+                tenant_id,
+                tier,
+                document.document_id,
+                published,
+            ),
+        ]
+
+    def _event(
+        self,
+        event_type: str,
+        id_: uuid.UUID,
+        tenant_id: str,
+        tier: str,
+        document_id: uuid.UUID,
+        record: dict[str, object],
+    ) -> PendingEvent:
+        payload = self._registry.encode(event_type, {"eventId": id_, **record})
+        return PendingEvent(id_, event_type, tenant_id, tier, document_id, payload)

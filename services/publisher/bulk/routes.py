@@ -1,0 +1,224 @@
+"""``POST /v1/tenants/{tenantId}/documents/bulk``: many documents or versions published in
+one multipart request.
+
+The request: an ``items`` part (JSON: a list of ``{"title", "acl"}`` for a new document or
+``{"documentId", "acl"}`` for a new version of one) and, in the same order, one ``file``
+part per item, whose content type is the version's media type. The whole body is bounded by
+the upload limit and counts against the upload budget like any upload.
+
+The answer is 200 with one result per item, in order: its document, version, revision and
+index task, or its problem (``status``, ``errorCode``, ``detail``: what the single calls
+would have answered). A request that cannot be read at all (no ``items``, malformed JSON,
+more files than items, too many items) is refused whole with 400/422 and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Depends, Path, Request, Security
+from pydantic import Field, ValidationError
+from starlette.datastructures import UploadFile
+
+from services.publisher.bulk.domain import (
+    BulkItem,
+    BulkPublisher,
+    ItemPublished,
+    ItemRefused,
+    ItemResult,
+)
+from services.publisher.domain import MAX_TITLE_LENGTH, Upload
+from services.publisher.metrics import PublisherMetrics
+from services.publisher.wire import ApiModel, ReadAcl
+from services.runtime.errors import BadInput, DependencyUnavailable, KbError
+from services.runtime.http_problem import PROBLEM_RESPONSE
+from services.runtime.logging import get_logger
+from services.runtime.tenant_auth import require_authenticated_tenant
+from services.runtime.tenant_ids import TENANT_ID_PATTERN
+
+log = get_logger(__name__)
+
+# Starlette's own default bound on the parts of one multipart body.
+MAX_BULK_ITEMS: Final = 1000
+
+TenantId = Annotated[str, Path(alias="tenantId", pattern=TENANT_ID_PATTERN)]
+
+
+class BulkItemRequest(ApiModel):
+    title: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TITLE_LENGTH,
+        description="A new document's title (leave out with documentId).",
+    )
+    document_id: uuid.UUID | None = Field(
+        default=None, description="Publish the file as a new version of this document."
+    )
+    acl: ReadAcl
+
+
+class BulkItemResult(ApiModel):
+    index: int
+    status: int = Field(description="202 when published, else the item's problem status.")
+    document_id: uuid.UUID | None = None
+    version_number: int | None = None
+    revision: int | None = None
+    index_task_id: uuid.UUID | None = None
+    error_code: str | None = None
+    detail: str | None = None
+
+
+class BulkResponse(ApiModel):
+    published: int
+    refused: int
+    results: list[BulkItemResult]
+
+
+def _authenticated(request: Request, tenant_id: TenantId) -> None:
+    require_authenticated_tenant(request, tenant_id)
+
+
+def bulk_router(security: Any) -> APIRouter:
+    """The bulk route behind the tenant routes' authentication (``security``: their bearer
+    scheme, so the OpenAPI document names one)."""
+    router = APIRouter(
+        prefix="/v1/tenants/{tenantId}",
+        dependencies=[Security(security), Depends(_authenticated)],
+    )
+    router.add_api_route(
+        "/documents/bulk",
+        publish_many,
+        methods=["POST"],
+        response_model=BulkResponse,
+        responses={s: PROBLEM_RESPONSE for s in (400, 401, 403, 408, 413, 422, 503)},
+        summary="Upload and publish many documents or versions in one request (backfills)",
+        openapi_extra=_OPENAPI_BODY,
+    )
+    return router
+
+
+async def publish_many(request: Request, tenant_id: TenantId) -> BulkResponse:
+    metrics: PublisherMetrics = request.app.state.metrics
+    bulk: BulkPublisher | None = request.app.state.bulk_publisher
+    if bulk is None:
+        raise DependencyUnavailable("bulk publishing is not configured on this app")
+    form = await request.form(max_files=MAX_BULK_ITEMS, max_fields=MAX_BULK_ITEMS + 1)
+    try:
+        items = _items(form.getlist("items"), form.getlist("file"))
+        results = await bulk.publish_many(tenant_id, items)
+    except KbError as error:
+        metrics.operations.labels("bulk_publish", error.code).inc()
+        raise
+    finally:
+        await form.close()
+    answer = [_result(result) for result in results]
+    published = sum(1 for result in results if isinstance(result, ItemPublished))
+    metrics.operations.labels("bulk_publish", "ok").inc()
+    for result in results:
+        if isinstance(result, ItemRefused):
+            metrics.operations.labels("bulk_publish_item", result.error.code).inc()
+    log.info(
+        "documents.bulk_published",
+        tenant_id=tenant_id,
+        published=published,
+        refused=len(results) - published,
+    )
+    return BulkResponse(published=published, refused=len(results) - published, results=answer)
+
+
+def _items(manifests: list[Any], files: list[Any]) -> list[BulkItem]:
+    """The items with their files, or BadInput naming what makes the request unreadable."""
+    if len(manifests) != 1 or not isinstance(manifests[0], str):
+        raise BadInput("the request needs exactly one 'items' part (JSON)", code="BULK_INVALID")
+    try:
+        raw = json.loads(manifests[0])
+    except ValueError:
+        raise BadInput("the 'items' part is not JSON", code="BULK_INVALID") from None
+    if not isinstance(raw, list) or not raw:
+        raise BadInput("'items' must be a non-empty JSON list", code="BULK_INVALID")
+    if len(raw) > MAX_BULK_ITEMS:
+        raise BadInput(f"at most {MAX_BULK_ITEMS} items per request", code="BULK_INVALID")
+    if len(files) != len(raw) or not all(isinstance(f, UploadFile) for f in files):
+        raise BadInput(
+            f"{len(raw)} items need {len(raw)} 'file' parts, in order; got {len(files)}",
+            code="BULK_INVALID",
+        )
+    items = []
+    for index, (entry, file) in enumerate(zip(raw, files, strict=True)):
+        try:
+            manifest = BulkItemRequest.model_validate(entry)
+        except ValidationError as error:
+            first = error.errors(include_input=False, include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise BadInput(f"item {index}: {where}: {first['msg']}", code="BULK_INVALID") from None
+        if (manifest.title is None) == (manifest.document_id is None):
+            raise BadInput(
+                f"item {index}: give a title (a new document) or a documentId (a new version)",
+                code="BULK_INVALID",
+            )
+        content = file.file.read()
+        items.append(
+            BulkItem(
+                upload=Upload(
+                    content=content,
+                    declared_media_type=file.content_type,
+                    filename=file.filename,
+                ),
+                read_principals=list(manifest.acl.read),
+                title=manifest.title,
+                document_id=manifest.document_id,
+            )
+        )
+    return items
+
+
+def _result(result: ItemResult) -> BulkItemResult:
+    if isinstance(result, ItemPublished):
+        return BulkItemResult(
+            index=result.index,
+            status=202,
+            document_id=result.document_id,
+            version_number=result.version_number,
+            revision=result.revision,
+            index_task_id=result.index_task_id,
+        )
+    error = result.error
+    # A server-side failure of one item is not the client's to read: its code only.
+    detail = error.message if error.http_status < 500 else "the item could not be published"
+    return BulkItemResult(
+        index=result.index, status=error.http_status, error_code=error.code, detail=detail
+    )
+
+
+_OPENAPI_BODY: Final[dict[str, Any]] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["items", "file"],
+                    "properties": {
+                        "items": {
+                            "type": "string",
+                            "description": (
+                                "JSON list, one entry per file in order: "
+                                '{"title": ..., "acl": {"read": [...]}} for a new document, '
+                                '{"documentId": ..., "acl": {"read": [...]}} for a new '
+                                "version of one."
+                            ),
+                        },
+                        "file": {
+                            "type": "array",
+                            "items": {"type": "string", "format": "binary"},
+                            "maxItems": MAX_BULK_ITEMS,
+                        },
+                    },
+                },
+                "encoding": {"file": {"contentType": "*/*"}},
+            }
+        },
+    }
+}

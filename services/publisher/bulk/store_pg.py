@@ -1,0 +1,77 @@
+"""The bulk store on PostgreSQL: a batch of new documents in one transaction, one statement
+per table (``queries.sql``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from services.publisher.bulk.domain import NewPublishedDocument
+from services.publisher.ports import PendingEvent
+from services.runtime.db import translate_db_errors
+from services.runtime.errors import NotFound
+from services.runtime.outbox import aggregate_key
+from services.runtime.sql import queries_beside
+from services.runtime.tasks import DEFAULT_MAX_ATTEMPTS
+
+QUERIES = queries_beside(__file__)
+
+
+class PgBulkStore:
+    def __init__(self, pool: asyncpg.Pool[Any], *, acquire_timeout_seconds: float = 10.0) -> None:
+        self._pool = pool
+        self._acquire_timeout = acquire_timeout_seconds
+
+    async def tenant_tier(self, tenant_id: str) -> str:
+        with translate_db_errors():
+            tier: str | None = await self._pool.fetchval(QUERIES["tenant_tier"], tenant_id)
+        if tier is None:
+            raise NotFound(f"no tenant {tenant_id!r}", code="TENANT_NOT_FOUND")
+        return tier
+
+    async def insert_published_documents(
+        self,
+        tenant_id: str,
+        tier: str,
+        documents: Sequence[NewPublishedDocument],
+        events: Sequence[PendingEvent],
+        now: datetime | None,
+    ) -> None:
+        acl = [(d.document_id, p) for d in documents for p in sorted(d.read_principals)]
+        with translate_db_errors():
+            async with (
+                self._pool.acquire(timeout=self._acquire_timeout) as conn,
+                conn.transaction(),
+            ):
+                await conn.execute(
+                    QUERIES["insert_published_documents"],
+                    tenant_id,
+                    tier,
+                    [d.document_id for d in documents],
+                    [d.title for d in documents],
+                    [d.content for d in documents],
+                    [d.media_type for d in documents],
+                    [d.sha256 for d in documents],
+                    [d.index_task_id for d in documents],
+                    DEFAULT_MAX_ATTEMPTS,
+                    now,
+                )
+                if acl:
+                    await conn.execute(
+                        QUERIES["insert_acls"],
+                        tenant_id,
+                        [document_id for document_id, _ in acl],
+                        [principal for _, principal in acl],
+                    )
+                await conn.execute(
+                    QUERIES["insert_events_of_new_documents"],
+                    [e.event_id for e in events],
+                    [e.event_type for e in events],
+                    [e.tenant_id for e in events],
+                    [e.tier for e in events],
+                    [aggregate_key(e.tenant_id, e.document_id) for e in events],
+                    [e.payload for e in events],
+                )
