@@ -25,7 +25,6 @@ from services.indexer.pipeline.source_pg import PgVersionSource
 from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
 from services.indexer.ports import DocumentVersionIndexer
 from services.indexer.queue.hints import HintConsumer
-from services.indexer.queue.hints_kafka import KafkaHintSource
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
@@ -231,6 +230,9 @@ def run_workers(
                 ),
             ]
             if use_hints:
+                # aiokafka is imported only by an indexer that listens for hints.
+                from services.indexer.queue.hints_kafka import KafkaHintSource
+
                 consumer = HintConsumer(
                     tier=tier,
                     wake=worker.wake,
