@@ -1,4 +1,5 @@
-"""`kb demo`: DESIGN §1's story told with real processes, real documents and the public API.
+"""`kb demo`: the story of docs/architecture.md#the-story, told with real processes, real
+documents and the public API.
 
 It drives the system the way a user would: `kb` commands for set-up, HTTP for documents and
 search, a signal for the crash. What it prints is what the API answered.

@@ -15,7 +15,7 @@ from services.runtime.errors import ConfigError
 
 @dataclass(frozen=True)
 class IndexGeneration:
-    """What a document version is indexed as (DESIGN §6)."""
+    """What a document version is indexed as (docs/architecture.md#index-generations)."""
 
     embedding_model: str
     dimension: int

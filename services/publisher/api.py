@@ -1,9 +1,10 @@
-"""The publisher's HTTP app (DESIGN §7): its routes, middlewares and state, composed.
+"""The publisher's HTTP app (docs/architecture.md#the-http-contract): its routes, middlewares and
+state, composed.
 
 Middlewares, outermost first: metrics (every answer counted), tenant authentication (before
 anything reads the body), body limits (size, stall), the upload budget (503 before an
 upload's body is read). Every error is ``application/problem+json`` with a stable
-``errorCode``. The search call of DESIGN §7 belongs to the indexing pipeline.
+``errorCode``. The search call is the search service's (services/search).
 """
 
 from __future__ import annotations

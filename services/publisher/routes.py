@@ -1,4 +1,5 @@
-"""The publisher's tenant routes (DESIGN §7): upload, publish, document status, index task.
+"""The publisher's tenant routes (docs/architecture.md#the-http-contract): upload, publish, document
+status, index task.
 
 Every route sits behind tenant authentication (services.runtime.tenant_auth): the
 middleware checks the key, the router's dependency refuses whatever did not pass it.

@@ -13,7 +13,8 @@ from services.runtime.redaction import redact as redact_secrets
 
 
 class ErrorCode:
-    """Stable failure codes (DESIGN §4). Policy keys on these, never on message text."""
+    """Stable failure codes (docs/architecture.md#retries-and-failure-codes). Policy keys on
+    these, never on message text."""
 
     UNSUPPORTED_DOCUMENT: ClassVar[str] = "UNSUPPORTED_DOCUMENT"
     DOCUMENT_PARSE_FAILED: ClassVar[str] = "DOCUMENT_PARSE_FAILED"

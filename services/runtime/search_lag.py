@@ -1,5 +1,5 @@
-"""The search-version lag (DESIGN §9): documents whose search version lags the published
-one, and the oldest lag's age. Exported by every long-running process that has a pool
+"""The search-version lag (docs/architecture.md#observability): documents whose search version lags
+the published one, and the oldest lag's age. Exported by every long-running process that has a pool
 (publisher, relay), so the lag is visible even while no indexer runs."""
 
 from __future__ import annotations

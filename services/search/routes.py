@@ -1,4 +1,4 @@
-"""The search route (DESIGN §7): ``POST /v1/tenants/{tenantId}/search``.
+"""The search route (docs/architecture.md#search): ``POST /v1/tenants/{tenantId}/search``.
 
 Mounted into the app the tenant-auth middleware wraps (services/app.py), and failing closed
 on its own should a request arrive unauthenticated. Errors are problem+json.

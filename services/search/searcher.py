@@ -1,5 +1,5 @@
-"""Search over the index (DESIGN §6, §7): the request limits, the result model, and the
-reciprocal rank fusion of the vector and keyword lists.
+"""Search over the index (docs/architecture.md#search): the request limits, the result model, and
+the reciprocal rank fusion of the vector and keyword lists.
 
 Pure Python: the query embedding comes through the pipeline's ``Embedder`` port, the
 candidate lists through a ``SearchIndex`` port (PostgreSQL: ``index_pg``). Every filter

@@ -1,5 +1,5 @@
 """A search running across search-pointer switches sees each document at one version: every
-answer is all old or all new (DESIGN §8.5), in every mode."""
+answer is all old or all new (docs/architecture.md#invariants), in every mode."""
 
 from __future__ import annotations
 

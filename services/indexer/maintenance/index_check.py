@@ -1,5 +1,5 @@
 """`kb index check`: find documents whose search state drifted from what was published, and
-decide how each drift is repaired (DESIGN §7).
+decide how each drift is repaired (docs/architecture.md#invariants).
 
 The pipeline keeps the index right by construction (one fenced transaction moves chunks,
 pointer, task and event together); drift is what a restore from backup, a hand-edited row

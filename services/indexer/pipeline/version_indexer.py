@@ -1,6 +1,6 @@
-"""The indexing pipeline for one leased task (DESIGN §6): load the immutable version, parse
-and chunk it off the event loop, reuse the embeddings the index already holds for unchanged
-content, embed the rest in batches, and hand the sink's write to the fenced ``complete``.
+"""The indexing pipeline for one leased task (docs/architecture.md#the-indexer): load the immutable
+version, parse and chunk it off the event loop, reuse the embeddings the index already holds for
+unchanged content, embed the rest in batches, and hand the sink's write to the fenced ``complete``.
 
 Chunks come back from the parse process in slices and are embedded slice by slice
 (``slices.DocumentRun``), so a huge document is never held whole: its slices are staged

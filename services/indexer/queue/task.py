@@ -1,9 +1,9 @@
 """Index tasks: the five states, the only transitions between them, and the retry policy.
 
-Pure Python (DESIGN §4): no driver, no clock of its own. The states and the row are the
-shared vocabulary of services.runtime.tasks. The PostgreSQL adapter applies the same rules
-in SQL; the in-memory fake of the tests applies them through the functions below; one
-contract suite holds both to the same behaviour.
+Pure Python (docs/architecture.md#index-tasks): no driver, no clock of its own. The states
+and the row are the shared vocabulary of services.runtime.tasks. The PostgreSQL adapter
+applies the same rules in SQL; the in-memory fake of the tests applies them through the
+functions below; one contract suite holds both to the same behaviour.
 
 Fencing: ``attempts`` after a claim is the lease generation (``lease_attempt``). It only ever
 grows: not on retry, not on takeover, not on requeue (a requeue renews the *budget* by
@@ -30,8 +30,9 @@ from services.runtime.tasks import TASK_TYPE_INDEX_VERSION as TASK_TYPE_INDEX_VE
 from services.runtime.tasks import IndexTaskRecord
 from services.runtime.tasks import TaskStatus as TaskStatus
 
-# Every edge of DESIGN §4. RUNNING -> RUNNING is a takeover of an expired lease (a new
-# generation); heartbeats keep RUNNING without a new generation and are not an edge.
+# Every edge of docs/architecture.md#states-and-transitions. RUNNING -> RUNNING is a takeover
+# of an expired lease (a new generation); heartbeats keep RUNNING without a new generation and
+# are not an edge.
 TRANSITIONS: Final[frozenset[tuple[TaskStatus, TaskStatus]]] = frozenset(
     {
         (TaskStatus.PENDING, TaskStatus.RUNNING),  # claim
@@ -120,7 +121,8 @@ class RequeueRecord:
 
 
 def fence(task: IndexTask, lease: Lease, now: datetime) -> None:
-    """DESIGN §4: status RUNNING, same owner, same generation, lease not expired."""
+    """The fence (docs/architecture.md#leases-and-fencing): status RUNNING, same owner, same
+    generation, lease not expired."""
     holds = (
         task.task_id == lease.task_id
         and task.status is TaskStatus.RUNNING

@@ -1,4 +1,5 @@
-"""The claim loop: keep ``concurrency`` slots indexing claimed tasks (DESIGN §4, §6).
+"""The claim loop: keep ``concurrency`` slots indexing claimed tasks
+(docs/architecture.md#index-tasks).
 
 ``run_once`` does one task; ``Worker.run`` keeps ``concurrency`` slots busy, polls on a timer
 with jittered idle backoff, wakes early on ``wake()`` (the hook for Kafka hints) and on
@@ -111,7 +112,8 @@ class Worker:
         results wait to be written than there are slots, so a slow database holds back new
         work instead of piling results up. Nothing is acknowledged early: a result counts
         only once its write commits; a crash before that leaves the task RUNNING until its
-        lease expires, and it is done again (DESIGN §4: at-least-once, fenced writes)."""
+        lease expires, and it is done again (at-least-once, fenced writes:
+        docs/architecture.md#leases-and-fencing)."""
         slots: set[asyncio.Task[IndexedAttempt]] = set()
         writes: set[asyncio.Task[RunOnceResult]] = set()
         idle_delay = self.idle_backoff_min_seconds

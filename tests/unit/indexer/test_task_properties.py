@@ -1,6 +1,7 @@
 """Property: whatever several workers do, in any order, with time moving on -- claim,
-heartbeat, complete, fail, expire, requeue -- a task never leaves the graph of DESIGN §4,
-its generation never goes back, and a worker whose lease is not the current live one never
+heartbeat, complete, fail, expire, requeue -- a task never leaves the graph of
+docs/architecture.md#states-and-transitions, its generation never goes back, and a worker whose
+lease is not the current live one never
 changes it."""
 
 from __future__ import annotations
