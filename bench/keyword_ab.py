@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.databases import url_for
 from bench.search_scale_single import (
     CLUSTERS,
     DIMENSION,
@@ -34,7 +35,6 @@ from bench.search_scale_single import (
     VOCABULARY,
     percentile,
     unit_vectors,
-    url_for,
 )
 from services.index.ann import model_predicate, vector_expression
 from services.runtime.db import create_pool

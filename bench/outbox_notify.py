@@ -38,7 +38,7 @@ from typing import Any
 
 import asyncpg
 
-from services.runtime.migrations import apply_migrations
+from bench.databases import recreate_database
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 from services.runtime.sql import queries_beside
@@ -52,19 +52,7 @@ TRIGGER = "outbox_notify_relay"
 
 
 async def _database(admin_url: str) -> str:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{BENCH_DB}"')
-    finally:
-        await admin.close()
-    url = f"{admin_url.rpartition('/')[0]}/{BENCH_DB}"
-    conn = await asyncpg.connect(url)
-    try:
-        await apply_migrations(conn)
-    finally:
-        await conn.close()
-    return url
+    return await recreate_database(admin_url, BENCH_DB, migrate=True)
 
 
 async def _publish_for(conn: asyncpg.Connection[Any], until: float) -> int:

@@ -42,6 +42,7 @@ from typing import Any
 
 import asyncpg
 
+from bench.databases import recreate_database
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.onnx_local import OnnxLocalEmbedder
 from services.embedding.port import Embedder, Vectors
@@ -55,7 +56,6 @@ from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
 from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.logging import configure_logging
-from services.runtime.migrations import apply_migrations
 from services.runtime.settings import RuntimeSettings
 from tests.support.pipeline import RecordingEmbedder, running_pipeline
 from tests.support.tasks import create_task
@@ -100,25 +100,9 @@ WORDS = [
 ]
 
 
-def url_for(admin_url: str, name: str) -> str:
-    base, _, _ = admin_url.rpartition("/")
-    return f"{base}/{name}"
-
-
 async def recreate(admin_url: str, name: str = BENCH_DB) -> str:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = url_for(admin_url, name)
-    conn = await asyncpg.connect(url)
-    try:
-        await apply_migrations(conn)
-    finally:
-        await conn.close()
-    return url
+    """The bench's database, created anew with our migrations; its URL."""
+    return await recreate_database(admin_url, name, migrate=True)
 
 
 def document(seed: int, sections: int, changed: int | None = None) -> bytes:

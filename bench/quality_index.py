@@ -26,6 +26,7 @@ import asyncpg
 import numpy as np
 
 from bench.quality_examples import SourceDocument
+from bench.search_data import PublishedRows, chunk_row
 from services.embedding.batching import embed_batched
 from services.embedding.port import Embedder, Vectors
 from services.embedding.tokens import TokenizerSpec, load_token_counter
@@ -165,67 +166,30 @@ async def load_tenant(
         tenant,
         text_search_config,
     )
-    doc_rows, version_rows, acl_rows, pointer_rows, chunk_rows = [], [], [], [], []
+    rows = PublishedRows(model, indexed.strategy_id)
     for doc in documents:
         document_id = indexed.document_ids[doc.doc_key]
-        doc_rows.append((tenant, document_id, doc.title))
-        version_rows.append(
-            (
-                tenant,
-                document_id,
-                doc.content,
-                doc.media_type,
-                hashlib.sha256(doc.content).digest(),
-                len(doc.content),
-            )
+        rows.add_document(
+            tenant, document_id, doc.title, doc.content, [PRINCIPAL], media_type=doc.media_type
         )
-        acl_rows.append((tenant, document_id, PRINCIPAL))
-        pointer_rows.append((tenant, document_id, model, indexed.strategy_id))
         vectors = indexed.vectors[doc.doc_key]
         for chunk, vector in zip(indexed.chunks[doc.doc_key], vectors, strict=True):
-            chunk_rows.append(
-                (
+            rows.chunks.append(
+                chunk_row(
                     tenant,
                     document_id,
                     model,
+                    indexed.strategy_id,
                     chunk.chunk_id,
                     chunk.ordinal,
-                    list(chunk.heading_path),
+                    chunk.heading_path,
                     chunk.text,
-                    chunk.content_digest,
-                    len(vector),
                     vector,
-                    indexed.strategy_id,
+                    digest=chunk.content_digest,
                 )
             )
     async with conn.transaction():
-        await conn.executemany(
-            "INSERT INTO document (tenant_id, document_id, title, latest_version,"
-            " published_version) VALUES ($1, $2, $3, 1, 1)",
-            doc_rows,
-        )
-        await conn.executemany(
-            "INSERT INTO document_version (tenant_id, document_id, version_number, content,"
-            " media_type, sha256, size_bytes, status)"
-            " VALUES ($1, $2, 1, $3, $4, $5, $6, 'PUBLISHED')",
-            version_rows,
-        )
-        await conn.executemany(
-            "INSERT INTO document_acl VALUES ($1, $2, $3, 'READ')",
-            acl_rows,
-        )
-        await conn.executemany(
-            "INSERT INTO knowledge_chunk (tenant_id, document_id, version_number,"
-            " embedding_model, chunk_id, ordinal, heading_path, text, content_digest,"
-            " embedding_dimension, embedding, chunking_strategy)"
-            " VALUES ($1, $2, 1, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            chunk_rows,
-        )
-        await conn.executemany(
-            "INSERT INTO document_search_version (tenant_id, document_id, version_number,"
-            " embedding_model, chunking_strategy) VALUES ($1, $2, 1, $3, $4)",
-            pointer_rows,
-        )
+        await rows.copy(conn)
 
 
 class QueryEmbedder:

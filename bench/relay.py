@@ -31,6 +31,7 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from bench.databases import drop_database, recreate_database
 from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, PgWakeups, create_relay_pool
 from services.relay.ports import Lease, OutboxRecord
 from services.relay.relay import Relay
@@ -38,7 +39,6 @@ from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
 from services.runtime.events import document_events_topic
 from services.runtime.logging import configure_logging
-from services.runtime.migrations import apply_migrations
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 
@@ -61,28 +61,11 @@ def _payload(i: int) -> bytes:
 
 
 async def _create_database(admin_url: str) -> str:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{BENCH_DB}"')
-    finally:
-        await admin.close()
-    base, _, _ = admin_url.rpartition("/")
-    url = f"{base}/{BENCH_DB}"
-    conn = await asyncpg.connect(url)
-    try:
-        await apply_migrations(conn)
-    finally:
-        await conn.close()
-    return url
+    return await recreate_database(admin_url, BENCH_DB, migrate=True)
 
 
 async def _drop_database(admin_url: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    await drop_database(admin_url, BENCH_DB)
 
 
 async def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:

@@ -23,11 +23,11 @@ from typing import Any
 
 import asyncpg
 
+from bench.databases import recreate_database
 from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, create_relay_pool
 from services.relay.ports import Lease
 from services.relay.settings import RelaySettings
 from services.runtime.logging import configure_logging
-from services.runtime.migrations import apply_migrations
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 
@@ -46,19 +46,7 @@ class Drain:
 
 
 async def _database(admin_url: str) -> str:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{BENCH_DB}"')
-    finally:
-        await admin.close()
-    url = f"{admin_url.rpartition('/')[0]}/{BENCH_DB}"
-    conn = await asyncpg.connect(url)
-    try:
-        await apply_migrations(conn)
-    finally:
-        await conn.close()
-    return url
+    return await recreate_database(admin_url, BENCH_DB, migrate=True)
 
 
 def _event(document: str) -> OutboxEvent:

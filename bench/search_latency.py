@@ -38,6 +38,7 @@ import os
 import sys
 import time
 
+from bench.databases import url_for
 from bench.search_scale_corpus import build_corpus
 from bench.search_scale_load import (
     build_tenant_graphs,
@@ -45,7 +46,6 @@ from bench.search_scale_load import (
     load,
     migrate,
     reusable,
-    url_for,
 )
 from services.embedding.onnx_local import MODEL_NAME
 

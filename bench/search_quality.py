@@ -37,6 +37,7 @@ import asyncpg
 from pgvector.asyncpg import register_vector
 
 from bench import quality_stdlib
+from bench.databases import drop_database, recreate_database
 from bench.quality_examples import (
     DATA,
     SourceDocument,
@@ -132,24 +133,6 @@ def stdlib_set(pairs: int) -> QualitySet:
     )
 
 
-async def _fresh_database(admin_url: str, name: str) -> str:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return admin_url.rpartition("/")[0] + "/" + name
-
-
-async def _drop_database(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
 def _tenant(set_name: str, config: str) -> str:
     return f"q-{set_name}-{config}"
 
@@ -194,7 +177,7 @@ async def run(args: argparse.Namespace) -> None:
         f" command `{' '.join(['python -m bench.search_quality', *sys.argv[1:]])}`",
         "",
     ]
-    url = await _fresh_database(admin_url, args.database)
+    url = await recreate_database(admin_url, args.database)
     try:
         conn = await asyncpg.connect(url)
         await apply_migrations(conn)
@@ -254,7 +237,7 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         await embedder.aclose()
         if not args.keep_database:
-            await _drop_database(admin_url, args.database)
+            await drop_database(admin_url, args.database)
     lines.append("")
     lines.append(f"total {clock():.0f} s")
     print("\n".join(lines))

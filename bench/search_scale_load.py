@@ -22,6 +22,8 @@ from typing import Any
 import asyncpg
 from pgvector.asyncpg import register_vector
 
+from bench.databases import recreate_database, url_for
+from bench.search_data import CHUNK_COLUMNS, PublishedRows, chunk_row
 from bench.search_scale_corpus import (
     CORPUS_VERSION,
     DIMENSION,
@@ -43,26 +45,6 @@ STRATEGY = "bench"
 KEY_PREFIX_FOR_BENCH = "kb"
 GIN_INDEX = "knowledge_chunk_search_document"
 EXACT_INDEX = "knowledge_chunk_exact"
-
-CHUNK_COLUMNS = [
-    "tenant_id",
-    "document_id",
-    "version_number",
-    "embedding_model",
-    "chunk_id",
-    "ordinal",
-    "heading_path",
-    "text",
-    "content_digest",
-    "embedding_dimension",
-    "embedding",
-    "chunking_strategy",
-]
-
-
-def url_for(admin_url: str, name: str) -> str:
-    base, _, _ = admin_url.rpartition("/")
-    return f"{base}/{name}"
 
 
 def api_key(tenant: str) -> str:
@@ -147,13 +129,7 @@ async def load(
     log: Any = print,
 ) -> str:
     """Creates ``database`` anew with the corpus and its indexes; returns its URL."""
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{database}"')
-    finally:
-        await admin.close()
-    url = url_for(admin_url, database)
+    url = await recreate_database(admin_url, database)
     conn = await asyncpg.connect(url)
     try:
         await apply_migrations(conn)
@@ -261,75 +237,22 @@ async def _copy_tenants_and_documents(
         [(t, hash_api_key(api_key(t))) for t in tenants],
     )
     counts = corpus.document_chunks()
-    docs, versions, acls, pointers = [], [], [], []
+    rows = PublishedRows(model, STRATEGY)
     for d in range(corpus.documents):
-        tenant = tenant_name(int(corpus.document_tenant[d]))
-        document_id = document_uuid(d)
-        docs.append((tenant, document_id, f"Document {d}", 1, 1, 1))
-        content = f"document {d}".encode()
-        versions.append(
-            (
-                tenant,
-                document_id,
-                1,
-                content,
-                "text/plain",
-                hashlib.sha256(content).digest(),
-                len(content),
-                "PUBLISHED",
-            )
-        )
-        acls.append((tenant, document_id, "group:everyone", "READ"))
         mask = int(corpus.document_groups[d])
-        acls.extend(
-            (tenant, document_id, f"group:g{g:02d}", "READ") for g in range(GROUPS) if mask >> g & 1
-        )
+        principals = ["group:everyone"]
+        principals.extend(f"group:g{g:02d}" for g in range(GROUPS) if mask >> g & 1)
         if corpus.document_narrow[d]:
-            acls.append((tenant, document_id, "group:narrow", "READ"))
-        pointers.append((tenant, document_id, 1, model, STRATEGY, int(counts[d])))
-    await conn.copy_records_to_table(
-        "document",
-        records=docs,
-        columns=[
-            "tenant_id",
-            "document_id",
-            "title",
-            "revision",
-            "latest_version",
-            "published_version",
-        ],
-    )
-    await conn.copy_records_to_table(
-        "document_version",
-        records=versions,
-        columns=[
-            "tenant_id",
-            "document_id",
-            "version_number",
-            "content",
-            "media_type",
-            "sha256",
-            "size_bytes",
-            "status",
-        ],
-    )
-    await conn.copy_records_to_table(
-        "document_acl",
-        records=acls,
-        columns=["tenant_id", "document_id", "principal", "permission"],
-    )
-    await conn.copy_records_to_table(
-        "document_search_version",
-        records=pointers,
-        columns=[
-            "tenant_id",
-            "document_id",
-            "version_number",
-            "embedding_model",
-            "chunking_strategy",
-            "chunk_count",
-        ],
-    )
+            principals.append("group:narrow")
+        rows.add_document(
+            tenant_name(int(corpus.document_tenant[d])),
+            document_uuid(d),
+            f"Document {d}",
+            f"document {d}".encode(),
+            principals,
+            chunk_count=int(counts[d]),
+        )
+    await rows.copy(conn)
 
 
 def _chunk_rows(
@@ -347,19 +270,16 @@ def _chunk_rows(
         d = int(corpus.chunk_document[i])
         ordinal = i - starts.setdefault(d, _document_start(corpus, d, i))
         rows.append(
-            (
+            chunk_row(
                 tenant_name(int(corpus.document_tenant[d])),
                 document_uuid(d),
-                1,
                 model,
+                STRATEGY,
                 str(i),
                 ordinal,
                 headings[n],
                 text,
-                hashlib.sha256(text.encode()).digest(),
-                DIMENSION,
                 vectors[n],
-                STRATEGY,
             )
         )
     return rows

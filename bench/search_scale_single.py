@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import os
 import statistics
 import time
@@ -39,6 +38,8 @@ import asyncpg
 import numpy as np
 from pgvector.asyncpg import register_vector
 
+from bench.databases import recreate_database
+from bench.search_data import PublishedRows, chunk_row
 from services.index.ann import model_predicate, vector_expression
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
@@ -75,19 +76,8 @@ office building floor room meeting calendar schedule deadline
 VOCABULARY = _WORDS.split()
 
 
-def url_for(admin_url: str, name: str) -> str:
-    base, _, _ = admin_url.rpartition("/")
-    return f"{base}/{name}"
-
-
 async def recreate(admin_url: str) -> str:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{DB}"')
-    finally:
-        await admin.close()
-    return url_for(admin_url, DB)
+    return await recreate_database(admin_url, DB)
 
 
 def text_for(rng: np.random.Generator, words: int) -> str:
@@ -119,109 +109,39 @@ async def load(
         await apply_migrations(conn)
         await register_vector(conn)
         await conn.execute("INSERT INTO tenant (tenant_id, tier) VALUES ($1, 'standard')", TENANT)
-        doc_rows, version_rows, acl_rows, pointer_rows, chunk_rows = [], [], [], [], []
+        rows = PublishedRows(MODEL, STRATEGY)
         for d in range(documents):
             document_id = uuid.UUID(int=d + 1)
-            doc_rows.append((TENANT, document_id, f"Document {d}", 1, 1, 1))
-            content = f"document {d}".encode()
-            version_rows.append(
-                (
-                    TENANT,
-                    document_id,
-                    1,
-                    content,
-                    "text/plain",
-                    hashlib.sha256(content).digest(),
-                    len(content),
-                    "PUBLISHED",
-                )
-            )
-            acl_rows.append((TENANT, document_id, "group:all", "READ"))
+            principals = ["group:all"]
             if d % FEW_EVERY == 0:
-                acl_rows.append((TENANT, document_id, "group:few", "READ"))
+                principals.append("group:few")
                 few[d * CHUNKS_PER_DOCUMENT : (d + 1) * CHUNKS_PER_DOCUMENT] = True
-            pointer_rows.append((TENANT, document_id, 1, MODEL, STRATEGY, CHUNKS_PER_DOCUMENT))
+            rows.add_document(
+                TENANT,
+                document_id,
+                f"Document {d}",
+                f"document {d}".encode(),
+                principals,
+                chunk_count=CHUNKS_PER_DOCUMENT,
+            )
             for o in range(CHUNKS_PER_DOCUMENT):
                 i = d * CHUNKS_PER_DOCUMENT + o
                 text = text_for(rng, int(rng.integers(40, 120)))
                 heading = [VOCABULARY[int(rng.integers(len(VOCABULARY)))].capitalize()]
-                chunk_rows.append(
-                    (
+                rows.chunks.append(
+                    chunk_row(
                         TENANT,
                         document_id,
-                        1,
                         MODEL,
+                        STRATEGY,
                         f"{d}-{o}",
                         o,
                         heading,
                         text,
-                        hashlib.sha256(text.encode()).digest(),
-                        DIMENSION,
                         vectors[i],
-                        STRATEGY,
                     )
                 )
-        await conn.copy_records_to_table(
-            "document",
-            records=doc_rows,
-            columns=[
-                "tenant_id",
-                "document_id",
-                "title",
-                "revision",
-                "latest_version",
-                "published_version",
-            ],
-        )
-        await conn.copy_records_to_table(
-            "document_version",
-            records=version_rows,
-            columns=[
-                "tenant_id",
-                "document_id",
-                "version_number",
-                "content",
-                "media_type",
-                "sha256",
-                "size_bytes",
-                "status",
-            ],
-        )
-        await conn.copy_records_to_table(
-            "document_acl",
-            records=acl_rows,
-            columns=["tenant_id", "document_id", "principal", "permission"],
-        )
-        await conn.copy_records_to_table(
-            "knowledge_chunk",
-            records=chunk_rows,
-            columns=[
-                "tenant_id",
-                "document_id",
-                "version_number",
-                "embedding_model",
-                "chunk_id",
-                "ordinal",
-                "heading_path",
-                "text",
-                "content_digest",
-                "embedding_dimension",
-                "embedding",
-                "chunking_strategy",
-            ],
-        )
-        await conn.copy_records_to_table(
-            "document_search_version",
-            records=pointer_rows,
-            columns=[
-                "tenant_id",
-                "document_id",
-                "version_number",
-                "embedding_model",
-                "chunking_strategy",
-                "chunk_count",
-            ],
-        )
+        await rows.copy(conn)
         await conn.execute("VACUUM ANALYZE")
     finally:
         await conn.close()

@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 from pgvector import Vector
 
+from bench.databases import drop_database, recreate_database
 from services.index.generation import IndexGeneration
 from services.indexer.pipeline.chunking import Chunk, chunk_id_of
 from services.indexer.queue.store_pg import PgTaskQueue
@@ -75,29 +76,6 @@ class Document:
 class Batch:
     tier: str
     documents: list[Document]
-
-
-def url_for(admin_url: str, name: str) -> str:
-    base, _, _ = admin_url.rpartition("/")
-    return f"{base}/{name}"
-
-
-async def recreate(admin_url: str, name: str) -> str:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return url_for(admin_url, name)
-
-
-async def drop(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 def make_document(rng: np.random.Generator, chunks: int) -> Document:
@@ -335,7 +313,7 @@ async def main(argv: list[str]) -> None:
     admin_url = os.environ.get("DATABASE_URL")
     if not admin_url:
         raise SystemExit("DATABASE_URL is not set (run `kb dev up` or point it at PostgreSQL)")
-    url = await recreate(admin_url, DB)
+    url = await recreate_database(admin_url, DB)
     try:
         conn = await asyncpg.connect(url)
         try:
@@ -375,7 +353,7 @@ async def main(argv: list[str]) -> None:
             await pool.close()
     finally:
         if not args.keep:
-            await drop(admin_url, DB)
+            await drop_database(admin_url, DB)
 
     lines = [
         f"{args.documents} documents x {args.chunks} chunks (dimension {DIMENSION}) per variant "

@@ -27,6 +27,7 @@ from typing import Any
 
 import asyncpg
 
+from bench.databases import drop_database, recreate_database
 from services.indexer.ports import IndexingOutcome
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease
@@ -62,29 +63,6 @@ class Result:
             return float("nan")
         ordered = sorted(self.claim_ms)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def url_for(admin_url: str, name: str) -> str:
-    base, _, _ = admin_url.rpartition("/")
-    return f"{base}/{name}"
-
-
-async def recreate(admin_url: str, name: str) -> str:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return url_for(admin_url, name)
-
-
-async def drop(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def table_stats(url: str, *tables: str) -> tuple[int, int, int]:
@@ -144,7 +122,7 @@ class TimedQueue(PgTaskQueue):
 async def run_kb(
     admin_url: str, tasks: int, slots: int, tenants: int, finished_backlog: int = 0
 ) -> Result:
-    url = await recreate(admin_url, KB_DB)
+    url = await recreate_database(admin_url, KB_DB)
     conn = await asyncpg.connect(url)
     try:
         await apply_migrations(conn)
@@ -196,7 +174,7 @@ async def run_kb(
 async def run_procrastinate(admin_url: str, tasks: int, slots: int) -> Result:
     import procrastinate
 
-    url = await recreate(admin_url, PROCRASTINATE_DB)
+    url = await recreate_database(admin_url, PROCRASTINATE_DB)
     claim_ms: list[float] = []
 
     class TimedConnector(procrastinate.PsycopgConnector):
@@ -323,8 +301,8 @@ async def main(argv: list[str]) -> None:
             )
     finally:
         if not args.keep:
-            await drop(admin_url, KB_DB)
-            await drop(admin_url, PROCRASTINATE_DB)
+            await drop_database(admin_url, KB_DB)
+            await drop_database(admin_url, PROCRASTINATE_DB)
     print(table(results))
     print()
     print(ratios(results))

@@ -114,7 +114,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-    # Plain help text: rendering with rich would import it (and ~0.1 s) on every --help.
+    # Plain help text: rendering with rich would import it, and pay for that, on every --help.
     rich_markup_mode=None,
 )
 

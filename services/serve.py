@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import typer
 
+from services.runtime.cli_options import metrics_port_option, serve_metrics
+
 
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="TCP port."),
-    metrics_port: int | None = typer.Option(
-        None,
-        "--metrics-port",
-        min=1,
-        max=65535,
-        help="Also serve Prometheus /metrics on 127.0.0.1:PORT (the API serves /metrics too).",
+    metrics_port: int | None = metrics_port_option(
+        "Also serve Prometheus /metrics on 127.0.0.1:PORT (the API serves /metrics too)."
     ),
 ) -> None:
     """Run the HTTP API (publishing and search)."""
@@ -26,8 +24,5 @@ def serve(
 
     settings = load_settings(PublisherSettings)
     configure_logging(settings.log_level, settings.log_format, service="kb-api")
-    if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port, addr="127.0.0.1")
+    serve_metrics(metrics_port, "127.0.0.1")
     serve_app(create_app(settings), host=host, port=port, settings=settings)

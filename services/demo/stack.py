@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 from services.demo.client import ApiClient, Tenant
 from services.demo.console import Console, Step
 from services.demo.processes import DemoProcesses
+from services.devstack.process import run_tool
 
 MODEL = "all-MiniLM-L6-v2-onnx-int8"
 TENANTS = (("acme", "standard"), ("globex", "premium"))
@@ -56,13 +56,8 @@ class DemoStack:
         return str(self.home / f"{name}.log")
 
     def kb(self, *args: str, env: dict[str, str] | None = None) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "services.cli", *args],
-            env=env or self.env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
+        done = run_tool(
+            [sys.executable, "-m", "services.cli", *args], env=env or self.env, timeout=900
         )
         if done.returncode != 0:
             raise RuntimeError(

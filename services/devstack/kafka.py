@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +21,7 @@ from services.devstack.process import (
     pid_alive,
     port_open,
     read_pid,
+    run_tool,
     spawn_detached,
     terminate,
 )
@@ -118,7 +118,7 @@ class LocalKafka:
         work.mkdir(parents=True)
         try:
             (work / "pom.xml").write_text(_POM.format(version=version))
-            result = subprocess.run(
+            result = run_tool(
                 [
                     mvn,
                     "-q",
@@ -128,10 +128,7 @@ class LocalKafka:
                     f"-DoutputDirectory={work / 'libs'}",
                 ],
                 cwd=work,
-                capture_output=True,
-                text=True,
                 timeout=900,
-                check=False,
             )
             if result.returncode != 0:
                 raise DependencyUnavailable(
@@ -162,19 +159,14 @@ class LocalKafka:
         return pid if str(self.config_file) in cmdline(pid) else None
 
     def status(self) -> ServiceStatus:
-        recorded = read_pid(self.pid_file)
-        pid = self._our_pid()
-        if recorded is None:
-            return ServiceStatus("kafka", "stopped", f"not started (data: {self.data_dir})")
-        if pid is None:
-            return ServiceStatus(
-                "kafka", "dead", f"pid {recorded} is gone (killed?); run `kb dev up` to restart"
-            )
-        if not port_open("127.0.0.1", self.settings.kafka_port):
-            return ServiceStatus(
-                "kafka", "dead", f"pid {pid} runs but port {self.settings.kafka_port} is closed"
-            )
-        return ServiceStatus("kafka", "running", f"pid {pid}, data {self.data_dir}", self.bootstrap)
+        return ServiceStatus.of_process(
+            "kafka",
+            read_pid(self.pid_file),
+            self._our_pid(),
+            self.settings.kafka_port,
+            self.data_dir,
+            self.bootstrap,
+        )
 
     def _write_config(self) -> None:
         s = self.settings
@@ -254,7 +246,7 @@ class LocalKafka:
 
     def format_storage(self, java: str, classpath: str, cluster_id: str) -> None:
         """Format the KRaft log directory for a new single-node cluster."""
-        result = subprocess.run(
+        result = run_tool(
             self._java(
                 java,
                 classpath,
@@ -268,10 +260,7 @@ class LocalKafka:
                 "--standalone",
                 "--ignore-formatted",
             ),
-            capture_output=True,
-            text=True,
             timeout=120,
-            check=False,
         )
         if result.returncode != 0:
             raise DependencyUnavailable(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import asyncpg
 
-from services.devstack.process import pid_alive, port_open, read_pid
+from services.devstack.process import pid_alive, port_open, read_pid, run_tool
 from services.devstack.settings import DevStackSettings
 from services.runtime.errors import ConfigError, DependencyUnavailable, MissingTool
 
@@ -79,6 +79,22 @@ class ServiceStatus:
     def running(self) -> bool:
         return self.state == "running"
 
+    @classmethod
+    def of_process(
+        cls, name: str, recorded: int | None, pid: int | None, port: int, data: Path, url: str
+    ) -> ServiceStatus:
+        """A server's status from the pid it recorded, that pid if it still runs the server
+        (else None), and whether its port is open."""
+        if recorded is None:
+            return cls(name, "stopped", f"not started (data: {data})")
+        if pid is None:
+            return cls(
+                name, "dead", f"pid {recorded} is gone (killed?); run `kb dev up` to restart"
+            )
+        if not port_open("127.0.0.1", port):
+            return cls(name, "dead", f"pid {pid} runs but port {port} is closed")
+        return cls(name, "running", f"pid {pid}, data {data}", url)
+
 
 class EmbeddedPostgres:
     def __init__(self, settings: DevStackSettings) -> None:
@@ -109,16 +125,8 @@ class EmbeddedPostgres:
 
     def _run(self, args: list[str], *, timeout: float) -> None:
         user = self._run_as()
-        result = subprocess.run(
-            args,
-            user=user,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            # Never inherit our cwd: the system user may not be allowed into it.
-            cwd="/",
-        )
+        # Never inherit our cwd: the system user may not be allowed into it.
+        result = run_tool(args, user=user, timeout=timeout, cwd="/")
         if result.returncode != 0:
             raise DependencyUnavailable(
                 f"{Path(args[0]).name} failed ({result.returncode}): "
@@ -128,17 +136,10 @@ class EmbeddedPostgres:
 
     def status(self) -> ServiceStatus:
         pid = read_pid(self.data_dir / "postmaster.pid")
-        if pid is None:
-            return ServiceStatus("postgres", "stopped", f"not started (data: {self.data_dir})")
-        if not pid_alive(pid):
-            return ServiceStatus(
-                "postgres", "dead", f"pid {pid} is gone (killed?); run `kb dev up` to restart"
-            )
-        if not port_open("127.0.0.1", self.settings.pg_port):
-            return ServiceStatus(
-                "postgres", "dead", f"pid {pid} runs but port {self.settings.pg_port} is closed"
-            )
-        return ServiceStatus("postgres", "running", f"pid {pid}, data {self.data_dir}", self.url)
+        running = pid if pid is not None and pid_alive(pid) else None
+        return ServiceStatus.of_process(
+            "postgres", pid, running, self.settings.pg_port, self.data_dir, self.url
+        )
 
     def up(self) -> ServiceStatus:
         current = self.status()

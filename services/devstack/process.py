@@ -6,8 +6,10 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 
 def pid_alive(pid: int) -> bool:
@@ -36,6 +38,16 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         return sock.connect_ex((host, port)) == 0
+
+
+def run_tool(
+    argv: list[str], *, timeout: float, **options: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end, its output captured as text. Its exit status is the caller's
+    to judge; ``options`` go to ``subprocess.run`` (cwd, user, env)."""
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, **options
+    )
 
 
 def terminate(pid: int, *, grace_s: float) -> None:

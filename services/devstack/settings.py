@@ -24,7 +24,7 @@ class DevStackSettings(BaseSettings):
     pg_port: int = Field(default=55432, ge=1, le=65535)
     pg_database: str = "kb"
     # PostgreSQL's buffer cache. Small by default (the dev stack shares a laptop with the
-    # tests); a search benchmark at a million chunks wants the index in it (BENCHMARKS.md).
+    # tests); a large search benchmark wants the index in it (BENCHMARKS.md).
     pg_shared_buffers: str = Field(default="128MB", pattern=r"^[0-9]+(kB|MB|GB)$")
     kafka_port: int = Field(default=59092, ge=1, le=65535)
     kafka_controller_port: int = Field(default=59093, ge=1, le=65535)

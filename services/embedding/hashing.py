@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.embedding.port import Vectors
+from services.embedding.port import FixedIdentity, Vectors
 from services.embedding.tokens import TokenizerSpec
 
 _WORD = re.compile(r"\w+")
@@ -23,28 +23,14 @@ _WORD = re.compile(r"\w+")
 _NO_WORDS = "\x00no-words"
 
 
-class HashingEmbedder:
+class HashingEmbedder(FixedIdentity):
     def __init__(self, dimension: int = 384) -> None:
         if not 1 <= dimension <= 16000:
             raise ValueError(f"hashing embedder dimension {dimension} out of range 1..16000")
-        self._dimension = dimension
         # Approximate token counting: the hashing embedder has no tokenizer of its own and
         # reads every word, so a generous input limit.
-        self._tokenizer = TokenizerSpec(
-            name="approximate", tokenizer_file=None, max_input_tokens=8192
-        )
-
-    @property
-    def model(self) -> str:
-        return f"hashing-v1-{self._dimension}"
-
-    @property
-    def dimension(self) -> int:
-        return self._dimension
-
-    @property
-    def tokenizer(self) -> TokenizerSpec:
-        return self._tokenizer
+        tokenizer = TokenizerSpec(name="approximate", tokenizer_file=None, max_input_tokens=8192)
+        super().__init__(f"hashing-v1-{dimension}", dimension, tokenizer)
 
     def embed_sync(self, texts: Sequence[str]) -> Vectors:
         vectors = np.zeros((len(texts), self._dimension), dtype=np.float32)

@@ -24,7 +24,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from services.embedding.port import Vectors
+from services.embedding.port import FixedIdentity, Vectors
 from services.embedding.tokens import TokenizerSpec
 from services.runtime.errors import ConfigError
 from services.runtime.native_memory import limit_malloc_arenas, release_freed_memory
@@ -95,9 +95,8 @@ class _Runtime:
         options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Without the CPU arena the memory of a batch's activations goes back when the batch
-        # is done; with it, the arena keeps its high-water mark for the process's life (a
-        # 64-text batch of 240 tokens: 835 MiB resident after, against 262 MiB without, the
-        # same speed; bench/results/pipeline-memory.md).
+        # is done; with it, the arena keeps its high-water mark for the process's life, at
+        # the same speed (BENCHMARKS.md).
         options.enable_cpu_mem_arena = False
         # Nor a cached allocation plan per input shape: every batch has another sequence
         # length, and the planned blocks come on top of what the run needs.
@@ -167,7 +166,7 @@ def _runtime(key: _RuntimeKey) -> _Runtime:
         return runtime
 
 
-class OnnxLocalEmbedder:
+class OnnxLocalEmbedder(FixedIdentity):
     def __init__(
         self,
         *,
@@ -186,27 +185,16 @@ class OnnxLocalEmbedder:
             expected_sha256=expected_sha256,
             intra_op_threads=intra_op_threads,
         )
-        self._tokenizer = TokenizerSpec(
+        tokenizer = TokenizerSpec(
             name="all-MiniLM-L6-v2",
             tokenizer_file=str(self._key.tokenizer_file),
             max_input_tokens=MAX_SEQ_LENGTH,
             special_tokens=SPECIAL_TOKENS,
         )
+        super().__init__(MODEL_NAME, DIMENSION, tokenizer)
         self._inference_batch_size = inference_batch_size
         # Requests beyond this wait on the loop instead of fighting over the same cores.
         self._slots = asyncio.Semaphore(max_concurrent_inferences)
-
-    @property
-    def model(self) -> str:
-        return MODEL_NAME
-
-    @property
-    def dimension(self) -> int:
-        return DIMENSION
-
-    @property
-    def tokenizer(self) -> TokenizerSpec:
-        return self._tokenizer
 
     async def warm_up(self) -> None:
         """Check the model file and create the session now, so a bad install fails at start

@@ -36,7 +36,7 @@ from services.embedding.openai_wire import (
     parse_embeddings,
     retry_after_seconds,
 )
-from services.embedding.port import InputRefused, Vectors
+from services.embedding.port import FixedIdentity, InputRefused, Vectors
 from services.embedding.tokens import TokenizerSpec
 from services.runtime.index_failures import ErrorCode, IndexingFailed, redact
 from services.runtime.logging import get_logger
@@ -56,7 +56,7 @@ class _Refused(Exception):
         self.detail = detail
 
 
-class OpenAIHttpEmbedder:
+class OpenAIHttpEmbedder(FixedIdentity):
     def __init__(
         self,
         *,
@@ -72,16 +72,17 @@ class OpenAIHttpEmbedder:
         transport: httpx.AsyncBaseTransport | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        super().__init__(
+            model,
+            dimension,
+            tokenizer
+            or TokenizerSpec(name="approximate", tokenizer_file=None, max_input_tokens=512),
+        )
         self._base_url = base_url.rstrip("/")
-        self._model = model
-        self._dimension = dimension
         self._send_dimensions = send_dimensions
         self._api_key = api_key
         self._timeout_seconds = timeout_seconds
         self._encoding_format: EncodingFormat = encoding_format
-        self._tokenizer = tokenizer or TokenizerSpec(
-            name="approximate", tokenizer_file=None, max_input_tokens=512
-        )
         self._now = now
         headers = {"Accept": "application/json"}
         if api_key is not None:
@@ -94,18 +95,6 @@ class OpenAIHttpEmbedder:
             transport=transport,
             follow_redirects=False,
         )
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def dimension(self) -> int:
-        return self._dimension
-
-    @property
-    def tokenizer(self) -> TokenizerSpec:
-        return self._tokenizer
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """One request; more only when the provider refuses the batch for one input."""

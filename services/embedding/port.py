@@ -45,6 +45,28 @@ class Embedder(Protocol):
     async def aclose(self) -> None: ...
 
 
+class FixedIdentity:
+    """The ``Embedder``'s model, dimension and tokenizer for a provider that knows them
+    when it is made: fixed for its life, as the index generation needs them to be."""
+
+    def __init__(self, model: str, dimension: int, tokenizer: TokenizerSpec) -> None:
+        self._model = model
+        self._dimension = dimension
+        self._tokenizer = tokenizer
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    @property
+    def tokenizer(self) -> TokenizerSpec:
+        return self._tokenizer
+
+
 class InputRefused(IndexingFailed):
     """The provider refused one input on its own (typically longer than the model accepts).
 

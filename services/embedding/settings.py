@@ -50,10 +50,9 @@ class OnnxLocalConfig(BaseModel):
     # Inferences at once per process; more than one only helps with many spare cores.
     max_concurrent_inferences: int = Field(default=1, ge=1, le=64)
     # Texts per model run inside one request (sorted by length, padded to the longest).
-    # 1, not 16: a run over several texts takes hundreds of MiB of activations on top of
-    # the model (16 texts of 240 tokens: +330 MiB, 4 texts: +220 MiB, 1 text: none seen),
-    # and one text at a time is no slower on 2 cores (no padding at all; issue 9,
-    # bench/results/pipeline-memory.md).
+    # 1 by default: a run over several texts holds the activations of all of them on top of
+    # the model, and one text at a time is no slower on a small machine (no padding at all;
+    # issue 9, BENCHMARKS.md).
     inference_batch_size: int = Field(default=1, ge=1, le=1024)
 
 

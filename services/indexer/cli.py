@@ -20,6 +20,7 @@ import typer
 
 from services.indexer.settings import IndexerSettings
 from services.runtime import cli_support
+from services.runtime.cli_options import metrics_port_option
 from services.runtime.errors import BadInput, NotFound
 from services.runtime.tasks import TaskStatus
 
@@ -100,12 +101,8 @@ def run(
         "--no-hints",
         help="Read no Kafka hints: find work by the poll timer alone (KB_INDEXER_POLL_SECONDS).",
     ),
-    metrics_port: int | None = typer.Option(
-        None,
-        "--metrics-port",
-        min=1,
-        max=65535,
-        help="Serve Prometheus /metrics on 127.0.0.1:PORT (default KB_INDEXER_METRICS_PORT).",
+    metrics_port: int | None = metrics_port_option(
+        "Serve Prometheus /metrics on 127.0.0.1:PORT (default KB_INDEXER_METRICS_PORT)."
     ),
 ) -> None:
     """Claim and index tasks until SIGTERM; then finish running ones within the grace period."""

@@ -1,5 +1,5 @@
-"""Indexer metrics (DESIGN §9). Labels: tier, task type, result, error code, stage only --
-never a tenant, document or task id.
+"""Indexer metrics (docs/architecture.md#observability). Labels: tier, task type, result, error
+code, stage only -- never a tenant, document or task id.
 
 Counters and histograms are observed where things happen (``WorkerMetrics`` is the worker's
 observer, the pipeline times its stages); the queue's gauges come from one cheap query per
@@ -219,7 +219,7 @@ class QueueGaugeSampler:
         completed = self._observer.take_completed()
         if not completed:
             return
-        switches = await self._pool.fetch(QUERIES["publish_to_searchable"], completed)
+        switches = await self._pool.fetch(QUERIES["publish_to_switch_of_tasks"], completed)
         for row in switches:
             PUBLISH_TO_SEARCHABLE.labels(row["tier"]).observe(max(0.0, row["seconds"]))
 

@@ -1,4 +1,4 @@
--- Indexer gauges (DESIGN §9). Sampled by one process-wide sampler every few seconds, never
+-- Indexer gauges (docs/architecture.md#observability). Sampled by one process-wide sampler every few seconds, never
 -- per slot or per claim. $1 tiers to report (text[]), $2 a third of the lease in seconds
 -- (a lease ending within it is "expiring": its heartbeat is overdue), $3 now.
 
@@ -42,7 +42,7 @@ SELECT tier.name AS tier,
   LEFT JOIN waiting w ON w.tier = tier.name
   LEFT JOIN running r ON r.tier = tier.name
 
--- name: publish_to_searchable
+-- name: publish_to_switch_of_tasks
 -- $1 the tasks this process completed since the last sample. Seconds from each version's
 -- publish commit to the commit that switched search to it (only switches these tasks made:
 -- a task for a version older than the pointer switched nothing and is not counted).

@@ -6,15 +6,16 @@ The indexer's own settings are ``KB_INDEXER_*``, durations in ``*_SECONDS``; the
 
 from __future__ import annotations
 
-import os
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from services.runtime.settings import RuntimeSettings
 
 # Names the indexer read before its settings followed KB_INDEXER_*_SECONDS. Ignoring one
-# would silently run with a default the operator meant to change, so a leftover is refused.
+# would silently run with a default the operator meant to change, so a leftover is refused
+# (services.runtime.settings.refuse_renamed_env).
 RENAMED_ENV = {
     "KB_LEASE_SECONDS": "KB_INDEXER_LEASE_SECONDS",
     "KB_MAX_ATTEMPTS": "KB_INDEXER_MAX_ATTEMPTS",
@@ -30,6 +31,8 @@ RENAMED_ENV = {
 
 
 class IndexerSettings(RuntimeSettings):
+    renamed_env: ClassVar[Mapping[str, str]] = RENAMED_ENV
+
     # Field names carry the service's prefix (env prefix KB_ + indexer_...): a class-wide
     # env_prefix of KB_INDEXER_ would also rename the inherited shared settings.
 
@@ -88,16 +91,6 @@ class IndexerSettings(RuntimeSettings):
     indexer_metrics_host: str = "127.0.0.1"
     # How often the process refreshes its queue gauges (one query for all slots).
     indexer_metrics_interval_seconds: float = Field(default=5.0, gt=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_renamed_env(cls, values: Any) -> Any:
-        left = sorted(name for name in RENAMED_ENV if name in os.environ)
-        if left:
-            raise ValueError(
-                "renamed settings: " + ", ".join(f"{old} is now {RENAMED_ENV[old]}" for old in left)
-            )
-        return values
 
     @model_validator(mode="after")
     def _cap_not_below_base(self) -> IndexerSettings:

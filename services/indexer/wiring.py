@@ -30,6 +30,7 @@ from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.settings import IndexerSettings
 from services.indexer.sink.pgvector import PgVectorSink
+from services.runtime.cli_options import serve_metrics
 from services.runtime.cli_support import run_async
 from services.runtime.db import create_pool_without_session_reset
 from services.runtime.logging import get_logger
@@ -195,10 +196,7 @@ def run_workers(
     SIGTERM/SIGINT."""
     use_hints = settings.indexer_hints if hints is None else hints
     port = metrics_port if metrics_port is not None else settings.indexer_metrics_port
-    if port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(port, addr=settings.indexer_metrics_host)
+    if serve_metrics(port, settings.indexer_metrics_host):
         log.info("metrics.serving", host=settings.indexer_metrics_host, port=port)
     observer = WorkerMetrics(tier)
 

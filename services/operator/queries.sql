@@ -63,6 +63,10 @@ SELECT partition, owner, epoch, lease_until,
   FROM relay_partition
  ORDER BY partition
 
+-- name: database_now
+-- $1 now: the instant the page's time windows end at (the database's clock unless pinned).
+SELECT coalesce($1::timestamptz, now())
+
 -- name: tasks_per_minute
 -- $1 since, $2 now. Finished tasks per minute (SUCCEEDED, DEAD) over the index on finished_at.
 SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS tasks
@@ -72,7 +76,7 @@ SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS tasks
  GROUP BY 1, 2
  ORDER BY 1
 
--- name: publish_to_searchable
+-- name: publish_to_switch_in_window
 -- $1 since, $2 now. Seconds from each version's publish to the switch that served it, for
 -- the switches in the window (the current pointers only: one row per document).
 SELECT date_trunc('minute', s.switched_at) AS minute,
@@ -149,24 +153,24 @@ SELECT t.task_id, t.version_number, t.status, t.attempts, t.max_attempts, t.leas
  LIMIT $3
 
 -- name: document_chunks
--- The chunks queries read: those of the document's current search version.
+-- $1 tenant, $2 document, $3 offset, $4 limit. The chunks queries read: those of the
+-- document's current search version.
 SELECT c.chunk_id, c.ordinal, c.heading_path, left(c.text, 400) AS text
-  FROM document_search_version s
-  JOIN knowledge_chunk c
-    ON c.tenant_id = s.tenant_id AND c.document_id = s.document_id
-   AND c.version_number = s.version_number AND c.embedding_model = s.embedding_model
- WHERE s.tenant_id = $1 AND s.document_id = $2
+  FROM (
+        -- include: current_version_chunks from services/runtime/search_version.sql
+       ) AS c
+ WHERE c.tenant_id = $1 AND c.document_id = $2
  ORDER BY c.ordinal
  OFFSET $3
  LIMIT $4
 
 -- name: count_document_chunks
+-- $1 tenant, $2 document: how many chunks document_chunks pages through.
 SELECT count(*)
-  FROM document_search_version s
-  JOIN knowledge_chunk c
-    ON c.tenant_id = s.tenant_id AND c.document_id = s.document_id
-   AND c.version_number = s.version_number AND c.embedding_model = s.embedding_model
- WHERE s.tenant_id = $1 AND s.document_id = $2
+  FROM (
+        -- include: current_version_chunks from services/runtime/search_version.sql
+       ) AS c
+ WHERE c.tenant_id = $1 AND c.document_id = $2
 
 -- name: dead_tasks_page
 -- $1 tier, $2 tenant, $3 error code (each optional), $4 offset, $5 limit. Newest first.

@@ -57,6 +57,12 @@ def _render(name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
     return HTMLResponse(html, status_code=status_code, headers=_SECURITY_HEADERS)
 
 
+def _page(session: Session, name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+    """A page of a signed-in operator: their name in the header, their CSRF token in every
+    form."""
+    return _render(name, status_code, operator=session.operator, csrf=session.csrf_token, **values)
+
+
 async def _session(request: Request) -> Session | None:
     token = request.cookies.get(auth.SESSION_COOKIE)
     if not token:
@@ -83,6 +89,8 @@ def _check_csrf(session: Session, presented: str) -> None:
 
 
 SessionDep = Annotated[Session, Depends(require_session)]
+# Where a paged list starts (?offset=, ?chunks=).
+PageOffset = Annotated[int, Query(ge=0, le=10_000_000)]
 
 
 # --- static files and sign-in ------------------------------------------------------------
@@ -182,10 +190,9 @@ async def overview(request: Request, session: SessionDep) -> HTMLResponse:
     minutes = charts.minutes(end, finished)
     buckets = charts.latency_buckets(end, latencies)
     all_latencies = [float(row["seconds"]) for row in latencies]
-    return _render(
+    return _page(
+        session,
         "overview.html",
-        operator=session.operator,
-        csrf=session.csrf_token,
         tiers=tiers,
         totals={key: sum(int(t[key]) for t in tiers) for key in _TOTALS},
         backlog=await context.backlog(),
@@ -217,10 +224,9 @@ async def tenants(
     context = _context(request)
     limit = context.settings.operator_page_size
     rows = await context.store.tenants(after, limit + 1)
-    return _render(
+    return _page(
+        session,
         "tenants.html",
-        operator=session.operator,
-        csrf=session.csrf_token,
         tenants=rows[:limit],
         next_after=rows[limit - 1]["tenant_id"] if len(rows) > limit else None,
     )
@@ -231,17 +237,11 @@ async def documents(
     request: Request,
     session: SessionDep,
     tenant_id: str,
-    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    offset: PageOffset = 0,
 ) -> HTMLResponse:
     context = _context(request)
     page = await context.store.documents(tenant_id, offset, context.settings.operator_page_size)
-    return _render(
-        "documents.html",
-        operator=session.operator,
-        csrf=session.csrf_token,
-        tenant_id=tenant_id,
-        page=page,
-    )
+    return _page(session, "documents.html", tenant_id=tenant_id, page=page)
 
 
 @router.get("/tenants/{tenant_id}/documents/{document_id}")
@@ -250,27 +250,20 @@ async def document(
     session: SessionDep,
     tenant_id: str,
     document_id: uuid.UUID,
-    chunks: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    chunks: PageOffset = 0,
 ) -> HTMLResponse:
     context = _context(request)
     found = await context.store.document(
         tenant_id, document_id, chunk_offset=chunks, limit=context.settings.operator_page_size
     )
     if found is None:
-        return _render(
+        return _page(
+            session,
             "not_found.html",
             status_code=404,
-            operator=session.operator,
-            csrf=session.csrf_token,
             what=f"document {document_id} of tenant {tenant_id}",
         )
-    return _render(
-        "document.html",
-        operator=session.operator,
-        csrf=session.csrf_token,
-        tenant_id=tenant_id,
-        doc=found,
-    )
+    return _page(session, "document.html", tenant_id=tenant_id, doc=found)
 
 
 @router.get("/dead")
@@ -280,7 +273,7 @@ async def dead_tasks(
     tier: Annotated[str | None, Query(max_length=32)] = None,
     tenant: Annotated[str | None, Query(max_length=63)] = None,
     code: Annotated[str | None, Query(max_length=100)] = None,
-    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    offset: PageOffset = 0,
     done: Annotated[int | None, Query(ge=0, le=10_000)] = None,
     failed: Annotated[int | None, Query(ge=0, le=10_000)] = None,
 ) -> HTMLResponse:
@@ -294,10 +287,9 @@ async def dead_tasks(
         limit=context.settings.operator_page_size,
     )
     query = {k: v for k, v in filters.items() if v}
-    return _render(
+    return _page(
+        session,
         "dead.html",
-        operator=session.operator,
-        csrf=session.csrf_token,
         page=page,
         filters=filters,
         query=urlencode(query),

@@ -115,12 +115,10 @@ class PgOperatorStore:
     async def last_hour(self) -> tuple[datetime, list[dict[str, Any]], list[dict[str, Any]]]:
         """The window's end, finished tasks per minute, and publish->searchable samples."""
         with translate_db_errors():
-            end: datetime = await self._pool.fetchval(
-                "SELECT coalesce($1::timestamptz, now())", self._now
-            )
+            end: datetime = await self._pool.fetchval(QUERIES["database_now"], self._now)
         since = end - timedelta(hours=1)
         finished = await self._fetch("tasks_per_minute", since, end)
-        latencies = await self._fetch("publish_to_searchable", since, end)
+        latencies = await self._fetch("publish_to_switch_in_window", since, end)
         return end, finished, latencies
 
     # --- tenants and documents -------------------------------------------------------------

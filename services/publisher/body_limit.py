@@ -8,10 +8,12 @@ refused before anything is read; an undeclared (chunked) body is counted while i
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from services.publisher.middleware import HttpMiddleware
 from services.runtime.http_problem import problem_response
 
 
@@ -34,24 +36,13 @@ def declared_length(scope: Scope) -> int | None:
     return None
 
 
-class BodyLimitMiddleware:
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        max_upload_bytes: int,
-        max_other_bytes: int,
-        read_timeout_seconds: float,
-    ) -> None:
-        self.app = app
-        self.max_upload_bytes = max_upload_bytes
-        self.max_other_bytes = max_other_bytes
-        self.read_timeout_seconds = read_timeout_seconds
+@dataclass(eq=False, kw_only=True)
+class BodyLimitMiddleware(HttpMiddleware):
+    max_upload_bytes: int
+    max_other_bytes: int
+    read_timeout_seconds: float
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.max_upload_bytes if is_upload(scope) else self.max_other_bytes
         declared = declared_length(scope)
         if declared == -1:

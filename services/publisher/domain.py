@@ -15,12 +15,13 @@ from typing import Any, Final
 
 from services.publisher.failures import tenant_failure_message
 from services.publisher.ports import (
+    DocumentHeader,
     DocumentStatusRecord,
-    NewIndexTask,
+    LockedDocument,
     NewVersion,
     PendingEvent,
     PublisherStore,
-    PublishTransaction,
+    VersionInfo,
 )
 from services.publisher.text import clean_text, nfc
 from services.runtime.avro import SchemaRegistry, default_registry
@@ -37,7 +38,13 @@ from services.runtime.events import (
     event_id,
 )
 from services.runtime.media_types import SUPPORTED_MEDIA_TYPES, normalise_media_type
-from services.runtime.tasks import TASK_TYPE_INDEX_VERSION, IndexTaskRecord, TaskStatus
+from services.runtime.records import copied
+from services.runtime.tasks import (
+    TASK_TYPE_INDEX_VERSION,
+    IndexTaskRecord,
+    NewIndexTask,
+    TaskStatus,
+)
 
 MAX_TITLE_LENGTH: Final = 500
 MAX_PRINCIPAL_LENGTH: Final = 200
@@ -160,15 +167,7 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class DocumentStatus:
-    document_id: uuid.UUID
-    title: str
-    revision: int
-    latest_version: int
-    published_version: int | None
-    published_at: datetime | None
-    search_version: int | None
-    search_switched_at: datetime | None
+class DocumentStatus(DocumentHeader):
     index_status: IndexStatus
     index_task_id: uuid.UUID | None
     failure: Failure | None
@@ -201,23 +200,8 @@ class TenantTaskView:
 
 
 def tenant_task_view(task: IndexTaskRecord) -> TenantTaskView:
-    return TenantTaskView(
-        task_id=task.task_id,
-        document_id=task.document_id,
-        version_number=task.version_number,
-        task_type=task.task_type,
-        tier=task.tier,
-        status=task.status,
-        attempts=task.attempts,
-        max_attempts=task.max_attempts,
-        lease_until=task.lease_until,
-        next_attempt_at=task.next_attempt_at,
-        error_code=task.error_code,
-        error_message=tenant_failure_message(task.error_code),
-        created_at=task.created_at,
-        updated_at=task.updated_at,
-        finished_at=task.finished_at,
-    )
+    """The task's fields a tenant sees, the stored error text replaced by the code's."""
+    return copied(TenantTaskView, task, error_message=tenant_failure_message(task.error_code))
 
 
 def derive_status(record: DocumentStatusRecord) -> DocumentStatus:
@@ -240,19 +224,85 @@ def derive_status(record: DocumentStatusRecord) -> DocumentStatus:
             )
         else:
             status = IndexStatus.INDEXING
-    return DocumentStatus(
-        document_id=record.document_id,
-        title=record.title,
-        revision=record.revision,
-        latest_version=record.latest_version,
-        published_version=record.published_version,
-        published_at=record.published_at,
-        search_version=record.search_version,
-        search_switched_at=record.search_switched_at,
+    return copied(
+        DocumentStatus,
+        record,
         index_status=status,
         index_task_id=task.task_id if task is not None else None,
         failure=failure,
         search_lag_since=lag_since,
+    )
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What the events of one publish tell: the document as the publish found it, the
+    version published with its ACL, the document's new revision, the version's index task."""
+
+    document: LockedDocument
+    version: VersionInfo
+    revision: int
+    read_principals: frozenset[str]
+    task_id: uuid.UUID
+    occurred_at: datetime
+
+
+def publication_events(
+    registry: SchemaRegistry, publication: Publication, task_created: bool
+) -> list[PendingEvent]:
+    """The outbox events of a publish: the index task's creation (when this publish created
+    it), then the version's publication -- one per revision: a retried transaction writes
+    the same ids."""
+    p, document, version = publication, publication.document, publication.version
+    events = []
+    if task_created:
+        events.append(
+            _event(
+                registry,
+                INDEX_TASK_CREATED,
+                event_id(INDEX_TASK_CREATED, p.task_id),
+                p,
+                {"taskId": p.task_id, "taskType": TASK_TYPE_INDEX_VERSION},
+            )
+        )
+    published = {
+        "revision": p.revision,
+        "previousPublishedVersion": document.published_version,
+        "title": document.title,
+        "mediaType": version.media_type,
+        "sha256": version.sha256.hex(),
+        "sizeBytes": version.size_bytes,
+        "readPrincipals": sorted(p.read_principals),
+        "indexTaskId": p.task_id,
+    }
+    id_ = event_id(DOCUMENT_VERSION_PUBLISHED, document.tenant_id, document.document_id, p.revision)
+    events.append(_event(registry, DOCUMENT_VERSION_PUBLISHED, id_, p, published))
+    return events
+
+
+def _event(
+    registry: SchemaRegistry,
+    event_type: str,
+    id_: uuid.UUID,
+    p: Publication,
+    fields: dict[str, Any],
+) -> PendingEvent:
+    document = p.document
+    record = {
+        "eventId": id_,
+        "tenantId": document.tenant_id,
+        "tier": document.tier,
+        "documentId": document.document_id,
+        "versionNumber": p.version.version_number,
+        **fields,
+        "occurredAt": p.occurred_at,
+    }
+    payload = registry.encode(event_type, record)
+    return PendingEvent(
+        id_, event_type, document.tenant_id, document.tier, document.document_id, payload
     )
 
 
@@ -366,63 +416,12 @@ class Publisher:
                 ),
                 now,
             )
-            occurred_at = _occurred_at(now)
-            if task.created:
-                await self._add_event(
-                    tx,
-                    INDEX_TASK_CREATED,
-                    event_id(INDEX_TASK_CREATED, task.task_id),
-                    tenant_id,
-                    document.tier,
-                    document_id,
-                    {
-                        "tenantId": tenant_id,
-                        "tier": document.tier,
-                        "documentId": document_id,
-                        "versionNumber": version_number,
-                        "taskId": task.task_id,
-                        "taskType": TASK_TYPE_INDEX_VERSION,
-                        "occurredAt": occurred_at,
-                    },
-                )
-            await self._add_event(
-                tx,
-                DOCUMENT_VERSION_PUBLISHED,
-                # One event per revision: a retried transaction writes the same id.
-                event_id(DOCUMENT_VERSION_PUBLISHED, tenant_id, document_id, revision),
-                tenant_id,
-                document.tier,
-                document_id,
-                {
-                    "tenantId": tenant_id,
-                    "tier": document.tier,
-                    "documentId": document_id,
-                    "versionNumber": version_number,
-                    "revision": revision,
-                    "previousPublishedVersion": document.published_version,
-                    "title": document.title,
-                    "mediaType": version.media_type,
-                    "sha256": version.sha256.hex(),
-                    "sizeBytes": version.size_bytes,
-                    "readPrincipals": sorted(principals),
-                    "indexTaskId": task.task_id,
-                    "occurredAt": occurred_at,
-                },
+            publication = Publication(
+                document, version, revision, principals, task.task_id, _occurred_at(now)
             )
+            for event in publication_events(self._registry, publication, task.created):
+                await tx.add_event(event)
         return PublishOutcome(document_id, version_number, revision, task.task_id, changed=True)
-
-    async def _add_event(
-        self,
-        tx: PublishTransaction,
-        event_type: str,
-        id_: uuid.UUID,
-        tenant_id: str,
-        tier: str,
-        document_id: uuid.UUID,
-        record: dict[str, Any],
-    ) -> None:
-        payload = self._registry.encode(event_type, {"eventId": id_, **record})
-        await tx.add_event(PendingEvent(id_, event_type, tenant_id, tier, document_id, payload))
 
     async def document_status(self, tenant_id: str, document_id: uuid.UUID) -> DocumentStatus:
         record = await self._store.document_status(tenant_id, document_id)

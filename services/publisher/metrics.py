@@ -5,10 +5,13 @@ or task ids."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from services.publisher.middleware import HttpMiddleware
 
 _KNOWN_METHODS: Final = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 UNMATCHED_ROUTE: Final = "<unmatched>"
@@ -44,17 +47,13 @@ class PublisherMetrics:
         )
 
 
-class MetricsMiddleware:
+@dataclass(eq=False)
+class MetricsMiddleware(HttpMiddleware):
     """Counts every answer, including those given before routing (401, 413, 404)."""
 
-    def __init__(self, app: ASGIApp, metrics: PublisherMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
+    metrics: PublisherMetrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status = 500
 

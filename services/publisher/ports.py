@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from services.runtime.tasks import EnqueuedTask, IndexTaskRecord
+from services.runtime.tasks import EnqueuedTask, IndexTaskRecord, NewIndexTask
 
 
 @dataclass(frozen=True)
@@ -49,16 +49,6 @@ class NewVersion:
 
 
 @dataclass(frozen=True)
-class NewIndexTask:
-    task_id: uuid.UUID
-    tenant_id: str
-    document_id: uuid.UUID
-    version_number: int
-    task_type: str
-    tier: str
-
-
-@dataclass(frozen=True)
 class PendingEvent:
     """An encoded event to add to the outbox in the current transaction."""
 
@@ -71,7 +61,9 @@ class PendingEvent:
 
 
 @dataclass(frozen=True)
-class DocumentStatusRecord:
+class DocumentHeader:
+    """A document's versions, published and searched, as its status shows them."""
+
     document_id: uuid.UUID
     title: str
     revision: int
@@ -80,6 +72,10 @@ class DocumentStatusRecord:
     published_at: datetime | None
     search_version: int | None
     search_switched_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DocumentStatusRecord(DocumentHeader):
     task: IndexTaskRecord | None  # the published version's index task
 
 

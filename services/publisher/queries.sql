@@ -90,14 +90,6 @@ INSERT INTO document_acl (tenant_id, document_id, principal, permission)
 SELECT $1, $2, principal, 'READ'
   FROM unnest($3::text[]) AS principal
 
--- name: find_index_task
-SELECT task_id
-  FROM index_task
- WHERE tenant_id = $1
-   AND document_id = $2
-   AND version_number = $3
-   AND task_type = $4
-
 -- name: document_status
 -- The published version's task, its columns prefixed with task_ (the document has columns
 -- of the same names).
@@ -129,6 +121,10 @@ SELECT task_id, tenant_id, document_id, version_number, task_type, tier, status,
   FROM index_task
  WHERE tenant_id = $1
    AND task_id = $2
+
+-- name: ping
+-- The readiness probe's round trip: the database answers.
+SELECT 1
 
 -- name: insert_tenant
 INSERT INTO tenant (tenant_id, tier)

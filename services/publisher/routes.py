@@ -8,14 +8,15 @@ middleware checks the key, the router's dependency refuses whatever did not pass
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, File, Form, Path, Request, Security, UploadFile
 from fastapi.security import HTTPBearer
 
-from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload
+from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload, VersionCreated
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.wire import (
     MAX_INT32,
@@ -77,6 +78,30 @@ async def _read_upload(file: UploadFile) -> Upload:
     return Upload(content=content, declared_media_type=file.content_type, filename=file.filename)
 
 
+async def _store_upload(
+    request: Request,
+    tenant_id: str,
+    file: UploadFile,
+    store: Callable[[Upload], Awaitable[VersionCreated]],
+    operation: str,
+    event: str,
+) -> VersionCreatedResponse:
+    """Read the upload and ``store`` it as a new version, counted as ``operation`` and
+    logged as ``event``."""
+    async with _counted(request, operation):
+        upload = await _read_upload(file)
+        created = await store(upload)
+    _metrics(request).upload_bytes.observe(len(upload.content))
+    log.info(
+        event,
+        tenant_id=tenant_id,
+        document_id=str(created.document_id),
+        version_number=created.version_number,
+        size_bytes=len(upload.content),
+    )
+    return VersionCreatedResponse.model_validate(created)
+
+
 @asynccontextmanager
 async def _counted(request: Request, operation: str) -> AsyncIterator[None]:
     metrics = _metrics(request)
@@ -111,17 +136,10 @@ async def create_document(
         ),
     ],
 ) -> VersionCreatedResponse:
-    async with _counted(request, "create_document"):
-        upload = await _read_upload(file)
-        result = await _publisher(request).create_document(tenant_id, title, upload)
-    _metrics(request).upload_bytes.observe(len(upload.content))
-    log.info(
-        "document.created",
-        tenant_id=tenant_id,
-        document_id=str(result.document_id),
-        size_bytes=len(upload.content),
+    store = partial(_publisher(request).create_document, tenant_id, title)
+    return await _store_upload(
+        request, tenant_id, file, store, "create_document", "document.created"
     )
-    return VersionCreatedResponse.model_validate(result)
 
 
 @tenant_router.post(
@@ -137,17 +155,8 @@ async def add_version(
     document_id: DocumentId,
     file: Annotated[UploadFile, File(description="The version's content.")],
 ) -> VersionCreatedResponse:
-    async with _counted(request, "add_version"):
-        upload = await _read_upload(file)
-        result = await _publisher(request).add_version(tenant_id, document_id, upload)
-    _metrics(request).upload_bytes.observe(len(upload.content))
-    log.info(
-        "version.created",
-        tenant_id=tenant_id,
-        document_id=str(document_id),
-        version_number=result.version_number,
-    )
-    return VersionCreatedResponse.model_validate(result)
+    store = partial(_publisher(request).add_version, tenant_id, document_id)
+    return await _store_upload(request, tenant_id, file, store, "add_version", "version.created")
 
 
 @tenant_router.post(

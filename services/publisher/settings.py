@@ -24,8 +24,8 @@ class PublisherSettings(RuntimeSettings):
     publisher_max_json_body_bytes: int = Field(default=16 * 1024, ge=1024, le=MIB)
     # Upload bytes the whole process admits at once (declared, or the limit when undeclared);
     # an upload beyond it gets 503 with Retry-After, its body never held. The process holds
-    # about 2.5 times these bytes while they are stored (the file read whole, the driver's
-    # copy): 128 MiB keeps a publisher under ~500 MB with five 25 MB uploads in flight.
+    # a few times these bytes while they are stored (the file read whole, the driver's
+    # copy): the default bounds a publisher's memory with a few large uploads in flight.
     publisher_max_inflight_upload_bytes: int = Field(default=128 * MIB, ge=1)
     # The Retry-After of that 503.
     publisher_retry_after_seconds: int = Field(default=2, ge=1, le=3600)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any, cast
 
@@ -14,7 +15,6 @@ import asyncpg
 from services.publisher.ports import (
     DocumentStatusRecord,
     LockedDocument,
-    NewIndexTask,
     NewVersion,
     PendingEvent,
     VersionInfo,
@@ -23,13 +23,16 @@ from services.runtime.db import create_pool_without_session_reset, translate_db_
 from services.runtime.errors import BadInput
 from services.runtime.migrations import pending_migrations
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.records import from_row
 from services.runtime.settings import RuntimeSettings
 from services.runtime.sql import queries_beside
 from services.runtime.tasks import (
     TASK_TYPE_INDEX_VERSION,
     EnqueuedTask,
     IndexTaskRecord,
+    NewIndexTask,
     enqueue_index_task,
+    find_index_task,
     index_task_from_row,
 )
 
@@ -59,17 +62,7 @@ class PgPublishTransaction:
     async def lock_document(self, tenant_id: str, document_id: uuid.UUID) -> LockedDocument | None:
         with translate_db_errors():
             row = await self._conn.fetchrow(QUERIES["lock_document"], tenant_id, document_id)
-        if row is None:
-            return None
-        return LockedDocument(
-            tenant_id=row["tenant_id"],
-            document_id=row["document_id"],
-            tier=row["tier"],
-            title=row["title"],
-            revision=row["revision"],
-            latest_version=row["latest_version"],
-            published_version=row["published_version"],
-        )
+        return None if row is None else from_row(LockedDocument, row)
 
     async def get_version(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int
@@ -78,15 +71,7 @@ class PgPublishTransaction:
             row = await self._conn.fetchrow(
                 QUERIES["get_version"], tenant_id, document_id, version_number
             )
-        if row is None:
-            return None
-        return VersionInfo(
-            version_number=row["version_number"],
-            status=row["status"],
-            media_type=row["media_type"],
-            sha256=bytes(row["sha256"]),
-            size_bytes=row["size_bytes"],
-        )
+        return None if row is None else from_row(VersionInfo, row, sha256=bytes(row["sha256"]))
 
     async def read_acl(self, tenant_id: str, document_id: uuid.UUID) -> frozenset[str]:
         with translate_db_errors():
@@ -149,25 +134,12 @@ class PgPublishTransaction:
                 )
 
     async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
-        return await enqueue_index_task(
-            self._conn,
-            tenant_id=task.tenant_id,
-            document_id=task.document_id,
-            version_number=task.version_number,
-            tier=task.tier,
-            task_type=task.task_type,
-            task_id=task.task_id,
-            now=now,
-        )
+        return await enqueue_index_task(self._conn, **asdict(task), now=now)
 
     async def find_index_task(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, task_type: str
     ) -> uuid.UUID | None:
-        with translate_db_errors():
-            task_id: uuid.UUID | None = await self._conn.fetchval(
-                QUERIES["find_index_task"], tenant_id, document_id, version_number, task_type
-            )
-        return task_id
+        return await find_index_task(self._conn, tenant_id, document_id, version_number, task_type)
 
     async def add_event(self, event: PendingEvent) -> None:
         await add_event(
@@ -223,17 +195,8 @@ class PgPublisherStore:
                 )
         if row is None:
             return None
-        return DocumentStatusRecord(
-            document_id=row["document_id"],
-            title=row["title"],
-            revision=row["revision"],
-            latest_version=row["latest_version"],
-            published_version=row["published_version"],
-            published_at=row["published_at"],
-            search_version=row["search_version"],
-            search_switched_at=row["search_switched_at"],
-            task=_task_of_status_row(row) if row["task_task_id"] is not None else None,
-        )
+        task = _task_of_status_row(row) if row["task_task_id"] is not None else None
+        return from_row(DocumentStatusRecord, row, task=task)
 
     async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None:
         with translate_db_errors():
@@ -247,7 +210,7 @@ class PgPublisherStore:
         timeout = self._readiness_timeout_seconds
         with translate_db_errors():
             async with asyncio.timeout(timeout), self._pool.acquire(timeout=timeout) as conn:
-                await conn.fetchval("SELECT 1")
+                await conn.fetchval(QUERIES["ping"])
                 pending = await pending_migrations(cast("asyncpg.Connection[Any]", conn))
         return [f"migration {m.version:04d}_{m.name} is not applied" for m in pending]
 

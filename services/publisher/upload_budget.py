@@ -14,12 +14,14 @@ and the client may then lose the answer itself.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from services.publisher.body_limit import declared_length, is_upload
+from services.publisher.middleware import HttpMiddleware
 from services.runtime.http_problem import http_exception_response, problem_response
 
 BUSY_CODE: Final = "UPLOADS_BUSY"
@@ -44,24 +46,16 @@ class UploadBudget:
         self.in_use_bytes -= size
 
 
-class UploadBudgetMiddleware:
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        budget: UploadBudget,
-        max_request_bytes: int,
-        retry_after_seconds: int,
-    ) -> None:
-        self.app = app
-        self.budget = budget
-        self.max_request_bytes = max_request_bytes
-        self.retry_after_seconds = retry_after_seconds
+@dataclass(eq=False, kw_only=True)
+class UploadBudgetMiddleware(HttpMiddleware):
+    budget: UploadBudget
+    max_request_bytes: int
+    retry_after_seconds: int
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_upload(scope):
-            await self.app(scope, receive, send)
-            return
+    def applies(self, scope: Scope) -> bool:
+        return is_upload(scope)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = declared_length(scope)
         size = self.max_request_bytes
         if declared is not None and declared >= 0:

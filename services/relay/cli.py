@@ -21,6 +21,7 @@ from services.relay.relay import AfterAck, Relay
 from services.relay.replay import ReplayResult, replay
 from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
+from services.runtime.cli_options import metrics_port_option, serve_metrics
 from services.runtime.cli_support import load_settings, run_async
 from services.runtime.errors import BadInput, DependencyUnavailable
 from services.runtime.logging import configure_logging, get_logger
@@ -49,22 +50,15 @@ def _pause_after_ack_hook(path: Path) -> AfterAck:
 
 @app.command("run")
 def run(
-    metrics_port: int | None = typer.Option(
-        None,
-        "--metrics-port",
-        min=1,
-        max=65535,
-        help="Serve Prometheus /metrics on PORT (default KB_RELAY_METRICS_PORT).",
+    metrics_port: int | None = metrics_port_option(
+        "Serve Prometheus /metrics on PORT (default KB_RELAY_METRICS_PORT)."
     ),
 ) -> None:
     """Run the relay until SIGTERM/SIGINT (several instances may run at once)."""
     settings = load_settings(RelaySettings)
     configure_logging(settings.log_level, settings.log_format, service="relay")
     port = metrics_port if metrics_port is not None else settings.relay_metrics_port
-    if port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(port, addr=settings.relay_metrics_host)
+    serve_metrics(port, settings.relay_metrics_host)
     pause_path = os.environ.get(TEST_ONLY_PAUSE_AFTER_ACK)
     hook = _pause_after_ack_hook(Path(pause_path)) if pause_path else None
     run_async(run_until_signalled(lambda stop: _run(settings, hook, stop)))

@@ -24,12 +24,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from services.relay import metrics
 from services.relay.ports import (
     ClusterChanged,
-    EventSink,
     Lease,
-    LeaseStore,
     OutboxRecord,
-    OutboxSource,
-    Wakeups,
+    RelayPorts,
     WakeupSubscription,
 )
 from services.relay.settings import LOCAL_LEASE_SHARE, RelaySettings
@@ -65,22 +62,16 @@ class PartitionDriver:
         self,
         settings: RelaySettings,
         lease: Lease,
+        ports: RelayPorts,
         *,
         acquired_at: float,
-        leases: LeaseStore,
-        source: OutboxSource,
-        sink: EventSink,
-        wakeups: Wakeups,
         stopping: asyncio.Event,
         clock: Callable[[], float],
         after_ack: AfterAck | None = None,
     ) -> None:
         self._settings = settings
         self._lease = lease
-        self._leases = leases
-        self._source = source
-        self._sink = sink
-        self._wakeups = wakeups
+        self._ports = ports
         self._stopping = stopping
         self._clock = clock
         self._after_ack = after_ack
@@ -95,7 +86,7 @@ class PartitionDriver:
 
     async def drive(self) -> Step | None:
         """Drive until stopped (None) or the lease is lost or refused; then ``finish``."""
-        subscription = self._wakeups.subscribe()
+        subscription = self._ports.wakeups.subscribe()
         armed = False
         try:
             while not self._stopping.is_set():
@@ -108,7 +99,7 @@ class PartitionDriver:
                 if step is Step.DRAINED and not armed:
                     # Writers notify only while a relay waits (the doorbell): arm it, then
                     # read once more, since a row committed before that rang no bell.
-                    await self._wakeups.arm()
+                    await self._ports.wakeups.arm()
                     armed = True
                     continue
                 armed = False
@@ -118,7 +109,7 @@ class PartitionDriver:
                     await self._wait_for_rows(subscription)
             return None
         finally:
-            self._wakeups.unsubscribe(subscription)
+            self._ports.wakeups.unsubscribe(subscription)
 
     async def finish(self, step: Step | None) -> None:
         """Hand the partition back with the progress reached (a lost lease: nothing)."""
@@ -130,7 +121,7 @@ class PartitionDriver:
             )
             return
         with contextlib.suppress(KbError):
-            await self._leases.release(lease, self.progress)
+            await self._ports.leases.release(lease, self.progress)
         metrics.LEASE_CHANGES.labels(change="released").inc()
         log.info("lease.released", owner=lease.owner, partition=lease.partition, epoch=lease.epoch)
 
@@ -157,7 +148,9 @@ class PartitionDriver:
 
     async def _relay_one_batch(self) -> Step:
         s = self._settings
-        batch = await self._source.read_window_batch(self._lease, self.progress, s.relay_batch_size)
+        batch = await self._ports.source.read_window_batch(
+            self._lease, self.progress, s.relay_batch_size
+        )
         if batch.records:
             blocked = await self._deliver(batch.records)
             if blocked is not None:
@@ -208,7 +201,7 @@ class PartitionDriver:
         )
         if not (save_due or now - self._last_renewed >= self._renew_every):
             return True
-        if not await self._leases.commit_progress(
+        if not await self._ports.leases.commit_progress(
             self._lease, self.progress, self._settings.relay_lease_seconds
         ):
             return False
@@ -219,7 +212,7 @@ class PartitionDriver:
 
     async def _renew(self) -> bool:
         asked = self._clock()  # the lease runs from before the request, to be safe
-        if not await self._leases.renew(self._lease, self._settings.relay_lease_seconds):
+        if not await self._ports.leases.renew(self._lease, self._settings.relay_lease_seconds):
             return False
         self._last_renewed = asked
         self._trusted_until = asked + self._trusted_share
@@ -252,7 +245,7 @@ class PartitionDriver:
         to relay_send_timeout_seconds, this only guards against one that does not."""
         try:
             async with asyncio.timeout(within_s) as deadline:
-                await self._sink.send(records, replay=False)
+                await self._ports.sink.send(records, replay=False)
         except TimeoutError:
             if deadline.expired():
                 return False

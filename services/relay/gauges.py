@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.relay import metrics
-from services.relay.ports import RESEED_HINT, LeaseStore, OutboxSource
+from services.relay.ports import RESEED_HINT, RelayPorts
 from services.relay.settings import RelaySettings
 from services.runtime.logging import get_logger
 
@@ -19,21 +19,19 @@ class Gauges:
         self,
         settings: RelaySettings,
         owner: str,
-        leases: LeaseStore,
-        source: OutboxSource,
+        ports: RelayPorts,
         clock: Callable[[], float],
     ) -> None:
         self._settings = settings
         self._owner = owner
-        self._leases = leases
-        self._source = source
+        self._ports = ports
         self._clock = clock
         self._refused: frozenset[int] = frozenset()
         self._refused_logged_at = float("-inf")
         self._uncovered = 0
 
     async def refresh(self) -> None:
-        backlog = await self._source.backlog()
+        backlog = await self._ports.source.backlog()
         metrics.REFUSED_PARTITIONS.set(backlog.refused_partitions)
         if backlog.refused_partitions:
             # Unknown, not 0: those partitions' progress means nothing here.
@@ -51,7 +49,7 @@ class Gauges:
         partition: the rest would wait, undelivered, until another instance starts."""
         s = self._settings
         cap = s.relay_max_partitions_per_instance
-        live = len(set(await self._leases.live_owners()) | {self._owner})
+        live = len(set(await self._ports.leases.live_owners()) | {self._owner})
         metrics.LIVE_INSTANCES.set(live)
         uncovered = max(0, s.relay_partitions - live * cap) if cap else 0
         metrics.UNCOVERABLE_PARTITIONS.set(uncovered)
@@ -70,7 +68,7 @@ class Gauges:
     async def _report_refused(self) -> None:
         """Log the partitions refused for another cluster's progress: when the set changes,
         and again every minute while it lasts."""
-        refusals = await self._leases.refused_partitions()
+        refusals = await self._ports.leases.refused_partitions()
         refused = frozenset(r.partition for r in refusals)
         now = self._clock()
         if refused == self._refused and now - self._refused_logged_at < 60.0:

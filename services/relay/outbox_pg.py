@@ -85,11 +85,13 @@ from services.relay.ports import (
     Progress,
     Refusal,
     ReplayFilter,
+    Subscription,
     WindowBatch,
 )
 from services.runtime.db import create_pool, translate_db_errors
 from services.runtime.errors import ConfigError
 from services.runtime.logging import get_logger
+from services.runtime.records import from_row
 from services.runtime.settings import RuntimeSettings
 from services.runtime.sql import queries_beside
 
@@ -112,16 +114,7 @@ async def create_relay_pool(settings: RuntimeSettings, **overrides: Any) -> asyn
 
 
 def _record(row: asyncpg.Record) -> OutboxRecord:
-    return OutboxRecord(
-        position=row["position"],
-        event_id=row["event_id"],
-        event_type=row["event_type"],
-        tenant_id=row["tenant_id"],
-        tier=row["tier"],
-        aggregate_key=row["aggregate_key"],
-        payload=bytes(row["payload"]),
-        created_at=row["created_at"],
-    )
+    return from_row(OutboxRecord, row, payload=bytes(row["payload"]))
 
 
 def _read_up_to(progress: Progress, span: int) -> int:
@@ -130,6 +123,19 @@ def _read_up_to(progress: Progress, span: int) -> int:
     committers' rows are read, by txid)."""
     start = max(progress.window_position, progress.window_start - 1)
     return min(progress.window_end, start + span)
+
+
+def _lease_and_progress(lease: Lease, progress: Progress) -> tuple[Any, ...]:
+    """$1 to $6 of the fenced progress writes (commit_progress, release_lease): the lease
+    (partition, owner, epoch) and where the partition stands."""
+    return (
+        lease.partition,
+        lease.owner,
+        lease.epoch,
+        progress.delivered,
+        progress.window,
+        progress.window_position,
+    )
 
 
 def snapshot_xmax(snapshot: str) -> int:
@@ -216,12 +222,7 @@ class PgLeaseStore:
         with translate_db_errors():
             done = await self._pool.fetchval(
                 QUERIES["commit_progress"],
-                lease.partition,
-                lease.owner,
-                lease.epoch,
-                progress.delivered,
-                progress.window,
-                progress.window_position,
+                *_lease_and_progress(lease, progress),
                 lease_s,
                 now,
                 progress.window_end,
@@ -235,12 +236,7 @@ class PgLeaseStore:
         with translate_db_errors():
             await self._pool.execute(
                 QUERIES["release_lease"],
-                lease.partition,
-                lease.owner,
-                lease.epoch,
-                progress.delivered,
-                progress.window,
-                progress.window_position,
+                *_lease_and_progress(lease, progress),
                 now,
                 progress.window_end,
                 progress.window_start,
@@ -393,11 +389,7 @@ class PgOutboxSource:
 async def _delete_delivered(
     conn: asyncpg.Connection[Any], older_than_s: float, batch: int, now: Any
 ) -> int:
-    cutoff = await conn.fetchval(
-        "SELECT coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)",
-        now,
-        older_than_s,
-    )
+    cutoff = await conn.fetchval(QUERIES["retention_cutoff"], now, older_than_s)
     bounds = await conn.fetchrow(QUERIES["retention_range"], cutoff)
     assert bounds is not None
     if bounds["low"] is None:
@@ -410,25 +402,6 @@ async def _delete_delivered(
         low += batch
         await asyncio.sleep(0)  # let the live relay's work interleave
     return deleted
-
-
-class _Subscription:
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def ring(self) -> None:
-        self._event.set()
-
-    def clear(self) -> None:
-        self._event.clear()
-
-    async def wait(self, within_s: float) -> bool:
-        try:
-            async with asyncio.timeout(within_s):
-                await self._event.wait()
-        except TimeoutError:
-            return False
-        return True
 
 
 class PgWakeups:
@@ -446,12 +419,12 @@ class PgWakeups:
     def __init__(self, settings: RuntimeSettings) -> None:
         self._settings = settings
         self._conn: asyncpg.Connection[Any] | None = None
-        self._subscriptions: list[_Subscription] = []
+        self._subscriptions: list[Subscription] = []
         self._statement = asyncio.Lock()
         self._disarming: set[asyncio.Task[None]] = set()
 
-    def subscribe(self) -> _Subscription:
-        subscription = _Subscription()
+    def subscribe(self) -> Subscription:
+        subscription = Subscription()
         self._subscriptions.append(subscription)
         return subscription
 

@@ -6,6 +6,7 @@ The loop (``relay.py``) and the replay (``replay.py``) only see these; the adapt
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -163,6 +164,17 @@ class EventSink(Protocol):
     async def stop(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class RelayPorts:
+    """What a relay moves events with: the partition leases, the outbox it reads, the sink
+    it sends to, and the wake-ups that tell it new rows were committed."""
+
+    leases: LeaseStore
+    source: OutboxSource
+    sink: EventSink
+    wakeups: Wakeups
+
+
 class Wakeups(Protocol):
     """Coalesced "new rows committed" signals (LISTEN/NOTIFY)."""
 
@@ -187,3 +199,26 @@ class WakeupSubscription(Protocol):
     def clear(self) -> None: ...
 
     async def wait(self, within_s: float) -> bool: ...
+
+
+class Subscription:
+    """The ``WakeupSubscription`` a ``Wakeups`` hands out: rung by whoever learns of new
+    rows (a notification), waited on by one driver."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def ring(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    async def wait(self, within_s: float) -> bool:
+        """True once rung, False when ``within_s`` passed first."""
+        try:
+            async with asyncio.timeout(within_s):
+                await self._event.wait()
+        except TimeoutError:
+            return False
+        return True

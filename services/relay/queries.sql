@@ -288,6 +288,10 @@ SELECT count(o.position)::bigint AS backlog_rows,
             AND o.position <= p.window_position
             AND pg_visible_in_snapshot(o.txid, p.window_snapshot))
 
+-- name: retention_cutoff
+-- $1 now, $2 retention seconds. Rows created before this instant may go.
+SELECT coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
+
 -- name: retention_range
 -- $1 cutoff. Positions of the rows old enough to go (delivered or not; delete_delivered
 -- keeps the undelivered ones).
@@ -318,10 +322,10 @@ DELETE FROM outbox AS o
 -- name: replay_last_position
 SELECT coalesce(max(position), 0)::bigint AS last_position FROM outbox
 
--- name: replay_batch
+-- name: replay_rows
 -- $1 after position, $2 up to position (inclusive), $3 since, $4 until (exclusive),
--- $5 tenant, $6 tier, $7 event type, $8 limit. Keyset pages in position order; reads only,
--- so live delivery and its progress are untouched.
+-- $5 tenant, $6 tier, $7 event type (each of the last five optional): the rows a replay
+-- re-sends. Reads only, so live delivery and its progress are untouched.
 SELECT position, event_id, event_type, tenant_id, tier, aggregate_key, payload, created_at
   FROM outbox
  WHERE position > $1 AND position <= $2
@@ -330,19 +334,19 @@ SELECT position, event_id, event_type, tenant_id, tier, aggregate_key, payload, 
    AND ($5::text IS NULL OR tenant_id = $5::text)
    AND ($6::text IS NULL OR tier = $6::text)
    AND ($7::text IS NULL OR event_type = $7::text)
+
+-- name: replay_batch
+-- replay_rows, $8 limit: keyset pages in position order.
+-- include: replay_rows
  ORDER BY position
  LIMIT $8
 
 -- name: replay_count
--- Same filter as replay_batch, for the replay progress gauge.
+-- How many rows replay_rows holds, for the replay progress gauge.
 SELECT count(*)::bigint AS total
-  FROM outbox
- WHERE position > $1 AND position <= $2
-   AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
-   AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
-   AND ($5::text IS NULL OR tenant_id = $5::text)
-   AND ($6::text IS NULL OR tier = $6::text)
-   AND ($7::text IS NULL OR event_type = $7::text)
+  FROM (
+        -- include: replay_rows
+       ) AS r
 
 -- name: known_tiers
 SELECT DISTINCT tier FROM tenant ORDER BY tier

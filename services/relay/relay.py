@@ -33,6 +33,7 @@ from services.relay.ports import (
     Lease,
     LeaseStore,
     OutboxSource,
+    RelayPorts,
     Wakeups,
 )
 from services.relay.settings import RelaySettings
@@ -72,10 +73,7 @@ class Relay:
         self.settings = settings
         self.owner = owner or owner_id()
         self.state = RelayState.CREATED
-        self._leases = leases
-        self._source = source
-        self._sink = sink
-        self._wakeups = wakeups
+        self._ports = RelayPorts(leases, source, sink, wakeups)
         self._after_ack = after_ack
         self._stopping = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
@@ -86,7 +84,7 @@ class Relay:
         self._driving: dict[int, int] = {}
         self._rounds = 0
         self._retention: asyncio.Task[None] | None = None
-        self._gauges = Gauges(settings, self.owner, leases, source, self._clock)
+        self._gauges = Gauges(settings, self.owner, self._ports, self._clock)
         self._backoff = settings.backoff()
         self._started = False
         self._next_retention = self._next_gauges = 0.0
@@ -143,8 +141,8 @@ class Relay:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        await self._sink.stop()
-        await self._wakeups.close()
+        await self._ports.sink.stop()
+        await self._ports.wakeups.close()
         metrics.LEASES_HELD.set(0)
         self.state = RelayState.STOPPED
         log.info("relay.stopped", owner=self.owner)
@@ -189,11 +187,13 @@ class Relay:
 
     async def _supervision_round(self) -> None:
         if not self._started:
-            await self._leases.ensure_partitions(self.settings.relay_partitions)
-            tiers = set(self.settings.relay_topic_tiers) | set(await self._source.known_tiers())
-            await self._sink.start(sorted(tiers))
+            await self._ports.leases.ensure_partitions(self.settings.relay_partitions)
+            tiers = set(self.settings.relay_topic_tiers) | set(
+                await self._ports.source.known_tiers()
+            )
+            await self._ports.sink.start(sorted(tiers))
             self._started = True
-        await self._wakeups.ensure()
+        await self._ports.wakeups.ensure()
         await self._take_free_partitions(self._partitions_wanted())
         now = self._clock()
         if now >= self._next_retention:
@@ -239,7 +239,7 @@ class Relay:
         if wanted <= 0:
             return
         asked = self._clock()  # the lease runs from before the request, to be safe
-        for lease in await self._leases.acquire(
+        for lease in await self._ports.leases.acquire(
             self.owner, wanted, self.settings.relay_lease_seconds
         ):
             metrics.LEASE_CHANGES.labels(change="acquired").inc()
@@ -282,7 +282,7 @@ class Relay:
     async def _run_retention(self) -> None:
         s = self.settings
         try:
-            deleted = await self._source.delete_delivered(
+            deleted = await self._ports.source.delete_delivered(
                 s.relay_retention_seconds, s.relay_retention_batch
             )
         except KbError as error:
@@ -304,11 +304,8 @@ class Relay:
         driver = PartitionDriver(
             self.settings,
             lease,
+            self._ports,
             acquired_at=acquired_at,
-            leases=self._leases,
-            source=self._source,
-            sink=self._sink,
-            wakeups=self._wakeups,
             stopping=self._stopping,
             clock=self._clock,
             after_ack=self._after_ack,

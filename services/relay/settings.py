@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from collections.abc import Mapping
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
@@ -15,7 +15,8 @@ from services.runtime.settings import RuntimeSettings
 LOCAL_LEASE_SHARE = 0.8
 
 # Names the relay read before settings followed KB_<SERVICE>_*_SECONDS. Ignoring one would
-# silently run with a default the operator meant to change, so a leftover is refused.
+# silently run with a default the operator meant to change, so a leftover is refused
+# (services.runtime.settings.refuse_renamed_env).
 RENAMED_ENV = {
     "KB_RELAY_LEASE_S": "KB_RELAY_LEASE_SECONDS",
     "KB_RELAY_POLL_INTERVAL_S": "KB_RELAY_POLL_INTERVAL_SECONDS",
@@ -30,6 +31,8 @@ RENAMED_ENV = {
 
 
 class RelaySettings(RuntimeSettings):
+    renamed_env: ClassVar[Mapping[str, str]] = RENAMED_ENV
+
     # Lease partitions of the outbox (by hash of aggregate_key). Fixed for the life of a
     # database: the relay refuses to start when the table says otherwise.
     relay_partitions: int = Field(default=4, ge=1, le=1024)
@@ -65,16 +68,6 @@ class RelaySettings(RuntimeSettings):
     relay_topic_replication_factor: int | None = Field(default=None, ge=1)
     # Index-hint topics to create on start besides the tiers found in the tenant table.
     relay_topic_tiers: list[str] = Field(default_factory=lambda: ["standard"])
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_renamed_env(cls, values: Any) -> Any:
-        left = sorted(name for name in RENAMED_ENV if name in os.environ)
-        if left:
-            raise ValueError(
-                "renamed settings: " + ", ".join(f"{old} is now {RENAMED_ENV[old]}" for old in left)
-            )
-        return values
 
     @model_validator(mode="after")
     def _send_fits_in_lease(self) -> RelaySettings:

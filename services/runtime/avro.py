@@ -27,6 +27,7 @@ from fastavro.schema import fingerprint as _fingerprint_hex
 from fastavro.schema import to_parsing_canonical_form
 
 from services.runtime.errors import KbError
+from services.runtime.shipped import shipped_dir
 
 MAGIC: Final = b"\xc3\x01"
 FINGERPRINT_SIZE: Final = 8
@@ -36,14 +37,11 @@ HEADER_SIZE: Final = len(MAGIC) + FINGERPRINT_SIZE
 _FILENAME = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\.v(?P<version>\d+))?\.avsc$")
 
 
-class AvroError(KbError):
-    code = "AVRO_ERROR"
+class AvroError(KbError, code="AVRO_ERROR"): ...
 
 
-class UnknownSchemaFingerprint(AvroError):
+class UnknownSchemaFingerprint(AvroError, code="AVRO_UNKNOWN_FINGERPRINT"):
     """The payload was written with a schema this registry has never seen."""
-
-    code = "AVRO_UNKNOWN_FINGERPRINT"
 
     def __init__(self, fingerprint: bytes) -> None:
         super().__init__(
@@ -53,22 +51,17 @@ class UnknownSchemaFingerprint(AvroError):
         self.fingerprint = fingerprint
 
 
-class MalformedAvroPayload(AvroError):
-    code = "AVRO_MALFORMED_PAYLOAD"
+class MalformedAvroPayload(AvroError, code="AVRO_MALFORMED_PAYLOAD"): ...
 
 
-class UnknownEventType(AvroError):
-    code = "AVRO_UNKNOWN_EVENT_TYPE"
+class UnknownEventType(AvroError, code="AVRO_UNKNOWN_EVENT_TYPE"): ...
 
 
-class AvroEncodeFailed(AvroError):
+class AvroEncodeFailed(AvroError, code="AVRO_ENCODE_FAILED"):
     """A producer handed over a record its schema does not accept: a programming error."""
 
-    code = "AVRO_ENCODE_FAILED"
 
-
-class SchemaRegistryInvalid(AvroError):
-    code = "AVRO_SCHEMA_REGISTRY_INVALID"
+class SchemaRegistryInvalid(AvroError, code="AVRO_SCHEMA_REGISTRY_INVALID"): ...
 
 
 @dataclass(frozen=True)
@@ -217,11 +210,7 @@ def decode(payload: bytes, writer: AvroSchema, reader: AvroSchema | None = None)
 
 def schemas_dir() -> Path:
     """``schemas/`` of a source checkout, else the copy packaged into the wheel."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "schemas", here.parents[1] / "_schemas"):
-        if candidate.is_dir():
-            return candidate
-    raise SchemaRegistryInvalid("no schemas directory found")
+    return shipped_dir("schemas", SchemaRegistryInvalid)
 
 
 @cache

@@ -21,6 +21,9 @@ from services.runtime.errors import (
     SerializationConflict,
 )
 from services.runtime.settings import RuntimeSettings
+from services.runtime.sql import queries_beside
+
+_QUERIES = queries_beside(__file__, "db.sql")
 
 
 class DatabaseError(KbError):
@@ -30,10 +33,7 @@ class DatabaseError(KbError):
 async def _init_connection(conn: asyncpg.Connection[Any]) -> None:
     # The vector type exists only after the first migration; a pool opened before it
     # (``kb migrate`` itself, /readyz on an empty database) simply has no vector codec.
-    has_vector = await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM pg_type WHERE typname = 'vector')"
-    )
-    if has_vector:
+    if await conn.fetchval(_QUERIES["vector_type_exists"]):
         await register_vector(conn)
 
 
@@ -45,7 +45,7 @@ async def skip_session_reset(conn: asyncpg.Connection[Any]) -> None:
     a search: one per connection it read on). asyncpg (0.32) rolls back a transaction left
     open before it calls this; the ROLLBACK here keeps that true whatever it does."""
     if conn.is_in_transaction():
-        await conn.execute("ROLLBACK")
+        await conn.execute(_QUERIES["rollback"])
 
 
 async def create_pool(settings: RuntimeSettings, **overrides: Any) -> asyncpg.Pool[Any]:

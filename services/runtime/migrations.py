@@ -16,6 +16,10 @@ from typing import Any
 import asyncpg
 
 from services.runtime.errors import MigrationChecksumMismatch, MigrationError
+from services.runtime.shipped import shipped_dir
+from services.runtime.sql import queries_beside
+
+_QUERIES = queries_beside(__file__, "migrations.sql")
 
 # pg_advisory_lock key: any constant shared by every kb process; 'kbmigrat' in ASCII.
 MIGRATION_LOCK_KEY = 0x6B626D6967726174
@@ -35,11 +39,7 @@ class Migration:
 
 def migrations_dir() -> Path:
     """``migrations/`` of a source checkout, else the copy packaged into the wheel."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "migrations", here.parents[1] / "_migrations"):
-        if candidate.is_dir():
-            return candidate
-    raise MigrationError("no migrations directory found")
+    return shipped_dir("migrations", MigrationError)
 
 
 def load_migrations(directory: Path | None = None) -> list[Migration]:
@@ -58,16 +58,6 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
     return found
 
 
-_BOOKKEEPING = """
-CREATE TABLE IF NOT EXISTS schema_migration (
-    version     integer PRIMARY KEY,
-    name        text        NOT NULL,
-    checksum    text        NOT NULL,
-    applied_at  timestamptz NOT NULL DEFAULT now()
-)
-"""
-
-
 @dataclass(frozen=True)
 class MigrationReport:
     applied: list[Migration]
@@ -80,13 +70,10 @@ async def apply_migrations(
     migrations = load_migrations() if migrations is None else migrations
     # A session-level advisory lock serialises concurrent `kb migrate` runs (several pods
     # starting at once); the loser waits, then finds everything applied.
-    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+    await conn.execute(_QUERIES["lock_migrations"], MIGRATION_LOCK_KEY)
     try:
-        await conn.execute(_BOOKKEEPING)
-        recorded = {
-            row["version"]: row
-            for row in await conn.fetch("SELECT version, name, checksum FROM schema_migration")
-        }
+        await conn.execute(_QUERIES["create_bookkeeping"])
+        recorded = {row["version"]: row for row in await conn.fetch(_QUERIES["applied_migrations"])}
         unknown = set(recorded) - {m.version for m in migrations}
         if unknown:
             raise MigrationError(
@@ -107,7 +94,7 @@ async def apply_migrations(
             async with conn.transaction():
                 await conn.execute(migration.sql)
                 await conn.execute(
-                    "INSERT INTO schema_migration (version, name, checksum) VALUES ($1, $2, $3)",
+                    _QUERIES["record_migration"],
                     migration.version,
                     migration.name,
                     migration.checksum,
@@ -115,13 +102,12 @@ async def apply_migrations(
             applied.append(migration)
         return MigrationReport(applied=applied, already_applied=already)
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+        await conn.execute(_QUERIES["unlock_migrations"], MIGRATION_LOCK_KEY)
 
 
 async def pending_migrations(conn: asyncpg.Connection[Any]) -> list[Migration]:
     """Migrations not yet applied (for readiness checks); all of them on an empty database."""
-    exists = await conn.fetchval("SELECT to_regclass('schema_migration') IS NOT NULL")
-    if not exists:
+    if not await conn.fetchval(_QUERIES["bookkeeping_exists"]):
         return load_migrations()
-    done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migration")}
+    done = {r["version"] for r in await conn.fetch(_QUERIES["applied_migrations"])}
     return [m for m in load_migrations() if m.version not in done]

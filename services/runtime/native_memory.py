@@ -28,7 +28,7 @@ _LIBC: Final = _glibc()
 
 
 def release_freed_memory() -> None:
-    """Returns the free pages of every arena to the system (a few ms)."""
+    """Returns the free pages of every arena to the system."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
 
@@ -37,6 +37,6 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
     """Caps glibc's malloc arenas unless MALLOC_ARENA_MAX says otherwise. Every thread that
     allocates gets an arena of its own (up to 8 per core), and each keeps the freed memory
     of its last big allocation: onnxruntime's threads and the inference threads kept
-    hundreds of MiB of freed activations (bench/results/pipeline-memory.md)."""
+    their freed activations (BENCHMARKS.md)."""
     if _LIBC is not None and not os.environ.get("MALLOC_ARENA_MAX"):
         _LIBC.mallopt(_M_ARENA_MAX, arenas)

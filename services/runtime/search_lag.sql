@@ -1,5 +1,5 @@
 -- name: search_lag
--- Documents whose search version lags their published version (DESIGN §9), and how long
+-- Documents whose search version lags their published version (docs/architecture.md#observability), and how long
 -- the oldest has lagged (since its publish). $1 now. Reads every published document: run it
 -- from one sampler per process every several seconds, not per request.
 SELECT count(*) AS lagging,

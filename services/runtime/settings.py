@@ -9,7 +9,9 @@ reads only what it uses.
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -60,6 +62,16 @@ class RuntimeSettings(BaseSettings):
     db_pool_max_size: int = Field(default=10, ge=1)
     db_statement_timeout_ms: int = Field(default=30_000, ge=0)
 
+    # Names a service read before its settings were renamed (old -> new): see
+    # refuse_renamed_env.
+    renamed_env: ClassVar[Mapping[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_renamed_env(cls, values: Any) -> Any:
+        refuse_renamed_env(cls.renamed_env)
+        return values
+
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: str) -> str:
@@ -93,6 +105,16 @@ class RuntimeSettings(BaseSettings):
 
     def topic(self, name: str) -> str:
         return f"{self.kafka_topic_prefix}{name}"
+
+
+def refuse_renamed_env(renamed: Mapping[str, str]) -> None:
+    """Refuse an environment that still sets an old name of ``renamed`` (old -> new):
+    ignoring it would silently run with a default the operator meant to change."""
+    left = sorted(name for name in renamed if name in os.environ)
+    if left:
+        raise ValueError(
+            "renamed settings: " + ", ".join(f"{old} is now {renamed[old]}" for old in left)
+        )
 
 
 def env_names(settings_class: type[BaseSettings]) -> set[str]:

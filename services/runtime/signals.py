@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Final, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, Final, TypeVar
 
 T = TypeVar("T")
 
@@ -48,3 +48,32 @@ async def run_until_signalled(
     """``await main(stop)`` with SIGTERM/SIGINT setting ``stop``."""
     with stop_on_signals(stop) as event:
         return await main(event)
+
+
+async def unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> asyncio.Task[T]:
+    """Run ``work`` until it ends or ``stop`` is set, whichever comes first: then it is
+    cancelled and waited for (what it raises while it goes is not this caller's). Its task:
+    done, or cancelled."""
+    running = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await running
+    return running
+
+
+async def ignoring_foreign_cancellation(done: Awaitable[None]) -> None:
+    """Await ``done`` (a client's close or stop), letting a cancellation through only when
+    it is this task's: a client library can re-raise the cancellation of its own internal
+    tasks, and that must not end the caller."""
+    try:
+        await done
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise

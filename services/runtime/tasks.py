@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, Final, NamedTuple
+from typing import Final, NamedTuple, TypeVar
 
 from services.runtime.db import translate_db_errors
+from services.runtime.records import Row, from_row
 from services.runtime.sql import queries_beside
 from services.runtime.transaction import Transaction
 
@@ -33,8 +33,9 @@ class TaskStatus(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class IndexTaskRecord:
-    """One ``index_task`` row (DESIGN §3), column for column."""
+class NewIndexTask:
+    """What a task is created with: its id, its business key (tenant, document, version,
+    type) and the tier whose workers run it."""
 
     task_id: uuid.UUID
     tenant_id: str
@@ -42,6 +43,12 @@ class IndexTaskRecord:
     version_number: int
     task_type: str
     tier: str
+
+
+@dataclass(frozen=True)
+class IndexTaskRecord(NewIndexTask):
+    """One ``index_task`` row (docs/architecture.md#tables), column for column."""
+
     status: TaskStatus
     attempts: int
     max_attempts: int
@@ -62,16 +69,17 @@ INDEX_TASK_COLUMNS: Final = ", ".join(f.name for f in fields(IndexTaskRecord))
 DEFAULT_MAX_ATTEMPTS: Final = 8
 
 
-def index_task_fields(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``IndexTaskRecord`` fields of a row holding every column, ``status`` typed: for
-    the record itself or a subclass that adds behaviour (the indexer's ``IndexTask``)."""
-    values = {f.name: row[f.name] for f in fields(IndexTaskRecord)}
-    values["status"] = TaskStatus(values["status"])
-    return values
+TaskRecord = TypeVar("TaskRecord", bound=IndexTaskRecord)
 
 
-def index_task_from_row(row: Mapping[str, Any]) -> IndexTaskRecord:
-    return IndexTaskRecord(**index_task_fields(row))
+def task_of_row(record: type[TaskRecord], row: Row) -> TaskRecord:
+    """A row holding every column as ``record``, ``status`` typed: the record itself or a
+    subclass that adds behaviour (the indexer's ``IndexTask``)."""
+    return from_row(record, row, status=TaskStatus(row["status"]))
+
+
+def index_task_from_row(row: Row) -> IndexTaskRecord:
+    return task_of_row(IndexTaskRecord, row)
 
 
 class EnqueuedTask(NamedTuple):
@@ -113,9 +121,7 @@ async def enqueue_index_task(
         )
         if created is not None:
             return EnqueuedTask(created, True)
-        existing = await conn.fetchval(
-            _QUERIES["find_index_task"], tenant_id, document_id, version_number, task_type
-        )
+    existing = await find_index_task(conn, tenant_id, document_id, version_number, task_type)
     if existing is None:
         # The conflicting insert rolled back between our two statements: try again.
         return await enqueue_index_task(
@@ -130,3 +136,18 @@ async def enqueue_index_task(
             now=now,
         )
     return EnqueuedTask(existing, False)
+
+
+async def find_index_task(
+    conn: Transaction,
+    tenant_id: str,
+    document_id: uuid.UUID,
+    version_number: int,
+    task_type: str = TASK_TYPE_INDEX_VERSION,
+) -> uuid.UUID | None:
+    """The id of the task of (tenant, document, version, type), if there is one."""
+    with translate_db_errors():
+        task_id: uuid.UUID | None = await conn.fetchval(
+            _QUERIES["find_index_task"], tenant_id, document_id, version_number, task_type
+        )
+    return task_id

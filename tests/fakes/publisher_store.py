@@ -14,13 +14,12 @@ import contextlib
 import copy
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 from services.publisher.ports import (
     DocumentStatusRecord,
     LockedDocument,
-    NewIndexTask,
     NewVersion,
     PendingEvent,
     VersionInfo,
@@ -31,6 +30,7 @@ from services.runtime.tasks import (
     TASK_TYPE_INDEX_VERSION,
     EnqueuedTask,
     IndexTaskRecord,
+    NewIndexTask,
     TaskStatus,
 )
 
@@ -159,12 +159,7 @@ class MemoryPublishTransaction:
             return EnqueuedTask(existing, created=False)
         at = _now(now)
         self._state.tasks[task.task_id] = IndexTaskRecord(
-            task_id=task.task_id,
-            tenant_id=task.tenant_id,
-            document_id=task.document_id,
-            version_number=task.version_number,
-            task_type=task.task_type,
-            tier=task.tier,
+            **asdict(task),
             status=TaskStatus.PENDING,
             attempts=0,
             max_attempts=DEFAULT_MAX_ATTEMPTS,

@@ -22,6 +22,7 @@ from services.relay.ports import (
     Progress,
     Refusal,
     ReplayFilter,
+    Subscription,
     WindowBatch,
 )
 from services.runtime.errors import ConfigError, KafkaUnavailable
@@ -224,34 +225,15 @@ class FlakySink:
         return None
 
 
-class _Bell:
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def ring(self) -> None:
-        self._event.set()
-
-    def clear(self) -> None:
-        self._event.clear()
-
-    async def wait(self, within_s: float) -> bool:
-        try:
-            async with asyncio.timeout(within_s):
-                await self._event.wait()
-        except TimeoutError:
-            return False
-        return True
-
-
 class FakeWakeups:
     def __init__(self) -> None:
-        self.bells: list[_Bell] = []
+        self.bells: list[Subscription] = []
         self.armed = 0
         # Runs inside arm(): what a writer committing just then would do.
         self.on_arm: Callable[[], object] | None = None
 
-    def subscribe(self) -> _Bell:
-        bell = _Bell()
+    def subscribe(self) -> Subscription:
+        bell = Subscription()
         self.bells.append(bell)
         return bell
 

@@ -10,11 +10,13 @@ from typing import Any
 import asyncpg
 import pytest
 
+from services.embedding.hashing import HashingEmbedder
 from services.operator.auth import digest, new_operator_key
 from services.operator.store_pg import PgOperatorStore
 from services.runtime.tenant_auth import new_api_key
 from tests.support.operator import hidden, operator_client, operator_settings, sign_in
-from tests.support.tasks import create_task
+from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
+from tests.support.tasks import create_task, ensure_tenant
 
 pytestmark = pytest.mark.integration
 
@@ -183,6 +185,41 @@ async def test_document_page_shows_versions_tasks_and_paginates(
         assert "offset=2" in first.text
         bad = await c.get(f"/ui/tenants/{task.tenant_id}/documents", params={"offset": -1})
         assert bad.status_code == 422
+
+
+async def test_document_chunks_are_the_served_generations_only(
+    pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any], database_url: str
+) -> None:
+    # One version indexed under two chunking strategies (a generation built beside the served
+    # one): the page lists and counts the chunks of the strategy the pointer names, as search
+    # reads them, not the other generation's.
+    embedder = HashingEmbedder(dimension=64)
+    await ensure_tenant(conn, "acme", "standard")
+    document_id = await add_document(conn, "acme")
+    served = await add_version(
+        conn, "acme", document_id, 1, [ChunkSpec(f"served {i}") for i in range(3)], embedder
+    )
+    await conn.executemany(
+        "INSERT INTO knowledge_chunk (tenant_id, document_id, version_number,"
+        " embedding_model, chunk_id, ordinal, heading_path, text, content_digest,"
+        " embedding_dimension, embedding, chunking_strategy)"
+        " SELECT tenant_id, document_id, version_number, embedding_model,"
+        " chunk_id || $2, ordinal, heading_path, 'other ' || text, content_digest,"
+        " embedding_dimension, embedding, 'another-strategy'"
+        " FROM knowledge_chunk WHERE chunk_id = $1",
+        [(chunk, suffix) for chunk in served[:2] for suffix in ("-a", "-b")],
+    )
+    await point_search_at(conn, "acme", document_id, 1, embedder.model)
+    found = await PgOperatorStore(pool).document("acme", document_id, chunk_offset=0, limit=10)
+    assert found is not None
+    assert found["chunks"].total == 3
+    assert [row["chunk_id"] for row in found["chunks"].rows] == served
+    async with operator_client(pool, operator_settings(database_url)) as client:
+        await sign_in(client)
+        page = await client.get(f"/ui/tenants/acme/documents/{document_id}")
+    assert page.status_code == 200
+    assert "served 0" in page.text
+    assert "other served" not in page.text
 
 
 @pytest.mark.parametrize("path", ["/ui/static/ui.css", "/ui/static/refresh.js"])

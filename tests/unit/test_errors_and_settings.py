@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
+from services.indexer.settings import IndexerSettings
+from services.relay.settings import RelaySettings
 from services.runtime.errors import (
     BadInput,
     DatabaseUnavailable,
@@ -60,3 +63,16 @@ def test_env_names_lists_what_a_model_reads() -> None:
         "KB_KAFKA_TOPIC_PREFIX",
         "KB_LOG_LEVEL",
     } <= names
+
+
+@pytest.mark.parametrize(
+    ("service", "old"),
+    [(service, old) for service in (IndexerSettings, RelaySettings) for old in service.renamed_env],
+)
+def test_an_old_name_left_in_the_environment_is_refused(
+    monkeypatch: pytest.MonkeyPatch, service: type[RuntimeSettings], old: str
+) -> None:
+    monkeypatch.setenv(old, "1")
+    with pytest.raises(ValidationError, match=service.renamed_env[old]):
+        service()
+    RuntimeSettings()  # a service's old names are its own

@@ -4,7 +4,8 @@
 -- $1 tenant (NULL: every tenant). One statement, one snapshot: the pointer, the chunks it
 -- names and the tasks are read as of the same instant, so a switch committing meanwhile is
 -- seen whole or not at all (never "pointer moved, chunks not yet there").
--- The chunk count is one primary-key range scan per served document.
+-- The chunks present are those search serves (current_version_chunks): per served document,
+-- one probe of the pointer's primary key and one primary-key range scan of its chunks.
 SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
        s.version_number AS served_version, s.chunk_count AS recorded_chunks,
        present.chunks AS present_chunks,
@@ -22,12 +23,11 @@ SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
         AND st.version_number = s.version_number AND st.task_type = $2
   LEFT JOIN LATERAL (
         SELECT count(*)::integer AS chunks
-          FROM knowledge_chunk c
+          FROM (
+                -- include: current_version_chunks from services/runtime/search_version.sql
+               ) AS c
          WHERE c.tenant_id = s.tenant_id
            AND c.document_id = s.document_id
-           AND c.version_number = s.version_number
-           AND c.embedding_model = s.embedding_model
-           AND c.chunking_strategy IS NOT DISTINCT FROM s.chunking_strategy
        ) present ON s.document_id IS NOT NULL
  WHERE ($1::text IS NULL OR d.tenant_id = $1)
    AND (d.published_version IS NOT NULL OR s.document_id IS NOT NULL)

@@ -20,6 +20,7 @@ from services.indexer.queue.store_pg import PgTaskQueue
 from services.runtime.clock import Clock, DatabaseClock
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import NotFound
+from services.runtime.records import from_row
 from services.runtime.sql import queries_beside
 from services.runtime.tasks import TASK_TYPE_INDEX_VERSION, TaskStatus, enqueue_index_task
 
@@ -99,16 +100,9 @@ def _state(row: Mapping[str, Any]) -> DocumentIndexState:
     def status(value: str | None) -> TaskStatus | None:
         return None if value is None else TaskStatus(value)
 
-    return DocumentIndexState(
-        tenant_id=row["tenant_id"],
-        tier=row["tier"],
-        document_id=row["document_id"],
-        published_version=row["published_version"],
-        served_version=row["served_version"],
-        recorded_chunks=row["recorded_chunks"],
-        present_chunks=row["present_chunks"],
-        published_task_id=row["published_task_id"],
+    return from_row(
+        DocumentIndexState,
+        row,
         published_task_status=status(row["published_task_status"]),
-        served_task_id=row["served_task_id"],
         served_task_status=status(row["served_task_status"]),
     )

@@ -1,13 +1,12 @@
 """A large tenant's own HNSW graph of a model, kept by the indexer.
 
 Every search is within one tenant. The partition's graph (ann_index) holds the few tenants
-hashed to that partition, so a search walks past the others' chunks: on the 1M bench, to
-reach recall@10 0.95 it needs ef_search 600 and ~13 ms. A graph of the tenant's chunks
-alone reaches 0.965 at ef_search 200 in ~8 ms (bench/results/search.md). So each tenant
-whose current versions hold at least ``min_chunks`` chunks of the model gets a partial HNSW
-index of its own on its partition (ann_index.create_tenant_ann_index_sql); a smaller tenant
-is ranked exactly by search anyway (``KB_SEARCH_EXACT_MAX_CHUNKS``), which is why the two
-thresholds share their default.
+hashed to that partition, so a search walks past the others' chunks and needs a longer
+candidate list (ef_search), and more time, for the same recall than a graph of the
+tenant's chunks alone (BENCHMARKS.md). So each tenant whose current versions hold at least
+``min_chunks`` chunks of the model gets a partial HNSW index of its own on its partition
+(ann_index.create_tenant_ann_index_sql); a smaller tenant is ranked exactly by search anyway
+(``KB_SEARCH_EXACT_MAX_CHUNKS``), which is why the two thresholds share their default.
 
 Built with CREATE INDEX CONCURRENTLY, one tenant at a time, by whichever indexer process
 takes the model's tenant-graphs lock; the others skip the round. A graph is never dropped
@@ -31,6 +30,7 @@ from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
 from services.indexer.sink.pgvector import index_build_session
 from services.runtime.db import translate_db_errors
 from services.runtime.logging import get_logger
+from services.runtime.signals import unless_stopped
 from services.runtime.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "tenant_graphs.sql")
@@ -87,16 +87,8 @@ class PgTenantGraphs:
         takes minutes, longer than a shutdown's grace): the index it leaves INVALID is
         dropped and built again by the next round, here or in another process."""
         while not stop.is_set():
-            building = asyncio.create_task(self.ensure(model, dimension))
-            stopping = asyncio.create_task(stop.wait())
-            try:
-                await asyncio.wait({building, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-            if not building.done():
-                building.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await building
+            building = await unless_stopped(self.ensure(model, dimension), stop)
+            if building.cancelled():
                 log.info("tenant_graph.round_stopped", model=model)
                 return
             if (error := building.exception()) is not None:

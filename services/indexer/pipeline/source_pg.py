@@ -9,6 +9,7 @@ import asyncpg
 
 from services.indexer.ports import StoredVersion
 from services.runtime.db import translate_db_errors
+from services.runtime.records import from_row
 from services.runtime.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "source.sql")
@@ -25,11 +26,4 @@ class PgVersionSource:
             row = await self._pool.fetchrow(
                 QUERIES["load_document_version"], tenant_id, document_id, version_number
             )
-        if row is None:
-            return None
-        return StoredVersion(
-            media_type=row["media_type"],
-            content=row["content"],
-            sha256=bytes(row["sha256"]),
-            size_bytes=row["size_bytes"],
-        )
+        return None if row is None else from_row(StoredVersion, row, sha256=bytes(row["sha256"]))

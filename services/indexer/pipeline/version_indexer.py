@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-import uuid
-from typing import Final, Protocol
+from typing import Final
 
 from services.embedding.coalescing import CoalescingEmbedder, RequestStats
 from services.embedding.port import Embedder
@@ -25,7 +24,8 @@ from services.embedding.tokens import load_token_counter
 from services.index.generation import IndexGeneration
 from services.indexer import metrics
 from services.indexer.pipeline.chunking import ChunkingStrategy
-from services.indexer.pipeline.parsing.stream import DEFAULT_SLICE_CHUNKS, DocumentBytes, OnSlice
+from services.indexer.pipeline.parsing.pool import ParsePool
+from services.indexer.pipeline.parsing.stream import DEFAULT_SLICE_CHUNKS, DocumentBytes
 from services.indexer.pipeline.slices import DocumentRun, EmbeddingPolicy, IndexSink
 from services.indexer.ports import IndexingOutcome, StoredVersion, VersionSource
 from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
@@ -38,22 +38,6 @@ log = get_logger(__name__)
 # Documents of up to this many chunks are held in memory and written by the fenced
 # complete in one go, as before; longer ones are staged slice by slice (slices.py).
 STREAM_ABOVE_CHUNKS: Final = 2048
-
-
-class ChunkParser(Protocol):
-    """What the pipeline needs of ``parsing.pool.ParsePool``."""
-
-    async def stream_chunks(
-        self,
-        media_type: str,
-        content: DocumentBytes,
-        *,
-        document_id: uuid.UUID,
-        version_number: int,
-        strategy: ChunkingStrategy,
-        on_slice: OnSlice,
-        slice_chunks: int = ...,
-    ) -> int: ...
 
 
 def chunking_strategy(
@@ -86,7 +70,7 @@ class PipelineIndexer:
     def __init__(
         self,
         source: VersionSource,
-        parse_pool: ChunkParser,
+        parse_pool: ParsePool,
         embedder: Embedder,
         sink: IndexSink,
         *,
@@ -134,12 +118,7 @@ class PipelineIndexer:
         self.generation = index_generation(embedder, strategy)
 
     async def index(self, lease: Lease) -> IndexingOutcome:
-        ids = {
-            "task_id": str(lease.task_id),
-            "tenant_id": lease.tenant_id,
-            "document_id": str(lease.document_id),
-            "version_number": lease.version_number,
-        }
+        ids = lease.log_fields()
         started = time.perf_counter()
         version = await self._load(lease)
         metrics.STAGE_SECONDS.labels(lease.tier, "load").observe(time.perf_counter() - started)

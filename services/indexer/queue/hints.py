@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from services.runtime.avro import AvroError, SchemaRegistry, default_registry
 from services.runtime.events import INDEX_TASK_CREATED
 from services.runtime.logging import get_logger
+from services.runtime.signals import ignoring_foreign_cancellation, unless_stopped
 
 log = get_logger(__name__)
 
@@ -154,16 +155,7 @@ class HintConsumer:
         the join's own bound), and a stopping worker must not wait for that -- an
         orchestrator's grace period is often 30 s. The connect is cancelled (it closes what
         it opened)."""
-        connecting = asyncio.ensure_future(self._connect())
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            if not connecting.done():
-                connecting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await connecting
+        connecting = await unless_stopped(self._connect(), stop)
         if connecting.cancelled():
             return None
         source: HintSource = connecting.result()  # its failure is run()'s to count
@@ -231,11 +223,5 @@ class HintConsumer:
 async def _close(source: HintSource) -> None:
     """Close a source whatever it raises, except a cancellation of this very task: a
     client library's own cancelled internals must not end the consumer."""
-    try:
-        await source.close()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-    except Exception:
-        pass
+    with contextlib.suppress(Exception):
+        await ignoring_foreign_cancellation(source.close())

@@ -20,6 +20,7 @@ from services.runtime.events import index_hints_topic, indexer_consumer_group
 from services.runtime.kafka import kafka_client_kwargs
 from services.runtime.logging import get_logger
 from services.runtime.settings import RuntimeSettings
+from services.runtime.signals import ignoring_foreign_cancellation
 
 log = get_logger(__name__)
 
@@ -135,12 +136,7 @@ async def _stop(consumer: AIOKafkaConsumer) -> None:
     """Stop the consumer. With the broker gone, aiokafka's stop() can re-raise the
     cancellation of its own fetch task; that is not a cancellation of ours, and letting it
     out would end the hint consumer (and with it the indexer) on a mere Kafka outage."""
-    try:
-        await consumer.stop()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
+    await ignoring_foreign_cancellation(consumer.stop())
 
 
 def _headers(headers: Any) -> dict[str, bytes]:

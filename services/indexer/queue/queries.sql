@@ -1,5 +1,6 @@
--- Index task queue (DESIGN §4). Every time-dependent query takes `now` as its last
--- parameter: NULL means the database clock, a value is a test's injected time.
+-- Index task queue (docs/architecture.md#index-tasks). Every time-dependent query takes
+-- `now` as its last parameter: NULL means the database clock, a value is a test's injected
+-- time.
 
 -- name: claim_tasks
 -- $1 tier, $2 owner, $3 lease seconds, $4 how many to claim, $5 candidates to consider,
@@ -75,10 +76,11 @@
 --
 -- Plan: asyncpg prepares the statement, and PostgreSQL keeps a generic plan only while it
 -- is not costlier than the custom plans of the first five executions; otherwise it plans
--- every claim anew (a few ms). So no estimate that decides the plan may depend on a
--- parameter's value: every LIMIT reads its parameter through a scalar sub-select, and the
--- tier and `now` reach the probes and the re-check as columns (`tier`, `due_by`) rather
--- than as parameters, which a custom plan would estimate from the column statistics.
+-- every claim anew, a planning cost paid by every claim. So no estimate that decides the
+-- plan may depend on a parameter's value: every LIMIT reads its parameter through a scalar
+-- sub-select, and the tier and `now` reach the probes and the re-check as columns (`tier`,
+-- `due_by`) rather than as parameters, which a custom plan would estimate from the column
+-- statistics.
 -- Custom and generic plans then cost the same and the generic one is kept: nested loops
 -- over the partial indexes and the primary key, the same whatever the table's size.
 WITH RECURSIVE
@@ -221,8 +223,8 @@ RETURNING t.task_id, t.tenant_id, t.document_id, t.version_number, t.task_type, 
           t.attempts AS lease_attempt, t.max_attempts, t.lease_owner, t.lease_until
 
 -- name: heartbeat
--- The fence (DESIGN §4): RUNNING, our owner, our generation, lease not yet expired. Only
--- lease_until and updated_at change, neither is indexed, and the table's fillfactor leaves
+-- The fence (docs/architecture.md#leases-and-fencing): RUNNING, our owner, our generation,
+-- lease not yet expired. Only lease_until and updated_at change, neither is indexed, and the table's fillfactor leaves
 -- room on the page: a heartbeat is a HOT update that touches no index.
 UPDATE index_task
    SET lease_until = coalesce($5::timestamptz, now()) + make_interval(secs => $4),

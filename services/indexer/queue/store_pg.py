@@ -32,8 +32,9 @@ from services.indexer.queue.task import (
 from services.runtime.clock import Clock, DatabaseClock
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import LeaseLost, NotFound
+from services.runtime.records import from_row
 from services.runtime.sql import queries_beside
-from services.runtime.tasks import index_task_fields
+from services.runtime.tasks import task_of_row
 from services.runtime.transaction import Transaction
 
 QUERIES = queries_beside(__file__, "queries.sql")
@@ -112,11 +113,13 @@ class PgTaskQueue:
         if in_transaction is None:
             # Nothing to write with it: one autocommitted statement, one round trip.
             with translate_db_errors():
-                await self._complete_fenced(self._pool, lease)
+                if not await self._fence_holds(self._pool, lease):
+                    raise _lost(lease)
             return
         await self.completions.complete(lease, in_transaction)
 
-    async def _fence_holds(self, conn: Transaction, lease: Lease) -> bool:
+    async def _fence_holds(self, conn: Transaction | asyncpg.Pool[Any], lease: Lease) -> bool:
+        """Completes the task if the lease still holds (the fence); whether it did."""
         done = await conn.fetchval(
             QUERIES["complete_task"],
             lease.task_id,
@@ -125,19 +128,6 @@ class PgTaskQueue:
             self._clock.now(),
         )
         return done is not None
-
-    async def _complete_fenced(
-        self, executor: asyncpg.Pool[Any] | asyncpg.pool.PoolConnectionProxy[Any], lease: Lease
-    ) -> None:
-        done = await executor.fetchval(
-            QUERIES["complete_task"],
-            lease.task_id,
-            lease.owner,
-            lease.lease_attempt,
-            self._clock.now(),
-        )
-        if done is None:
-            raise _lost(lease)
 
     async def fail(self, lease: Lease, decision: FailureDecision) -> IndexTask:
         with translate_db_errors():
@@ -241,17 +231,7 @@ class PgTaskQueue:
 
 
 def _requeue_record(row: Mapping[str, Any]) -> RequeueRecord:
-    return RequeueRecord(
-        task_id=row["task_id"],
-        requeued_by=row["requeued_by"],
-        requeued_at=row["requeued_at"],
-        reset_attempts=row["reset_attempts"],
-        attempts=row["attempts"],
-        previous_max_attempts=row["previous_max_attempts"],
-        new_max_attempts=row["new_max_attempts"],
-        previous_error_code=row["previous_error_code"],
-        previous_error_message=row["previous_error_message"],
-    )
+    return from_row(RequeueRecord, row)
 
 
 def _lost(lease: Lease) -> LeaseLost:
@@ -261,19 +241,8 @@ def _lost(lease: Lease) -> LeaseLost:
 
 
 def _lease(row: Mapping[str, Any]) -> Lease:
-    return Lease(
-        task_id=row["task_id"],
-        owner=row["lease_owner"],
-        lease_attempt=row["lease_attempt"],
-        lease_until=row["lease_until"],
-        tenant_id=row["tenant_id"],
-        document_id=row["document_id"],
-        version_number=row["version_number"],
-        task_type=row["task_type"],
-        tier=row["tier"],
-        max_attempts=row["max_attempts"],
-    )
+    return from_row(Lease, row, owner=row["lease_owner"])
 
 
 def task_from_row(row: Mapping[str, Any]) -> IndexTask:
-    return IndexTask(**index_task_fields(row))
+    return task_of_row(IndexTask, row)

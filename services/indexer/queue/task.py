@@ -17,7 +17,7 @@ import random
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from services.runtime.backoff import Backoff
 from services.runtime.errors import Conflict, LeaseLost
@@ -90,6 +90,15 @@ class Lease:
     task_type: str
     tier: str
     max_attempts: int
+
+    def log_fields(self) -> dict[str, Any]:
+        """The task and the version it indexes, as log lines name them."""
+        return {
+            "task_id": str(self.task_id),
+            "tenant_id": self.tenant_id,
+            "document_id": str(self.document_id),
+            "version_number": self.version_number,
+        }
 
 
 @dataclass(frozen=True)

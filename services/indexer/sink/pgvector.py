@@ -38,11 +38,13 @@ from services.indexer.ports import Clock, DatabaseClock, InTransaction
 from services.indexer.queue.task import Lease
 from services.indexer.sink.retire import retire_superseded
 from services.indexer.sink.stream import (
+    CHUNK_RECORD_COLUMNS,
     chunk_records,
     discard_attempt,
     move_staged,
     stage_slice,
 )
+from services.indexer.sink.version import version_chunks
 from services.runtime.avro import SchemaRegistry, default_registry
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import ConfigError, DatabaseBusy
@@ -63,14 +65,7 @@ Executor: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProx
 log = get_logger(__name__)
 
 STAGING_TABLE: Final = "knowledge_chunk_staging"
-STAGING_COLUMNS: Final = (
-    "chunk_id",
-    "ordinal",
-    "heading_path",
-    "text",
-    "content_digest",
-    "embedding",
-)
+STAGING_COLUMNS: Final = CHUNK_RECORD_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -103,10 +98,9 @@ class PgVectorSink:
         self._index_build_memory = index_build_memory
 
     def write_timeout_ms(self, chunk_count: int) -> int:
-        """The statement timeout of one write. Inserting into the HNSW index costs one to
-        tens of milliseconds per row (a loaded 2-core machine: ~22 ms, bench/results/sink.md),
-        so a long document's chunks would outlast the pool's fixed statement_timeout and
-        time out on every retry."""
+        """The statement timeout of one write. Inserting into the HNSW index costs time per
+        row, more on a loaded machine (BENCHMARKS.md), so a long document's chunks would
+        outlast the pool's fixed statement_timeout and time out on every retry."""
         seconds = self._write_timeout + self._write_timeout_per_chunk * chunk_count
         return max(1, round(seconds * 1000))
 
@@ -223,11 +217,7 @@ class PgVectorSink:
             )
             await conn.execute(
                 QUERIES["insert_staged_chunks"],
-                lease.tenant_id,
-                lease.document_id,
-                lease.version_number,
-                generation.embedding_model,
-                generation.chunking_strategy,
+                *version_chunks(lease, generation),
                 generation.dimension,
             )
         await self._switch(conn, lease, generation, len(prepared.records))
@@ -239,11 +229,7 @@ class PgVectorSink:
         with translate_db_errors():
             switched = await conn.fetchrow(
                 QUERIES["switch_search_version"],
-                lease.tenant_id,
-                lease.document_id,
-                lease.version_number,
-                generation.embedding_model,
-                generation.chunking_strategy,
+                *version_chunks(lease, generation),
                 chunk_count,
                 lease.task_id,
                 self._clock.now(),
@@ -252,10 +238,7 @@ class PgVectorSink:
         if switched is None:
             log.info(
                 "search_version.not_switched",
-                tenant_id=lease.tenant_id,
-                document_id=str(lease.document_id),
-                version_number=lease.version_number,
-                task_id=str(lease.task_id),
+                **lease.log_fields(),
                 reason="pointer_at_same_or_newer_version",
             )
             return
@@ -365,8 +348,8 @@ async def _ensure_ann_index(conn: Executor, generation: IndexGeneration, build_m
     that the next worker's call keeps.
 
     An index built over existing rows (a rebuild after an interrupted build) crawls when its
-    graph does not fit in maintenance_work_mem: 874 s instead of 137 s for 100k chunks of
-    384 dimensions at the server's 64MB default (bench/results/search.md)."""
+    graph does not fit in maintenance_work_mem, as at the server's default for a large
+    index (BENCHMARKS.md)."""
     name = generation.ann_index_name
     model = generation.embedding_model
     if await conn.fetchval(QUERIES["ann_index_state"], name) is True:

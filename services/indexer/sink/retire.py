@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from services.indexer.queue.task import Lease
+from services.indexer.sink.version import version_chunks
 from services.runtime.db import translate_db_errors
 from services.runtime.logging import get_logger
 from services.runtime.sql import queries_beside
@@ -32,21 +33,13 @@ async def retire_superseded(conn: Transaction, lease: Lease, generation: IndexGe
     version served, up to the lease's version, and returns how many went."""
     with translate_db_errors():
         status = await conn.execute(
-            QUERIES["retire_superseded_chunks"],
-            lease.tenant_id,
-            lease.document_id,
-            lease.version_number,
-            generation.embedding_model,
-            generation.chunking_strategy,
+            QUERIES["retire_superseded_chunks"], *version_chunks(lease, generation)
         )
     retired = int(status.rsplit(" ", 1)[-1])  # "DELETE <rows>"
     if retired:
         log.info(
             "chunks.retired",
-            tenant_id=lease.tenant_id,
-            document_id=str(lease.document_id),
-            version_number=lease.version_number,
-            task_id=str(lease.task_id),
+            **lease.log_fields(),
             embedding_model=generation.embedding_model,
             chunking_strategy=generation.chunking_strategy,
             chunks=retired,

@@ -25,6 +25,7 @@ from pgvector import Vector
 
 from services.indexer.ports import Clock
 from services.indexer.queue.task import Lease
+from services.indexer.sink.version import version_chunks
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import KbError, LeaseLost
 from services.runtime.sql import queries_beside
@@ -37,9 +38,8 @@ if TYPE_CHECKING:
 QUERIES = queries_beside(__file__, "sink.sql")
 
 STREAM_TABLE: Final = "knowledge_chunk_stream"
-STREAM_COLUMNS: Final = (
-    "task_id",
-    "lease_attempt",
+# The columns of chunk_records' records, in their order.
+CHUNK_RECORD_COLUMNS: Final = (
     "chunk_id",
     "ordinal",
     "heading_path",
@@ -47,6 +47,7 @@ STREAM_COLUMNS: Final = (
     "content_digest",
     "embedding",
 )
+STREAM_COLUMNS: Final = ("task_id", "lease_attempt", *CHUNK_RECORD_COLUMNS)
 
 
 class StagedChunksMissing(KbError):
@@ -146,10 +147,6 @@ async def move_staged(
             QUERIES["move_streamed_chunks"],
             lease.task_id,
             lease.lease_attempt,
-            lease.tenant_id,
-            lease.document_id,
-            lease.version_number,
-            generation.embedding_model,
-            generation.chunking_strategy,
+            *version_chunks(lease, generation),
             generation.dimension,
         )

@@ -22,21 +22,17 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from services.publisher.domain import (
+    Publication,
     Publisher,
     Upload,
     check_principals,
     check_title,
     check_upload,
+    publication_events,
 )
-from services.publisher.ports import PendingEvent
+from services.publisher.ports import LockedDocument, PendingEvent, VersionInfo
 from services.runtime.avro import SchemaRegistry, default_registry
 from services.runtime.errors import KbError
-from services.runtime.events import (
-    DOCUMENT_VERSION_PUBLISHED,
-    INDEX_TASK_CREATED,
-    event_id,
-)
-from services.runtime.tasks import TASK_TYPE_INDEX_VERSION
 
 # A new document published at once: created at revision 1, published at revision 2.
 PUBLISHED_REVISION = 2
@@ -193,61 +189,18 @@ class BulkPublisher:
     ) -> list[PendingEvent]:
         """The events the single calls would add for this document: its task created, its
         version published (revision 2, nothing published before)."""
-        occurred_at = now or datetime.now(UTC)
-        task_id = document.index_task_id
-        common = {"tenantId": tenant_id, "tier": tier, "documentId": document.document_id}
-        created = {
-            **common,
-            "versionNumber": 1,
-            "taskId": task_id,
-            "taskType": TASK_TYPE_INDEX_VERSION,
-            "occurredAt": occurred_at,
-        }
-        published = {
-            **common,
-            "versionNumber": 1,
-            "revision": PUBLISHED_REVISION,
-            "previousPublishedVersion": None,
-            "title": document.title,
-            "mediaType": document.media_type,
-            "sha256": document.sha256.hex(),
-            "sizeBytes": len(document.content),
-            "readPrincipals": sorted(document.read_principals),
-            "indexTaskId": task_id,
-            "occurredAt": occurred_at,
-        }
-        return [
-            self._event(
-                INDEX_TASK_CREATED,
-                event_id(INDEX_TASK_CREATED, task_id),
-                tenant_id,
-                tier,
-                document.document_id,
-                created,
-            ),
-            self._event(
-                DOCUMENT_VERSION_PUBLISHED,
-                event_id(
-                    DOCUMENT_VERSION_PUBLISHED,
-                    tenant_id,
-                    document.document_id,
-                    PUBLISHED_REVISION,
-                ),
-                tenant_id,
-                tier,
-                document.document_id,
-                published,
-            ),
-        ]
-
-    def _event(
-        self,
-        event_type: str,
-        id_: uuid.UUID,
-        tenant_id: str,
-        tier: str,
-        document_id: uuid.UUID,
-        record: dict[str, object],
-    ) -> PendingEvent:
-        payload = self._registry.encode(event_type, {"eventId": id_, **record})
-        return PendingEvent(id_, event_type, tenant_id, tier, document_id, payload)
+        # The document and its version 1 as the single calls' publish would find them:
+        # created at revision 1, nothing published yet.
+        created = LockedDocument(tenant_id, document.document_id, tier, document.title, 1, 1, None)
+        version = VersionInfo(
+            1, "DRAFT", document.media_type, document.sha256, len(document.content)
+        )
+        publication = Publication(
+            created,
+            version,
+            PUBLISHED_REVISION,
+            document.read_principals,
+            document.index_task_id,
+            now or datetime.now(UTC),
+        )
+        return publication_events(self._registry, publication, task_created=True)

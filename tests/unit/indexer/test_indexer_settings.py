@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.indexer.settings import RENAMED_ENV, IndexerSettings
+from services.indexer.settings import IndexerSettings
 from services.runtime.settings import RuntimeSettings, env_names
 
 
@@ -52,15 +52,6 @@ def test_every_own_setting_is_kb_indexer_and_durations_say_seconds() -> None:
         "KB_INDEXER_MAX_RETRY_AFTER_SECONDS",
     ):
         assert name in own
-
-
-@pytest.mark.parametrize("old", sorted(RENAMED_ENV))
-def test_an_old_name_left_in_the_environment_is_refused(
-    monkeypatch: pytest.MonkeyPatch, old: str
-) -> None:
-    monkeypatch.setenv(old, "1")
-    with pytest.raises(ValidationError, match=RENAMED_ENV[old]):
-        IndexerSettings()
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import select
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -102,6 +103,34 @@ class _Slot:
     warm: Future[None] | None = None
 
 
+# What ``stream_in_worker`` is given besides the bytes: media type, document id, version,
+# strategy, limits, chunks per slice.
+_ParseArgs = tuple[str, uuid.UUID, int, ChunkingStrategy, ParseLimits, int]
+
+
+@dataclass(frozen=True)
+class _Parse:
+    """One document to parse and chunk: its bytes, the rest of the job, and where its
+    slices go."""
+
+    content: DocumentBytes
+    args: _ParseArgs
+    on_slice: OnSlice
+
+    def messages(self) -> Iterator[Message]:
+        """Parsed and chunked in this process: the messages a worker would send."""
+        media_type, document_id, version_number, strategy, limits, slice_chunks = self.args
+        return chunk_slices(
+            media_type,
+            self.content.take(),
+            document_id,
+            version_number,
+            strategy,
+            limits,
+            slice_chunks,
+        )
+
+
 class ParsePool:
     """``workers`` processes parsing and chunking one document each; callers beyond that
     wait for a free one (the wait is not part of a document's budget)."""
@@ -172,11 +201,12 @@ class ParsePool:
             raise ValueError("slice_chunks must be >= 1")
         budget = self._limits.budget_seconds if budget_seconds is None else budget_seconds
         args = (media_type, document_id, version_number, strategy, self._limits, slice_chunks)
+        parse = _Parse(content, args, on_slice)
         if self.parses_inline(media_type, content.size):
-            return await self._stream_on_loop(content, args, on_slice)
+            return await self._stream_on_loop(parse)
         if self._inline:
-            return await self._stream_inline(content, args, budget, on_slice)
-        return await self._stream_in_slot(content, args, budget, on_slice)
+            return await self._stream_inline(parse, budget)
+        return await self._stream_in_slot(parse, budget)
 
     def parses_inline(self, media_type: str, size_bytes: int) -> bool:
         """Small plain text and Markdown are parsed on a thread of this process: their
@@ -228,79 +258,49 @@ class ParsePool:
     # -- running ---------------------------------------------------------------------------
 
     @staticmethod
-    async def _stream_on_loop(
-        content: DocumentBytes,
-        args: tuple[str, uuid.UUID, int, ChunkingStrategy, ParseLimits, int],
-        on_slice: OnSlice,
-    ) -> int:
+    async def _stream_on_loop(parse: _Parse) -> int:
         """A small text parsed and chunked right here, between two awaits: a thread's hop
-        and its wake-up of the loop cost more than the parse (a millisecond or so)."""
-        media_type, document_id, version_number, strategy, limits, slice_chunks = args
-        messages = chunk_slices(
-            media_type, content.take(), document_id, version_number, strategy, limits, slice_chunks
-        )
-
+        and its wake-up of the loop cost more than the parse."""
         count = 0
-        for kind, body in messages:
+        for kind, body in parse.messages():
             if kind == "chunks":
                 count += len(body)
-                await on_slice(body)
+                await parse.on_slice(body)
             elif kind == "failed":
                 code, message = body
                 raise IndexingFailed(code, message)
         return count
 
-    async def _stream_inline(
-        self,
-        content: DocumentBytes,
-        args: tuple[str, uuid.UUID, int, ChunkingStrategy, ParseLimits, int],
-        budget: float,
-        on_slice: OnSlice,
-    ) -> int:
+    async def _stream_inline(self, parse: _Parse, budget: float) -> int:
         # A thread cannot be stopped: past the budget the caller moves on and the thread
         # finishes its step on its own. Inline: small text documents, and tests.
-        media_type, document_id, version_number, strategy, limits, slice_chunks = args
-        messages = chunk_slices(
-            media_type,
-            content.take(),
-            document_id,
-            version_number,
-            strategy,
-            limits,
-            slice_chunks,
-        )
+        messages = parse.messages()
 
         async def next_message() -> Message:
             return await asyncio.to_thread(next, messages)
 
         try:
-            return await consume(next_message, budget, on_slice)
+            return await consume(next_message, budget, parse.on_slice)
         except Reported as reported:
             raise reported.failure from None
         except Overrun:
             raise self._timeout(budget) from None
 
-    async def _stream_in_slot(
-        self,
-        content: DocumentBytes,
-        args: tuple[str, uuid.UUID, int, ChunkingStrategy, ParseLimits, int],
-        budget: float,
-        on_slice: OnSlice,
-    ) -> int:
+    async def _stream_in_slot(self, parse: _Parse, budget: float) -> int:
         index = await self._free.get()
         try:
             try:
-                slot, job = await self._submit(index, args)
+                slot, job = await self._submit(index, parse.args)
                 # Sent, not pickled with the job: the executor keeps a job's arguments
                 # until it finishes, and this process must not hold the bytes that long.
-                await asyncio.to_thread(send, slot.channel, content.take())
+                await asyncio.to_thread(send, slot.channel, parse.content.take())
                 # Loading them cost a few copies' worth of freed pages: back they go.
                 release_freed_memory()
 
                 async def next_message() -> Message:
                     return await asyncio.to_thread(receive, slot.channel, job)
 
-                count = await consume(next_message, budget, on_slice)
+                count = await consume(next_message, budget, parse.on_slice)
                 await asyncio.wrap_future(job)
                 return count
             except Reported as reported:
@@ -325,9 +325,7 @@ class ParsePool:
             if not self._closed:
                 self._free.put_nowait(index)
 
-    async def _submit(
-        self, index: int, args: tuple[str, uuid.UUID, int, ChunkingStrategy, ParseLimits, int]
-    ) -> tuple[_Slot, Future[None]]:
+    async def _submit(self, index: int, args: _ParseArgs) -> tuple[_Slot, Future[None]]:
         for attempt in range(2):
             slot = self._slots[index]
             if slot.warm is None:
