@@ -60,7 +60,7 @@ HEARTBEAT_SECONDS = Histogram(
 )
 STAGE_SECONDS = Histogram(
     "kb_indexer_stage_seconds",
-    "Time per pipeline stage of one task (load, parse, chunk, embed, sink)",
+    "Time per pipeline stage of one task (load, parse with chunking, embed, sink)",
     ["tier", "stage"],
     buckets=_SECONDS,
 )

@@ -80,8 +80,8 @@ class IndexerSettings(RuntimeSettings):
     indexer_parse_budget_seconds: float = Field(default=120.0, gt=0)
     # Processes parsing documents; by default one per slot, at most one per CPU.
     indexer_parse_workers: int | None = Field(default=None, ge=1, le=64)
-    # Plain text and Markdown smaller than this are parsed on a thread of the indexer, not
-    # sent to a parse process (whose round trip costs more than their parse); 0: never.
+    # Plain text and Markdown smaller than this are parsed in the indexer process itself,
+    # not sent to a parse process (whose round trip costs more than their parse); 0: never.
     indexer_parse_inline_max_bytes: int = Field(default=65_536, ge=0, le=16 * 1024 * 1024)
     # Kafka hints (kb.index-hints.<tier>, consumer group kb-indexer.<tier>) wake the claim
     # loop; off, the indexer works by its poll timer alone (`kb indexer run --no-hints`).

@@ -15,7 +15,7 @@ OLDEST_UNDELIVERED_AGE = Gauge(
 REFUSED_PARTITIONS = Gauge(
     "kb_relay_refused_partitions",
     "Outbox partitions whose progress belongs to another PostgreSQL cluster: not driven "
-    "until re-seeded (README, operations: 'Re-seeding the relay')",
+    "until re-seeded (docs/operations.md: 'Re-seeding the relay')",
 )
 SEND_LATENCY = Histogram(
     "kb_relay_send_latency_seconds",

@@ -64,7 +64,7 @@ Progress writes are guarded the same way (a relay whose connections now reach an
 cluster writes nothing), ``delivered`` never moves backwards, and a window opened behind
 the delivered snapshot is an error, not "nothing new". A partition without a recorded
 cluster (new, or progress from before migration 0005) records the one it runs on. Only an
-operator re-seeds a refused partition (README, operations: "Re-seeding the relay").
+operator re-seeds a refused partition (docs/operations.md: "Re-seeding the relay").
 """
 
 from __future__ import annotations

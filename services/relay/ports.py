@@ -81,7 +81,7 @@ RESEED_HINT = (
     "its progress cannot be trusted on this cluster, so the relay will not drive it "
     "(nothing is skipped); to re-seed: stop the relays, reset relay_partition progress "
     "to pg_current_snapshot() with cluster_id = NULL, replay what may be missing with "
-    "`kb relay replay --from FIRST --to LAST`, start the relays (README, operations: "
+    "`kb relay replay --from FIRST --to LAST`, start the relays (docs/operations.md: "
     "'Re-seeding the relay')"
 )
 
@@ -90,7 +90,7 @@ class ClusterChanged(KbError):
     """A partition's progress was recorded on another PostgreSQL cluster (or is ahead of
     this cluster's transaction counter): the relay refuses to drive it rather than skip
     rows. Why: "Progress belongs to one cluster" in services/relay/outbox_pg.py; how to
-    re-seed: the README's operations section ("Re-seeding the relay")."""
+    re-seed: docs/operations.md, "Re-seeding the relay"."""
 
     code = "RELAY_CLUSTER_CHANGED"
 
