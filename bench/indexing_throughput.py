@@ -163,7 +163,7 @@ def start_provider(model: str, inference_batch: int) -> tuple[subprocess.Popen[b
     raise SystemExit("the bench provider did not start")
 
 
-def indexer_env(url: str, provider: str) -> dict[str, str]:
+def indexer_env(url: str, provider: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     from services.embedding.onnx_local import default_tokenizer_file
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
@@ -177,6 +177,7 @@ def indexer_env(url: str, provider: str) -> dict[str, str]:
         KB_EMBEDDING_TOKENIZER_FILE=str(default_tokenizer_file()),
         KB_EMBEDDING_MAX_INPUT_TOKENS="256",
     )
+    env.update(extra or {})
     return env
 
 
@@ -201,14 +202,21 @@ async def progress(conn: asyncpg.Connection[Any]) -> tuple[int, int, int]:
 
 
 async def run_indexer(
-    url: str, provider: str, count: int, limit_seconds: float, profile: str | None = None
+    url: str,
+    provider: str,
+    count: int,
+    limit_seconds: float,
+    profile: str | None = None,
+    settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     kb = Path(sys.executable).with_name("kb")
     conn = await asyncpg.connect(url)
     try:
         started = time.monotonic()
         command = [str(kb), "indexer", "run", "--tier", "standard", "--no-hints"]
-        process = await asyncio.create_subprocess_exec(*command, env=indexer_env(url, provider))
+        process = await asyncio.create_subprocess_exec(
+            *command, env=indexer_env(url, provider, settings)
+        )
         profiler = None
         if profile:
             # py-spy (pip install py-spy): collapsed stacks of the indexer, for flame graphs.
@@ -288,7 +296,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     await publish(url, documents)
     provider, base = start_provider(args.model, args.inference_batch)
     try:
-        run = await run_indexer(url, base, len(documents), args.timeout, args.profile)
+        settings = dict(item.split("=", 1) for item in args.set)
+        run = await run_indexer(url, base, len(documents), args.timeout, args.profile, settings)
         async with httpx.AsyncClient(base_url=base, timeout=60) as client:
             stats = (await client.get("/stats")).json()
             inputs: list[str] = (await client.get("/inputs")).json()
@@ -333,6 +342,9 @@ def main() -> None:
     parser.add_argument("--bare-batches", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--profile", help="record the indexer with py-spy into this file")
+    parser.add_argument(
+        "--set", action="append", default=[], help="KB_...=value for the indexer (repeatable)"
+    )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(measure(args)), indent=2))
 
