@@ -15,6 +15,34 @@ from services.embedding.port import Embedder, InputRefused, Vectors, checked_vec
 from services.embedding.tokens import TokenCounter, approximate_tokens
 
 
+class RequestBudget:
+    """What one request may still take: at most ``batch_size`` texts and, with a token
+    budget, at most ``max_batch_tokens`` tokens -- except that an empty request takes any
+    one text, however long. The one rule of ``plan_batches`` and of the shared queue
+    (``coalescing.CoalescingEmbedder``)."""
+
+    def __init__(self, batch_size: int, max_batch_tokens: int | None = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.texts = 0
+        self.tokens = 0
+
+    def admits(self, cost: int) -> bool:
+        if self.texts == 0:
+            return True
+        if self.texts >= self.batch_size:
+            return False
+        return self.max_batch_tokens is None or self.tokens + cost <= self.max_batch_tokens
+
+    def add(self, cost: int) -> None:
+        self.texts += 1
+        self.tokens += cost
+
+
 def plan_batches(
     texts: Sequence[str],
     *,
@@ -23,23 +51,17 @@ def plan_batches(
     count_tokens: TokenCounter | None = None,
 ) -> list[range]:
     """The requests as ranges of ``texts`` positions, in order, covering every text once."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if max_batch_tokens is not None and max_batch_tokens < 1:
-        raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+    budget = RequestBudget(batch_size, max_batch_tokens)
     # Without the model's counter, the approximate one errs high: batches stay in budget.
     count = count_tokens or approximate_tokens
     batches: list[range] = []
     start = 0
-    tokens = 0
     for position, text in enumerate(texts):
-        size = position - start
         cost = count(text) if max_batch_tokens is not None else 0
-        over_budget = max_batch_tokens is not None and tokens + cost > max_batch_tokens
-        if size == batch_size or (size > 0 and over_budget):
+        if not budget.admits(cost):
             batches.append(range(start, position))
-            start, tokens = position, 0
-        tokens += cost
+            start, budget = position, RequestBudget(batch_size, max_batch_tokens)
+        budget.add(cost)
     if start < len(texts):
         batches.append(range(start, len(texts)))
     return batches

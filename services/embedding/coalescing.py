@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from services.embedding.batching import RequestBudget
 from services.embedding.port import Embedder, InputRefused, Vectors, checked_vectors
 from services.embedding.tokens import TokenCounter, TokenizerSpec, approximate_tokens
 
@@ -82,10 +83,9 @@ class CoalescingEmbedder:
         on_request: Callable[[RequestStats], None] | None = None,
         ready: asyncio.Future[None] | None = None,
     ) -> None:
-        if batch_size < 1 or max_in_flight < 1 or linger_seconds < 0:
-            raise ValueError("batch_size and max_in_flight must be >= 1, linger_seconds >= 0")
-        if max_batch_tokens is not None and max_batch_tokens < 1:
-            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        RequestBudget(batch_size, max_batch_tokens)  # refuses a batch size or budget below 1
+        if max_in_flight < 1 or linger_seconds < 0:
+            raise ValueError("max_in_flight must be >= 1 and linger_seconds >= 0")
         self.inner = inner
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
@@ -131,8 +131,7 @@ class CoalescingEmbedder:
             self._queue.append(_Item(caller, position, tokens))
             self._queued_tokens += tokens
         self._arrived.set()
-        if self._dispatcher is None or self._dispatcher.done():
-            self._dispatcher = asyncio.create_task(self._dispatch())
+        self._dispatch_soon()
         try:
             return await caller.done
         finally:
@@ -149,6 +148,11 @@ class CoalescingEmbedder:
             await asyncio.gather(*self._in_flight, return_exceptions=True)
 
     # --- the dispatcher ---------------------------------------------------------------------
+
+    def _dispatch_soon(self) -> None:
+        """Starts the dispatcher unless it runs (it ends when the queue is empty)."""
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.create_task(self._dispatch())
 
     async def _dispatch(self) -> None:
         """Sends requests while texts are queued; ends when the queue is empty (the next
@@ -209,25 +213,18 @@ class CoalescingEmbedder:
             self._queued_tokens -= self._queue.popleft().tokens
 
     def _take(self) -> list[_Item]:
-        """The next request's texts, in queue order: at most ``batch_size``, within the
-        token budget (a text over the budget on its own still goes, alone)."""
+        """The next request's texts, in queue order, within one ``RequestBudget``."""
         batch: list[_Item] = []
-        tokens = 0
-        while self._queue and len(batch) < self.batch_size:
+        budget = RequestBudget(self.batch_size, self.max_batch_tokens)
+        while self._queue:
             item = self._queue[0]
-            if item.caller.gone:
-                self._queued_tokens -= self._queue.popleft().tokens
-                continue
-            if (
-                self.max_batch_tokens is not None
-                and batch
-                and tokens + item.tokens > self.max_batch_tokens
-            ):
+            if not item.caller.gone and not budget.admits(item.tokens):
                 break
             self._queue.popleft()
             self._queued_tokens -= item.tokens
-            tokens += item.tokens
-            batch.append(item)
+            if not item.caller.gone:
+                budget.add(item.tokens)
+                batch.append(item)
         return batch
 
     async def _send(self, batch: list[_Item]) -> None:
@@ -281,8 +278,7 @@ class CoalescingEmbedder:
                 self._queue.appendleft(item)
                 self._queued_tokens += item.tokens
         self._arrived.set()
-        if self._queue and (self._dispatcher is None or self._dispatcher.done()):
-            self._dispatcher = asyncio.create_task(self._dispatch())
+        self._dispatch_soon()
 
     def _report(self, batch: list[_Item], seconds: float) -> None:
         if self._on_request is not None:

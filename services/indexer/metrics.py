@@ -72,7 +72,7 @@ CHUNKS_PER_TASK = Histogram(
 )
 EMBEDDING_BATCHES_PER_TASK = Histogram(
     "kb_indexer_embedding_batches_per_task",
-    "Embedding requests one task made",
+    "A task's embedded chunks over the batch size, rounded up (requests are shared by tasks)",
     ["tier"],
     buckets=(0, 1, 2, 5, 10, 25, 50, 100, 250, 1000),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import asyncpg
@@ -34,7 +34,7 @@ from services.runtime.cli_options import serve_metrics
 from services.runtime.cli_support import run_async
 from services.runtime.db import create_pool_without_session_reset
 from services.runtime.logging import get_logger
-from services.runtime.signals import run_until_signalled
+from services.runtime.signals import run_until_signalled, unless_stopped
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -100,22 +100,25 @@ async def pipeline_indexer(
         await embedder.aclose()
 
 
-async def _unless_warm_up_fails(work: Awaitable[T], ready: asyncio.Future[None] | None) -> T:
+async def _unless_warm_up_fails(
+    work: Coroutine[Any, Any, T], ready: asyncio.Future[None] | None
+) -> T:
     """``work``'s result; but if the embedder's warm-up fails first, ``work`` is cancelled
     (claimed tasks are left to their leases) and the warm-up's error is raised: `kb indexer
     run` exits with it instead of failing every task it claimed."""
-    running = asyncio.ensure_future(work)
     if ready is None:
-        return await running
-    waiters: set[asyncio.Future[Any]] = {running, ready}
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    if ready.done() and not ready.cancelled() and ready.exception() is not None:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await running
-        log.error("embedder.warm_up_failed", error=str(ready.exception()))
-        raise ready.exception()  # type: ignore[misc]
-    return await running
+        return await work
+    failed = asyncio.Event()
+    ready.add_done_callback(
+        lambda done: failed.set() if not done.cancelled() and done.exception() else None
+    )
+    finished = await unless_stopped(work, failed)
+    if failed.is_set():
+        error = ready.exception()
+        assert error is not None
+        log.error("embedder.warm_up_failed", error=str(error))
+        raise error
+    return finished.result()
 
 
 def build_worker(
@@ -152,7 +155,7 @@ def with_worker(
     settings: IndexerSettings,
     tier: str,
     concurrency: int,
-    work: Callable[[Worker, asyncpg.Pool[Any], IndexGeneration], Awaitable[T]],
+    work: Callable[[Worker, asyncpg.Pool[Any], IndexGeneration], Coroutine[Any, Any, T]],
     *,
     wrap: WrapIndexer | None = None,
     observer: WorkerMetrics | None = None,

@@ -16,13 +16,11 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final, Protocol
 
 import numpy as np
 
 from services.embedding.port import Vectors
-from services.embedding.tokens import TokenCounter
 from services.index.generation import IndexGeneration
 from services.indexer.pipeline.chunking import Chunk
 from services.indexer.ports import InTransaction
@@ -74,18 +72,13 @@ class IndexSink(Protocol):
 
 class BatchEmbedder(Protocol):
     """What a run needs of ``services.embedding.coalescing.CoalescingEmbedder``: any number
-    of texts embedded, in requests it shares with the other documents being indexed."""
+    of texts embedded, in requests of ``batch_size`` it shares with the other documents
+    being indexed."""
+
+    @property
+    def batch_size(self) -> int: ...
 
     async def embed_all(self, texts: Sequence[str]) -> Vectors: ...
-
-
-@dataclass(frozen=True)
-class EmbeddingPolicy:
-    """How a run embeds: requests of ``batch_size`` texts within ``max_batch_tokens``."""
-
-    batch_size: int
-    max_batch_tokens: int | None = None
-    count_tokens: TokenCounter | None = None
 
 
 class DocumentRun:
@@ -98,7 +91,6 @@ class DocumentRun:
         generation: IndexGeneration,
         embedder: BatchEmbedder,
         sink: IndexSink,
-        policy: EmbeddingPolicy,
         *,
         stream_above_chunks: int,
     ) -> None:
@@ -106,7 +98,6 @@ class DocumentRun:
         self._generation = generation
         self._embedder = embedder
         self._sink = sink
-        self._policy = policy
         self._stream_above = stream_above_chunks
         self._chunks: list[Chunk] = []
         self._vectors: list[Vectors] = []
@@ -206,7 +197,7 @@ class DocumentRun:
                 rows[rows_of[digest]] = vector
                 self.reused += len(rows_of[digest])
                 self._remember(digest, rows[rows_of[digest][0]])
-        wave = self._policy.batch_size * _REQUESTS_PER_WAVE
+        wave = self._embedder.batch_size * _REQUESTS_PER_WAVE
         for start in range(0, len(missing), wave):
             batch = missing[start : start + wave]
             # Every request's answer is checked there (count, dimension, finite values).

@@ -26,7 +26,7 @@ from services.indexer import metrics
 from services.indexer.pipeline.chunking import ChunkingStrategy
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.parsing.stream import DEFAULT_SLICE_CHUNKS, DocumentBytes
-from services.indexer.pipeline.slices import DocumentRun, EmbeddingPolicy, IndexSink
+from services.indexer.pipeline.slices import DocumentRun, IndexSink
 from services.indexer.ports import IndexingOutcome, StoredVersion, VersionSource
 from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.logging import get_logger
@@ -89,26 +89,20 @@ class PipelineIndexer:
             raise ValueError("slice_chunks must be >= 1 and stream_above_chunks >= 0")
         self._source = source
         self._parse_pool = parse_pool
-        self._embedder = embedder
         self._sink = sink
         self._strategy = strategy
         self._batch_size = batch_size
         self._slice_chunks = slice_chunks
         self._stream_above = stream_above_chunks
-        # Token budgets per request are counted the way the model counts.
-        self._policy = EmbeddingPolicy(
+        # One queue for every task this indexer runs at once: their chunks share requests,
+        # whose token budgets are counted the way the model counts.
+        self._requests = CoalescingEmbedder(
+            embedder,
             batch_size=batch_size,
             max_batch_tokens=max_batch_tokens,
             count_tokens=(
                 load_token_counter(strategy.tokenizer) if max_batch_tokens is not None else None
             ),
-        )
-        # One queue for every task this indexer runs at once: their chunks share requests.
-        self._requests = CoalescingEmbedder(
-            embedder,
-            batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens,
-            count_tokens=self._policy.count_tokens,
             linger_seconds=batch_linger_seconds,
             max_in_flight=max_requests_in_flight,
             on_request=_observe_request,
@@ -133,7 +127,6 @@ class PipelineIndexer:
             self.generation,
             self._requests,
             self._sink,
-            self._policy,
             stream_above_chunks=self._stream_above,
         )
         started = time.perf_counter()

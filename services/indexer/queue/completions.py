@@ -105,30 +105,28 @@ class GroupCommitter:
             self._settle(group)
 
     async def _commit(self, group: list[_Completion]) -> None:
-        if len(group) == 1:
-            # Alone, the transaction is the task's own: no savepoint needed.
-            completion = group[0]
-            with translate_db_errors():
-                async with self._pool.acquire() as conn, conn.transaction():
-                    if not await self._fence(conn, completion.lease):
-                        raise self._lost(completion.lease)
-                    await completion.write(conn)
-            return
         with translate_db_errors():
             async with self._pool.acquire() as conn, conn.transaction():
+                if len(group) == 1:
+                    # Alone, the transaction is the task's own: no savepoint needed.
+                    await self._fenced_write(conn, group[0])
+                    return
                 for completion in group:
                     try:
                         with translate_db_errors():
                             # A savepoint: rolled back alone when this task's fence or
                             # write fails, with whatever it wrote and locked.
                             async with conn.transaction():
-                                if not await self._fence(conn, completion.lease):
-                                    raise self._lost(completion.lease)
-                                await completion.write(conn)
+                                await self._fenced_write(conn, completion)
                     except Exception as error:
                         completion.error = error
                         if conn.is_closed():
                             raise
+
+    async def _fenced_write(self, conn: Transaction, completion: _Completion) -> None:
+        if not await self._fence(conn, completion.lease):
+            raise self._lost(completion.lease)
+        await completion.write(conn)
 
     @staticmethod
     def _settle(group: list[_Completion]) -> None:

@@ -209,7 +209,7 @@ class ParsePool:
         return await self._stream_in_slot(parse, budget)
 
     def parses_inline(self, media_type: str, size_bytes: int) -> bool:
-        """Small plain text and Markdown are parsed on a thread of this process: their
+        """Small plain text and Markdown are parsed in this process, on the event loop: their
         parse takes less time than the round trip to a worker, and their parsers (a
         decode, a Markdown tokenizer) neither hang nor blow up memory the way a PDF or a
         DOCX can, which is what the worker processes' budget and isolation are for."""
@@ -273,7 +273,7 @@ class ParsePool:
 
     async def _stream_inline(self, parse: _Parse, budget: float) -> int:
         # A thread cannot be stopped: past the budget the caller moves on and the thread
-        # finishes its step on its own. Inline: small text documents, and tests.
+        # finishes its step on its own. Inline mode is for tests.
         messages = parse.messages()
 
         async def next_message() -> Message:
