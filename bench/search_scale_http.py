@@ -153,4 +153,10 @@ async def search(
     )
     if response.status_code != 200:
         raise RuntimeError(f"search answered {response.status_code}: {response.text}")
-    return response.json()
+    answer = response.json()
+    if answer.get("degraded"):
+        # A keyword-only answer is fast because it skipped the query embedding: not a result.
+        raise RuntimeError(
+            f"search answered degraded ({answer['degraded']}): the query model timed out"
+        )
+    return answer

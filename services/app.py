@@ -87,6 +87,9 @@ async def _search_resources(
     settings: SearchSettings, embedding_settings: EmbeddingSettings
 ) -> AsyncIterator[tuple[Searcher, Any]]:
     from services.embedding.factory import build_embedder
+    from services.embedding.guard.factory import guarded
+    from services.embedding.guard.quota import Purpose
+    from services.runtime.identity import owner_id
     from services.search.connections import open_search_pool
 
     # The same provider settings as the indexer's (KB_EMBEDDING_*): queries must be embedded
@@ -95,6 +98,11 @@ async def _search_resources(
     try:
         pool = await open_search_pool(settings)
         try:
+            # Queries share the provider's limiter (their reserved share) and breaker with
+            # the indexers: an open breaker answers at once, and search degrades to keywords.
+            query_embedder, _ = guarded(
+                embedding_settings, embedder, pool, purpose=Purpose.QUERY, owner=owner_id()
+            )
             generation = Generation(embedder.model, embedder.dimension)
             index = PgSearchIndex(pool, generation, settings)
             log.info(
@@ -103,7 +111,12 @@ async def _search_resources(
                 dimension=generation.dimension,
             )
             try:
-                yield Searcher(embedder, index), pool
+                searcher = Searcher(
+                    query_embedder,
+                    index,
+                    query_embed_timeout_seconds=settings.search_query_embed_timeout_seconds,
+                )
+                yield searcher, pool
             finally:
                 await index.ended()
         finally:

@@ -13,6 +13,8 @@ Failures map to stable codes the retry policy keys on:
   limit, and an input the model still refuses is a fact an operator must see, not paper over;
 - 401/403/404 and any other 4xx -> EMBEDDING_RESPONSE_INVALID: the key, the URL or the model
   is wrong, which no retry can fix (requeue the task once the configuration is fixed);
+- a 200 that is no embeddings answer at all (not JSON, or no ``data`` list: a proxy's or
+  gateway's page) -> EMBEDDING_RESPONSE_MALFORMED, retryable;
 - a 200 whose body breaks a promise (count, indices, dimension, finite values) ->
   EMBEDDING_RESPONSE_INVALID; another model name -> EMBEDDING_MODEL_CHANGED.
 
@@ -160,7 +162,9 @@ class OpenAIHttpEmbedder(FixedIdentity):
                 parsed = response.json()
             except ValueError:
                 raise self._failed(
-                    ErrorCode.EMBEDDING_RESPONSE_INVALID, "embedding response is not JSON"
+                    ErrorCode.EMBEDDING_RESPONSE_MALFORMED,
+                    "embedding response is not JSON (a proxy's or gateway's page?): "
+                    + self._scrub(body.decode("utf-8", "replace")[:_DETAIL_CHARS]),
                 ) from None
             return parse_embeddings(
                 parsed,

@@ -27,6 +27,13 @@ def _invalid(message: str) -> IndexingFailed:
     return IndexingFailed(ErrorCode.EMBEDDING_RESPONSE_INVALID, message)
 
 
+def malformed(message: str) -> IndexingFailed:
+    """A 200 that is no embeddings answer at all (not JSON, no ``data`` list): most likely
+    not the provider's own answer but a proxy's or gateway's page. Retryable, unlike an
+    embeddings answer that breaks a promise (EMBEDDING_RESPONSE_INVALID)."""
+    return IndexingFailed(ErrorCode.EMBEDDING_RESPONSE_MALFORMED, message)
+
+
 def parse_embeddings(
     body: Any,
     *,
@@ -35,9 +42,13 @@ def parse_embeddings(
     dimension: int,
     encoding_format: EncodingFormat,
 ) -> Vectors:
-    """The vectors of a 200 answer to a request of ``rows`` inputs, row i = input i."""
+    """The vectors of a 200 answer to a request of ``rows`` inputs, row i = input i.
+
+    A body that is not an object with a ``data`` list is EMBEDDING_RESPONSE_MALFORMED (not
+    an embeddings answer: a proxy's page); an embeddings answer with a wrong count, index,
+    dimension or value is EMBEDDING_RESPONSE_INVALID, another model EMBEDDING_MODEL_CHANGED."""
     if not isinstance(body, dict) or not isinstance(body.get("data"), list):
-        raise _invalid("embedding response is not an object with a 'data' list")
+        raise malformed("embedding response is not an object with a 'data' list")
     answered_model = body.get("model")
     if answered_model != model:
         raise IndexingFailed(

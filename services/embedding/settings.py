@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic.fields import FieldInfo
@@ -162,6 +163,42 @@ class EmbeddingSettings(BaseSettings):
     # Requests an indexer process has outstanding at once: two keep a provider busy while
     # one answer travels back; more only queue at the provider.
     max_requests_in_flight: int = Field(default=2, ge=1, le=64)
+
+    # --- the shared guard (services/embedding/guard/): one limiter and one breaker per
+    # provider key, in PostgreSQL, shared by every process (docs/configuration.md).
+    # The provider's quota; unset: that bucket is off (no rate at all: no limiter round trip).
+    rate_requests_per_second: float | None = Field(default=None, gt=0)
+    rate_tokens_per_minute: float | None = Field(default=None, gt=0)
+    # The share of each rate indexing leaves to queries, so a backfill cannot starve search.
+    rate_query_reserve: float = Field(default=0.1, ge=0, lt=1)
+    # Each tenant's share of the token rate (0 < x <= 1); unset: no per-tenant share.
+    rate_tenant_share: float | None = Field(default=None, gt=0, le=1)
+    # How much of the rate may go at once (a bucket holds rate * this, at least one request).
+    rate_burst_seconds: float = Field(default=1.0, gt=0, le=3600)
+    # The longest an indexing request waits for the limiter (or a pause) before it fails
+    # EMBEDDING_RATE_LIMITED; a query's, shorter: search answers from keywords instead.
+    rate_max_wait_seconds: float = Field(default=30.0, ge=0, le=3600)
+    rate_query_max_wait_seconds: float = Field(default=1.0, ge=0, le=3600)
+    # The pause after a 429 that names no Retry-After.
+    rate_default_pause_seconds: float = Field(default=1.0, gt=0, le=3600)
+    # Consecutive provider failures (unavailable, timeout, malformed) that open the breaker.
+    breaker_failure_threshold: int = Field(default=5, ge=1, le=10_000)
+    # How long it stays open; doubled after each failed probe, up to the max. The max bounds
+    # how long after a recovery the fleet goes on waiting (one probe per open period).
+    breaker_open_seconds: float = Field(default=10.0, gt=0, le=86_400)
+    breaker_max_open_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    # How long one caller holds the probe before another may probe (its owner vanished).
+    breaker_probe_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    # How old the process's copy of the shared state may be (breaker, pause).
+    guard_refresh_seconds: float = Field(default=0.5, ge=0, le=60)
+
+    @field_validator("breaker_max_open_seconds")
+    @classmethod
+    def _max_open_not_below_open(cls, value: float, info: ValidationInfo) -> float:
+        opened = info.data.get("breaker_open_seconds")
+        if opened is not None and value < opened:
+            raise ValueError(f"must be at least KB_EMBEDDING_BREAKER_OPEN_SECONDS ({opened})")
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -172,6 +172,12 @@ def list_tasks(
         tasks = await _queue(pool).list_tasks(
             status=wanted, tenant_id=tenant, tier=tier, limit=limit
         )
+        from services.embedding.guard.store_pg import PgProviderStateStore
+
+        # The embedding providers' shared state first, on stderr: the lines on stdout stay
+        # one per task for scripts, and an operator sees at once why tasks wait.
+        for view in await PgProviderStateStore(pool).views():
+            typer.echo(f"# embedding provider {view.provider}: {view.summary()}", err=True)
         for task in tasks:
             typer.echo(
                 f"{task.task_id}  {task.status:<10}  {task.tenant_id}  {task.tier}  "

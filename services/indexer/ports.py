@@ -1,5 +1,6 @@
 """The indexer's ports: the task queue, the transaction a sink writes through, the
-document-version indexer and the source of stored versions.
+document-version indexer, the source of stored versions and the gate a worker asks before
+it claims.
 
 Domain and worker code talk to these Protocols only; ``queue_pg`` (asyncpg) implements
 ``TaskQueue``, and so does the in-memory fake under ``tests/fakes/``; both pass one contract
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.embedding.guard.guard import ClaimAllowance as ClaimAllowance
 from services.indexer.queue.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
 from services.runtime.clock import Clock as Clock
 from services.runtime.clock import DatabaseClock as DatabaseClock
@@ -74,6 +76,17 @@ class IndexingOutcome:
     or not at all."""
 
     write: InTransaction | None = None
+
+
+class ClaimGate(Protocol):
+    """Asked before each claim (services.indexer.queue.worker): while the embedding provider
+    cannot take work (its breaker open, its quota paused) a worker claims nothing, so due
+    tasks stay due and spend no attempt."""
+
+    async def claim_allowance(self, owner: str) -> ClaimAllowance:
+        """How many tasks ``owner`` may claim now (the embedding provider guard's answer:
+        ``limit`` None = no limit, 0 = none, wait ``retry_in_seconds``; ``reason`` says why)."""
+        ...
 
 
 class DocumentVersionIndexer(Protocol):

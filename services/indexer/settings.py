@@ -44,9 +44,14 @@ class IndexerSettings(RuntimeSettings):
     indexer_backoff_base_seconds: float = Field(default=2.0, gt=0)
     indexer_backoff_cap_seconds: float = Field(default=600.0, gt=0)
     indexer_backoff_jitter: float = Field(default=0.2, ge=0, le=1)
-    # The longest provider Retry-After a task waits for (default: the backoff cap); a longer
-    # one ends the task DEAD with its code, for an operator to requeue.
+    # The longest Retry-After a retriable failure other than a provider-side one waits for
+    # (default: the backoff cap); a longer one ends the task DEAD with its code. Provider-side
+    # failures follow the time budget below instead.
     indexer_max_retry_after_seconds: float | None = Field(default=None, gt=0)
+    # Provider-side failures (rate limited, timeout, unavailable, a malformed answer) retry
+    # for this long from a task's first one, spending no attempt, then end it DEAD; a longer
+    # Retry-After parks the task in RETRY_WAIT until the end of it.
+    indexer_provider_failure_budget_seconds: float = Field(default=86_400.0, gt=0, lt=1e9)
     # Tasks a process indexes at once. Their chunks share embedding requests, so a process
     # indexing short documents needs enough of them to fill a request.
     indexer_concurrency: int = Field(default=16, ge=1, le=256)

@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 import asyncpg
 
 from services.embedding.factory import build_embedder
+from services.embedding.guard.factory import guarded
+from services.embedding.guard.quota import Purpose
 from services.embedding.settings import load_embedding_settings
 from services.index.generation import IndexGeneration
 from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
@@ -23,7 +25,7 @@ from services.indexer.pipeline.parsing import ParseLimits
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
 from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
-from services.indexer.ports import DocumentVersionIndexer
+from services.indexer.ports import ClaimGate, DocumentVersionIndexer
 from services.indexer.queue.hints import HintConsumer
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import RetryPolicy
@@ -33,6 +35,7 @@ from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.cli_options import serve_metrics
 from services.runtime.cli_support import run_async
 from services.runtime.db import create_pool_without_session_reset
+from services.runtime.identity import owner_id
 from services.runtime.logging import get_logger
 from services.runtime.signals import run_until_signalled, unless_stopped
 
@@ -49,12 +52,17 @@ async def open_pool(settings: IndexerSettings, size: int) -> asyncpg.Pool[Any]:
 
 @contextlib.asynccontextmanager
 async def pipeline_indexer(
-    settings: IndexerSettings, pool: asyncpg.Pool[Any], *, slots: int
+    settings: IndexerSettings, pool: asyncpg.Pool[Any], *, slots: int, owner: str
 ) -> AsyncIterator[PipelineIndexer]:
     """The pipeline with its embedder, parse processes and sink; the index generation is
-    registered once here, before any task is claimed; everything is closed on the way out."""
+    registered once here, before any task is claimed; everything is closed on the way out.
+
+    A remote provider's requests go through its shared guard (services.embedding.guard):
+    the fleet's limiter and circuit breaker; ``claim_gate`` is then that guard, which the
+    worker asks before it claims."""
     embedding = load_embedding_settings()
     embedder = build_embedder(embedding)
+    requests, guard = guarded(embedding, embedder, pool, purpose=Purpose.INDEX, owner=owner)
     try:
         # A local model loads (and its file is checked) while the first tasks are claimed
         # and parsed: their requests wait for it, and a bad install stops the process
@@ -79,7 +87,7 @@ async def pipeline_indexer(
             indexer = PipelineIndexer(
                 PgVersionSource(pool),
                 parse_pool,
-                embedder,
+                requests,
                 sink,
                 strategy=strategy,
                 batch_size=embedding.batch_size,
@@ -87,7 +95,13 @@ async def pipeline_indexer(
                 batch_linger_seconds=embedding.batch_linger_seconds,
                 max_requests_in_flight=embedding.max_requests_in_flight,
                 embedder_ready=warming,
+                tenant_share=(
+                    guard.tenant_share
+                    if guard is not None and embedding.rate_tenant_share is not None
+                    else None
+                ),
             )
+            indexer.claim_gate = guard
             await sink.ensure_generation(indexer.generation)
             yield indexer
         finally:
@@ -130,24 +144,28 @@ def build_worker(
     *,
     heartbeat_pool: asyncpg.Pool[Any] | None = None,
     observer: WorkerMetrics | None = None,
+    gate: ClaimGate | None = None,
+    owner: str | None = None,
 ) -> Worker:
     return Worker(
         PgTaskQueue(pool, heartbeat_pool=heartbeat_pool),
         indexer,
         tier=tier,
-        owner=settings.indexer_worker_id,
+        owner=owner or settings.indexer_worker_id,
         lease_seconds=settings.indexer_lease_seconds,
         policy=RetryPolicy(
             backoff_base_seconds=settings.indexer_backoff_base_seconds,
             backoff_cap_seconds=settings.indexer_backoff_cap_seconds,
             jitter=settings.indexer_backoff_jitter,
             max_retry_after_seconds=settings.indexer_max_retry_after_seconds,
+            provider_failure_budget_seconds=settings.indexer_provider_failure_budget_seconds,
         ),
         concurrency=concurrency,
         poll_interval_seconds=settings.indexer_poll_seconds,
         idle_backoff_min_seconds=settings.indexer_idle_backoff_min_seconds,
         grace_period_seconds=settings.indexer_grace_period_seconds,
         observer=observer,
+        gate=gate,
     )
 
 
@@ -170,14 +188,23 @@ def with_worker(
             stack.push_async_callback(pool.close)
             beats = await open_pool(settings, settings.indexer_heartbeat_pool_size)
             stack.push_async_callback(beats.close)
+            owner = settings.indexer_worker_id or owner_id()
             pipeline = await stack.enter_async_context(
-                pipeline_indexer(settings, pool, slots=concurrency)
+                pipeline_indexer(settings, pool, slots=concurrency, owner=owner)
             )
             indexer: DocumentVersionIndexer = pipeline
             if wrap is not None:
                 indexer = wrap(indexer)
             worker = build_worker(
-                settings, pool, indexer, tier, concurrency, heartbeat_pool=beats, observer=observer
+                settings,
+                pool,
+                indexer,
+                tier,
+                concurrency,
+                heartbeat_pool=beats,
+                observer=observer,
+                gate=pipeline.claim_gate,
+                owner=owner,
             )
             return await _unless_warm_up_fails(
                 work(worker, pool, pipeline.generation), pipeline.embedder_ready

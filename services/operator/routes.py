@@ -197,6 +197,7 @@ async def overview(request: Request, session: SessionDep) -> HTMLResponse:
         totals={key: sum(int(t[key]) for t in tiers) for key in _TOTALS},
         backlog=await context.backlog(),
         partitions=await store.relay_partitions(),
+        providers=await store.embedding_providers(),
         lag=await store.search_lag(),
         tasks_chart=charts.tasks_chart(minutes),
         latency_chart=charts.latency_chart(buckets),

@@ -13,12 +13,24 @@ from typing import Any
 
 import asyncpg
 
+from services.embedding.guard.ports import ProviderView
+from services.embedding.guard.store_pg import PgProviderStateStore
 from services.runtime.db import translate_db_errors
 from services.runtime.search_lag import QUERIES as search_lag_queries
 from services.runtime.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "queries.sql")
 SEARCH_LAG = search_lag_queries
+
+
+class _Pinned:
+    """The page's clock: the pinned instant of a test, or None (the database's)."""
+
+    def __init__(self, at: datetime | None) -> None:
+        self._at = at
+
+    def now(self) -> datetime | None:
+        return self._at
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,10 @@ class PgOperatorStore:
             row = await self._pool.fetchrow(SEARCH_LAG["search_lag"], self._now)
         assert row is not None
         return dict(row)
+
+    async def embedding_providers(self) -> list[ProviderView]:
+        """The embedding providers' shared limiter pause and breaker (the guard's own read)."""
+        return await PgProviderStateStore(self._pool, clock=_Pinned(self._now)).views()
 
     async def relay_partitions(self) -> list[dict[str, Any]]:
         return await self._fetch("relay_partitions", self._now)

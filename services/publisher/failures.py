@@ -19,6 +19,9 @@ TENANT_MESSAGES: Final = {
     "EMBEDDING_TIMEOUT": "The embedding service did not answer in time.",
     "EMBEDDING_UNAVAILABLE": "The embedding service is unavailable.",
     "EMBEDDING_RESPONSE_INVALID": "The embedding service gave an invalid answer.",
+    "EMBEDDING_RESPONSE_MALFORMED": (
+        "The embedding service gave an unreadable answer; indexing will retry."
+    ),
     "EMBEDDING_MODEL_CHANGED": "The embedding model changed while indexing.",
     "LEASE_ATTEMPTS_EXHAUSTED": "Indexing was interrupted too many times.",
 }

@@ -26,6 +26,10 @@ class ErrorCode:
     EMBEDDING_RATE_LIMITED: ClassVar[str] = "EMBEDDING_RATE_LIMITED"
     EMBEDDING_TIMEOUT: ClassVar[str] = "EMBEDDING_TIMEOUT"
     EMBEDDING_UNAVAILABLE: ClassVar[str] = "EMBEDDING_UNAVAILABLE"
+    # A 200 whose body is not an embeddings answer at all (not JSON, no ``data`` list): maybe
+    # a proxy's error page. Provider-side and transient, unlike EMBEDDING_RESPONSE_INVALID.
+    EMBEDDING_RESPONSE_MALFORMED: ClassVar[str] = "EMBEDDING_RESPONSE_MALFORMED"
+    # An embeddings answer with the wrong vector count, indices or dimension, or NaN: terminal.
     EMBEDDING_RESPONSE_INVALID: ClassVar[str] = "EMBEDDING_RESPONSE_INVALID"
     EMBEDDING_MODEL_CHANGED: ClassVar[str] = "EMBEDDING_MODEL_CHANGED"
     LEASE_ATTEMPTS_EXHAUSTED: ClassVar[str] = "LEASE_ATTEMPTS_EXHAUSTED"
@@ -57,6 +61,19 @@ RETRYABLE_CODES: Final[frozenset[str]] = frozenset(
         ErrorCode.EMBEDDING_RATE_LIMITED,
         ErrorCode.EMBEDDING_TIMEOUT,
         ErrorCode.EMBEDDING_UNAVAILABLE,
+        ErrorCode.EMBEDDING_RESPONSE_MALFORMED,
+    }
+)
+
+# Failures on the provider's side, not the document's: they follow a time budget from the
+# task's first such failure (KB_INDEXER_PROVIDER_FAILURE_BUDGET_SECONDS), not the attempt
+# count, and feed the shared breaker. See docs/architecture.md#retries-and-failure-codes.
+PROVIDER_FAILURE_CODES: Final[frozenset[str]] = frozenset(
+    {
+        ErrorCode.EMBEDDING_RATE_LIMITED,
+        ErrorCode.EMBEDDING_TIMEOUT,
+        ErrorCode.EMBEDDING_UNAVAILABLE,
+        ErrorCode.EMBEDDING_RESPONSE_MALFORMED,
     }
 )
 

@@ -1,7 +1,10 @@
 """The search route (docs/architecture.md#search): ``POST /v1/tenants/{tenantId}/search``.
 
 Mounted into the app the tenant-auth middleware wraps (services/app.py), and failing closed
-on its own should a request arrive unauthenticated. Errors are problem+json.
+on its own should a request arrive unauthenticated. Errors are problem+json. When the query
+cannot be embedded, hybrid answers 200 from the keyword list alone with
+``"degraded": "keyword-only"``, and vector answers 503 with the provider's code and a
+Retry-After of the provider's time (rounded up; 5 s when it named none).
 """
 
 from __future__ import annotations
@@ -10,11 +13,12 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Security
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
-from services.runtime.http_problem import PROBLEM_RESPONSE
+from services.runtime.http_problem import PROBLEM_RESPONSE, problem_response
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import require_authenticated_tenant
 from services.search.searcher import (
@@ -27,6 +31,8 @@ from services.search.searcher import (
     MAX_QUERY_CHARS,
     MAX_TOP_K,
     MIN_TOP_K,
+    Degraded,
+    QueryEmbeddingUnavailable,
     Searcher,
     SearchFilter,
     SearchMode,
@@ -119,6 +125,13 @@ class SearchResponse(SearchModel):
     results: list[SearchHitBody]
     generation: GenerationBody
     took_ms: float
+    degraded: Degraded | None = Field(
+        default=None,
+        description='null when the answer is what the mode asked for. "keyword-only": a '
+        "hybrid search whose query could not be embedded (the embedding provider throttled, "
+        "was down or too slow) answered from the keyword list alone, ranked as mode keyword "
+        "ranks it.",
+    )
 
 
 bearer = HTTPBearer(
@@ -149,27 +162,32 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     response_model=SearchResponse,
     responses=_problems(400, 401, 403, 413, 422, 503),
     summary="Search the tenant's searchable documents that the principals may read",
+    description="When the query cannot be embedded, a hybrid search answers from the keyword "
+    'list alone with `"degraded": "keyword-only"`; a vector search answers 503 with '
+    "Retry-After.",
 )
-async def search(request: Request, tenant_id: TenantId, body: SearchBody) -> SearchResponse:
+async def search(
+    request: Request, tenant_id: TenantId, body: SearchBody
+) -> SearchResponse | JSONResponse:
     searcher: Searcher = request.app.state.searcher
     flt = body.filter
-    result: SearchResult = await searcher.search(
-        SearchRequest(
-            tenant_id=tenant_id,
-            query=body.query,
-            principals=tuple(body.principals),
-            top_k=body.top_k,
-            mode=body.mode,
-            filter=SearchFilter(
-                document_ids=tuple(flt.document_ids)
-                if flt and flt.document_ids is not None
-                else None,
-                heading_prefix=(
-                    tuple(flt.heading_prefix) if flt and flt.heading_prefix is not None else None
-                ),
+    search_request = SearchRequest(
+        tenant_id=tenant_id,
+        query=body.query,
+        principals=tuple(body.principals),
+        top_k=body.top_k,
+        mode=body.mode,
+        filter=SearchFilter(
+            document_ids=tuple(flt.document_ids) if flt and flt.document_ids is not None else None,
+            heading_prefix=(
+                tuple(flt.heading_prefix) if flt and flt.heading_prefix is not None else None
             ),
-        )
+        ),
     )
+    try:
+        result: SearchResult = await searcher.search(search_request)
+    except QueryEmbeddingUnavailable as error:
+        return _embedding_unavailable(request, tenant_id, body, error)
     log.info(
         "search.served",
         tenant_id=tenant_id,
@@ -177,5 +195,30 @@ async def search(request: Request, tenant_id: TenantId, body: SearchBody) -> Sea
         top_k=body.top_k,
         results=len(result.results),
         took_ms=result.took_ms,
+        degraded=result.degraded.value if result.degraded else None,
     )
     return SearchResponse.model_validate(result)
+
+
+def _embedding_unavailable(
+    request: Request, tenant_id: str, body: SearchBody, error: QueryEmbeddingUnavailable
+) -> JSONResponse:
+    """503 with the provider's code and when to retry: the provider's own time, not the
+    one second the app gives a busy database."""
+    retry_after = error.retry_after
+    log.warning(
+        "search.unavailable",
+        tenant_id=tenant_id,
+        mode=body.mode.value,
+        error_code=error.code,
+        reason=error.reason,
+        retry_after_seconds=retry_after,
+    )
+    return problem_response(
+        503,
+        error.code,
+        "the query could not be embedded now; retry after the time in Retry-After, or "
+        "search with mode keyword",
+        instance=request.url.path,
+        headers={"Retry-After": str(retry_after)},
+    )

@@ -5,20 +5,36 @@ Pure Python: the query embedding comes through the pipeline's ``Embedder`` port,
 candidate lists through a ``SearchIndex`` port (PostgreSQL: ``index_pg``). Every filter
 (tenant, current search version, READ ACL) is the index's job and happens before ranking;
 this module only orders what the index may show.
+
+When the query cannot be embedded -- the provider throttles, is down or answers a page that
+is no embeddings answer, or the embedding takes longer than the searcher's timeout -- a
+hybrid search answers from the keyword list alone and says so (``SearchResult.degraded``);
+a vector search fails with ``QueryEmbeddingUnavailable`` (503, with when to retry).
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import math
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 from services.embedding.port import Embedder, Vectors
 from services.runtime.errors import DependencyUnavailable, KbError
-from services.runtime.index_failures import ErrorCode, IndexingFailed
+from services.runtime.index_failures import (
+    PROVIDER_FAILURE_CODES,
+    ErrorCode,
+    IndexingFailed,
+    redact,
+)
+from services.runtime.logging import get_logger
+from services.search.metrics import TIMEOUT_REASON, count_degraded
+
+log = get_logger(__name__)
 
 # --- request limits (the API validates against these; 422 beyond them) -------------------
 
@@ -52,6 +68,12 @@ HYBRID_MAX_DEPTH: Final = 200
 # tried, hybrid ranked below vector alone on the labelled set's 'english' tenant.
 HYBRID_MIN_KEYWORD_COVERAGE: Final = 0.75
 HYBRID_KEYWORD_WEIGHT: Final = 0.3
+
+# How long a search waits for its query's embedding (KB_SEARCH_QUERY_EMBED_TIMEOUT_SECONDS)
+# before hybrid answers from the keyword list alone and vector answers 503.
+DEFAULT_QUERY_EMBED_TIMEOUT_SECONDS: Final = 2.0
+# Retry-After of a 503 when the provider named no time (a timeout, a 5xx without one).
+DEFAULT_RETRY_AFTER_SECONDS: Final = 5
 
 
 class SearchMode(enum.StrEnum):
@@ -140,11 +162,20 @@ class SearchHit:
     score: float
 
 
+class Degraded(enum.StrEnum):
+    """How a search answered with less than it was asked for."""
+
+    # Hybrid, from the keyword list alone: the query could not be embedded.
+    KEYWORD_ONLY = "keyword-only"
+
+
 @dataclass(frozen=True)
 class SearchResult:
     results: tuple[SearchHit, ...]
     generation: Generation
     took_ms: float
+    # None: the answer is what the request's mode asked for.
+    degraded: Degraded | None = None
 
 
 class SearchIndex(Protocol):
@@ -220,29 +251,52 @@ def rank_results(
 
 
 class QueryEmbeddingUnavailable(DependencyUnavailable):
-    """The embedding provider could not embed the query now (503; retry later)."""
+    """The embedding provider could not embed the query now (503; retry later). ``code`` is
+    the provider's failure code (EMBEDDING_TIMEOUT when the searcher's timeout ran out);
+    ``reason`` is that code, or ``"timeout"`` for the searcher's own timeout."""
 
     code = "EMBEDDING_UNAVAILABLE"
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        reason: str | None = None,
+        retry_after_seconds: float | None = None,
+    ) -> None:
+        super().__init__(message, code=code)
+        self.reason = reason or code
+        self.retry_after_seconds = retry_after_seconds
 
-_RETRIABLE_EMBEDDING_CODES: Final = frozenset(
-    {
-        ErrorCode.EMBEDDING_RATE_LIMITED,
-        ErrorCode.EMBEDDING_TIMEOUT,
-        ErrorCode.EMBEDDING_UNAVAILABLE,
-    }
-)
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds for a Retry-After header: the provider's time rounded up, or
+        DEFAULT_RETRY_AFTER_SECONDS when it named none."""
+        seconds = self.retry_after_seconds
+        if seconds is None or not math.isfinite(seconds):
+            return DEFAULT_RETRY_AFTER_SECONDS
+        return max(1, math.ceil(seconds))
 
 
 class Searcher:
-    def __init__(self, embedder: Embedder, index: SearchIndex) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        index: SearchIndex,
+        *,
+        query_embed_timeout_seconds: float = DEFAULT_QUERY_EMBED_TIMEOUT_SECONDS,
+    ) -> None:
         if (embedder.model, embedder.dimension) != (
             index.generation.embedding_model,
             index.generation.dimension,
         ):
             raise ValueError("the query embedder and the index must be of the same generation")
+        if not query_embed_timeout_seconds > 0:
+            raise ValueError("the query embedding timeout must be positive")
         self._embedder = embedder
         self._index = index
+        self._embed_timeout = query_embed_timeout_seconds
 
     @property
     def generation(self) -> Generation:
@@ -250,19 +304,61 @@ class Searcher:
 
     async def search(self, request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
-        query_vector = await self._embed(request.query) if request.mode.uses_vector else None
+        query_vector: Vectors | None = None
+        degraded: Degraded | None = None
+        if request.mode.uses_vector:
+            try:
+                query_vector = await self._embed(request.query)
+            except QueryEmbeddingUnavailable as error:
+                if request.mode is not SearchMode.HYBRID:
+                    raise
+                # The keyword list does not need the provider: answer from it alone, ranked
+                # as a keyword search ranks it, and say so.
+                self._degraded(request, error)
+                request = replace(request, mode=SearchMode.KEYWORD)
+                degraded = Degraded.KEYWORD_ONLY
         candidates = await self._index.candidates(request, query_vector)
         results = rank_results(request, candidates)
         took_ms = (time.perf_counter() - started) * 1000.0
-        return SearchResult(results, self._index.generation, round(took_ms, 3))
+        return SearchResult(results, self._index.generation, round(took_ms, 3), degraded)
 
     async def _embed(self, query: str) -> Vectors:
+        # The searcher's own bound, whatever the embedder: a provider's request timeout
+        # suits indexing (seconds to spare), not a person waiting for an answer.
+        deadline = asyncio.timeout(self._embed_timeout)
         try:
-            vectors = await self._embedder.embed([query])
+            async with deadline:
+                vectors = await self._embedder.embed([query])
+        except TimeoutError as error:
+            if not deadline.expired():
+                raise  # not ours: the embedder's own bug, answered as today (500)
+            raise QueryEmbeddingUnavailable(
+                f"the query was not embedded within {self._embed_timeout:g} s",
+                code=ErrorCode.EMBEDDING_TIMEOUT,
+                reason=TIMEOUT_REASON,
+            ) from error
         except IndexingFailed as error:
-            if error.code in _RETRIABLE_EMBEDDING_CODES:
-                raise QueryEmbeddingUnavailable(error.message, code=error.code) from error
+            if error.code in PROVIDER_FAILURE_CODES:
+                raise QueryEmbeddingUnavailable(
+                    error.message,
+                    code=error.code,
+                    retry_after_seconds=error.retry_after_seconds,
+                ) from error
             # The provider answered nonsense or another model: not the caller's fault and
             # not fixed by retrying; a 500 with the stable code.
             raise KbError(error.message, code=error.code) from error
         return vectors
+
+    @staticmethod
+    def _degraded(request: SearchRequest, error: QueryEmbeddingUnavailable) -> None:
+        count_degraded(error.reason)
+        log.warning(
+            "search.degraded",
+            tenant_id=request.tenant_id,
+            mode=request.mode.value,
+            degraded=Degraded.KEYWORD_ONLY.value,
+            reason=error.reason,
+            error_code=error.code,
+            retry_after_seconds=error.retry_after_seconds,
+            error=redact(error.message),
+        )

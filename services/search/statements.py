@@ -22,6 +22,7 @@ from pydantic import Field
 from services.index.ann import model_predicate, vector_expression
 from services.runtime.settings import RuntimeSettings
 from services.runtime.sql import indented, queries_beside
+from services.search.searcher import DEFAULT_QUERY_EMBED_TIMEOUT_SECONDS
 
 QUERIES = queries_beside(__file__, "search.sql")
 # Parts of statements, not statements: not a .sql file, whose named queries are each prepared
@@ -80,6 +81,12 @@ class SearchSettings(RuntimeSettings):
     search_statistics_cache_seconds: float = Field(default=60.0, ge=0, le=3600)
     # How long a search waits for a connection before answering 503.
     search_acquire_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    # How long a search waits for its query's embedding: past it (or when the provider
+    # throttles, is down or answers no embeddings), hybrid answers from the keyword list
+    # alone, flagged "degraded": "keyword-only", and vector answers 503 with Retry-After.
+    search_query_embed_timeout_seconds: float = Field(
+        default=DEFAULT_QUERY_EMBED_TIMEOUT_SECONDS, gt=0, le=60
+    )
 
 
 # The planner settings vector_path_settings_sql changes (undo_vector_path restores them).

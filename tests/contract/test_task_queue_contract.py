@@ -406,15 +406,124 @@ async def test_retry_policy_decision_applies_through_the_queue(harness: Harness)
     policy = RetryPolicy(backoff_base_seconds=4, backoff_cap_seconds=100, jitter=0)
     [first] = await harness.queue.claim("standard", "w1", lease_seconds=LEASE)
     waited = await harness.queue.fail(
-        first, policy.decide(first, ErrorCode.EMBEDDING_UNAVAILABLE, "503")
+        first, policy.decide(first, "DATABASE_BUSY", "busy", retriable=True)
     )
     assert waited.status is TaskStatus.RETRY_WAIT
+    assert waited.max_attempts == 2  # an attempt spent
+    assert waited.first_provider_failure_at is None
     harness.clock.advance(4)
     [second] = await harness.queue.claim("standard", "w1", lease_seconds=LEASE)
     # Budget spent: a retryable failure on the last attempt is final, with its own code.
     final = await harness.queue.fail(
-        second, policy.decide(second, ErrorCode.EMBEDDING_UNAVAILABLE, "503")
+        second, policy.decide(second, "DATABASE_BUSY", "busy", retriable=True)
     )
     assert final.status is TaskStatus.DEAD
-    assert final.error_code == ErrorCode.EMBEDDING_UNAVAILABLE
+    assert final.error_code == "DATABASE_BUSY"
     assert final.task_id == task_id
+
+
+# --- the provider failure time budget ----------------------------------------------------------
+
+DAY = 86_400.0
+
+
+async def _provider_failure(
+    harness: Harness,
+    policy: RetryPolicy,
+    code: str = ErrorCode.EMBEDDING_UNAVAILABLE,
+    *,
+    retry_after: float | None = None,
+) -> Any:
+    [lease] = await harness.queue.claim("standard", "w1", lease_seconds=LEASE)
+    decision = policy.decide(lease, code, "503 from the provider", retry_after_seconds=retry_after)
+    return await harness.queue.fail(lease, decision)
+
+
+async def test_a_provider_failure_records_its_first_time_and_spends_no_attempt(
+    harness: Harness,
+) -> None:
+    task_id = await harness.create(max_attempts=2)
+    policy = RetryPolicy(backoff_base_seconds=4, backoff_cap_seconds=100, jitter=0)
+    start = harness.clock.now()
+    first = await _provider_failure(harness, policy)
+    assert (first.status, first.first_provider_failure_at) == (TaskStatus.RETRY_WAIT, start)
+    assert (first.attempts, first.max_attempts) == (1, 3)  # the claim's attempt handed back
+    assert first.next_attempt_at == start + timedelta(seconds=4)
+    harness.clock.advance(4)
+    second = await _provider_failure(harness, policy, ErrorCode.EMBEDDING_RESPONSE_MALFORMED)
+    assert second.status is TaskStatus.RETRY_WAIT
+    assert second.first_provider_failure_at == start  # the first one's time is kept
+    assert (second.attempts, second.max_attempts) == (2, 4)
+    # Another kind of failure neither sets nor clears it, and spends an attempt.
+    harness.clock.advance(8)
+    [lease] = await harness.queue.claim("standard", "w1", lease_seconds=LEASE)
+    busy = await harness.queue.fail(
+        lease, policy.decide(lease, "DATABASE_BUSY", "busy", retriable=True)
+    )
+    assert (busy.status, busy.max_attempts, busy.first_provider_failure_at) == (
+        TaskStatus.RETRY_WAIT,
+        4,
+        start,
+    )
+    assert busy.task_id == task_id
+
+
+async def test_provider_failures_retry_for_the_whole_budget_then_end_dead(
+    harness: Harness,
+) -> None:
+    task_id = await harness.create(max_attempts=2)
+    policy = RetryPolicy(jitter=0)  # 24 h budget
+    start = harness.clock.now()
+    await _provider_failure(harness, policy)
+    # 23 hours on: still waiting, the attempt budget as it was (2 attempts left).
+    harness.clock.advance(23 * 3600)
+    waiting = await _provider_failure(harness, policy, ErrorCode.EMBEDDING_TIMEOUT)
+    assert waiting.status is TaskStatus.RETRY_WAIT
+    assert waiting.max_attempts - waiting.attempts == 2
+    # A Retry-After beyond the budget's end parks the task to that end, not beyond it.
+    harness.clock.advance(3600 - 60)
+    parked = await _provider_failure(
+        harness, policy, ErrorCode.EMBEDDING_RATE_LIMITED, retry_after=3600
+    )
+    assert parked.status is TaskStatus.RETRY_WAIT
+    assert parked.next_attempt_at == start + timedelta(seconds=DAY)
+    harness.clock.advance(59)
+    assert await harness.queue.claim("standard", "w1", lease_seconds=LEASE) == []
+    harness.clock.advance(1)
+    dead = await _provider_failure(harness, policy, ErrorCode.EMBEDDING_UNAVAILABLE)
+    assert (dead.status, dead.error_code) == (TaskStatus.DEAD, ErrorCode.EMBEDDING_UNAVAILABLE)
+    assert dead.finished_at == harness.clock.now()
+    assert dead.first_provider_failure_at == start
+    assert dead.max_attempts == parked.max_attempts  # nothing granted to a DEAD task
+    assert dead.error_message is not None
+    assert "86400 s budget" in dead.error_message
+    assert "503 from the provider" in dead.error_message
+    harness.clock.advance(DAY)
+    assert await harness.queue.claim("standard", "w1", lease_seconds=LEASE) == []
+    assert await harness.status(task_id) is TaskStatus.DEAD
+
+    # A requeue starts the budget afresh.
+    await harness.queue.requeue(task_id, by="ops", reset_attempts=False, budget=8)
+    requeued = await harness.queue.get(task_id)
+    assert requeued is not None
+    assert requeued.first_provider_failure_at is None
+    again = await _provider_failure(harness, policy)
+    assert again.status is TaskStatus.RETRY_WAIT
+    assert again.first_provider_failure_at == harness.clock.now()
+
+
+async def test_a_30_minute_retry_after_parks_the_task(harness: Harness) -> None:
+    task_id = await harness.create()
+    parked = await _provider_failure(
+        harness, RetryPolicy(jitter=0), ErrorCode.EMBEDDING_RATE_LIMITED, retry_after=1800
+    )
+    assert (parked.status, parked.error_code) == (
+        TaskStatus.RETRY_WAIT,
+        ErrorCode.EMBEDDING_RATE_LIMITED,
+    )
+    assert parked.next_attempt_at == harness.clock.now() + timedelta(minutes=30)
+    harness.clock.advance(1799)
+    assert await harness.queue.claim("standard", "w1", lease_seconds=LEASE) == []
+    harness.clock.advance(1)
+    [lease] = await harness.queue.claim("standard", "w1", lease_seconds=LEASE)
+    assert lease.task_id == task_id

@@ -1,5 +1,6 @@
 """An in-memory ``TaskQueue`` for unit tests of the worker. It applies the transitions of
-:mod:`services.indexer.queue.task` and the claim order of
+:mod:`services.indexer.queue.task` (the provider failure time budget included: ``fail``
+settles it as ``fail_task`` does in SQL, with this queue's clock) and the claim order of
 ``services/indexer/queue/queries.sql`` (expired leases first, then rounds across tenants),
 and passes the same contract suite as
 ``PgTaskQueue`` (tests/contract/test_task_queue_contract.py).

@@ -114,17 +114,15 @@ async def test_a_fenced_fail_to_dead_deletes_every_staged_row_of_the_task(
     left_over = {first.lease_attempt: 6 * 8}
     assert await staged(pool, doomed.task_id) == left_over
 
-    # The second attempt fails before it streams (the provider is down): with the budget
-    # spent the task ends DEAD; with budget left it waits to run again, and that attempt's
-    # first slice deletes the leftovers.
-    decision = RetryPolicy(jitter=0).decide(last, ErrorCode.EMBEDDING_UNAVAILABLE, "down")
+    # The second attempt fails before it streams (the database is busy): with the attempt
+    # budget spent the task ends DEAD; with budget left it waits to run again, and that
+    # attempt's first slice deletes the leftovers. (A provider failure spends no attempt:
+    # its time budget ending DEAD is tests/integration/test_indexer_provider_budget.py.)
+    decision = RetryPolicy(jitter=0).decide(last, "DATABASE_BUSY", "busy", retriable=True)
     assert decision.status is ends
     await queue.fail(last, decision)
 
-    assert await status_and_code(queue, doomed.task_id) == (
-        ends,
-        ErrorCode.EMBEDDING_UNAVAILABLE,
-    )
+    assert await status_and_code(queue, doomed.task_id) == (ends, "DATABASE_BUSY")
     assert await staged(pool, doomed.task_id) == ({} if ends is TaskStatus.DEAD else left_over)
     assert await staged(pool, other.task_id) == others_rows
     assert await status_and_code(queue, other.task_id) == (TaskStatus.RUNNING, None)

@@ -84,13 +84,22 @@ async def test_heartbeat_keeps_the_lease_while_the_work_runs(pool: asyncpg.Pool[
 
 
 class AlwaysFails:
-    def __init__(self, code: str, retry_after_seconds: float | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        retry_after_seconds: float | None = None,
+        retriable: bool | None = None,
+    ) -> None:
         self.code = code
         self.retry_after_seconds = retry_after_seconds
+        self.retriable = retriable
 
     async def index(self, lease: Lease) -> Any:
         raise IndexingFailed(
-            self.code, "provider says no", retry_after_seconds=self.retry_after_seconds
+            self.code,
+            "provider says no",
+            retry_after_seconds=self.retry_after_seconds,
+            retriable=self.retriable,
         )
 
 
@@ -106,19 +115,21 @@ async def test_retryable_failures_back_off_exponentially_up_to_the_cap_then_die(
     created = await create_task(pool, max_attempts=6, next_attempt_at=clock.now())
     timing_out = Worker(
         PgTaskQueue(pool, clock=clock),
-        AlwaysFails(ErrorCode.EMBEDDING_TIMEOUT),
+        # Retriable, but not provider-side: on the attempt budget (provider failures are on
+        # a time budget: tests/integration/test_indexer_provider_budget.py).
+        AlwaysFails("INDEX_STAGING_INCOMPLETE", retriable=True),
         tier="standard",
         policy=RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=10, jitter=0),
     )
     delays = []
     for _ in range(5):
         assert await timing_out.run_once() is RunOnceResult.FAILED
-        assert await _status(pool, created.task_id) == ("RETRY_WAIT", "EMBEDDING_TIMEOUT")
+        assert await _status(pool, created.task_id) == ("RETRY_WAIT", "INDEX_STAGING_INCOMPLETE")
         delays.append(await _delay(pool, created.task_id, clock.now()))
         clock.advance(delays[-1])
     assert delays == [2, 4, 8, 10, 10]
     assert await timing_out.run_once() is RunOnceResult.FAILED  # the 6th and last attempt
-    assert await _status(pool, created.task_id) == ("DEAD", "EMBEDDING_TIMEOUT")
+    assert await _status(pool, created.task_id) == ("DEAD", "INDEX_STAGING_INCOMPLETE")
     clock.advance(3600)
     assert await timing_out.run_once() is RunOnceResult.IDLE
 

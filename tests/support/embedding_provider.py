@@ -15,6 +15,12 @@ Faults (``provider.inject(kind, ...)`` or ``POST /_control/faults``) apply to th
 ``times`` requests, or for ``for_seconds``, or until cleared; ``match`` limits one to requests
 with an input containing that text. Every request is recorded (inputs, model, dimensions,
 encoding, whether it carried a key, the fault applied) for tests that check batching.
+
+A quota (``provider.set_quota(...)`` or ``PUT /_control/quota``) meters requests and tokens
+per minute as a hosted provider does, per key: a token bucket refilled continuously, holding
+``burst_seconds`` of the rate. A request beyond it is answered 429 with the whole seconds
+until it would fit as Retry-After, and costs nothing. ``GET /_control/stats`` counts answers
+by status, with the tokens answered (counted as the client's approximate tokenizer counts).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import os
 import socket
 import subprocess
@@ -41,6 +48,7 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, Field
 
 from services.embedding.hashing import HashingEmbedder
+from services.embedding.tokens import approximate_tokens
 
 IN_PROCESS_URL = "http://embedding-provider.test/v1"
 
@@ -76,6 +84,55 @@ class Fault(BaseModel):
 class Limits(BaseModel):
     # Inputs longer than this many characters are refused with 400, like a model's context.
     max_input_chars: int | None = Field(default=None, ge=1)
+
+
+class Quota(BaseModel):
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
+    # How much of a minute's quota may be spent at once (the bucket's size, in seconds).
+    burst_seconds: float = Field(default=1.0, gt=0)
+
+
+class _QuotaBuckets:
+    """Two token buckets (requests, tokens), refilled continuously; a request takes from
+    both or from neither."""
+
+    def __init__(self, quota: Quota, now: float) -> None:
+        self.quota = quota
+        self._levels = {
+            name: self._capacity(rate) for name, rate in self._rates().items() if rate is not None
+        }
+        self._at = now
+
+    def _rates(self) -> dict[str, float | None]:
+        return {"requests": self.quota.requests_per_minute, "tokens": self.quota.tokens_per_minute}
+
+    def _capacity(self, per_minute: float) -> float:
+        return max(1.0, per_minute / 60.0 * self.quota.burst_seconds)
+
+    def take(self, requests: int, tokens: int, now: float) -> float | None:
+        """None when the request fits (and is charged), else seconds until it would."""
+        costs = {"requests": float(requests), "tokens": float(tokens)}
+        rates = self._rates()
+        elapsed = max(0.0, now - self._at)
+        self._at = now
+        wait = 0.0
+        for name in self._levels:
+            per_minute = rates[name]
+            assert per_minute is not None
+            per_second = per_minute / 60.0
+            capacity = self._capacity(per_minute)
+            self._levels[name] = min(capacity, self._levels[name] + elapsed * per_second)
+            # A request bigger than the bucket is admitted when the bucket is full.
+            cost = min(costs[name], capacity)
+            if self._levels[name] < cost:
+                wait = max(wait, (cost - self._levels[name]) / per_second)
+        if wait > 0:
+            return wait
+        for name in self._levels:
+            capacity = self._capacity(rates[name] or 1.0)
+            self._levels[name] -= min(costs[name], capacity)
+        return None
 
 
 @dataclass(frozen=True)
@@ -129,6 +186,9 @@ class EmbeddingProvider:
         self._faults: list[_ActiveFault] = []
         self._requests: list[RecordedRequest] = []
         self._limits = Limits(max_input_chars=max_input_chars)
+        self._quota: _QuotaBuckets | None = None
+        self._answered: dict[int, int] = {}
+        self._tokens_answered = 0
         self._hanging: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self.app = self._build_app()
 
@@ -156,6 +216,33 @@ class EmbeddingProvider:
     def set_limits(self, limits: Limits) -> None:
         with self._lock:
             self._limits = limits
+
+    def set_quota(self, quota: Quota | None) -> None:
+        """Meter requests from now on (None: no quota); the counts start again."""
+        with self._lock:
+            self._quota = _QuotaBuckets(quota, time.monotonic()) if quota else None
+            self._answered.clear()
+            self._tokens_answered = 0
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "answered": {str(status): count for status, count in self._answered.items()},
+                "tokens_answered": self._tokens_answered,
+            }
+
+    def _count(self, status: int, tokens: int) -> None:
+        with self._lock:
+            self._answered[status] = self._answered.get(status, 0) + 1
+            if status == 200:
+                self._tokens_answered += tokens
+
+    def _over_quota(self, inputs: list[str]) -> float | None:
+        with self._lock:
+            if self._quota is None:
+                return None
+            tokens = sum(approximate_tokens(text) for text in inputs)
+            return self._quota.take(1, tokens, time.monotonic())
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -195,6 +282,28 @@ class EmbeddingProvider:
                 self._hanging.discard(waiter)
 
     async def _embeddings(self, request: Request) -> Response:
+        response, tokens = await self._metered(request)
+        self._count(response.status_code, tokens)
+        return response
+
+    async def _metered(self, request: Request) -> tuple[Response, int]:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "body is not JSON"), 0
+        raw_input = body.get("input") if isinstance(body, dict) else None
+        inputs = [raw_input] if isinstance(raw_input, str) else raw_input
+        if isinstance(inputs, list) and all(isinstance(text, str) for text in inputs):
+            wait = self._over_quota(inputs)
+            if wait is not None:
+                seconds = str(max(1, math.ceil(wait)))
+                return _error(429, "Rate limit reached", {"Retry-After": seconds}), 0
+            tokens = sum(approximate_tokens(text) for text in inputs)
+        else:
+            tokens = 0
+        return await self._embeddings_unmetered(request), tokens
+
+    async def _embeddings_unmetered(self, request: Request) -> Response:
         try:
             body = await request.json()
         except ValueError:
@@ -339,6 +448,20 @@ class EmbeddingProvider:
             self.set_limits(limits)
             return limits
 
+        @app.put("/_control/quota")
+        async def set_quota(quota: Quota) -> Quota:
+            self.set_quota(quota)
+            return quota
+
+        @app.delete("/_control/quota")
+        async def clear_quota() -> dict[str, None]:
+            self.set_quota(None)
+            return {"quota": None}
+
+        @app.get("/_control/stats")
+        async def stats() -> dict[str, Any]:
+            return self.stats()
+
         @app.get("/_control/requests")
         async def recorded() -> list[dict[str, Any]]:
             return [asdict(item) for item in self.requests]
@@ -372,6 +495,20 @@ class ProviderControl:
         httpx.put(
             f"{self._root}/_control/limits", json={"max_input_chars": max_input_chars}, timeout=10
         ).raise_for_status()
+
+    def set_quota(self, quota: Quota | None) -> None:
+        if quota is None:
+            httpx.delete(f"{self._root}/_control/quota", timeout=10).raise_for_status()
+            return
+        httpx.put(
+            f"{self._root}/_control/quota", json=quota.model_dump(), timeout=10
+        ).raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        answer = httpx.get(f"{self._root}/_control/stats", timeout=10)
+        answer.raise_for_status()
+        result: dict[str, Any] = answer.json()
+        return result
 
     def requests(self) -> list[RecordedRequest]:
         answer = httpx.get(f"{self._root}/_control/requests", timeout=10)

@@ -16,18 +16,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from services.embedding.coalescing import CoalescingEmbedder, RequestStats
-from services.embedding.port import Embedder
-from services.embedding.tokens import load_token_counter
+from services.embedding.port import Embedder, Vectors
+from services.embedding.tokens import TokenCounter, load_token_counter
 from services.index.generation import IndexGeneration
 from services.indexer import metrics
 from services.indexer.pipeline.chunking import ChunkingStrategy
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.parsing.stream import DEFAULT_SLICE_CHUNKS, DocumentBytes
-from services.indexer.pipeline.slices import DocumentRun, IndexSink
-from services.indexer.ports import IndexingOutcome, StoredVersion, VersionSource
+from services.indexer.pipeline.slices import BatchEmbedder, DocumentRun, IndexSink
+from services.indexer.ports import ClaimGate, IndexingOutcome, StoredVersion, VersionSource
 from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.logging import get_logger
 from services.runtime.media_types import normalise_media_type
@@ -38,6 +39,30 @@ log = get_logger(__name__)
 # Documents of up to this many chunks are held in memory and written by the fenced
 # complete in one go, as before; longer ones are staged slice by slice (slices.py).
 STREAM_ABOVE_CHUNKS: Final = 2048
+
+# Waits until the tenant may spend this many more tokens of the provider's quota.
+TenantShare = Callable[[str, int], Awaitable[None]]
+
+
+class _TenantShared:
+    """One task's texts through the shared queue, after its tenant's share of the quota
+    lets them go: a request mixes tenants, so a tenant is charged here, per task."""
+
+    def __init__(
+        self, inner: CoalescingEmbedder, tenant_id: str, share: TenantShare, count: TokenCounter
+    ) -> None:
+        self._inner = inner
+        self._tenant_id = tenant_id
+        self._share = share
+        self._count = count
+
+    @property
+    def batch_size(self) -> int:
+        return self._inner.batch_size
+
+    async def embed_all(self, texts: Sequence[str]) -> Vectors:
+        await self._share(self._tenant_id, sum(self._count(text) for text in texts))
+        return await self._inner.embed_all(texts)
 
 
 def chunking_strategy(
@@ -82,6 +107,7 @@ class PipelineIndexer:
         batch_linger_seconds: float = 0.005,
         max_requests_in_flight: int = 2,
         embedder_ready: asyncio.Future[None] | None = None,
+        tenant_share: TenantShare | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -110,6 +136,15 @@ class PipelineIndexer:
         )
         self.embedder_ready = embedder_ready
         self.generation = index_generation(embedder, strategy)
+        self._tenant_share = tenant_share
+        # The embedding provider's guard, when it has one: the worker asks it before claiming.
+        self.claim_gate: ClaimGate | None = None
+        self._count_tokens = load_token_counter(strategy.tokenizer) if tenant_share else None
+
+    def _embedder_for(self, tenant_id: str) -> BatchEmbedder:
+        if self._tenant_share is None or self._count_tokens is None:
+            return self._requests
+        return _TenantShared(self._requests, tenant_id, self._tenant_share, self._count_tokens)
 
     async def index(self, lease: Lease) -> IndexingOutcome:
         ids = lease.log_fields()
@@ -125,7 +160,7 @@ class PipelineIndexer:
         run = DocumentRun(
             lease,
             self.generation,
-            self._requests,
+            self._embedder_for(lease.tenant_id),
             self._sink,
             stream_above_chunks=self._stream_above,
         )

@@ -260,7 +260,7 @@ class TaskAttempts:
             rng=self._rng,
         )
         try:
-            await self.queue.fail(lease, decision)
+            failed = await self.queue.fail(lease, decision)
         except LeaseLost:
             if unknown_outcome:
                 # The lost COMMIT may have landed after all, behind our fail's row lock.
@@ -268,14 +268,17 @@ class TaskAttempts:
                 if settled is not None:
                     return settled
             return self._lost(lease)
+        # The row says where it went: a provider failure whose time budget is spent is DEAD
+        # although the decision said RETRY_WAIT (only the fail knows the budget's start).
         log.info(
             "task.failed",
             **context,
             error_code=failure.code,
-            next_status=str(decision.status),
+            next_status=str(failed.status),
             delay_seconds=round(decision.delay_seconds, 3),
+            next_attempt_at=failed.next_attempt_at.isoformat(),
         )
-        self._emit(WorkerEvent("failed", lease.task_id, f"{failure.code} {decision.status}"))
+        self._emit(WorkerEvent("failed", lease.task_id, f"{failure.code} {failed.status}"))
         return RunOnceResult.FAILED
 
     async def _settle_unknown_outcome(

@@ -254,33 +254,68 @@ UPDATE index_task
 RETURNING task_id
 
 -- name: fail_task
--- Same fence. $4 is RETRY_WAIT or DEAD as the retry policy decided from the error code.
+-- $1 task, $2 owner, $3 lease generation: the fence. $4 RETRY_WAIT or DEAD as the retry
+-- policy decided from the error code, $5 delay seconds, $6 code, $7 message, $8 now,
+-- $9 whether $6 is a provider-side code (PROVIDER_FAILURE_CODES), $10 the provider failure
+-- time budget in seconds (NULL: the decision is not on it), $11 the message if it is spent.
+--
+-- The settling of task.py's `settle`: a provider-side code records the task's first such
+-- failure (first_provider_failure_at, kept if set). On the time budget ($10), a task whose
+-- budget has run out (now >= first + budget) goes DEAD with $11; otherwise RETRY_WAIT, due
+-- no later than the budget's end, and max_attempts + 1: a provider failure spends none of
+-- the attempt budget (`attempts`, the generation, grows by the claim as always).
+--
+-- `target` locks the fenced row (FOR UPDATE: under READ COMMITTED a concurrent change is
+-- waited for and its result re-read), so what is computed from it is the row updated.
 -- A task that ends DEAD takes its staged chunks (knowledge_chunk_stream, every attempt's)
 -- with it, in this statement: no later attempt will run to delete them. This statement sees
 -- all of them: this attempt wrote its slices one after another and has stopped, and an
 -- earlier attempt's last slice committed before our claim could take the row
 -- (sink.sql: lock_stream_lease). A RETRY_WAIT keeps them for the next attempt to delete.
-WITH failed AS (
-    UPDATE index_task
-       SET status = $4::text,
-           lease_until = NULL,
-           next_attempt_at = coalesce($8::timestamptz, now()) + make_interval(secs => $5),
-           error_code = $6,
-           error_message = $7,
-           updated_at = coalesce($8::timestamptz, now()),
-           finished_at = CASE WHEN $4::text = 'DEAD' THEN coalesce($8::timestamptz, now()) END
-     WHERE task_id = $1
-       AND status = 'RUNNING'
-       AND lease_owner = $2
-       AND attempts = $3
-       AND lease_until > coalesce($8::timestamptz, now())
+WITH target AS (
+    SELECT t.task_id, n.at,
+           CASE WHEN $9::boolean THEN coalesce(t.first_provider_failure_at, n.at)
+                ELSE t.first_provider_failure_at END AS first_failure
+      FROM index_task t
+     CROSS JOIN (SELECT coalesce($8::timestamptz, now()) AS at) n
+     WHERE t.task_id = $1
+       AND t.status = 'RUNNING'
+       AND t.lease_owner = $2
+       AND t.attempts = $3
+       AND t.lease_until > n.at
        AND $4::text IN ('RETRY_WAIT', 'DEAD')
-    RETURNING *
+       FOR UPDATE OF t
+),
+decided AS (
+    SELECT g.task_id, g.at, g.first_failure,
+           g.first_failure + make_interval(secs => $10::double precision) AS budget_end,
+           coalesce(g.first_failure + make_interval(secs => $10::double precision) <= g.at,
+                    false) AS spent
+      FROM target g
+),
+failed AS (
+    UPDATE index_task t
+       SET status = CASE WHEN d.spent THEN 'DEAD' ELSE $4::text END,
+           max_attempts = t.max_attempts
+                          + CASE WHEN $10::double precision IS NOT NULL AND NOT d.spent
+                                 THEN 1 ELSE 0 END,
+           lease_until = NULL,
+           next_attempt_at = CASE WHEN d.spent THEN d.at
+                                  ELSE least(d.at + make_interval(secs => $5), d.budget_end)
+                             END,
+           error_code = $6,
+           error_message = CASE WHEN d.spent THEN $11::text ELSE $7::text END,
+           first_provider_failure_at = d.first_failure,
+           updated_at = d.at,
+           finished_at = CASE WHEN d.spent OR $4::text = 'DEAD' THEN d.at END
+      FROM decided d
+     WHERE t.task_id = d.task_id
+    RETURNING t.*
 ),
 unstaged AS (
     DELETE FROM knowledge_chunk_stream s
      USING failed f
-     WHERE $4::text = 'DEAD' AND s.task_id = f.task_id
+     WHERE f.status = 'DEAD' AND s.task_id = f.task_id
 )
 SELECT * FROM failed
 
@@ -310,6 +345,7 @@ SELECT *
 -- second finds the task no longer in $2 after the lock wait and requeues nothing).
 -- `attempts` is kept: it is the fencing generation and must never repeat; the budget
 -- moves via max_attempts (a reset grants $5 more attempts, otherwise exactly one).
+-- The provider failure time budget starts afresh (first_provider_failure_at NULL).
 -- lease_owner: a re-run SUCCEEDED task forgets the worker that completed it; a requeued
 -- DEAD task keeps its last owner until the next claim replaces it (each as its caller did
 -- when they were two queries).
@@ -328,6 +364,7 @@ requeued AS (
            next_attempt_at = coalesce($8::timestamptz, now()),
            error_code = NULL,
            error_message = NULL,
+           first_provider_failure_at = NULL,
            updated_at = coalesce($8::timestamptz, now()),
            finished_at = NULL
       FROM target g

@@ -141,6 +141,9 @@ class PgTaskQueue:
                 decision.error_code,
                 decision.error_message,
                 self._clock.now(),
+                decision.provider_failure,
+                decision.provider_budget_seconds,
+                decision.budget_spent_message,
             )
         if row is None:
             raise _lost(lease)

@@ -7,12 +7,14 @@ functions below; one contract suite holds both to the same behaviour.
 
 Fencing: ``attempts`` after a claim is the lease generation (``lease_attempt``). It only ever
 grows: not on retry, not on takeover, not on requeue (a requeue renews the *budget* by
-raising ``max_attempts``), so a worker holding an old generation can never match a fence
-again, even with the same worker id after a restart.
+raising ``max_attempts``, and so does a provider failure's retry, which spends none), so a
+worker holding an old generation can never match a fence again, even with the same worker
+id after a restart.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from dataclasses import dataclass, replace
@@ -21,6 +23,7 @@ from typing import Any, Final
 
 from services.runtime.backoff import Backoff
 from services.runtime.errors import Conflict, LeaseLost
+from services.runtime.index_failures import PROVIDER_FAILURE_CODES as PROVIDER_FAILURE_CODES
 from services.runtime.index_failures import RETRYABLE_CODES as RETRYABLE_CODES
 from services.runtime.index_failures import TERMINAL_CODES as TERMINAL_CODES
 from services.runtime.index_failures import ErrorCode as ErrorCode
@@ -40,7 +43,7 @@ TRANSITIONS: Final[frozenset[tuple[TaskStatus, TaskStatus]]] = frozenset(
         (TaskStatus.RUNNING, TaskStatus.RUNNING),  # takeover of an expired lease
         (TaskStatus.RUNNING, TaskStatus.SUCCEEDED),  # complete
         (TaskStatus.RUNNING, TaskStatus.RETRY_WAIT),  # fail, retryable, budget left
-        (TaskStatus.RUNNING, TaskStatus.DEAD),  # fail terminal / budget spent / lease exhausted
+        (TaskStatus.RUNNING, TaskStatus.DEAD),  # fail terminal / a budget spent / lease exhausted
         (TaskStatus.DEAD, TaskStatus.PENDING),  # operator requeue
     }
 )
@@ -52,7 +55,12 @@ class InvalidTransition(Conflict):
 
 @dataclass(frozen=True)
 class IndexTask(IndexTaskRecord):
-    """The shared task row, with the questions the state graph asks of it."""
+    """The shared task row, with the questions the state graph asks of it, and the columns
+    only the indexer reads: ``first_provider_failure_at``, when the task's first provider-side
+    failure was recorded (its time budget runs from there; NULL: none since it was created or
+    last requeued)."""
+
+    first_provider_failure_at: datetime | None = None
 
     def is_due(self, now: datetime) -> bool:
         """Claimable now: a due PENDING/RETRY_WAIT task, or an expired lease with budget left."""
@@ -103,12 +111,36 @@ class Lease:
 
 @dataclass(frozen=True)
 class FailureDecision:
-    """Where a failed attempt goes: RETRY_WAIT after ``delay_seconds``, or DEAD."""
+    """Where a failed attempt goes: RETRY_WAIT after ``delay_seconds``, or DEAD.
+
+    A provider-side failure on its time budget (``provider_budget_seconds`` set) is settled by
+    the fenced fail itself, which alone reads the task's ``first_provider_failure_at`` and the
+    database's ``now`` (:func:`settle`): RETRY_WAIT until at most the budget's end, with one
+    more attempt granted (``max_attempts + 1``: it spends none of the attempt budget), or DEAD
+    with ``budget_spent_message`` once the budget is spent."""
 
     status: TaskStatus
     error_code: str
     error_message: str
     delay_seconds: float
+    provider_budget_seconds: float | None = None
+    budget_spent_message: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.provider_budget_seconds is not None and (
+            self.status is not TaskStatus.RETRY_WAIT
+            or not self.provider_failure
+            or self.budget_spent_message is None
+        ):
+            raise ValueError(
+                "a provider budget goes with RETRY_WAIT, a provider-side code and a "
+                "budget_spent_message"
+            )
+
+    @property
+    def provider_failure(self) -> bool:
+        """A provider-side code: the fail records the task's first such failure."""
+        return self.error_code in PROVIDER_FAILURE_CODES
 
 
 @dataclass(frozen=True)
@@ -208,18 +240,65 @@ def complete(task: IndexTask, lease: Lease, now: datetime) -> IndexTask:
     )
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What a fail writes besides the code: the decision applied to the row at ``now``."""
+
+    status: TaskStatus
+    error_message: str
+    next_attempt_at: datetime
+    max_attempts: int
+    first_provider_failure_at: datetime | None
+
+
+def settle(task: IndexTask, decision: FailureDecision, now: datetime) -> Settled:
+    """The decision applied to the task at ``now``, as ``fail_task`` (queries.sql) does it in
+    SQL: a provider-side code records the first such failure (kept if there was one); on the
+    time budget, a task whose budget has run out (``now >= first + budget``) goes DEAD with
+    ``budget_spent_message``, else RETRY_WAIT no later than the budget's end and with
+    ``max_attempts + 1``."""
+    first = task.first_provider_failure_at
+    if decision.provider_failure and first is None:
+        first = now
+    budget = decision.provider_budget_seconds
+    if budget is None:
+        return Settled(
+            decision.status,
+            decision.error_message,
+            now + timedelta(seconds=decision.delay_seconds),
+            task.max_attempts,
+            first,
+        )
+    assert first is not None  # a provider code: set above
+    assert decision.budget_spent_message is not None  # FailureDecision checks it
+    budget_end = first + timedelta(seconds=budget)
+    if budget_end <= now:
+        return Settled(
+            TaskStatus.DEAD, decision.budget_spent_message, now, task.max_attempts, first
+        )
+    return Settled(
+        TaskStatus.RETRY_WAIT,
+        decision.error_message,
+        min(now + timedelta(seconds=decision.delay_seconds), budget_end),
+        task.max_attempts + 1,
+        first,
+    )
+
+
 def fail(task: IndexTask, lease: Lease, decision: FailureDecision, now: datetime) -> IndexTask:
     fence(task, lease, now)
-    dead = decision.status is TaskStatus.DEAD
+    settled = settle(task, decision, now)
     return replace(
         task,
-        status=decision.status,
+        status=settled.status,
+        max_attempts=settled.max_attempts,
         lease_until=None,
-        next_attempt_at=now + timedelta(seconds=decision.delay_seconds),
+        next_attempt_at=settled.next_attempt_at,
         error_code=decision.error_code,
-        error_message=decision.error_message,
+        error_message=settled.error_message,
         updated_at=now,
-        finished_at=now if dead else None,
+        finished_at=now if settled.status is TaskStatus.DEAD else None,
+        first_provider_failure_at=settled.first_provider_failure_at,
     )
 
 
@@ -228,7 +307,7 @@ def requeue(
 ) -> tuple[IndexTask, RequeueRecord]:
     """Operator requeue of a DEAD task. ``attempts`` (the fencing generation) is kept;
     ``reset_attempts`` renews a full budget of ``budget`` attempts, otherwise the task gets
-    exactly one more attempt."""
+    exactly one more attempt. The provider failure time budget starts afresh."""
     if task.status is not TaskStatus.DEAD:
         raise InvalidTransition(f"task {task.task_id} is {task.status}; only DEAD can be requeued")
     new_max = requeued_max_attempts(task.attempts, reset_attempts=reset_attempts, budget=budget)
@@ -253,6 +332,7 @@ def requeue(
         error_message=None,
         updated_at=now,
         finished_at=None,
+        first_provider_failure_at=None,
     )
     return requeued, record
 
@@ -264,28 +344,43 @@ def requeued_max_attempts(attempts: int, *, reset_attempts: bool, budget: int) -
 # --- retry policy ----------------------------------------------------------------------------
 
 
+# The default of KB_INDEXER_PROVIDER_FAILURE_BUDGET_SECONDS: a day from the first one.
+DEFAULT_PROVIDER_FAILURE_BUDGET_SECONDS: Final = 86_400.0
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Decide by code and the error's ``retriable`` flag, never by message: terminal codes
     go DEAD at once; a retriable error (the flag; for a bare code, ``RETRYABLE_CODES``)
     waits the shared backoff (services.runtime.backoff: exponential, capped, jittered),
-    never less than the provider's Retry-After; once the attempt budget is spent the task
-    goes DEAD with its last code.
+    never less than the Retry-After it carries.
 
-    A Retry-After longer than ``max_retry_after_seconds`` (default: the backoff cap) is not
-    waited for: the task goes DEAD with its code at once, and the message says why. A
-    provider that asks for hours (or 1e9 s) has shut us out; parking the task in RETRY_WAIT
-    for that long would leave it stuck where nobody looks, while DEAD is where operators
-    look and requeue from."""
+    Two budgets (docs/architecture.md#retries-and-failure-codes):
+
+    - Provider-side failures (``PROVIDER_FAILURE_CODES``: rate limited, timeout, unavailable,
+      a malformed answer) say nothing about the document: they follow a *time* budget,
+      ``provider_failure_budget_seconds`` from the task's first such failure, and spend none
+      of the attempt budget. Their Retry-After is waited for however long it is -- the task
+      is parked in RETRY_WAIT, at most until the budget's end -- and once the budget is spent
+      the task goes DEAD with its last code and a message that says so. The decision leaves
+      that to the fenced fail (:func:`settle`), the one place that knows when the first
+      failure was and what time it is by the database's clock.
+    - Any other retriable failure spends an attempt: once ``lease_attempt >= max_attempts``
+      the task goes DEAD with its last code. A Retry-After it carries beyond
+      ``max_retry_after_seconds`` (default: the backoff cap) is not waited for: the task
+      goes DEAD at once, and the message says why."""
 
     backoff_base_seconds: float = 2.0
     backoff_cap_seconds: float = 600.0
     jitter: float = 0.2
     max_retry_after_seconds: float | None = None
+    provider_failure_budget_seconds: float = DEFAULT_PROVIDER_FAILURE_BUDGET_SECONDS
 
     def __post_init__(self) -> None:
         if self.max_retry_after_seconds is not None and not self.max_retry_after_seconds > 0:
             raise ValueError("max_retry_after_seconds must be > 0")
+        if not 0 < self.provider_failure_budget_seconds < math.inf:
+            raise ValueError("provider_failure_budget_seconds must be > 0 and finite")
 
     @property
     def backoff(self) -> Backoff:
@@ -293,6 +388,7 @@ class RetryPolicy:
 
     @property
     def retry_after_limit(self) -> float:
+        """The longest Retry-After a failure outside the provider budget waits for."""
         if self.max_retry_after_seconds is None:
             return self.backoff_cap_seconds
         return self.max_retry_after_seconds
@@ -314,9 +410,11 @@ class RetryPolicy:
         flagged = error_code in RETRYABLE_CODES if retriable is None else retriable
         if not flagged or error_code in TERMINAL_CODES:
             return FailureDecision(TaskStatus.DEAD, error_code, message, 0.0)
+        delay = self.backoff_seconds(lease.lease_attempt, rng)
+        if error_code in PROVIDER_FAILURE_CODES:
+            return self._provider_failure(error_code, error_message, delay, retry_after_seconds)
         if lease.lease_attempt >= lease.max_attempts:
             return FailureDecision(TaskStatus.DEAD, error_code, message, 0.0)
-        delay = self.backoff_seconds(lease.lease_attempt, rng)
         if retry_after_seconds is not None:
             limit = self.retry_after_limit
             # NaN compares false with everything: "not <=" treats it as beyond the limit.
@@ -332,3 +430,27 @@ class RetryPolicy:
                 )
             delay = max(delay, retry_after_seconds)
         return FailureDecision(TaskStatus.RETRY_WAIT, error_code, message, delay)
+
+    def _provider_failure(
+        self, error_code: str, error_message: str, backoff: float, retry_after: float | None
+    ) -> FailureDecision:
+        """RETRY_WAIT on the time budget: the backoff, or the Retry-After if longer (a
+        Retry-After that is not a number, infinite or beyond the budget parks the task to the
+        budget's end); ``settle`` caps it at the budget's end or ends the task DEAD."""
+        budget = self.provider_failure_budget_seconds
+        delay = backoff
+        if retry_after is not None:
+            # NaN compares false with everything: "not <=" parks it for the whole budget.
+            delay = max(delay, retry_after) if retry_after <= budget else budget
+        return FailureDecision(
+            TaskStatus.RETRY_WAIT,
+            error_code,
+            redact(error_message),
+            min(delay, budget),
+            provider_budget_seconds=budget,
+            budget_spent_message=redact(
+                f"provider-side failures went on for the whole {budget:g} s budget since "
+                f"the task's first one (KB_INDEXER_PROVIDER_FAILURE_BUDGET_SECONDS); the "
+                f"last: {error_message}"
+            ),
+        )

@@ -8,6 +8,14 @@ under a heartbeat, then the fenced write of its result -- is :mod:`services.inde
 
 A failed claim never ends ``run`` (only a configuration error does): the loop logs it and
 tries again after a jittered, capped backoff.
+
+A ``ClaimGate`` (the embedding provider's guard), if given, is asked before each claim: while
+it allows none (the provider's breaker open, its quota paused) the worker claims nothing --
+due tasks stay due and spend no attempt -- and asks again after the wait it suggests (at most
+the poll interval; ``stop`` ends the wait, a hint does not); a limit caps the claim (one task
+for a breaker's probe). Tasks already running go on, heartbeats included. A gate that fails
+(its database unreachable) is logged and the claim goes ahead as if allowed: the claim meets
+the same trouble and backs off, or it does not and the work goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from services.indexer.ports import DocumentVersionIndexer, TaskQueue
+from services.indexer.ports import ClaimAllowance, ClaimGate, DocumentVersionIndexer, TaskQueue
 from services.indexer.queue.attempt import IndexedAttempt, TaskAttempts
 from services.indexer.queue.attempt import RunOnceResult as RunOnceResult
 from services.indexer.queue.attempt import WorkerEvent as WorkerEvent
@@ -49,6 +57,7 @@ class Worker:
         signals: asyncio.Queue[WorkerEvent] | None = None,
         observer: Callable[[WorkerEvent], None] | None = None,
         rng: random.Random | None = None,
+        gate: ClaimGate | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -75,13 +84,19 @@ class Worker:
             rng=self._rng,
             emit=self._emit,
         )
+        self.gate = gate
+        self._gated_by: str | None = None  # the reason of the gate's last refusal, logged once
         self._wake = asyncio.Event()
         self._wake_waiter: asyncio.Task[bool] | None = None
 
     # --- one task ---------------------------------------------------------------------------
 
     async def run_once(self) -> RunOnceResult:
-        """Claim one task of the tier and see it through; IDLE when nothing is due."""
+        """Claim one task of the tier and see it through; IDLE when nothing is due (or the
+        gate allows no claim now)."""
+        limit, _ = await self._allowed(1)
+        if limit == 0:
+            return RunOnceResult.IDLE
         leases = await self.queue.claim(
             self.tier, self.owner, lease_seconds=self.lease_seconds, limit=1
         )
@@ -118,7 +133,7 @@ class Worker:
         writes: set[asyncio.Task[RunOnceResult]] = set()
         idle_delay = self.idle_backoff_min_seconds
         failed_claims = 0
-        claim_again_at = 0.0  # monotonic; after a failed claim, no claim before then
+        claim_again_at = 0.0  # monotonic; after a failed or gated claim, none before then
         stop_waiter = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
@@ -127,13 +142,18 @@ class Worker:
                     free = 0
                 resting = claim_again_at - time.monotonic()
                 if free > 0 and resting > 0:
-                    # A claim failed: neither a freed slot nor a wake-up shortens the pause.
+                    # A claim failed or the gate said wait: neither a freed slot nor a
+                    # wake-up shortens the pause.
                     slots, writes = await self._wait(
                         slots, writes, stop_waiter, resting, wakeable=False
                     )
                     continue
                 claimed = 0
                 if free > 0:
+                    free, gate_pause = await self._allowed(free)
+                    if free == 0:
+                        claim_again_at = time.monotonic() + gate_pause
+                        continue
                     try:
                         leases = await self.queue.claim(
                             self.tier, self.owner, lease_seconds=self.lease_seconds, limit=free
@@ -172,6 +192,44 @@ class Worker:
             await self._drain(slots, writes)
             self._emit(WorkerEvent("stopped"))
             log.info("worker.stopped", owner=self.owner)
+
+    async def _allowed(self, free: int) -> tuple[int, float]:
+        """How many of ``free`` slots may claim now, and (when none may) how long to wait
+        before asking the gate again: its hint, at least the idle backoff, at most the poll
+        interval."""
+        if self.gate is None:
+            return free, 0.0
+        try:
+            allowance: ClaimAllowance = await self.gate.claim_allowance(self.owner)
+        except Exception as error:
+            # Claim as if allowed: the claim meets the same trouble and backs off, or the
+            # work goes on (a gate is a brake, not a dependency).
+            fields = {"error": str(error), "owner": self.owner}
+            if isinstance(error, KbError):
+                log.warning("worker.gate_failed", error_code=error.code, **fields)
+            else:
+                log.exception("worker.gate_failed", **fields)  # a bug: keep its traceback
+            return free, 0.0
+        if allowance.limit is None or allowance.limit > 0:
+            if self._gated_by is not None:
+                log.info("worker.ungated", owner=self.owner, was=self._gated_by)
+                self._gated_by = None
+            return free if allowance.limit is None else min(free, allowance.limit), 0.0
+        hint = allowance.retry_in_seconds
+        pause = self.poll_interval_seconds if hint is None else hint
+        pause = min(self.poll_interval_seconds, max(self.idle_backoff_min_seconds, pause))
+        reason = allowance.reason or "gated"
+        if reason != self._gated_by:
+            # Once per change of reason, not on every loop.
+            log.info(
+                "worker.gated",
+                owner=self.owner,
+                reason=reason,
+                retry_in_seconds=None if hint is None else round(hint, 3),
+            )
+            self._gated_by = reason
+        self._emit(WorkerEvent("gated", detail=reason, seconds=pause))
+        return 0, pause
 
     def _claim_backoff(self, failures: int) -> float:
         """Pause after the ``failures``-th failed claim in a row."""

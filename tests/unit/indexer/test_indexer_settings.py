@@ -15,6 +15,7 @@ def test_reads_kb_indexer_prefixed_environment(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("KB_INDEXER_BACKOFF_CAP_SECONDS", "120")
     monkeypatch.setenv("KB_INDEXER_POLL_SECONDS", "0.5")
     monkeypatch.setenv("KB_INDEXER_MAX_RETRY_AFTER_SECONDS", "900")
+    monkeypatch.setenv("KB_INDEXER_PROVIDER_FAILURE_BUDGET_SECONDS", "7200")
     monkeypatch.setenv("KB_INDEXER_WORKER_ID", "w-7")
     monkeypatch.setenv("KB_LOG_LEVEL", "debug")  # the shared settings keep their names
     monkeypatch.setenv("DATABASE_URL", "postgresql://db.example/kb")
@@ -24,6 +25,7 @@ def test_reads_kb_indexer_prefixed_environment(monkeypatch: pytest.MonkeyPatch) 
     assert settings.indexer_backoff_cap_seconds == 120
     assert settings.indexer_poll_seconds == 0.5
     assert settings.indexer_max_retry_after_seconds == 900
+    assert settings.indexer_provider_failure_budget_seconds == 7200
     assert settings.indexer_worker_id == "w-7"
     assert (settings.log_level, settings.database_url) == ("debug", "postgresql://db.example/kb")
     assert settings.indexer == "pipeline"
@@ -50,6 +52,7 @@ def test_every_own_setting_is_kb_indexer_and_durations_say_seconds() -> None:
         "KB_INDEXER_GRACE_PERIOD_SECONDS",
         "KB_INDEXER_WORKER_ID",
         "KB_INDEXER_MAX_RETRY_AFTER_SECONDS",
+        "KB_INDEXER_PROVIDER_FAILURE_BUDGET_SECONDS",
     ):
         assert name in own
 
@@ -62,6 +65,8 @@ def test_every_own_setting_is_kb_indexer_and_durations_say_seconds() -> None:
         ("KB_INDEXER_BACKOFF_JITTER", "1.5"),
         ("KB_INDEXER_BACKOFF_CAP_SECONDS", "0.5"),  # below the default base of 2 s
         ("KB_INDEXER_MAX_RETRY_AFTER_SECONDS", "0"),
+        ("KB_INDEXER_PROVIDER_FAILURE_BUDGET_SECONDS", "0"),
+        ("KB_INDEXER_PROVIDER_FAILURE_BUDGET_SECONDS", "inf"),
         ("KB_INDEXER_HEARTBEAT_POOL_SIZE", "0"),
         ("KB_INDEXER", "version-check"),  # the stand-in is gone
         ("KB_INDEXER_CHUNK_OVERLAP_TOKENS", "128"),  # not below half of the default 256

@@ -188,8 +188,9 @@ async def test_a_searcher_refuses_an_embedder_of_another_generation() -> None:
 async def test_embedding_failures_keep_their_code(code: str, retriable: bool) -> None:
     embedder = FailingEmbedder(code)
     searcher = Searcher(embedder, FakeIndex(Generation(embedder.model, 8)))
+    # Vector mode: hybrid answers from the keyword list instead (tests/unit/search).
     with pytest.raises(KbError) as raised:
-        await searcher.search(SearchRequest("acme", "q", ("p",)))
+        await searcher.search(SearchRequest("acme", "q", ("p",), mode=SearchMode.VECTOR))
     assert raised.value.code == code
     assert isinstance(raised.value, QueryEmbeddingUnavailable) is retriable
     assert raised.value.http_status == (503 if retriable else 500)

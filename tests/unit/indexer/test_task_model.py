@@ -11,6 +11,7 @@ import pytest
 
 from services.indexer.queue import task as model
 from services.indexer.queue.task import (
+    PROVIDER_FAILURE_CODES,
     RETRYABLE_CODES,
     TERMINAL_CODES,
     TRANSITIONS,
@@ -213,9 +214,7 @@ def test_jitter_only_shortens_and_spreads_the_backoff() -> None:
 
 
 def test_retry_after_is_honoured_even_above_the_backoff() -> None:
-    policy = RetryPolicy(
-        backoff_base_seconds=1, backoff_cap_seconds=10, jitter=0, max_retry_after_seconds=300
-    )
+    policy = RetryPolicy(backoff_base_seconds=1, backoff_cap_seconds=10, jitter=0)
     decision = policy.decide(
         lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=120
     )
@@ -228,41 +227,226 @@ def test_retry_after_is_honoured_even_above_the_backoff() -> None:
 
 
 @pytest.mark.parametrize("retry_after", [1e9, 600.001, math.inf, math.nan])
-def test_a_retry_after_beyond_the_limit_ends_the_task_dead_not_parked(retry_after: float) -> None:
-    # Defect: a Retry-After of 1e9 s parked the task in RETRY_WAIT for decades.
+def test_a_retry_after_beyond_the_limit_ends_a_non_provider_failure_dead(
+    retry_after: float,
+) -> None:
+    # Defect: a Retry-After of 1e9 s parked the task in RETRY_WAIT for decades. Outside the
+    # provider budget (a retriable error of another kind) the limit still ends it DEAD.
     policy = RetryPolicy(backoff_base_seconds=2, backoff_cap_seconds=600, jitter=0)
     decision = policy.decide(
-        lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=retry_after
+        lease_at(1), "SOMETHING_TRANSIENT", "busy", retry_after_seconds=retry_after, retriable=True
     )
-    assert (decision.status, decision.error_code) == (
-        TaskStatus.DEAD,
-        ErrorCode.EMBEDDING_RATE_LIMITED,
-    )
+    assert (decision.status, decision.error_code) == (TaskStatus.DEAD, "SOMETHING_TRANSIENT")
     assert "Retry-After" in decision.error_message
     assert "600 s" in decision.error_message
     # Up to the limit (the backoff cap by default) it is waited for.
     at_limit = policy.decide(
-        lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=600
+        lease_at(1), "SOMETHING_TRANSIENT", "busy", retry_after_seconds=600, retriable=True
     )
     assert (at_limit.status, at_limit.delay_seconds) == (TaskStatus.RETRY_WAIT, 600)
+
+
+@pytest.mark.parametrize("retry_after", [1e9, 86_400.5, math.inf, math.nan])
+def test_a_provider_retry_after_beyond_the_budget_parks_the_task_to_its_end(
+    retry_after: float,
+) -> None:
+    # A provider that asks for longer than the budget (or for nonsense) is not a reason to
+    # give the document up at once: the task waits to the end of its budget, then gets one
+    # more try before the budget decides.
+    policy = RetryPolicy(jitter=0)
+    decision = policy.decide(
+        lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=retry_after
+    )
+    assert (decision.status, decision.delay_seconds) == (TaskStatus.RETRY_WAIT, 86_400)
+    assert decision.provider_budget_seconds == 86_400
 
 
 def test_the_retry_after_limit_is_configurable() -> None:
     policy = RetryPolicy(backoff_cap_seconds=60, max_retry_after_seconds=3600)
     assert policy.retry_after_limit == 3600
     waits = policy.decide(
-        lease_at(1), ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=1800
+        lease_at(1), "SOMETHING_TRANSIENT", "x", retry_after_seconds=1800, retriable=True
     )
     assert (waits.status, waits.delay_seconds) == (TaskStatus.RETRY_WAIT, 1800)
     assert RetryPolicy(backoff_cap_seconds=60).retry_after_limit == 60
     with pytest.raises(ValueError, match="max_retry_after_seconds"):
         RetryPolicy(max_retry_after_seconds=0)
+    for budget in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="provider_failure_budget_seconds"):
+            RetryPolicy(provider_failure_budget_seconds=budget)
 
 
 def test_a_spent_budget_is_final_with_the_last_code() -> None:
-    decision = RetryPolicy().decide(lease_at(5, max_attempts=5), ErrorCode.EMBEDDING_TIMEOUT, "x")
+    decision = RetryPolicy().decide(
+        lease_at(5, max_attempts=5), "SOMETHING_TRANSIENT", "x", retriable=True
+    )
     assert decision.status is TaskStatus.DEAD
-    assert decision.error_code == ErrorCode.EMBEDDING_TIMEOUT
+    assert decision.error_code == "SOMETHING_TRANSIENT"
+
+
+# --- the provider failure time budget (a clock that moves only when told) ----------------------
+
+BUDGET = 86_400.0
+POLICY = RetryPolicy(jitter=0)  # backoff 2 s doubling to 600 s; budget 24 h
+
+
+def provider_failure(
+    task: IndexTask,
+    now: datetime,
+    code: str = ErrorCode.EMBEDDING_UNAVAILABLE,
+    *,
+    retry_after: float | None = None,
+) -> IndexTask:
+    """One attempt at ``now``: claim, then a provider-side failure through the policy."""
+    running = model.claim(task, "w", now, 30)
+    lease = model.lease_of(running)
+    decision = POLICY.decide(lease, code, "provider down", retry_after_seconds=retry_after)
+    return model.fail(running, lease, decision, now)
+
+
+def test_provider_failures_for_23_hours_keep_waiting_and_spend_no_attempt() -> None:
+    task = pending(max_attempts=3)
+    now = NOW
+    failures = 0
+    while now < NOW + timedelta(hours=23):
+        task = provider_failure(task, now)
+        failures += 1
+        assert task.status is TaskStatus.RETRY_WAIT
+        assert task.first_provider_failure_at == NOW
+        # The generation grew by one per attempt; the attempt budget is what it was.
+        assert task.attempts == failures
+        assert task.max_attempts - task.attempts == 3
+        now = task.next_attempt_at
+    assert failures > 8, "more provider failures than the attempt budget"
+    # The budget for other failures is untouched: three more attempts for those.
+    for left in (2, 1):
+        running = model.claim(task, "w", now, 30)
+        lease = model.lease_of(running)
+        decision = POLICY.decide(lease, "DATABASE_BUSY", "busy", retriable=True)
+        task = model.fail(running, lease, decision, now)
+        assert (task.status, task.max_attempts - task.attempts) == (TaskStatus.RETRY_WAIT, left)
+        assert task.first_provider_failure_at == NOW  # another kind of failure keeps it
+        now = task.next_attempt_at
+
+
+def test_provider_failures_past_24_hours_end_dead_with_a_message_that_says_so() -> None:
+    task = provider_failure(pending(), NOW, ErrorCode.EMBEDDING_TIMEOUT)
+    # Still within the budget a second before its end.
+    almost = NOW + timedelta(seconds=BUDGET - 1)
+    task = provider_failure(replace_due(task, almost), almost, ErrorCode.EMBEDDING_TIMEOUT)
+    assert task.status is TaskStatus.RETRY_WAIT
+    # Its wait never runs past the budget's end: the next try is at the end, at the latest.
+    assert task.next_attempt_at == NOW + timedelta(seconds=BUDGET)
+    end = task.next_attempt_at
+    dead = provider_failure(task, end, ErrorCode.EMBEDDING_RATE_LIMITED)
+    assert (dead.status, dead.error_code) == (TaskStatus.DEAD, ErrorCode.EMBEDDING_RATE_LIMITED)
+    assert dead.finished_at == end
+    assert dead.first_provider_failure_at == NOW
+    assert dead.error_message is not None
+    assert "86400 s budget" in dead.error_message
+    assert "KB_INDEXER_PROVIDER_FAILURE_BUDGET_SECONDS" in dead.error_message
+    assert "provider down" in dead.error_message  # and the last failure itself
+    assert dead.max_attempts == task.max_attempts  # no attempt granted to a DEAD task
+    assert not dead.is_due(end + timedelta(days=30))
+
+
+def test_a_30_minute_retry_after_parks_the_task_instead_of_killing_it() -> None:
+    parked = provider_failure(pending(), NOW, ErrorCode.EMBEDDING_RATE_LIMITED, retry_after=1800)
+    assert parked.status is TaskStatus.RETRY_WAIT
+    assert parked.next_attempt_at == NOW + timedelta(minutes=30)
+    assert not parked.is_due(NOW + timedelta(minutes=29, seconds=59))
+    assert parked.is_due(NOW + timedelta(minutes=30))
+    assert parked.max_attempts - parked.attempts == 3
+
+
+def test_a_burst_of_malformed_answers_is_retried_then_the_task_succeeds() -> None:
+    # A proxy's HTML error page answered with 200, five times: more than the attempt budget.
+    task = pending(max_attempts=3)
+    now = NOW
+    for _ in range(5):
+        task = provider_failure(task, now, ErrorCode.EMBEDDING_RESPONSE_MALFORMED)
+        assert (task.status, task.error_code) == (
+            TaskStatus.RETRY_WAIT,
+            ErrorCode.EMBEDDING_RESPONSE_MALFORMED,
+        )
+        now = task.next_attempt_at
+    running = model.claim(task, "w", now, 30)
+    assert model.complete(running, model.lease_of(running), now).status is TaskStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    "code", [ErrorCode.EMBEDDING_RESPONSE_INVALID, ErrorCode.EMBEDDING_MODEL_CHANGED]
+)
+def test_a_wrong_answer_is_terminal_not_a_provider_failure(code: str) -> None:
+    # A vector of the wrong dimension, count or model: the same request would get it again.
+    assert code not in PROVIDER_FAILURE_CODES
+    running = model.claim(pending(), "w", NOW, 30)
+    lease = model.lease_of(running)
+    error = IndexingFailed(code, "expected 384 dimensions, got 383")
+    decision = POLICY.decide(lease, error.code, error.message, retriable=error.retriable)
+    dead = model.fail(running, lease, decision, NOW)
+    assert (dead.status, dead.error_code) == (TaskStatus.DEAD, code)
+    assert dead.first_provider_failure_at is None
+
+
+def test_the_provider_codes_are_retryable_and_malformed_is_one_of_them() -> None:
+    assert (
+        frozenset(
+            {
+                ErrorCode.EMBEDDING_RATE_LIMITED,
+                ErrorCode.EMBEDDING_TIMEOUT,
+                ErrorCode.EMBEDDING_UNAVAILABLE,
+                ErrorCode.EMBEDDING_RESPONSE_MALFORMED,
+            }
+        )
+        == PROVIDER_FAILURE_CODES
+    )
+    assert PROVIDER_FAILURE_CODES <= RETRYABLE_CODES
+    assert IndexingFailed(ErrorCode.EMBEDDING_RESPONSE_MALFORMED, "<html>").retriable
+
+
+def test_a_provider_code_flagged_not_retriable_is_dead_but_still_recorded() -> None:
+    running = model.claim(pending(), "w", NOW, 30)
+    lease = model.lease_of(running)
+    decision = POLICY.decide(lease, ErrorCode.EMBEDDING_TIMEOUT, "x", retriable=False)
+    assert decision.provider_budget_seconds is None
+    dead = model.fail(running, lease, decision, NOW)
+    assert dead.status is TaskStatus.DEAD
+    assert dead.first_provider_failure_at == NOW
+
+
+def test_a_requeue_starts_the_provider_budget_afresh() -> None:
+    task = provider_failure(pending(), NOW)
+    end = NOW + timedelta(seconds=BUDGET)
+    dead = provider_failure(replace_due(task, end), end)
+    assert dead.status is TaskStatus.DEAD
+    later = end + timedelta(hours=1)
+    again, _ = model.requeue(dead, by="ops", now=later, reset_attempts=False, budget=8)
+    assert again.first_provider_failure_at is None
+    retried = provider_failure(again, later)
+    assert retried.status is TaskStatus.RETRY_WAIT
+    assert retried.first_provider_failure_at == later
+
+
+def test_a_budget_decision_must_be_a_provider_retry() -> None:
+    with pytest.raises(ValueError, match="provider budget"):
+        model.FailureDecision(
+            TaskStatus.RETRY_WAIT,
+            "DATABASE_BUSY",
+            "x",
+            1.0,
+            provider_budget_seconds=10.0,
+            budget_spent_message="spent",
+        )
+    with pytest.raises(ValueError, match="provider budget"):
+        model.FailureDecision(
+            TaskStatus.DEAD,
+            ErrorCode.EMBEDDING_TIMEOUT,
+            "x",
+            0.0,
+            provider_budget_seconds=10.0,
+            budget_spent_message="spent",
+        )
 
 
 def test_messages_are_redacted_and_bounded() -> None:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from services.indexer.queue import task as model
 from services.indexer.queue.task import (
+    PROVIDER_FAILURE_CODES,
     TRANSITIONS,
     ErrorCode,
     IndexTask,
@@ -27,10 +28,13 @@ from services.runtime.errors import LeaseLost
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE_SECONDS = 30.0
+PROVIDER_BUDGET = 600.0
 WORKERS = ("w1", "w2")
 CODES = (
     ErrorCode.EMBEDDING_TIMEOUT,
     ErrorCode.EMBEDDING_RATE_LIMITED,
+    ErrorCode.EMBEDDING_RESPONSE_MALFORMED,
+    "DATABASE_BUSY",  # retriable by its flag, on the attempt budget
     ErrorCode.DOCUMENT_PARSE_FAILED,
     ErrorCode.EMBEDDING_MODEL_CHANGED,
 )
@@ -63,7 +67,7 @@ ops = st.one_of(
         Op,
         st.just("advance"),
         st.just(""),
-        seconds=st.sampled_from([1.0, 10.0, LEASE_SECONDS, 45.0, 120.0]),
+        seconds=st.sampled_from([1.0, 10.0, LEASE_SECONDS, 45.0, 120.0, PROVIDER_BUDGET]),
     ),
     st.builds(Op, st.just("requeue"), st.just("ops"), reset=st.booleans()),
 )
@@ -106,7 +110,12 @@ def holds(task: IndexTask, lease: Lease, now: datetime) -> bool:
 def test_random_histories_stay_in_the_graph_and_fence_out_stale_workers(
     history: list[Op], max_attempts: int
 ) -> None:
-    policy = RetryPolicy(backoff_base_seconds=1, backoff_cap_seconds=20, jitter=0)
+    policy = RetryPolicy(
+        backoff_base_seconds=1,
+        backoff_cap_seconds=20,
+        jitter=0,
+        provider_failure_budget_seconds=PROVIDER_BUDGET,
+    )
     task = fresh(max_attempts)
     now = START
     leases: dict[str, list[Lease]] = {}
@@ -135,7 +144,9 @@ def test_random_histories_stay_in_the_graph_and_fence_out_stale_workers(
             elif op.kind == "complete":
                 task = model.complete(task, lease, now)
             else:
-                decision = policy.decide(lease, op.code, "failed")
+                decision = policy.decide(
+                    lease, op.code, "failed", retriable=op.code == "DATABASE_BUSY" or None
+                )
                 task = model.fail(task, lease, decision, now)
         except LeaseLost:
             assert lease is not None
@@ -152,6 +163,27 @@ def test_random_histories_stay_in_the_graph_and_fence_out_stale_workers(
         if task.status is not before.status or op.kind == "claim":
             assert (before.status, task.status) in TRANSITIONS
         assert task.attempts >= before.attempts, "the generation went back"
+        if op.kind == "fail":
+            provider = op.code in PROVIDER_FAILURE_CODES
+            # A provider failure records its first time and, while it waits, hands back
+            # the attempt its claim took; no other failure touches the budget.
+            if provider:
+                assert task.first_provider_failure_at is not None
+                assert task.first_provider_failure_at <= now
+            else:
+                assert task.first_provider_failure_at == before.first_provider_failure_at
+            granted = 1 if provider and task.status is TaskStatus.RETRY_WAIT else 0
+            assert task.max_attempts == before.max_attempts + granted
+            if provider and task.status is TaskStatus.RETRY_WAIT:
+                assert task.first_provider_failure_at is not None
+                budget_end = task.first_provider_failure_at + timedelta(seconds=PROVIDER_BUDGET)
+                assert now < budget_end
+                assert task.next_attempt_at <= budget_end
+            if provider and task.status is TaskStatus.DEAD and decision.provider_budget_seconds:
+                assert task.first_provider_failure_at is not None
+                assert now - task.first_provider_failure_at >= timedelta(seconds=PROVIDER_BUDGET)
+        if op.kind == "requeue":
+            assert task.first_provider_failure_at is None
         if task.status is TaskStatus.RUNNING:
             assert task.lease_owner is not None
             assert task.lease_until is not None

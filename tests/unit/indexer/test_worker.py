@@ -9,8 +9,9 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from structlog.testing import capture_logs
 
-from services.indexer.ports import IndexingOutcome
+from services.indexer.ports import ClaimAllowance, IndexingOutcome
 from services.indexer.queue.task import (
     ErrorCode,
     IndexingFailed,
@@ -108,10 +109,12 @@ class FlakyQueue(InMemoryTaskQueue):
         super().__init__(clock)
         self.claim_errors: list[Exception] = []
         self.heartbeat_errors: list[Exception] = []
+        self.claim_limits: list[int] = []  # the ``limit`` of every claim asked for
 
     async def claim(
         self, tier: str, owner: str, *, lease_seconds: float, limit: int = 1
     ) -> list[Lease]:
+        self.claim_limits.append(limit)
         if self.claim_errors:
             raise self.claim_errors.pop(0)
         return await super().claim(tier, owner, lease_seconds=lease_seconds, limit=limit)
@@ -501,17 +504,30 @@ async def test_a_write_left_after_the_grace_period_is_cancelled_and_writes_nothi
     assert queue.committed_writes == []
 
 
-async def test_a_retry_after_of_decades_ends_the_task_dead_not_parked() -> None:
-    # Defect 1: a Retry-After of 1e9 s parked the task in RETRY_WAIT for ~32 years.
+async def test_a_retry_after_of_decades_parks_the_task_to_the_end_of_its_budget() -> None:
+    # A Retry-After of 1e9 s once parked the task for ~32 years, then ended it DEAD at once;
+    # now it waits to the end of the provider budget (24 h) at the most.
     error = IndexingFailed(ErrorCode.EMBEDDING_RATE_LIMITED, "429", retry_after_seconds=1e9)
-    worker, queue, _, signals = make(Fails(error))
+    worker, queue, clock, signals = make(Fails(error))
     task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.FAILED
+    parked = await queue.get(task.task_id)
+    assert parked is not None
+    assert (parked.status, parked.error_code) == (
+        TaskStatus.RETRY_WAIT,
+        ErrorCode.EMBEDDING_RATE_LIMITED,
+    )
+    assert parked.next_attempt_at == clock.now() + timedelta(days=1)
+    assert (await next_event(signals, "failed")).detail == "EMBEDDING_RATE_LIMITED RETRY_WAIT"
+    # The next try, at the budget's end, fails too: the budget is spent, and the worker
+    # reports where the task went (DEAD), not what the policy first proposed.
+    clock.advance(86_400)
     assert await worker.run_once() is RunOnceResult.FAILED
     dead = await queue.get(task.task_id)
     assert dead is not None
     assert (dead.status, dead.error_code) == (TaskStatus.DEAD, ErrorCode.EMBEDDING_RATE_LIMITED)
     assert dead.error_message is not None
-    assert "Retry-After" in dead.error_message
+    assert "KB_INDEXER_PROVIDER_FAILURE_BUDGET_SECONDS" in dead.error_message
     assert (await next_event(signals, "failed")).detail == "EMBEDDING_RATE_LIMITED DEAD"
 
 
@@ -665,3 +681,156 @@ async def test_the_local_lease_deadline_counts_from_before_the_round_trip() -> N
     await next_event(signals, "lease_lost")
     assert await asyncio.wait_for(running, WAIT) is RunOnceResult.LOST_LEASE
     assert indexer.cancelled
+
+
+# --- the claim gate (the embedding provider's breaker and pause) -------------------------------
+
+
+class FakeGate:
+    """Answers the worker's questions in order (the last answer repeats); an exception among
+    the answers is raised instead."""
+
+    def __init__(self, *answers: ClaimAllowance | Exception) -> None:
+        self.answers = list(answers)
+        self.asked: list[str] = []
+
+    async def claim_allowance(self, owner: str) -> ClaimAllowance:
+        self.asked.append(owner)
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+OPEN = ClaimAllowance(None, None, None)
+
+
+def drained(signals: asyncio.Queue[WorkerEvent]) -> list[str]:
+    kinds = []
+    while not signals.empty():
+        kinds.append(signals.get_nowait().kind)
+    return kinds
+
+
+async def test_a_closed_gate_claims_nothing_and_spends_no_attempt() -> None:
+    # Every pause the worker could take on its own is 600 s: within WAIT (5 s) only the gate's
+    # answer and stop decide what happens.
+    gate = FakeGate(ClaimAllowance(0, 3600.0, "breaker_open"))
+    worker, queue, _, signals = make(
+        Succeeds(), gate=gate, poll_interval_seconds=600, idle_backoff_min_seconds=600
+    )
+    task = queue.new_task()
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        loop = asyncio.create_task(worker.run(stop))
+        gated = await next_event(signals, "gated")
+        assert (gated.detail, gated.seconds) == ("breaker_open", 600)  # capped at the poll
+        worker.wake()  # a Kafka hint does not end the gate's wait
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert gate.asked == ["w1"]
+        stop.set()  # stop does
+        await asyncio.wait_for(loop, WAIT)
+    assert "claimed" not in drained(signals)
+    assert queue.claim_limits == []
+    left = await queue.get(task.task_id)
+    assert left is not None
+    assert (left.status, left.attempts, left.max_attempts) == (TaskStatus.PENDING, 0, 8)
+    assert [(e["event"], e.get("reason")) for e in logs if e["event"] == "worker.gated"] == [
+        ("worker.gated", "breaker_open")
+    ]
+
+
+async def test_gated_is_logged_when_its_reason_changes_and_claims_resume_when_open() -> None:
+    gate = FakeGate(
+        ClaimAllowance(0, 0.0, "paused"),
+        ClaimAllowance(0, 0.0, "paused"),
+        ClaimAllowance(0, None, "breaker_open"),
+        OPEN,
+    )
+    worker, queue, _, signals = make(
+        Succeeds(), gate=gate, poll_interval_seconds=0.05, idle_backoff_min_seconds=0.01
+    )
+    task = queue.new_task()
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        loop = asyncio.create_task(worker.run(stop))
+        reasons = [(await next_event(signals, "gated")).detail for _ in range(3)]
+        await next_event(signals, "completed")
+        stop.set()
+        await asyncio.wait_for(loop, WAIT)
+    assert reasons == ["paused", "paused", "breaker_open"]
+    events = [(e["event"], e.get("reason", e.get("was"))) for e in logs]
+    assert [e for e in events if e[0] in ("worker.gated", "worker.ungated")] == [
+        ("worker.gated", "paused"),
+        ("worker.gated", "breaker_open"),
+        ("worker.ungated", "breaker_open"),
+    ]
+    done = await queue.get(task.task_id)
+    assert done is not None
+    assert (done.status, done.attempts) == (TaskStatus.SUCCEEDED, 1)
+
+
+@pytest.mark.parametrize(
+    ("limit", "concurrency", "claimed"),
+    [(1, 3, 1), (2, 4, 2), (5, 2, 2), (None, 3, 3)],
+)
+async def test_a_gate_limit_caps_the_claim(
+    limit: int | None, concurrency: int, claimed: int
+) -> None:
+    # limit 1: the breaker's probe -- one task, and then nothing until it is decided.
+    indexer = Hangs()
+    gate = FakeGate(ClaimAllowance(limit, None, "probing"), ClaimAllowance(0, 3600.0, "probing"))
+    worker, queue, _, signals = make(
+        indexer,
+        gate=gate,
+        concurrency=concurrency,
+        poll_interval_seconds=600,
+        idle_backoff_min_seconds=600,
+    )
+    for _ in range(6):
+        queue.new_task()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker.run(stop))
+    await indexer.wait_running(claimed)
+    if claimed < concurrency:
+        await next_event(signals, "gated")  # asked again for the free slots: no
+    assert queue.claim_limits == [claimed]
+    assert len(await queue.list_tasks(status=TaskStatus.RUNNING)) == claimed
+    waiting = await queue.list_tasks(status=TaskStatus.PENDING)
+    assert len(waiting) == 6 - claimed
+    assert all(task.attempts == 0 for task in waiting)
+    indexer.release.set()
+    stop.set()
+    await asyncio.wait_for(loop, WAIT)
+
+
+async def test_a_failing_gate_is_logged_and_the_claim_goes_ahead() -> None:
+    gate = FakeGate(DatabaseUnavailable("provider state unreachable"), RuntimeError("a bug"))
+    worker, queue, _, signals = make(Succeeds(), gate=gate, poll_interval_seconds=0.05)
+    first, second = queue.new_task(), queue.new_task()
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        loop = asyncio.create_task(worker.run(stop))
+        for _ in range(2):
+            await next_event(signals, "completed")
+        stop.set()
+        await asyncio.wait_for(loop, WAIT)
+    for task in (first, second):
+        assert (await queue.get(task.task_id)).status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+    failed = [e for e in logs if e["event"] == "worker.gate_failed"]
+    assert failed[0]["error_code"] == "DATABASE_UNAVAILABLE"
+    assert failed[1]["log_level"] == "error"  # a bug: logged with its traceback
+    assert "gated" not in drained(signals)
+
+
+async def test_run_once_asks_the_gate_too() -> None:
+    gate = FakeGate(ClaimAllowance(0, 5.0, "paused"), OPEN)
+    worker, queue, _, signals = make(Succeeds(), gate=gate)
+    task = queue.new_task()
+    assert await worker.run_once() is RunOnceResult.IDLE
+    assert (await next_event(signals, "gated")).detail == "paused"
+    untouched = await queue.get(task.task_id)
+    assert untouched is not None
+    assert (untouched.status, untouched.attempts) == (TaskStatus.PENDING, 0)
+    assert await worker.run_once() is RunOnceResult.SUCCEEDED

@@ -216,7 +216,8 @@ async def test_rate_limit_without_retry_after_backs_off(
         ({"kind": "missing_index"}, ErrorCode.EMBEDDING_RESPONSE_INVALID, TaskStatus.DEAD),
         ({"kind": "wrong_dimension"}, ErrorCode.EMBEDDING_RESPONSE_INVALID, TaskStatus.DEAD),
         ({"kind": "nan"}, ErrorCode.EMBEDDING_RESPONSE_INVALID, TaskStatus.DEAD),
-        ({"kind": "not_json"}, ErrorCode.EMBEDDING_RESPONSE_INVALID, TaskStatus.DEAD),
+        # A proxy's page answered with 200: provider-side, retried (issue 27).
+        ({"kind": "not_json"}, ErrorCode.EMBEDDING_RESPONSE_MALFORMED, TaskStatus.RETRY_WAIT),
         ({"kind": "model_changed"}, ErrorCode.EMBEDDING_MODEL_CHANGED, TaskStatus.DEAD),
     ],
 )

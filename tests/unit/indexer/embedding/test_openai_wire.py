@@ -31,10 +31,25 @@ def test_base64_is_little_endian_float32() -> None:
 
 
 @pytest.mark.parametrize(
+    "answer",
+    [
+        [],  # not an object
+        "<html>gateway</html>",
+        {"data": "x", "model": "m"},
+        {"error": {"message": "upstream timed out"}},  # no data list
+    ],
+)
+def test_an_answer_without_a_data_list_is_malformed_not_invalid(answer: Any) -> None:
+    """Not an embeddings answer at all (a proxy's page): retryable, unlike a broken one."""
+    with pytest.raises(IndexingFailed) as caught:
+        parse_embeddings(answer, rows=1, model="m", dimension=2, encoding_format="float")
+    assert caught.value.code == ErrorCode.EMBEDDING_RESPONSE_MALFORMED
+    assert caught.value.retriable
+
+
+@pytest.mark.parametrize(
     ("answer", "encoding"),
     [
-        ([], "float"),  # not an object
-        ({"data": "x", "model": "m"}, "float"),
         (body([item(True, [1.0, 2.0])]), "float"),  # a bool is not an index
         (body([item("0", [1.0, 2.0])]), "float"),
         (body([item(0, [1.0, "2"])]), "float"),

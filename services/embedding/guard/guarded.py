@@ -1,0 +1,65 @@
+"""An ``Embedder`` whose every request goes through the provider's shared guard: the
+breaker and the limiter before it, the outcome told to every process after it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from services.embedding.guard.guard import ProviderGuard
+from services.embedding.guard.quota import Purpose
+from services.embedding.port import Embedder, Vectors
+from services.embedding.tokens import TokenCounter, TokenizerSpec, approximate_tokens
+from services.runtime.index_failures import IndexingFailed
+
+
+class GuardedEmbedder:
+    def __init__(
+        self,
+        inner: Embedder,
+        guard: ProviderGuard,
+        *,
+        purpose: Purpose,
+        owner: str,
+        count_tokens: TokenCounter | None = None,
+    ) -> None:
+        self.inner = inner
+        self.guard = guard
+        self.purpose = purpose
+        self.owner = owner
+        # The tokens bucket is charged what the texts count; without the model's counter,
+        # the approximate one, which errs high (the quota is not overrun).
+        self._count = count_tokens or approximate_tokens
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def dimension(self) -> int:
+        return self.inner.dimension
+
+    @property
+    def tokenizer(self) -> TokenizerSpec:
+        return self.inner.tokenizer
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """One request of ``inner``, when the guard lets it go. Raises what ``inner``
+        raises, or the guard's EMBEDDING_UNAVAILABLE / EMBEDDING_RATE_LIMITED (not sent).
+        A refused input (``InputRefused``) is the provider answering, not failing."""
+        tokens = sum(self._count(text) for text in texts)
+        await self.guard.before_request(tokens=tokens, purpose=self.purpose, owner=self.owner)
+        try:
+            vectors = await self.inner.embed(texts)
+        except IndexingFailed as error:
+            await self.guard.after_request(owner=self.owner, error=error, purpose=self.purpose)
+            raise
+        except (Exception, asyncio.CancelledError):
+            # Cancelled, or a bug: nothing the provider said, nothing to tell the others.
+            self.guard.abandon_request()
+            raise
+        await self.guard.after_request(owner=self.owner, error=None, purpose=self.purpose)
+        return vectors
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
