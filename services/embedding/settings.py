@@ -170,7 +170,7 @@ class EmbeddingSettings(BaseSettings):
     rate_requests_per_second: float | None = Field(default=None, gt=0)
     rate_tokens_per_minute: float | None = Field(default=None, gt=0)
     # The share of each rate indexing leaves to queries, so a backfill cannot starve search.
-    rate_query_reserve: float = Field(default=0.1, ge=0, lt=1)
+    rate_query_reserve: float = Field(default=0.05, ge=0, lt=1)
     # Each tenant's share of the token rate (0 < x <= 1); unset: no per-tenant share.
     rate_tenant_share: float | None = Field(default=None, gt=0, le=1)
     # How much of the rate may go at once (a bucket holds rate * this, at least one request).

@@ -138,7 +138,7 @@ class QuotaPlan:
     requests_per_second: float | None = None
     tokens_per_second: float | None = None
     # The share of each rate indexing may not take: there is always room for queries.
-    query_reserve: float = 0.1
+    query_reserve: float = 0.05
     # Each tenant's share of the token rate (per-tenant bucket), None = off.
     tenant_share: float | None = None
     burst_seconds: float = 1.0
