@@ -1,8 +1,13 @@
 """`kb index check [--repair]` as an operator runs it, against drift made by hand the way a
-restore from backup or a hand-edited row would make it."""
+restore from backup or a hand-edited row would make it, and against documents chunked by
+older code than the indexers now run. The repairs' tasks run on a real worker and pipeline
+while `kb index check --repair` waits for them."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,7 +15,9 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from semchunk.semchunk import chunk as semchunk_chunk
 
+from services.indexer.pipeline import chunking, chunking_code
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
@@ -19,6 +26,7 @@ from tests.support.api import ApiTenant, add_tenant, publish, publisher_harness,
 from tests.support.cli import kb
 from tests.support.documents import make_corrupt_pdf
 from tests.support.pipeline import running_pipeline
+from tests.support.stack import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +94,42 @@ async def index_all(pool: asyncpg.Pool[Any]) -> list[RunOnceResult]:
     return results
 
 
+async def kb_while_indexing(
+    pool: asyncpg.Pool[Any], env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`kb *args` in a child process, with a worker running the pipeline meanwhile (as the
+    indexers of a deployment would); the worker stops once the command has exited."""
+    async with running_pipeline(pool) as indexer:
+        worker = Worker(
+            PgTaskQueue(pool),
+            indexer,
+            tier="standard",
+            owner="it-check-worker",
+            policy=RetryPolicy(jitter=0),
+            poll_interval_seconds=0.1,
+        )
+        stop = asyncio.Event()
+        working = asyncio.create_task(worker.run(stop))
+        try:
+            command = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "services.cli",
+                *args,
+                env=env,
+                cwd=REPO_ROOT,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            async with asyncio.timeout(120):
+                out, err = await command.communicate()
+        finally:
+            stop.set()
+            await working
+    assert command.returncode is not None
+    return subprocess.CompletedProcess(list(args), command.returncode, out.decode(), err.decode())
+
+
 async def served(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> tuple[int | None, int]:
     version = await pool.fetchval(
         "SELECT version_number FROM document_search_version WHERE document_id = $1", document_id
@@ -137,10 +181,13 @@ async def test_check_names_each_drifted_document_and_repair_makes_them_searchabl
     assert "6 documents, 3 drifted, 0 repaired" in found.stderr
     assert kb(service_env, "index", "check", "--tenant", "acme").stdout == found.stdout
 
-    repaired = kb(service_env, "index", "check", "--repair")
+    # The repairs' three tasks and the one being indexed run while the command waits; each
+    # drift counts as repaired once the check after its task no longer finds it.
+    repaired = await kb_while_indexing(pool, service_env, "index", "check", "--repair")
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
-    assert repaired.stdout.count("REPAIRED task=") == 3
-    assert "3 drifted, 3 repaired" in repaired.stderr
+    outcomes = sorted(line.split("  ->  ")[1].split()[0] for line in repaired.stdout.splitlines())
+    assert outcomes == ["REPAIRED"] * 3, repaired.stdout
+    assert "3 drifted, 3 repaired, 0 left" in repaired.stderr
     # The re-run of the damaged document's task is on record beside operators' requeues.
     audit = await pool.fetchval(
         "SELECT requeued_by FROM index_task_requeue r JOIN index_task t USING (task_id)"
@@ -148,9 +195,9 @@ async def test_check_names_each_drifted_document_and_repair_makes_them_searchabl
         damaged,
     )
     assert audit == "kb index check --repair"
-
-    # Three repaired tasks and the one being indexed run; nothing else does.
-    assert await index_all(pool) == [RunOnceResult.SUCCEEDED] * 4
+    # Nothing else is left to run but the document being indexed, if the worker stopped
+    # before it got to it.
+    assert await index_all(pool) in ([], [RunOnceResult.SUCCEEDED])
     clean = kb(service_env, "index", "check")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert clean.stdout == ""
@@ -162,6 +209,109 @@ async def test_check_names_each_drifted_document_and_repair_makes_them_searchabl
     assert await served(pool, healthy) == healthy_before
     # The failed version stays failed, its v1 served.
     assert (await served(pool, failed))[0] == 1
+
+
+def long_policy(name: str) -> bytes:
+    """One long section: several chunks, cut otherwise by a chunker of other chunk sizes."""
+    sentences = " ".join(
+        f"Clause {n} of the {name} policy allows {n + 3} days for a claim." for n in range(40)
+    )
+    return f"# {name} policy\n\n## Claims\n\n{sentences}\n".encode()
+
+
+async def chunkings(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> list[tuple[str, int]]:
+    """The document's chunk sets of its served version: (strategy, chunks) each."""
+    rows = await pool.fetch(
+        "SELECT c.chunking_strategy, count(*)::int AS n"
+        "  FROM knowledge_chunk c JOIN document_search_version s USING (document_id)"
+        " WHERE c.document_id = $1 AND c.version_number = s.version_number"
+        " GROUP BY c.chunking_strategy",
+        document_id,
+    )
+    return [(row["chunking_strategy"], row["n"]) for row in rows]
+
+
+async def test_documents_chunked_by_older_code_are_named_and_repair_chunks_them_again(
+    publisher: Publisher,
+    pool: asyncpg.Pool[Any],
+    service_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The documents are indexed by an older chunker: version 0 of ours, which cut chunks of
+    # half the size the settings ask for.
+    older = chunking_code.CHUNKER_VERSION - 1
+
+    def older_split(text: str, chunk_size: int, **options: Any) -> Any:
+        return semchunk_chunk(text, chunk_size=chunk_size // 2, **options)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(chunking_code, "CHUNKER_VERSION", older)
+        patched.setattr(chunking, "semchunk_chunk", older_split)
+        documents = [await publisher.publish(long_policy(name)) for name in ("travel", "refund")]
+        assert await index_all(pool) == [RunOnceResult.SUCCEEDED] * 2
+    before = {d: await chunkings(pool, d) for d in documents}
+    assert kb(service_env, "index", "check").returncode == 0
+
+    # The indexers are upgraded: starting one registers its generation, and the served
+    # documents are now chunked by older code.
+    found = await kb_while_indexing(pool, service_env, "index", "check")
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert sorted(line.split()[:3] for line in found.stdout.splitlines()) == sorted(
+        ["OLDER_CHUNKING", "acme", str(d)] for d in documents
+    )
+    assert f"chunked by older code (chunker {older} -> {older + 1})" in found.stdout
+
+    repaired = await kb_while_indexing(pool, service_env, "index", "check", "--repair")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert repaired.stdout.count("->  REPAIRED task=") == 2, repaired.stdout
+    assert "2 drifted, 2 repaired, 0 left" in repaired.stderr
+
+    clean = kb(service_env, "index", "check")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    for document in documents:
+        # One chunking served, the newer code's: bigger chunks, so fewer of them.
+        [(strategy, chunks)] = await chunkings(pool, document)
+        [(old_strategy, old_chunks)] = before[document]
+        assert strategy != old_strategy
+        assert chunks < old_chunks
+        assert (
+            await pool.fetchval(
+                "SELECT count(*) FROM knowledge_chunk WHERE document_id = $1", document
+            )
+            == chunks
+        )
+        current = await pool.fetchrow(
+            "SELECT version_number, chunking_strategy, chunk_count FROM document_search_version"
+            " WHERE document_id = $1",
+            document,
+        )
+        assert current is not None
+        assert (current["version_number"], current["chunking_strategy"]) == (1, strategy)
+        assert current["chunk_count"] == chunks
+
+
+async def test_a_repair_whose_task_does_not_finish_in_time_is_not_counted(
+    publisher: Publisher, pool: asyncpg.Pool[Any], service_env: dict[str, str]
+) -> None:
+    document_id = await publisher.publish(policy("travel"))
+    await pool.execute("DELETE FROM index_task WHERE document_id = $1", document_id)
+
+    # No indexer runs: the task is created and never finishes.
+    waited = kb(service_env, "index", "check", "--repair", "--timeout", "0.5")
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    [line] = waited.stdout.splitlines()
+    assert line.startswith(f"NOT_QUEUED  acme  {document_id}")
+    assert "->  NOT_FINISHED task=" in line
+    assert "1 drifted, 0 repaired, 1 left" in waited.stderr
+    # A check now finds nothing to say (the task is live), yet the repair was not verified.
+    assert kb(service_env, "index", "check").returncode == 0
+
+    # Without a wait nothing is verified either.
+    await pool.execute("DELETE FROM index_task WHERE document_id = $1", document_id)
+    queued = kb(service_env, "index", "check", "--repair", "--timeout", "0")
+    assert queued.returncode == 1, queued.stdout + queued.stderr
+    assert "->  NOT_VERIFIED task=" in queued.stdout
+    assert "waiting" not in queued.stderr
 
 
 async def test_a_pointer_ahead_of_the_published_version_is_left_to_an_operator(

@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 
 from services.embedding.hashing import HashingEmbedder
-from services.index.generation import IndexGeneration
+from services.index.generation import CODE_MARK, IndexGeneration, chunking_settings
 from services.indexer.maintenance.index_check_pg import PgIndexCheck
 from services.indexer.pipeline.chunking import Chunk
 from services.indexer.pipeline.parsing.pool import ParsePool
@@ -536,6 +536,8 @@ async def test_the_delete_walks_the_primary_key_of_the_tenants_partition(
         3,
         GENERATION.embedding_model,
         GENERATION.chunking_strategy,
+        chunking_settings(GENERATION.chunking_strategy),
+        CODE_MARK,
     )
     for plan_cache_mode in ("force_custom_plan", "force_generic_plan"):
         async with pool.acquire() as conn, conn.transaction():

@@ -1,7 +1,8 @@
 """The pgvector sink inside the fenced ``complete`` transaction, on real PostgreSQL: a
 version becomes searchable in one commit (chunks, pointer, SUCCEEDED, outbox event), a
-re-run writes the identical chunk set, a lost lease writes nothing, the pointer never moves
-back, embeddings are reused per tenant and generation only."""
+re-run writes the identical chunk set, a re-run at the served version replaces its chunk set
+and count, a lost lease writes nothing, the pointer never moves back, embeddings are reused
+per tenant and generation only."""
 
 from __future__ import annotations
 
@@ -29,10 +30,12 @@ from services.runtime.db import create_pool
 from services.runtime.errors import ConfigError, DatabaseBusy, LeaseLost
 from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
 from services.runtime.settings import RuntimeSettings
+from services.runtime.sql import load_queries
 from services.runtime.transaction import Transaction
 from tests.support import versions
 from tests.support.clock import ManualClock
 from tests.support.locks import wait_until_blocked_on_a_lock
+from tests.support.stack import REPO_ROOT
 from tests.support.tasks import CreatedTask, create_task
 
 pytestmark = pytest.mark.integration
@@ -614,3 +617,269 @@ async def test_a_write_over_its_time_budget_is_rolled_back_whole(pool: asyncpg.P
     # The budget was the transaction's own: the connection is back at the pool's timeout.
     assert {await pool.fetchval("SHOW statement_timeout") for _ in range(3)} == {"30s"}
     assert PgVectorSink(pool).write_timeout_ms(2000) == 130_000
+
+
+# --- a re-run at the served version replaces its chunk set ----------------------------------
+
+# The same model and chunk settings chunked by newer code: what a re-run after a chunker
+# upgrade writes.
+UPGRADED = IndexGeneration(
+    GENERATION.embedding_model, DIMENSION, f"{GENERATION.chunking_strategy}:code=0123456789ab"
+)
+SERVED_CHUNKS = load_queries(REPO_ROOT / "services" / "runtime" / "search_version.sql")[
+    "current_version_chunks"
+]
+
+
+async def served_texts(
+    db: asyncpg.Pool[Any] | asyncpg.Connection[Any], document_id: uuid.UUID
+) -> list[str]:
+    """What search serves of the document: the chunks its pointer names."""
+    rows = await db.fetch(
+        f"SELECT text FROM ({SERVED_CHUNKS}) c WHERE c.document_id = $1 ORDER BY c.ordinal",
+        document_id,
+    )
+    return [row["text"] for row in rows]
+
+
+async def version_strategies(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> dict[str, int]:
+    rows = await pool.fetch(
+        "SELECT chunking_strategy, count(*) AS n FROM knowledge_chunk WHERE document_id = $1"
+        " GROUP BY chunking_strategy",
+        document_id,
+    )
+    return {row["chunking_strategy"]: row["n"] for row in rows}
+
+
+async def rerun(queue: PgTaskQueue, task_id: uuid.UUID, owner: str = "w2") -> Lease:
+    """The task put back to PENDING as `kb index check --repair` does, and claimed again."""
+    requeued = await queue.rerun_succeeded(
+        task_id, by="test", budget=3, reason=("INDEX_DRIFT", "re-run by a test")
+    )
+    assert requeued is not None
+    return await claim_task(queue, task_id, owner)
+
+
+async def test_a_rerun_after_a_chunker_change_serves_one_chunking_with_its_count(
+    settings: RuntimeSettings, sink: PgVectorSink
+) -> None:
+    pool = await create_pool(settings, min_size=3, max_size=3)
+    try:
+        await sink.ensure_generation(UPGRADED)
+        created = await create_task(pool)
+        document_id = created.document_id
+        queue = PgTaskQueue(pool)
+        first = await claim_task(queue, created.task_id)
+        old_texts = ["30 days", "no questions asked", "by card"]
+        old = make_chunks(document_id, 1, old_texts)
+        await queue.complete(
+            first, in_transaction=sink.writer(first, GENERATION, old, unit_vectors(3))
+        )
+        before = await pointer(pool, document_id)
+        assert before is not None
+
+        # The upgraded chunker cuts the same version into other, fewer chunks.
+        again = await rerun(queue, created.task_id)
+        new_texts = ["30 days, no questions asked", "by card or by bank transfer"]
+        new = versions.make_chunks(document_id, 1, new_texts, UPGRADED.chunking_strategy)
+        write = sink.writer(again, UPGRADED, new, unit_vectors(2, seed=1))
+        written, may_commit = asyncio.Event(), asyncio.Event()
+
+        async def paused_before_commit(conn: Transaction) -> None:
+            await write(conn)
+            written.set()
+            await may_commit.wait()
+
+        completing = asyncio.create_task(queue.complete(again, in_transaction=paused_before_commit))
+        await written.wait()
+        # Until it commits, readers see the old chunking whole: nothing deleted, nothing new.
+        assert await served_texts(pool, document_id) == old_texts
+        may_commit.set()
+        await completing
+
+        assert await served_texts(pool, document_id) == new_texts
+        # One chunking left at the served version; the pointer names it and counts it.
+        assert await version_strategies(pool, document_id) == {UPGRADED.chunking_strategy: 2}
+        current = await pointer(pool, document_id)
+        assert current is not None
+        assert (current["version_number"], current["chunking_strategy"]) == (
+            1,
+            UPGRADED.chunking_strategy,
+        )
+        assert (current["chunk_count"], current["task_id"]) == (2, created.task_id)
+        assert current["switched_at"] > before["switched_at"]
+        # The served set changed: that is a switch of its own, at the same version.
+        _, replaced = await switched_events(pool)
+        record = default_registry().decode(replaced["payload"]).record
+        assert (record["versionNumber"], record["previousVersionNumber"]) == (1, 1)
+        assert record["chunkCount"] == 2
+    finally:
+        await pool.close()
+
+
+async def test_a_rerun_that_chunks_the_same_strategy_otherwise_keeps_only_its_own_set(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    """Chunks of one strategy id but other texts (a parser upgrade before parser versions
+    were part of the id): the re-run's set replaces the old one, it is not added to it."""
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    first = await claim_task(queue, created.task_id)
+    old = make_chunks(created.document_id, 1, ["30 days", "no questions asked", "by card"])
+    await queue.complete(first, in_transaction=sink.writer(first, GENERATION, old, unit_vectors(3)))
+
+    again = await rerun(queue, created.task_id)
+    # The first chunk unchanged (kept as it is), the others cut otherwise.
+    new = make_chunks(created.document_id, 1, ["30 days", "no questions asked, by card"])
+    kept = await pool.fetchval(
+        "SELECT created_at FROM knowledge_chunk WHERE chunk_id = $1", new[0].chunk_id
+    )
+    await queue.complete(again, in_transaction=sink.writer(again, GENERATION, new, unit_vectors(2)))
+
+    rows = await chunk_rows(pool, created.document_id)
+    assert [row["chunk_id"] for row in rows] == [chunk.chunk_id for chunk in new]
+    assert rows[0]["created_at"] == kept
+    current = await pointer(pool, created.document_id)
+    assert current is not None
+    assert (current["version_number"], current["chunk_count"]) == (1, 2)
+
+
+async def test_an_identical_rerun_fills_the_gaps_and_leaves_the_pointer_alone(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    first = await claim_task(queue, created.task_id)
+    chunks = make_chunks(created.document_id, 1, [f"passage {n}" for n in range(6)])
+    vectors = unit_vectors(6)
+    await queue.complete(first, in_transaction=sink.writer(first, GENERATION, chunks, vectors))
+    before = await pointer(pool, created.document_id)
+    await pool.execute(
+        "DELETE FROM knowledge_chunk WHERE document_id = $1 AND ordinal % 2 = 0",
+        created.document_id,
+    )
+
+    again = await rerun(queue, created.task_id)
+    await queue.complete(again, in_transaction=sink.writer(again, GENERATION, chunks, vectors))
+
+    rows = await chunk_rows(pool, created.document_id)
+    assert [row["chunk_id"] for row in rows] == [chunk.chunk_id for chunk in chunks]
+    assert await pointer(pool, created.document_id) == before
+    assert len(await switched_events(pool)) == 1
+
+
+async def test_a_rerun_that_lost_its_lease_replaces_nothing(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink, clock: ManualClock
+) -> None:
+    created = await create_task(pool, next_attempt_at=clock.now())
+    queue = PgTaskQueue(pool, clock=clock)
+    first = await claim_task(queue, created.task_id)
+    old = make_chunks(created.document_id, 1, ["30 days", "by card"])
+    await queue.complete(first, in_transaction=sink.writer(first, GENERATION, old, unit_vectors(2)))
+    rows_before = await chunk_rows(pool, created.document_id)
+    pointer_before = await pointer(pool, created.document_id)
+
+    slow = await rerun(queue, created.task_id, owner="slow")
+    clock.advance(LEASE + 1)
+    rescuer = await claim_task(queue, created.task_id, owner="rescuer")
+    new = versions.make_chunks(
+        created.document_id, 1, ["30 days by card"], UPGRADED.chunking_strategy
+    )
+    with pytest.raises(LeaseLost):
+        await queue.complete(slow, in_transaction=sink.writer(slow, UPGRADED, new, unit_vectors(1)))
+    assert await chunk_rows(pool, created.document_id) == rows_before
+    assert await pointer(pool, created.document_id) == pointer_before
+    assert len(await switched_events(pool)) == 1
+
+    await queue.complete(
+        rescuer, in_transaction=sink.writer(rescuer, UPGRADED, new, unit_vectors(1))
+    )
+    assert await version_strategies(pool, created.document_id) == {UPGRADED.chunking_strategy: 1}
+
+
+async def test_a_streamed_rerun_at_the_served_version_replaces_its_chunk_set(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    first = await claim_task(queue, created.task_id)
+    old = make_chunks(created.document_id, 1, [f"old passage {n}" for n in range(5)])
+    await queue.complete(first, in_transaction=sink.writer(first, GENERATION, old, unit_vectors(5)))
+
+    again = await rerun(queue, created.task_id)
+    new = versions.make_chunks(
+        created.document_id, 1, [f"new passage {n}" for n in range(3)], UPGRADED.chunking_strategy
+    )
+    vectors = unit_vectors(3, seed=2)
+    await sink.stage(again, UPGRADED, new[:2], vectors[:2], first=True)
+    await sink.stage(again, UPGRADED, new[2:], vectors[2:], first=False)
+    await queue.complete(again, in_transaction=sink.stream_writer(again, UPGRADED, 3))
+
+    assert await served_texts(pool, created.document_id) == [c.text for c in new]
+    assert await version_strategies(pool, created.document_id) == {UPGRADED.chunking_strategy: 3}
+    current = await pointer(pool, created.document_id)
+    assert current is not None
+    assert (current["chunking_strategy"], current["chunk_count"]) == (UPGRADED.chunking_strategy, 3)
+
+
+@pytest.mark.parametrize(
+    "beside",
+    [
+        IndexGeneration("beside-model-384", DIMENSION, GENERATION.chunking_strategy),
+        IndexGeneration(GENERATION.embedding_model, DIMENSION, "heading-semchunk-v1:max=64"),
+    ],
+    ids=["another model", "other chunk settings"],
+)
+async def test_another_generations_task_at_the_served_version_replaces_nothing(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink, beside: IndexGeneration
+) -> None:
+    """A generation built beside the served one (another model, or other chunk settings)
+    writes its own chunks of the version and leaves the served set and the pointer as they
+    are."""
+    await sink.ensure_generation(beside)
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    first = await claim_task(queue, created.task_id)
+    served = make_chunks(created.document_id, 1, ["30 days", "by card"])
+    await queue.complete(
+        first, in_transaction=sink.writer(first, GENERATION, served, unit_vectors(2))
+    )
+    before = await pointer(pool, created.document_id)
+
+    again = await rerun(queue, created.task_id)
+    built = versions.make_chunks(created.document_id, 1, ["30 days"], beside.chunking_strategy)
+    await queue.complete(again, in_transaction=sink.writer(again, beside, built, unit_vectors(1)))
+
+    assert await pointer(pool, created.document_id) == before
+    assert await served_texts(pool, created.document_id) == ["30 days", "by card"]
+    generations = await pool.fetch(
+        "SELECT embedding_model, chunking_strategy, count(*) AS n FROM knowledge_chunk"
+        " WHERE document_id = $1 GROUP BY 1, 2",
+        created.document_id,
+    )
+    assert {(r["embedding_model"], r["chunking_strategy"], r["n"]) for r in generations} == {
+        (beside.embedding_model, beside.chunking_strategy, 1),
+        (GENERATION.embedding_model, GENERATION.chunking_strategy, 2),
+    }
+
+
+async def test_a_newer_version_takes_the_older_codes_chunks_of_its_generation_with_it(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    """After a chunker upgrade the strategy id changes, the generation does not: the switch
+    to the next version retires the chunks the older code wrote."""
+    await sink.ensure_generation(UPGRADED)
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    v1 = await claim_task(queue, created.task_id)
+    old = make_chunks(created.document_id, 1, ["30 days", "by card"])
+    await queue.complete(v1, in_transaction=sink.writer(v1, GENERATION, old, unit_vectors(2)))
+
+    v2 = await claim_task(queue, await add_version(pool, created, 2))
+    new = versions.make_chunks(created.document_id, 2, ["60 days"], UPGRADED.chunking_strategy)
+    await queue.complete(v2, in_transaction=sink.writer(v2, UPGRADED, new, unit_vectors(1)))
+
+    rows = await chunk_rows(pool, created.document_id)
+    assert [(r["version_number"], r["chunking_strategy"]) for r in rows] == [
+        (2, UPGRADED.chunking_strategy)
+    ]

@@ -1,8 +1,9 @@
 """`kb index check [--tenant T] [--repair]`, `kb index tenant-graphs [--min-chunks N]`.
 
-check -- stdout: one line per drift, naming the document (and, with --repair, what was
-done); stderr: the summary. Exit 0 when nothing drifted (or every drift was repaired), 1 when
-a drift is left, 2 on bad input.
+check -- stdout: one line per drift, naming the document (and, with --repair, whether the
+check run after its task finished still finds it); stderr: the summary. Exit 0 when nothing
+drifted (or every drift was repaired and no other appeared), 1 when a drift is left or its
+repair could not be verified, 2 on bad input.
 
 tenant-graphs -- stdout: one line per graph built; stderr: the summary. Exit 0 when every
 large tenant of every registered model has its graph, 1 when another process was building
@@ -20,10 +21,13 @@ from services.runtime import cli_support
 from services.runtime.errors import BadInput
 
 if TYPE_CHECKING:
+    import uuid
+
     import asyncpg
 
     from services.indexer.maintenance.index_check import Drift
-    from services.indexer.maintenance.index_check_pg import RepairOutcome
+    from services.indexer.maintenance.index_check_pg import PgIndexCheck, RepairOutcome
+    from services.runtime.tasks import TaskStatus
 
 index_app = typer.Typer(
     help="Check the search index against what was published, and repair it.",
@@ -51,12 +55,22 @@ def check(
     repair: bool = typer.Option(
         False,
         "--repair",
-        help="Create missing tasks and re-run SUCCEEDED tasks of drifted versions.",
+        help="Create missing tasks and re-run SUCCEEDED tasks of drifted versions, wait for "
+        "them to finish, and check again.",
+    ),
+    timeout: float = typer.Option(
+        300.0,
+        "--timeout",
+        min=0,
+        help="With --repair: how long to wait for the repair tasks to finish, in seconds "
+        "(0: queue them and do not wait; nothing is then verified).",
     ),
 ) -> None:
     """Find documents whose served version drifted from the published one: published but
-    never queued, SUCCEEDED but not served, served with chunks missing, or a pointer ahead
-    of the published version. Exit 1 on drift (each document named on stdout)."""
+    never queued, SUCCEEDED but not served, served with chunks missing, a pointer ahead of
+    the published version, or chunked by older code than the indexers run. Exit 1 on drift
+    (each document named on stdout). --repair counts a drift repaired only when the check
+    run after its task finished no longer finds it."""
     from services.indexer.cli import load_settings
 
     settings = load_settings()
@@ -67,28 +81,67 @@ def check(
 
         checker = PgIndexCheck(pool)
         checked, drifts = await checker.drift(wanted)
-        left = 0
-        for drift in drifts:
-            if not repair:
+        if not repair:
+            for drift in drifts:
                 typer.echo(_line(drift))
-                left += 1
-                continue
-            outcome = await checker.repair(
-                drift, by=REPAIRED_BY, budget=settings.indexer_max_attempts
+            typer.echo(
+                f"index check: {checked} documents, {len(drifts)} drifted, 0 repaired", err=True
             )
-            typer.echo(f"{_line(drift)}  ->  {_outcome(outcome)}")
-            left += 0 if outcome.repaired else 1
-        repaired = len(drifts) - left if repair else 0
-        typer.echo(
-            f"index check: {checked} documents, {len(drifts)} drifted, {repaired} repaired",
-            err=True,
-        )
-        return left == 0
+            return not drifts
+        outcomes = [
+            await checker.repair(drift, by=REPAIRED_BY, budget=settings.indexer_max_attempts)
+            for drift in drifts
+        ]
+        return await _verify(checker, wanted, checked, outcomes, timeout)
 
     from services.indexer.cli import with_pool
 
     if not with_pool(settings, 1, _work):
         raise typer.Exit(cli_support.EXIT_FAILURE)
+
+
+async def _verify(
+    checker: PgIndexCheck,
+    tenant: str | None,
+    checked: int,
+    outcomes: list[RepairOutcome],
+    wait_seconds: float,
+) -> bool:
+    """Wait for the repairs' tasks, check again, and say of each drift whether it is gone;
+    True when every one is and no other appeared."""
+    from services.indexer.maintenance.index_check import Verdict, appeared, drift_key, verify
+
+    tasks = {o.task_id for o in outcomes if o.queued and o.task_id is not None}
+    statuses: dict[uuid.UUID, TaskStatus | None] = {}
+    after: list[Drift] | None = None
+    if wait_seconds > 0 and tasks:
+        typer.echo(f"index check: waiting up to {wait_seconds:g}s for {len(tasks)} tasks", err=True)
+        statuses = await checker.wait_for_tasks(tasks, timeout_seconds=wait_seconds)
+    if wait_seconds > 0:
+        after = (await checker.drift(tenant))[1] if tasks else []
+    after_keys = None if after is None else {drift_key(d) for d in after}
+    repaired = 0
+    for outcome in outcomes:
+        verified = verify(
+            outcome.drift,
+            queued=outcome.queued,
+            note=outcome.note,
+            task_status=None if outcome.task_id is None else statuses.get(outcome.task_id),
+            after=after_keys,
+        )
+        repaired += verified.verdict is Verdict.REPAIRED
+        task = "-" if outcome.task_id is None else str(outcome.task_id)
+        typer.echo(f"{_line(outcome.drift)}  ->  {verified.verdict} task={task} ({verified.note})")
+    new = appeared([o.drift for o in outcomes], after or [])
+    for drift in new:
+        typer.echo(f"{_line(drift)}  ->  NEW (found by the check after the repair)")
+    left = len(outcomes) - repaired + len(new)
+    typer.echo(
+        f"index check: {checked} documents, {len(outcomes)} drifted, {repaired} repaired, "
+        f"{left} left",
+        err=True,
+    )
+    return left == 0
 
 
 @index_app.command("tenant-graphs")
@@ -142,9 +195,3 @@ def tenant_graphs(
 def _line(drift: Drift) -> str:
     state = drift.state
     return f"{drift.kind}  {state.tenant_id}  {state.document_id}  {drift.detail}"
-
-
-def _outcome(outcome: RepairOutcome) -> str:
-    task = "-" if outcome.task_id is None else str(outcome.task_id)
-    verdict = "REPAIRED" if outcome.repaired else "NOT_REPAIRED"
-    return f"{verdict} task={task} ({outcome.note})"

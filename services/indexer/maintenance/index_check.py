@@ -3,20 +3,27 @@ decide how each drift is repaired (docs/architecture.md#invariants).
 
 The pipeline keeps the index right by construction (one fenced transaction moves chunks,
 pointer, task and event together); drift is what a restore from backup, a hand-edited row
-or a bug leaves behind, and what no worker will fix by itself. Not drift: a version being
-indexed (its task is live) and a FAILED one (its task is DEAD, shown on the document and
-the operator page; `kb tasks requeue` is the operator's answer).
+or a bug leaves behind, what no worker will fix by itself -- and documents served from
+chunks that older code made. Not drift: a version being indexed
+(its task is live) and a FAILED one (its task is DEAD, shown on the document and the
+operator page; `kb tasks requeue` is the operator's answer).
 
-Pure domain code: the adapter (``index_check_pg``) reads one row per document and carries out
-the repairs this module decides.
+A repair only puts a task in motion; it has worked when the check run after that task
+finished no longer shows the drift (``verify``).
+
+Pure domain code: the adapter (``index_check_pg``) reads one row per document, carries out
+the repairs this module decides and waits for their tasks.
 """
 
 from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeAlias
 
+from services.index.generation import chunking_settings
 from services.runtime.tasks import TaskStatus
 
 
@@ -31,6 +38,9 @@ class DriftKind(enum.StrEnum):
     # The pointer names a version newer than the published one (or the document was never
     # published): no task can move a pointer back, an operator must look.
     POINTER_AHEAD = "POINTER_AHEAD"
+    # The served version was chunked by older code (parsers, splitter, tokenizer, our
+    # chunker) than the indexers run now: its search answers are not what a re-index gives.
+    OLDER_CHUNKING = "OLDER_CHUNKING"
 
 
 class RepairAction(enum.StrEnum):
@@ -54,6 +64,12 @@ class DocumentIndexState:
     published_task_status: TaskStatus | None
     served_task_id: uuid.UUID | None
     served_task_status: TaskStatus | None
+    # The pointer's chunking strategy, and the one the indexers chunk its model with now
+    # (its generation registered last); the versions of the code behind each, when recorded.
+    served_strategy: str | None = None
+    current_strategy: str | None = None
+    served_code: Mapping[str, str] | None = None
+    current_code: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,15 @@ def find_drift(state: DocumentIndexState) -> list[Drift]:
                 _rerun(served, state.served_task_id, state.served_task_status),
             )
         )
+    elif served is not None and _chunked_otherwise(state):
+        found.append(
+            Drift(
+                DriftKind.OLDER_CHUNKING,
+                state,
+                _older_chunking_detail(state),
+                _rerun(served, state.served_task_id, state.served_task_status),
+            )
+        )
     if published is not None and (served is None or served < published):
         if state.published_task_id is None:
             found.append(
@@ -123,12 +148,50 @@ def find_drift(state: DocumentIndexState) -> list[Drift]:
     return found
 
 
+def _chunked_otherwise(state: DocumentIndexState) -> bool:
+    """The served version was chunked with the settings the indexers use now but by other
+    code, and no newer version is on its way to replace it (a live task, or a drift of its
+    own whose repair sends the pointer forward): only then is chunking it again worth its
+    work, and a re-run replaces it (the sink replaces a served set of the same settings).
+
+    Other chunk settings are another generation, not drift: a settings change applies to
+    new versions, served ones keep their strategy (docs/operations.md)."""
+    served_strategy, current_strategy = state.served_strategy, state.current_strategy
+    if served_strategy is None or current_strategy is None:
+        return False
+    if served_strategy == current_strategy:
+        return False
+    if chunking_settings(served_strategy) != chunking_settings(current_strategy):
+        return False
+    published, served = state.published_version, state.served_version
+    return published == served or state.published_task_status is TaskStatus.DEAD
+
+
+def _older_chunking_detail(state: DocumentIndexState) -> str:
+    changes = code_changes(state.served_code, state.current_code)
+    what = ", ".join(changes) if changes else "its code's versions were not recorded"
+    return f"served v{state.served_version} chunked by older code ({what})"
+
+
+def code_changes(before: Mapping[str, str] | None, now: Mapping[str, str] | None) -> list[str]:
+    """What differs between two recorded codes, as "name old -> new"; nothing when either was
+    not recorded (a generation registered before the versions were)."""
+    if not before or not now:
+        return []
+    return [
+        f"{name} {before.get(name, '-')} -> {now.get(name, '-')}"
+        for name in sorted(before.keys() | now.keys())
+        if before.get(name) != now.get(name)
+    ]
+
+
 def _rerun(version: int, task_id: uuid.UUID | None, status: TaskStatus | None) -> Repair:
     if task_id is None:
         return Repair(RepairAction.ENQUEUE, version, None, "create the task")
     if status is TaskStatus.SUCCEEDED:
-        # The re-run writes the same chunk ids (ON CONFLICT DO NOTHING fills the gaps) and
-        # switches the pointer if it is behind; at the same version it leaves it alone.
+        # The re-run chunks the version with the indexers' code now and, at the served
+        # version, replaces its chunk set and rewrites the pointer's count (the sink's
+        # replace_version_chunks); behind the pointer, it switches it forward.
         return Repair(RepairAction.RERUN, version, task_id, "index the version again")
     if status in _LIVE:
         return Repair(RepairAction.NONE, version, task_id, f"its task is {status}: it will run")
@@ -139,3 +202,80 @@ def _rerun(version: int, task_id: uuid.UUID | None, status: TaskStatus | None) -
 
 def _version(version: int | None) -> str:
     return "-" if version is None else f"v{version}"
+
+
+# --- after the repair ---------------------------------------------------------------------
+
+
+class Verdict(enum.StrEnum):
+    # Its task finished SUCCEEDED and the check run afterwards no longer shows the drift.
+    REPAIRED = "REPAIRED"
+    # Its task finished SUCCEEDED, yet the check afterwards still shows the drift.
+    STILL_DRIFTING = "STILL_DRIFTING"
+    # Its task ended DEAD.
+    TASK_FAILED = "TASK_FAILED"
+    # Its task had not finished when the wait ran out.
+    NOT_FINISHED = "NOT_FINISHED"
+    # Its task was queued and not waited for (no wait asked).
+    NOT_VERIFIED = "NOT_VERIFIED"
+    # Nothing was put in motion (no repair by machine, or the task changed meanwhile).
+    NOT_REPAIRED = "NOT_REPAIRED"
+
+
+_FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.DEAD})
+
+
+def is_finished(status: TaskStatus | None) -> bool:
+    """A task the wait is over for: ended, or gone (a task is never deleted by the code)."""
+    return status is None or status in _FINISHED
+
+
+@dataclass(frozen=True)
+class Verified:
+    verdict: Verdict
+    note: str
+
+
+DriftKey: TypeAlias = tuple[str, uuid.UUID, DriftKind]
+
+
+def drift_key(drift: Drift) -> DriftKey:
+    return (drift.state.tenant_id, drift.state.document_id, drift.kind)
+
+
+def verify(
+    drift: Drift,
+    *,
+    queued: bool,
+    note: str,
+    task_status: TaskStatus | None,
+    after: Collection[DriftKey] | None,
+) -> Verified:
+    """Whether the repair of ``drift`` worked: ``queued`` (and ``note``) say what the repair
+    did, ``task_status`` is its task's status at the end of the wait, ``after`` the drifts
+    of the check run after the wait (``None``: there was no wait)."""
+    if not queued:
+        return Verified(Verdict.NOT_REPAIRED, note)
+    if after is None:
+        return Verified(Verdict.NOT_VERIFIED, f"{note}; run kb index check once it has run")
+    if task_status is TaskStatus.SUCCEEDED:
+        if drift_key(drift) in after:
+            return Verified(
+                Verdict.STILL_DRIFTING, "its task SUCCEEDED, the check after it still finds this"
+            )
+        return Verified(
+            Verdict.REPAIRED, "its task SUCCEEDED, the check after it no longer finds this"
+        )
+    if task_status is TaskStatus.DEAD:
+        return Verified(Verdict.TASK_FAILED, "its task ended DEAD: see kb tasks requeue")
+    if task_status is None:
+        return Verified(Verdict.TASK_FAILED, "its task is gone")
+    return Verified(
+        Verdict.NOT_FINISHED, f"its task is still {task_status} after the wait: check again later"
+    )
+
+
+def appeared(before: Iterable[Drift], after: Iterable[Drift]) -> list[Drift]:
+    """The drifts the check after the repair found that the first one had not."""
+    known = {drift_key(d) for d in before}
+    return [d for d in after if drift_key(d) not in known]

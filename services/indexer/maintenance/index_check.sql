@@ -1,16 +1,27 @@
 -- `kb index check` (services/indexer/maintenance/index_check_pg.py).
 
 -- name: document_index_states
--- $1 tenant (NULL: every tenant). One statement, one snapshot: the pointer, the chunks it
--- names and the tasks are read as of the same instant, so a switch committing meanwhile is
--- seen whole or not at all (never "pointer moved, chunks not yet there").
+-- $1 tenant (NULL: every tenant), $2 task type. One statement, one snapshot: the pointer, the
+-- chunks it names and the tasks are read as of the same instant, so a switch committing
+-- meanwhile is seen whole or not at all (never "pointer moved, chunks not yet there").
 -- The chunks present are those search serves (current_version_chunks): per served document,
 -- one probe of the pointer's primary key and one primary-key range scan of its chunks.
+-- current_strategy: the strategy the indexers chunk the pointer's model with now -- that of
+-- the model's generation registered last (each indexer registers its own at start) -- and
+-- served_code / current_code the versions of the code each was chunked with, when recorded
+-- (migration 0021). index_generation holds a few rows: read once, joined by hash.
+WITH current_generation AS (
+    SELECT DISTINCT ON (embedding_model) embedding_model, chunking_strategy, chunking_code
+      FROM index_generation
+     ORDER BY embedding_model, registered_at DESC, created_at DESC, chunking_strategy
+)
 SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
        s.version_number AS served_version, s.chunk_count AS recorded_chunks,
        present.chunks AS present_chunks,
        pt.task_id AS published_task_id, pt.status AS published_task_status,
-       st.task_id AS served_task_id, st.status AS served_task_status
+       st.task_id AS served_task_id, st.status AS served_task_status,
+       s.chunking_strategy AS served_strategy, cg.chunking_strategy AS current_strategy,
+       sg.chunking_code::text AS served_code, cg.chunking_code::text AS current_code
   FROM document d
   JOIN tenant t ON t.tenant_id = d.tenant_id
   LEFT JOIN document_search_version s
@@ -21,6 +32,9 @@ SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
   LEFT JOIN index_task st
          ON st.tenant_id = d.tenant_id AND st.document_id = d.document_id
         AND st.version_number = s.version_number AND st.task_type = $2
+  LEFT JOIN index_generation sg
+         ON sg.embedding_model = s.embedding_model AND sg.chunking_strategy = s.chunking_strategy
+  LEFT JOIN current_generation cg ON cg.embedding_model = s.embedding_model
   LEFT JOIN LATERAL (
         SELECT count(*)::integer AS chunks
           FROM (
@@ -32,6 +46,13 @@ SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
  WHERE ($1::text IS NULL OR d.tenant_id = $1)
    AND (d.published_version IS NOT NULL OR s.document_id IS NOT NULL)
  ORDER BY d.tenant_id, d.document_id
+
+-- name: task_statuses
+-- $1 task ids: the status of each that exists (`kb index check --repair` waits for the tasks
+-- of its repairs to finish).
+SELECT task_id, status
+  FROM index_task
+ WHERE task_id = ANY ($1::uuid[])
 
 -- name: tenant_exists
 SELECT EXISTS (SELECT 1 FROM tenant WHERE tenant_id = $1)

@@ -1,12 +1,15 @@
 """The PostgreSQL side of `kb index check`: read every document's index state in one
-snapshot, and carry out the repairs ``index_check`` decides."""
+snapshot, carry out the repairs ``index_check`` decides, and wait for their tasks."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 
@@ -15,6 +18,7 @@ from services.indexer.maintenance.index_check import (
     Drift,
     RepairAction,
     find_drift,
+    is_finished,
 )
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.runtime.clock import Clock, DatabaseClock
@@ -30,9 +34,15 @@ QUERIES = queries_beside(__file__, "index_check.sql")
 @dataclass(frozen=True)
 class RepairOutcome:
     drift: Drift
-    repaired: bool
+    queued: bool  # a task was put in motion (created, or back to PENDING)
     task_id: uuid.UUID | None
     note: str
+
+
+# How often the wait for repair tasks reads their status: soon at first (a short document is
+# indexed in well under a second), then at most this far apart.
+_FIRST_POLL_SECONDS: Final = 0.05
+_MAX_POLL_SECONDS: Final = 1.0
 
 
 # What a re-run's audit row says in place of the task's error.
@@ -95,14 +105,43 @@ class PgIndexCheck:
             return RepairOutcome(drift, False, repair.task_id, "its task is no longer SUCCEEDED")
         return RepairOutcome(drift, True, rerun.task_id, "task back to PENDING")
 
+    async def task_statuses(
+        self, task_ids: Collection[uuid.UUID]
+    ) -> dict[uuid.UUID, TaskStatus | None]:
+        """Each task's status; ``None`` for one that does not exist."""
+        with translate_db_errors():
+            rows = await self._pool.fetch(QUERIES["task_statuses"], list(task_ids))
+        found = {row["task_id"]: TaskStatus(row["status"]) for row in rows}
+        return {task_id: found.get(task_id) for task_id in task_ids}
+
+    async def wait_for_tasks(
+        self, task_ids: Collection[uuid.UUID], *, timeout_seconds: float
+    ) -> dict[uuid.UUID, TaskStatus | None]:
+        """The tasks' statuses once every one has ended (SUCCEEDED or DEAD), or as they are
+        when ``timeout_seconds`` have passed. The indexers run them: this only reads."""
+        deadline = time.monotonic() + timeout_seconds
+        pause = _FIRST_POLL_SECONDS
+        while True:
+            statuses = await self.task_statuses(task_ids)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or all(is_finished(s) for s in statuses.values()):
+                return statuses
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(pause * 2, _MAX_POLL_SECONDS)
+
 
 def _state(row: Mapping[str, Any]) -> DocumentIndexState:
     def status(value: str | None) -> TaskStatus | None:
         return None if value is None else TaskStatus(value)
+
+    def code(value: str | None) -> dict[str, str] | None:
+        return None if value is None else dict(json.loads(value))
 
     return from_row(
         DocumentIndexState,
         row,
         published_task_status=status(row["published_task_status"]),
         served_task_status=status(row["served_task_status"]),
+        served_code=code(row["served_code"]),
+        current_code=code(row["current_code"]),
     )

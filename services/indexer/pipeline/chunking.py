@@ -23,6 +23,8 @@ from typing import Final
 from semchunk.semchunk import chunk as semchunk_chunk
 
 from services.embedding.tokens import TokenCounter, TokenizerSpec
+from services.index.generation import CODE_MARK
+from services.indexer.pipeline.chunking_code import ChunkingCode, chunking_code, code_digest
 from services.indexer.pipeline.parsing.section import Section
 from services.runtime.errors import ConfigError
 
@@ -43,6 +45,9 @@ class ChunkingStrategy:
     max_tokens: int = 256  # per chunk, heading prefix included
     overlap_tokens: int = 0
     name: str = "heading-semchunk-v1"
+    # The versions of the code that chunks (chunking_code.py): taken from the installed code
+    # when not given, once, so that a strategy sent to a parse process keeps the parent's.
+    code: ChunkingCode = ()
 
     def __post_init__(self) -> None:
         if not 8 <= self.max_tokens <= self.tokenizer.max_counted_tokens:
@@ -54,13 +59,16 @@ class ChunkingStrategy:
             raise ConfigError(
                 f"chunk overlap_tokens {self.overlap_tokens} must be below half of max_tokens"
             )
+        if not self.code:
+            object.__setattr__(self, "code", chunking_code(self.tokenizer))
 
     @property
     def strategy_id(self) -> str:
-        """Names everything that changes the chunks: a different id is a different index."""
+        """Names everything that changes the chunks: a different id is a different index.
+        The settings are spelled out; the code that chunks is a digest of its versions."""
         return (
             f"{self.name}:max={self.max_tokens}:overlap={self.overlap_tokens}"
-            f":tok={self.tokenizer.name}"
+            f":tok={self.tokenizer.name}{CODE_MARK}{code_digest(self.code)}"
         )
 
 

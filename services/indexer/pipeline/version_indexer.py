@@ -85,6 +85,7 @@ def index_generation(embedder: Embedder, strategy: ChunkingStrategy) -> IndexGen
         embedding_model=embedder.model,
         dimension=embedder.dimension,
         chunking_strategy=strategy.strategy_id,
+        chunking_code=strategy.code,
     )
 
 

@@ -45,6 +45,7 @@ TRANSITIONS: Final[frozenset[tuple[TaskStatus, TaskStatus]]] = frozenset(
         (TaskStatus.RUNNING, TaskStatus.RETRY_WAIT),  # fail, retryable, budget left
         (TaskStatus.RUNNING, TaskStatus.DEAD),  # fail terminal / a budget spent / lease exhausted
         (TaskStatus.DEAD, TaskStatus.PENDING),  # operator requeue
+        (TaskStatus.SUCCEEDED, TaskStatus.PENDING),  # drift repair re-run (kb index check)
     }
 )
 
@@ -303,13 +304,25 @@ def fail(task: IndexTask, lease: Lease, decision: FailureDecision, now: datetime
 
 
 def requeue(
-    task: IndexTask, *, by: str, now: datetime, reset_attempts: bool, budget: int
+    task: IndexTask,
+    *,
+    by: str,
+    now: datetime,
+    reset_attempts: bool,
+    budget: int,
+    from_status: TaskStatus = TaskStatus.DEAD,
 ) -> tuple[IndexTask, RequeueRecord]:
-    """Operator requeue of a DEAD task. ``attempts`` (the fencing generation) is kept;
+    """A finished task back to PENDING: an operator's requeue of a DEAD task, or
+    (``from_status`` SUCCEEDED) `kb index check --repair` re-running a drifted version, which
+    also forgets the worker that completed it. ``attempts`` (the fencing generation) is kept;
     ``reset_attempts`` renews a full budget of ``budget`` attempts, otherwise the task gets
     exactly one more attempt. The provider failure time budget starts afresh."""
-    if task.status is not TaskStatus.DEAD:
-        raise InvalidTransition(f"task {task.task_id} is {task.status}; only DEAD can be requeued")
+    if from_status not in (TaskStatus.DEAD, TaskStatus.SUCCEEDED):
+        raise ValueError(f"a task is requeued from DEAD or SUCCEEDED, not {from_status}")
+    if task.status is not from_status:
+        raise InvalidTransition(
+            f"task {task.task_id} is {task.status}; only {from_status} is requeued here"
+        )
     new_max = requeued_max_attempts(task.attempts, reset_attempts=reset_attempts, budget=budget)
     record = RequeueRecord(
         task_id=task.task_id,
@@ -326,6 +339,7 @@ def requeue(
         task,
         status=TaskStatus.PENDING,
         max_attempts=new_max,
+        lease_owner=None if from_status is TaskStatus.SUCCEEDED else task.lease_owner,
         lease_until=None,
         next_attempt_at=now,
         error_code=None,

@@ -6,7 +6,10 @@ The write runs inside ``PgTaskQueue.complete``'s transaction, after the fenced U
 marks the task SUCCEEDED (the task row is locked by then): chunks, the forward-only search
 pointer, the deletion of the versions it superseded (``sink_retire``) and the
 ``DocumentSearchVersionSwitched`` outbox event commit together with the task or not at all.
-Everything slow (parsing, embedding, building the rows) happens before it.
+A re-run at the version already served (a repair, a chunker upgrade) replaces that
+version's chunk set and rewrites the pointer's strategy and count in the same transaction
+(sink.sql: ``replace_version_chunks``). Everything slow (parsing, embedding, building the
+rows) happens before it.
 
 The pool must come from ``services.runtime.db.create_pool`` (it registers pgvector's binary
 codec for ``vector``, which the COPY and the reuse lookup use).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -44,7 +48,13 @@ from services.indexer.sink.stream import (
     move_staged,
     stage_slice,
 )
-from services.indexer.sink.version import version_chunks
+from services.indexer.sink.version import (
+    ServedPointer,
+    lock_search_pointer,
+    not_switched_reason,
+    replaced_strategy,
+    version_chunks,
+)
 from services.runtime.avro import SchemaRegistry, default_registry
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import ConfigError, DatabaseBusy
@@ -142,6 +152,8 @@ class PgVectorSink:
             generation.chunking_strategy,
             generation.dimension,
             generation.ann_index_name,
+            json.dumps(dict(generation.chunking_code)) if generation.chunking_code else None,
+            self._clock.now(),
         )
         if dimension != generation.dimension:
             raise ConfigError(
@@ -204,10 +216,6 @@ class PgVectorSink:
                 QUERIES["set_local_statement_timeout"],
                 str(self.write_timeout_ms(len(prepared.records))),
             )
-            # Always written, even when the pointer will not move to this version: a new
-            # generation built beside the current one needs its chunks before any switch.
-            # An older version of the served generation finishing late is retired again
-            # right after the switch (sink_retire), in this transaction.
             await conn.execute(QUERIES["create_staging"])
             await conn.copy_records_to_table(
                 STAGING_TABLE,
@@ -215,17 +223,36 @@ class PgVectorSink:
                 records=prepared.records,
                 columns=STAGING_COLUMNS,
             )
+        served = await lock_search_pointer(conn, lease)
+        replaced = replaced_strategy(served, lease, generation)
+        with translate_db_errors():
+            # Always written, even when the pointer will not move to this version: a new
+            # generation built beside the current one needs its chunks before any switch.
+            # An older version of the served generation finishing late is retired again
+            # right after the switch (sink_retire), in this transaction. What the version
+            # held of this generation before, or of the served set this run replaces, goes
+            # first: the version ends with exactly the new set.
+            status = await conn.execute(
+                QUERIES["replace_version_chunks"], *version_chunks(lease, generation), replaced
+            )
             await conn.execute(
                 QUERIES["insert_staged_chunks"],
                 *version_chunks(lease, generation),
                 generation.dimension,
             )
-        await self._switch(conn, lease, generation, len(prepared.records))
+        _log_replaced(lease, generation, served, replaced, status, len(prepared.records))
+        await self._switch(conn, lease, generation, len(prepared.records), served)
 
     async def _switch(
-        self, conn: Transaction, lease: Lease, generation: IndexGeneration, chunk_count: int
+        self,
+        conn: Transaction,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunk_count: int,
+        served: ServedPointer | None,
     ) -> None:
-        """The forward-only pointer switch and, when it moved, its outbox event."""
+        """The forward-only pointer switch (or, at the served version, its rewrite to the
+        chunk set just written) and, when the pointer changed, its outbox event."""
         with translate_db_errors():
             switched = await conn.fetchrow(
                 QUERIES["switch_search_version"],
@@ -233,13 +260,14 @@ class PgVectorSink:
                 chunk_count,
                 lease.task_id,
                 self._clock.now(),
+                served is not None and served.replaces(lease, generation),
             )
         await retire_superseded(conn, lease, generation)
         if switched is None:
             log.info(
                 "search_version.not_switched",
                 **lease.log_fields(),
-                reason="pointer_at_same_or_newer_version",
+                reason=not_switched_reason(served, lease, generation),
             )
             return
         await add_event(conn, self._switched_event(lease, generation, chunk_count, switched))
@@ -276,8 +304,11 @@ class PgVectorSink:
                     QUERIES["set_local_statement_timeout"],
                     str(self.write_timeout_ms(chunk_count)),
                 )
-            await move_staged(conn, lease, generation, chunk_count)
-            await self._switch(conn, lease, generation, chunk_count)
+            served = await lock_search_pointer(conn, lease)
+            replaced = replaced_strategy(served, lease, generation)
+            status = await move_staged(conn, lease, generation, chunk_count, replaced)
+            _log_replaced(lease, generation, served, replaced, status, chunk_count)
+            await self._switch(conn, lease, generation, chunk_count, served)
 
         return write
 
@@ -326,6 +357,31 @@ def switched_event_id(lease: Lease, generation: IndexGeneration) -> uuid.UUID:
         lease.version_number,
         generation.embedding_model,
         str(lease.lease_attempt),
+    )
+
+
+def _log_replaced(
+    lease: Lease,
+    generation: IndexGeneration,
+    served: ServedPointer | None,
+    replaced: str | None,
+    delete_status: str,
+    chunk_count: int,
+) -> None:
+    """Said when the write replaced rows of its version: the served set (a re-run at the
+    served version) or an earlier run's of its own strategy."""
+    deleted = int(delete_status.rsplit(" ", 1)[-1])  # "DELETE <rows>"
+    if replaced is None and not deleted:
+        return
+    log.info(
+        "chunks.replaced",
+        **lease.log_fields(),
+        embedding_model=generation.embedding_model,
+        chunking_strategy=generation.chunking_strategy,
+        served_strategy=replaced,
+        served_chunks=None if served is None else served.chunk_count,
+        deleted=deleted,
+        chunks=chunk_count,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from services.index.generation import CODE_MARK, chunking_settings
 from services.indexer.queue.task import Lease
 from services.indexer.sink.version import version_chunks
 from services.runtime.db import translate_db_errors
@@ -28,12 +29,16 @@ log = get_logger(__name__)
 
 
 async def retire_superseded(conn: Transaction, lease: Lease, generation: IndexGeneration) -> int:
-    """Run inside the fenced complete, right after the pointer switch (which holds the
-    pointer row's lock): deletes the document's chunks of ``generation`` older than the
-    version served, up to the lease's version, and returns how many went."""
+    """Run inside the fenced complete, right after the pointer switch (the pointer row is
+    locked): deletes the document's chunks of ``generation`` -- its model and chunk
+    settings, whichever code chunked them -- older than the version served, up to the
+    lease's version, and returns how many went."""
     with translate_db_errors():
         status = await conn.execute(
-            QUERIES["retire_superseded_chunks"], *version_chunks(lease, generation)
+            QUERIES["retire_superseded_chunks"],
+            *version_chunks(lease, generation),
+            chunking_settings(generation.chunking_strategy),
+            CODE_MARK,
         )
     retired = int(status.rsplit(" ", 1)[-1])  # "DELETE <rows>"
     if retired:

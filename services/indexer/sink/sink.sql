@@ -11,14 +11,69 @@
 CREATE TEMP TABLE IF NOT EXISTS knowledge_chunk_staging (LIKE knowledge_chunk_staging)
     ON COMMIT DROP
 
+-- name: lock_search_pointer
+-- $1 tenant, $2 document. The document's search pointer, locked until commit: the first
+-- thing the write does to the document, so that what it deletes and inserts is decided
+-- against the pointer as it will stay until this transaction commits. Under READ COMMITTED,
+-- FOR UPDATE waits for a concurrent completion of the same document that holds the row and
+-- then returns the row as that one committed it (not as our snapshot saw it). No row: the
+-- document has no pointer yet (or it was deleted); nothing is locked then, and concurrent
+-- first switches serialise on switch_search_version's unique index instead.
+-- The completions of a group take these locks in (tenant, document, version) order
+-- (queue/completions.py), as switch_search_version did before.
+SELECT version_number, embedding_model, chunking_strategy, chunk_count
+  FROM document_search_version
+ WHERE tenant_id = $1
+   AND document_id = $2
+   FOR UPDATE
+
+-- name: replace_version_chunks
+-- $1 tenant, $2 document, $3 version, $4 model, $5 strategy (the task's), $6 the served
+-- strategy this write replaces (version.py: replaced_strategy -- the pointer serves this
+-- version under this model and chunk settings; NULL: it replaces nothing, or the pointer
+-- names no strategy). Run after lock_search_pointer, with the task's
+-- chunk set in the staging table (create_staging) and before insert_staged_chunks: deletes
+-- the version's chunks of this model that the new set does not hold, among
+--   * this task's strategy: an earlier run's set of this generation (a chunk the new set
+--     holds keeps its row: same id, same content, same embedding);
+--   * the served strategy $6: the chunking the pointer serves now, which this run replaces
+--     (a re-run after a chunker upgrade, `kb index check --repair`: the same settings, newer
+--     code); switch_search_version then rewrites the pointer's strategy and chunk count in
+--     this transaction.
+-- So after a re-run the version holds exactly one chunk set of this model for the pointer
+-- to name: never the union of two runs, which search would serve as near-duplicates and
+-- whose count would never match the pointer's.
+-- Why readers never see an empty or a mixed set: the pointer row is locked (no other
+-- completion of the document runs this meanwhile), the deletes, the new rows and the
+-- pointer's rewrite commit together, and a search reads in one snapshot (before: the old
+-- pointer and the old rows, which MVCC keeps for it; after: the new ones), joining the
+-- pointer's strategy (current_version_chunks), so rows of any other strategy left at the
+-- version are never served. Other generations' chunks (another model, other settings: built
+-- beside the served one) are left alone.
+-- Cost: one range of the primary key (tenant, document, version, model) of the tenant's
+-- partition, usually empty (a version's first run).
+DELETE FROM knowledge_chunk c
+ WHERE c.tenant_id = $1
+   AND c.document_id = $2
+   AND c.version_number = $3
+   AND c.embedding_model = $4
+   AND (c.chunking_strategy = $5 OR c.chunking_strategy = $6::text)
+   AND NOT EXISTS (
+         SELECT 1
+           FROM knowledge_chunk_staging n
+          WHERE n.chunk_id = c.chunk_id
+            AND c.chunking_strategy = $5)
+
 -- name: insert_staged_chunks
 -- $1 tenant, $2 document, $3 version, $4 model, $5 strategy, $6 dimension.
 -- `knowledge_chunk_staging` is the temporary table of create_staging (it shadows the
 -- permanent one); its rows are deleted as they are moved, so the next write of the same
--- transaction starts from an empty table. Idempotent: a chunk already there (same key: the
--- chunk id is derived from version, strategy, ordinal, heading path and content digest) is
--- left as it is, so a re-run writes the identical set. DO NOTHING takes no lock on existing
--- rows, and two writers of one version cannot race: only the lease holder gets here.
+-- transaction starts from an empty table. After replace_version_chunks, the version's rows
+-- of this generation are a subset of the new set: a chunk already there (same key: the chunk
+-- id is derived from version, strategy, ordinal, heading path and content digest) is left as
+-- it is, the others are added, so the version ends with exactly the new set. DO NOTHING
+-- takes no lock on existing rows, and two writers of one version cannot race: only the lease
+-- holder gets here.
 WITH staged AS (
     DELETE FROM knowledge_chunk_staging
     RETURNING chunk_id, ordinal, heading_path, text, content_digest, embedding
@@ -32,16 +87,31 @@ SELECT $1::text, $2::uuid, $3::integer, $4::text, $5::text, s.chunk_id, s.ordina
 ON CONFLICT DO NOTHING
 
 -- name: switch_search_version
--- $1 tenant, $2 document, $3 version, $4 model, $5 strategy, $6 chunk count, $7 task, $8 now.
--- Forward only: a pointer at this or a newer version is left alone (no row returned), so a
--- task for an older version still succeeds but switches nothing. Concurrent switches of one
--- document serialise on the pointer row: ON CONFLICT locks it and evaluates the WHERE
--- against its latest committed version, not our snapshot's. `old` (PostgreSQL 18 RETURNING)
--- is the row before the update: NULL when this is the document's first pointer.
+-- $1 tenant, $2 document, $3 version, $4 model, $5 strategy, $6 chunk count, $7 task, $8 now,
+-- $9 whether this write replaces the served chunk set (version.py: ServedPointer.replaces,
+-- decided on the row lock_search_pointer holds: same version, model and chunk settings).
+-- Forward only: a pointer at a newer version is left alone (no row returned), so a task for
+-- an older version still succeeds but switches nothing. At the served version, a write that
+-- replaces the served set rewrites the pointer when it names another set (another strategy
+-- -- newer code -- or count: replace_version_chunks replaced the rows in this transaction);
+-- an identical re-run leaves it as it is. Another generation's task at the served version
+-- (another model or other chunk settings, built beside the served one) switches nothing.
+-- A document whose pointer was deleted is not given one below the version it last served
+-- (document_search_version_high_water, migration 0021): its trigger would refuse the insert
+-- and fail the task; this WHERE skips it, and the task succeeds without switching.
+-- Concurrent switches of one document serialise on the pointer row (lock_search_pointer
+-- locked it; ON CONFLICT evaluates the WHERE against its latest committed version, not our
+-- snapshot's). `old` (PostgreSQL 18 RETURNING) is the row before the update: NULL when this
+-- is the document's first pointer.
 INSERT INTO document_search_version AS s (tenant_id, document_id, version_number,
                                           embedding_model, chunking_strategy, chunk_count,
                                           task_id, switched_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8::timestamptz, now()))
+SELECT $1, $2, $3, $4, $5, $6, $7, coalesce($8::timestamptz, now())
+ WHERE NOT EXISTS (SELECT 1
+                     FROM document_search_version_high_water h
+                    WHERE h.tenant_id = $1
+                      AND h.document_id = $2
+                      AND h.version_number > $3)
 ON CONFLICT (tenant_id, document_id) DO UPDATE
    SET version_number = EXCLUDED.version_number,
        embedding_model = EXCLUDED.embedding_model,
@@ -50,34 +120,44 @@ ON CONFLICT (tenant_id, document_id) DO UPDATE
        task_id = EXCLUDED.task_id,
        switched_at = EXCLUDED.switched_at
  WHERE s.version_number < EXCLUDED.version_number
+    OR ($9::boolean
+        AND s.version_number = EXCLUDED.version_number
+        AND s.embedding_model = EXCLUDED.embedding_model
+        AND (s.chunking_strategy, s.chunk_count)
+            IS DISTINCT FROM (EXCLUDED.chunking_strategy, EXCLUDED.chunk_count))
 RETURNING old.version_number AS previous_version, new.switched_at
 
 -- name: retire_superseded_chunks
--- $1 tenant, $2 document, $3 version (the task's), $4 model, $5 strategy.
+-- $1 tenant, $2 document, $3 version (the task's), $4 model, $5 strategy, $6 its chunk
+-- settings (services/index/generation.py: chunking_settings, the strategy id before $7,
+-- the mark of the code digest).
 -- Run right after switch_search_version, in the same fenced transaction, whether or not the
--- pointer moved: deletes the document's chunks of this generation (same model AND strategy)
--- that the pointer has left behind for good, i.e. older than the version it serves, and
--- never newer than this task's version. So:
---   * the pointer moved to v: the chunks of versions < v go;
---   * the pointer already serves a newer version w of this generation (this task finished
+-- pointer moved: deletes the document's chunks of this model and chunk settings (whichever
+-- code chunked them) that the pointer has left behind for good, i.e.
+-- older than the version it serves, and never newer than this task's version. So:
+--   * the pointer moved to v: the chunks of versions < v go, those an older chunker wrote
+--     with them (after an upgrade the strategy id changes, the generation does not);
+--   * the pointer already serves a newer version w of these settings (this task finished
 --     late): versions <= v go, this task's own chunks with them (nothing will serve them);
---   * the pointer serves another generation (this task builds a generation beside the
---     served one), or no pointer: nothing goes. Other generations' chunks never go here.
+--   * the pointer serves another model or other settings (this task builds a generation
+--     beside the served one), or no pointer: nothing goes. Their chunks never go here.
 -- Why it is safe:
 --   * An in-flight search runs in one REPEATABLE READ read-only transaction (search_pg):
 --     if its snapshot predates this commit it still sees the pointer at the old version AND
 --     the old version's rows (MVCC keeps deleted rows for older snapshots, and VACUUM
 --     removes neither heap rows nor their HNSW/GIN entries while such a snapshot lives); a
 --     snapshot taken after the commit sees the new pointer. Never half a version.
---   * The pointer only moves forward (the forward-only trigger, switch_search_version's
---     WHERE), so a version older than the pointer's is never served again.
---   * Races between versions of one document: switch_search_version locks the pointer row
---     (ON CONFLICT DO UPDATE locks the row even when its WHERE is false) until commit, so
---     the completions of one document run this statement one at a time, each with a fresh
---     READ COMMITTED snapshot taken after the lock: every chunk an earlier completion
---     committed is seen; one that has not committed yet still has to take the lock, and
---     then retires its own chunks if it turns out superseded. A newer version's rows are
---     never touched ($3 bounds the range), staged ones (knowledge_chunk_stream) neither.
+--   * The pointer only moves forward (the forward-only trigger, the high-water mark,
+--     switch_search_version's WHERE), so a version older than the pointer's is never served
+--     again.
+--   * Races between versions of one document: lock_search_pointer locked the pointer row
+--     until commit (and switch_search_version's ON CONFLICT DO UPDATE locks it too, even
+--     when its WHERE is false), so the completions of one document run this statement one
+--     at a time, each with a fresh READ COMMITTED snapshot taken after the lock: every
+--     chunk an earlier completion committed is seen; one that has not committed yet still
+--     has to take the lock, and then retires its own chunks if it turns out superseded. A
+--     newer version's rows are never touched ($3 bounds the range), staged ones
+--     (knowledge_chunk_stream) neither.
 --   * Embedding reuse (known_embeddings) takes any version's chunks: the served version's
 --     rows stay, so unchanged content keeps being reused (content that exists only in a
 --     retired version is embedded again if it comes back).
@@ -89,13 +169,13 @@ DELETE FROM knowledge_chunk c
  WHERE s.tenant_id = $1
    AND s.document_id = $2
    AND s.embedding_model = $4
-   AND s.chunking_strategy = $5
+   AND (s.chunking_strategy = $5 OR split_part(s.chunking_strategy, $7, 1) = $6)
    AND c.tenant_id = $1
    AND c.document_id = $2
    AND c.version_number < s.version_number
    AND c.version_number <= $3::integer
    AND c.embedding_model = $4
-   AND c.chunking_strategy = $5
+   AND (c.chunking_strategy = $5 OR split_part(c.chunking_strategy, $7, 1) = $6)
 
 -- name: known_embeddings
 -- $1 tenant, $2 model, $3 strategy, $4 dimension, $5 digests. One probe of
@@ -120,16 +200,22 @@ SELECT pg_try_advisory_lock(hashtextextended('kb.index_generation:' || $1::text,
 SELECT pg_advisory_unlock(hashtextextended('kb.index_generation:' || $1::text, 0))
 
 -- name: register_generation
--- $1 model, $2 strategy, $3 dimension, $4 ANN index name. Returns the dimension the model is
--- registered with (its first generation's): a different one is a configuration error, since
--- the model's one ANN index casts every embedding of the model to that dimension.
+-- $1 model, $2 strategy, $3 dimension, $4 ANN index name, $5 the versions of the code that
+-- chunks (jsonb, chunking_code.py; NULL: not known), $6 now. Returns the dimension the model
+-- is registered with (its first generation's): a different one is a configuration error,
+-- since the model's one ANN index casts every embedding of the model to that dimension.
+-- A generation registered before is registered again: registered_at says which generation
+-- of a model the indexers started last chunk with (`kb index check`: chunked by older code).
 WITH registered AS (
-    INSERT INTO index_generation (embedding_model, chunking_strategy, dimension, ann_index_name)
-    SELECT $1, $2, $3, $4
+    INSERT INTO index_generation AS g (embedding_model, chunking_strategy, dimension,
+                                       ann_index_name, chunking_code, registered_at)
+    SELECT $1, $2, $3, $4, $5::jsonb, coalesce($6::timestamptz, now())
      WHERE NOT EXISTS (SELECT 1 FROM index_generation WHERE embedding_model = $1)
         OR EXISTS (SELECT 1 FROM index_generation
                     WHERE embedding_model = $1 AND dimension = $3)
-    ON CONFLICT (embedding_model, chunking_strategy) DO NOTHING
+    ON CONFLICT (embedding_model, chunking_strategy) DO UPDATE
+       SET registered_at = EXCLUDED.registered_at,
+           chunking_code = coalesce(EXCLUDED.chunking_code, g.chunking_code)
 )
 SELECT coalesce(
     (SELECT dimension FROM index_generation WHERE embedding_model = $1 LIMIT 1), $3::integer
@@ -228,11 +314,29 @@ DELETE FROM knowledge_chunk_stream WHERE task_id = $1 AND lease_attempt = $2
 -- $1 task, $2 lease_attempt.
 SELECT count(*) FROM knowledge_chunk_stream WHERE task_id = $1 AND lease_attempt = $2
 
+-- name: replace_streamed_version_chunks
+-- replace_version_chunks for a streamed document: $1 tenant, $2 document, $3 version,
+-- $4 model, $5 strategy, $6 the served strategy (or NULL), as there; the new set is the
+-- rows task $7 staged under its attempt $8, which move_streamed_chunks moves in next.
+DELETE FROM knowledge_chunk c
+ WHERE c.tenant_id = $1
+   AND c.document_id = $2
+   AND c.version_number = $3
+   AND c.embedding_model = $4
+   AND (c.chunking_strategy = $5 OR c.chunking_strategy = $6::text)
+   AND NOT EXISTS (
+         SELECT 1
+           FROM knowledge_chunk_stream n
+          WHERE n.task_id = $7
+            AND n.lease_attempt = $8
+            AND n.chunk_id = c.chunk_id
+            AND c.chunking_strategy = $5)
+
 -- name: move_streamed_chunks
 -- $1 task, $2 lease_attempt, $3 tenant, $4 document, $5 version, $6 model, $7 strategy,
--- $8 dimension. Inside the fenced complete: every staged row of the task leaves the
--- staging table, and this attempt's rows enter the index, idempotently as
--- insert_staged_chunks does (rows of other attempts are dropped, never indexed).
+-- $8 dimension. Inside the fenced complete, after replace_streamed_version_chunks: every
+-- staged row of the task leaves the staging table, and this attempt's rows enter the index
+-- as insert_staged_chunks does (rows of other attempts are dropped, never indexed).
 WITH moved AS (
     DELETE FROM knowledge_chunk_stream WHERE task_id = $1
     RETURNING lease_attempt, chunk_id, ordinal, heading_path, text, content_digest, embedding

@@ -131,11 +131,17 @@ async def discard_attempt(pool: asyncpg.Pool[Any], lease: Lease) -> None:
 
 
 async def move_staged(
-    conn: Transaction, lease: Lease, generation: IndexGeneration, chunk_count: int
-) -> None:
-    """Inside the fenced complete: the attempt's staged chunks into the index, the task's
-    staging rows gone. Raises ``StagedChunksMissing`` (the transaction then rolls back)
-    unless exactly ``chunk_count`` rows are staged."""
+    conn: Transaction,
+    lease: Lease,
+    generation: IndexGeneration,
+    chunk_count: int,
+    replaced: str | None,
+) -> str:
+    """Inside the fenced complete, under the pointer's lock: the attempt's staged chunks
+    into the index, in place of the version's earlier set of this generation and of the
+    served set ``replaced`` (sink.sql: replace_version_chunks), the task's staging rows
+    gone. Raises ``StagedChunksMissing`` (the transaction then rolls back) unless exactly
+    ``chunk_count`` rows are staged. Returns the replacing DELETE's status."""
     with translate_db_errors():
         staged = await conn.fetchval(QUERIES["count_stream"], lease.task_id, lease.lease_attempt)
         if staged != chunk_count:
@@ -143,6 +149,13 @@ async def move_staged(
                 f"task {lease.task_id} attempt {lease.lease_attempt} staged {chunk_count} "
                 f"chunks, {staged} found at completion"
             )
+        status: str = await conn.execute(
+            QUERIES["replace_streamed_version_chunks"],
+            *version_chunks(lease, generation),
+            replaced,
+            lease.task_id,
+            lease.lease_attempt,
+        )
         await conn.execute(
             QUERIES["move_streamed_chunks"],
             lease.task_id,
@@ -150,3 +163,4 @@ async def move_staged(
             *version_chunks(lease, generation),
             generation.dimension,
         )
+    return status

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.resources
 import itertools
 import re
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from services.embedding.tokens import TokenizerSpec, approximate_tokens, load_token_counter
 from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy, chunk_id_of, chunk_sections
+from services.indexer.pipeline.chunking_code import CHUNKER_VERSION
 from services.indexer.pipeline.parsing import Section, parse_document
 from services.indexer.pipeline.parsing.section import normalise_heading, normalise_text
 from services.runtime.errors import ConfigError
@@ -53,9 +56,47 @@ def squeeze(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
 
-def test_strategy_id_names_every_setting() -> None:
+def test_strategy_id_names_every_setting_and_the_code_that_chunks() -> None:
     strategy = ChunkingStrategy(MINILM, max_tokens=128, overlap_tokens=16)
-    assert strategy.strategy_id == "heading-semchunk-v1:max=128:overlap=16:tok=all-MiniLM-L6-v2"
+    settings_part, code_part = strategy.strategy_id.rsplit(":code=", 1)
+    assert settings_part == "heading-semchunk-v1:max=128:overlap=16:tok=all-MiniLM-L6-v2"
+    assert re.fullmatch(r"[0-9a-f]{12}", code_part)
+    code = dict(strategy.code)
+    assert code["chunker"] == str(CHUNKER_VERSION)
+    for package in ("pypdf", "python-docx", "selectolax", "markdown-it-py", "tokenizers"):
+        assert code[package] == importlib.metadata.version(package)
+    tokenizer_json = Path(str(MINILM.tokenizer_file)).read_bytes()
+    assert code["tokenizer"] == (
+        f"all-MiniLM-L6-v2:sha256={hashlib.sha256(tokenizer_json).hexdigest()[:16]}"
+    )
+    assert dict(ChunkingStrategy(APPROX, max_tokens=128).code)["tokenizer"] == "approx:approximate"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"chunker": "2"},
+        {"pypdf": "0.0.1"},
+        {"python-docx": "0.0.1"},
+        {"selectolax": "0.0.1"},
+        {"markdown-it-py": "0.0.1"},
+        {"semchunk": "0.0.1"},
+        {"tokenizers": "0.0.1"},
+        {"tokenizer": "all-MiniLM-L6-v2:sha256=0000000000000000"},
+    ],
+)
+def test_other_code_is_another_strategy(change: dict[str, str]) -> None:
+    current = ChunkingStrategy(MINILM, max_tokens=128)
+    older = ChunkingStrategy(
+        MINILM, max_tokens=128, code=tuple((k, change.get(k, v)) for k, v in current.code)
+    )
+    assert older.strategy_id != current.strategy_id
+    assert older.strategy_id.rsplit(":code=", 1)[0] == current.strategy_id.rsplit(":code=", 1)[0]
+    # ... and so are its chunks (the id of each chunk names its strategy).
+    sections = [Section(("Refunds",), "Thirty days, no questions asked.")]
+    assert {c.chunk_id for c in chunk(sections, older)}.isdisjoint(
+        c.chunk_id for c in chunk(sections, current)
+    )
 
 
 @pytest.mark.parametrize(("max_tokens", "overlap"), [(257, 0), (4, 0), (64, 32), (64, -1)])

@@ -9,9 +9,15 @@ import pytest
 
 from services.indexer.maintenance.index_check import (
     DocumentIndexState,
+    Drift,
+    DriftKey,
     DriftKind,
     RepairAction,
+    Verdict,
+    appeared,
+    drift_key,
     find_drift,
+    verify,
 )
 from services.runtime.tasks import TaskStatus
 
@@ -121,3 +127,145 @@ def test_a_damaged_version_whose_task_runs_again_anyway_needs_nothing() -> None:
     [drift] = find_drift(state)
     assert (drift.kind, drift.repair.action) == (DriftKind.CHUNKS_MISSING, RepairAction.NONE)
     assert "RUNNING" in drift.repair.reason
+
+
+# --- chunked by older code ------------------------------------------------------------------
+
+OLD_CODE = {"chunker": "1", "pypdf": "5.4.0", "tokenizers": "0.21.1"}
+NEW_CODE = {"chunker": "1", "pypdf": "6.0.0", "tokenizers": "0.21.1"}
+OLDER = replace(
+    SERVED_V1,
+    served_strategy="heading-semchunk-v1:max=128:overlap=0:tok=t:code=aaaaaaaaaaaa",
+    current_strategy="heading-semchunk-v1:max=128:overlap=0:tok=t:code=bbbbbbbbbbbb",
+    served_code=OLD_CODE,
+    current_code=NEW_CODE,
+)
+
+
+def test_a_served_version_chunked_by_older_code_is_chunked_again() -> None:
+    [drift] = find_drift(OLDER)
+    assert (drift.kind, drift.repair.action, drift.repair.version_number) == (
+        DriftKind.OLDER_CHUNKING,
+        RepairAction.RERUN,
+        1,
+    )
+    assert drift.detail == "served v1 chunked by older code (pypdf 5.4.0 -> 6.0.0)"
+    assert find_drift(replace(OLDER, current_strategy=OLDER.served_strategy)) == []
+
+
+def test_a_version_chunked_before_the_code_was_recorded_is_chunked_by_older_code() -> None:
+    state = replace(
+        OLDER,
+        served_strategy="heading-semchunk-v1:max=128:overlap=0:tok=t",
+        served_code=None,
+    )
+    [drift] = find_drift(state)
+    assert drift.kind is DriftKind.OLDER_CHUNKING
+    assert drift.detail == "served v1 chunked by older code (its code's versions were not recorded)"
+
+
+def test_other_chunk_settings_are_another_generation_not_drift() -> None:
+    # Settings apply to new versions; served ones keep their strategy.
+    other_settings = "heading-semchunk-v1:max=256:overlap=0:tok=t:code=bbbbbbbbbbbb"
+    assert find_drift(replace(OLDER, current_strategy=other_settings)) == []
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        # A newer version is on its way (its task runs, or its own drift's repair moves the
+        # pointer forward): chunking the served one again would be wasted.
+        replace(
+            OLDER,
+            published_version=2,
+            published_task_id=TASK_V2,
+            published_task_status=TaskStatus.PENDING,
+        ),
+        replace(
+            OLDER,
+            published_version=2,
+            published_task_id=TASK_V2,
+            published_task_status=TaskStatus.SUCCEEDED,
+        ),
+        # Nothing registered for the served model, or a pointer naming no strategy.
+        replace(OLDER, current_strategy=None),
+        replace(OLDER, served_strategy=None),
+    ],
+)
+def test_older_chunking_is_not_reported_where_it_would_not_help(
+    state: DocumentIndexState,
+) -> None:
+    assert DriftKind.OLDER_CHUNKING not in [d.kind for d in find_drift(state)]
+
+
+def test_older_chunking_of_a_version_whose_successor_failed_is_reported() -> None:
+    state = replace(
+        OLDER, published_version=2, published_task_id=TASK_V2, published_task_status=TaskStatus.DEAD
+    )
+    assert kinds(state) == [(DriftKind.OLDER_CHUNKING, RepairAction.RERUN, TASK_V1)]
+
+
+def test_missing_chunks_are_the_one_drift_of_a_damaged_version_chunked_by_older_code() -> None:
+    # One re-run repairs both: it chunks with the current code and fills the set.
+    assert kinds(replace(OLDER, present_chunks=3)) == [
+        (DriftKind.CHUNKS_MISSING, RepairAction.RERUN, TASK_V1)
+    ]
+
+
+# --- verifying a repair -----------------------------------------------------------------------
+
+
+def one_drift(state: DocumentIndexState) -> Drift:
+    [drift] = find_drift(state)
+    return drift
+
+
+DAMAGED = one_drift(replace(SERVED_V1, present_chunks=3))
+
+
+@pytest.mark.parametrize(
+    ("queued", "status", "after", "verdict"),
+    [
+        (True, TaskStatus.SUCCEEDED, set(), Verdict.REPAIRED),
+        (True, TaskStatus.SUCCEEDED, {drift_key(DAMAGED)}, Verdict.STILL_DRIFTING),
+        (True, TaskStatus.DEAD, set(), Verdict.TASK_FAILED),
+        (True, None, set(), Verdict.TASK_FAILED),
+        # Still live when the wait ran out: the check after it cannot tell (a live task is
+        # not drift), so it is not counted as repaired.
+        (True, TaskStatus.PENDING, set(), Verdict.NOT_FINISHED),
+        (True, TaskStatus.RETRY_WAIT, set(), Verdict.NOT_FINISHED),
+        (True, TaskStatus.SUCCEEDED, None, Verdict.NOT_VERIFIED),
+        (False, None, set(), Verdict.NOT_REPAIRED),
+    ],
+)
+def test_a_drift_is_repaired_only_when_the_check_after_its_task_no_longer_finds_it(
+    queued: bool,
+    status: TaskStatus | None,
+    after: set[DriftKey] | None,
+    verdict: Verdict,
+) -> None:
+    verified = verify(
+        DAMAGED, queued=queued, note="task back to PENDING", task_status=status, after=after
+    )
+    assert verified.verdict is verdict
+
+
+def test_another_drift_of_the_same_document_does_not_hide_a_repair() -> None:
+    other = (DAMAGED.state.tenant_id, DAMAGED.state.document_id, DriftKind.NOT_QUEUED)
+    verified = verify(
+        DAMAGED, queued=True, note="", task_status=TaskStatus.SUCCEEDED, after={other}
+    )
+    assert verified.verdict is Verdict.REPAIRED
+
+
+def test_drifts_that_appear_during_the_repair_are_named() -> None:
+    fresh = one_drift(
+        replace(
+            V2_PUBLISHED,
+            document_id=uuid.UUID(int=9),
+            published_task_id=None,
+            published_task_status=None,
+        )
+    )
+    assert appeared([DAMAGED], [DAMAGED, fresh]) == [fresh]
+    assert appeared([DAMAGED, fresh], [fresh]) == []

@@ -60,8 +60,10 @@ def test_the_graph_is_exactly_design_section_4() -> None:
         (S.RUNNING, S.RETRY_WAIT),
         (S.RUNNING, S.DEAD),
         (S.DEAD, S.PENDING),
+        (S.SUCCEEDED, S.PENDING),
     } == TRANSITIONS
-    assert not any(source is S.SUCCEEDED for source, _ in TRANSITIONS)
+    # A finished task leaves its state only back to PENDING (a requeue or a drift re-run).
+    assert {to for source, to in TRANSITIONS if source in (S.SUCCEEDED, S.DEAD)} == {S.PENDING}
     assert TERMINAL_CODES.isdisjoint(RETRYABLE_CODES)
 
 
@@ -128,6 +130,45 @@ def test_requeue_only_from_dead_and_keeps_the_generation() -> None:
     assert record.previous_error_code == ErrorCode.LEASE_ATTEMPTS_EXHAUSTED
     _, reset = model.requeue(dead, by="ops", now=NOW, reset_attempts=True, budget=5)
     assert reset.new_max_attempts == 6
+    with pytest.raises(InvalidTransition):
+        model.requeue(
+            dead,
+            by="check",
+            now=NOW,
+            reset_attempts=True,
+            budget=5,
+            from_status=TaskStatus.SUCCEEDED,
+        )
+    with pytest.raises(ValueError, match="DEAD or SUCCEEDED"):
+        model.requeue(
+            running,
+            by="x",
+            now=NOW,
+            reset_attempts=True,
+            budget=5,
+            from_status=TaskStatus.RUNNING,
+        )
+
+
+def test_a_drift_rerun_takes_a_succeeded_task_back_to_pending_under_a_new_generation() -> None:
+    running = model.claim(pending(max_attempts=3), "w1", NOW, 30)
+    done = model.complete(running, model.lease_of(running), NOW)
+    rerun, record = model.requeue(
+        done,
+        by="kb index check --repair",
+        now=NOW,
+        reset_attempts=True,
+        budget=5,
+        from_status=TaskStatus.SUCCEEDED,
+    )
+    assert (rerun.status, rerun.attempts, rerun.max_attempts) == (TaskStatus.PENDING, 1, 6)
+    assert rerun.lease_owner is None  # the worker that completed it is forgotten
+    assert (record.attempts, record.previous_max_attempts) == (1, 3)
+    # The next claim is a new generation: the old lease can never complete it again.
+    again = model.claim(rerun, "w2", NOW, 30)
+    assert again.attempts == 2
+    with pytest.raises(LeaseLost):
+        model.complete(again, model.lease_of(running), NOW)
 
 
 def lease_at(attempt: int, max_attempts: int = 10) -> model.Lease:

@@ -1,5 +1,5 @@
 """Property: whatever several workers do, in any order, with time moving on -- claim,
-heartbeat, complete, fail, expire, requeue -- a task never leaves the graph of
+heartbeat, complete, fail, expire, requeue, a drift re-run -- a task never leaves the graph of
 docs/architecture.md#states-and-transitions, its generation never goes back, and a worker whose
 lease is not the current live one never
 changes it."""
@@ -70,6 +70,7 @@ ops = st.one_of(
         seconds=st.sampled_from([1.0, 10.0, LEASE_SECONDS, 45.0, 120.0, PROVIDER_BUDGET]),
     ),
     st.builds(Op, st.just("requeue"), st.just("ops"), reset=st.booleans()),
+    st.builds(Op, st.just("rerun"), st.just("check")),
 )
 
 
@@ -137,6 +138,16 @@ def test_random_histories_stay_in_the_graph_and_fence_out_stale_workers(
                     task, by=op.worker, now=now, reset_attempts=op.reset, budget=3
                 )
                 assert record.attempts == before.attempts
+            elif op.kind == "rerun":
+                task, record = model.requeue(
+                    task,
+                    by=op.worker,
+                    now=now,
+                    reset_attempts=True,
+                    budget=3,
+                    from_status=TaskStatus.SUCCEEDED,
+                )
+                assert record.attempts == before.attempts
             elif lease is None:
                 continue
             elif op.kind == "heartbeat":
@@ -182,7 +193,7 @@ def test_random_histories_stay_in_the_graph_and_fence_out_stale_workers(
             if provider and task.status is TaskStatus.DEAD and decision.provider_budget_seconds:
                 assert task.first_provider_failure_at is not None
                 assert now - task.first_provider_failure_at >= timedelta(seconds=PROVIDER_BUDGET)
-        if op.kind == "requeue":
+        if op.kind in ("requeue", "rerun"):
             assert task.first_provider_failure_at is None
         if task.status is TaskStatus.RUNNING:
             assert task.lease_owner is not None
