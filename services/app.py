@@ -15,15 +15,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.middleware import Middleware
 
 from services.embedding.settings import EmbeddingSettings, load_embedding_settings
 from services.operator.context import OperatorContext, build_operator_context
 from services.operator.routes import mount_operator
 from services.operator.settings import OperatorSettings
 from services.publisher.api import create_app as create_publisher_app
+from services.publisher.body_limit import BodyLimitMiddleware
 from services.publisher.bulk.domain import BulkStore
 from services.publisher.ports import PublisherStore
 from services.publisher.settings import PublisherSettings
+from services.runtime.http_strict import StrictHeadersMiddleware, StrictJsonMiddleware
 from services.runtime.logging import get_logger
 from services.runtime.search_lag import run_search_lag_sampler
 from services.search.index_pg import PgSearchIndex
@@ -52,6 +55,7 @@ def create_app(
     app.state.searcher = searcher
     app.include_router(search_router)
     mount_operator(app, operator)
+    _add_strict_http(app)
     publisher_lifespan = app.router.lifespan_context
 
     @asynccontextmanager
@@ -80,6 +84,16 @@ def create_app(
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def _add_strict_http(app: FastAPI) -> None:
+    """HTTP strictness (services/runtime/http_strict.py): the header checks outermost,
+    before auth or anything reads the body; the duplicate-JSON-key check just inside the
+    body-size limit, so that it buffers only bodies the limit lets through."""
+    stack = app.user_middleware  # outermost first
+    limit = next(i for i, m in enumerate(stack) if m.cls is BodyLimitMiddleware)  # type: ignore[comparison-overlap]
+    stack.insert(limit + 1, Middleware(StrictJsonMiddleware))
+    app.add_middleware(StrictHeadersMiddleware)
 
 
 @asynccontextmanager

@@ -3,9 +3,17 @@ operator page -- with the publisher's server limits and a graceful SIGTERM."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import typer
 
 from services.runtime.cli_options import metrics_port_option, serve_metrics
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from services.publisher.settings import PublisherSettings
+    from services.runtime.http_strict import HttpSettings
 
 
 def serve(
@@ -17,12 +25,31 @@ def serve(
 ) -> None:
     """Run the HTTP API (publishing and search)."""
     from services.app import create_app
-    from services.publisher.server import serve_app
+    from services.publisher.server import GracefulServer
     from services.publisher.settings import PublisherSettings
     from services.runtime.cli_support import load_settings
+    from services.runtime.http_strict import HttpSettings
     from services.runtime.logging import configure_logging
 
     settings = load_settings(PublisherSettings)
+    http_settings = load_settings(HttpSettings)
     configure_logging(settings.log_level, settings.log_format, service="kb-api")
     serve_metrics(metrics_port, "127.0.0.1")
-    serve_app(create_app(settings), host=host, port=port, settings=settings)
+    config = server_config(
+        create_app(settings), host=host, port=port, settings=settings, http=http_settings
+    )
+    GracefulServer(config).run()
+
+
+def server_config(
+    app: Any, *, host: str, port: int, settings: PublisherSettings, http: HttpSettings
+) -> uvicorn.Config:
+    """uvicorn's configuration of `kb serve`: the publisher's server limits, and forwarded
+    headers believed only from ``KB_HTTP_TRUSTED_PROXIES`` (none by default)."""
+    import uvicorn
+
+    from services.publisher.server import uvicorn_options
+    from services.runtime.http_strict import proxy_options
+
+    options = {**uvicorn_options(settings), **proxy_options(http)}
+    return uvicorn.Config(app, host=host, port=port, **options)

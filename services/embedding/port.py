@@ -8,7 +8,7 @@ index generation), so a provider names both and never changes them while it runs
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -89,8 +89,13 @@ class InputRefused(IndexingFailed):
         return InputRefused(self.position + offset, self.detail)
 
 
+# Below this L2 norm a vector counts as zero. Real embeddings are unit vectors or close to
+# it; this only has to be far above float rounding noise around an all-zero answer.
+MIN_VECTOR_NORM: Final = 1e-6
+
+
 def checked_vectors(vectors: Vectors, *, rows: int, dimension: int, source: str) -> Vectors:
-    """``vectors`` if it has the promised shape and only finite values, else
+    """``vectors`` if it has the promised shape, only finite values and no zero-norm row, else
     EMBEDDING_RESPONSE_INVALID: a vector that is wrong in shape or NaN must never reach the
     index, where it would corrupt every search that touches it."""
     if vectors.ndim != 2 or vectors.shape != (rows, dimension):
@@ -103,5 +108,15 @@ def checked_vectors(vectors: Vectors, *, rows: int, dimension: int, source: str)
         raise IndexingFailed(
             ErrorCode.EMBEDDING_RESPONSE_INVALID,
             f"{source} returned a non-finite value in the vector of input {bad}",
+        )
+    # A zero vector has no direction: its cosine distance to anything is 0/0, a NaN score
+    # that poisons the exact ranking of every search reaching it. Norms in float64, so that
+    # a tiny but genuine float32 vector is not squared into an underflow.
+    norms = np.linalg.norm(vectors.astype(np.float64, copy=False), axis=1)
+    if bool((norms < MIN_VECTOR_NORM).any()):
+        bad = int(np.argmax(norms < MIN_VECTOR_NORM))
+        raise IndexingFailed(
+            ErrorCode.EMBEDDING_RESPONSE_INVALID,
+            f"{source} returned a zero-norm vector for input {bad}",
         )
     return vectors.astype(np.float32, copy=False)

@@ -37,7 +37,13 @@ from services.runtime.events import (
     INDEX_TASK_CREATED,
     event_id,
 )
-from services.runtime.media_types import SUPPORTED_MEDIA_TYPES, normalise_media_type
+from services.runtime.media_types import (
+    SUPPORTED_MEDIA_TYPES,
+    check_content,
+    declared_charset,
+    normalise_media_type,
+)
+from services.runtime.principals import normalise_principal
 from services.runtime.records import copied
 from services.runtime.tasks import (
     TASK_TYPE_INDEX_VERSION,
@@ -110,14 +116,18 @@ def resolve_media_type(declared: str | None, filename: str | None) -> str:
 
 
 def check_upload(upload: Upload, max_upload_bytes: int) -> str:
-    """Validate an upload; its media type."""
+    """Validate an upload; its media type (the declared one, checked against the bytes)."""
     if not upload.content:
         raise BadInput("the file is empty", code="EMPTY_FILE")
     if len(upload.content) > max_upload_bytes:
         raise PayloadTooLarge(
             f"the file has {len(upload.content)} bytes; the limit is {max_upload_bytes}"
         )
-    return resolve_media_type(upload.declared_media_type, upload.filename)
+    media_type = resolve_media_type(upload.declared_media_type, upload.filename)
+    # The bytes must be what the type says (415 MEDIA_TYPE_MISMATCH otherwise): a file is
+    # stored, served and parsed as its declared type, never as something it only claims.
+    check_content(media_type, upload.content, charset=declared_charset(upload.declared_media_type))
+    return media_type
 
 
 def check_title(title: str) -> str:
@@ -127,9 +137,14 @@ def check_title(title: str) -> str:
 
 
 def check_principals(principals: list[str]) -> frozenset[str]:
-    """The principals as stored and compared: NFC, trimmed, without duplicates."""
+    """The principals as stored and compared (``normalise_principal``: NFC, trimmed),
+    without duplicates; 422 for a blank, too long or invisible-character principal."""
     return frozenset(
-        clean_text(p, what="principal", max_length=MAX_PRINCIPAL_LENGTH, code="PRINCIPAL_INVALID")
+        normalise_principal(
+            clean_text(
+                p, what="principal", max_length=MAX_PRINCIPAL_LENGTH, code="PRINCIPAL_INVALID"
+            )
+        )
         for p in principals
     )
 

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, File, Form, Path, Request, Security, UploadFile
 from fastapi.security import HTTPBearer
@@ -51,6 +51,24 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     # a stalled body, a busy service.
     common = {400, 401, 403, 408, 413, 422, 503}
     return {status: PROBLEM_RESPONSE for status in sorted({*common, *statuses})}
+
+
+# An upload's 415 has two causes a client handles differently: a type that is never indexed
+# (send another format) and bytes that are not what the type says (fix the file or the type).
+_UPLOAD_415: Final[dict[str, Any]] = {
+    **PROBLEM_RESPONSE,
+    "description": (
+        "`UNSUPPORTED_MEDIA_TYPE`: the declared type (or, for an unspecific one, the file "
+        "name's extension) is not one that is indexed. `MEDIA_TYPE_MISMATCH`: the bytes are "
+        "not what the type says: a PDF must start with `%PDF-` (after whitespace at most), a "
+        "DOCX must be a zip holding `[Content_Types].xml` and `word/document.xml`, text must "
+        "decode as UTF-8, by its byte-order mark or as its declared `charset`."
+    ),
+}
+
+
+def _upload_problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {**_problems(*statuses), 415: _UPLOAD_415}
 
 
 def _authenticated(request: Request, tenant_id: TenantId) -> None:
@@ -117,7 +135,7 @@ async def _counted(request: Request, operation: str) -> AsyncIterator[None]:
     "/documents",
     status_code=201,
     response_model=VersionCreatedResponse,
-    responses=_problems(415),
+    responses=_upload_problems(),
     summary="Upload a new document (its version 1, as a draft)",
 )
 async def create_document(
@@ -146,7 +164,7 @@ async def create_document(
     "/documents/{documentId}/versions",
     status_code=201,
     response_model=VersionCreatedResponse,
-    responses=_problems(404, 415),
+    responses=_upload_problems(404),
     summary="Upload a new version of a document (as a draft)",
 )
 async def add_version(

@@ -32,6 +32,7 @@ from services.runtime.index_failures import (
     redact,
 )
 from services.runtime.logging import get_logger
+from services.runtime.principals import normalise_principals
 from services.search.metrics import TIMEOUT_REASON, count_degraded
 
 log = get_logger(__name__)
@@ -304,6 +305,9 @@ class Searcher:
 
     async def search(self, request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
+        # Compared in the form publish stores ACLs in (NFC, trimmed): "group:café" spelt with
+        # a combining accent, or with a stray space, is the principal the ACL names.
+        request = replace(request, principals=normalise_principals(request.principals))
         query_vector: Vectors | None = None
         degraded: Degraded | None = None
         if request.mode.uses_vector:

@@ -29,6 +29,7 @@ from tests.support.api import (
     snapshot,
     upload,
 )
+from tests.support.documents import SAMPLE, make_docx, make_html, make_pdf, make_zip_not_docx
 
 pytestmark = pytest.mark.integration
 
@@ -110,13 +111,14 @@ async def test_a_new_version_bumps_latest_version_and_revision(
 
 
 @pytest.mark.parametrize(
-    ("media_type", "filename", "stored"),
+    ("media_type", "filename", "stored", "content"),
     [
-        ("text/plain; charset=utf-8", "a.txt", "text/plain"),
-        ("text/html", "a.html", "text/html"),
-        ("application/pdf", "a.pdf", "application/pdf"),
-        (DOCX, "a.docx", DOCX),
-        ("application/octet-stream", "notes.md", "text/markdown"),
+        ("text/plain; charset=utf-8", "a.txt", "text/plain", "Grüße".encode()),
+        ("text/plain; charset=utf-16", "a.txt", "text/plain", "Grüße".encode("utf-16")),
+        ("text/html", "a.html", "text/html", make_html(SAMPLE[:1])),
+        ("application/pdf", "a.pdf", "application/pdf", make_pdf(SAMPLE[:1])),
+        (DOCX, "a.docx", DOCX, make_docx(SAMPLE[:1])),
+        ("application/octet-stream", "notes.md", "text/markdown", b"# Notes"),
     ],
 )
 async def test_every_media_type_the_indexer_parses_is_accepted(
@@ -126,8 +128,9 @@ async def test_every_media_type_the_indexer_parses_is_accepted(
     media_type: str,
     filename: str,
     stored: str,
+    content: bytes,
 ) -> None:
-    response = await upload(api.client, acme, b"content", media_type=media_type, filename=filename)
+    response = await upload(api.client, acme, content, media_type=media_type, filename=filename)
     assert response.status_code == 201, response.text
     assert (
         await conn.fetchval(
@@ -139,6 +142,42 @@ async def test_every_media_type_the_indexer_parses_is_accepted(
 
 
 # --- bad input: a clean 4xx and nothing changed --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "media_type", "filename"),
+    [
+        (make_html(SAMPLE[:1]), "application/pdf", "page.pdf"),  # HTML stored as a PDF
+        (make_pdf(SAMPLE[:1]), DOCX, "a.docx"),
+        (make_zip_not_docx(), DOCX, "a.docx"),
+        (b"caf\xe9", "text/plain", "a.txt"),  # Latin-1 without a declared charset
+        (b"<p>caf\xe9</p>", "text/html", "a.html"),
+        (make_html(SAMPLE[:1]), "application/octet-stream", "looks.pdf"),  # by extension
+    ],
+)
+async def test_bytes_that_are_not_their_type_are_415_and_change_nothing(
+    api: Harness,
+    acme: ApiTenant,
+    conn: asyncpg.Connection[Any],
+    content: bytes,
+    media_type: str,
+    filename: str,
+) -> None:
+    existing = (await upload(api.client, acme)).json()["documentId"]
+    before = await snapshot(conn)
+    for response in [
+        await upload(api.client, acme, content, media_type=media_type, filename=filename),
+        await upload(
+            api.client,
+            acme,
+            content,
+            media_type=media_type,
+            filename=filename,
+            document_id=existing,
+        ),
+    ]:
+        _problem(response, 415, "MEDIA_TYPE_MISMATCH")
+    assert await snapshot(conn) == before
 
 
 async def test_bad_uploads_are_refused_and_change_nothing(

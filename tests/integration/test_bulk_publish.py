@@ -17,8 +17,11 @@ from services.runtime.avro import default_registry
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, Harness, add_tenant, publish, publisher_harness, snapshot
 from tests.support.api import upload as single_upload
+from tests.support.documents import SAMPLE, make_docx, make_html, make_pdf
 
 pytestmark = pytest.mark.integration
+
+DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 
 
 @pytest.fixture
@@ -148,6 +151,50 @@ async def test_a_bad_item_is_refused_alone_with_its_code(
     assert results[3]["versionNumber"] == 2
     titles = {row["title"] for row in await conn.fetch("SELECT title FROM document")}
     assert titles == {"Good", "Refund policy"}  # the refused new documents left nothing
+
+
+async def test_an_item_whose_bytes_are_not_its_type_is_refused_alone(
+    api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    existing = (await single_upload(api.client, acme, b"v1 text")).json()
+    before = await snapshot(conn)
+    read = {"read": ["group:all"]}
+    response = await bulk(
+        api.client,
+        acme,
+        [
+            {"title": "HTML as PDF", "acl": read},
+            {"title": "PDF", "acl": read},
+            {"title": "DOCX", "acl": read},
+            {"title": "Latin-1 as UTF-8", "acl": read},
+            {"documentId": existing["documentId"], "acl": read},
+        ],
+        [
+            ("page.pdf", make_html(), "application/pdf"),
+            ("real.pdf", make_pdf(SAMPLE[:1]), "application/pdf"),
+            ("real.docx", make_docx(SAMPLE[:1]), DOCX),
+            ("cafe.txt", "café".encode("latin-1"), "text/plain"),
+            ("v2.pdf", b"<html>not a pdf</html>", "application/pdf"),
+        ],
+    )
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert [(r["status"], r.get("errorCode")) for r in results] == [
+        (415, "MEDIA_TYPE_MISMATCH"),
+        (202, None),
+        (202, None),
+        (415, "MEDIA_TYPE_MISMATCH"),
+        (415, "MEDIA_TYPE_MISMATCH"),
+    ]
+    titles = {row["title"] for row in await conn.fetch("SELECT title FROM document")}
+    assert titles == {"PDF", "DOCX", "Refund policy"}
+    # The refused new version left the existing document as it was.
+    after = await snapshot(conn)
+    mine = uuid.UUID(existing["documentId"])
+    assert [r for r in after["document"] if r[1] == mine] == [
+        r for r in before["document"] if r[1] == mine
+    ]
+    assert len(after["document_version"]) == len(before["document_version"]) + 2
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,6 @@ more files than items, too many items) is refused whole with 400/422 and changes
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Annotated, Any, Final
 
@@ -34,6 +33,7 @@ from services.publisher.metrics import PublisherMetrics
 from services.publisher.wire import ApiModel, ReadAcl
 from services.runtime.errors import BadInput, DependencyUnavailable, KbError
 from services.runtime.http_problem import PROBLEM_RESPONSE
+from services.runtime.http_strict import strict_json_loads
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import require_authenticated_tenant
 from services.runtime.tenant_ids import TENANT_ID_PATTERN
@@ -133,7 +133,8 @@ def _items(manifests: list[Any], files: list[Any]) -> list[BulkItem]:
     if len(manifests) != 1 or not isinstance(manifests[0], str):
         raise BadInput("the request needs exactly one 'items' part (JSON)", code="BULK_INVALID")
     try:
-        raw = json.loads(manifests[0])
+        # Duplicate keys are refused (DUPLICATE_JSON_KEY), as in every JSON body.
+        raw = strict_json_loads(manifests[0])
     except ValueError:
         raise BadInput("the 'items' part is not JSON", code="BULK_INVALID") from None
     if not isinstance(raw, list) or not raw:

@@ -7,7 +7,6 @@ index, fake embedders, and the composed app over a memory store (no server)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -26,10 +25,7 @@ from services.runtime.tenant_auth import hash_api_key, new_api_key
 from services.search.metrics import DEGRADED_REASONS
 from services.search.searcher import (
     DEFAULT_RETRY_AFTER_SECONDS,
-    Candidate,
-    Candidates,
     Degraded,
-    Generation,
     QueryEmbeddingUnavailable,
     Searcher,
     SearchMode,
@@ -37,9 +33,8 @@ from services.search.searcher import (
 )
 from services.search.statements import SearchSettings
 from tests.fakes.publisher_store import MemoryPublisherStore
+from tests.fakes.search_index import DIMENSION, FakeIndex
 
-DOC = uuid.UUID("00000000-0000-0000-0000-00000000000d")
-DIMENSION = 8
 TINY_TIMEOUT = 0.05
 
 PROVIDER_CODES = (
@@ -49,28 +44,6 @@ PROVIDER_CODES = (
     ErrorCode.EMBEDDING_RESPONSE_MALFORMED,
 )
 TERMINAL_CODES = (ErrorCode.EMBEDDING_RESPONSE_INVALID, ErrorCode.EMBEDDING_MODEL_CHANGED)
-
-
-def candidate(chunk: str, rank: int, score: float, coverage: float | None = None) -> Candidate:
-    return Candidate(DOC, "Title", 1, chunk, ("H",), f"text {chunk}", rank, score, coverage)
-
-
-class FakeIndex:
-    """Both lists, whatever the request: the vector list only when given a vector."""
-
-    def __init__(self) -> None:
-        self.generation = Generation(f"hashing-v1-{DIMENSION}", DIMENSION)
-        self.requests: list[SearchRequest] = []
-        self.vectors: list[Vectors | None] = []
-
-    async def candidates(self, request: SearchRequest, query_vector: Vectors | None) -> Candidates:
-        self.requests.append(request)
-        self.vectors.append(query_vector)
-        # A weak keyword hit (low coverage) that hybrid fusion would leave out: keyword-only
-        # answers rank it as keyword mode does.
-        keyword = [candidate("k1", 1, 3.0, 1.0), candidate("k2", 2, 1.0, 0.1)]
-        vector = [candidate("v", 1, 0.9)] if query_vector is not None else []
-        return Candidates(vector=vector, keyword=keyword)
 
 
 class FailingEmbedder(HashingEmbedder):

@@ -16,7 +16,8 @@ from typing import Any
 from selectolax.lexbor import LexborHTMLParser
 
 from services.indexer.pipeline.parsing.section import Section, SectionBuilder
-from services.indexer.pipeline.parsing.text import bom_encoding, decode
+from services.indexer.pipeline.parsing.text import decode
+from services.runtime.media_types import bom_encoding
 
 _DROPPED = frozenset(
     {

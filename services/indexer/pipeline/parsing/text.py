@@ -6,28 +6,13 @@ read exactly is never indexed as mojibake.
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Iterator
 
 from services.indexer.pipeline.parsing.section import Section, SectionBuilder
 from services.indexer.queue.task import ErrorCode, IndexingFailed
 
-# Longest first: the UTF-32 LE mark begins with the UTF-16 LE one.
-_BOMS = (
-    (codecs.BOM_UTF32_LE, "utf-32-le"),
-    (codecs.BOM_UTF32_BE, "utf-32-be"),
-    (codecs.BOM_UTF8, "utf-8"),
-    (codecs.BOM_UTF16_LE, "utf-16-le"),
-    (codecs.BOM_UTF16_BE, "utf-16-be"),
-)
-
-
-def bom_encoding(content: bytes) -> tuple[str, int] | None:
-    """The encoding a byte-order mark announces, and the mark's length."""
-    for bom, encoding in _BOMS:
-        if content.startswith(bom):
-            return encoding, len(bom)
-    return None
+# The byte-order marks are the publisher's too: what it accepts as text is what is read here.
+from services.runtime.media_types import bom_encoding
 
 
 def decode(content: bytes, encoding: str, *, skip: int = 0) -> str:
