@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.runtime.settings import RuntimeSettings
 
@@ -88,6 +88,21 @@ class IndexerSettings(RuntimeSettings):
     # Plain text and Markdown smaller than this are parsed in the indexer process itself,
     # not sent to a parse process (whose round trip costs more than their parse); 0: never.
     indexer_parse_inline_max_bytes: int = Field(default=65_536, ge=0, le=16 * 1024 * 1024)
+    # Address space of each parse process (RLIMIT_AS, Linux); past it the document is
+    # DOCUMENT_TOO_LARGE and the process is replaced. 0: no limit. At least 512 MiB: an idle
+    # parse process already takes ~300 MB of address space, and below that every failed
+    # parse would read as out of memory.
+    indexer_parse_memory_limit_bytes: int = Field(default=1024 * 1024 * 1024, ge=0)
+
+    @field_validator("indexer_parse_memory_limit_bytes")
+    @classmethod
+    def _room_to_parse(cls, value: int) -> int:
+        if 0 < value < 512 * 1024 * 1024:
+            raise ValueError("must be 0 (no limit) or at least 536870912 (512 MiB)")
+        return value
+
+    # The most one DOCX archive member may decompress to (DOCUMENT_TOO_LARGE beyond it).
+    indexer_parse_max_member_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     # Kafka hints (kb.index-hints.<tier>, consumer group kb-indexer.<tier>) wake the claim
     # loop; off, the indexer works by its poll timer alone (`kb indexer run --no-hints`).
     indexer_hints: bool = True

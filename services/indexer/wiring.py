@@ -79,7 +79,11 @@ async def pipeline_indexer(
         workers = settings.indexer_parse_workers or max(1, min(slots, os.cpu_count() or 1))
         parse_pool = ParsePool(
             workers=workers,
-            limits=ParseLimits(budget_seconds=settings.indexer_parse_budget_seconds),
+            limits=ParseLimits(
+                budget_seconds=settings.indexer_parse_budget_seconds,
+                memory_limit_bytes=settings.indexer_parse_memory_limit_bytes,
+                max_member_bytes=settings.indexer_parse_max_member_bytes,
+            ),
             inline_below_bytes=settings.indexer_parse_inline_max_bytes,
         )
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import io
+import random
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -240,6 +241,28 @@ def make_docx_zip_bomb(uncompressed_bytes: int = 16 * 1024 * 1024) -> bytes:
             block = bytes(1024 * 1024)
             for _ in range(uncompressed_bytes // len(block)):
                 padding.write(block)
+    return out.getvalue()
+
+
+def make_docx_swelling(paragraphs: int = 8_000_000, padding_bytes: int = 512 * 1024) -> bytes:
+    """A DOCX that passes the archive checks (about 48 MB of XML, ratio about 90) but whose
+    word/document.xml -- millions of empty paragraphs -- takes lxml some 20x its size to
+    open: the review's 1.1 MiB DOCX that peaked at 2.35 GB. Random padding keeps the
+    compression ratio under the limit."""
+    valid = zipfile.ZipFile(io.BytesIO(make_docx(SAMPLE[:1])))
+    head, tail = valid.read("word/document.xml").split(b"<w:body>", 1)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as swelling:
+        for member in valid.infolist():
+            if member.filename != "word/document.xml":
+                swelling.writestr(member.filename, valid.read(member.filename))
+        with swelling.open("word/document.xml", "w") as document:
+            document.write(head + b"<w:body>")
+            block = b"<w:p/>" * 100_000
+            for _ in range(paragraphs // 100_000):
+                document.write(block)
+            document.write(tail)
+        swelling.writestr("word/media/padding.bin", random.Random(7).randbytes(padding_bytes))
     return out.getvalue()
 
 

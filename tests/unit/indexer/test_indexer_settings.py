@@ -80,3 +80,14 @@ def test_rejects_settings_that_cannot_work(
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError):
         IndexerSettings()
+
+
+@pytest.mark.parametrize(
+    ("limit", "ok"), [(0, True), (512 * 1024 * 1024, True), (256 * 1024 * 1024, False), (1, False)]
+)
+def test_a_parse_memory_limit_is_off_or_leaves_room_to_parse(limit: int, ok: bool) -> None:
+    if ok:
+        assert IndexerSettings(indexer_parse_memory_limit_bytes=limit)
+        return
+    with pytest.raises(ValidationError, match="at least 536870912"):
+        IndexerSettings(indexer_parse_memory_limit_bytes=limit)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.indexer.pipeline.parsing.limits import ParseLimits
+from services.indexer.pipeline.parsing.limits import ParseLimits, near_memory_limit
 from services.indexer.pipeline.parsing.section import Section
 from services.indexer.queue.task import ErrorCode, IndexingFailed
 from services.runtime import media_types
@@ -70,6 +70,16 @@ def _short(error: BaseException) -> str:
     return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 1] + "…"
 
 
+def _out_of_memory(media_type: str, limit: int | None) -> IndexingFailed:
+    return IndexingFailed(
+        ErrorCode.DOCUMENT_TOO_LARGE,
+        f"{media_type} needs more memory than a parse process may use "
+        f"(KB_INDEXER_PARSE_MEMORY_LIMIT_BYTES = {limit})"
+        if limit is not None
+        else f"{media_type} needs more memory than there is",
+    )
+
+
 def parse_document(
     media_type: str, content: bytes, limits: ParseLimits = _DEFAULT_LIMITS
 ) -> list[Section]:
@@ -86,10 +96,13 @@ def parse_document(
     except IndexingFailed:
         raise
     except MemoryError:
-        raise IndexingFailed(
-            ErrorCode.DOCUMENT_TOO_LARGE, f"{normalised} needs more memory than there is"
-        ) from None
+        # Past the parse process's address-space limit (ParseLimits.memory_limit_bytes).
+        raise _out_of_memory(normalised, near_memory_limit()) from None
     except Exception as error:
+        limit = near_memory_limit()
+        if limit is not None:
+            # A library's own error for a failed allocation (lxml: XMLSyntaxError).
+            raise _out_of_memory(normalised, limit) from None
         # Libraries raise anything from their own errors to KeyError on a malformed file.
         raise IndexingFailed(
             ErrorCode.DOCUMENT_PARSE_FAILED, f"{normalised} could not be parsed: {_short(error)}"

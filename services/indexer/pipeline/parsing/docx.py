@@ -2,9 +2,9 @@
 
 ``Title`` and ``Heading N`` paragraph styles (or styles based on them) are headings;
 tables stay where they are in the body, one ``cell | cell`` line per row. The archive is
-checked before python-docx opens it: too much declared uncompressed data, or a compression
-ratio no real document has, is DOCUMENT_TOO_LARGE. (Reading a zip member stops at its
-declared size, so the declared sizes bound what is decompressed.)
+checked before python-docx opens it: too much declared uncompressed data (in all, or in one
+member), or a compression ratio no real document has, is DOCUMENT_TOO_LARGE. (Reading a zip
+member stops at its declared size, so the declared sizes bound what is decompressed.)
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ def check_archive(content: bytes, limits: ParseLimits) -> None:
     if missing:
         raise IndexingFailed(
             ErrorCode.DOCUMENT_PARSE_FAILED, f"not a DOCX: the archive lacks {', '.join(missing)}"
+        )
+    largest = max(members, key=lambda member: member.file_size)
+    if largest.file_size > limits.max_member_bytes:
+        raise IndexingFailed(
+            ErrorCode.DOCUMENT_TOO_LARGE,
+            f"DOCX member {largest.filename!r} would decompress to {largest.file_size} bytes "
+            f"(limit {limits.max_member_bytes} per member)",
         )
     uncompressed = sum(member.file_size for member in members)
     compressed = sum(member.compress_size for member in members)

@@ -19,6 +19,7 @@ import importlib
 import multiprocessing
 import os
 import select
+import signal
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -28,6 +29,7 @@ from typing import Any, Final
 
 from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy
 from services.indexer.pipeline.parsing import ParseLimits
+from services.indexer.pipeline.parsing.limits import NEAR_LIMIT, peak_address_space
 from services.indexer.pipeline.parsing.stream import (
     DEFAULT_SLICE_CHUNKS,
     DocumentBytes,
@@ -89,6 +91,23 @@ def _exited(process: Any) -> bool:
         return bool(readable)
     finally:
         os.close(descriptor)
+
+
+_MEMORY_KILL: Final = int(signal.SIGKILL)
+_EXIT_WAIT_SECONDS: Final = 1.0
+
+
+def _exit_signals(processes: list[Any]) -> list[int]:
+    """The signals that ended these (exited) worker processes; blocks up to a second for
+    the forkserver to report an exit status."""
+    signals: list[int] = []
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(_EXIT_WAIT_SECONDS)
+        code = process.exitcode
+        if code is not None and code < 0:
+            signals.append(-code)
+    return signals
 
 
 @dataclass
@@ -193,7 +212,9 @@ class ParsePool:
 
         Raises ``IndexingFailed``: the parse codes, DOCUMENT_PARSE_TIMEOUT when parsing
         outruns the budget (``ParseLimits.budget_seconds`` unless given; time spent in
-        ``on_slice`` is not counted), DOCUMENT_PARSE_FAILED if the worker process died.
+        ``on_slice`` is not counted), DOCUMENT_TOO_LARGE if the worker ran out of memory
+        (a MemoryError past its address-space limit, or killed by SIGKILL as the kernel's
+        out-of-memory killer does), DOCUMENT_PARSE_FAILED if it died otherwise.
         Whatever ``on_slice`` raises ends the parse and is raised here."""
         if self._closed:
             raise RuntimeError("the parse pool is closed")
@@ -288,9 +309,12 @@ class ParsePool:
 
     async def _stream_in_slot(self, parse: _Parse, budget: float) -> int:
         index = await self._free.get()
+        processes: list[Any] = []
         try:
             try:
                 slot, job = await self._submit(index, parse.args)
+                # Held to read its exit status should it die (the executor forgets it).
+                processes = self._processes(slot)
                 # Sent, not pickled with the job: the executor keeps a job's arguments
                 # until it finishes, and this process must not hold the bytes that long.
                 await asyncio.to_thread(send, slot.channel, parse.content.take())
@@ -302,20 +326,20 @@ class ParsePool:
 
                 count = await consume(next_message, budget, parse.on_slice)
                 await asyncio.wrap_future(job)
+                self._replace_if_swollen(index, processes)
                 return count
             except Reported as reported:
                 # The worker is done with the document and finishes its job: nothing to kill.
                 await asyncio.wrap_future(job)
+                self._replace_if_swollen(index, processes)
                 raise reported.failure from None
             except Overrun:
                 self._restart(index, reason="budget")
                 raise self._timeout(budget) from None
             except WorkerGone:
-                self._restart(index, reason="died")
-                raise IndexingFailed(
-                    ErrorCode.DOCUMENT_PARSE_FAILED,
-                    "the parsing process died (out of memory or crashed) on this document",
-                ) from None
+                signals = await asyncio.to_thread(_exit_signals, processes)
+                self._restart(index, reason="killed" if _MEMORY_KILL in signals else "died")
+                raise self._death(signals) from None
             except BaseException:
                 # Cancelled, or the consumer failed: the worker is mid-document and nobody
                 # wants the rest; do not let the slot keep parsing it.
@@ -354,6 +378,24 @@ class ParsePool:
     def _alive(self, slot: _Slot) -> bool:
         return not any(_exited(process) for process in self._processes(slot))
 
+    def _death(self, signals: list[int]) -> IndexingFailed:
+        """What a parse process's death says about the document. SIGKILL is how the kernel
+        ends a process it picks when memory runs out (the machine's or a cgroup's); past
+        the address-space limit an allocation fails, which is a MemoryError reported
+        as such, or native code aborting the process."""
+        limit = self._limits.memory_limit_bytes
+        if _MEMORY_KILL in signals:
+            return IndexingFailed(
+                ErrorCode.DOCUMENT_TOO_LARGE,
+                "the parsing process was killed (SIGKILL: out of memory) on this document"
+                + (f" (KB_INDEXER_PARSE_MEMORY_LIMIT_BYTES = {limit})" if limit > 0 else ""),
+            )
+        return IndexingFailed(
+            ErrorCode.DOCUMENT_PARSE_FAILED,
+            "the parsing process died on this document"
+            + (f" (signal {', '.join(str(s) for s in signals)})" if signals else ""),
+        )
+
     def _timeout(self, budget: float) -> IndexingFailed:
         return IndexingFailed(
             ErrorCode.DOCUMENT_PARSE_TIMEOUT,
@@ -366,7 +408,8 @@ class ParsePool:
             max_workers=1,
             mp_context=self._context,
             initializer=attach,
-            initargs=(worker_end, os.getpid()),
+            # Each process caps its own address space as it starts (RLIMIT_AS).
+            initargs=(worker_end, os.getpid(), self._limits.memory_limit_bytes),
         )
         return _Slot(executor=executor, channel=channel, worker_end=worker_end)
 
@@ -375,6 +418,20 @@ class ParsePool:
         for end in (slot.channel, slot.worker_end):
             if end is not None:
                 end.close()
+
+    def _replace_if_swollen(self, index: int, processes: list[Any]) -> None:
+        """Replaces the slot's process once its address space came near its limit (out of
+        memory, or nearly): a fresh process gives the memory back, and its peak, read to
+        tell a library's failed allocation from a malformed document, is the next
+        document's alone."""
+        limit = self._limits.memory_limit_bytes
+        if limit <= 0:
+            return
+        for process in processes:
+            peak = peak_address_space(process.pid)
+            if peak is not None and peak >= NEAR_LIMIT * limit:
+                self._restart(index, reason="memory")
+                return
 
     def _restart(self, index: int, *, reason: str) -> None:
         """Kills the slot's process and gives the slot a fresh one (and a fresh pipe: the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import sys
 import threading
 import time
 import uuid
@@ -24,7 +25,8 @@ from typing import Any, Final, cast
 from services.embedding.tokens import TokenCounter, TokenizerSpec, load_token_counter
 from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy, iter_chunks
 from services.indexer.pipeline.parsing import ParseLimits, Section, parse_document
-from services.indexer.queue.task import IndexingFailed
+from services.indexer.pipeline.parsing.limits import memory_limit
+from services.indexer.queue.task import ErrorCode, IndexingFailed
 
 # Chunks per message from a worker: a slice is a few hundred KB pickled.
 DEFAULT_SLICE_CHUNKS: Final = 256
@@ -68,9 +70,12 @@ _CHANNEL: Connection | None = None
 _WATCHDOG_SECONDS = 1.0
 
 
-def attach(channel: Connection, indexer_pid: int | None = None) -> None:
+def attach(
+    channel: Connection, indexer_pid: int | None = None, memory_limit_bytes: int = 0
+) -> None:
     global _CHANNEL
     _CHANNEL = channel
+    limit_memory(memory_limit_bytes)
     if indexer_pid is not None:
         threading.Thread(
             target=_exit_with, args=(indexer_pid,), name="parse-watchdog", daemon=True
@@ -89,6 +94,35 @@ def _exit_with(indexer_pid: int) -> None:
             os._exit(0)
         except PermissionError:  # the pid now belongs to another user's process
             os._exit(0)
+
+
+def limit_memory(limit_bytes: int) -> bool:
+    """Caps this process's address space (RLIMIT_AS) at ``limit_bytes``: past it an
+    allocation fails (MemoryError, or native code aborts) instead of the parse taking the
+    machine's memory. Returns whether a limit was set: 0 sets none, nor does a platform
+    without RLIMIT_AS (the hard limit, if lower, wins)."""
+    if limit_bytes <= 0 or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit_bytes = min(limit_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, hard))
+    except (ImportError, AttributeError, ValueError, OSError):
+        return False
+    return True
+
+
+def out_of_memory_message() -> str:
+    limit = memory_limit()
+    if limit is not None:
+        return (
+            "chunking the document needs more memory than a parse process may use "
+            f"(KB_INDEXER_PARSE_MEMORY_LIMIT_BYTES = {limit})"
+        )
+    return "chunking the document needs more memory than there is"
 
 
 def chunk_slices(
@@ -127,6 +161,10 @@ def chunk_slices(
             yield "chunks", part
     except IndexingFailed as failure:
         yield "failed", (failure.code, failure.message)
+        return
+    except MemoryError:
+        # Past the process's address-space limit while chunking (parsing reports its own).
+        yield "failed", (ErrorCode.DOCUMENT_TOO_LARGE, out_of_memory_message())
         return
     yield "done", None
 

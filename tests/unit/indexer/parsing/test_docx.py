@@ -1,18 +1,21 @@
 from __future__ import annotations
 
 import io
+import zipfile
 
 import pytest
 from docx import Document
 from docx.enum.style import WD_STYLE_TYPE
 
 from services.indexer.pipeline.parsing import ParseLimits, parse_document
+from services.indexer.pipeline.parsing import docx as docx_parser
 from services.indexer.queue.task import ErrorCode, IndexingFailed
 from services.runtime.media_types import DOCX
 from tests.support.documents import (
     SAMPLE,
     expected_sections,
     make_docx,
+    make_docx_swelling,
     make_docx_zip_bomb,
     make_text,
     make_zip_not_docx,
@@ -60,6 +63,33 @@ def test_a_zip_bomb_is_refused_by_its_total_size() -> None:
         parse_document(DOCX, make_docx_zip_bomb(2 * 1024 * 1024), limits)
     assert failed.value.code == ErrorCode.DOCUMENT_TOO_LARGE
     assert "decompress" in failed.value.message
+
+
+def test_one_member_too_large_is_refused_before_anything_is_decompressed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_decompression(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a member was opened")
+
+    bomb = make_docx_zip_bomb(2 * 1024 * 1024)
+    monkeypatch.setattr(zipfile.ZipFile, "open", no_decompression)
+    monkeypatch.setattr(docx_parser, "Document", no_decompression)
+    limits = ParseLimits(max_member_bytes=1024 * 1024, max_compression_ratio=1e9)
+    with pytest.raises(IndexingFailed) as failed:
+        parse_document(DOCX, bomb, limits)
+    assert failed.value.code == ErrorCode.DOCUMENT_TOO_LARGE
+    assert "word/media/padding.bin" in failed.value.message
+    assert "per member" in failed.value.message
+
+
+def test_the_review_docx_passes_the_totals_but_not_the_member_cap() -> None:
+    # The review's DOCX: total size and ratio under their limits, one swelling XML part.
+    swelling = make_docx_swelling()
+    docx_parser.check_archive(swelling, ParseLimits(max_member_bytes=64 * 1024 * 1024))
+    with pytest.raises(IndexingFailed) as failed:
+        docx_parser.check_archive(swelling, ParseLimits(max_member_bytes=32 * 1024 * 1024))
+    assert failed.value.code == ErrorCode.DOCUMENT_TOO_LARGE
+    assert "word/document.xml" in failed.value.message
 
 
 def test_an_ordinary_docx_passes_the_default_guard() -> None:

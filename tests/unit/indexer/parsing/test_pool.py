@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,8 +19,15 @@ from services.indexer.pipeline.chunking import ChunkingStrategy, chunk_sections
 from services.indexer.pipeline.parsing import ParseLimits, parse_document
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.queue.task import ErrorCode, IndexingFailed
-from services.runtime.media_types import MARKDOWN, PDF
-from tests.support.documents import make_large_pdf, make_markdown, make_scanned_pdf
+from services.runtime.media_types import DOCX, MARKDOWN, PDF
+from tests.support.documents import (
+    SAMPLE,
+    make_docx,
+    make_docx_swelling,
+    make_large_pdf,
+    make_markdown,
+    make_scanned_pdf,
+)
 
 STRATEGY = ChunkingStrategy(TokenizerSpec("approx", None, 512))
 DOCUMENT = uuid.UUID("0b9d7a3e-58c3-4c1b-a8a5-3f8f7e0c1d22")
@@ -131,20 +139,79 @@ async def test_over_budget_the_worker_is_replaced_and_the_pool_goes_on(
     assert pool.worker_pids() != [before]
 
 
+@pytest.mark.parametrize(
+    ("signal_number", "code"),
+    [
+        # Killed as the kernel's out-of-memory killer kills: the document was too large.
+        (signal.SIGKILL, ErrorCode.DOCUMENT_TOO_LARGE),
+        # Any other death: the parse failed.
+        (signal.SIGTERM, ErrorCode.DOCUMENT_PARSE_FAILED),
+    ],
+)
 async def test_a_worker_that_dies_fails_the_document_and_is_replaced(
-    pool: ParsePool, big_pdf: bytes
+    pool: ParsePool, big_pdf: bytes, signal_number: int, code: str
 ) -> None:
     await parse(pool, MARKDOWN, make_markdown())
     (pid,) = pool.worker_pids()
     restarts = pool.restarts
     job = asyncio.ensure_future(parse(pool, PDF, big_pdf))
     await asyncio.sleep(0)  # the job is submitted
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signal_number)
     with pytest.raises(IndexingFailed) as failed:
         await job
-    assert failed.value.code == ErrorCode.DOCUMENT_PARSE_FAILED
+    assert failed.value.code == code
+    if code == ErrorCode.DOCUMENT_TOO_LARGE:
+        assert "KB_INDEXER_PARSE_MEMORY_LIMIT_BYTES" in failed.value.message
     assert await parse(pool, MARKDOWN, make_markdown()) == 6
     assert pool.restarts == restarts + 1
+
+
+def address_space(pid: int) -> tuple[int, int | None]:
+    """A process's address space now (bytes) and its limit (None: unlimited)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    with open(f"/proc/{pid}/limits", encoding="ascii") as limits:
+        soft = next(line.split()[3] for line in limits if line.startswith("Max address space"))
+    return size, None if soft == "unlimited" else int(soft)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc")
+async def test_each_worker_caps_its_address_space(pool: ParsePool) -> None:
+    await parse(pool, MARKDOWN, make_markdown())
+    (pid,) = pool.worker_pids()
+    assert address_space(pid)[1] == pool.limits.memory_limit_bytes
+    unlimited = ParsePool(workers=1, limits=ParseLimits(memory_limit_bytes=0))
+    try:
+        await parse(unlimited, MARKDOWN, make_markdown())
+        (pid,) = unlimited.worker_pids()
+        assert address_space(pid)[1] is None
+    finally:
+        await unlimited.aclose()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc")
+async def test_a_parse_past_the_address_space_limit_is_too_large_and_the_pool_goes_on(
+    pool: ParsePool,
+) -> None:
+    # A worker's own size here, plus room for an ordinary document, not for the DOCX whose
+    # XML part takes some 20x its 48 MB to open.
+    await parse(pool, MARKDOWN, make_markdown())
+    (pid,) = pool.worker_pids()
+    size, _ = address_space(pid)
+    limit = size + 256 * 1024 * 1024
+    tight = ParsePool(workers=1, limits=ParseLimits(memory_limit_bytes=limit))
+    try:
+        await parse(tight, MARKDOWN, make_markdown())
+        with pytest.raises(IndexingFailed) as failed:
+            await parse(tight, DOCX, make_docx_swelling())
+        assert failed.value.code == ErrorCode.DOCUMENT_TOO_LARGE
+        assert f"KB_INDEXER_PARSE_MEMORY_LIMIT_BYTES = {limit}" in failed.value.message
+        # The swollen process was replaced; the next document parses in a fresh one.
+        assert tight.restarts == 1
+        assert await parse(tight, MARKDOWN, make_markdown()) == 6
+        assert await parse(tight, DOCX, make_docx(SAMPLE[:2])) > 0
+    finally:
+        await tight.aclose()
 
 
 async def test_inline_mode_runs_in_a_thread_with_the_same_results() -> None:
