@@ -33,8 +33,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from services.embedding.batching import RequestBudget
-from services.embedding.port import Embedder, InputRefused, Vectors, checked_vectors
-from services.embedding.tokens import TokenCounter, TokenizerSpec, approximate_tokens
+from services.embedding.port import (
+    Embedder,
+    InputRefused,
+    PassedThroughIdentity,
+    Vectors,
+    checked_vectors,
+)
+from services.embedding.tokens import TokenCounter, approximate_tokens
 
 
 @dataclass(eq=False)
@@ -68,7 +74,7 @@ class RequestStats:
     seconds: float
 
 
-class CoalescingEmbedder:
+class CoalescingEmbedder(PassedThroughIdentity):
     """Packs the texts of concurrent ``embed_all`` calls into requests of ``inner``."""
 
     def __init__(
@@ -102,20 +108,6 @@ class CoalescingEmbedder:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._arrived = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
-
-    # --- the Embedder's identity, passed through ---------------------------------------------
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def dimension(self) -> int:
-        return self.inner.dimension
-
-    @property
-    def tokenizer(self) -> TokenizerSpec:
-        return self.inner.tokenizer
 
     # --- callers ----------------------------------------------------------------------------
 

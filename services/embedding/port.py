@@ -67,6 +67,25 @@ class FixedIdentity:
         return self._tokenizer
 
 
+class PassedThroughIdentity:
+    """The ``Embedder``'s model, dimension and tokenizer of a wrapper around ``inner`` (a
+    request queue, a guard, a test's recorder): they are the wrapped provider's."""
+
+    inner: Embedder
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def dimension(self) -> int:
+        return self.inner.dimension
+
+    @property
+    def tokenizer(self) -> TokenizerSpec:
+        return self.inner.tokenizer
+
+
 class InputRefused(IndexingFailed):
     """The provider refused one input on its own (typically longer than the model accepts).
 

@@ -10,8 +10,7 @@ from typing import Any
 import asyncpg
 
 from services.embedding.hashing import HashingEmbedder
-from services.embedding.port import Embedder, Vectors
-from services.embedding.tokens import TokenizerSpec
+from services.embedding.port import Embedder, PassedThroughIdentity, Vectors
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
 from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
@@ -19,7 +18,7 @@ from services.indexer.ports import Clock
 from services.indexer.sink.pgvector import PgVectorSink
 
 
-class RecordingEmbedder:
+class RecordingEmbedder(PassedThroughIdentity):
     """Any embedder, with every request's texts recorded (what a provider was sent)."""
 
     def __init__(self, inner: Embedder) -> None:
@@ -29,18 +28,6 @@ class RecordingEmbedder:
     @property
     def texts(self) -> list[str]:
         return [text for request in self.requests for text in request]
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def dimension(self) -> int:
-        return self.inner.dimension
-
-    @property
-    def tokenizer(self) -> TokenizerSpec:
-        return self.inner.tokenizer
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         self.requests.append(list(texts))

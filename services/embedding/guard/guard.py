@@ -96,6 +96,11 @@ class ProviderGuard:
         self._probe_holders: set[str] = set()
         self._probe_in_flight = False
 
+    @property
+    def meters_tokens(self) -> bool:
+        """Whether ``before_request`` needs a request's token count (a token rate is set)."""
+        return self._plan.meters_tokens
+
     # --- the shared state, as this process sees it --------------------------------------------
 
     async def view(self) -> ProviderView:

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 
 from services.embedding.guard.guard import ProviderGuard
 from services.embedding.guard.quota import Purpose
-from services.embedding.port import Embedder, Vectors
-from services.embedding.tokens import TokenCounter, TokenizerSpec, approximate_tokens
+from services.embedding.port import Embedder, PassedThroughIdentity, Vectors
+from services.embedding.tokens import TokenCounter, approximate_tokens
 from services.runtime.index_failures import IndexingFailed
 
 
-class GuardedEmbedder:
+class GuardedEmbedder(PassedThroughIdentity):
     def __init__(
         self,
         inner: Embedder,
@@ -31,23 +31,13 @@ class GuardedEmbedder:
         # the approximate one, which errs high (the quota is not overrun).
         self._count = count_tokens or approximate_tokens
 
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def dimension(self) -> int:
-        return self.inner.dimension
-
-    @property
-    def tokenizer(self) -> TokenizerSpec:
-        return self.inner.tokenizer
-
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """One request of ``inner``, when the guard lets it go. Raises what ``inner``
         raises, or the guard's EMBEDDING_UNAVAILABLE / EMBEDDING_RATE_LIMITED (not sent).
         A refused input (``InputRefused``) is the provider answering, not failing."""
-        tokens = sum(self._count(text) for text in texts)
+        # Counting is a tokenizer pass over every text: only when a token rate charges it.
+        metered = self.guard.meters_tokens
+        tokens = sum(self._count(text) for text in texts) if metered else 0
         await self.guard.before_request(tokens=tokens, purpose=self.purpose, owner=self.owner)
         try:
             vectors = await self.inner.embed(texts)

@@ -152,6 +152,11 @@ class QuotaPlan:
             raise ValueError("burst_seconds must be > 0")
 
     @property
+    def meters_tokens(self) -> bool:
+        """Whether a request's tokens are charged anywhere (a token rate is set)."""
+        return self.tokens_per_second is not None
+
+    @property
     def limits(self) -> bool:
         return self.requests_per_second is not None or self.tokens_per_second is not None
 
