@@ -3,6 +3,10 @@
 -- the transaction-scoped advisory lock on the aggregate key (taken in the FROM clause,
 -- before the row and its position exist) makes a second writer of the same key wait until
 -- the first commits or rolls back, so it takes its position after the first one's commit.
+-- EXPLAIN VERBOSE shows it: the identity's nextval is in the Subquery Scan's output, computed
+-- from the row `serialised` yields once the lock is granted (its volatile call keeps it from
+-- being pulled up). A waiting writer has no position yet, so none can fall between another
+-- writer's events of the same key.
 -- The relay sends a window in position order, hence per key in commit order. Seed
 -- 4_206_902_611 keeps these locks apart from other advisory locks on the same text. Held
 -- to the end of the caller's transaction: producers add their events last.

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.outbox import OutboxEvent, StoredEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 from tests.support.kafka import TopicReader, relay_settings, relay_topics, running_relay
 
@@ -66,13 +66,15 @@ async def test_outside_a_transaction_is_a_programming_error(
 
 
 async def _blocked_or_done(
-    observer: asyncpg.Connection[Any], pid: int, task: asyncio.Task[None]
+    observer: asyncpg.Connection[Any], pid: int, task: asyncio.Task[Any]
 ) -> None:
     """Until ``task`` has finished or its connection (``pid``) waits for a lock."""
     async with asyncio.timeout(30):
         while not task.done():
             waiting = await observer.fetchval(
-                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+                "SELECT (wait_event_type, wait_event) = ('Lock', 'advisory') FROM pg_stat_activity"
+                " WHERE pid = $1",
+                pid,
             )
             if waiting:
                 return
@@ -87,24 +89,33 @@ async def test_one_documents_events_commit_in_position_order_without_the_caller_
     for A's transaction, so commit order = position order = the order the relay sends."""
     document = str(uuid.uuid4())
     key = aggregate_key("acme", document)
-    committed: list[uuid.UUID] = []
     first = await asyncpg.connect(database_url)
     second = await asyncpg.connect(database_url)
     try:
         tx_a = first.transaction()
         await tx_a.start()
         a = await add_event(first, _event_for(key))
+        a_txid = await first.fetchval("SELECT pg_current_xact_id()")
 
-        async def write_b() -> None:
+        async def write_b() -> tuple[StoredEvent, str]:
             async with second.transaction():
                 b = await add_event(second, _event_for(key))
-            committed.append(b.event_id)
+                # The commit order as the server saw it, not the order the COMMIT replies
+                # reach us: A's commit releases its locks before its reply is sent, so B
+                # may take the lock, add its event, commit and be answered before A's
+                # reply arrives. What must hold: A had committed before B's event existed.
+                a_status = await second.fetchval("SELECT pg_xact_status($1)", a_txid)
+            return b, a_status
 
         b_task = asyncio.create_task(write_b())
         await _blocked_or_done(conn, second.get_server_pid(), b_task)
+        # A adds another event while B waits: had B taken its position before the lock,
+        # it would lie between A's two and the relay would send B's event before A's second.
+        a2 = await add_event(first, _event_for(key))
         await tx_a.commit()
-        committed.append(a.event_id)
-        await b_task
+        b, a_status_when_b_added = await b_task
+        assert a_status_when_b_added == "committed", "B added its event while A was open"
+        committed = [a.event_id, a2.event_id, b.event_id]
         positions = {
             r["event_id"]: r["position"]
             for r in await conn.fetch(
