@@ -12,6 +12,13 @@ Kafka timestamp) -> claim (the indexer's task.claimed log line) -> sink commit.
 Then the idle cost: transactions per second of an idle indexer pool of 4 processes, hints on
 vs poll-only (pg_stat_database.xact_commit of the bench database).
 
+With ``--backfill N`` (issue 28) each mode first publishes N documents through the bulk API
+and, once they are searchable, starts a model migration's backfill: `kb index generations
+create` of a second generation (the same model, 128-token chunks) for the tenant. The
+documents published at --rate then run beside that backfill (and are indexed into both
+generations: the dual write); the report adds the backfill's documents/s during the
+publishing window.
+
 Needs DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS (or `kb dev up`). Not part of the test suite.
 """
 
@@ -29,6 +36,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -36,6 +44,7 @@ from aiokafka import AIOKafkaConsumer
 
 from services.demo.processes import DemoProcesses
 from services.demo.stack import free_port
+from services.embedding.onnx_local import MODEL_NAME
 from services.runtime.avro import default_registry
 from services.runtime.events import index_hints_topic
 
@@ -53,6 +62,10 @@ class Run:
     latencies: list[float]
     stages: dict[str, list[float]]
     published: int
+    # --backfill: documents built into the new generation per second while publishing, and
+    # how many of the backfill were left when publishing ended.
+    backfill_rate: float | None = None
+    backfill_left: int | None = None
 
 
 class Bench:
@@ -96,7 +109,7 @@ class Bench:
         )
         return done.stdout
 
-    async def run_mode(self, mode: str, rate: float, seconds: float) -> Run:
+    async def run_mode(self, mode: str, rate: float, seconds: float, backfill: int = 0) -> Run:
         database_url = await self.fresh_database(f"kb_bench_latency_{mode}")
         prefix = f"bench{uuid.uuid4().hex[:6]}."
         env = self.env(database_url, prefix)
@@ -115,11 +128,76 @@ class Bench:
             async with httpx.AsyncClient(timeout=30) as client:
                 await self.wait_ready(client, base)
                 await self.warm_up(client, base, key, database_url)
+                generation = None
+                if backfill:
+                    await self.bulk_publish(client, base, key, backfill)
+                    await self.wait_searchable(database_url, backfill + 1, limit_seconds=1800)
+                    generation = int(
+                        self.kb(
+                            env, "index", "generations", "create", "--provider", "default",
+                            "--model", MODEL_NAME, "--dimensions", "384",
+                            "--chunk-tokens", "128", "--tenant", "bench",
+                        ).split()[-1]
+                    )  # fmt: skip
+                built_before = await self.built(database_url, generation)
+                began = time.monotonic()
                 published = await self.publish_at(client, base, key, rate, seconds)
-                await self.wait_searchable(database_url, published + 1, limit_seconds=300)
-            return await self.measure(mode, database_url, prefix, published)
+                window = time.monotonic() - began
+                built_after = await self.built(database_url, generation)
+                await self.wait_searchable(
+                    database_url, published + backfill + 1, limit_seconds=300
+                )
+            run = await self.measure(mode, database_url, prefix, published)
+            if generation is not None:
+                run.backfill_rate = (built_after - built_before) / window
+                run.backfill_left = backfill + 1 - built_after
+            return run
         finally:
             processes.stop_all()
+
+    async def bulk_publish(
+        self, client: httpx.AsyncClient, base: str, key: str, count: int
+    ) -> None:
+        """``count`` one-paragraph documents in requests of 500 (the backfill's corpus)."""
+        headers = {"Authorization": f"Bearer {key}"}
+        for start in range(0, count, 500):
+            numbers = range(start, min(count, start + 500))
+            items = [{"title": f"Old {n}", "acl": {"read": ["group:all"]}} for n in numbers]
+            files: list[tuple[str, Any]] = [
+                ("items", (None, json.dumps(items), "application/json"))
+            ]
+            files += [
+                (
+                    "file",
+                    (
+                        f"o{n}.txt",
+                        f"Archive note {n}: shelf {n % 97}, box {n % 13}, kept until "
+                        f"{2030 + n % 9}.".encode(),
+                        "text/plain",
+                    ),
+                )
+                for n in numbers
+            ]
+            response = await client.post(
+                f"{base}/v1/tenants/bench/documents/bulk", files=files, headers=headers
+            )
+            response.raise_for_status()
+
+    @staticmethod
+    async def built(database_url: str, generation: int | None) -> int:
+        """Backfill tasks (priority 1) of the generation done so far (0 without one)."""
+        if generation is None:
+            return 0
+        conn = await asyncpg.connect(database_url)
+        try:
+            count: int = await conn.fetchval(
+                "SELECT count(*) FROM index_task"
+                " WHERE generation_id = $1 AND priority = 1 AND status = 'SUCCEEDED'",
+                generation,
+            )
+            return count
+        finally:
+            await conn.close()
 
     async def wait_ready(self, client: httpx.AsyncClient, base: str) -> None:
         deadline = time.monotonic() + 120
@@ -196,7 +274,8 @@ class Bench:
                      JOIN document_version v USING (tenant_id, document_id, version_number)
                      JOIN index_task t USING (tenant_id, document_id, version_number)
                      JOIN document d USING (tenant_id, document_id)
-                    WHERE d.title <> 'Notice 0'"""
+                    WHERE d.title LIKE 'Notice %' AND d.title <> 'Notice 0'
+                      AND t.generation_id IS NULL"""
             )
         finally:
             await conn.close()
@@ -284,7 +363,8 @@ class Bench:
 
 def report(runs: list[Run], idle: dict[str, float], args: argparse.Namespace) -> str:
     lines = [
-        f"command: uv run python -m bench.latency --rate {args.rate} --seconds {args.seconds}",
+        f"command: uv run python -m bench.latency --rate {args.rate} --seconds {args.seconds}"
+        + (f" --backfill {args.backfill}" if args.backfill else ""),
         "",
         "| mode | documents | p50 | p90 | p99 | max |",
         "|---|---:|---:|---:|---:|---:|",
@@ -311,8 +391,15 @@ def report(runs: list[Run], idle: dict[str, float], args: argparse.Namespace) ->
             f"| {run.mode} | {stage['relay']:.0f} | {stage['claim']:.0f} | "
             f"{stage['index+sink']:.0f} |"
         )
-    lines += ["", "idle indexer pool of 4 processes, database transactions per second:", ""]
-    lines += [f"- {mode}: {value:.1f}/s" for mode, value in idle.items()]
+    for run in runs:
+        if run.backfill_rate is not None:
+            lines.append(
+                f"\n{run.mode}: the backfill built {run.backfill_rate:.1f} documents/s while "
+                f"publishing; {run.backfill_left} were left when publishing ended"
+            )
+    if idle:
+        lines += ["", "idle indexer pool of 4 processes, database transactions per second:", ""]
+        lines += [f"- {mode}: {value:.1f}/s" for mode, value in idle.items()]
     return "\n".join(lines)
 
 
@@ -322,16 +409,24 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--modes", nargs="+", default=["hints", "poll"])
+    parser.add_argument("--backfill", type=int, default=0, help="documents to backfill")
+    parser.add_argument("--no-idle", action="store_true", help="skip the idle cost")
     args = parser.parse_args()
     admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
     kafka = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:59092")
     home = Path(tempfile.mkdtemp(prefix="kb-bench-latency-"))
     bench = Bench(admin, kafka, home)
-    runs = [await bench.run_mode(mode, args.rate, args.seconds) for mode in args.modes]
-    idle = {
-        "hints on": await bench.idle_cost(True, 4, args.idle_seconds),
-        "poll-only": await bench.idle_cost(False, 4, args.idle_seconds),
-    }
+    runs = [
+        await bench.run_mode(mode, args.rate, args.seconds, args.backfill) for mode in args.modes
+    ]
+    idle = (
+        {}
+        if args.no_idle
+        else {
+            "hints on": await bench.idle_cost(True, 4, args.idle_seconds),
+            "poll-only": await bench.idle_cost(False, 4, args.idle_seconds),
+        }
+    )
     text = report(runs, idle, args)
     print(text)
     print(f"\nlogs: {home}", file=sys.stderr)

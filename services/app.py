@@ -4,7 +4,7 @@ operator page.
 Composition lives here, above the services, so that no service imports another: the search
 router is mounted into the app the publisher builds, inside its tenant-auth middleware (the
 operator page at /ui has its own sign-in and is not under /v1), and the resources of search
-and the operator page (one pool, the query embedder) open in the app's lifespan.
+and the operator page (one pool, the query embedders) open in the app's lifespan.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from services.publisher.settings import PublisherSettings
 from services.runtime.http_strict import StrictHeadersMiddleware, StrictJsonMiddleware
 from services.runtime.logging import get_logger
 from services.runtime.search_lag import run_search_lag_sampler
-from services.search.index_pg import PgSearchIndex
 from services.search.routes import search_router
-from services.search.searcher import Generation, Searcher
+from services.search.searcher import SearchService
 from services.search.statements import SearchSettings
 
 log = get_logger(__name__)
@@ -42,14 +41,16 @@ def create_app(
     *,
     store: PublisherStore | None = None,
     bulk_store: BulkStore | None = None,
-    searcher: Searcher | None = None,
+    searcher: SearchService | None = None,
     search_settings: SearchSettings | None = None,
     embedding_settings: EmbeddingSettings | None = None,
     operator: OperatorContext | None = None,
     operator_settings: OperatorSettings | None = None,
 ) -> FastAPI:
-    """Without ``store`` / ``searcher`` the app opens its own pools and embedder in its
-    lifespan (the embedder from ``KB_EMBEDDING_*``, as the indexer's)."""
+    """Without ``store`` / ``searcher`` the app opens its own pools and embedders in its
+    lifespan: each tenant is searched in its serving generation (services/search/serving.py),
+    with the embedder of ``embedding_settings`` (default: ``KB_EMBEDDING_*``, as the
+    indexer's) while the database has no generation and for the default one."""
     app = create_publisher_app(settings, store=store, bulk_store=bulk_store)
     app.title = "kb-pipeline"
     app.state.searcher = searcher
@@ -99,40 +100,37 @@ def _add_strict_http(app: FastAPI) -> None:
 @asynccontextmanager
 async def _search_resources(
     settings: SearchSettings, embedding_settings: EmbeddingSettings
-) -> AsyncIterator[tuple[Searcher, Any]]:
+) -> AsyncIterator[tuple[SearchService, Any]]:
     from services.embedding.factory import build_embedder
     from services.embedding.guard.factory import guarded
     from services.embedding.guard.quota import Purpose
     from services.runtime.identity import owner_id
     from services.search.connections import open_search_pool
+    from services.search.serving import GenerationSearch, query_embedders
 
-    # The same provider settings as the indexer's (KB_EMBEDDING_*): queries must be embedded
-    # by the model the index was built with.
+    # The same provider settings as the indexer's (KB_EMBEDDING_*): the default generation's
+    # queries must be embedded by the model it was built with. Other generations' embedders
+    # are opened the first time one of their tenants searches.
     embedder = build_embedder(embedding_settings)
     try:
         pool = await open_search_pool(settings)
         try:
+            owner = owner_id()
             # Queries share the provider's limiter (their reserved share) and breaker with
             # the indexers: an open breaker answers at once, and search degrades to keywords.
             query_embedder, _ = guarded(
-                embedding_settings, embedder, pool, purpose=Purpose.QUERY, owner=owner_id()
+                embedding_settings, embedder, pool, purpose=Purpose.QUERY, owner=owner
             )
-            generation = Generation(embedder.model, embedder.dimension)
-            index = PgSearchIndex(pool, generation, settings)
+            search = GenerationSearch(pool, settings, query_embedder, query_embedders(pool, owner))
             log.info(
                 "search.started",
-                embedding_model=generation.embedding_model,
-                dimension=generation.dimension,
+                embedding_model=embedder.model,
+                dimension=embedder.dimension,
             )
             try:
-                searcher = Searcher(
-                    query_embedder,
-                    index,
-                    query_embed_timeout_seconds=settings.search_query_embed_timeout_seconds,
-                )
-                yield searcher, pool
+                yield search, pool
             finally:
-                await index.ended()
+                await search.aclose()
         finally:
             await pool.close()
     finally:

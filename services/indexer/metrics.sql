@@ -12,7 +12,10 @@ WITH waiting AS (
            count(*) FILTER (WHERE t.status = 'RETRY_WAIT'
                               AND t.next_attempt_at > coalesce($3::timestamptz, now()))
                AS retry_waiting,
-           min(t.next_attempt_at) FILTER (WHERE t.next_attempt_at <= coalesce($3::timestamptz, now()))
+           -- Publishes only: a backfill's tasks (priority 1, `kb index generations create`)
+           -- wait behind them by design, and would page whoever watches this age.
+           min(t.next_attempt_at) FILTER (WHERE t.next_attempt_at <= coalesce($3::timestamptz, now())
+                                            AND t.priority = 0)
                AS oldest_due_at
       FROM index_task t
      WHERE t.status IN ('PENDING', 'RETRY_WAIT') AND t.tier = ANY ($1::text[])

@@ -19,21 +19,30 @@ from services.embedding.guard.factory import guarded
 from services.embedding.guard.quota import Purpose
 from services.embedding.settings import load_embedding_settings
 from services.index.generation import IndexGeneration
+from services.indexer.gc.collector import GarbageCollector
+from services.indexer.gc.settings import GcSettings
 from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
 from services.indexer.metrics import HintMetrics, QueueGaugeSampler, WorkerMetrics
+from services.indexer.pipeline.generation_build import pipeline_builder
+from services.indexer.pipeline.generations import GenerationPipelines
 from services.indexer.pipeline.parsing import ParseLimits
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
-from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
+from services.indexer.pipeline.version_indexer import (
+    PipelineIndexer,
+    chunking_strategy,
+    index_generation,
+)
 from services.indexer.ports import ClaimGate, DocumentVersionIndexer
 from services.indexer.queue.hints import HintConsumer
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.settings import IndexerSettings
+from services.indexer.sink.generations import task_generation
 from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.cli_options import serve_metrics
-from services.runtime.cli_support import run_async
+from services.runtime.cli_support import load_settings, run_async
 from services.runtime.db import create_pool_without_session_reset
 from services.runtime.identity import owner_id
 from services.runtime.logging import get_logger
@@ -54,8 +63,10 @@ async def open_pool(settings: IndexerSettings, size: int) -> asyncpg.Pool[Any]:
 async def pipeline_indexer(
     settings: IndexerSettings, pool: asyncpg.Pool[Any], *, slots: int, owner: str
 ) -> AsyncIterator[PipelineIndexer]:
-    """The pipeline with its embedder, parse processes and sink; the index generation is
-    registered once here, before any task is claimed; everything is closed on the way out.
+    """The pipeline with its embedder, parse processes and sink; the index generation and
+    the default search generation are registered once here, before any task is claimed;
+    every other search generation's pipeline is built when its first task arrives
+    (pipeline/generations.py); everything is closed on the way out.
 
     A remote provider's requests go through its shared guard (services.embedding.guard):
     the fleet's limiter and circuit breaker; ``claim_gate`` is then that guard, which the
@@ -86,8 +97,16 @@ async def pipeline_indexer(
             ),
             inline_below_bytes=settings.indexer_parse_inline_max_bytes,
         )
+        pipelines: GenerationPipelines | None = None
         try:
             sink = PgVectorSink(pool, index_build_memory=settings.indexer_index_build_memory)
+            generation = index_generation(embedder, strategy)
+            await sink.ensure_generation(generation)
+            default = await sink.register_default(
+                generation,
+                chunk_max_tokens=settings.indexer_chunk_max_tokens,
+                chunk_overlap_tokens=settings.indexer_chunk_overlap_tokens,
+            )
             indexer = PipelineIndexer(
                 PgVersionSource(pool),
                 parse_pool,
@@ -104,11 +123,21 @@ async def pipeline_indexer(
                     if guard is not None and embedding.rate_tenant_share is not None
                     else None
                 ),
+                search=default,
             )
             indexer.claim_gate = guard
-            await sink.ensure_generation(indexer.generation)
+            # Tasks of other generations (a backfill, a publish's dual write) get theirs
+            # built when the first of them arrives.
+            pipelines = GenerationPipelines(
+                indexer.default,
+                lambda lease: task_generation(pool, lease),
+                pipeline_builder(pool, sink, owner=owner),
+            )
+            indexer.use_generations(pipelines)
             yield indexer
         finally:
+            if pipelines is not None:
+                await pipelines.aclose()
             await parse_pool.aclose()
     finally:
         if warming is not None and not warming.done():
@@ -229,6 +258,8 @@ def run_workers(
     """``kb indexer run``: the worker loop, the hint consumer and the gauges, until
     SIGTERM/SIGINT."""
     use_hints = settings.indexer_hints if hints is None else hints
+    # Read before anything starts: a bad KB_INDEX_* stops the process with its name.
+    collecting = load_settings(GcSettings)
     port = metrics_port if metrics_port is not None else settings.indexer_metrics_port
     if serve_metrics(port, settings.indexer_metrics_host):
         log.info("metrics.serving", host=settings.indexer_metrics_host, port=port)
@@ -250,10 +281,15 @@ def run_workers(
             index_build_memory=settings.indexer_index_build_memory,
         )
 
+        collector = GarbageCollector(
+            pool, keep_previous=collecting.keep_previous, batch_rows=collecting.gc_batch_rows
+        )
+
         async def main(stop: asyncio.Event) -> None:
             jobs = [
                 worker.run(stop),
                 sampler.run(stop),
+                collector.run(stop, interval_seconds=collecting.gc_interval_seconds),
                 tenant_graphs.run(
                     stop,
                     generation.embedding_model,

@@ -118,6 +118,7 @@ SELECT d.document_id, d.title, d.published_version, d.published_at, d.updated_at
   LEFT JOIN index_task t
          ON t.tenant_id = d.tenant_id AND t.document_id = d.document_id
         AND t.version_number = d.published_version AND t.task_type = 'INDEX_VERSION'
+        AND t.generation_id IS NULL
  WHERE d.tenant_id = $1
  ORDER BY d.updated_at DESC, d.document_id
  OFFSET $2

@@ -199,6 +199,7 @@ async def overview(request: Request, session: SessionDep) -> HTMLResponse:
         partitions=await store.relay_partitions(),
         providers=await store.embedding_providers(),
         lag=await store.search_lag(),
+        generations=await store.generations(),
         tasks_chart=charts.tasks_chart(minutes),
         latency_chart=charts.latency_chart(buckets),
         hour={

@@ -15,6 +15,8 @@ import asyncpg
 
 from services.embedding.guard.ports import ProviderView
 from services.embedding.guard.store_pg import PgProviderStateStore
+from services.indexer.maintenance.generations import GenerationStatus
+from services.indexer.maintenance.generations_pg import PgGenerations
 from services.runtime.db import translate_db_errors
 from services.runtime.search_lag import QUERIES as search_lag_queries
 from services.runtime.sql import queries_beside
@@ -124,6 +126,11 @@ class PgOperatorStore:
     async def embedding_providers(self) -> list[ProviderView]:
         """The embedding providers' shared limiter pause and breaker (the guard's own read)."""
         return await PgProviderStateStore(self._pool, clock=_Pinned(self._now)).views()
+
+    async def generations(self) -> list[GenerationStatus]:
+        """Each generation not retired with its progress and the tenants it serves: what
+        `kb index generations status` prints, without its scan of the chunks on disk."""
+        return await PgGenerations(self._pool).status(None, on_disk=False, serving_shown=5)
 
     async def relay_partitions(self) -> list[dict[str, Any]]:
         return await self._fetch("relay_partitions", self._now)

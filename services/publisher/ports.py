@@ -117,7 +117,10 @@ class PublishTransaction(Protocol):
     ) -> None: ...
 
     async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
-        """Create the task unless its business key exists; either way, its id."""
+        """Create the task (of the tenant's serving generation) unless its business key
+        exists; either way, its id. Also enqueues the version into each generation the
+        tenant is built in beside the serving one (services.runtime.tasks:
+        enqueue_generation_tasks), whose tasks the answer does not name."""
         ...
 
     async def find_index_task(

@@ -92,7 +92,8 @@ SELECT $1, $2, principal, 'READ'
 
 -- name: document_status
 -- The published version's task, its columns prefixed with task_ (the document has columns
--- of the same names).
+-- of the same names): the one the publish enqueued for the serving generation, not those
+-- of generations built beside it (generation_id set).
 SELECT d.document_id, d.title, d.revision, d.latest_version, d.published_version,
        d.published_at, s.version_number AS search_version, s.switched_at AS search_switched_at,
        t.task_id AS task_task_id, t.tenant_id AS task_tenant_id,
@@ -111,6 +112,7 @@ SELECT d.document_id, d.title, d.revision, d.latest_version, d.published_version
         AND t.document_id = d.document_id
         AND t.version_number = d.published_version
         AND t.task_type = $3
+        AND t.generation_id IS NULL
  WHERE d.tenant_id = $1
    AND d.document_id = $2
 

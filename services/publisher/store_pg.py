@@ -31,6 +31,7 @@ from services.runtime.tasks import (
     EnqueuedTask,
     IndexTaskRecord,
     NewIndexTask,
+    enqueue_generation_tasks,
     enqueue_index_task,
     find_index_task,
     index_task_from_row,
@@ -134,7 +135,19 @@ class PgPublishTransaction:
                 )
 
     async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
-        return await enqueue_index_task(self._conn, **asdict(task), now=now)
+        """The task of the tenant's serving generation, and one per generation the tenant is
+        built in beside it (the dual write: those get no event of their own; the serving
+        task's event wakes the tier's indexers, which claim them too)."""
+        enqueued = await enqueue_index_task(self._conn, **asdict(task), now=now)
+        await enqueue_generation_tasks(
+            self._conn,
+            tenant_id=task.tenant_id,
+            tier=task.tier,
+            versions=[(task.document_id, task.version_number)],
+            task_type=task.task_type,
+            now=now,
+        )
+        return enqueued
 
     async def find_index_task(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, task_type: str

@@ -36,6 +36,9 @@ class ErrorCode:
     DOCUMENT_VERSION_MISSING: ClassVar[str] = "DOCUMENT_VERSION_MISSING"
     # An exception the code did not expect: a bug. It is not dressed up as retryable.
     INTERNAL_ERROR: ClassVar[str] = "INTERNAL_ERROR"
+    # The task's search generation was retired before it finished (`kb index generations
+    # retire` ends its unfinished tasks with it, then deletes them).
+    GENERATION_RETIRED: ClassVar[str] = "GENERATION_RETIRED"
 
 
 TERMINAL_CODES: Final[frozenset[str]] = frozenset(
@@ -51,6 +54,7 @@ TERMINAL_CODES: Final[frozenset[str]] = frozenset(
         ErrorCode.LEASE_ATTEMPTS_EXHAUSTED,
         ErrorCode.DOCUMENT_VERSION_MISSING,
         ErrorCode.INTERNAL_ERROR,
+        ErrorCode.GENERATION_RETIRED,
     }
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Final, NamedTuple, TypeVar
@@ -138,6 +139,38 @@ async def enqueue_index_task(
     return EnqueuedTask(existing, False)
 
 
+async def enqueue_generation_tasks(
+    conn: Transaction,
+    *,
+    tenant_id: str,
+    tier: str,
+    versions: Sequence[tuple[uuid.UUID, int]],
+    task_type: str = TASK_TYPE_INDEX_VERSION,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    now: datetime | None = None,
+) -> list[uuid.UUID]:
+    """The dual write of a publish, in its transaction: for each published (document,
+    version), one task per generation the tenant is built in beside its serving one
+    (docs/architecture.md#index-generations); the ids of the tasks created. Takes the
+    shared advisory lock that `kb index generations create` takes exclusively, so a
+    generation created meanwhile is either seen here or backfills this version."""
+    if not versions:
+        return []
+    with translate_db_errors():
+        await conn.fetchval(_QUERIES["lock_search_generations_shared"])
+        rows = await conn.fetch(
+            _QUERIES["insert_generation_tasks"],
+            tenant_id,
+            tier,
+            [document_id for document_id, _ in versions],
+            [version_number for _, version_number in versions],
+            task_type,
+            max_attempts,
+            now,
+        )
+    return [row["task_id"] for row in rows]
+
+
 async def find_index_task(
     conn: Transaction,
     tenant_id: str,
@@ -145,7 +178,8 @@ async def find_index_task(
     version_number: int,
     task_type: str = TASK_TYPE_INDEX_VERSION,
 ) -> uuid.UUID | None:
-    """The id of the task of (tenant, document, version, type), if there is one."""
+    """The id of the task of (tenant, document, version, type) that builds the tenant's
+    serving generation (the one a publish enqueues), if there is one."""
     with translate_db_errors():
         task_id: uuid.UUID | None = await conn.fetchval(
             _QUERIES["find_index_task"], tenant_id, document_id, version_number, task_type

@@ -33,11 +33,11 @@ from services.search.searcher import (
     MIN_TOP_K,
     Degraded,
     QueryEmbeddingUnavailable,
-    Searcher,
     SearchFilter,
     SearchMode,
     SearchRequest,
     SearchResult,
+    SearchService,
 )
 
 log = get_logger(__name__)
@@ -119,6 +119,11 @@ class SearchHitBody(SearchModel):
 class GenerationBody(SearchModel):
     embedding_model: str
     dimension: int
+    generation_id: int | None = Field(
+        description="The search generation that served the tenant's search (`kb index "
+        "generations list`); null while the database has none yet and search reads the "
+        "configured embedding model.",
+    )
 
 
 class SearchResponse(SearchModel):
@@ -169,7 +174,7 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 async def search(
     request: Request, tenant_id: TenantId, body: SearchBody
 ) -> SearchResponse | JSONResponse:
-    searcher: Searcher = request.app.state.searcher
+    searcher: SearchService = request.app.state.searcher
     flt = body.filter
     search_request = SearchRequest(
         tenant_id=tenant_id,
@@ -194,6 +199,7 @@ async def search(
         mode=body.mode.value,
         top_k=body.top_k,
         results=len(result.results),
+        generation_id=result.generation.generation_id,
         took_ms=result.took_ms,
         degraded=result.degraded.value if result.degraded else None,
     )

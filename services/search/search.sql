@@ -147,3 +147,28 @@ SELECT e.lexeme, e.fraction * greatest(c.reltuples, 0) AS estimated_chunks
 SELECT k.relnamespace
   FROM pg_class k
  WHERE k.oid = 'knowledge_chunk'::regclass
+
+-- name: serving_generation
+-- The search generation serving tenant $1 (services/search/serving.py), read before each
+-- search to choose the query's embedder and the statements of its model: the tenant's
+-- serving row in tenant_search_generation, else the default generation (a tenant never
+-- pinned to one is served by it); no row in a database without either (no indexer has
+-- registered a generation yet: search reads the configured model, as before generations).
+-- A probe of tenant_search_generation_serving, then (only for a tenant without a serving row:
+-- coalesce leaves the second subquery unrun) the default from search_generation, a table of
+-- a few rows, then its primary key. No lock and not in the search's own transaction: a switch
+-- (`kb index generations switch`) rewrites the tenant's search pointers and flips its
+-- serving row in one transaction, so a search that read the old generation here and took
+-- its snapshot after that commit finds no pointer of the old model and answers nothing;
+-- serving.py then reads this again and, when it changed, searches once more with the new one.
+SELECT g.generation_id, g.provider_profile, g.embedding_model, g.dimension,
+       g.chunk_max_tokens, g.chunk_overlap_tokens, g.chunking_settings, g.is_default, g.state
+  FROM search_generation g
+ WHERE g.generation_id = coalesce(
+         (SELECT t.generation_id
+            FROM tenant_search_generation t
+           WHERE t.tenant_id = $1
+             AND t.serving),
+         (SELECT d.generation_id
+            FROM search_generation d
+           WHERE d.is_default))

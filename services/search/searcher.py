@@ -118,10 +118,13 @@ class SearchRequest:
 @dataclass(frozen=True)
 class Generation:
     """The index generation a search read: the embedding model and its dimension (the
-    chunking strategy is each document's own, from its search pointer)."""
+    chunking strategy is each document's own, from its search pointer), and the search
+    generation serving the tenant (``search_generation``; None in a database that has none
+    yet, where search reads the configured model: services/search/serving.py)."""
 
     embedding_model: str
     dimension: int
+    generation_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,13 @@ class SearchIndex(Protocol):
         """The ranked lists ``request.mode`` needs, each at most ``request.depth`` long, of
         chunks the request's principals may read in the tenant's current search versions."""
         ...
+
+
+class SearchService(Protocol):
+    """What the search route calls: one ``Searcher``, or the tenant's serving generation's
+    (services/search/serving.py)."""
+
+    async def search(self, request: SearchRequest) -> SearchResult: ...
 
 
 # --- fusion --------------------------------------------------------------------------------

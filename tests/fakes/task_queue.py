@@ -159,7 +159,8 @@ class InMemoryTaskQueue:
             else:
                 by_tenant[current.tenant_id].append(current)
         for tenant, tasks in by_tenant.items():
-            tasks.sort(key=lambda t: (t.next_attempt_at, str(t.task_id)))
+            # A tenant's publishes (priority 0) before its backfills, as claim_tasks does.
+            tasks.sort(key=lambda t: (t.priority, t.next_attempt_at, str(t.task_id)))
             for k, queued in enumerate(tasks, start=1):
                 order.append(
                     (

@@ -89,6 +89,8 @@ async def test_schema_has_every_table_and_key_of_the_design(
             "created_at",
             "updated_at",
             "tier",
+            "generation_id",
+            "priority",
         },
         "outbox": {
             "position",
@@ -148,7 +150,10 @@ async def test_schema_has_every_table_and_key_of_the_design(
         """
     )
     keys = {(r["table_name"], tuple(r["columns"])) for r in unique_keys}
-    assert ("index_task", ("tenant_id", "document_id", "version_number", "task_type")) in keys
+    assert (
+        "index_task",
+        ("tenant_id", "document_id", "version_number", "task_type", "generation_id"),
+    ) in keys
     assert (
         "knowledge_chunk",
         ("tenant_id", "document_id", "version_number", "embedding_model", "chunk_id"),

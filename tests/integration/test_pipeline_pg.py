@@ -16,6 +16,7 @@ import pytest
 
 from services.embedding.factory import build_embedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
+from services.indexer.gc.collector import GarbageCollector, GcRound
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
 from services.indexer.ports import DocumentVersionIndexer
@@ -116,6 +117,12 @@ async def chunk_versions(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> dic
     return {row["version_number"]: row["n"] for row in rows}
 
 
+async def collect(pool: asyncpg.Pool[Any]) -> GcRound:
+    """A round of the collector of superseded chunks, keeping nothing below what is served."""
+    collector = GarbageCollector(pool, keep_previous=0, batch_rows=1000)
+    return await collector.collect(max_documents=100)
+
+
 async def test_a_published_version_becomes_searchable(api: Api, pool: asyncpg.Pool[Any]) -> None:
     document_id, _ = await api.publish_new(policy_document(20))
     assert (await api.status(document_id))["indexStatus"] == "INDEXING"
@@ -179,7 +186,9 @@ async def test_v2_reembeds_only_the_changed_paragraph(api: Api, pool: asyncpg.Po
         recording.requests.clear()
         await api.publish_new(policy_document(200, changed=42), document_id=document_id)
         assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
-    # v2 switched and retired v1 (its embeddings were reused first).
+    # v2 switched and left v1 to the collector (its embeddings were reused first).
+    assert await chunk_versions(pool, document_id) == {1: v1_texts, 2: v1_texts}
+    assert await collect(pool) == GcRound(documents=1, chunks=v1_texts)
     assert await chunk_versions(pool, document_id) == {2: v1_texts}
     assert v1_texts >= 200
     assert 1 <= len(recording.texts) <= 3
@@ -253,7 +262,10 @@ async def test_a_429_storm_keeps_v1_searchable_and_v2_switches_after_it(
     assert faults.count("rate_limit") == 2
     status = await api.status(document_id)
     assert (status["indexStatus"], status["searchVersion"]) == ("SEARCHABLE", 2)
-    assert set(await chunk_versions(pool, document_id)) == {2}  # v1 retired by the switch
+    # v1 is left to the collector by the switch, then collected.
+    assert set(await chunk_versions(pool, document_id)) == {1, 2}
+    assert (await collect(pool)).documents == 1
+    assert set(await chunk_versions(pool, document_id)) == {2}
 
 
 @pytest.mark.parametrize(

@@ -194,7 +194,7 @@ async def test_a_lost_lease_on_the_streaming_path_writes_nothing_to_the_index(
     # The slow worker has staged some slices when its lease is taken over.
     staged_some = asyncio.Event()
     taken_over = asyncio.Event()
-    sink: PgVectorSink = indexer._sink  # type: ignore[assignment]
+    sink: PgVectorSink = indexer.default.sink  # type: ignore[assignment]
     real_stage = sink.stage
     stages = 0
 

@@ -92,7 +92,11 @@ async def test_finds_the_matching_chunk_with_its_document(
     body = response.json()
     assert set(body) == {"results", "generation", "tookMs", "degraded"}
     assert body["degraded"] is None  # the provider answered: nothing was left out
-    assert body["generation"] == {"embeddingModel": "hashing-v1-64", "dimension": 64}
+    assert body["generation"] == {
+        "embeddingModel": "hashing-v1-64",
+        "dimension": 64,
+        "generationId": None,
+    }
     assert body["tookMs"] >= 0
     top = body["results"][0]
     assert top["documentId"] == str(document_id)

@@ -58,7 +58,14 @@ async def test_the_served_app_publishes_and_searches(
             assert response.status_code == 200, response.text
             body = response.json()
             assert [r["documentId"] for r in body["results"]] == [str(document_id)]
-            assert body["generation"] == {"embeddingModel": "hashing-v1-32", "dimension": 32}
+            assert body["generation"] == {
+                "embeddingModel": "hashing-v1-32",
+                "dimension": 32,
+                # The default generation, should the indexer side have registered one.
+                "generationId": await conn.fetchval(
+                    "SELECT generation_id FROM search_generation WHERE is_default"
+                ),
+            }
             unauthenticated = await client.post(
                 acme.path("/search"), json={"query": "refunds", "principals": ["group:all"]}
             )

@@ -119,7 +119,14 @@ async def test_hybrid_search_answers_keyword_only_while_the_provider_is_down_and
                 assert body["degraded"] == "keyword-only"
                 # The keyword list's hit: the refunds chunk only (shipping shares no word).
                 assert [r["documentId"] for r in body["results"]] == [str(refunds)]
-                assert body["generation"] == {"embeddingModel": MODEL, "dimension": DIMENSION}
+                assert body["generation"] == {
+                    "embeddingModel": MODEL,
+                    "dimension": DIMENSION,
+                    # The default generation, should the indexer side have registered one.
+                    "generationId": await conn.fetchval(
+                        "SELECT generation_id FROM search_generation WHERE is_default"
+                    ),
+                }
                 assert degraded_count(ErrorCode.EMBEDDING_UNAVAILABLE) == unavailable_before + 1
                 [event] = [e for e in logs if e["event"] == "search.degraded"]
                 assert (event["reason"], event["tenant_id"]) == (

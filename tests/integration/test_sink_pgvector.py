@@ -21,6 +21,7 @@ import pytest
 
 from services.index.ann import model_predicate, partition_ann_index_name, vector_expression
 from services.index.generation import IndexGeneration
+from services.indexer.gc.collector import GarbageCollector, GcRound
 from services.indexer.pipeline.chunking import Chunk
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease, TaskStatus
@@ -96,6 +97,12 @@ async def switched_events(pool: asyncpg.Pool[Any]) -> list[asyncpg.Record]:
         "SELECT * FROM outbox WHERE event_type = $1 ORDER BY position",
         DOCUMENT_SEARCH_VERSION_SWITCHED,
     )
+
+
+async def collect(pool: asyncpg.Pool[Any]) -> GcRound:
+    """A round of the collector of superseded chunks, keeping nothing below what is served."""
+    collector = GarbageCollector(pool, keep_previous=0, batch_rows=1000)
+    return await collector.collect(max_documents=100)
 
 
 @pytest.fixture
@@ -328,8 +335,11 @@ async def test_the_search_pointer_never_moves_back(
     assert (current["version_number"], current["task_id"]) == (2, v2_task)
     [event] = await switched_events(pool)
     assert default_registry().decode(event["payload"]).record["versionNumber"] == 2
-    # The late version's chunks were written and retired in the same transaction: nothing
-    # will ever serve them (tests/integration/test_retire_superseded.py).
+    # The late version's chunks were written, and nothing will ever serve them: the
+    # collector deletes them (tests/integration/test_superseded_collection.py).
+    rows = await chunk_rows(pool, created.document_id)
+    assert [(row["version_number"], row["ordinal"]) for row in rows] == [(1, 0), (1, 1), (2, 0)]
+    assert await collect(pool) == GcRound(documents=1, chunks=2)
     rows = await chunk_rows(pool, created.document_id)
     assert [(row["version_number"], row["ordinal"]) for row in rows] == [(2, 0)]
 
@@ -863,11 +873,11 @@ async def test_another_generations_task_at_the_served_version_replaces_nothing(
     }
 
 
-async def test_a_newer_version_takes_the_older_codes_chunks_of_its_generation_with_it(
+async def test_a_newer_version_leaves_the_older_codes_chunks_of_its_generation_to_collect(
     pool: asyncpg.Pool[Any], sink: PgVectorSink
 ) -> None:
-    """After a chunker upgrade the strategy id changes, the generation does not: the switch
-    to the next version retires the chunks the older code wrote."""
+    """After a chunker upgrade the strategy id changes, the generation does not: once the
+    next version is served, the collector deletes the chunks the older code wrote."""
     await sink.ensure_generation(UPGRADED)
     created = await create_task(pool)
     queue = PgTaskQueue(pool)
@@ -878,6 +888,14 @@ async def test_a_newer_version_takes_the_older_codes_chunks_of_its_generation_wi
     v2 = await claim_task(queue, await add_version(pool, created, 2))
     new = versions.make_chunks(created.document_id, 2, ["60 days"], UPGRADED.chunking_strategy)
     await queue.complete(v2, in_transaction=sink.writer(v2, UPGRADED, new, unit_vectors(1)))
+    rows = await chunk_rows(pool, created.document_id)
+    assert [(r["version_number"], r["chunking_strategy"]) for r in rows] == [
+        (1, GENERATION.chunking_strategy),
+        (1, GENERATION.chunking_strategy),
+        (2, UPGRADED.chunking_strategy),
+    ]
+
+    assert await collect(pool) == GcRound(documents=1, chunks=2)
 
     rows = await chunk_rows(pool, created.document_id)
     assert [(r["version_number"], r["chunking_strategy"]) for r in rows] == [

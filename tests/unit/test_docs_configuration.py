@@ -25,7 +25,8 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 import services
-from services.embedding.settings import EmbeddingSettings
+from services.embedding.profiles import PROFILE_PREFIX
+from services.embedding.settings import ENV_PREFIX, EmbeddingSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -138,12 +139,25 @@ def undocumented(variables: Iterable[str], text: str) -> list[str]:
     return sorted(v for v in variables if v not in words)
 
 
+def is_profile_variable(word: str) -> bool:
+    """``KB_EMBEDDING_PROFILE_<NAME>_<FIELD>`` (services/embedding/profiles.py): any profile
+    name, then what follows ``KB_EMBEDDING_`` in a variable of ``EmbeddingSettings``; or the
+    prefix itself, as the page writes it before ``<NAME>``."""
+    if not word.startswith(PROFILE_PREFIX):
+        return False
+    parts = word.removeprefix(PROFILE_PREFIX).split("_")
+    if parts == [""]:
+        return True
+    embedding = model_variables(EmbeddingSettings)
+    return any(ENV_PREFIX + "_".join(parts[i:]) in embedding for i in range(1, len(parts)))
+
+
 def unknown_kb_words(text: str, variables: set[str]) -> list[str]:
     """``KB_`` words of the page that name no setting: a word ending in ``_`` is a prefix
     and must begin at least one setting's variable."""
     unknown = []
     for word in documented_words(text):
-        if not word.startswith("KB_") or word in NOT_SETTINGS:
+        if not word.startswith("KB_") or word in NOT_SETTINGS or is_profile_variable(word):
             continue
         if word.endswith("_"):
             known = any(v.startswith(word) for v in variables)
@@ -207,3 +221,12 @@ def test_the_checks_catch_a_planted_mistake() -> None:
     assert undocumented(variables, text) == ["KB_INDEXER"]
     assert unknown_kb_words(text, variables) == ["KB_NOT_A_SETTING"]
     assert unknown_kb_words("`KB_RELAY_*`", variables) == ["KB_RELAY_"]
+    profiles = (
+        "`KB_EMBEDDING_PROFILE_<NAME>_<FIELD>`, `KB_EMBEDDING_PROFILE_HOSTED_API_KEY`, "
+        "`KB_EMBEDDING_PROFILE_MY_HOST_MODEL`, `KB_EMBEDDING_PROFILE_HOSTED_NOT_A_FIELD`, "
+        "`KB_EMBEDDING_PROFILE_MODEL`"
+    )
+    assert unknown_kb_words(profiles, variables) == [
+        "KB_EMBEDDING_PROFILE_HOSTED_NOT_A_FIELD",
+        "KB_EMBEDDING_PROFILE_MODEL",
+    ]

@@ -5,6 +5,10 @@ check run after its task finished still finds it); stderr: the summary. Exit 0 w
 drifted (or every drift was repaired and no other appeared), 1 when a drift is left or its
 repair could not be verified, 2 on bad input.
 
+generations -- `kb index generations ...` (generations_cli.py).
+
+gc -- stderr: the chunks collected. Exit 0.
+
 tenant-graphs -- stdout: one line per graph built; stderr: the summary. Exit 0 when every
 large tenant of every registered model has its graph, 1 when another process was building
 them (run it again later).
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from services.indexer.maintenance.generations_cli import generations_app
 from services.runtime import cli_support
 from services.runtime.errors import BadInput
 
@@ -33,6 +38,8 @@ index_app = typer.Typer(
     help="Check the search index against what was published, and repair it.",
     no_args_is_help=True,
 )
+
+index_app.add_typer(generations_app, name="generations")
 
 _TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 REPAIRED_BY = "kb index check --repair"
@@ -142,6 +149,47 @@ async def _verify(
         err=True,
     )
     return left == 0
+
+
+@index_app.command("gc")
+def gc(
+    max_documents: int = typer.Option(
+        1000, "--round", min=1, help="Documents per round; rounds go on until none is left."
+    ),
+) -> None:
+    """Collect superseded chunks now (`kb indexer run` does it all the time): every document
+    marked by a completion, in batches of KB_INDEX_GC_BATCH_ROWS, keeping
+    KB_INDEX_KEEP_PREVIOUS versions below each generation's served one. stderr: the
+    chunks collected."""
+    from services.indexer.cli import load_settings
+    from services.indexer.gc.settings import GcSettings
+    from services.runtime.logging import configure_logging
+
+    settings = load_settings()
+    collecting = cli_support.load_settings(GcSettings)
+    configure_logging(settings.log_level, settings.log_format, service="indexer")
+
+    async def _work(pool: asyncpg.Pool[Any]) -> tuple[int, int]:
+        from services.indexer.gc.collector import GarbageCollector
+
+        collector = GarbageCollector(
+            pool,
+            keep_previous=collecting.keep_previous,
+            batch_rows=collecting.gc_batch_rows,
+        )
+        documents = chunks = 0
+        while True:
+            done = await collector.collect(max_documents=max_documents)
+            documents += done.documents
+            chunks += done.chunks
+            if done.documents == 0:
+                return documents, chunks
+
+    from services.indexer.cli import with_pool
+
+    batches, chunks = with_pool(settings, 1, _work)
+    # A batch is one document's turn: a large one takes several.
+    typer.echo(f"index gc: {chunks} chunks collected in {batches} batches", err=True)
 
 
 @index_app.command("tenant-graphs")

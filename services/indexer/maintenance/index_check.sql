@@ -6,14 +6,19 @@
 -- meanwhile is seen whole or not at all (never "pointer moved, chunks not yet there").
 -- The chunks present are those search serves (current_version_chunks): per served document,
 -- one probe of the pointer's primary key and one primary-key range scan of its chunks.
--- current_strategy: the strategy the indexers chunk the pointer's model with now -- that of
--- the model's generation registered last (each indexer registers its own at start) -- and
--- served_code / current_code the versions of the code each was chunked with, when recorded
--- (migration 0021). index_generation holds a few rows: read once, joined by hash.
+-- current_strategy: the strategy the indexers chunk the pointer's model and chunk settings
+-- with now -- that of the generation of those registered last (each indexer registers its
+-- own at start, and each search generation it builds) -- and served_code / current_code the
+-- versions of the code each was chunked with, when recorded (migration 0021). Other chunk
+-- settings of the same model are another search generation (migration 0022), not newer
+-- code: they are not compared. index_generation holds a few rows: read once, joined by hash.
 WITH current_generation AS (
-    SELECT DISTINCT ON (embedding_model) embedding_model, chunking_strategy, chunking_code
+    SELECT DISTINCT ON (embedding_model, split_part(chunking_strategy, ':code=', 1))
+           embedding_model, split_part(chunking_strategy, ':code=', 1) AS settings,
+           chunking_strategy, chunking_code
       FROM index_generation
-     ORDER BY embedding_model, registered_at DESC, created_at DESC, chunking_strategy
+     ORDER BY embedding_model, split_part(chunking_strategy, ':code=', 1),
+              registered_at DESC, created_at DESC, chunking_strategy
 )
 SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
        s.version_number AS served_version, s.chunk_count AS recorded_chunks,
@@ -29,12 +34,16 @@ SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
   LEFT JOIN index_task pt
          ON pt.tenant_id = d.tenant_id AND pt.document_id = d.document_id
         AND pt.version_number = d.published_version AND pt.task_type = $2
+        AND pt.generation_id IS NULL
   LEFT JOIN index_task st
          ON st.tenant_id = d.tenant_id AND st.document_id = d.document_id
         AND st.version_number = s.version_number AND st.task_type = $2
+        AND st.generation_id IS NULL
   LEFT JOIN index_generation sg
          ON sg.embedding_model = s.embedding_model AND sg.chunking_strategy = s.chunking_strategy
-  LEFT JOIN current_generation cg ON cg.embedding_model = s.embedding_model
+  LEFT JOIN current_generation cg
+         ON cg.embedding_model = s.embedding_model
+        AND cg.settings = split_part(s.chunking_strategy, ':code=', 1)
   LEFT JOIN LATERAL (
         SELECT count(*)::integer AS chunks
           FROM (

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -53,6 +54,28 @@ class PgTenantGraphs:
         """Builds the graph of every tenant that has reached ``min_chunks`` chunks and has
         none (or an INVALID one); returns the tenants built, or None when another process
         holds the model's lock (it is building them)."""
+        return await self._ensure(
+            model,
+            dimension,
+            lambda conn: conn.fetch(QUERIES["large_tenants"], model, self._min_chunks),
+        )
+
+    async def ensure_for_new_model(
+        self, model: str, dimension: int, tenants: list[str] | None
+    ) -> list[str] | None:
+        """The same for a model no pointer names yet (a generation just created, before its
+        backfill): each of ``tenants`` (None: every tenant) whose served chunks, of whatever
+        model, reach ``min_chunks`` gets its graph of ``model`` now, so that it is there when
+        the tenant switches to it."""
+        return await self._ensure(
+            model,
+            dimension,
+            lambda conn: conn.fetch(QUERIES["large_tenants_served"], self._min_chunks, tenants),
+        )
+
+    async def _ensure(
+        self, model: str, dimension: int, large_tenants: Callable[[Any], Awaitable[Any]]
+    ) -> list[str] | None:
         if self._min_chunks <= 0:
             return []
         built: list[str] = []
@@ -61,7 +84,7 @@ class PgTenantGraphs:
                 if not await conn.fetchval(QUERIES["try_tenant_graphs_lock"], model):
                     return None
                 try:
-                    large = await conn.fetch(QUERIES["large_tenants"], model, self._min_chunks)
+                    large = await large_tenants(conn)
                     for row in large:
                         tenant = row["tenant_id"]
                         if await _ensure_tenant_graph(

@@ -18,6 +18,25 @@ SELECT s.tenant_id, s.chunks, p.relname AS partition
                          WHERE k.tenant_id = s.tenant_id LIMIT 1)) p
  ORDER BY s.chunks DESC, s.tenant_id
 
+-- name: large_tenants_served
+-- $1 chunks, $2 tenants (NULL: every tenant). Tenants whose current search versions hold at
+-- least $1 chunks, whatever their model: the tenants a new generation (`kb index
+-- generations create`) gives a graph of their own before its backfill starts, while it has
+-- no chunk yet (an empty partial index, then kept as the backfill inserts). Same plan as
+-- large_tenants: a full pass over the pointers, once per create.
+SELECT s.tenant_id, s.chunks, p.relname AS partition
+  FROM (SELECT tenant_id, sum(coalesce(chunk_count, 0)) AS chunks
+          FROM document_search_version
+         WHERE ($2::text[] IS NULL OR tenant_id = ANY ($2::text[]))
+         GROUP BY tenant_id
+        HAVING sum(coalesce(chunk_count, 0)) >= $1) s
+ CROSS JOIN LATERAL (
+        SELECT c.relname
+          FROM pg_class c
+         WHERE c.oid = (SELECT k.tableoid FROM knowledge_chunk k
+                         WHERE k.tenant_id = s.tenant_id LIMIT 1)) p
+ ORDER BY s.chunks DESC, s.tenant_id
+
 -- name: try_tenant_graphs_lock
 -- One builder of a model's tenant graphs at a time, across processes: tried, never waited
 -- for (a session waiting in pg_advisory_lock holds a snapshot that the holder's CREATE INDEX

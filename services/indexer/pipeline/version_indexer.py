@@ -16,18 +16,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
-from services.embedding.coalescing import CoalescingEmbedder, RequestStats
-from services.embedding.port import Embedder, Vectors
-from services.embedding.tokens import TokenCounter, load_token_counter
-from services.index.generation import IndexGeneration
+from services.embedding.port import Embedder
+from services.index.generations import SearchGeneration
 from services.indexer import metrics
 from services.indexer.pipeline.chunking import ChunkingStrategy
+from services.indexer.pipeline.generations import (
+    Batching,
+    GenerationPipeline,
+    GenerationPipelines,
+    TenantShare,
+)
+from services.indexer.pipeline.generations import index_generation as index_generation
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.parsing.stream import DEFAULT_SLICE_CHUNKS, DocumentBytes
-from services.indexer.pipeline.slices import BatchEmbedder, DocumentRun, IndexSink
+from services.indexer.pipeline.slices import DocumentRun, IndexSink
 from services.indexer.ports import ClaimGate, IndexingOutcome, StoredVersion, VersionSource
 from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.logging import get_logger
@@ -39,30 +43,6 @@ log = get_logger(__name__)
 # Documents of up to this many chunks are held in memory and written by the fenced
 # complete in one go, as before; longer ones are staged slice by slice (slices.py).
 STREAM_ABOVE_CHUNKS: Final = 2048
-
-# Waits until the tenant may spend this many more tokens of the provider's quota.
-TenantShare = Callable[[str, int], Awaitable[None]]
-
-
-class _TenantShared:
-    """One task's texts through the shared queue, after its tenant's share of the quota
-    lets them go: a request mixes tenants, so a tenant is charged here, per task."""
-
-    def __init__(
-        self, inner: CoalescingEmbedder, tenant_id: str, share: TenantShare, count: TokenCounter
-    ) -> None:
-        self._inner = inner
-        self._tenant_id = tenant_id
-        self._share = share
-        self._count = count
-
-    @property
-    def batch_size(self) -> int:
-        return self._inner.batch_size
-
-    async def embed_all(self, texts: Sequence[str]) -> Vectors:
-        await self._share(self._tenant_id, sum(self._count(text) for text in texts))
-        return await self._inner.embed_all(texts)
 
 
 def chunking_strategy(
@@ -76,16 +56,6 @@ def chunking_strategy(
         tokenizer=tokenizer,
         max_tokens=min(max_tokens, tokenizer.max_counted_tokens),
         overlap_tokens=overlap_tokens,
-    )
-
-
-def index_generation(embedder: Embedder, strategy: ChunkingStrategy) -> IndexGeneration:
-    """What a version is indexed as: the model, its dimension and the chunking strategy."""
-    return IndexGeneration(
-        embedding_model=embedder.model,
-        dimension=embedder.dimension,
-        chunking_strategy=strategy.strategy_id,
-        chunking_code=strategy.code,
     )
 
 
@@ -109,46 +79,54 @@ class PipelineIndexer:
         max_requests_in_flight: int = 2,
         embedder_ready: asyncio.Future[None] | None = None,
         tenant_share: TenantShare | None = None,
+        search: SearchGeneration | None = None,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
         if slice_chunks < 1 or stream_above_chunks < 0:
             raise ValueError("slice_chunks must be >= 1 and stream_above_chunks >= 0")
         self._source = source
         self._parse_pool = parse_pool
-        self._sink = sink
-        self._strategy = strategy
-        self._batch_size = batch_size
         self._slice_chunks = slice_chunks
         self._stream_above = stream_above_chunks
-        # One queue for every task this indexer runs at once: their chunks share requests,
-        # whose token budgets are counted the way the model counts.
-        self._requests = CoalescingEmbedder(
+        # The configured (default) generation's pipeline, built now: the first claim does
+        # not wait for anything else. ``use_generations`` adds the others.
+        self.default = GenerationPipeline(
             embedder,
-            batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens,
-            count_tokens=(
-                load_token_counter(strategy.tokenizer) if max_batch_tokens is not None else None
+            sink,
+            strategy=strategy,
+            batching=Batching(
+                batch_size=batch_size,
+                max_batch_tokens=max_batch_tokens,
+                linger_seconds=batch_linger_seconds,
+                max_requests_in_flight=max_requests_in_flight,
             ),
-            linger_seconds=batch_linger_seconds,
-            max_in_flight=max_requests_in_flight,
-            on_request=_observe_request,
-            ready=embedder_ready,
+            embedder_ready=embedder_ready,
+            tenant_share=tenant_share,
+            search=search,
         )
+        self._pipelines: GenerationPipelines | None = None
         self.embedder_ready = embedder_ready
-        self.generation = index_generation(embedder, strategy)
-        self._tenant_share = tenant_share
+        self.generation = self.default.generation
         # The embedding provider's guard, when it has one: the worker asks it before claiming.
         self.claim_gate: ClaimGate | None = None
-        self._count_tokens = load_token_counter(strategy.tokenizer) if tenant_share else None
 
-    def _embedder_for(self, tenant_id: str) -> BatchEmbedder:
-        if self._tenant_share is None or self._count_tokens is None:
-            return self._requests
-        return _TenantShared(self._requests, tenant_id, self._tenant_share, self._count_tokens)
+    def use_generations(self, pipelines: GenerationPipelines) -> None:
+        """From now on each task is indexed by its generation's pipeline (``pipelines``,
+        whose default is this indexer's); without it, every task by the default one."""
+        assert pipelines.default is self.default
+        self._pipelines = pipelines
+
+    async def _pipeline_for(self, lease: Lease) -> GenerationPipeline | None:
+        if self._pipelines is None:
+            return self.default
+        return await self._pipelines.pipeline_for(lease)
 
     async def index(self, lease: Lease) -> IndexingOutcome:
         ids = lease.log_fields()
+        pipeline = await self._pipeline_for(lease)
+        if pipeline is None:
+            # Its generation is being retired: the task succeeds, writing nothing.
+            return IndexingOutcome()
+        generation = pipeline.generation
         started = time.perf_counter()
         version = await self._load(lease)
         metrics.STAGE_SECONDS.labels(lease.tier, "load").observe(time.perf_counter() - started)
@@ -160,9 +138,9 @@ class PipelineIndexer:
 
         run = DocumentRun(
             lease,
-            self.generation,
-            self._embedder_for(lease.tenant_id),
-            self._sink,
+            generation,
+            pipeline.embedder_for(lease.tenant_id),
+            pipeline.sink,
             stream_above_chunks=self._stream_above,
         )
         started = time.perf_counter()
@@ -172,7 +150,7 @@ class PipelineIndexer:
                 content,
                 document_id=lease.document_id,
                 version_number=lease.version_number,
-                strategy=self._strategy,
+                strategy=pipeline.strategy,
                 on_slice=run.take,
                 slice_chunks=self._slice_chunks,
             )
@@ -199,7 +177,7 @@ class PipelineIndexer:
             chunks=count,
             reused=run.reused,
             embedded=run.embedded,
-            embedding_model=self.generation.embedding_model,
+            embedding_model=generation.embedding_model,
             duration_ms=round(run.embed_seconds * 1000, 1),
         )
         # Parsing and chunking run together in the parse process: one stage for both,
@@ -209,7 +187,7 @@ class PipelineIndexer:
         metrics.CHUNKS_PER_TASK.labels(lease.tier, "indexed").observe(count)
         metrics.CHUNKS_PER_TASK.labels(lease.tier, "embedded").observe(run.embedded)
         metrics.EMBEDDING_BATCHES_PER_TASK.labels(lease.tier).observe(
-            -(-run.embedded // self._batch_size) if run.embedded else 0
+            -(-run.embedded // pipeline.batch_size) if run.embedded else 0
         )
         staging_seconds = run.stage_seconds
 
@@ -242,11 +220,6 @@ class PipelineIndexer:
                 ErrorCode.DOCUMENT_PARSE_FAILED, "content does not match its recorded sha256"
             )
         return version
-
-
-def _observe_request(stats: RequestStats) -> None:
-    metrics.EMBEDDING_REQUEST_INPUTS.observe(stats.inputs)
-    metrics.EMBEDDING_REQUEST_DOCUMENTS.observe(stats.callers)
 
 
 def _ms_since(started: float) -> float:

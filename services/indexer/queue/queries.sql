@@ -22,7 +22,7 @@
 --    for a whole lease while the worker still writes.
 --
 -- 2. Fairness rule, in ROUNDS. Round 0 is every expired lease with budget left (a takeover;
---    these have waited longest), oldest lease first. Otherwise a tenant's k-th oldest due
+--    these have waited longest), oldest lease first. Otherwise a tenant's k-th due
 --    task is in round (k + the tenant's RUNNING tasks in this tier): a tenant's second task
 --    is never claimed before every other tenant's first, and a tenant that already holds
 --    workers yields to one that holds none. Within a round, tenants take turns: they are
@@ -33,17 +33,21 @@
 --    single task is in round 1 + its tenant's RUNNING count and the big tenant has one task
 --    per round, so at most T - 1 claims go first, whatever its backlog or its tasks' age --
 --    and concurrent claimers (which all skip each other's locked rows down the same list)
---    serve it in the same round. Tasks of one tenant due at the same instant go in index
---    order.
+--    serve it in the same round. Within a tenant, due tasks go in (priority, next_attempt_at)
+--    order: its publishes (priority 0) before its backfills (priority 1, `kb index
+--    generations create`), however old the backfill's tasks, so a backfill never delays the
+--    tenant's new publishes; the fair share across tenants is the same whatever the
+--    priorities. Tasks of one tenant due at the same instant go in index order.
 --
 --    `tenant_head` finds the tenants with due work with a skip scan over
---    index_task_due_by_tenant (tier, tenant_id, next_attempt_at): one probe per tenant, in
---    tenant_id order (hence its rank), returns that tenant's oldest due task; one more probe
---    finds no further tenant. The probe filters on next_attempt_at <= now like every
---    candidate: a tenant whose queued tasks are all in the future (RETRY_WAIT backing off)
---    counted in T would shrink every tenant's share ceil($5 / T) to 1 and starve the claim.
---    The filter is an index condition on the index's last column; PostgreSQL 18's btree
---    skip scan jumps over such a tenant's future entries instead of reading them.
+--    index_task_due_by_tenant (tier, tenant_id, priority, next_attempt_at): one probe per
+--    tenant, in tenant_id order (hence its rank), returns that tenant's first due task in
+--    that order; one more probe finds no further tenant. The probe filters on
+--    next_attempt_at <= now like every candidate: a tenant whose queued tasks are all in the
+--    future (RETRY_WAIT backing off) counted in T would shrink every tenant's share
+--    ceil($5 / T) to 1 and starve the claim. The filter is an index condition on the
+--    index's last column; PostgreSQL 18's btree skip scan jumps over such a tenant's future
+--    entries (and over the two priorities) instead of reading them.
 --
 --    `slot` is the candidate list: the takeovers, then for each tenant the slots
 --    k = 1 .. ceil($5 / T), slot k in round k + its RUNNING count, sorted by round and turn
@@ -118,7 +122,7 @@ tenant_head (tier, due_by, tenant_id, task_id, rank) AS (
              FROM index_task q
             WHERE q.tier = a.tier AND q.status IN ('PENDING', 'RETRY_WAIT')
               AND q.next_attempt_at <= a.due_by
-            ORDER BY q.tenant_id, q.next_attempt_at
+            ORDER BY q.tenant_id, q.priority, q.next_attempt_at
             LIMIT 1) n
     UNION ALL
     SELECT h.tier, h.due_by, n.tenant_id, n.task_id, h.rank + 1
@@ -129,7 +133,7 @@ tenant_head (tier, due_by, tenant_id, task_id, rank) AS (
             WHERE q.tier = h.tier AND q.status IN ('PENDING', 'RETRY_WAIT')
               AND q.tenant_id > h.tenant_id
               AND q.next_attempt_at <= h.due_by
-            ORDER BY q.tenant_id, q.next_attempt_at
+            ORDER BY q.tenant_id, q.priority, q.next_attempt_at
             LIMIT 1) n
 ),
 running_per_tenant AS (
@@ -172,7 +176,7 @@ later_task AS MATERIALIZED (
               AND q.status IN ('PENDING', 'RETRY_WAIT')
               AND q.next_attempt_at <= o.due_by
               AND q.task_id <> o.first_task
-            ORDER BY q.next_attempt_at
+            ORDER BY q.priority, q.next_attempt_at
             LIMIT o.share - 1)) WITH ORDINALITY AS d (task_id, k)
 ),
 candidate AS (
@@ -185,7 +189,7 @@ candidate AS (
                                       AND q.status IN ('PENDING', 'RETRY_WAIT')
                                       AND q.next_attempt_at <= c.due_by
                                       AND q.task_id <> c.task_id
-                                    ORDER BY q.next_attempt_at
+                                    ORDER BY q.priority, q.next_attempt_at
                                     LIMIT 1)
                 ELSE (SELECT l.task_id FROM later_task l
                        WHERE l.tenant_id = c.tenant_id AND l.k = c.k)
@@ -220,7 +224,8 @@ UPDATE index_task t
   FROM locked l
  WHERE t.task_id = l.task_id
 RETURNING t.task_id, t.tenant_id, t.document_id, t.version_number, t.task_type, t.tier,
-          t.attempts AS lease_attempt, t.max_attempts, t.lease_owner, t.lease_until
+          t.attempts AS lease_attempt, t.max_attempts, t.lease_owner, t.lease_until,
+          t.generation_id
 
 -- name: heartbeat
 -- The fence (docs/architecture.md#leases-and-fencing): RUNNING, our owner, our generation,

@@ -62,6 +62,10 @@ class IndexTask(IndexTaskRecord):
     last requeued)."""
 
     first_provider_failure_at: datetime | None = None
+    # The search generation the task builds (NULL: the tenant's serving one when it is
+    # indexed) and its claim priority within the tenant (0 publishes, 1 backfills).
+    generation_id: int | None = None
+    priority: int = 0
 
     def is_due(self, now: datetime) -> bool:
         """Claimable now: a due PENDING/RETRY_WAIT task, or an expired lease with budget left."""
@@ -99,6 +103,9 @@ class Lease:
     task_type: str
     tier: str
     max_attempts: int
+    # The search generation the task builds; None: the tenant's serving one, resolved by
+    # the indexer (services.indexer.pipeline.generations).
+    generation_id: int | None = None
 
     def log_fields(self) -> dict[str, Any]:
         """The task and the version it indexes, as log lines name them."""
@@ -220,6 +227,7 @@ def lease_of(task: IndexTask) -> Lease:
         task_type=task.task_type,
         tier=task.tier,
         max_attempts=task.max_attempts,
+        generation_id=task.generation_id,
     )
 
 

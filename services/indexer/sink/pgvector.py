@@ -4,12 +4,19 @@ registration of index generations with their ANN index.
 
 The write runs inside ``PgTaskQueue.complete``'s transaction, after the fenced UPDATE that
 marks the task SUCCEEDED (the task row is locked by then): chunks, the forward-only search
-pointer, the deletion of the versions it superseded (``sink_retire``) and the
-``DocumentSearchVersionSwitched`` outbox event commit together with the task or not at all.
+pointer, the document's mark for the collector of superseded versions (services/indexer/gc)
+and the ``DocumentSearchVersionSwitched`` outbox event commit together with the task or not
+at all.
 A re-run at the version already served (a repair, a chunker upgrade) replaces that
 version's chunk set and rewrites the pointer's strategy and count in the same transaction
 (sink.sql: ``replace_version_chunks``). Everything slow (parsing, embedding, building the
 rows) happens before it.
+
+A write names the search generation it builds (generations.py): it first locks the tenant's
+serving generation, records the version in ``document_generation_version``, and moves the
+pointer only when its generation serves the tenant. Superseded versions are never deleted
+here: the collector does it later, in bounded batches of its own, keeping
+KB_INDEX_KEEP_PREVIOUS versions (gc.sql says why that is safe).
 
 The pool must come from ``services.runtime.db.create_pool`` (it registers pgvector's binary
 codec for ``vector``, which the COPY and the reuse lookup use).
@@ -38,9 +45,17 @@ from services.index.ann import (
     partition_ann_index_name,
 )
 from services.index.generation import IndexGeneration, RegisteredGeneration
+from services.index.generations import SearchGeneration
+from services.indexer.gc.collector import mark_document
 from services.indexer.ports import Clock, DatabaseClock, InTransaction
 from services.indexer.queue.task import Lease
-from services.indexer.sink.retire import retire_superseded
+from services.indexer.sink.generations import (
+    CompletionTarget,
+    discard_task_stream,
+    lock_target,
+    record_version,
+    register_default,
+)
 from services.indexer.sink.stream import (
     CHUNK_RECORD_COLUMNS,
     chunk_records,
@@ -85,6 +100,9 @@ class ChunkWrite:
     lease: Lease
     generation: IndexGeneration
     records: list[tuple[Any, ...]]
+    # The search generation the chunks build (generations.py); None: no search generation
+    # is known (a sink used without one: the pointer moves as it did before them).
+    search_generation_id: int | None = None
 
 
 class PgVectorSink:
@@ -124,10 +142,24 @@ class PgVectorSink:
             try:
                 with translate_db_errors():
                     await self._register(conn, generation)
-                    await _ensure_ann_index(conn, generation, self._index_build_memory)
+                    await ensure_ann_index(conn, generation, self._index_build_memory)
             finally:
                 with translate_db_errors():
                     await conn.fetchval(QUERIES["release_generation_lock"], model)
+
+    async def register_default(
+        self, generation: IndexGeneration, *, chunk_max_tokens: int, chunk_overlap_tokens: int
+    ) -> SearchGeneration:
+        """The search generation the indexer is configured with, registered as the default
+        (generations.py: register_default); run at start, after ``ensure_generation``."""
+        async with self._pool.acquire() as conn:
+            return await register_default(
+                conn,
+                generation,
+                chunk_max_tokens=chunk_max_tokens,
+                chunk_overlap_tokens=chunk_overlap_tokens,
+                now=self._clock.now(),
+            )
 
     async def _lock_generation(self, conn: Executor, model: str) -> None:
         # Polled, never waited for inside PostgreSQL: see try_generation_lock in sink.sql.
@@ -200,9 +232,14 @@ class PgVectorSink:
         generation: IndexGeneration,
         chunks: Sequence[Chunk],
         embeddings: npt.NDArray[Any],
+        *,
+        search_generation_id: int | None = None,
     ) -> InTransaction:
-        """The ``write(conn)`` to run inside ``queue.complete``'s fenced transaction."""
-        prepared = prepare_write(lease, generation, chunks, embeddings)
+        """The ``write(conn)`` to run inside ``queue.complete``'s fenced transaction, for
+        search generation ``search_generation_id`` (None: none known)."""
+        prepared = prepare_write(
+            lease, generation, chunks, embeddings, search_generation_id=search_generation_id
+        )
 
         async def write(conn: Transaction) -> None:
             await self._write(conn, prepared)
@@ -211,6 +248,10 @@ class PgVectorSink:
 
     async def _write(self, conn: Transaction, prepared: ChunkWrite) -> None:
         lease, generation = prepared.lease, prepared.generation
+        target = await _lock_target(conn, lease, prepared.search_generation_id)
+        if target is not None and not target.write:
+            return
+        await self._mark(conn, lease)
         with translate_db_errors():
             await conn.fetchval(
                 QUERIES["set_local_statement_timeout"],
@@ -228,10 +269,9 @@ class PgVectorSink:
         with translate_db_errors():
             # Always written, even when the pointer will not move to this version: a new
             # generation built beside the current one needs its chunks before any switch.
-            # An older version of the served generation finishing late is retired again
-            # right after the switch (sink_retire), in this transaction. What the version
-            # held of this generation before, or of the served set this run replaces, goes
-            # first: the version ends with exactly the new set.
+            # An older version finishing late is collected with the others (mark_document).
+            # What the version held of this generation before, or of the served set this
+            # run replaces, goes first: the version ends with exactly the new set.
             status = await conn.execute(
                 QUERIES["replace_version_chunks"], *version_chunks(lease, generation), replaced
             )
@@ -241,7 +281,32 @@ class PgVectorSink:
                 generation.dimension,
             )
         _log_replaced(lease, generation, served, replaced, status, len(prepared.records))
-        await self._switch(conn, lease, generation, len(prepared.records), served)
+        await self._finish(conn, lease, generation, len(prepared.records), served, target)
+
+    async def _mark(self, conn: Transaction, lease: Lease) -> None:
+        """The document marked for the collector (this version may supersede others, or be
+        superseded): before any chunk row, so that the completion and a collector of the
+        document lock in one order (the mark, then chunks) and never wait for each other
+        in a cycle; the mark stays locked until commit, so no collector round runs on the
+        document without seeing what this completion writes (gc.sql: mark_document)."""
+        await mark_document(conn, lease.tenant_id, lease.document_id, self._clock.now())
+
+    async def _finish(
+        self,
+        conn: Transaction,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunk_count: int,
+        served: ServedPointer | None,
+        target: CompletionTarget | None,
+    ) -> None:
+        """After the chunks: the version recorded in its search generation, then the
+        pointer's switch if that generation serves the tenant."""
+        if target is not None:
+            await record_version(conn, lease, target, generation, chunk_count, self._clock.now())
+            if not target.serving:
+                return
+        await self._switch(conn, lease, generation, chunk_count, served)
 
     async def _switch(
         self,
@@ -262,7 +327,6 @@ class PgVectorSink:
                 self._clock.now(),
                 served is not None and served.replaces(lease, generation),
             )
-        await retire_superseded(conn, lease, generation)
         if switched is None:
             log.info(
                 "search_version.not_switched",
@@ -270,7 +334,9 @@ class PgVectorSink:
                 reason=not_switched_reason(served, lease, generation),
             )
             return
-        await add_event(conn, self._switched_event(lease, generation, chunk_count, switched))
+        await add_event(
+            conn, switched_event(self._registry, lease, generation, chunk_count, switched)
+        )
 
     # -- large documents: staged slice by slice, moved in by the fenced complete -----------
 
@@ -292,13 +358,23 @@ class PgVectorSink:
         await discard_attempt(self._pool, lease)
 
     def stream_writer(
-        self, lease: Lease, generation: IndexGeneration, chunk_count: int
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunk_count: int,
+        *,
+        search_generation_id: int | None = None,
     ) -> InTransaction:
         """The ``write(conn)`` for a staged document, run inside ``queue.complete``'s fenced
         transaction: the attempt's ``chunk_count`` staged chunks into the index, then the
         pointer and its event, as ``writer`` does for a document held in memory."""
 
         async def write(conn: Transaction) -> None:
+            target = await _lock_target(conn, lease, search_generation_id)
+            if target is not None and not target.write:
+                await discard_task_stream(conn, lease)
+                return
+            await self._mark(conn, lease)
             with translate_db_errors():
                 await conn.fetchval(
                     QUERIES["set_local_statement_timeout"],
@@ -308,41 +384,44 @@ class PgVectorSink:
             replaced = replaced_strategy(served, lease, generation)
             status = await move_staged(conn, lease, generation, chunk_count, replaced)
             _log_replaced(lease, generation, served, replaced, status, chunk_count)
-            await self._switch(conn, lease, generation, chunk_count, served)
+            await self._finish(conn, lease, generation, chunk_count, served, target)
 
         return write
 
-    def _switched_event(
-        self,
-        lease: Lease,
-        generation: IndexGeneration,
-        chunk_count: int,
-        switched: asyncpg.Record,
-    ) -> OutboxEvent:
-        id_ = switched_event_id(lease, generation)
-        payload = self._registry.encode(
-            DOCUMENT_SEARCH_VERSION_SWITCHED,
-            {
-                "eventId": str(id_),
-                "tenantId": lease.tenant_id,
-                "tier": lease.tier,
-                "documentId": str(lease.document_id),
-                "versionNumber": lease.version_number,
-                "previousVersionNumber": switched["previous_version"],
-                "embeddingModel": generation.embedding_model,
-                "chunkCount": chunk_count,
-                "taskId": str(lease.task_id),
-                "occurredAt": switched["switched_at"],
-            },
-        )
-        return OutboxEvent(
-            event_type=DOCUMENT_SEARCH_VERSION_SWITCHED,
-            tenant_id=lease.tenant_id,
-            tier=lease.tier,
-            aggregate_key=aggregate_key(lease.tenant_id, lease.document_id),
-            payload=payload,
-            event_id=id_,
-        )
+
+def switched_event(
+    registry: SchemaRegistry,
+    lease: Lease,
+    generation: IndexGeneration,
+    chunk_count: int,
+    switched: asyncpg.Record,
+) -> OutboxEvent:
+    """The ``DocumentSearchVersionSwitched`` event of a pointer switch (``switched``: the
+    row switch_search_version returned)."""
+    id_ = switched_event_id(lease, generation)
+    payload = registry.encode(
+        DOCUMENT_SEARCH_VERSION_SWITCHED,
+        {
+            "eventId": str(id_),
+            "tenantId": lease.tenant_id,
+            "tier": lease.tier,
+            "documentId": str(lease.document_id),
+            "versionNumber": lease.version_number,
+            "previousVersionNumber": switched["previous_version"],
+            "embeddingModel": generation.embedding_model,
+            "chunkCount": chunk_count,
+            "taskId": str(lease.task_id),
+            "occurredAt": switched["switched_at"],
+        },
+    )
+    return OutboxEvent(
+        event_type=DOCUMENT_SEARCH_VERSION_SWITCHED,
+        tenant_id=lease.tenant_id,
+        tier=lease.tier,
+        aggregate_key=aggregate_key(lease.tenant_id, lease.document_id),
+        payload=payload,
+        event_id=id_,
+    )
 
 
 def switched_event_id(lease: Lease, generation: IndexGeneration) -> uuid.UUID:
@@ -390,13 +469,30 @@ def prepare_write(
     generation: IndexGeneration,
     chunks: Sequence[Chunk],
     embeddings: npt.NDArray[Any],
+    *,
+    search_generation_id: int | None = None,
 ) -> ChunkWrite:
     """Checks the embeddings against the chunks and the generation, and builds the COPY
     records, so the transaction only sends them."""
-    return ChunkWrite(lease, generation, chunk_records(lease, generation, chunks, embeddings))
+    return ChunkWrite(
+        lease,
+        generation,
+        chunk_records(lease, generation, chunks, embeddings),
+        search_generation_id,
+    )
 
 
-async def _ensure_ann_index(conn: Executor, generation: IndexGeneration, build_memory: str) -> None:
+async def _lock_target(
+    conn: Transaction, lease: Lease, search_generation_id: int | None
+) -> CompletionTarget | None:
+    """The completion's first statement (before the pointer's lock: the order a switch
+    locks in); None without a search generation."""
+    if search_generation_id is None:
+        return None
+    return await lock_target(conn, lease, search_generation_id)
+
+
+async def ensure_ann_index(conn: Executor, generation: IndexGeneration, build_memory: str) -> None:
     """Build the model's HNSW index unless a valid one exists: the partitioned index, then
     each partition's part not yet built (an INVALID part, left by an interrupted build, is
     dropped and built again) and attached. Runs under the generation lock, outside any

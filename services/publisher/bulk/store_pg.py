@@ -15,7 +15,7 @@ from services.runtime.db import translate_db_errors
 from services.runtime.errors import NotFound
 from services.runtime.outbox import aggregate_key
 from services.runtime.sql import queries_beside
-from services.runtime.tasks import DEFAULT_MAX_ATTEMPTS
+from services.runtime.tasks import DEFAULT_MAX_ATTEMPTS, enqueue_generation_tasks
 
 QUERIES = queries_beside(__file__)
 
@@ -58,6 +58,14 @@ class PgBulkStore:
                     [d.index_task_id for d in documents],
                     DEFAULT_MAX_ATTEMPTS,
                     now,
+                )
+                # The dual write, as a single publish does (services.runtime.tasks).
+                await enqueue_generation_tasks(
+                    conn,
+                    tenant_id=tenant_id,
+                    tier=tier,
+                    versions=[(d.document_id, 1) for d in documents],
+                    now=now,
                 )
                 if acl:
                     await conn.execute(

@@ -1,9 +1,11 @@
-"""Superseded versions leave the index with the switch that superseded them, on real
-PostgreSQL: the fenced complete deletes the document's older chunks of the same generation
-(model and strategy) in its own transaction, never another generation's, never a newer
-version's; a search whose snapshot predates the switch still reads the whole old version;
-racing versions of one document leave only the served one; the streamed completion does the
-same; and `kb index check` finds nothing to say about the result."""
+"""Superseded versions leave the index through the collector (services/indexer/gc), on real
+PostgreSQL: a completion deletes nothing and only marks its document; the collector, outside
+any completion, leaves per chunk family (model and chunk settings) only the served version
+and KB_INDEX_KEEP_PREVIOUS versions below it -- never another generation's chunks, never a
+newer version's; racing versions of one document leave only the served one; the streamed
+completion's document is collected the same way; a search whose snapshot predates the switch
+and the collection still reads the whole old version; the delete walks the primary key of the
+tenant's partition; and `kb index check` finds nothing to say about the result."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import asyncpg
 import pytest
 
 from services.embedding.hashing import HashingEmbedder
-from services.index.generation import CODE_MARK, IndexGeneration, chunking_settings
+from services.index.generation import CODE_MARK, IndexGeneration
+from services.indexer.gc.collector import QUERIES, GarbageCollector, GcRound
 from services.indexer.maintenance.index_check_pg import PgIndexCheck
 from services.indexer.pipeline.chunking import Chunk
 from services.indexer.pipeline.parsing.pool import ParsePool
@@ -30,7 +33,7 @@ from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease, RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
-from services.indexer.sink.pgvector import QUERIES, PgVectorSink
+from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.db import create_pool
 from services.runtime.media_types import MARKDOWN
 from services.runtime.settings import RuntimeSettings
@@ -117,6 +120,17 @@ def generation_key(generation: IndexGeneration) -> tuple[str, str]:
     return (generation.embedding_model, generation.chunking_strategy)
 
 
+async def collect(pool: asyncpg.Pool[Any], *, keep_previous: int = 0) -> GcRound:
+    """A round of the collector, as `kb index gc` runs it: every marked document."""
+    collector = GarbageCollector(pool, keep_previous=keep_previous, batch_rows=1000)
+    return await collector.collect(max_documents=100)
+
+
+async def marked(pool: asyncpg.Pool[Any]) -> set[uuid.UUID]:
+    """The documents marked for the collector."""
+    return {row["document_id"] for row in await pool.fetch("SELECT document_id FROM index_gc_due")}
+
+
 @pytest.fixture
 async def sink(pool: asyncpg.Pool[Any]) -> PgVectorSink:
     sink = PgVectorSink(pool)
@@ -125,7 +139,7 @@ async def sink(pool: asyncpg.Pool[Any]) -> PgVectorSink:
     return sink
 
 
-async def test_a_switch_leaves_only_the_new_version_of_its_generation(
+async def test_the_collector_leaves_only_the_served_version_of_its_generation(
     pool: asyncpg.Pool[Any], sink: PgVectorSink
 ) -> None:
     created = await create_task(pool)
@@ -143,7 +157,17 @@ async def test_a_switch_leaves_only_the_new_version_of_its_generation(
 
     v2 = await claim(queue, await publish_version(pool, created, 2))
     v2_chunks = await complete(queue, sink, v2, [*version_texts(2, 5), "unchanged clause"])
+    # The switch deleted nothing: it marked the document for the collector.
+    assert await chunk_versions(pool, created.document_id) == {
+        generation_key(GENERATION): [1] * 13 + [2] * 6,
+        generation_key(OTHER_STRATEGY): [1],
+        generation_key(OTHER_MODEL): [1],
+    }
+    assert await marked(pool) == {created.document_id}
 
+    assert await collect(pool, keep_previous=0) == GcRound(documents=1, chunks=13)
+
+    assert await marked(pool) == set()
     assert await chunk_versions(pool, created.document_id) == {
         generation_key(GENERATION): [2] * 6,
         generation_key(OTHER_STRATEGY): [1],
@@ -163,7 +187,43 @@ async def test_a_switch_leaves_only_the_new_version_of_its_generation(
     assert await PgIndexCheck(pool).drift(created.tenant_id) == (1, [])
 
 
-async def test_a_version_finishing_after_a_newer_one_takes_nothing_newer_with_it(
+async def test_keep_previous_one_keeps_the_version_below_the_served_one(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink
+) -> None:
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    v1 = await claim(queue, created.task_id)
+    await complete(queue, sink, v1, version_texts(1, 4))
+    await write_beside(pool, sink, v1, OTHER_MODEL)
+    v2 = await claim(queue, await publish_version(pool, created, 2))
+    await complete(queue, sink, v2, version_texts(2, 3))
+
+    # v1 is the one version kept below the served v2: nothing goes, the mark does.
+    assert await collect(pool, keep_previous=1) == GcRound(documents=1, chunks=0)
+    assert await marked(pool) == set()
+    assert await chunk_versions(pool, created.document_id) == {
+        generation_key(GENERATION): [1] * 4 + [2] * 3,
+        generation_key(OTHER_MODEL): [1],
+    }
+
+    v3 = await claim(queue, await publish_version(pool, created, 3))
+    await complete(queue, sink, v3, version_texts(3, 2))
+    assert await collect(pool, keep_previous=1) == GcRound(documents=1, chunks=4)
+
+    # v2 stays below the served v3, v1 goes; the generation nothing serves is left alone.
+    assert await chunk_versions(pool, created.document_id) == {
+        generation_key(GENERATION): [2] * 3 + [3] * 2,
+        generation_key(OTHER_MODEL): [1],
+    }
+    served = await pool.fetchval(
+        "SELECT version_number FROM document_search_version WHERE document_id = $1",
+        created.document_id,
+    )
+    assert served == 3
+    assert await PgIndexCheck(pool).drift(created.tenant_id) == (1, [])
+
+
+async def test_a_version_finishing_after_a_newer_one_is_collected_and_nothing_newer(
     pool: asyncpg.Pool[Any], sink: PgVectorSink
 ) -> None:
     created = await create_task(pool)
@@ -173,10 +233,18 @@ async def test_a_version_finishing_after_a_newer_one_takes_nothing_newer_with_it
     leases = {lease.version_number: lease for lease in claimed}
     assert leases[2].task_id == v2_task
     # v2 is served, then v1 finishes late: its pointer does not move, and its own chunks,
-    # which nothing will ever serve, go with it; v2's stay whole.
+    # which nothing will ever serve, are collected; v2's stay whole.
     await complete(queue, sink, leases[2], version_texts(2, 3))
     await write_beside(pool, sink, leases[1], OTHER_MODEL)
     await complete(queue, sink, leases[1], version_texts(1, 4))
+    assert await chunk_versions(pool, created.document_id) == {
+        generation_key(GENERATION): [1] * 4 + [2] * 3,
+        generation_key(OTHER_MODEL): [1],
+    }
+    assert await marked(pool) == {created.document_id}
+
+    assert await collect(pool, keep_previous=0) == GcRound(documents=1, chunks=4)
+
     assert await chunk_versions(pool, created.document_id) == {
         generation_key(GENERATION): [2, 2, 2],
         generation_key(OTHER_MODEL): [1],
@@ -189,7 +257,8 @@ async def test_racing_versions_of_one_document_leave_only_the_served_one(
     settings: RuntimeSettings, sink: PgVectorSink, first: int
 ) -> None:
     """One version's transaction holds the pointer row when the other's reaches it; whichever
-    commits first, the other sees its chunks once it has the row, and only v2 is left."""
+    commits first, both versions' chunks are there after them, the pointer serves v2, and the
+    collector leaves only v2."""
     pool = await create_pool(settings, min_size=3, max_size=3)
     try:
         created = await create_task(pool)
@@ -232,14 +301,71 @@ async def test_racing_versions_of_one_document_leave_only_the_served_one(
             may_commit.set()
             await asyncio.gather(*racing)
 
-        assert await chunk_versions(pool, created.document_id) == {
-            generation_key(GENERATION): [2, 2, 2]
-        }
         served = await pool.fetchval(
             "SELECT version_number FROM document_search_version WHERE document_id = $1",
             created.document_id,
         )
         assert served == 2
+        assert await chunk_versions(pool, created.document_id) == {
+            generation_key(GENERATION): [1] * 4 + [2] * 3
+        }
+        assert await marked(pool) == {created.document_id}
+
+        assert await collect(pool, keep_previous=0) == GcRound(documents=1, chunks=4)
+
+        assert await chunk_versions(pool, created.document_id) == {
+            generation_key(GENERATION): [2, 2, 2]
+        }
+        assert await marked(pool) == set()
+    finally:
+        await pool.close()
+
+
+async def test_a_collector_round_during_a_completion_leaves_its_mark_for_the_next_round(
+    settings: RuntimeSettings, sink: PgVectorSink
+) -> None:
+    """A document already marked (v1's completion) is collected while v2's completion has
+    marked it again but not committed: that round cannot see v2, and the document must stay
+    marked for a round that can -- else v1 stays in the index until the next publish."""
+    pool = await create_pool(settings, min_size=3, max_size=3)
+    try:
+        created = await create_task(pool)
+        queue = PgTaskQueue(pool)
+        await complete(queue, sink, await claim(queue, created.task_id), version_texts(1, 4))
+        assert await marked(pool) == {created.document_id}
+        v2 = await claim(queue, await publish_version(pool, created, 2))
+        texts = version_texts(2, 3)
+        write = sink.writer(
+            v2,
+            GENERATION,
+            make_chunks(
+                created.document_id, 2, texts, GENERATION.chunking_strategy, heading="Refunds"
+            ),
+            EMBEDDER.embed_sync(texts),
+        )
+        holding, may_commit = asyncio.Event(), asyncio.Event()
+
+        async def paused_before_commit(conn: Transaction) -> None:
+            await write(conn)
+            holding.set()
+            await may_commit.wait()
+
+        completing = asyncio.create_task(queue.complete(v2, in_transaction=paused_before_commit))
+        try:
+            async with asyncio.timeout(30):
+                await holding.wait()
+            # v2's completion has marked and switched, uncommitted: its mark is locked, so a
+            # round now skips the document rather than forget it.
+            during = await collect(pool, keep_previous=0)
+        finally:
+            may_commit.set()
+            await completing
+        assert during == GcRound(documents=0, chunks=0)
+
+        assert await collect(pool, keep_previous=0) == GcRound(documents=1, chunks=4)
+        assert await chunk_versions(pool, created.document_id) == {
+            generation_key(GENERATION): [2, 2, 2]
+        }
     finally:
         await pool.close()
 
@@ -371,18 +497,20 @@ async def test_a_search_whose_snapshot_predates_the_switch_still_reads_all_of_th
     request = SearchRequest(
         created.tenant_id, "refund clause", ("group:all",), top_k=100, mode=mode
     )
-    # The search opens its transaction and takes its snapshot; v2 then switches and
-    # retires v1, and commits; only then does the search read.
+    # The search opens its transaction and takes its snapshot; v2 then switches and commits,
+    # and the collector deletes v1 and commits; only then does the search read.
     in_flight = asyncio.create_task(searcher(cast("asyncpg.Pool[Any]", paused)).search(request))
     try:
         async with asyncio.timeout(30):
             await paused.snapshot_taken.wait()
         await complete(queue, sink, v2, version_texts(2, 5))
+        collected = await collect(pool, keep_previous=0)
         left = await chunk_versions(pool, created.document_id)
     finally:
         # Whatever failed above, the search's transaction ends (the pool could not close).
         paused.go_on.set()
         old = await in_flight
+    assert collected == GcRound(documents=1, chunks=12)
     assert left == {generation_key(GENERATION): [2] * 5}  # v1 is gone, committed
 
     assert sorted(hit.text for hit in old.results) == sorted(version_texts(1))
@@ -409,12 +537,21 @@ class _RecordingSink(PgVectorSink):
 
     streamed: int = 0
 
-    def stream_writer(self, lease: Lease, generation: IndexGeneration, chunk_count: int) -> Any:
+    def stream_writer(
+        self,
+        lease: Lease,
+        generation: IndexGeneration,
+        chunk_count: int,
+        *,
+        search_generation_id: int | None = None,
+    ) -> Any:
         self.streamed += 1
-        return super().stream_writer(lease, generation, chunk_count)
+        return super().stream_writer(
+            lease, generation, chunk_count, search_generation_id=search_generation_id
+        )
 
 
-async def test_the_streamed_completion_retires_the_older_version_too(
+async def test_the_streamed_completions_document_is_collected_too(
     pool: asyncpg.Pool[Any], service_env: dict[str, str]
 ) -> None:
     clock = ManualClock(datetime.now(UTC))
@@ -459,21 +596,33 @@ async def test_the_streamed_completion_retires_the_older_version_too(
     )
     assert current is not None
     assert current["version_number"] == 2
+    key = (generation.embedding_model, generation.chunking_strategy)
+    # The streamed switch deleted nothing: it marked the document.
     assert await chunk_versions(pool, created.document_id) == {
-        (generation.embedding_model, generation.chunking_strategy): [2] * current["chunk_count"]
+        key: [1] * v1_count + [2] * current["chunk_count"]
     }
+    assert await marked(pool) == {created.document_id}
     assert await pool.fetchval("SELECT count(*) FROM knowledge_chunk_stream") == 0
 
+    # `kb index gc`, as an operator runs it, keeping nothing below the served version.
+    collected = await asyncio.to_thread(
+        kb_index, "gc", {**service_env, "KB_INDEX_KEEP_PREVIOUS": "0"}
+    )
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    assert f"index gc: {v1_count} chunks collected in 1 batches" in collected.stderr
+    assert await chunk_versions(pool, created.document_id) == {key: [2] * current["chunk_count"]}
+    assert await marked(pool) == set()
+
     # `kb index check`, as an operator runs it: green, nothing to report.
-    checked = await asyncio.to_thread(kb_index_check, service_env)
+    checked = await asyncio.to_thread(kb_index, "check", service_env)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout == ""
     assert "1 documents, 0 drifted" in checked.stderr
 
 
-def kb_index_check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def kb_index(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", "index", "check"],
+        [sys.executable, "-m", "services.cli", "index", command],
         env=env,
         cwd=REPO_ROOT,
         capture_output=True,
@@ -483,7 +632,7 @@ def kb_index_check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_the_delete_walks_the_primary_key_of_the_tenants_partition(
+async def test_the_collectors_delete_walks_the_primary_key_of_the_tenants_partition(
     pool: asyncpg.Pool[Any],
 ) -> None:
     created = await create_task(pool)
@@ -526,44 +675,72 @@ async def test_the_delete_walks_the_primary_key_of_the_tenants_partition(
         GENERATION.embedding_model,
         GENERATION.chunking_strategy,
     )
-    await pool.execute("ANALYZE knowledge_chunk, document_search_version")
+    # A generation built beside the served one that holds every document too.
+    beside = await pool.fetchval(
+        """
+        INSERT INTO search_generation (provider_profile, embedding_model, dimension,
+                                       chunk_max_tokens, chunk_overlap_tokens, chunking_settings)
+        VALUES ('default', $1, 3, 64, 0, $2) RETURNING generation_id
+        """,
+        OTHER_MODEL.embedding_model,
+        OTHER_MODEL.chunking_strategy,
+    )
+    await pool.execute(
+        """
+        INSERT INTO document_generation_version (tenant_id, document_id, generation_id,
+                                                 version_number, chunking_strategy, chunk_count)
+        SELECT 'acme', d, $2, 3, $3, 20 FROM unnest($1::uuid[]) AS d
+        """,
+        others,
+        beside,
+        OTHER_MODEL.chunking_strategy,
+    )
+    await pool.execute(
+        "ANALYZE knowledge_chunk, document_search_version, document_generation_version,"
+        " search_generation"
+    )
     partition = await pool.fetchval(
         "SELECT tableoid::regclass::text FROM knowledge_chunk WHERE tenant_id = 'acme' LIMIT 1"
     )
-    args = (
-        created.tenant_id,
-        created.document_id,
-        3,
-        GENERATION.embedding_model,
-        GENERATION.chunking_strategy,
-        chunking_settings(GENERATION.chunking_strategy),
-        CODE_MARK,
-    )
+    # As the collector runs it: keep none below the served version, a batch of 5000 rows.
+    args = (created.tenant_id, created.document_id, 0, 5000, CODE_MARK)
     for plan_cache_mode in ("force_custom_plan", "force_generic_plan"):
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
             plan = json.loads(
                 await conn.fetchval(
-                    "EXPLAIN (FORMAT JSON) " + QUERIES["retire_superseded_chunks"], *args
+                    "EXPLAIN (FORMAT JSON) " + QUERIES["delete_superseded_chunks"], *args
                 )
             )
-        scans = list(_plan_nodes(plan[0]["Plan"]))
+        root = plan[0]["Plan"]
+        assert root["Operation"] == "Delete", plan_cache_mode
+        assert [t["Relation Name"] for t in root["Target Tables"]] == [partition], plan_cache_mode
+        scans = list(_plan_nodes(root))
         chunk_scans = [
             node
             for node in scans
             if node["Node Type"].endswith("Scan")
             and node.get("Relation Name", "").startswith("knowledge_chunk")
         ]
-        # Only the tenant's partition, through its primary key, bounded by the document and
-        # the version range; never a scan of the table.
-        assert [node["Relation Name"] for node in chunk_scans] == [partition], plan_cache_mode
-        [scan] = chunk_scans
-        assert scan["Node Type"] == "Index Scan", plan_cache_mode
-        assert scan["Index Name"] == f"{partition}_pkey", plan_cache_mode
-        condition = scan["Index Cond"]
-        for column in ("tenant_id", "document_id", "version_number", "embedding_model"):
-            assert column in condition, (plan_cache_mode, condition)
-        assert all(node["Node Type"] != "Seq Scan" for node in scans), plan_cache_mode
+        # Only the tenant's partition, through its primary key, bounded by the document:
+        # the families' versions, the victims, the rows deleted; never a scan of the table.
+        assert [node["Relation Name"] for node in chunk_scans] == [partition] * 3, plan_cache_mode
+        for scan in chunk_scans:
+            assert scan["Node Type"] == "Index Scan", plan_cache_mode
+            assert scan["Index Name"] == f"{partition}_pkey", plan_cache_mode
+            for column in ("tenant_id", "document_id"):
+                assert column in scan["Index Cond"], (plan_cache_mode, scan["Index Cond"])
+        # The served versions: the document's pointer and its generations' rows, by their
+        # primary keys too.
+        for table in ("document_search_version", "document_generation_version"):
+            [served] = [node for node in scans if node.get("Relation Name") == table]
+            assert served["Index Name"] == f"{table}_pkey", (plan_cache_mode, table)
+            assert "document_id" in served["Index Cond"], (plan_cache_mode, table)
+        # search_generation (a row per generation, a handful) is the one table read whole.
+        assert all(
+            node["Node Type"] != "Seq Scan" or node["Relation Name"] == "search_generation"
+            for node in scans
+        ), plan_cache_mode
 
 
 def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,228 @@
+"""`kb index generations retire G`: a generation no tenant is served by goes.
+
+One transaction stops building it (state RETIRING, its tenant rows -- so publishes stop
+indexing into it -- and its unfinished tasks, ended DEAD); then its chunks, document rows
+and tasks are deleted in bounded batches, each a transaction of its own; then its model's
+indexes are dropped if nothing else uses the model, and it is marked RETIRED. Run again
+after a crash, it goes on from RETIRING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, Final
+
+import asyncpg
+
+from services.index.ann import ann_index_name
+from services.index.generations import SearchGeneration
+from services.indexer.maintenance.generations import (
+    GENERATION_RETIRED,
+    MISSING_SHOWN,
+    RETIRE_BATCH,
+    RetireOutcome,
+)
+from services.indexer.maintenance.generations_queries import QUERIES, rows_of
+from services.runtime.db import translate_db_errors
+from services.runtime.errors import BadInput, DatabaseBusy, NotFound
+from services.runtime.logging import get_logger
+
+log = get_logger(__name__)
+
+# Index names read from the catalog before they go into DROP INDEX: the model's ANN index
+# and the tenant graphs named after it (services.index.ann), nothing else.
+_OUR_INDEX: Final = re.compile(r"^knowledge_chunk_ann_[0-9a-f]{16}(_t[0-9a-f]{16})?$")
+# A strategy id that records no chunk settings: nothing to tell its chunks apart by.
+_NO_SETTINGS: Final = ""
+
+
+class PgRetirement:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        *,
+        now: datetime | None = None,
+        batch_size: int = RETIRE_BATCH,
+        lock_timeout: str = "2s",
+        drop_attempts: int = 5,
+        drop_pause_seconds: float = 1.0,
+    ) -> None:
+        self._pool = pool
+        self._now = now
+        self._batch = batch_size
+        self._lock_timeout = lock_timeout
+        self._drop_attempts = drop_attempts
+        self._drop_pause = drop_pause_seconds
+
+    async def retire(self, generation_id: int) -> RetireOutcome:
+        """Refuses the default and a generation any tenant serves; otherwise stops building
+        it (its tenant rows and unfinished tasks go in one transaction), then deletes its
+        chunks, its document rows and its tasks in batches, drops its model's indexes if no
+        one else uses the model, and marks it RETIRED."""
+        with translate_db_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                # Lock order, the same as every other writer's: the tenant rows, the tasks,
+                # then the generation's row. A completion holds its task row, then its
+                # tenant's serving row and the generation's row FOR SHARE; a switch its
+                # tenant's rows, then the generation's row FOR SHARE. Taking the generation's
+                # row first would wait for them while they wait for us.
+                await conn.fetchval(QUERIES["lock_generations"])
+                row = await conn.fetchrow(QUERIES["read_generation"], generation_id)
+                if row is None:
+                    raise NotFound(f"no generation {generation_id}", code="GENERATION_NOT_FOUND")
+                # Stable under lock_generations: only a retire changes the state, and only an
+                # indexer's registration of the default (under the same lock) the flag.
+                generation = SearchGeneration.from_record(row)
+                if generation.state == "RETIRED":
+                    return RetireOutcome(generation_id, already_retired=True)
+                if generation.is_default:
+                    raise BadInput(
+                        f"{generation.describe()} is the default (the indexers' KB_EMBEDDING_*): "
+                        "it serves every tenant without a generation of its own"
+                    )
+                tenants = await conn.fetch(QUERIES["serving_rows_of_generation"], generation_id)
+                serving = [r["tenant_id"] for r in tenants if r["serving"]]
+                if serving:
+                    raise BadInput(
+                        f"{generation.describe()} serves {len(serving)} tenants ("
+                        + ", ".join(serving[:MISSING_SHOWN])
+                        + "): switch them to another generation first"
+                    )
+                ended = await conn.execute(
+                    QUERIES["end_unfinished_tasks"],
+                    generation_id,
+                    GENERATION_RETIRED,
+                    f"generation {generation_id} was retired",
+                    self._now,
+                )
+                await conn.execute(QUERIES["start_retiring"], generation_id)
+                await conn.execute(QUERIES["delete_tenant_rows"], generation_id)
+        log.info("generation.retiring", generation_id=generation_id, tasks_ended=rows_of(ended))
+        chunks = await self._delete_chunks(generation)
+        documents = await self._batches(
+            _statement(QUERIES["delete_document_versions_batch"], generation_id, self._batch)
+        )
+        tasks = await self._batches(
+            _statement(QUERIES["delete_task_batch"], generation_id, self._batch)
+        )
+        dropped = await self._drop_indexes(generation)
+        with translate_db_errors():
+            await self._pool.execute(QUERIES["finish_retiring"], generation_id, self._now)
+        outcome = RetireOutcome(
+            generation_id, False, rows_of(ended), chunks, documents, tasks, dropped
+        )
+        log.info(
+            "generation.retired",
+            generation_id=generation_id,
+            chunks_deleted=chunks,
+            document_rows_deleted=documents,
+            tasks_deleted=tasks,
+            indexes_dropped=len(dropped),
+        )
+        return outcome
+
+    async def _delete_chunks(self, generation: SearchGeneration) -> int:
+        generation_id, model = generation.generation_id, generation.embedding_model
+        with translate_db_errors():
+            settings = (
+                {generation.chunking_settings}
+                if generation.chunking_settings
+                else {
+                    r["settings"]
+                    for r in await self._pool.fetch(
+                        QUERIES["generation_chunk_settings"], generation_id
+                    )
+                }
+            )
+            tenants = [
+                r["tenant_id"] for r in await self._pool.fetch(QUERIES["tenants_with_chunks"])
+            ]
+        deleted = 0
+        for chunk_settings in sorted(settings - {_NO_SETTINGS}):
+            if await self._pool.fetchval(
+                QUERIES["shared_chunk_settings"], generation_id, model, chunk_settings
+            ):
+                log.warning(
+                    "generation.chunks_kept",
+                    generation_id=generation_id,
+                    reason="another generation has the same model and chunk settings",
+                )
+                continue
+            for tenant in tenants:
+                deleted += await self._batches(
+                    _statement(
+                        QUERIES["delete_chunk_batch"], tenant, model, chunk_settings, self._batch
+                    )
+                )
+        return deleted
+
+    async def _batches(self, step: Callable[[Any], Awaitable[str]]) -> int:
+        """Runs ``step`` (one bounded DELETE) in transactions of its own until it deletes
+        nothing; the rows deleted in all."""
+        total = 0
+        while True:
+            with translate_db_errors():
+                async with self._pool.acquire() as conn, conn.transaction():
+                    rows = rows_of(await step(conn))
+            total += rows
+            if rows == 0:
+                return total
+
+    async def _drop_indexes(self, generation: SearchGeneration) -> list[str]:
+        """The model's ANN index and tenant graphs, unless another live generation embeds
+        with the model or a pointer still names it."""
+        model = generation.embedding_model
+        with translate_db_errors():
+            if await self._pool.fetchval(
+                QUERIES["model_still_used"], generation.generation_id, model
+            ):
+                return []
+            rows = await self._pool.fetch(QUERIES["model_indexes"], ann_index_name(model))
+            dropped = []
+            async with self._pool.acquire() as conn:
+                # Tenant graphs first, without blocking writes; the partitioned index last
+                # (it cannot be dropped concurrently, and takes its partitions' parts along).
+                for row in rows:
+                    name = row["index_name"]
+                    if not _OUR_INDEX.match(name):
+                        continue
+                    if row["partitioned"]:
+                        await self._drop_partitioned(conn, name)
+                    else:
+                        await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+                    dropped.append(name)
+        return dropped
+
+    async def _drop_partitioned(self, conn: Any, name: str) -> None:
+        """DROP INDEX of the model's partitioned index takes knowledge_chunk's ACCESS
+        EXCLUSIVE lock: queued behind a long transaction, it would hold up every search and
+        completion queued behind it. So each try gives up after a short lock_timeout; after
+        the last, DatabaseBusy (exit 1), the generation stays RETIRING and a second run of
+        the command tries again (its deletes find nothing left)."""
+        for attempt in range(self._drop_attempts):
+            try:
+                async with conn.transaction():
+                    await conn.fetchval(QUERIES["set_local_lock_timeout"], self._lock_timeout)
+                    await conn.execute(f"DROP INDEX IF EXISTS {name}")
+                return
+            except asyncpg.LockNotAvailableError:
+                log.warning("generation.index_drop_waited", index=name, attempt=attempt + 1)
+                if attempt + 1 < self._drop_attempts:
+                    await asyncio.sleep(self._drop_pause)
+        raise DatabaseBusy(
+            f"index {name}: knowledge_chunk stayed locked by other transactions; run "
+            "`kb index generations retire` again"
+        )
+
+
+def _statement(sql: str, *args: Any) -> Callable[[Any], Awaitable[str]]:
+    """One statement with its arguments, to run on the connection it is given."""
+
+    def run(conn: Any) -> Awaitable[str]:
+        result: Awaitable[str] = conn.execute(sql, *args)
+        return result
+
+    return run

@@ -1,0 +1,202 @@
+"""Search generations in the indexer's sink (generations.sql, migration 0022,
+docs/architecture.md#index-generations): the default registered at indexer start, the
+generation a task builds, and what its fenced completion does about it.
+
+A completion builds one generation. It records the document's version in that generation
+(``document_generation_version``) whichever it is; it moves the search pointer only when that
+generation serves the tenant at commit. Superseded chunks, of any generation, are left to
+the collector (services/indexer/gc). A task enqueued for "the tenant's
+serving generation" (no generation named) whose generation stopped serving while it ran is
+completed into the generation it was resolved to, beside the serving one: that generation
+keeps the version for a rollback, and the generation that serves now has the version through
+its own task (the publish's dual write, or `create`'s backfill of every published version).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from services.index.generation import IndexGeneration, chunking_settings
+from services.index.generations import DEFAULT_PROFILE, SearchGeneration
+from services.indexer.queue.task import Lease
+from services.runtime.db import translate_db_errors
+from services.runtime.errors import ConfigError
+from services.runtime.logging import get_logger
+from services.runtime.sql import queries_beside
+from services.runtime.transaction import Transaction
+
+if TYPE_CHECKING:
+    import asyncpg
+
+QUERIES = queries_beside(__file__, "generations.sql")
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class CompletionTarget:
+    """What a completion does with its generation, decided under lock_completion_generation:
+    ``write`` False: the generation is being retired, nothing is written; ``serving``: it
+    serves the tenant, so the pointer moves to it."""
+
+    generation_id: int
+    write: bool
+    serving: bool
+
+
+async def register_default(
+    conn: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any],
+    generation: IndexGeneration,
+    *,
+    chunk_max_tokens: int,
+    chunk_overlap_tokens: int,
+    now: datetime | None = None,
+) -> SearchGeneration:
+    """The search generation of the indexer's configuration (profile ``default``), made the
+    default: found or created, its chunking settings recorded if not yet known. One
+    transaction under the exclusive advisory lock: concurrent starts register it once."""
+    settings = chunking_settings(generation.chunking_strategy)
+    key = (
+        DEFAULT_PROFILE,
+        generation.embedding_model,
+        generation.dimension,
+        chunk_max_tokens,
+        chunk_overlap_tokens,
+    )
+    with translate_db_errors():
+        async with conn.transaction():
+            await conn.fetchval(QUERIES["lock_search_generations"])
+            row = await conn.fetchrow(QUERIES["find_live_search_generation"], *key)
+            if row is None:
+                row = await conn.fetchrow(QUERIES["insert_search_generation"], *key, now)
+                assert row is not None
+            found = SearchGeneration.from_record(row)
+            if not found.active:
+                raise ConfigError(
+                    f"the configured embedding setup is {found.describe()}, which is being "
+                    "retired: finish `kb index generations retire` first, or configure another"
+                )
+            await conn.execute(QUERIES["clear_other_defaults"], found.generation_id)
+            row = await conn.fetchrow(
+                QUERIES["make_default_search_generation"], found.generation_id, settings
+            )
+    assert row is not None
+    default = SearchGeneration.from_record(row)
+    _check_settings(default, settings)
+    log.info(
+        "search_generation.registered",
+        generation_id=default.generation_id,
+        embedding_model=default.embedding_model,
+        dimension=default.dimension,
+        chunking_settings=default.chunking_settings,
+    )
+    return default
+
+
+async def record_chunking_settings(
+    conn: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any] | asyncpg.Pool[Any],
+    search: SearchGeneration,
+    generation: IndexGeneration,
+) -> SearchGeneration:
+    """``search`` with its chunking settings recorded (by the first indexer that builds it):
+    what names its chunks in knowledge_chunk (`kb index generations status` and `retire`)."""
+    settings = chunking_settings(generation.chunking_strategy)
+    with translate_db_errors():
+        row = await conn.fetchrow(
+            QUERIES["record_chunking_settings"], search.generation_id, settings
+        )
+    if row is None:
+        raise ConfigError(f"{search.describe()} no longer exists")
+    recorded = SearchGeneration.from_record(row)
+    _check_settings(recorded, settings)
+    return recorded
+
+
+def _check_settings(search: SearchGeneration, settings: str) -> None:
+    if search.chunking_settings != settings:
+        # Chunks of these settings are not counted as the generation's (status, retire):
+        # said loudly, never fatal (the tokenizer's cap may differ between installs).
+        log.warning(
+            "search_generation.chunking_settings_differ",
+            generation_id=search.generation_id,
+            recorded=search.chunking_settings,
+            chunking=settings,
+        )
+
+
+async def task_generation(
+    conn: asyncpg.Pool[Any] | Transaction, lease: Lease
+) -> SearchGeneration | None:
+    """The generation ``lease``'s task builds: the one it names, else the tenant's serving
+    one, else the default; ``None`` when none exists (no indexer registered one)."""
+    with translate_db_errors():
+        row = await conn.fetchrow(
+            QUERIES["task_search_generation"], lease.tenant_id, lease.generation_id
+        )
+    return None if row is None else SearchGeneration.from_record(row)
+
+
+async def lock_target(conn: Transaction, lease: Lease, generation_id: int) -> CompletionTarget:
+    """The first step of a completion that builds generation ``generation_id``: the
+    tenant's serving generation locked (generations.sql: lock_completion_generation), and
+    what the completion may do."""
+    named = lease.generation_id is not None
+    with translate_db_errors():
+        row = await conn.fetchrow(
+            QUERIES["lock_completion_generation"], lease.tenant_id, generation_id, named
+        )
+        assert row is not None
+        serving = row["serving"] == generation_id
+        if not named and not serving:
+            # Switched away while the task ran: built beside the serving generation, as a
+            # named task would be -- so its state is locked too (retire may be under way).
+            log.info(
+                "task.generation_no_longer_serving",
+                **lease.log_fields(),
+                generation_id=generation_id,
+                serving_generation_id=row["serving"],
+            )
+            row = await conn.fetchrow(
+                QUERIES["lock_completion_generation"], lease.tenant_id, generation_id, True
+            )
+            assert row is not None
+    state = row["state"]
+    if state is not None and state != "ACTIVE":
+        log.info(
+            "task.generation_retired",
+            **lease.log_fields(),
+            generation_id=generation_id,
+            state=state,
+        )
+        return CompletionTarget(generation_id, write=False, serving=False)
+    return CompletionTarget(generation_id, write=True, serving=serving)
+
+
+async def record_version(
+    conn: Transaction,
+    lease: Lease,
+    target: CompletionTarget,
+    generation: IndexGeneration,
+    chunk_count: int,
+    now: datetime | None,
+) -> None:
+    """The document's version as complete in the target generation (forward only)."""
+    with translate_db_errors():
+        await conn.execute(
+            QUERIES["upsert_document_generation_version"],
+            lease.tenant_id,
+            lease.document_id,
+            lease.version_number,
+            generation.chunking_strategy,
+            chunk_count,
+            target.generation_id,
+            lease.task_id,
+            now,
+        )
+
+
+async def discard_task_stream(conn: Transaction, lease: Lease) -> None:
+    with translate_db_errors():
+        await conn.execute(QUERIES["discard_task_stream"], lease.task_id)

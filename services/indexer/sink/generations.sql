@@ -1,0 +1,136 @@
+-- Search generations as the indexer sees them (services/indexer/sink/generations.py,
+-- migration 0022): the registration of the default at indexer start, the resolution of a
+-- task's generation, and the bookkeeping of each completion in its fenced transaction.
+
+-- name: lock_search_generations
+-- Exclusive and transaction-level: the key publishes take in shared mode before they read a
+-- tenant's generations (services/runtime/tasks.sql) and `kb index generations create` takes
+-- exclusively. Concurrent indexer starts register the default one at a time.
+SELECT pg_advisory_xact_lock(hashtextextended('kb.search_generation', 0))
+
+-- name: find_live_search_generation
+-- $1 profile, $2 model, $3 dimension, $4 chunk tokens, $5 overlap: the live generation of
+-- this setup (search_generation_setup: at most one that is not RETIRED).
+SELECT *
+  FROM search_generation
+ WHERE provider_profile = $1
+   AND embedding_model = $2
+   AND dimension = $3
+   AND chunk_max_tokens = $4
+   AND chunk_overlap_tokens = $5
+   AND state <> 'RETIRED'
+
+-- name: insert_search_generation
+-- $1 profile, $2 model, $3 dimension, $4 chunk tokens, $5 overlap, $6 now. Not the default
+-- yet: make_default_search_generation makes it so once the old default has let go (the
+-- one-default unique index is checked row by row).
+INSERT INTO search_generation (provider_profile, embedding_model, dimension, chunk_max_tokens,
+                               chunk_overlap_tokens, created_at)
+VALUES ($1, $2, $3, $4, $5, coalesce($6::timestamptz, now()))
+RETURNING *
+
+-- name: clear_other_defaults
+-- $1 the generation to become the default.
+UPDATE search_generation SET is_default = false WHERE is_default AND generation_id <> $1
+
+-- name: make_default_search_generation
+-- $1 generation, $2 its chunking settings (the strategy id without the code digest): made
+-- the default, its settings recorded when not yet known, never rewritten (they name its
+-- chunks). The row as it now is; written only when something changes, so that a restart
+-- neither waits for completions holding it FOR SHARE (lock_completion_generation) nor
+-- leaves a dead row version behind.
+WITH changed AS (
+    UPDATE search_generation
+       SET is_default = true,
+           chunking_settings = coalesce(chunking_settings, $2::text)
+     WHERE generation_id = $1
+       AND (NOT is_default OR chunking_settings IS NULL)
+    RETURNING *
+)
+SELECT * FROM changed
+UNION ALL
+SELECT * FROM search_generation
+ WHERE generation_id = $1 AND NOT EXISTS (SELECT 1 FROM changed)
+
+-- name: record_chunking_settings
+-- $1 generation, $2 its chunking settings, as the first indexer that builds it chunks; the
+-- row as it now is (written only when they were not known, as above).
+WITH changed AS (
+    UPDATE search_generation
+       SET chunking_settings = $2::text
+     WHERE generation_id = $1
+       AND chunking_settings IS NULL
+    RETURNING *
+)
+SELECT * FROM changed
+UNION ALL
+SELECT * FROM search_generation
+ WHERE generation_id = $1 AND NOT EXISTS (SELECT 1 FROM changed)
+
+-- name: task_search_generation
+-- $1 tenant, $2 the task's generation (NULL: the tenant's serving one). The generation a
+-- task builds: its own, else the tenant's serving row's, else the default (a tenant without
+-- rows). No row: none of them exists (no indexer registered a default yet). Read without a
+-- lock: the completion checks again under lock_completion_generation.
+SELECT g.*
+  FROM search_generation g
+ WHERE g.generation_id = coalesce(
+           $2::integer,
+           (SELECT t.generation_id
+              FROM tenant_search_generation t
+             WHERE t.tenant_id = $1 AND t.serving),
+           (SELECT d.generation_id FROM search_generation d WHERE d.is_default))
+
+-- name: lock_completion_generation
+-- $1 tenant, $2 the generation the task built, $3 whether the task named it (generation_id
+-- set). The first statement of a completion's write, before the search pointer's lock:
+--   * serving: the tenant's serving generation, its row locked FOR SHARE until commit. `kb
+--     index generations switch` locks the tenant's rows FOR UPDATE, so a switch and a
+--     completion of the tenant never interleave: the completion moves the pointer only
+--     for the generation that still serves when it commits, and the switch rewrites the
+--     pointers with every completion before it counted. Taken before the pointer's row
+--     lock, the order the switch takes them in (its rows, then the pointers): no deadlock.
+--     A tenant without rows is served by the default (nothing to lock: `create` pins the
+--     tenant -- adds its rows -- under the exclusive advisory lock before any switch, and
+--     the pinned default still serves then).
+--   * state: the named generation's state, its row locked FOR SHARE, so `kb index
+--     generations retire` (which sets RETIRING first) cannot start deleting its rows while
+--     this completion adds some. NULL when the task did not name it ($3 false: the serving
+--     generation, which retire refuses to touch): every publish's completion would
+--     otherwise lock the default's one row.
+SELECT coalesce(
+           (SELECT t.generation_id
+              FROM tenant_search_generation t
+             WHERE t.tenant_id = $1 AND t.serving
+               FOR SHARE),
+           (SELECT d.generation_id FROM search_generation d WHERE d.is_default))
+           AS serving,
+       (SELECT g.state
+          FROM search_generation g
+         WHERE g.generation_id = $2 AND $3::boolean
+           FOR SHARE) AS state
+
+-- name: upsert_document_generation_version
+-- $1 tenant, $2 document, $3 version, $4 strategy, $5 chunk count, $6 generation, $7 task,
+-- $8 now. Every completion records what its generation now holds of the document, in the
+-- fenced transaction after its chunks: the switch reads it (is the served version complete
+-- in the target?) and rewrites the pointers from it. Forward only, as the pointer: an older
+-- version finishing late leaves the row alone (the WHERE); the same version is rewritten (a
+-- re-run replaced its chunk set). Concurrent completions of the document in the generation
+-- serialise on the row (ON CONFLICT locks it; a first insert waits on the unique index).
+INSERT INTO document_generation_version AS d (tenant_id, document_id, version_number,
+                                              chunking_strategy, chunk_count, generation_id,
+                                              task_id, built_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8::timestamptz, now()))
+ON CONFLICT (tenant_id, document_id, generation_id) DO UPDATE
+   SET version_number = EXCLUDED.version_number,
+       chunking_strategy = EXCLUDED.chunking_strategy,
+       chunk_count = EXCLUDED.chunk_count,
+       task_id = EXCLUDED.task_id,
+       built_at = EXCLUDED.built_at
+ WHERE d.version_number <= EXCLUDED.version_number
+
+-- name: discard_task_stream
+-- $1 task. A streamed task whose generation was retired while it ran: its staged slices
+-- (every attempt's) go with its completion, which writes nothing else.
+DELETE FROM knowledge_chunk_stream WHERE task_id = $1
