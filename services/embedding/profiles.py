@@ -34,6 +34,7 @@ from services.embedding.settings import (
     OnnxLocalConfig,
     OpenAIConfig,
     load_embedding_settings,
+    settings_error,
 )
 from services.index.generations import DEFAULT_PROFILE, SearchGeneration
 from services.runtime.errors import ConfigError
@@ -75,16 +76,12 @@ def load_profile(name: str, environ: Mapping[str, str] | None = None) -> Embeddi
     try:
         return _profile_settings()(**values)
     except ValidationError as error:
-        problems = []
-        for item in error.errors(include_input=False, include_url=False):
-            location = [str(part) for part in item["loc"] if str(part) not in _PROVIDERS]
-            location = [part for part in location if part != "provider"] or ["provider"]
-            problems.append(f"{_prefix(name)}{location[-1].upper()}: {item['msg']}")
-        message = f"invalid embedding profile {name!r}: " + "; ".join(problems)
-        secret = env.get(f"{_prefix(name)}API_KEY")
-        if secret:
-            message = message.replace(secret, "***")
-        raise ConfigError(message) from None
+        raise settings_error(
+            error,
+            _prefix(name),
+            f"invalid embedding profile {name!r}",
+            env.get(f"{_prefix(name)}API_KEY"),
+        ) from None
 
 
 def settings_for_generation(

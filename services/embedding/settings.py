@@ -218,15 +218,24 @@ def load_embedding_settings(**overrides: Any) -> EmbeddingSettings:
     try:
         return EmbeddingSettings(**overrides)
     except ValidationError as error:
-        problems = []
-        for item in error.errors(include_input=False, include_url=False):
-            location = [str(part) for part in item["loc"] if part not in ("provider",)]
-            # The union adds the kind as a location step: name only the variable.
-            location = [part for part in location if part not in _PROVIDERS]
-            name = f"{ENV_PREFIX}{location[-1].upper()}" if location else f"{ENV_PREFIX}PROVIDER"
-            problems.append(f"{name}: {item['msg']}")
-        message = "invalid embedding settings: " + "; ".join(problems)
-        secret = os.environ.get(f"{ENV_PREFIX}API_KEY")
-        if secret:
-            message = message.replace(secret, "***")
-        raise ConfigError(message) from None
+        raise settings_error(
+            error, ENV_PREFIX, "invalid embedding settings", os.environ.get(f"{ENV_PREFIX}API_KEY")
+        ) from None
+
+
+def settings_error(
+    error: ValidationError, prefix: str, what: str, secret: str | None
+) -> ConfigError:
+    """A ConfigError naming each bad setting by its variable (``prefix`` + field), without
+    the values, and with ``secret`` (the API key) masked wherever a message quotes it."""
+    problems = []
+    for item in error.errors(include_input=False, include_url=False):
+        location = [str(part) for part in item["loc"] if part not in ("provider",)]
+        # The union adds the kind as a location step: name only the variable.
+        location = [part for part in location if part not in _PROVIDERS]
+        name = f"{prefix}{location[-1].upper()}" if location else f"{prefix}PROVIDER"
+        problems.append(f"{name}: {item['msg']}")
+    message = f"{what}: " + "; ".join(problems)
+    if secret:
+        message = message.replace(secret, "***")
+    return ConfigError(message)

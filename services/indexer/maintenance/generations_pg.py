@@ -8,11 +8,10 @@ after a crash (it goes on from where the state says it was).
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Any
 
 import asyncpg
 
@@ -42,13 +41,6 @@ from services.runtime.errors import BadInput, NotFound
 from services.runtime.logging import get_logger
 
 log = get_logger(__name__)
-
-# Index names read from the catalog before they go into DROP INDEX: the model's ANN index
-# and the tenant graphs named after it (services.index.ann), nothing else.
-_OUR_INDEX: Final = re.compile(r"^knowledge_chunk_ann_[0-9a-f]{16}(_t[0-9a-f]{16})?$")
-# A strategy id that records no chunk settings: nothing to tell its chunks apart by.
-_NO_SETTINGS: Final = ""
-
 
 class PgGenerations:
     def __init__(
