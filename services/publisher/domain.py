@@ -382,7 +382,11 @@ class Publisher:
     ) -> PublishOutcome:
         """Publish ``version_number`` with its READ ACL, in one transaction.
 
-        The document row is locked first (``FOR UPDATE``): concurrent publishes of one
+        The ACL is the version's: search applies it once the version is the one it serves
+        (a wider ACL never opens the version still served), and at once for the version
+        already served (``replace_acl``).
+
+        The document row is locked first (``FOR NO KEY UPDATE``): concurrent publishes of one
         document run one after the other, so the second sees the first one's revision and
         gets a 409. A request that would change nothing (this version is already the
         published one, with this very ACL) is a retry: it answers the same task, bumps no
@@ -396,8 +400,11 @@ class Publisher:
             version = await tx.get_version(tenant_id, document_id, version_number)
             if version is None:
                 raise version_not_found(document_id, version_number)
-            # Compared as stored now: NFC (rows written before NFC normalisation included).
-            current_acl = frozenset(nfc(p) for p in await tx.read_acl(tenant_id, document_id))
+            # The version's ACL, compared as stored now: NFC (rows written before NFC
+            # normalisation included). An ACL-only change re-publishes the version.
+            current_acl = frozenset(
+                nfc(p) for p in await tx.read_acl(tenant_id, document_id, version_number)
+            )
             if document.published_version == version_number and current_acl == principals:
                 existing = await tx.find_index_task(
                     tenant_id, document_id, version_number, TASK_TYPE_INDEX_VERSION
@@ -419,7 +426,6 @@ class Publisher:
                 )
             await tx.mark_version_published(tenant_id, document_id, version_number, now)
             revision = await tx.set_published_version(tenant_id, document_id, version_number, now)
-            await tx.replace_acl(tenant_id, document_id, principals)
             task = await tx.ensure_index_task(
                 NewIndexTask(
                     task_id=uuid.uuid4(),
@@ -431,6 +437,12 @@ class Publisher:
                 ),
                 now,
             )
+            # The version's ACL: search applies it when the version becomes the served one
+            # (the pointer's switch), at once when it is already served (issue 29, item 1).
+            # After the task: a completion holds its task row before the pointer row, and the
+            # task's insert waits for a completion updating it, so the pointer row is taken
+            # last (services/publisher/queries.sql: lock_search_pointer gives the order).
+            await tx.replace_acl(tenant_id, document_id, version_number, principals)
             publication = Publication(
                 document, version, revision, principals, task.task_id, _occurred_at(now)
             )

@@ -18,7 +18,7 @@ from services.runtime.tasks import EnqueuedTask, IndexTaskRecord, NewIndexTask
 
 @dataclass(frozen=True)
 class LockedDocument:
-    """A document row, locked for the rest of the transaction (``FOR UPDATE``)."""
+    """A document row, locked for the rest of the transaction (``FOR NO KEY UPDATE``)."""
 
     tenant_id: str
     document_id: uuid.UUID
@@ -88,7 +88,11 @@ class PublishTransaction(Protocol):
         self, tenant_id: str, document_id: uuid.UUID, version_number: int
     ) -> VersionInfo | None: ...
 
-    async def read_acl(self, tenant_id: str, document_id: uuid.UUID) -> frozenset[str]: ...
+    async def read_acl(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int
+    ) -> frozenset[str]:
+        """The READ ACL the version was published with (empty: none, or not published)."""
+        ...
 
     async def insert_document(
         self, tenant_id: str, document_id: uuid.UUID, title: str, now: datetime | None
@@ -113,8 +117,15 @@ class PublishTransaction(Protocol):
         ...
 
     async def replace_acl(
-        self, tenant_id: str, document_id: uuid.UUID, read_principals: frozenset[str]
-    ) -> None: ...
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        version_number: int,
+        read_principals: frozenset[str],
+    ) -> None:
+        """Replace the version's READ ACL; search applies it when (or, for the version
+        already served, as soon as) the version is the one it serves."""
+        ...
 
     async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
         """Create the task (of the tenant's serving generation) unless its business key

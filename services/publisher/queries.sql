@@ -11,16 +11,23 @@ SELECT EXISTS (
 )
 
 -- name: lock_document
--- FOR UPDATE OF d: every change to a document (new version, publish) takes this row lock
--- first, so changes of one document are serialised and the revision check below it cannot
--- race. The tenant row is only read (its tier), never locked.
+-- FOR NO KEY UPDATE OF d: every change to a document (new version, publish) takes this row
+-- lock first, so changes of one document are serialised (the mode conflicts with itself) and
+-- the revision check below it cannot race. Not FOR UPDATE: a completion writes rows whose
+-- foreign keys name the document (the search pointer, document_generation_version, the
+-- served ACL in document_acl), and each such check takes FOR KEY SHARE on this row, which
+-- FOR UPDATE blocks and FOR NO KEY UPDATE does not. With FOR UPDATE a publish holding this
+-- row and waiting for the completion (its task's key, the pointer row) deadlocked with the
+-- completion waiting for this row (issue 29). The publish never changes the document's key,
+-- and its UPDATEs of the row take no stronger lock than this one. The tenant row is only read
+-- (its tier), never locked.
 SELECT d.tenant_id, d.document_id, t.tier, d.title, d.revision, d.latest_version,
        d.published_version
   FROM document d
   JOIN tenant t ON t.tenant_id = d.tenant_id
  WHERE d.tenant_id = $1
    AND d.document_id = $2
-   FOR UPDATE OF d
+   FOR NO KEY UPDATE OF d
 
 -- name: get_version
 SELECT version_number, status, media_type, sha256, size_bytes
@@ -30,10 +37,13 @@ SELECT version_number, status, media_type, sha256, size_bytes
    AND version_number = $3
 
 -- name: read_acl
+-- $1 tenant, $2 document, $3 version: the READ ACL the version was published with
+-- (document_version_acl, migration 0024).
 SELECT principal
-  FROM document_acl
+  FROM document_version_acl
  WHERE tenant_id = $1
    AND document_id = $2
+   AND version_number = $3
    AND permission = 'READ'
 
 -- name: insert_document
@@ -80,15 +90,38 @@ UPDATE document
 RETURNING revision
 
 -- name: delete_acl
-DELETE FROM document_acl
+-- $1 tenant, $2 document, $3 version: the version's ACL, replaced by a publish of it.
+DELETE FROM document_version_acl
  WHERE tenant_id = $1
    AND document_id = $2
+   AND version_number = $3
    AND permission = 'READ'
 
 -- name: insert_acl
-INSERT INTO document_acl (tenant_id, document_id, principal, permission)
-SELECT $1, $2, principal, 'READ'
-  FROM unnest($3::text[]) AS principal
+INSERT INTO document_version_acl (tenant_id, document_id, version_number, principal,
+                                  permission)
+SELECT $1, $2, $3, principal, 'READ'
+  FROM unnest($4::text[]) AS principal
+
+-- name: lock_search_pointer
+-- $1 tenant, $2 document: the version search serves, its pointer row locked until commit.
+-- Lock order (issue 29, "one lock order for publish and completion"): a publish locks the
+-- document row (lock_document), its index task's key (the insert of ensure_index_task waits
+-- for a completion updating that task), then this pointer row, then writes the served ACL
+-- rows, then takes the outbox's lock of the document; a completion locks its task row, the
+-- serving generation's row (FOR SHARE), the collector's mark, this pointer row, the chunks,
+-- the served ACL rows, then the outbox's lock. A completion never waits for the document
+-- row (its foreign key checks take FOR KEY SHARE, which lock_document's FOR NO KEY UPDATE
+-- does not block), and both take task, pointer, ACL and outbox in that order, so the two
+-- never wait for each other in a cycle. Hence replace_acl runs after ensure_index_task. Under READ COMMITTED, FOR
+-- UPDATE waits for a completion holding the row and returns the row as it committed it: a
+-- switch to the version this publish publishes is seen, and the ACL applied after it. No
+-- row: nothing is served, the served ACL is left alone (the first switch sets it).
+SELECT version_number
+  FROM document_search_version
+ WHERE tenant_id = $1
+   AND document_id = $2
+   FOR UPDATE
 
 -- name: document_status
 -- The published version's task, its columns prefixed with task_ (the document has columns

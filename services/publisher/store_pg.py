@@ -24,6 +24,7 @@ from services.runtime.errors import BadInput
 from services.runtime.migrations import pending_migrations
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.records import from_row
+from services.runtime.served_acl import apply_served_acl, lock_first_pointer
 from services.runtime.settings import RuntimeSettings
 from services.runtime.sql import queries_beside
 from services.runtime.tasks import (
@@ -74,9 +75,13 @@ class PgPublishTransaction:
             )
         return None if row is None else from_row(VersionInfo, row, sha256=bytes(row["sha256"]))
 
-    async def read_acl(self, tenant_id: str, document_id: uuid.UUID) -> frozenset[str]:
+    async def read_acl(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int
+    ) -> frozenset[str]:
         with translate_db_errors():
-            rows = await self._conn.fetch(QUERIES["read_acl"], tenant_id, document_id)
+            rows = await self._conn.fetch(
+                QUERIES["read_acl"], tenant_id, document_id, version_number
+            )
         return frozenset(row["principal"] for row in rows)
 
     async def insert_document(
@@ -125,14 +130,40 @@ class PgPublishTransaction:
         return revision
 
     async def replace_acl(
-        self, tenant_id: str, document_id: uuid.UUID, read_principals: frozenset[str]
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        version_number: int,
+        read_principals: frozenset[str],
     ) -> None:
+        """The version's ACL replaced, then the served ACL (the one search reads) when the
+        version is the one search serves: the pointer row is locked after the document row
+        (queries.sql: lock_search_pointer gives the lock order), so a completion switching the
+        pointer to this version either committed before (its switch is seen, and this ACL
+        applied after it) or waits, and then applies this ACL itself."""
         with translate_db_errors():
-            await self._conn.execute(QUERIES["delete_acl"], tenant_id, document_id)
+            await self._conn.execute(QUERIES["delete_acl"], tenant_id, document_id, version_number)
             if read_principals:
                 await self._conn.execute(
-                    QUERIES["insert_acl"], tenant_id, document_id, sorted(read_principals)
+                    QUERIES["insert_acl"],
+                    tenant_id,
+                    document_id,
+                    version_number,
+                    sorted(read_principals),
                 )
+            served = await self._conn.fetchval(
+                QUERIES["lock_search_pointer"], tenant_id, document_id
+            )
+        if served is None:
+            # No pointer row to lock: a completion may be inserting the first one right now
+            # (services/runtime/served_acl.sql: lock_first_pointer); read it again after it.
+            await lock_first_pointer(self._conn, tenant_id, [document_id])
+            with translate_db_errors():
+                served = await self._conn.fetchval(
+                    QUERIES["lock_search_pointer"], tenant_id, document_id
+                )
+        if served == version_number:
+            await apply_served_acl(self._conn, tenant_id, [document_id])
 
     async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
         """The task of the tenant's serving generation, and one per generation the tenant is

@@ -61,7 +61,8 @@ class _State:
     api_keys: set[tuple[str, bytes]] = field(default_factory=set)
     documents: dict[DocumentKey, _Document] = field(default_factory=dict)
     versions: dict[tuple[str, uuid.UUID, int], _Version] = field(default_factory=dict)
-    acl: dict[DocumentKey, frozenset[str]] = field(default_factory=dict)
+    # Each version's ACL, by (tenant, document, version).
+    acl: dict[tuple[str, uuid.UUID, int], frozenset[str]] = field(default_factory=dict)
     tasks: dict[uuid.UUID, IndexTaskRecord] = field(default_factory=dict)
     search: dict[DocumentKey, tuple[int, datetime]] = field(default_factory=dict)
     outbox: list[PendingEvent] = field(default_factory=list)
@@ -103,8 +104,10 @@ class MemoryPublishTransaction:
             size_bytes=len(version.content),
         )
 
-    async def read_acl(self, tenant_id: str, document_id: uuid.UUID) -> frozenset[str]:
-        return self._state.acl.get((tenant_id, document_id), frozenset())
+    async def read_acl(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int
+    ) -> frozenset[str]:
+        return self._state.acl.get((tenant_id, document_id, version_number), frozenset())
 
     async def insert_document(
         self, tenant_id: str, document_id: uuid.UUID, title: str, now: datetime | None
@@ -147,9 +150,14 @@ class MemoryPublishTransaction:
         return doc.revision
 
     async def replace_acl(
-        self, tenant_id: str, document_id: uuid.UUID, read_principals: frozenset[str]
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        version_number: int,
+        read_principals: frozenset[str],
     ) -> None:
-        self._state.acl[(tenant_id, document_id)] = frozenset(read_principals)
+        # The version's ACL (the fake has no search pointer, so no served ACL).
+        self._state.acl[(tenant_id, document_id, version_number)] = frozenset(read_principals)
 
     async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
         existing = await self.find_index_task(

@@ -602,7 +602,7 @@ async def test_hidden_characters_in_titles_and_principals_are_422_and_change_not
     again = await publish(api.client, acme, document_id, 1, 1, read=["user:Rene\u0301e"])
     assert again.status_code == 202, again.text
     assert again.json() == first.json()
-    assert await conn.fetchval("SELECT array_agg(principal) FROM document_acl") == [
+    assert await conn.fetchval("SELECT array_agg(principal) FROM document_version_acl") == [
         "user:Ren\u00e9e"
     ]
     decomposed = await upload(api.client, acme, title="Cafe\u0301")

@@ -92,7 +92,8 @@ async def test_new_documents_are_published_as_the_single_calls_publish_them(
         assert version is not None
         assert (version["content"], version["status"]) == (text, "PUBLISHED")
         acl = await conn.fetch(
-            "SELECT principal FROM document_acl WHERE document_id = $1", uuid.UUID(document_id)
+            "SELECT principal FROM document_version_acl WHERE document_id = $1",
+            uuid.UUID(document_id),
         )
         assert [row["principal"] for row in acl] == ["group:support"]
         task = await conn.fetchrow(

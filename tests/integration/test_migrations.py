@@ -73,6 +73,13 @@ async def test_schema_has_every_table_and_key_of_the_design(
             "status",
         },
         "document_acl": {"tenant_id", "document_id", "principal", "permission"},
+        "document_version_acl": {
+            "tenant_id",
+            "document_id",
+            "version_number",
+            "principal",
+            "permission",
+        },
         "index_task": {
             "task_id",
             "tenant_id",
@@ -260,3 +267,60 @@ def test_migration_files_are_plain_numbered_sql() -> None:
     for path in files:
         assert path.suffix == ".sql", path
     assert [m.version for m in load_migrations()] == sorted(m.version for m in load_migrations())
+
+
+@pytest.mark.integration
+async def test_0024_gives_each_version_that_can_still_be_served_the_documents_acl(
+    empty_database: asyncpg.Connection[Any],
+) -> None:
+    """Before 0024 the document's ACL applied to whichever version search served: the
+    backfill makes it the ACL of the published version, the served one and those between,
+    not of versions below the pointer (never served again) nor of drafts."""
+    conn = empty_database
+    await apply_migrations(conn, [m for m in load_migrations() if m.version < 24])
+    await conn.execute("INSERT INTO tenant (tenant_id, tier) VALUES ('acme', 'standard')")
+    served, unserved = (
+        "00000000-0000-0000-0000-000000000001",
+        "00000000-0000-0000-0000-000000000002",
+    )
+    for document_id, published in ((served, 4), (unserved, 1)):
+        await conn.execute(
+            "INSERT INTO document (tenant_id, document_id, title, latest_version,"
+            " published_version) VALUES ('acme', $1::uuid, 'policy', 5, $2)",
+            document_id,
+            published,
+        )
+        for version in range(1, 6):
+            await conn.execute(
+                "INSERT INTO document_version (tenant_id, document_id, version_number, content,"
+                " media_type, sha256, size_bytes, status)"
+                " VALUES ('acme', $1::uuid, $2, 'x', 'text/plain', $3, 1, $4)",
+                document_id,
+                version,
+                bytes(32),
+                "PUBLISHED" if version <= published else "DRAFT",
+            )
+        await conn.execute(
+            "INSERT INTO document_acl (tenant_id, document_id, principal, permission)"
+            " SELECT 'acme', $1::uuid, p, 'READ' FROM unnest($2::text[]) AS p",
+            document_id,
+            ["group:hr", "u:ann"],
+        )
+    # The served document: its pointer at version 2, version 4 published (3 in between).
+    await conn.execute(
+        "INSERT INTO document_search_version (tenant_id, document_id, version_number,"
+        " embedding_model) VALUES ('acme', $1::uuid, 2, 'm')",
+        served,
+    )
+
+    await apply_migrations(conn)
+
+    rows = await conn.fetch(
+        "SELECT document_id::text, version_number, principal, permission"
+        "  FROM document_version_acl ORDER BY 1, 2, 3"
+    )
+    assert [tuple(r) for r in rows] == [
+        (served, v, p, "READ") for v in (2, 3, 4) for p in ("group:hr", "u:ann")
+    ] + [(unserved, 1, p, "READ") for p in ("group:hr", "u:ann")]
+    # The served ACL is left as it was.
+    assert await conn.fetchval("SELECT count(*) FROM document_acl") == 4

@@ -71,8 +71,11 @@ async def test_publish_writes_version_acl_revision_task_and_events_together(
     assert row is not None
     assert (row["revision"], row["published_version"]) == (2, 1)
     assert row["published_at"] is not None
+    # The version's ACL; search applies it once the version is served (migration 0024).
     acl = await conn.fetch(
-        "SELECT principal, permission FROM document_acl WHERE document_id = $1 ORDER BY 1", doc
+        "SELECT principal, permission FROM document_version_acl"
+        " WHERE document_id = $1 AND version_number = 1 ORDER BY 1",
+        doc,
     )
     assert [(r["principal"], r["permission"]) for r in acl] == [
         ("group:support", "READ"),
@@ -252,8 +255,8 @@ async def _wait_for_lock_waiters(conn: asyncpg.Connection[Any], count: int) -> N
 _FAILURE_POINTS = {
     "mark_version_published": ("document_version", "UPDATE", "true"),
     "set_published_version": ("document", "UPDATE", "true"),
-    "delete_acl": ("document_acl", "DELETE", "true"),
-    "insert_acl": ("document_acl", "INSERT", "true"),
+    "delete_acl": ("document_version_acl", "DELETE", "true"),
+    "insert_acl": ("document_version_acl", "INSERT", "true"),
     "insert_index_task": ("index_task", "INSERT", "true"),
     "outbox_index_task_created": ("outbox", "INSERT", "NEW.event_type = 'IndexTaskCreated'"),
     "outbox_version_published": (
@@ -272,6 +275,13 @@ async def test_publish_is_atomic_whichever_statement_fails(
     # An ACL already exists so that the DELETE of the old ACL really deletes a row.
     assert (await publish(api.client, acme, document_id, 1, 1, read=["old"])).status_code == 202
     await upload(api.client, acme, b"v2", document_id=document_id)  # revision 3
+    if failure_point == "delete_acl":
+        # The ACL is the version's: a row of version 2's for the DELETE to really delete.
+        await conn.execute(
+            "INSERT INTO document_version_acl (tenant_id, document_id, version_number,"
+            " principal, permission) VALUES ('acme', $1, 2, 'stale', 'READ')",
+            uuid.UUID(document_id),
+        )
     table, operation, condition = _FAILURE_POINTS[failure_point]
     await conn.execute(
         f"""

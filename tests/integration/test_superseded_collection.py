@@ -386,8 +386,10 @@ class _PausedConnection:
             await self._go_on.wait()
         return result
 
-    async def execute(self, query: str, *args: Any) -> Any:
-        return await self._first_pauses(query, await self.unwrapped.execute(query, *args))
+    async def execute(self, query: str, *args: Any, **options: Any) -> Any:
+        return await self._first_pauses(
+            query, await self.unwrapped.execute(query, *args, **options)
+        )
 
     async def fetch(self, query: str, *args: Any) -> Any:
         return await self._first_pauses(query, await self.unwrapped.fetch(query, *args))
@@ -475,15 +477,23 @@ async def test_a_search_whose_snapshot_predates_the_switch_still_reads_all_of_th
     path: VectorPath,
 ) -> None:
     created = await create_task(pool)
-    await pool.execute(
-        "INSERT INTO document_acl (tenant_id, document_id, principal, permission)"
-        " VALUES ($1, $2, 'group:all', 'READ')",
-        created.tenant_id,
-        created.document_id,
-    )
+
+    async def readable_by_all(version: int) -> None:
+        # As a publish records it: the version's ACL, served from its switch on.
+        await pool.execute(
+            "INSERT INTO document_version_acl (tenant_id, document_id, version_number,"
+            " principal, permission) VALUES ($1, $2, $3, 'group:all', 'READ')",
+            created.tenant_id,
+            created.document_id,
+            version,
+        )
+
+    await readable_by_all(1)
     queue = PgTaskQueue(pool)
     await complete(queue, sink, await claim(queue, created.task_id), version_texts(1))
-    v2 = await claim(queue, await publish_version(pool, created, 2))
+    v2_task = await publish_version(pool, created, 2)
+    await readable_by_all(2)
+    v2 = await claim(queue, v2_task)
 
     paused = _PausingPool(pool)
     search_settings = SearchSettings(

@@ -132,6 +132,10 @@ _SNAPSHOT_QUERIES = {
         " FROM document_version"
     ),
     "document_acl": "SELECT tenant_id, document_id, principal, permission FROM document_acl",
+    "document_version_acl": (
+        "SELECT tenant_id, document_id, version_number, principal, permission"
+        " FROM document_version_acl"
+    ),
     "index_task": "SELECT task_id, status, next_attempt_at FROM index_task",
     "outbox": "SELECT position, event_id, event_type FROM outbox",
 }

@@ -288,21 +288,32 @@ DELETE FROM document_search_version s
 -- switched_at says since when the version is searchable (publish -> searchable latency, on
 -- the operator page and in the metrics): unchanged at the same version, which was searchable
 -- before the switch; now for a newer one, which becomes searchable with it.
-UPDATE document_search_version s
-   SET version_number = g.version_number,
-       embedding_model = $3,
-       chunking_strategy = g.chunking_strategy,
-       chunk_count = g.chunk_count,
-       task_id = g.task_id,
-       switched_at = CASE WHEN g.version_number > s.version_number
-                          THEN coalesce($4::timestamptz, now())
-                          ELSE s.switched_at END
-  FROM document_generation_version g
- WHERE s.tenant_id = $1
-   AND g.tenant_id = s.tenant_id
-   AND g.document_id = s.document_id
-   AND g.generation_id = $2
-   AND g.version_number >= s.version_number
+-- Answers how many pointers it rewrote and the documents whose pointer moved to a newer
+-- version (`old`: PostgreSQL 18 RETURNING): those serve that version's ACL from the same
+-- commit, which the switch then applies (services/runtime/served_acl.sql: apply_served_acl,
+-- issue 29 item 1). Only the moved ones travel back: a switch to a generation built at the
+-- served versions returns an empty list however large the tenant.
+WITH rewritten AS (
+    UPDATE document_search_version s
+       SET version_number = g.version_number,
+           embedding_model = $3,
+           chunking_strategy = g.chunking_strategy,
+           chunk_count = g.chunk_count,
+           task_id = g.task_id,
+           switched_at = CASE WHEN g.version_number > s.version_number
+                              THEN coalesce($4::timestamptz, now())
+                              ELSE s.switched_at END
+      FROM document_generation_version g
+     WHERE s.tenant_id = $1
+       AND g.tenant_id = s.tenant_id
+       AND g.document_id = s.document_id
+       AND g.generation_id = $2
+       AND g.version_number >= s.version_number
+    RETURNING s.document_id, old.version_number < new.version_number AS moved
+)
+SELECT count(*) AS rewritten,
+       coalesce(array_agg(document_id) FILTER (WHERE moved), '{}') AS moved
+  FROM rewritten
 
 -- name: serve_documents_only_the_target_holds
 -- $1 tenant, $2 target generation, $3 its model, $4 now. After rewrite_pointers: documents
@@ -312,23 +323,31 @@ UPDATE document_search_version s
 -- without this the document would stay unsearchable until its next publish. Never below the
 -- document's high-water mark (a pointer a --force switch just dropped stays dropped until
 -- the target holds that version). Under lock_tenant_generations no completion of the
--- tenant runs meanwhile, so no pointer can be inserted concurrently.
-INSERT INTO document_search_version (tenant_id, document_id, version_number, embedding_model,
-                                     chunking_strategy, chunk_count, task_id, switched_at)
-SELECT g.tenant_id, g.document_id, g.version_number, $3, g.chunking_strategy, g.chunk_count,
-       g.task_id, coalesce($4::timestamptz, now())
-  FROM document_generation_version g
- WHERE g.tenant_id = $1
-   AND g.generation_id = $2
-   AND NOT EXISTS (SELECT 1
-                     FROM document_search_version s
-                    WHERE s.tenant_id = g.tenant_id AND s.document_id = g.document_id)
-   AND NOT EXISTS (SELECT 1
-                     FROM document_search_version_high_water h
-                    WHERE h.tenant_id = g.tenant_id
-                      AND h.document_id = g.document_id
-                      AND h.version_number > g.version_number)
-ON CONFLICT (tenant_id, document_id) DO NOTHING
+-- tenant runs meanwhile, so no pointer can be inserted concurrently. Answers the documents
+-- given a pointer: their served ACL is set from the version's by the switch, as a first
+-- switch of the sink does.
+WITH served AS (
+    INSERT INTO document_search_version (tenant_id, document_id, version_number,
+                                         embedding_model, chunking_strategy, chunk_count,
+                                         task_id, switched_at)
+    SELECT g.tenant_id, g.document_id, g.version_number, $3, g.chunking_strategy,
+           g.chunk_count, g.task_id, coalesce($4::timestamptz, now())
+      FROM document_generation_version g
+     WHERE g.tenant_id = $1
+       AND g.generation_id = $2
+       AND NOT EXISTS (SELECT 1
+                         FROM document_search_version s
+                        WHERE s.tenant_id = g.tenant_id AND s.document_id = g.document_id)
+       AND NOT EXISTS (SELECT 1
+                         FROM document_search_version_high_water h
+                        WHERE h.tenant_id = g.tenant_id
+                          AND h.document_id = g.document_id
+                          AND h.version_number > g.version_number)
+    ON CONFLICT (tenant_id, document_id) DO NOTHING
+    RETURNING document_id
+)
+SELECT coalesce(array_agg(document_id), '{}') AS served
+  FROM served
 
 -- name: stop_serving
 -- Two statements, not one: tenant_search_generation_serving is checked row by row, so the

@@ -42,6 +42,7 @@ from services.runtime.logging import get_logger
 
 log = get_logger(__name__)
 
+
 class PgGenerations:
     def __init__(
         self,

@@ -18,11 +18,11 @@ from services.indexer.maintenance.generations_queries import (
     QUERIES,
     default_generation,
     find_generation,
-    rows_of,
 )
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import BadInput, NotFound
 from services.runtime.logging import get_logger
+from services.runtime.served_acl import apply_served_acl, lock_first_pointer
 
 log = get_logger(__name__)
 
@@ -64,24 +64,33 @@ class PgSwitch:
                     raise SwitchRefused(tenant_id, generation_id, missing, total)
                 if total:
                     await conn.execute(QUERIES["drop_missing_pointers"], tenant_id, generation_id)
-                rewritten = await conn.execute(
+                rewritten = await conn.fetchrow(
                     QUERIES["rewrite_pointers"],
                     tenant_id,
                     generation_id,
                     target.embedding_model,
                     self._now,
                 )
-                await conn.execute(
+                assert rewritten is not None  # an aggregate: always one row
+                first_served = await conn.fetchval(
                     QUERIES["serve_documents_only_the_target_holds"],
                     tenant_id,
                     generation_id,
                     target.embedding_model,
                     self._now,
                 )
+                # Pointers moved to newer versions (or given one) serve those versions' ACLs
+                # from this commit on, as a completion's switch does (issue 29, item 1). This
+                # transaction holds their pointer rows: a publish of one of them waits for it.
+                # The new pointers' stand-in locks first (served_acl.sql: lock_first_pointer):
+                # a publish of one of them that saw no pointer then commits before the ACL is
+                # read, or waits for this commit and applies its ACL itself.
+                await lock_first_pointer(conn, tenant_id, first_served)
+                await apply_served_acl(conn, tenant_id, [*rewritten["moved"], *first_served])
                 await conn.execute(QUERIES["stop_serving"], tenant_id)
                 await conn.execute(QUERIES["start_serving"], tenant_id, generation_id, self._now)
         outcome = SwitchOutcome(
-            tenant_id, previous, generation_id, rows_of(rewritten), missing, total
+            tenant_id, previous, generation_id, rewritten["rewritten"], missing, total
         )
         log.info(
             "generation.switched",

@@ -76,6 +76,7 @@ from services.runtime.errors import ConfigError, DatabaseBusy
 from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
 from services.runtime.logging import get_logger
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.served_acl import apply_served_acl, lock_first_pointer
 from services.runtime.sql import queries_beside
 from services.runtime.transaction import Transaction
 
@@ -317,7 +318,12 @@ class PgVectorSink:
         served: ServedPointer | None,
     ) -> None:
         """The forward-only pointer switch (or, at the served version, its rewrite to the
-        chunk set just written) and, when the pointer changed, its outbox event."""
+        chunk set just written), the version's ACL when the pointer moved to it, and, when
+        the pointer changed, its outbox event."""
+        if served is None:
+            # The document's first pointer: no row was locked, so a publish of its ACL would
+            # not wait for this switch; this lock stands in for the row (served_acl.sql).
+            await lock_first_pointer(conn, lease.tenant_id, [lease.document_id])
         with translate_db_errors():
             switched = await conn.fetchrow(
                 QUERIES["switch_search_version"],
@@ -334,6 +340,15 @@ class PgVectorSink:
                 reason=not_switched_reason(served, lease, generation),
             )
             return
+        if switched["previous_version"] != lease.version_number:
+            # The pointer moved to this version (or is the document's first): the ACL it was
+            # published with becomes the one search applies, in this transaction (issue 29,
+            # item 1). A rewrite at the same version keeps the served ACL. Lock order: the
+            # pointer row (held since lock_search_pointer), then the ACL rows, as a publish
+            # takes them after the document row; a completion only takes FOR KEY SHARE on
+            # that row (foreign key checks), which the publish's lock does not block
+            # (services/publisher/queries.sql: lock_document, lock_search_pointer).
+            await apply_served_acl(conn, lease.tenant_id, [lease.document_id])
         await add_event(
             conn, switched_event(self._registry, lease, generation, chunk_count, switched)
         )

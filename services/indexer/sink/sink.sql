@@ -102,7 +102,9 @@ ON CONFLICT DO NOTHING
 -- Concurrent switches of one document serialise on the pointer row (lock_search_pointer
 -- locked it; ON CONFLICT evaluates the WHERE against its latest committed version, not our
 -- snapshot's). `old` (PostgreSQL 18 RETURNING) is the row before the update: NULL when this
--- is the document's first pointer.
+-- is the document's first pointer. A previous_version other than $3 means the pointer moved to
+-- this version: the sink then makes its ACL the served one in this transaction
+-- (services/runtime/served_acl.sql: apply_served_acl, issue 29 item 1).
 INSERT INTO document_search_version AS s (tenant_id, document_id, version_number,
                                           embedding_model, chunking_strategy, chunk_count,
                                           task_id, switched_at)

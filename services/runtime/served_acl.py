@@ -1,0 +1,39 @@
+"""The served ACL: the READ ACL search applies to a document (``document_acl``) is the one its
+served version was published with (``document_version_acl``, migration 0024).
+
+It changes in the transaction that moves the document's search pointer to another version
+(the sink's switch, ``kb index generations switch``) and in a publish of the served version's
+ACL (services/publisher): never before the version it belongs to is the one search serves,
+so a version published with a wider ACL does not open the version still served to more
+readers (issue 29, item 1).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from services.runtime.db import translate_db_errors
+from services.runtime.sql import queries_beside
+
+QUERIES = queries_beside(__file__, "served_acl.sql")
+
+
+async def apply_served_acl(conn: Any, tenant_id: str, document_ids: Sequence[uuid.UUID]) -> None:
+    """Make ``document_ids``' served ACL their served version's; the caller's transaction
+    holds their pointer rows (served_acl.sql says why)."""
+    if not document_ids:
+        return
+    with translate_db_errors():
+        await conn.execute(QUERIES["apply_served_acl"], tenant_id, list(document_ids))
+
+
+async def lock_first_pointer(conn: Any, tenant_id: str, document_ids: Sequence[uuid.UUID]) -> None:
+    """Stand-in for the pointer rows of documents that have none yet (served_acl.sql:
+    lock_first_pointer): taken by a publish that found no pointer and by the transactions
+    that insert the first one."""
+    if not document_ids:
+        return
+    with translate_db_errors():
+        await conn.execute(QUERIES["lock_first_pointer"], tenant_id, list(document_ids))
