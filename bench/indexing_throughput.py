@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import random
+import resource
 import signal
 import socket
 import subprocess
@@ -201,6 +202,33 @@ async def progress(conn: asyncpg.Connection[Any]) -> tuple[int, int, int]:
     return row["done"], row["dead"], row["started"]
 
 
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def postgres_cpu_reader(conn: asyncpg.Connection[Any]) -> Path | None:
+    """/proc/<postmaster>/stat when the server runs on this machine (the dev stack), else
+    None: its cutime + cstime grow by the CPU time of every backend that exits, so the
+    indexer's backends are counted once its pool has closed."""
+    return postmaster_stat(await conn.fetchval("SELECT pg_backend_pid()"))
+
+
+def postmaster_stat(backend: int) -> Path | None:
+    try:
+        status = Path(f"/proc/{backend}/status").read_text()
+    except OSError:
+        return None
+    parent = next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
+    return Path(f"/proc/{parent}/stat")
+
+
+def reaped_cpu_seconds(stat: Path) -> float:
+    fields = stat.read_text().rpartition(")")[2].split()
+    # Fields 16 and 17 of proc(5), cutime and cstime; [0] here is field 3.
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
 async def run_indexer(
     url: str,
     provider: str,
@@ -212,7 +240,11 @@ async def run_indexer(
     kb = Path(sys.executable).with_name("kb")
     conn = await asyncpg.connect(url)
     try:
+        postgres_stat = await postgres_cpu_reader(conn)
+        postgres_before = reaped_cpu_seconds(postgres_stat) if postgres_stat else 0.0
+        indexer_before = children_cpu_seconds()
         started = time.monotonic()
+        started_at = time.time()  # the database's clock: this machine's, as finished_at's
         command = [str(kb), "indexer", "run", "--tier", "standard", "--no-hints"]
         process = await asyncio.create_subprocess_exec(
             *command, env=indexer_env(url, provider, settings)
@@ -244,20 +276,31 @@ async def run_indexer(
                     break
                 if process.returncode is not None:
                     raise SystemExit(f"kb indexer run exited with {process.returncode}")
-                await asyncio.sleep(0.02)
-            elapsed = time.monotonic() - started
+                # Fine until the first claim (its time is reported); then coarse, so the
+                # count over index_task takes little of the CPU the run is measured on.
+                await asyncio.sleep(0.02 if first_claim is None else 0.1)
         finally:
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
                 await asyncio.wait_for(profiler.wait(), 60)
             process.send_signal(signal.SIGTERM)
             await asyncio.wait_for(process.wait(), 60)
+        indexer_cpu = children_cpu_seconds() - indexer_before
+        await asyncio.sleep(0.5)  # the postmaster reaps the indexer's backends
+        postgres_cpu = (
+            reaped_cpu_seconds(postgres_stat) - postgres_before if postgres_stat else None
+        )
         span = await conn.fetchrow(
-            "SELECT extract(epoch FROM max(finished_at) - min(finished_at)) AS steady"
-            " FROM index_task WHERE status = 'SUCCEEDED'"
+            "SELECT extract(epoch FROM max(finished_at) - min(finished_at)) AS steady,"
+            " extract(epoch FROM max(finished_at)) AS last"
+            " FROM index_task WHERE status IN ('SUCCEEDED', 'DEAD')"
         )
         chunks = await conn.fetchval("SELECT count(*) FROM knowledge_chunk")
         assert span is not None
+        # From the start until the last task finished, by the tasks' own times: not rounded up
+        # to the next poll.
+        last = span["last"]
+        elapsed = time.monotonic() - started if last is None else float(last) - started_at
     finally:
         await conn.close()
     return {
@@ -266,6 +309,12 @@ async def run_indexer(
         "seconds": elapsed,
         "first_claim_seconds": first_claim,
         "first_to_last_completion_seconds": float(span["steady"] or 0.0),
+        # CPU time per document, which a loaded machine changes far less than the rate:
+        # the indexer process (start-up included) and the database's backends.
+        "indexer_cpu_ms_per_document": 1000 * indexer_cpu / max(1, done),
+        "postgres_cpu_ms_per_document": (
+            None if postgres_cpu is None else 1000 * postgres_cpu / max(1, done)
+        ),
         "chunks": chunks,
     }
 

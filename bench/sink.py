@@ -8,14 +8,11 @@ and a 384-dimension float32 unit embedding. Measured, one document per transacti
 connection, in alternating order within each round (fresh documents for every variant):
 
 - ``sink``: ``queue.complete(lease, in_transaction=sink.writer(...))`` -- the fenced UPDATE,
-  temp staging table, COPY, INSERT .. ON CONFLICT DO NOTHING, the forward-only pointer
+  the version's earlier rows deleted, the COPY into knowledge_chunk, the forward-only pointer
   upsert and the outbox event, one transaction. The claim is not timed; building the COPY
   records (``writer()``) is, as is building them for the peer.
 - ``copy``: the peer -- ``copy_records_to_table('knowledge_chunk', ...)`` of the same rows,
   one transaction per document: the least any writer of these rows must pay.
-- ``stage-binary`` / ``stage-text``: only the staging COPY + INSERT .. SELECT, with the vector
-  sent through pgvector's binary asyncpg codec vs as text cast to ``vector`` by the server:
-  why the sink uses the codec.
 
 Twice: without any ANN index on knowledge_chunk, then with the model's HNSW index (what a
 running system has; every insert then also pays the HNSW insertion, so that phase uses
@@ -49,7 +46,7 @@ from services.index.generation import IndexGeneration
 from services.indexer.pipeline.chunking import Chunk, chunk_id_of
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease
-from services.indexer.sink.pgvector import QUERIES, PgVectorSink
+from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.migrations import apply_migrations
 from services.runtime.settings import RuntimeSettings
@@ -190,69 +187,6 @@ async def run_copy(pool: asyncpg.Pool[Any], batch: Batch) -> float:
     return time.perf_counter() - started
 
 
-STAGE_COLUMNS = ("chunk_id", "ordinal", "heading_path", "text", "content_digest", "embedding")
-TEXT_STAGING = """
-CREATE TEMP TABLE bench_text_staging (
-    chunk_id text, ordinal integer, heading_path text[], text text, content_digest bytea,
-    embedding text
-) ON COMMIT DROP
-"""
-TEXT_INSERT = (
-    QUERIES["insert_staged_chunks"]
-    .replace("s.embedding\n", "s.embedding::vector\n")
-    .replace("FROM knowledge_chunk_staging s", "FROM bench_text_staging s")
-)
-
-
-async def run_stage(pool: asyncpg.Pool[Any], batch: Batch, *, text: bool) -> float:
-    started = time.perf_counter()
-    async with pool.acquire() as conn:
-        for document in batch.documents:
-            vectors = np.ascontiguousarray(document.vectors, dtype=np.float32)
-            embeddings: list[Any] = (
-                ["[" + ",".join(map(str, row)) + "]" for row in vectors.tolist()]
-                if text
-                else [Vector(vectors[row]) for row in range(len(document.chunks))]
-            )
-            records = [
-                (
-                    chunk.chunk_id,
-                    chunk.ordinal,
-                    list(chunk.heading_path),
-                    chunk.text,
-                    chunk.content_digest,
-                    embeddings[row],
-                )
-                for row, chunk in enumerate(document.chunks)
-            ]
-            async with conn.transaction():
-                await conn.execute(TEXT_STAGING if text else QUERIES["create_staging"])
-                await conn.copy_records_to_table(
-                    "bench_text_staging" if text else "knowledge_chunk_staging",
-                    schema_name="pg_temp",
-                    records=records,
-                    columns=STAGE_COLUMNS,
-                )
-                await conn.execute(
-                    TEXT_INSERT if text else QUERIES["insert_staged_chunks"],
-                    batch.tier,
-                    document.document_id,
-                    1,
-                    GENERATION.embedding_model,
-                    GENERATION.chunking_strategy,
-                    DIMENSION,
-                )
-    return time.perf_counter() - started
-
-
-async def run_stage_binary(pool: asyncpg.Pool[Any], batch: Batch) -> float:
-    return await run_stage(pool, batch, text=False)
-
-
-async def run_stage_text(pool: asyncpg.Pool[Any], batch: Batch) -> float:
-    return await run_stage(pool, batch, text=True)
-
-
 async def phase(
     pool: asyncpg.Pool[Any],
     label: str,
@@ -284,7 +218,7 @@ def report(label: str, rates: dict[str, list[float]]) -> list[str]:
         rounds = ", ".join(f"{rate:.0f}" for rate in rates[name])
         lines.append(f"| {name} | {value:.0f} | {rounds} |")
     lines.append("")
-    for numerator, denominator in (("sink", "copy"), ("stage-binary", "stage-text")):
+    for numerator, denominator in (("sink", "copy"),):
         if numerator in rates and denominator in rates:
             # Per round (the variants of one round ran back to back, under the same load).
             ratios = [a / b for a, b in zip(rates[numerator], rates[denominator], strict=True)]
@@ -328,12 +262,7 @@ async def main(argv: list[str]) -> None:
             plain = await phase(
                 pool,
                 "plain",
-                {
-                    "sink": run_sink,
-                    "copy": run_copy,
-                    "stage-binary": run_stage_binary,
-                    "stage-text": run_stage_text,
-                },
+                {"sink": run_sink, "copy": run_copy},
                 rng=rng,
                 **sizes,
             )

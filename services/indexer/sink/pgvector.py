@@ -90,13 +90,23 @@ Executor: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProx
 
 log = get_logger(__name__)
 
-STAGING_TABLE: Final = "knowledge_chunk_staging"
-STAGING_COLUMNS: Final = CHUNK_RECORD_COLUMNS
+INDEX_TABLE: Final = "knowledge_chunk"
+# The columns of a ChunkWrite's records: the version's key, then chunk_records' columns.
+INDEX_COLUMNS: Final = (
+    "tenant_id",
+    "document_id",
+    "version_number",
+    "embedding_model",
+    "chunking_strategy",
+    "embedding_dimension",
+    *CHUNK_RECORD_COLUMNS,
+)
 
 
 @dataclass(frozen=True)
 class ChunkWrite:
-    """One version's chunks, ready to COPY: built before the transaction opens."""
+    """One version's chunks, ready to COPY into knowledge_chunk (INDEX_COLUMNS): built
+    before the transaction opens."""
 
     lease: Lease
     generation: IndexGeneration
@@ -258,13 +268,6 @@ class PgVectorSink:
                 QUERIES["set_local_statement_timeout"],
                 str(self.write_timeout_ms(len(prepared.records))),
             )
-            await conn.execute(QUERIES["create_staging"])
-            await conn.copy_records_to_table(
-                STAGING_TABLE,
-                schema_name="pg_temp",
-                records=prepared.records,
-                columns=STAGING_COLUMNS,
-            )
         served = await lock_search_pointer(conn, lease)
         replaced = replaced_strategy(served, lease, generation)
         with translate_db_errors():
@@ -276,10 +279,8 @@ class PgVectorSink:
             status = await conn.execute(
                 QUERIES["replace_version_chunks"], *version_chunks(lease, generation), replaced
             )
-            await conn.execute(
-                QUERIES["insert_staged_chunks"],
-                *version_chunks(lease, generation),
-                generation.dimension,
+            await conn.copy_records_to_table(
+                INDEX_TABLE, records=prepared.records, columns=INDEX_COLUMNS
             )
         _log_replaced(lease, generation, served, replaced, status, len(prepared.records))
         await self._finish(conn, lease, generation, len(prepared.records), served, target)
@@ -488,13 +489,10 @@ def prepare_write(
     search_generation_id: int | None = None,
 ) -> ChunkWrite:
     """Checks the embeddings against the chunks and the generation, and builds the COPY
-    records, so the transaction only sends them."""
-    return ChunkWrite(
-        lease,
-        generation,
-        chunk_records(lease, generation, chunks, embeddings),
-        search_generation_id,
-    )
+    records (INDEX_COLUMNS), so the transaction only sends them."""
+    key = (*version_chunks(lease, generation), generation.dimension)
+    records = [(*key, *record) for record in chunk_records(lease, generation, chunks, embeddings)]
+    return ChunkWrite(lease, generation, records, search_generation_id)
 
 
 async def _lock_target(

@@ -2,15 +2,6 @@
 -- fenced `complete` transaction (services/indexer/queue/store_pg.py): the task row is already
 -- locked by the fenced UPDATE, so no takeover can commit between them and the commit.
 
--- name: create_staging
--- A per-transaction staging table shaped like knowledge_chunk_staging (migration 0006),
--- dropped at commit or rollback: nothing outlives the transaction on the pooled connection.
--- Temporary tables write no WAL, so the COPY into it is cheap. Completions committed as a
--- group (services/indexer/queue/completions.py) share the transaction: the first creates
--- the table, the next ones find it, emptied by insert_staged_chunks.
-CREATE TEMP TABLE IF NOT EXISTS knowledge_chunk_staging (LIKE knowledge_chunk_staging)
-    ON COMMIT DROP
-
 -- name: lock_search_pointer
 -- $1 tenant, $2 document. The document's search pointer, locked until commit: the first
 -- thing the write does to the document, so that what it deletes and inserts is decided
@@ -31,11 +22,12 @@ SELECT version_number, embedding_model, chunking_strategy, chunk_count
 -- $1 tenant, $2 document, $3 version, $4 model, $5 strategy (the task's), $6 the served
 -- strategy this write replaces (version.py: replaced_strategy -- the pointer serves this
 -- version under this model and chunk settings; NULL: it replaces nothing, or the pointer
--- names no strategy). Run after lock_search_pointer, with the task's
--- chunk set in the staging table (create_staging) and before insert_staged_chunks: deletes
--- the version's chunks of this model that the new set does not hold, among
---   * this task's strategy: an earlier run's set of this generation (a chunk the new set
---     holds keeps its row: same id, same content, same embedding);
+-- names no strategy). Run after lock_search_pointer and just before the new set is COPYed
+-- into knowledge_chunk (pgvector.py: _write): deletes the version's chunks of this model
+-- among
+--   * this task's strategy: an earlier run's set of this generation, which the COPY writes
+--     again (same ids: the chunk id is derived from version, strategy, ordinal, heading path
+--     and content digest), so the COPY never meets a row of its own key;
 --   * the served strategy $6: the chunking the pointer serves now, which this run replaces
 --     (a re-run after a chunker upgrade, `kb index check --repair`: the same settings, newer
 --     code); switch_search_version then rewrites the pointer's strategy and chunk count in
@@ -44,12 +36,16 @@ SELECT version_number, embedding_model, chunking_strategy, chunk_count
 -- to name: never the union of two runs, which search would serve as near-duplicates and
 -- whose count would never match the pointer's.
 -- Why readers never see an empty or a mixed set: the pointer row is locked (no other
--- completion of the document runs this meanwhile), the deletes, the new rows and the
--- pointer's rewrite commit together, and a search reads in one snapshot (before: the old
--- pointer and the old rows, which MVCC keeps for it; after: the new ones), joining the
--- pointer's strategy (current_version_chunks), so rows of any other strategy left at the
--- version are never served. Other generations' chunks (another model, other settings: built
--- beside the served one) are left alone.
+-- completion of the document runs this meanwhile: only the lease holder writes a version),
+-- the deletes, the new rows and the pointer's rewrite commit together, and a search reads in
+-- one snapshot (before: the old pointer and the old rows, which MVCC keeps for it; after:
+-- the new ones), joining the pointer's strategy (current_version_chunks), so rows of any
+-- other strategy left at the version are never served. Other generations' chunks (another
+-- model, other settings: built beside the served one) are left alone.
+-- Why not keep the rows a re-run would write unchanged: a re-run is rare (repairs), a
+-- version's first run is the rule, and finding "what the new set holds" needed the set in a
+-- temporary table -- created, filled and dropped in every completion, catalog rows and all,
+-- which cost more than the chunks' own insert for a short document (BENCHMARKS.md).
 -- Cost: one range of the primary key (tenant, document, version, model) of the tenant's
 -- partition, usually empty (a version's first run).
 DELETE FROM knowledge_chunk c
@@ -58,33 +54,6 @@ DELETE FROM knowledge_chunk c
    AND c.version_number = $3
    AND c.embedding_model = $4
    AND (c.chunking_strategy = $5 OR c.chunking_strategy = $6::text)
-   AND NOT EXISTS (
-         SELECT 1
-           FROM knowledge_chunk_staging n
-          WHERE n.chunk_id = c.chunk_id
-            AND c.chunking_strategy = $5)
-
--- name: insert_staged_chunks
--- $1 tenant, $2 document, $3 version, $4 model, $5 strategy, $6 dimension.
--- `knowledge_chunk_staging` is the temporary table of create_staging (it shadows the
--- permanent one); its rows are deleted as they are moved, so the next write of the same
--- transaction starts from an empty table. After replace_version_chunks, the version's rows
--- of this generation are a subset of the new set: a chunk already there (same key: the chunk
--- id is derived from version, strategy, ordinal, heading path and content digest) is left as
--- it is, the others are added, so the version ends with exactly the new set. DO NOTHING
--- takes no lock on existing rows, and two writers of one version cannot race: only the lease
--- holder gets here.
-WITH staged AS (
-    DELETE FROM knowledge_chunk_staging
-    RETURNING chunk_id, ordinal, heading_path, text, content_digest, embedding
-)
-INSERT INTO knowledge_chunk (tenant_id, document_id, version_number, embedding_model,
-                             chunking_strategy, chunk_id, ordinal, heading_path, text,
-                             content_digest, embedding_dimension, embedding)
-SELECT $1::text, $2::uuid, $3::integer, $4::text, $5::text, s.chunk_id, s.ordinal,
-       s.heading_path, s.text, s.content_digest, $6::integer, s.embedding
-  FROM staged s
-ON CONFLICT DO NOTHING
 
 -- name: switch_search_version
 -- $1 tenant, $2 document, $3 version, $4 model, $5 strategy, $6 chunk count, $7 task, $8 now,
