@@ -11,9 +11,8 @@ import pytest
 from services.runtime.db import create_pool
 from services.runtime.settings import RuntimeSettings
 from tests.support.stack import (
+    DatabaseSupply,
     Stack,
-    create_test_database,
-    drop_test_database,
     ensure_template,
     running_stack,
 )
@@ -87,16 +86,25 @@ async def template_database(stack: Stack) -> str:
     return await ensure_template(stack)
 
 
+@pytest.fixture(scope="session")
+async def database_supply(stack: Stack, template_database: str) -> AsyncIterator[DatabaseSupply]:
+    supply = DatabaseSupply(stack, template_database)
+    try:
+        yield supply
+    finally:
+        await supply.close()
+
+
 @pytest.fixture
 async def database_url(
-    integration_only: None, stack: Stack, template_database: str
+    integration_only: None, stack: Stack, database_supply: DatabaseSupply
 ) -> AsyncIterator[str]:
-    """A fresh, migrated database of this test's own."""
-    name = await create_test_database(stack, template_database)
+    """A fresh, migrated database of this test's own (cloned while the previous test ran)."""
+    name = await database_supply.take()
     try:
         yield stack.database_url(name)
     finally:
-        await drop_test_database(stack, name)
+        database_supply.give_back(name)
 
 
 @pytest.fixture
