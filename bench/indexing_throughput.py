@@ -319,6 +319,55 @@ async def run_indexer(
     }
 
 
+async def database_floor(url: str) -> dict[str, float]:
+    """The least the database itself takes to hold what the run wrote: the run's chunk
+    rows, into the emptied table (its HNSW, full-text and btree indexes kept, as the run
+    started), COPYed back one transaction per document as the pipeline commits them, and
+    then all in one transaction, as a batch loader with no per-document promise would.
+    Documents/s of each: a ceiling no pipeline on this database can pass."""
+    from services.indexer.sink.pgvector import INDEX_COLUMNS
+    from services.runtime.db import create_pool
+    from services.runtime.settings import RuntimeSettings
+
+    pool = await create_pool(
+        RuntimeSettings(database_url=url, kafka_bootstrap_servers="127.0.0.1:1"),
+        min_size=1,
+        max_size=1,
+    )
+    try:
+        columns = list(INDEX_COLUMNS)  # what the sink COPYs
+        rows = await pool.fetch(
+            f"SELECT {', '.join(columns)} FROM knowledge_chunk ORDER BY document_id, ordinal"
+        )
+        by_document: dict[Any, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_document.setdefault(row["document_id"], []).append(
+                tuple(row[column] for column in columns)
+            )
+        rates = {}
+        async with pool.acquire() as conn:
+            for name in ("per_document", "one_batch"):
+                await conn.execute("TRUNCATE knowledge_chunk")
+                started = time.perf_counter()
+                if name == "per_document":
+                    for records in by_document.values():
+                        async with conn.transaction():
+                            await conn.copy_records_to_table(
+                                "knowledge_chunk", records=records, columns=columns
+                            )
+                else:
+                    async with conn.transaction():
+                        await conn.copy_records_to_table(
+                            "knowledge_chunk",
+                            records=[record for chunk in by_document.values() for record in chunk],
+                            columns=columns,
+                        )
+                rates[name] = len(by_document) / (time.perf_counter() - started)
+        return rates
+    finally:
+        await pool.close()
+
+
 async def bare_model(inputs: list[str], batches: list[int]) -> dict[int, float]:
     """Seconds the bare model takes for ``inputs`` at each batch size, one request at a
     time, the model's own sorted, padded runs of the whole batch."""
@@ -366,6 +415,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "model_busy_seconds": stats["busy_seconds"],
         "model_busy_share": stats["busy_seconds"] / run["seconds"],
     }
+    floor = await database_floor(url)
+    result.update(
+        database_floor_docs_per_second=floor,
+        share_of_database_floor=result["docs_per_second"] / floor["per_document"],
+    )
     if args.model == "onnx":
         bare = await bare_model(inputs, args.bare_batches)
         best_batch = min(bare, key=lambda batch: bare[batch])
