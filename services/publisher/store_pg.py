@@ -37,6 +37,7 @@ from services.runtime.tasks import (
     find_index_task,
     index_task_from_row,
 )
+from services.runtime.tenant_keys import ApiKeyGrant, PgTenantCredentials, VerificationKey
 
 QUERIES = queries_beside(__file__, "queries.sql")
 
@@ -223,11 +224,13 @@ class PgPublisherStore:
                 # The pool's proxy forwards every call to the connection it wraps.
                 yield PgPublishTransaction(cast("asyncpg.Connection[Any]", conn))
 
-    async def api_key_is_valid(self, tenant_id: str, key_hash: bytes) -> bool:
-        with translate_db_errors():
-            async with self._connection() as conn:
-                valid: bool = await conn.fetchval(QUERIES["api_key_is_valid"], tenant_id, key_hash)
-        return valid
+    async def api_key(
+        self, tenant_id: str, key_hash: bytes, now: datetime | None = None
+    ) -> ApiKeyGrant | None:
+        return await PgTenantCredentials(self._connection).api_key(tenant_id, key_hash, now)
+
+    async def verification_key(self, tenant_id: str, kid: str) -> VerificationKey | None:
+        return await PgTenantCredentials(self._connection).verification_key(tenant_id, kid)
 
     async def document_status(
         self, tenant_id: str, document_id: uuid.UUID
