@@ -148,6 +148,11 @@ async def search_principals(
                 "principals nor a principal token"
             )
         return grant.principals or (), None
+    if grant.principal_source is PrincipalSource.TOKEN and requested is not None:
+        raise PrincipalsNotAllowed(
+            "this API key searches only with a principal token's principals: send "
+            "principalToken, not principals"
+        )
     if token is not None:
         if requested is not None:
             raise PrincipalsNotAllowed(

@@ -1,0 +1,202 @@
+"""Keys over their life (issue 29): `kb tenants keys create|list|rotate|revoke` and
+`kb tenants verification-keys add|list|remove` as a user runs them; a revoked or rotated key
+fails on the very next request (nothing caches a key check), a rotation's grace period
+keeps the old key working until it ends, and only hashes are stored."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from typer.testing import CliRunner
+
+from services.publisher.cli import tenants_app
+from services.publisher.keys.store_pg import KeySpec, PgKeyStore
+from services.runtime.errors import BadInput
+from services.runtime.settings import RuntimeSettings
+from services.runtime.tenant_auth import hash_api_key, new_api_key
+from services.runtime.tenant_keys import Scope
+from tests.support.api import ApiTenant, add_tenant, publisher_harness
+from tests.support.cli import kb
+
+pytestmark = pytest.mark.integration
+
+TASK = "/index-tasks/00000000-0000-0000-0000-000000000000"
+
+
+def _printed_key(stdout: str, tenant: str) -> tuple[str, str]:
+    match = re.fullmatch(
+        rf"KB_API_KEY_ID=(?P<id>[0-9a-f-]{{36}})\nKB_API_KEY=(?P<key>kb\.{tenant}\.[A-Za-z0-9_-]{{43}})\n",
+        stdout,
+    )
+    assert match, stdout
+    return match["id"], match["key"]
+
+
+async def test_the_key_commands_as_a_user_runs_them(
+    service_env: dict[str, str], conn: asyncpg.Connection[Any], tmp_path: Path
+) -> None:
+    await add_tenant(conn, "acme")
+    created = kb(
+        service_env,
+        "tenants", "keys", "create", "acme",
+        "--scope", "search", "--principals", "group:support,user:bob", "--name", "portal",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    key_id, key = _printed_key(created.stdout, "acme")
+    stored = await conn.fetchrow(
+        "SELECT key_hash, scopes, principal_source, principals FROM tenant_api_key"
+        " WHERE key_id = $1",
+        uuid.UUID(key_id),
+    )
+    assert stored is not None
+    assert stored["key_hash"] == hash_api_key(key)
+    assert (stored["scopes"], stored["principal_source"]) == (["search"], "fixed")
+    assert stored["principals"] == ["group:support", "user:bob"]
+    dump = await conn.fetchval("SELECT string_agg(t::text, ',') FROM tenant_api_key t")
+    assert key.split(".")[-1] not in dump
+    assert key not in created.stderr
+
+    rotated = kb(service_env, "tenants", "keys", "rotate", "acme", key_id)
+    assert rotated.returncode == 0, rotated.stderr
+    new_id, new_key = _printed_key(rotated.stdout, "acme")
+
+    public = ed25519.Ed25519PrivateKey.generate().public_key()
+    pem = tmp_path / "idp.pem"
+    pem.write_bytes(
+        public.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    added = kb(
+        service_env, "tenants", "verification-keys", "add", "acme", "--kid", "idp-1",
+        "--public-key-file", str(pem),
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    listed = kb(service_env, "tenants", "keys", "list", "acme", "--json")
+    assert listed.returncode == 0, listed.stderr
+    keys = {k["keyId"]: k for k in json.loads(listed.stdout)}
+    assert keys[key_id]["active"] is False
+    assert keys[key_id]["replacedBy"] == new_id
+    assert keys[new_id] | {"createdAt": None} == {
+        "keyId": new_id,
+        "name": "portal",
+        "scopes": ["search"],
+        "principalSource": "fixed",
+        "principals": ["group:support", "user:bob"],
+        "createdAt": None,
+        "revokedAt": None,
+        "replacedBy": None,
+        "active": True,
+    }
+    assert new_key not in listed.stdout
+    assert (
+        await conn.fetchval(
+            "SELECT algorithm FROM tenant_verification_key"
+            " WHERE tenant_id = 'acme' AND kid = 'idp-1'"
+        )
+        == "EdDSA"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["keys", "create", "acme"], "KEY_SCOPE_INVALID"),
+        (["keys", "create", "acme", "--scope", "owner"], "KEY_SCOPE_INVALID"),
+        (["keys", "create", "acme", "--scope", "admin", "--principals", "g:a"],
+         "KEY_PRINCIPALS_INVALID"),
+        (["keys", "create", "acme", "--scope", "search,publish", "--require-principal-token"],
+         "KEY_PRINCIPALS_INVALID"),
+        (["keys", "create", "acme", "--scope", "search", "--principals", "g:a",
+          "--require-principal-token"], "KEY_PRINCIPALS_INVALID"),
+        (["keys", "create", "acme", "--scope", "search", "--principals", " , "],
+         "KEY_PRINCIPALS_INVALID"),
+        (["keys", "create", "Acme", "--scope", "search"], "TENANT_NAME_INVALID"),
+        (["keys", "revoke", "acme", "not-a-uuid"], "KEY_ID_INVALID"),
+        (["verification-keys", "add", "acme", "--kid", "k/1", "--hmac-secret-file", "-"],
+         "VERIFICATION_KEY_INVALID"),
+        (["verification-keys", "add", "acme", "--kid", "k", "--public-key-file", "/dev/null"],
+         "VERIFICATION_KEY_INVALID"),
+        (["verification-keys", "add", "acme", "--kid", "k", "--hmac-secret-file", "-"],
+         "VERIFICATION_KEY_INVALID"),  # stdin: a secret shorter than 32 bytes
+        (["verification-keys", "add", "acme", "--kid", "k", "--hmac-secret-file", "-",
+          "--algorithm", "RS256"], "VERIFICATION_KEY_INVALID"),
+    ],
+)  # fmt: skip
+def test_bad_key_commands_are_refused_before_the_database(args: list[str], code: str) -> None:
+    # In-process: these are refused before any connection is opened (no DATABASE_URL is
+    # reachable here), as `kb` would refuse them with exit 2.
+    result = CliRunner().invoke(tenants_app, args, input="short-secret\n")
+    assert isinstance(result.exception, BadInput), result.output
+    assert result.exception.code == code
+    assert result.stdout == ""
+
+
+async def test_a_key_the_tenant_does_not_have_exits_2(
+    service_env: dict[str, str], conn: asyncpg.Connection[Any]
+) -> None:
+    await add_tenant(conn, "acme")
+    result = kb(service_env, "tenants", "keys", "revoke", "acme", str(uuid.uuid4()))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "KEY_NOT_FOUND" in result.stderr
+    assert result.stdout == ""
+
+
+async def test_revocation_and_rotation_hold_from_the_next_request(
+    settings: RuntimeSettings, conn: asyncpg.Connection[Any]
+) -> None:
+    admin = await add_tenant(conn, "acme")
+    store = PgKeyStore(conn)
+    keys = {}
+    for name in ("revoked", "rotated", "graced"):
+        key = new_api_key("acme")
+        keys[name] = (
+            await store.create_key("acme", hash_api_key(key), KeySpec(frozenset({Scope.PUBLISH}))),
+            key,
+        )
+    async with publisher_harness(settings) as api:
+
+        async def status(key: str) -> int:
+            response = await api.client.get(
+                ApiTenant("acme", "standard", key).path(TASK),
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            return response.status_code
+
+        assert {await status(key) for _, key in keys.values()} == {404}
+        now = datetime.now(UTC)
+        assert await store.revoke_key("acme", keys["revoked"][0], now)
+        assert await status(keys["revoked"][1]) == 401
+
+        successor = new_api_key("acme")
+        await store.rotate_key(
+            "acme", keys["rotated"][0], hash_api_key(successor), old_key_until=now
+        )
+        assert await status(keys["rotated"][1]) == 401
+        assert await status(successor) == 404
+
+        graced = new_api_key("acme")
+        await store.rotate_key(
+            "acme", keys["graced"][0], hash_api_key(graced), old_key_until=now + timedelta(hours=1)
+        )
+        assert await status(keys["graced"][1]) == 404  # still in its grace period
+        assert await status(graced) == 404
+        # Revoking during the grace period ends it at once; revoking again changes nothing.
+        assert await store.revoke_key("acme", keys["graced"][0], datetime.now(UTC))
+        assert await status(keys["graced"][1]) == 401
+        assert not await store.revoke_key("acme", keys["graced"][0], datetime.now(UTC))
+        # A rotated key cannot be rotated a second time (two successors for one key).
+        with pytest.raises(Exception, match="KEY_NOT_FOUND"):
+            await store.rotate_key(
+                "acme", keys["graced"][0], hash_api_key(new_api_key("acme")), old_key_until=now
+            )
+        assert await status(admin.key) == 404  # the tenant's first key: an admin key
