@@ -13,6 +13,7 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Security
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -21,7 +22,12 @@ from pydantic.alias_generators import to_camel
 from services.runtime.http_problem import PROBLEM_RESPONSE, problem_response
 from services.runtime.logging import get_logger
 from services.runtime.principal_tokens import MAX_TOKEN_CHARS
-from services.runtime.tenant_auth import authenticated_caller, require_scope, search_principals
+from services.runtime.tenant_auth import (
+    PrincipalsRequired,
+    authenticated_caller,
+    require_scope,
+    search_principals,
+)
 from services.runtime.tenant_keys import Scope
 from services.search.searcher import (
     DEFAULT_TOP_K,
@@ -190,13 +196,20 @@ async def search(
     searcher: SearchService = request.app.state.searcher
     # Who the search runs as comes from the credentials when they decide it: the key's fixed
     # principals, or a verified principal token's (services/runtime/tenant_auth.py).
-    principals, claims = await search_principals(
-        authenticated_caller(request, tenant_id),
-        body.principals,
-        body.principal_token,
-        max_principals=MAX_PRINCIPALS,
-        max_principal_chars=MAX_PRINCIPAL_CHARS,
-    )
+    try:
+        principals, claims = await search_principals(
+            authenticated_caller(request, tenant_id),
+            body.principals,
+            body.principal_token,
+            max_principals=MAX_PRINCIPALS,
+            max_principal_chars=MAX_PRINCIPAL_CHARS,
+        )
+    except PrincipalsRequired as error:
+        # The answer a body without principals always had: a validation failure naming
+        # the field.
+        raise RequestValidationError(
+            [{"type": "missing", "loc": ("body", "principals"), "msg": error.message}]
+        ) from None
     flt = body.filter
     search_request = SearchRequest(
         tenant_id=tenant_id,

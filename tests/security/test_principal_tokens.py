@@ -15,6 +15,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from structlog.testing import capture_logs
 
 from tests.security.test_auth_matrix import assert_no_leak
 from tests.security.world import World
@@ -87,7 +88,8 @@ async def test_a_bound_key_searches_as_its_principals_and_nothing_else(world: Wo
 async def test_a_search_without_principals_or_token_is_refused(world: World) -> None:
     response = await world.search(world.acme.caller("search"), {})
     assert response.status_code == 422
-    assert response.json()["errorCode"] == "PRINCIPALS_REQUIRED"
+    assert response.json()["errorCode"] == "VALIDATION_FAILED"
+    assert response.json()["errors"][0]["loc"] == ["body", "principals"]
 
 
 def _unsigned(claims: dict[str, Any], header: dict[str, Any]) -> str:
@@ -235,3 +237,16 @@ async def test_a_token_of_1000_principals_is_served(world: World) -> None:
     token = world.token(principals)
     response = await world.search(world.acme.caller("search"), {"principalToken": token})
     assert _found(response) == _ids(world, ["group:hr"])
+
+
+async def test_the_logs_name_no_key_token_or_document_text(world: World) -> None:
+    token = world.token(["user:alice"])
+    with capture_logs() as events:
+        await world.search(world.acme.caller("search"), {"principalToken": token})
+        await world.search(world.acme.caller("search"), {"principalToken": token[:-4] + "AAAA"})
+        await world.search(world.acme.caller("revoked"), {"principals": ["group:hr"]})
+        await world.search(world.acme.caller("admin"), {"principals": ["group:hr"]})
+    assert any(event["event"] == "search.served" for event in events)
+    logged = repr(events)
+    for secret in [*world.secrets, token, token.split(".")[2]]:
+        assert secret not in logged
