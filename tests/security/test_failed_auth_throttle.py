@@ -11,13 +11,17 @@ from typing import Any
 import httpx
 import pytest
 
+from services.app import create_app as create_composed_app
+from services.embedding.hashing import HashingEmbedder
 from services.publisher.api import create_app
 from services.publisher.settings import PublisherSettings
 from services.runtime.auth_settings import AuthSettings
 from services.runtime.auth_throttle import FailedAuthThrottle, client_address
 from services.runtime.tenant_auth import hash_api_key, new_api_key
 from services.runtime.tenant_keys import ApiKeyGrant
+from services.search.searcher import Searcher
 from tests.fakes.publisher_store import MemoryPublisherStore
+from tests.fakes.search_index import DIMENSION, FakeIndex
 
 BURST = 3
 PER_MINUTE = 6.0  # one more try every 10 s
@@ -144,3 +148,27 @@ async def test_a_valid_key_never_fills_the_bucket() -> None:
         store.add_tenant("globex", "standard", hash_api_key(globex["Authorization"][7:]))
         for _ in range(5):
             assert (await client.get(path, headers=globex)).status_code == 403
+
+
+async def test_principal_tokens_that_fail_count_as_failures() -> None:
+    store = CountingStore()
+    key = new_api_key("acme")
+    store.add_tenant("acme", "standard", hash_api_key(key))
+    app = create_composed_app(
+        PublisherSettings(database_url="postgresql://unused/kb"),
+        store=store,
+        searcher=Searcher(HashingEmbedder(DIMENSION), FakeIndex()),
+        auth_settings=AuthSettings(failed_auth_burst=BURST, failed_auth_per_minute=PER_MINUTE),
+    )
+    headers = {"Authorization": f"Bearer {key}"}
+    async with _client(app, "192.0.2.9") as client:
+        search = {"query": "refunds", "principals": ["group:all"]}
+        assert (
+            await client.post("/v1/tenants/acme/search", json=search, headers=headers)
+        ).status_code == 200
+        forged = {"query": "refunds", "principalToken": "a.b.c"}
+        for _ in range(BURST):
+            response = await client.post("/v1/tenants/acme/search", json=forged, headers=headers)
+            assert response.json()["errorCode"] == "PRINCIPAL_TOKEN_INVALID"
+        throttled = await client.post("/v1/tenants/acme/search", json=search, headers=headers)
+        assert throttled.status_code == 429
