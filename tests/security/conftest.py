@@ -8,14 +8,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from services.runtime.auth_settings import AuthSettings
 from tests.security.world import World, build_world_data, world_app
+from tests.support.api import UNTHROTTLED
 from tests.support.stack import Stack, create_test_database, drop_test_database
-
-# The matrix and the bypass attempts send hundreds of refused requests from one address:
-# the failed-key throttle (tests/security/test_failed_auth_throttle.py) must not answer
-# them 429 before the check under test is reached.
-UNTHROTTLED = AuthSettings(failed_auth_burst=100_000, failed_auth_per_minute=60_000)
 
 
 @pytest.fixture(scope="module")
@@ -38,5 +33,8 @@ async def world(module_database: str) -> AsyncIterator[World]:
     for tenant in (acme, globex):
         secrets += [key for _, key in tenant.keys.values()]
         secrets += [d.text for d in tenant.documents]
+    # The matrix and the bypass attempts send hundreds of refused requests from one address:
+    # the failed-key throttle (test_failed_auth_throttle.py) must not answer them 429 before
+    # the check under test is reached.
     async with world_app(module_database, UNTHROTTLED) as (app, client, pool):
         yield World(app, client, pool, acme, globex, operator_key, signing, secrets)
