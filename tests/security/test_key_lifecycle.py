@@ -21,11 +21,13 @@ from typer.testing import CliRunner
 from services.publisher.cli import tenants_app
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.runtime.errors import BadInput
+from services.runtime.migrations import apply_migrations, load_migrations
 from services.runtime.settings import RuntimeSettings
 from services.runtime.tenant_auth import hash_api_key, new_api_key
-from services.runtime.tenant_keys import Scope
+from services.runtime.tenant_keys import PgTenantCredentials, PrincipalSource, Scope
 from tests.support.api import ApiTenant, add_tenant, publisher_harness
 from tests.support.cli import kb
+from tests.support.stack import Stack, create_test_database, drop_test_database
 
 pytestmark = pytest.mark.integration
 
@@ -194,3 +196,49 @@ async def test_revocation_and_rotation_hold_from_the_next_request(
                 "acme", keys["graced"][0], hash_api_key(new_api_key("acme")), old_key_until=now
             )
         assert await status(admin.key) == 404  # the tenant's first key: an admin key
+
+
+async def test_keys_made_before_scopes_keep_working_as_admin_keys(stack: Stack) -> None:
+    """Migration 0025 on a database holding keys: each becomes an admin key that takes the
+    caller's principals, and a revoked one stays revoked."""
+    name = await create_test_database(stack, "template0")
+    conn = await asyncpg.connect(stack.database_url(name))
+    try:
+        await apply_migrations(conn, [m for m in load_migrations() if m.version < 25])
+        await conn.execute("INSERT INTO tenant (tenant_id, tier) VALUES ('acme', 'standard')")
+        live, revoked = new_api_key("acme"), new_api_key("acme")
+        for key, revoked_at in ((live, None), (revoked, datetime.now(UTC))):
+            await conn.execute(
+                "INSERT INTO tenant_api_key (key_id, tenant_id, key_hash, revoked_at)"
+                " VALUES ($1, 'acme', $2, $3)",
+                uuid.uuid4(),
+                hash_api_key(key),
+                revoked_at,
+            )
+        await apply_migrations(conn)
+        credentials = PgTenantCredentials(lambda: _Borrowed(conn))
+        grant = await credentials.api_key("acme", hash_api_key(live))
+        assert grant is not None
+        assert (grant.scopes, grant.principal_source) == (
+            frozenset({Scope.ADMIN}),
+            PrincipalSource.CALLER,
+        )
+        assert grant.allows(Scope.PUBLISH)
+        assert grant.allows(Scope.SEARCH)
+        assert await credentials.api_key("acme", hash_api_key(revoked)) is None
+    finally:
+        await conn.close()
+        await drop_test_database(stack, name)
+
+
+class _Borrowed:
+    """One connection, lent as a pool's ``acquire`` would."""
+
+    def __init__(self, conn: asyncpg.Connection[Any]) -> None:
+        self._conn = conn
+
+    async def __aenter__(self) -> asyncpg.Connection[Any]:
+        return self._conn
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
