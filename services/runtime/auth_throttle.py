@@ -66,16 +66,20 @@ class FailedAuthThrottle:
             return None
         return (1.0 - bucket.tokens) / self._rate
 
-    def record_failure(self, address: str) -> None:
+    def record_failure(self, address: str) -> bool:
+        """Count a failure; ``True`` when it is the one that empties the bucket (the
+        address is throttled from now on)."""
         now = self._clock()
         bucket = self._refilled(address, now)
         if bucket is None:
             bucket = _Bucket(tokens=self._burst, updated=now)
             self._buckets[address] = bucket
+        had_a_try = bucket.tokens >= 1.0
         bucket.tokens = max(0.0, bucket.tokens - 1.0)
         self._buckets.move_to_end(address)
         while len(self._buckets) > self._max:
             self._buckets.popitem(last=False)
+        return had_a_try and bucket.tokens < 1.0
 
 
 def client_address(scope: Scope) -> str:

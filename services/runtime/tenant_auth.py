@@ -32,8 +32,11 @@ from services.runtime.auth_settings import AuthSettings
 from services.runtime.auth_throttle import FailedAuthThrottle, client_address
 from services.runtime.errors import BadInput, Forbidden, KbError, Unauthenticated
 from services.runtime.http_problem import kb_error_response, problem_response
+from services.runtime.logging import get_logger
 from services.runtime.principal_tokens import PrincipalClaims, verify_principal_token
 from services.runtime.tenant_keys import ApiKeyGrant, PrincipalSource, Scope, TenantCredentials
+
+log = get_logger(__name__)
 
 AUTHENTICATED_TENANT: Final = "kb.authenticated_tenant"
 AUTHENTICATED_CALLER: Final = "kb.authenticated_caller"
@@ -210,7 +213,7 @@ class TenantAuthMiddleware:
         if wait is not None:
             await _throttled(scope, wait)(scope, receive, send)
             return
-        counted = _CountingFailures(send, lambda: self.throttle.record_failure(address))
+        counted = _CountingFailures(send, lambda: self._record_failure(address))
         try:
             caller = await self._authenticate(scope, path_tenant=match["tenant"])
         except KbError as error:
@@ -221,6 +224,12 @@ class TenantAuthMiddleware:
         state[AUTHENTICATED_CALLER] = caller
         # A 401 the routes answer (a bad principal token) counts as a failure too.
         await self.app(scope, receive, counted)
+
+    def _record_failure(self, address: str) -> None:
+        if self.throttle.record_failure(address):
+            # Once per address and episode, not per refused request: an attack must not
+            # flood the log it is meant to show up in.
+            log.warning("auth.throttled", client_address=address)
 
     async def _authenticate(self, scope: AsgiScope, *, path_tenant: str) -> AuthenticatedCaller:
         authorization = None

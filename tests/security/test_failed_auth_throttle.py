@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from services.app import create_app as create_composed_app
 from services.embedding.hashing import HashingEmbedder
@@ -38,9 +39,11 @@ class Clock:
 def test_a_bucket_empties_refills_and_is_forgotten_when_full() -> None:
     clock = Clock()
     throttle = FailedAuthThrottle(burst=BURST, per_minute=PER_MINUTE, max_addresses=10, clock=clock)
+    emptied = []
     for _ in range(BURST):
         assert throttle.retry_after("10.0.0.1") is None
-        throttle.record_failure("10.0.0.1")
+        emptied.append(throttle.record_failure("10.0.0.1"))
+    assert emptied == [False, False, True]  # only the failure that empties it says so
     wait = throttle.retry_after("10.0.0.1")
     assert wait == pytest.approx(10.0)
     assert throttle.retry_after("10.0.0.2") is None
@@ -109,17 +112,22 @@ async def test_an_address_with_too_many_failures_gets_429_before_its_key_is_chec
         # Forwarded headers are not the address: only the peer (uvicorn sets it from them
         # for KB_HTTP_TRUSTED_PROXIES alone).
         tricks = [{}, {"X-Forwarded-For": "203.0.113.1"}, {"X-Real-IP": "203.0.113.2"}]
-        for extra in tricks:
-            response = await attacker.get(path, headers={**wrong, **extra})
-            assert response.status_code == 401
-        checks = store.key_checks
-        for headers in (wrong, good, {}):
-            throttled = await attacker.get(path, headers=headers)
-            assert throttled.status_code == 429, throttled.text
-            assert throttled.headers["content-type"] == "application/problem+json"
-            assert throttled.json()["errorCode"] == "AUTH_FAILURES_THROTTLED"
-            assert 1 <= int(throttled.headers["retry-after"]) <= 10
+        with capture_logs() as events:
+            for extra in tricks:
+                response = await attacker.get(path, headers={**wrong, **extra})
+                assert response.status_code == 401
+            checks = store.key_checks
+            for headers in (wrong, good, {}):
+                throttled = await attacker.get(path, headers=headers)
+                assert throttled.status_code == 429, throttled.text
+                assert throttled.headers["content-type"] == "application/problem+json"
+                assert throttled.json()["errorCode"] == "AUTH_FAILURES_THROTTLED"
+                assert 1 <= int(throttled.headers["retry-after"]) <= 10
         assert store.key_checks == checks  # nothing looked up for a throttled address
+        # Logged once, when the address ran out, not for each refusal.
+        assert [e["client_address"] for e in events if e["event"] == "auth.throttled"] == [
+            "192.0.2.7"
+        ]
 
         # Another address is served as ever, and its successes count for nothing.
         assert (await other.get(path, headers=good)).status_code == 404
