@@ -26,7 +26,7 @@ from services.publisher.body_limit import BodyLimitMiddleware
 from services.publisher.bulk.domain import BulkStore
 from services.publisher.ports import PublisherStore
 from services.publisher.settings import PublisherSettings
-from services.runtime.auth_settings import AuthSettings
+from services.runtime.auth.settings import AuthSettings
 from services.runtime.http_strict import StrictHeadersMiddleware, StrictJsonMiddleware
 from services.runtime.logging import get_logger
 from services.runtime.search_lag import run_search_lag_sampler

@@ -25,7 +25,7 @@ from services.publisher.readiness import ReadinessProbe
 from services.publisher.routes import bearer, tenant_router
 from services.publisher.settings import PublisherSettings
 from services.publisher.upload_budget import UploadBudget, UploadBudgetMiddleware
-from services.runtime.auth_settings import AuthSettings
+from services.runtime.auth.settings import AuthSettings
 from services.runtime.http_problem import document_errors_as_problem_json, install_problem_handlers
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import TenantAuthMiddleware

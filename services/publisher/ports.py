@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from services.runtime.auth.keys import TenantCredentials
 from services.runtime.tasks import EnqueuedTask, IndexTaskRecord, NewIndexTask
-from services.runtime.tenant_keys import TenantCredentials
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class PublishTransaction(Protocol):
 
 class PublisherStore(TenantCredentials, Protocol):
     """The publisher's storage; it also answers the key checks of tenant authentication
-    (``api_key``, ``verification_key``: services/runtime/tenant_keys.py)."""
+    (``api_key``, ``verification_key``: services/runtime/auth/keys.py)."""
 
     def transaction(self) -> AbstractAsyncContextManager[PublishTransaction]: ...
 

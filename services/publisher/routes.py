@@ -27,12 +27,12 @@ from services.publisher.wire import (
     PublishResponse,
     VersionCreatedResponse,
 )
+from services.runtime.auth.keys import Scope
 from services.runtime.errors import KbError
 from services.runtime.http_problem import PROBLEM_RESPONSE
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import require_scope
 from services.runtime.tenant_ids import TENANT_ID_PATTERN
-from services.runtime.tenant_keys import Scope
 
 log = get_logger(__name__)
 

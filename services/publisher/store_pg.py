@@ -19,6 +19,7 @@ from services.publisher.ports import (
     PendingEvent,
     VersionInfo,
 )
+from services.runtime.auth.keys import ApiKeyGrant, PgTenantCredentials, VerificationKey
 from services.runtime.db import create_pool_without_session_reset, translate_db_errors
 from services.runtime.errors import BadInput
 from services.runtime.migrations import pending_migrations
@@ -37,7 +38,6 @@ from services.runtime.tasks import (
     find_index_task,
     index_task_from_row,
 )
-from services.runtime.tenant_keys import ApiKeyGrant, PgTenantCredentials, VerificationKey
 
 QUERIES = queries_beside(__file__, "queries.sql")
 

@@ -10,7 +10,7 @@ presented on another tenant's path be told apart (403) from a key that is simply
 :class:`AuthenticatedCaller` in the request's state; routes depend on :func:`require_scope`,
 which fails closed: a request that did not pass the middleware for exactly that tenant, or
 whose key lacks the route's scope, is refused, never served. Failed authentications are
-counted per client address (services/runtime/auth_throttle.py): beyond the allowance an
+counted per client address (services/runtime/auth/throttle.py): beyond the allowance an
 address is answered 429 before its key is even looked at.
 """
 
@@ -28,13 +28,13 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
-from services.runtime.auth_settings import AuthSettings
-from services.runtime.auth_throttle import FailedAuthThrottle, client_address
+from services.runtime.auth.keys import ApiKeyGrant, PrincipalSource, Scope, TenantCredentials
+from services.runtime.auth.settings import AuthSettings
+from services.runtime.auth.throttle import FailedAuthThrottle, client_address
+from services.runtime.auth.tokens import PrincipalClaims, verify_principal_token
 from services.runtime.errors import BadInput, Forbidden, KbError, Unauthenticated
 from services.runtime.http_problem import kb_error_response, problem_response
 from services.runtime.logging import get_logger
-from services.runtime.principal_tokens import PrincipalClaims, verify_principal_token
-from services.runtime.tenant_keys import ApiKeyGrant, PrincipalSource, Scope, TenantCredentials
 
 log = get_logger(__name__)
 
@@ -162,7 +162,6 @@ async def search_principals(
                 "send principals or a principal token, not both: with a token the search "
                 "uses only the token's principals"
             )
-
         claims = await verify_principal_token(
             token,
             tenant_id=caller.tenant_id,

@@ -19,16 +19,16 @@ from fastapi.security import HTTPBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
+from services.runtime.auth.keys import Scope
+from services.runtime.auth.tokens import MAX_TOKEN_CHARS
 from services.runtime.http_problem import PROBLEM_RESPONSE, problem_response
 from services.runtime.logging import get_logger
-from services.runtime.principal_tokens import MAX_TOKEN_CHARS
 from services.runtime.tenant_auth import (
     PrincipalsRequired,
     authenticated_caller,
     require_scope,
     search_principals,
 )
-from services.runtime.tenant_keys import Scope
 from services.search.searcher import (
     DEFAULT_TOP_K,
     MAX_FILTER_DOCUMENTS,

@@ -21,8 +21,8 @@ from services.publisher.domain import (
 )
 from services.publisher.ports import PublisherStore
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore
+from services.runtime.auth.keys import Scope
 from services.runtime.errors import Conflict, NotFound
-from services.runtime.tenant_keys import Scope
 from tests.fakes.publisher_store import MemoryPublisherStore
 
 KEY_HASH = hashlib.sha256(b"key of acme").digest()

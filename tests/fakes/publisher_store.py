@@ -24,6 +24,7 @@ from services.publisher.ports import (
     PendingEvent,
     VersionInfo,
 )
+from services.runtime.auth.keys import ApiKeyGrant, VerificationKey, admin_grant
 from services.runtime.errors import Conflict
 from services.runtime.tasks import (
     DEFAULT_MAX_ATTEMPTS,
@@ -33,7 +34,6 @@ from services.runtime.tasks import (
     NewIndexTask,
     TaskStatus,
 )
-from services.runtime.tenant_keys import ApiKeyGrant, VerificationKey, admin_grant
 
 DocumentKey = tuple[str, uuid.UUID]
 

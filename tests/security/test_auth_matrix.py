@@ -16,7 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
-from services.runtime.tenant_keys import Scope
+from services.runtime.auth.keys import Scope
 from tests.security.world import Caller, World, bearer
 from tests.support.api import snapshot
 from tests.support.operator import hidden

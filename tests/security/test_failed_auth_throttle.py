@@ -16,10 +16,10 @@ from services.app import create_app as create_composed_app
 from services.embedding.hashing import HashingEmbedder
 from services.publisher.api import create_app
 from services.publisher.settings import PublisherSettings
-from services.runtime.auth_settings import AuthSettings
-from services.runtime.auth_throttle import FailedAuthThrottle, client_address
+from services.runtime.auth.keys import ApiKeyGrant
+from services.runtime.auth.settings import AuthSettings
+from services.runtime.auth.throttle import FailedAuthThrottle, client_address
 from services.runtime.tenant_auth import hash_api_key, new_api_key
-from services.runtime.tenant_keys import ApiKeyGrant
 from services.search.searcher import Searcher
 from tests.fakes.publisher_store import MemoryPublisherStore
 from tests.fakes.search_index import DIMENSION, FakeIndex

@@ -30,10 +30,10 @@ from services.publisher.bulk.store_pg import PgBulkStore
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore
-from services.runtime.auth_settings import AuthSettings
-from services.runtime.principal_tokens import checked_key_material
+from services.runtime.auth.keys import PrincipalSource, Scope
+from services.runtime.auth.settings import AuthSettings
+from services.runtime.auth.tokens import checked_key_material
 from services.runtime.tenant_auth import hash_api_key, new_api_key
-from services.runtime.tenant_keys import PrincipalSource, Scope
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, Searcher

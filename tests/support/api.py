@@ -18,7 +18,7 @@ from services.publisher.api import create_app
 from services.publisher.bulk.store_pg import PgBulkStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore, open_publisher_pool
-from services.runtime.auth_settings import AuthSettings
+from services.runtime.auth.settings import AuthSettings
 from services.runtime.settings import RuntimeSettings
 from services.runtime.tenant_auth import hash_api_key, new_api_key
 

@@ -1,5 +1,5 @@
 """Verification keys are checked when registered, and token times against an injected
-clock (services/runtime/principal_tokens.py; the attacks are in tests/security)."""
+clock (services/runtime/auth/tokens.py; the attacks are in tests/security)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from services.runtime.auth_settings import AuthSettings
-from services.runtime.principal_tokens import (
+from services.runtime.auth.keys import VerificationKey
+from services.runtime.auth.settings import AuthSettings
+from services.runtime.auth.tokens import (
     PrincipalTokenInvalid,
     VerificationKeyInvalid,
     checked_key_material,
     default_algorithm,
     verify_principal_token,
 )
-from services.runtime.tenant_keys import VerificationKey
 
 ED = ed25519.Ed25519PrivateKey.generate()
 

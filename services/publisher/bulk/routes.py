@@ -31,13 +31,13 @@ from services.publisher.bulk.domain import (
 from services.publisher.domain import MAX_TITLE_LENGTH, Upload
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.wire import ApiModel, ReadAcl
+from services.runtime.auth.keys import Scope
 from services.runtime.errors import BadInput, DependencyUnavailable, KbError
 from services.runtime.http_problem import PROBLEM_RESPONSE
 from services.runtime.http_strict import strict_json_loads
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import require_scope
 from services.runtime.tenant_ids import TENANT_ID_PATTERN
-from services.runtime.tenant_keys import Scope
 
 log = get_logger(__name__)
 

@@ -70,8 +70,8 @@ def key_spec(
 ) -> Any:
     """The :class:`KeySpec` a command line asks for, or :class:`BadInput` saying why not."""
     from services.publisher.keys.store_pg import KeySpec
+    from services.runtime.auth.keys import PrincipalSource, Scope, parse_scopes
     from services.runtime.principals import normalise_principals
-    from services.runtime.tenant_keys import PrincipalSource, Scope, parse_scopes
 
     try:
         parsed = parse_scopes(scopes)
@@ -309,13 +309,13 @@ def add_verification_key(
 ) -> None:
     """Register a key to verify the tenant's principal tokens with."""
     from services.publisher.keys.store_pg import PgKeyStore
-    from services.runtime.logging import get_logger
-    from services.runtime.principal_tokens import (
+    from services.runtime.auth.tokens import (
         HMAC_ALGORITHMS,
         KID_PATTERN,
         checked_key_material,
         default_algorithm,
     )
+    from services.runtime.logging import get_logger
 
     _check_tenant(tenant)
     if not re.fullmatch(KID_PATTERN, kid):
@@ -357,7 +357,7 @@ def list_verification_keys(
 ) -> None:
     """The tenant's verification keys (never their material)."""
     from services.publisher.keys.store_pg import PgKeyStore
-    from services.runtime.principal_tokens import default_audience
+    from services.runtime.auth.tokens import default_audience
 
     _check_tenant(tenant)
     keys = _run(lambda conn: PgKeyStore(conn).list_verification_keys(tenant))

@@ -1,6 +1,6 @@
 -- Key management for `kb tenants keys` and `kb tenants verification-keys`
 -- (services/publisher/keys/store_pg.py). The API's own key checks are in
--- services/runtime/tenant_keys.sql. Every query names the tenant.
+-- services/runtime/auth/keys.sql. Every query names the tenant.
 
 -- name: tenant_exists
 SELECT EXISTS (SELECT 1 FROM tenant WHERE tenant_id = $1)

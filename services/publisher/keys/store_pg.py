@@ -11,10 +11,10 @@ from typing import Any
 
 import asyncpg
 
+from services.runtime.auth.keys import PrincipalSource, Scope
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import BadInput, NotFound
 from services.runtime.sql import queries_beside
-from services.runtime.tenant_keys import PrincipalSource, Scope
 
 QUERIES = queries_beside(__file__, "keys.sql")
 

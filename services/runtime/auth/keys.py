@@ -20,7 +20,7 @@ from typing import Any, Final, Protocol
 from services.runtime.db import translate_db_errors
 from services.runtime.sql import queries_beside
 
-QUERIES = queries_beside(__file__, "tenant_keys.sql")
+QUERIES = queries_beside(__file__, "keys.sql")
 
 
 class Scope(StrEnum):

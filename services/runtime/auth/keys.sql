@@ -1,4 +1,4 @@
--- Tenant credentials as the API checks them (services/runtime/tenant_keys.py). Every query
+-- Tenant credentials as the API checks them (services/runtime/auth/keys.py). Every query
 -- names the tenant: a key or a verification key is only ever looked for within the tenant
 -- the request is for.
 

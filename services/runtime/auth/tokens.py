@@ -24,9 +24,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from services.runtime.auth_settings import AuthSettings
+from services.runtime.auth.keys import VerificationKey
+from services.runtime.auth.settings import AuthSettings
 from services.runtime.errors import BadInput, Unauthenticated
-from services.runtime.tenant_keys import VerificationKey
 
 EDDSA: Final = "EdDSA"
 RSA_ALGORITHMS: Final = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
