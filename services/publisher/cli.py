@@ -11,7 +11,8 @@ from typing import Final
 
 import typer
 
-from services.publisher.keys.cli import keys_app, verification_keys_app
+from services.publisher.keys.cli import keys_app
+from services.publisher.keys.verification_cli import verification_keys_app
 from services.runtime.errors import BadInput
 
 TIER_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"

@@ -1,20 +1,17 @@
-"""`kb tenants keys create|list|revoke|rotate` and `kb tenants verification-keys
-add|list|remove` (docs/security.md).
+"""`kb tenants keys create|list|revoke|rotate` (docs/security.md); the verification keys of
+principal tokens are verification_cli.py.
 
 A new key is printed once, as ``KB_API_KEY_ID=<id>`` and ``KB_API_KEY=<key>`` (eval-able);
-only its SHA-256 is stored. Secrets are never taken on the command line (where `ps` and
-shell history would show them): an HMAC secret is read from a file or stdin. Drivers are
-imported inside the commands, so `kb --help` does not pay for them.
+only its SHA-256 is stored. Drivers are imported inside the commands, so `kb --help` does
+not pay for them.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Annotated, Any, Final
 
 import typer
@@ -22,19 +19,15 @@ import typer
 from services.runtime.errors import BadInput
 
 MAX_GRACE_SECONDS: Final = 30 * 86_400
-MAX_KEY_FILE_BYTES: Final = 16 * 1024
 
 keys_app = typer.Typer(
     help="A tenant's API keys: scopes, principals, revocation, rotation.", no_args_is_help=True
 )
-verification_keys_app = typer.Typer(
-    help="The keys a tenant's principal tokens are verified with.", no_args_is_help=True
-)
 
-TenantArg = typer.Argument(help="The tenant id.")
+TENANT_ARG = typer.Argument(help="The tenant id.")
 
 
-def _check_tenant(tenant: str) -> None:
+def check_tenant(tenant: str) -> None:
     from services.runtime.tenant_ids import TENANT_ID_PATTERN
 
     if not re.fullmatch(TENANT_ID_PATTERN, tenant):
@@ -48,7 +41,7 @@ def _key_id(value: str) -> uuid.UUID:
         raise BadInput(f"{value!r} is not a key id (a UUID)", code="KEY_ID_INVALID") from None
 
 
-def _run(work: Any) -> Any:
+def run_with_connection(work: Any) -> Any:
     """Run ``work(conn)`` on one connection of the configured database."""
     from services.publisher.settings import PublisherSettings
     from services.runtime.cli_support import load_settings, run_async
@@ -118,7 +111,7 @@ def _print_key(key_id: uuid.UUID, key: str) -> None:
 
 @keys_app.command("create")
 def create_key(
-    tenant: str = TenantArg,
+    tenant: str = TENANT_ARG,
     scope: Annotated[
         list[str] | None,
         typer.Option("--scope", help="publish, search or admin (repeat, or separate with commas)."),
@@ -143,10 +136,12 @@ def create_key(
     from services.runtime.logging import get_logger
     from services.runtime.tenant_auth import hash_api_key, new_api_key
 
-    _check_tenant(tenant)
+    check_tenant(tenant)
     spec = key_spec(scope or [], principals or [], require_principal_token, name)
     key = new_api_key(tenant)
-    key_id = _run(lambda conn: PgKeyStore(conn).create_key(tenant, hash_api_key(key), spec))
+    key_id = run_with_connection(
+        lambda conn: PgKeyStore(conn).create_key(tenant, hash_api_key(key), spec)
+    )
     get_logger(__name__).info(
         "key.created",
         tenant_id=tenant,
@@ -159,14 +154,14 @@ def create_key(
 
 @keys_app.command("list")
 def list_keys(
-    tenant: str = TenantArg,
+    tenant: str = TENANT_ARG,
     as_json: bool = typer.Option(False, "--json", help="One JSON array on stdout."),
 ) -> None:
     """The tenant's keys: id, name, scopes, where searches take principals from, state."""
     from services.publisher.keys.store_pg import PgKeyStore
 
-    _check_tenant(tenant)
-    keys = _run(lambda conn: PgKeyStore(conn).list_keys(tenant))
+    check_tenant(tenant)
+    keys = run_with_connection(lambda conn: PgKeyStore(conn).list_keys(tenant))
     if as_json:
         typer.echo(
             json.dumps(
@@ -214,17 +209,17 @@ def list_keys(
 
 @keys_app.command("revoke")
 def revoke_key(
-    tenant: str = TenantArg,
+    tenant: str = TENANT_ARG,
     key_id: str = typer.Argument(help="The key's id (KB_API_KEY_ID, or `list`)."),
 ) -> None:
     """Revoke a key: it fails from the next request on."""
     from services.publisher.keys.store_pg import PgKeyStore
     from services.runtime.logging import get_logger
 
-    _check_tenant(tenant)
+    check_tenant(tenant)
     wanted = _key_id(key_id)
     now = datetime.now(UTC)
-    changed = _run(lambda conn: PgKeyStore(conn).revoke_key(tenant, wanted, now))
+    changed = run_with_connection(lambda conn: PgKeyStore(conn).revoke_key(tenant, wanted, now))
     get_logger(__name__).info(
         "key.revoked" if changed else "key.already_revoked", tenant_id=tenant, key_id=key_id
     )
@@ -232,7 +227,7 @@ def revoke_key(
 
 @keys_app.command("rotate")
 def rotate_key(
-    tenant: str = TenantArg,
+    tenant: str = TENANT_ARG,
     key_id: str = typer.Argument(help="The id of the key to replace."),
     grace_seconds: int = typer.Option(
         0,
@@ -248,11 +243,11 @@ def rotate_key(
     from services.runtime.logging import get_logger
     from services.runtime.tenant_auth import hash_api_key, new_api_key
 
-    _check_tenant(tenant)
+    check_tenant(tenant)
     old = _key_id(key_id)
     key = new_api_key(tenant)
     until = datetime.now(UTC) + timedelta(seconds=grace_seconds)
-    new_id = _run(
+    new_id = run_with_connection(
         lambda conn: PgKeyStore(conn).rotate_key(
             tenant, old, hash_api_key(key), old_key_until=until
         )
@@ -265,132 +260,3 @@ def rotate_key(
         grace_seconds=grace_seconds,
     )
     _print_key(new_id, key)
-
-
-def _read_key_file(path: str) -> bytes:
-    if path == "-":
-        data = sys.stdin.buffer.read(MAX_KEY_FILE_BYTES + 1)
-    else:
-        try:
-            with Path(path).open("rb") as file:
-                data = file.read(MAX_KEY_FILE_BYTES + 1)
-        except OSError as error:
-            raise BadInput(
-                f"cannot read {path}: {error.strerror}", code="VERIFICATION_KEY_INVALID"
-            ) from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise BadInput("the key file is too large", code="VERIFICATION_KEY_INVALID")
-    return data
-
-
-@verification_keys_app.command("add")
-def add_verification_key(
-    tenant: str = TenantArg,
-    kid: str = typer.Option(..., "--kid", help="The id tokens name in their header's kid."),
-    public_key_file: str | None = typer.Option(
-        None, "--public-key-file", help="An Ed25519 or RSA public key, PEM ('-': stdin)."
-    ),
-    hmac_secret_file: str | None = typer.Option(
-        None,
-        "--hmac-secret-file",
-        help="A file holding an HMAC secret of at least 32 bytes ('-': stdin). It is stored "
-        "as it is: prefer a public key.",
-    ),
-    algorithm: str | None = typer.Option(
-        None,
-        "--algorithm",
-        help="The one JWT alg accepted: EdDSA, RS256..RS512, PS256..PS512, HS256..HS512 "
-        "(default: EdDSA, RS256 or HS256 by the key's kind).",
-    ),
-    audience: str | None = typer.Option(
-        None, "--audience", help="The aud tokens must carry (default kb:<tenant>)."
-    ),
-    issuer: str | None = typer.Option(None, "--issuer", help="The iss tokens must carry."),
-) -> None:
-    """Register a key to verify the tenant's principal tokens with."""
-    from services.publisher.keys.store_pg import PgKeyStore
-    from services.runtime.auth.tokens import (
-        HMAC_ALGORITHMS,
-        KID_PATTERN,
-        checked_key_material,
-        default_algorithm,
-    )
-    from services.runtime.logging import get_logger
-
-    _check_tenant(tenant)
-    if not re.fullmatch(KID_PATTERN, kid):
-        raise BadInput(
-            "a kid has 1 to 64 letters, digits, '.', '_', ':' or '-'",
-            code="VERIFICATION_KEY_INVALID",
-        )
-    if (public_key_file is None) == (hmac_secret_file is None):
-        raise BadInput(
-            "name exactly one of --public-key-file and --hmac-secret-file",
-            code="VERIFICATION_KEY_INVALID",
-        )
-    hmac = hmac_secret_file is not None
-    material = _read_key_file(
-        hmac_secret_file if hmac_secret_file is not None else str(public_key_file)
-    )
-    chosen = algorithm or default_algorithm(material, hmac=hmac)
-    if hmac != (chosen in HMAC_ALGORITHMS):
-        raise BadInput(
-            f"{chosen} does not go with {'an HMAC secret' if hmac else 'a public key'}",
-            code="VERIFICATION_KEY_INVALID",
-        )
-    for label, value in (("--audience", audience), ("--issuer", issuer)):
-        if value is not None and not 1 <= len(value) <= 200:
-            raise BadInput(f"{label} has 1 to 200 characters", code="VERIFICATION_KEY_INVALID")
-    stored = checked_key_material(chosen, material)
-    _run(
-        lambda conn: PgKeyStore(conn).add_verification_key(
-            tenant, kid, chosen, stored, audience=audience, issuer=issuer
-        )
-    )
-    get_logger(__name__).info("verification_key.added", tenant_id=tenant, kid=kid, algorithm=chosen)
-
-
-@verification_keys_app.command("list")
-def list_verification_keys(
-    tenant: str = TenantArg,
-    as_json: bool = typer.Option(False, "--json", help="One JSON array on stdout."),
-) -> None:
-    """The tenant's verification keys (never their material)."""
-    from services.publisher.keys.store_pg import PgKeyStore
-    from services.runtime.auth.tokens import default_audience
-
-    _check_tenant(tenant)
-    keys = _run(lambda conn: PgKeyStore(conn).list_verification_keys(tenant))
-    rows = [
-        {
-            "kid": k.kid,
-            "algorithm": k.algorithm,
-            "audience": k.audience or default_audience(tenant),
-            "issuer": k.issuer,
-            "createdAt": k.created_at.isoformat(timespec="seconds"),
-        }
-        for k in keys
-    ]
-    if as_json:
-        typer.echo(json.dumps(rows))
-        return
-    for row in rows:
-        typer.echo(
-            "\t".join(
-                str(row[c] or "-") for c in ("kid", "algorithm", "audience", "issuer", "createdAt")
-            )
-        )
-
-
-@verification_keys_app.command("remove")
-def remove_verification_key(
-    tenant: str = TenantArg,
-    kid: str = typer.Argument(help="The kid to remove: its tokens fail from the next search on."),
-) -> None:
-    """Remove a verification key."""
-    from services.publisher.keys.store_pg import PgKeyStore
-    from services.runtime.logging import get_logger
-
-    _check_tenant(tenant)
-    _run(lambda conn: PgKeyStore(conn).remove_verification_key(tenant, kid))
-    get_logger(__name__).info("verification_key.removed", tenant_id=tenant, kid=kid)
