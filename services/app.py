@@ -26,6 +26,7 @@ from services.publisher.body_limit import BodyLimitMiddleware
 from services.publisher.bulk.domain import BulkStore
 from services.publisher.ports import PublisherStore
 from services.publisher.settings import PublisherSettings
+from services.runtime.auth.settings import AuthSettings
 from services.runtime.http_strict import StrictHeadersMiddleware, StrictJsonMiddleware
 from services.runtime.logging import get_logger
 from services.runtime.search_lag import run_search_lag_sampler
@@ -46,12 +47,15 @@ def create_app(
     embedding_settings: EmbeddingSettings | None = None,
     operator: OperatorContext | None = None,
     operator_settings: OperatorSettings | None = None,
+    auth_settings: AuthSettings | None = None,
 ) -> FastAPI:
     """Without ``store`` / ``searcher`` the app opens its own pools and embedders in its
     lifespan: each tenant is searched in its serving generation (services/search/serving.py),
     with the embedder of ``embedding_settings`` (default: ``KB_EMBEDDING_*``, as the
     indexer's) while the database has no generation and for the default one."""
-    app = create_publisher_app(settings, store=store, bulk_store=bulk_store)
+    app = create_publisher_app(
+        settings, store=store, bulk_store=bulk_store, auth_settings=auth_settings
+    )
     app.title = "kb-pipeline"
     app.state.searcher = searcher
     app.include_router(search_router)

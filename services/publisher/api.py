@@ -25,6 +25,7 @@ from services.publisher.readiness import ReadinessProbe
 from services.publisher.routes import bearer, tenant_router
 from services.publisher.settings import PublisherSettings
 from services.publisher.upload_budget import UploadBudget, UploadBudgetMiddleware
+from services.runtime.auth.settings import AuthSettings
 from services.runtime.http_problem import document_errors_as_problem_json, install_problem_handlers
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import TenantAuthMiddleware
@@ -37,9 +38,11 @@ def create_app(
     *,
     store: PublisherStore | None = None,
     bulk_store: BulkStore | None = None,
+    auth_settings: AuthSettings | None = None,
 ) -> FastAPI:
     """The publisher app. Without ``store`` it opens its own pool in its lifespan; a given
-    ``store`` comes with its ``bulk_store`` (without one, bulk publishing answers 503)."""
+    ``store`` comes with its ``bulk_store`` (without one, bulk publishing answers 503).
+    ``auth_settings``: principal tokens and failed-key throttling (default ``KB_AUTH_*``)."""
     settings = settings or PublisherSettings()
 
     @asynccontextmanager
@@ -110,7 +113,11 @@ def create_app(
         max_other_bytes=settings.publisher_max_json_body_bytes,
         read_timeout_seconds=settings.publisher_body_read_timeout_seconds,
     )
-    app.add_middleware(TenantAuthMiddleware, key_checker=lambda: _store(app))
+    app.add_middleware(
+        TenantAuthMiddleware,
+        key_checker=lambda: _store(app),
+        settings=auth_settings or AuthSettings(),
+    )
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
 

@@ -1,4 +1,5 @@
-"""`kb tenants create` (`kb serve` is services/serve.py: it serves the composed app).
+"""`kb tenants create`, and `kb tenants keys ...` / `kb tenants verification-keys ...`
+(services/publisher/keys/cli.py). `kb serve` is services/serve.py: it serves the composed app.
 
 Imports of drivers happen inside the command: `kb --help` does not pay for them.
 """
@@ -10,11 +11,15 @@ from typing import Final
 
 import typer
 
+from services.publisher.keys.cli import keys_app
+from services.publisher.keys.verification_cli import verification_keys_app
 from services.runtime.errors import BadInput
 
 TIER_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 
 tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
+tenants_app.add_typer(keys_app, name="keys")
+tenants_app.add_typer(verification_keys_app, name="verification-keys")
 
 
 @tenants_app.command("create")
@@ -22,7 +27,8 @@ def create_tenant(
     name: str = typer.Argument(help="Tenant id: lowercase letters, digits and '-' (max 63)."),
     tier: str = typer.Option(..., "--tier", help="Indexing tier, e.g. standard or premium."),
 ) -> None:
-    """Create a tenant; print its API key as KB_API_KEY=<key> (only its hash is stored)."""
+    """Create a tenant; print its first API key (an admin key) as KB_API_KEY=<key> (only its
+    hash is stored)."""
     from services.publisher.settings import PublisherSettings
     from services.publisher.store_pg import PgTenantStore
     from services.runtime.cli_support import load_settings, run_async

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from services.runtime.auth.keys import TenantCredentials
 from services.runtime.tasks import EnqueuedTask, IndexTaskRecord, NewIndexTask
 
 
@@ -141,10 +142,11 @@ class PublishTransaction(Protocol):
     async def add_event(self, event: PendingEvent) -> None: ...
 
 
-class PublisherStore(Protocol):
-    def transaction(self) -> AbstractAsyncContextManager[PublishTransaction]: ...
+class PublisherStore(TenantCredentials, Protocol):
+    """The publisher's storage; it also answers the key checks of tenant authentication
+    (``api_key``, ``verification_key``: services/runtime/auth/keys.py)."""
 
-    async def api_key_is_valid(self, tenant_id: str, key_hash: bytes) -> bool: ...
+    def transaction(self) -> AbstractAsyncContextManager[PublishTransaction]: ...
 
     async def document_status(
         self, tenant_id: str, document_id: uuid.UUID

@@ -1,15 +1,6 @@
 -- Publisher queries. Every one names the tenant in its WHERE clause (or inserts it):
 -- a request can only ever touch the rows of the tenant its API key belongs to.
 
--- name: api_key_is_valid
-SELECT EXISTS (
-    SELECT 1
-      FROM tenant_api_key
-     WHERE tenant_id = $1
-       AND key_hash = $2
-       AND revoked_at IS NULL
-)
-
 -- name: lock_document
 -- FOR NO KEY UPDATE OF d: every change to a document (new version, publish) takes this row
 -- lock first, so changes of one document are serialised (the mode conflicts with itself) and
@@ -168,5 +159,6 @@ ON CONFLICT (tenant_id) DO NOTHING
 RETURNING tenant_id
 
 -- name: insert_api_key
-INSERT INTO tenant_api_key (key_id, tenant_id, key_hash)
-VALUES ($1, $2, $3)
+-- The first key of a new tenant: an admin key, as every key was before scopes.
+INSERT INTO tenant_api_key (key_id, tenant_id, key_hash, name, scopes, principal_source)
+VALUES ($1, $2, $3, 'initial', ARRAY['admin'], 'caller')

@@ -2,7 +2,8 @@
 status, index task.
 
 Every route sits behind tenant authentication (services.runtime.tenant_auth): the
-middleware checks the key, the router's dependency refuses whatever did not pass it.
+middleware checks the key, the router's dependency refuses whatever did not pass it and
+keys without the ``publish`` scope (status reads too: they show titles, whatever the ACL).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from services.publisher.wire import (
     PublishResponse,
     VersionCreatedResponse,
 )
+from services.runtime.auth.keys import Scope
 from services.runtime.errors import KbError
 from services.runtime.http_problem import PROBLEM_RESPONSE
 from services.runtime.logging import get_logger
-from services.runtime.tenant_auth import require_authenticated_tenant
+from services.runtime.tenant_auth import require_scope
 from services.runtime.tenant_ids import TENANT_ID_PATTERN
 
 log = get_logger(__name__)
@@ -37,7 +39,8 @@ log = get_logger(__name__)
 bearer = HTTPBearer(
     auto_error=False,
     scheme_name="TenantApiKey",
-    description="The tenant's API key from `kb tenants create` (`kb.<tenant>.<secret>`).",
+    description="A tenant API key (`kb.<tenant>.<secret>`) from `kb tenants create` or "
+    "`kb tenants keys create`; these calls need the `publish` (or `admin`) scope.",
 )
 
 TenantId = Annotated[str, Path(alias="tenantId", pattern=TENANT_ID_PATTERN)]
@@ -49,7 +52,7 @@ TaskId = Annotated[uuid.UUID, Path(alias="taskId")]
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     # Any tenant call can meet these: authentication, the body limits, request validation,
     # a stalled body, a busy service.
-    common = {400, 401, 403, 408, 413, 422, 503}
+    common = {400, 401, 403, 408, 413, 422, 429, 503}
     return {status: PROBLEM_RESPONSE for status in sorted({*common, *statuses})}
 
 
@@ -72,7 +75,7 @@ def _upload_problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _authenticated(request: Request, tenant_id: TenantId) -> None:
-    require_authenticated_tenant(request, tenant_id)
+    require_scope(request, tenant_id, Scope.PUBLISH)
 
 
 tenant_router = APIRouter(

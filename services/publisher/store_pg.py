@@ -19,6 +19,7 @@ from services.publisher.ports import (
     PendingEvent,
     VersionInfo,
 )
+from services.runtime.auth.keys import ApiKeyGrant, PgTenantCredentials, VerificationKey
 from services.runtime.db import create_pool_without_session_reset, translate_db_errors
 from services.runtime.errors import BadInput
 from services.runtime.migrations import pending_migrations
@@ -223,11 +224,13 @@ class PgPublisherStore:
                 # The pool's proxy forwards every call to the connection it wraps.
                 yield PgPublishTransaction(cast("asyncpg.Connection[Any]", conn))
 
-    async def api_key_is_valid(self, tenant_id: str, key_hash: bytes) -> bool:
-        with translate_db_errors():
-            async with self._connection() as conn:
-                valid: bool = await conn.fetchval(QUERIES["api_key_is_valid"], tenant_id, key_hash)
-        return valid
+    async def api_key(
+        self, tenant_id: str, key_hash: bytes, now: datetime | None = None
+    ) -> ApiKeyGrant | None:
+        return await PgTenantCredentials(self._connection).api_key(tenant_id, key_hash, now)
+
+    async def verification_key(self, tenant_id: str, kid: str) -> VerificationKey | None:
+        return await PgTenantCredentials(self._connection).verification_key(tenant_id, kid)
 
     async def document_status(
         self, tenant_id: str, document_id: uuid.UUID

@@ -13,14 +13,22 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Security
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
+from services.runtime.auth.keys import Scope
+from services.runtime.auth.tokens import MAX_TOKEN_CHARS
 from services.runtime.http_problem import PROBLEM_RESPONSE, problem_response
 from services.runtime.logging import get_logger
-from services.runtime.tenant_auth import require_authenticated_tenant
+from services.runtime.tenant_auth import (
+    PrincipalsRequired,
+    authenticated_caller,
+    require_scope,
+    search_principals,
+)
 from services.search.searcher import (
     DEFAULT_TOP_K,
     MAX_FILTER_DOCUMENTS,
@@ -97,10 +105,21 @@ class SearchFilterBody(SearchModel):
 class SearchBody(SearchModel):
     query: QueryText
     top_k: int = Field(default=DEFAULT_TOP_K, ge=MIN_TOP_K, le=MAX_TOP_K, strict=True)
-    principals: list[Principal] = Field(
+    principals: list[Principal] | None = Field(
+        default=None,
         max_length=MAX_PRINCIPALS,
         description="Who is asking: only documents whose READ ACL names one of them are "
-        "searched. An empty list matches nothing.",
+        "searched. An empty list matches nothing. Required unless a principalToken is sent "
+        "or the key is bound to principals; refused (400 PRINCIPALS_NOT_ALLOWED) with either.",
+    )
+    principal_token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TOKEN_CHARS,
+        description="An end user's signed principal token (a JWT from the tenant's own back "
+        "end, verified with a key registered by `kb tenants verification-keys add`): the "
+        "search then runs with the token's principals only. 401 PRINCIPAL_TOKEN_INVALID "
+        "when it does not verify.",
     )
     mode: SearchMode = SearchMode.HYBRID
     filter: SearchFilterBody | None = None
@@ -142,14 +161,14 @@ class SearchResponse(SearchModel):
 bearer = HTTPBearer(
     auto_error=False,
     scheme_name="TenantApiKey",
-    description="The tenant's API key from `kb tenants create` (`kb.<tenant>.<secret>`).",
+    description="A tenant API key (`kb.<tenant>.<secret>`) with the `search` (or `admin`) scope.",
 )
 
 TenantId = Annotated[str, Path(alias="tenantId")]
 
 
 def _require_tenant(request: Request, tenant_id: TenantId) -> None:
-    require_authenticated_tenant(request, tenant_id)
+    require_scope(request, tenant_id, Scope.SEARCH)
 
 
 search_router = APIRouter(
@@ -165,7 +184,7 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 @search_router.post(
     "/search",
     response_model=SearchResponse,
-    responses=_problems(400, 401, 403, 413, 422, 503),
+    responses=_problems(400, 401, 403, 413, 422, 429, 503),
     summary="Search the tenant's searchable documents that the principals may read",
     description="When the query cannot be embedded, a hybrid search answers from the keyword "
     'list alone with `"degraded": "keyword-only"`; a vector search answers 503 with '
@@ -175,11 +194,27 @@ async def search(
     request: Request, tenant_id: TenantId, body: SearchBody
 ) -> SearchResponse | JSONResponse:
     searcher: SearchService = request.app.state.searcher
+    # Who the search runs as comes from the credentials when they decide it: the key's fixed
+    # principals, or a verified principal token's (services/runtime/tenant_auth.py).
+    try:
+        principals, claims = await search_principals(
+            authenticated_caller(request, tenant_id),
+            body.principals,
+            body.principal_token,
+            max_principals=MAX_PRINCIPALS,
+            max_principal_chars=MAX_PRINCIPAL_CHARS,
+        )
+    except PrincipalsRequired as error:
+        # The answer a body without principals always had: a validation failure naming
+        # the field.
+        raise RequestValidationError(
+            [{"type": "missing", "loc": ("body", "principals"), "msg": error.message}]
+        ) from None
     flt = body.filter
     search_request = SearchRequest(
         tenant_id=tenant_id,
         query=body.query,
-        principals=tuple(body.principals),
+        principals=principals,
         top_k=body.top_k,
         mode=body.mode,
         filter=SearchFilter(
@@ -202,6 +237,7 @@ async def search(
         generation_id=result.generation.generation_id,
         took_ms=result.took_ms,
         degraded=result.degraded.value if result.degraded else None,
+        principal_token_kid=claims.kid if claims is not None else None,
     )
     return SearchResponse.model_validate(result)
 

@@ -21,6 +21,7 @@ from services.publisher.domain import (
 )
 from services.publisher.ports import PublisherStore
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore
+from services.runtime.auth.keys import Scope
 from services.runtime.errors import Conflict, NotFound
 from tests.fakes.publisher_store import MemoryPublisherStore
 
@@ -129,9 +130,11 @@ def _upload(text: bytes = b"hello") -> Upload:
 
 
 async def test_keys_are_checked_within_their_tenant(subject: Subject) -> None:
-    assert await subject.store.api_key_is_valid("acme", KEY_HASH)
-    assert not await subject.store.api_key_is_valid("globex", KEY_HASH)
-    assert not await subject.store.api_key_is_valid("acme", hashlib.sha256(b"x").digest())
+    grant = await subject.store.api_key("acme", KEY_HASH)
+    assert grant is not None
+    assert grant.allows(Scope.ADMIN)  # a tenant's first key
+    assert await subject.store.api_key("globex", KEY_HASH) is None
+    assert await subject.store.api_key("acme", hashlib.sha256(b"x").digest()) is None
 
 
 async def test_upload_publish_repeat_and_status(subject: Subject) -> None:

@@ -24,6 +24,7 @@ from services.publisher.ports import (
     PendingEvent,
     VersionInfo,
 )
+from services.runtime.auth.keys import ApiKeyGrant, VerificationKey, admin_grant
 from services.runtime.errors import Conflict
 from services.runtime.tasks import (
     DEFAULT_MAX_ATTEMPTS,
@@ -213,8 +214,16 @@ class MemoryPublisherStore:
             yield MemoryPublishTransaction(working)
             self._state = working  # committed only when the block ended without an error
 
-    async def api_key_is_valid(self, tenant_id: str, key_hash: bytes) -> bool:
-        return (tenant_id, key_hash) in self._state.api_keys
+    async def api_key(
+        self, tenant_id: str, key_hash: bytes, now: datetime | None = None
+    ) -> ApiKeyGrant | None:
+        # Every key of the fake is a tenant's first key: an admin key.
+        if (tenant_id, key_hash) not in self._state.api_keys:
+            return None
+        return admin_grant(uuid.UUID(bytes=key_hash[:16]))
+
+    async def verification_key(self, tenant_id: str, kid: str) -> VerificationKey | None:
+        return None
 
     async def document_status(
         self, tenant_id: str, document_id: uuid.UUID

@@ -18,10 +18,13 @@ from services.publisher.api import create_app
 from services.publisher.bulk.store_pg import PgBulkStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore, open_publisher_pool
+from services.runtime.auth.settings import AuthSettings
 from services.runtime.settings import RuntimeSettings
 from services.runtime.tenant_auth import hash_api_key, new_api_key
 
 BASE_URL = "http://publisher.test"
+# Failed-key throttling out of the way of tests that send many refused requests.
+UNTHROTTLED = AuthSettings(failed_auth_burst=100_000, failed_auth_per_minute=60_000)
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,13 @@ async def publisher_harness(
     *,
     max_upload_bytes: int = 64 * 1024,
     pool_size: int = 4,
+    auth_settings: AuthSettings = UNTHROTTLED,
     **pool_options: Any,
 ) -> AsyncIterator[Harness]:
     """The real app over the test's database, called in-process through ASGITransport, on
-    the pool the publisher opens (``pool_options``: e.g. an ``init`` that logs)."""
+    the pool the publisher opens (``pool_options``: e.g. an ``init`` that logs). Failed keys
+    are not throttled unless ``auth_settings`` says so: a test sends all its refused
+    requests from one address (tests/security tests the throttle)."""
     publisher_settings = PublisherSettings(
         database_url=settings.database_url,
         kafka_bootstrap_servers=settings.kafka_bootstrap_servers,
@@ -73,7 +79,10 @@ async def publisher_harness(
     pool = await open_publisher_pool(publisher_settings, **pool_options)
     try:
         app = create_app(
-            publisher_settings, store=PgPublisherStore(pool), bulk_store=PgBulkStore(pool)
+            publisher_settings,
+            store=PgPublisherStore(pool),
+            bulk_store=PgBulkStore(pool),
+            auth_settings=auth_settings,
         )
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:

@@ -27,7 +27,7 @@ from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, Searcher
 from services.search.statements import SearchSettings, VectorPath
-from tests.support.api import BASE_URL
+from tests.support.api import BASE_URL, UNTHROTTLED
 
 STRATEGY = "heading-semchunk-v1:max=256:overlap=0:tok=test"
 
@@ -213,7 +213,12 @@ async def search_harness(
             ),
         )
         searcher = Searcher(embedder, index)
-        app = create_app(publisher_settings, store=PgPublisherStore(pool), searcher=searcher)
+        app = create_app(
+            publisher_settings,
+            store=PgPublisherStore(pool),
+            searcher=searcher,
+            auth_settings=UNTHROTTLED,
+        )
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
             yield SearchHarness(app, client, pool, embedder, searcher)

@@ -31,11 +31,12 @@ from services.publisher.bulk.domain import (
 from services.publisher.domain import MAX_TITLE_LENGTH, Upload
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.wire import ApiModel, ReadAcl
+from services.runtime.auth.keys import Scope
 from services.runtime.errors import BadInput, DependencyUnavailable, KbError
 from services.runtime.http_problem import PROBLEM_RESPONSE
 from services.runtime.http_strict import strict_json_loads
 from services.runtime.logging import get_logger
-from services.runtime.tenant_auth import require_authenticated_tenant
+from services.runtime.tenant_auth import require_scope
 from services.runtime.tenant_ids import TENANT_ID_PATTERN
 
 log = get_logger(__name__)
@@ -77,7 +78,7 @@ class BulkResponse(ApiModel):
 
 
 def _authenticated(request: Request, tenant_id: TenantId) -> None:
-    require_authenticated_tenant(request, tenant_id)
+    require_scope(request, tenant_id, Scope.PUBLISH)
 
 
 def bulk_router(security: Any) -> APIRouter:
@@ -92,7 +93,7 @@ def bulk_router(security: Any) -> APIRouter:
         publish_many,
         methods=["POST"],
         response_model=BulkResponse,
-        responses={s: PROBLEM_RESPONSE for s in (400, 401, 403, 408, 413, 422, 503)},
+        responses={s: PROBLEM_RESPONSE for s in (400, 401, 403, 408, 413, 422, 429, 503)},
         summary="Upload and publish many documents or versions in one request (backfills)",
         openapi_extra=_OPENAPI_BODY,
     )

@@ -1,0 +1,40 @@
+"""The security suite's fixtures: one database and one composed app per module
+(tests/security/world.py), so the many small requests of a module share their set-up."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from tests.security.world import World, build_world_data, world_app
+from tests.support.api import UNTHROTTLED
+from tests.support.stack import Stack, create_test_database, drop_test_database
+
+
+@pytest.fixture(scope="module")
+async def module_database(stack: Stack, template_database: str) -> AsyncIterator[str]:
+    name = await create_test_database(stack, template_database)
+    try:
+        yield stack.database_url(name)
+    finally:
+        await drop_test_database(stack, name)
+
+
+@pytest.fixture(scope="module")
+async def world(module_database: str) -> AsyncIterator[World]:
+    conn = await asyncpg.connect(module_database)
+    try:
+        acme, globex, operator_key, signing = await build_world_data(conn)
+    finally:
+        await conn.close()
+    secrets = [operator_key, signing.hmac_secret]
+    for tenant in (acme, globex):
+        secrets += [key for _, key in tenant.keys.values()]
+        secrets += [d.text for d in tenant.documents]
+    # The matrix and the bypass attempts send hundreds of refused requests from one address:
+    # the failed-key throttle (test_failed_auth_throttle.py) must not answer them 429 before
+    # the check under test is reached.
+    async with world_app(module_database, UNTHROTTLED) as (app, client, pool):
+        yield World(app, client, pool, acme, globex, operator_key, signing, secrets)
