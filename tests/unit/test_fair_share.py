@@ -288,6 +288,18 @@ async def test_tiers_are_read_once_per_cache_time_and_a_failed_read_is_not_kept(
     assert cached.cached() == 1
 
 
+async def test_a_tier_read_that_hangs_gives_the_flat_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Hanging:
+        async def tier_of(self, tenant_id: str) -> str | None:
+            await asyncio.Event().wait()  # a pool with every connection busy
+            return "free"
+
+    monkeypatch.setattr("services.runtime.fair_share.tiers.READ_TIMEOUT_SECONDS", 0.01)
+    assert await CachedTiers(Hanging(), ttl_seconds=60, clock=Clock()).tier_of("acme") is None
+
+
 async def test_the_gate_applies_the_tenants_tier() -> None:
     settings = FairShareSettings(
         search_concurrency=5,

@@ -4,8 +4,9 @@ within that time)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from services.runtime.db import translate_db_errors
 from services.runtime.logging import get_logger
@@ -31,9 +32,15 @@ class PgTenantTiers:
         return tier
 
 
+# The longest a request waits for its tenant's tier (a pool whose connections are all
+# busy) before it goes on with the flat limits.
+READ_TIMEOUT_SECONDS: Final = 1.0
+
+
 class CachedTiers:
-    """Each tenant's tier for ``ttl_seconds``. An unreadable tier (the database busy) is
-    not kept: the request gets the flat limits, and the next one reads it again."""
+    """Each tenant's tier for ``ttl_seconds``. An unreadable tier (the database busy or
+    slower than ``READ_TIMEOUT_SECONDS``) is not kept: the request gets the flat limits,
+    and the next one reads it again."""
 
     def __init__(self, tiers: TenantTiers, ttl_seconds: float, clock: Callable[[], float]) -> None:
         self._tiers = tiers
@@ -49,7 +56,7 @@ class CachedTiers:
         if known is not None and known[1] > now:
             return known[0]
         try:
-            tier = await self._tiers.tier_of(tenant_id)
+            tier = await asyncio.wait_for(self._tiers.tier_of(tenant_id), READ_TIMEOUT_SECONDS)
         except Exception as error:  # a limiter never fails a request on its own account
             log.warning(
                 "fair_share.tier_unknown",
