@@ -2,11 +2,11 @@
 route a request is for, and holds a search's or a publish's fair share around it.
 
 Placed inside the body-size limit and before anything parses the body: a refused request
-costs its key check and a table lookup, never a JSON parse or a database round trip of its
-own. A refused body is read and dropped before the answer (bounded by the body limit
-outside), as the upload budget does, unless the client sent ``Expect: 100-continue``: a
-server that closes a connection with unread data in it resets it, and the client may lose
-the answer.
+costs its key check (and its tenant's tier, read once a minute), never a JSON parse or a
+database round trip of its own. A refused body is read and dropped before the answer
+(bounded by the body limit outside), as the upload budget does, unless the client sent
+``Expect: 100-continue``: a server that closes a connection with unread data in it resets
+it, and the client may lose the answer.
 """
 
 from __future__ import annotations
