@@ -27,6 +27,10 @@ from services.publisher.bulk.domain import BulkStore
 from services.publisher.ports import PublisherStore
 from services.publisher.settings import PublisherSettings
 from services.runtime.auth.settings import AuthSettings
+from services.runtime.fair_share.gate import FairShare
+from services.runtime.fair_share.middleware import FairShareMiddleware, limited_routes
+from services.runtime.fair_share.settings import FairShareSettings, Kind
+from services.runtime.fair_share.tiers import PgTenantTiers, TenantTiers
 from services.runtime.http_strict import StrictHeadersMiddleware, StrictJsonMiddleware
 from services.runtime.logging import get_logger
 from services.runtime.search_lag import run_search_lag_sampler
@@ -35,6 +39,15 @@ from services.search.searcher import SearchService
 from services.search.statements import SearchSettings
 
 log = get_logger(__name__)
+
+# The routes that take their tenant's fair share (docs/architecture.md#fair-shares), all POST.
+FAIR_SHARE_ROUTES = {
+    "/v1/tenants/{tenantId}/search": Kind.SEARCH,
+    "/v1/tenants/{tenantId}/documents": Kind.PUBLISH,
+    "/v1/tenants/{tenantId}/documents/bulk": Kind.PUBLISH,
+    "/v1/tenants/{tenantId}/documents/{documentId}/versions": Kind.PUBLISH,
+    "/v1/tenants/{tenantId}/documents/{documentId}/versions/{versionNumber}/publish": Kind.PUBLISH,
+}
 
 
 def create_app(
@@ -48,11 +61,15 @@ def create_app(
     operator: OperatorContext | None = None,
     operator_settings: OperatorSettings | None = None,
     auth_settings: AuthSettings | None = None,
+    fair_share_settings: FairShareSettings | None = None,
+    tenant_tiers: TenantTiers | None = None,
 ) -> FastAPI:
     """Without ``store`` / ``searcher`` the app opens its own pools and embedders in its
     lifespan: each tenant is searched in its serving generation (services/search/serving.py),
     with the embedder of ``embedding_settings`` (default: ``KB_EMBEDDING_*``, as the
-    indexer's) while the database has no generation and for the default one."""
+    indexer's) while the database has no generation and for the default one. Tenants' tiers
+    (for their fair share) are read through ``tenant_tiers``, else on the search pool the
+    lifespan opens; without either every tenant has the flat ``KB_FAIR_*`` limits."""
     app = create_publisher_app(
         settings, store=store, bulk_store=bulk_store, auth_settings=auth_settings
     )
@@ -61,6 +78,7 @@ def create_app(
     app.include_router(search_router)
     mount_operator(app, operator)
     _add_strict_http(app)
+    _add_fair_share(app, fair_share_settings or _fair_share_settings(), tenant_tiers)
     publisher_lifespan = app.router.lifespan_context
 
     @asynccontextmanager
@@ -74,6 +92,8 @@ def create_app(
                 embedding_settings or load_embedding_settings(),
             ) as (built, pool):
                 app.state.searcher = built
+                if tenant_tiers is None and app.state.fair_share is not None:
+                    app.state.fair_share.use_tiers(PgTenantTiers(pool))
                 if getattr(app.state, "operator", None) is None:
                     app.state.operator = build_operator_context(
                         pool, operator_settings or _operator_settings()
@@ -99,6 +119,22 @@ def _add_strict_http(app: FastAPI) -> None:
     limit = next(i for i, m in enumerate(stack) if m.cls is BodyLimitMiddleware)  # type: ignore[comparison-overlap]
     stack.insert(limit + 1, Middleware(StrictJsonMiddleware))
     app.add_middleware(StrictHeadersMiddleware)
+
+
+def _add_fair_share(
+    app: FastAPI, settings: FairShareSettings, tenant_tiers: TenantTiers | None
+) -> None:
+    """Each tenant's share of searches and publishes (services/runtime/fair_share): inside
+    tenant authentication, so the tenant is known, and inside the body-size limit, so a
+    refused body is dropped within it; before the body is parsed or any work starts."""
+    app.state.fair_share = None
+    if not settings.enabled:
+        return
+    routes = limited_routes(FAIR_SHARE_ROUTES)
+    fair_share = app.state.fair_share = FairShare(settings, tenant_tiers)
+    stack = app.user_middleware  # outermost first
+    limit = next(i for i, m in enumerate(stack) if m.cls is BodyLimitMiddleware)  # type: ignore[comparison-overlap]
+    stack.insert(limit + 1, Middleware(FairShareMiddleware, fair_share=fair_share, routes=routes))
 
 
 @asynccontextmanager
@@ -139,6 +175,12 @@ async def _search_resources(
             await pool.close()
     finally:
         await embedder.aclose()
+
+
+def _fair_share_settings() -> FairShareSettings:
+    from services.runtime.cli_support import load_settings
+
+    return load_settings(FairShareSettings)
 
 
 def _operator_settings() -> OperatorSettings:

@@ -29,6 +29,7 @@ from services.publisher.wire import (
 )
 from services.runtime.auth.keys import Scope
 from services.runtime.errors import KbError
+from services.runtime.fair_share.middleware import LIMITED_RESPONSE
 from services.runtime.http_problem import PROBLEM_RESPONSE
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import require_scope
@@ -71,7 +72,12 @@ _UPLOAD_415: Final[dict[str, Any]] = {
 
 
 def _upload_problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {**_problems(*statuses), 415: _UPLOAD_415}
+    return {**_limited_problems(*statuses), 415: _UPLOAD_415}
+
+
+def _limited_problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    # A publishing call takes the tenant's fair share (services/runtime/fair_share): 429.
+    return {**_problems(*statuses), 429: LIMITED_RESPONSE}
 
 
 def _authenticated(request: Request, tenant_id: TenantId) -> None:
@@ -184,7 +190,7 @@ async def add_version(
     "/documents/{documentId}/versions/{versionNumber}/publish",
     status_code=202,
     response_model=PublishResponse,
-    responses=_problems(404, 409),
+    responses=_limited_problems(404, 409),
     summary="Publish a version with its read ACL; indexing happens later",
 )
 async def publish_version(

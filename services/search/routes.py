@@ -21,6 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from services.runtime.auth.keys import Scope
 from services.runtime.auth.tokens import MAX_TOKEN_CHARS
+from services.runtime.fair_share.middleware import LIMITED_RESPONSE
 from services.runtime.http_problem import PROBLEM_RESPONSE, problem_response
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import (
@@ -184,7 +185,8 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 @search_router.post(
     "/search",
     response_model=SearchResponse,
-    responses=_problems(400, 401, 403, 413, 422, 429, 503),
+    # 429: the tenant's fair share (services/runtime/fair_share).
+    responses={**_problems(400, 401, 403, 413, 422, 503), 429: LIMITED_RESPONSE},
     summary="Search the tenant's searchable documents that the principals may read",
     description="When the query cannot be embedded, a hybrid search answers from the keyword "
     'list alone with `"degraded": "keyword-only"`; a vector search answers 503 with '

@@ -33,6 +33,7 @@ from services.publisher.metrics import PublisherMetrics
 from services.publisher.wire import ApiModel, ReadAcl
 from services.runtime.auth.keys import Scope
 from services.runtime.errors import BadInput, DependencyUnavailable, KbError
+from services.runtime.fair_share.middleware import LIMITED_RESPONSE
 from services.runtime.http_problem import PROBLEM_RESPONSE
 from services.runtime.http_strict import strict_json_loads
 from services.runtime.logging import get_logger
@@ -93,7 +94,10 @@ def bulk_router(security: Any) -> APIRouter:
         publish_many,
         methods=["POST"],
         response_model=BulkResponse,
-        responses={s: PROBLEM_RESPONSE for s in (400, 401, 403, 408, 413, 422, 429, 503)},
+        responses={
+            **{s: PROBLEM_RESPONSE for s in (400, 401, 403, 408, 413, 422, 503)},
+            429: LIMITED_RESPONSE,  # the tenant's fair share (services/runtime/fair_share)
+        },
         summary="Upload and publish many documents or versions in one request (backfills)",
         openapi_extra=_OPENAPI_BODY,
     )

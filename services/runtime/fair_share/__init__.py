@@ -1,0 +1,18 @@
+"""Fair shares between tenants (docs/architecture.md#fair-shares): one tenant's flood of
+searches or publishes must not slow every other tenant down.
+
+After tenant authentication and before any work, each search and publish request passes
+its tenant's share in this process: a cap on the tenant's requests in flight and,
+when its tier sets a rate, a token bucket. Beyond either it is answered 429 with a stable
+code and a ``Retry-After``. A search then holds one of the process's search slots for the
+rest of its request, handed out to the waiting tenant running the fewest searches, so a
+quiet tenant's search waits behind at most one running search, however many another
+tenant has queued.
+
+- ``settings.py``: ``KB_FAIR_*``, the limits of each tier;
+- ``bucket.py``: the token bucket; ``shares.py``: each tenant's requests in flight and
+  buckets, forgotten once idle; ``slots.py``: the process's search slots and their queue;
+- ``tiers.py``: the tenant's tier, cached; ``gate.py``: the three composed;
+  ``middleware.py``: the ASGI middleware ``services/app.py`` installs;
+  ``metrics.py``: refusals and slot waits.
+"""

@@ -1,0 +1,2 @@
+-- name: tenant_tier
+SELECT tier FROM tenant WHERE tenant_id = $1
