@@ -70,6 +70,7 @@ def create_app(
                 embedding_settings or load_embedding_settings(),
             ) as (built, pool):
                 app.state.searcher = built
+                app.state.search_replicas = getattr(built, "replica_views", None)
                 if getattr(app.state, "operator", None) is None:
                     app.state.operator = build_operator_context(
                         pool, operator_settings or _operator_settings()
@@ -106,6 +107,7 @@ async def _search_resources(
     from services.embedding.guard.quota import Purpose
     from services.runtime.identity import owner_id
     from services.search.connections import open_search_pool
+    from services.search.replicas import replica_rotation
     from services.search.serving import GenerationSearch, query_embedders
 
     # The same provider settings as the indexer's (KB_EMBEDDING_*): the default generation's
@@ -121,16 +123,22 @@ async def _search_resources(
             query_embedder, _ = guarded(
                 embedding_settings, embedder, pool, purpose=Purpose.QUERY, owner=owner
             )
-            search = GenerationSearch(pool, settings, query_embedder, query_embedders(pool, owner))
-            log.info(
-                "search.started",
-                embedding_model=embedder.model,
-                dimension=embedder.dimension,
-            )
-            try:
-                yield search, pool
-            finally:
-                await search.aclose()
+            # Read replicas (KB_SEARCH_DATABASE_URLS): searches only; the embedder's guard
+            # writes, and stays on the primary's pool.
+            async with replica_rotation(settings, pool) as rotation:
+                search = GenerationSearch(
+                    pool, settings, query_embedder, query_embedders(pool, owner), rotation=rotation
+                )
+                log.info(
+                    "search.started",
+                    embedding_model=embedder.model,
+                    dimension=embedder.dimension,
+                    replicas=len(rotation.replicas) if rotation else 0,
+                )
+                try:
+                    yield search, pool
+                finally:
+                    await search.aclose()
         finally:
             await pool.close()
     finally:

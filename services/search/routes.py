@@ -10,7 +10,7 @@ Retry-After of the provider's time (rounded up; 5 s when it named none).
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Path, Request, Security
 from fastapi.responses import JSONResponse
@@ -21,6 +21,7 @@ from pydantic.alias_generators import to_camel
 from services.runtime.http_problem import PROBLEM_RESPONSE, problem_response
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import require_authenticated_tenant
+from services.search.replicas import TOKEN_PATTERN, parse_token
 from services.search.searcher import (
     DEFAULT_TOP_K,
     MAX_FILTER_DOCUMENTS,
@@ -65,6 +66,8 @@ QueryText = Annotated[
 Principal = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_PRINCIPAL_CHARS), AfterValidator(_no_nul)
 ]
+SearchToken = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
+MAX_AFTER_TOKENS: Final = 100
 Heading = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_HEADING_CHARS), AfterValidator(_no_nul)
 ]
@@ -104,6 +107,15 @@ class SearchBody(SearchModel):
     )
     mode: SearchMode = SearchMode.HYBRID
     filter: SearchFilterBody | None = None
+    after: list[SearchToken] | None = Field(
+        default=None,
+        max_length=MAX_AFTER_TOKENS,
+        description="Search tokens (`searchToken` of a document's status, or the "
+        "`kb-search-token` header of its DocumentSearchVersionSwitched event): the search "
+        "is answered only by a database that has replayed all of them, so it sees at least "
+        "the versions those documents were searchable with when the tokens were issued. "
+        "Without it, a search on a read replica may lag by the replica's lag.",
+    )
 
 
 class SearchHitBody(SearchModel):
@@ -188,6 +200,9 @@ async def search(
                 tuple(flt.heading_prefix) if flt and flt.heading_prefix is not None else None
             ),
         ),
+        read_after=max((parse_token(token) for token in body.after), default=None)
+        if body.after
+        else None,
     )
     try:
         result: SearchResult = await searcher.search(search_request)
@@ -202,6 +217,7 @@ async def search(
         generation_id=result.generation.generation_id,
         took_ms=result.took_ms,
         degraded=result.degraded.value if result.degraded else None,
+        read_from=result.read_from,
     )
     return SearchResponse.model_validate(result)
 

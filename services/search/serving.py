@@ -30,6 +30,8 @@ from services.runtime.db import translate_db_errors
 from services.runtime.errors import ConfigError
 from services.runtime.logging import get_logger
 from services.search.index_pg import PgSearchIndex
+from services.search.read_pool import read_pool, reading_from
+from services.search.replicas import ReplicaRotation, ReplicaView
 from services.search.searcher import Generation, Searcher, SearchRequest, SearchResult
 from services.search.statements import QUERIES, SearchSettings
 
@@ -51,7 +53,7 @@ class ServingGenerations:
         """The tenant's serving generation; None while the database has no generation to
         serve it (search then reads the configured model)."""
         with translate_db_errors():
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with read_pool(self._pool).acquire(timeout=self._timeout) as conn:
                 row = await conn.fetchrow(QUERIES["serving_generation"], tenant_id)
         return None if row is None else SearchGeneration.from_record(row)
 
@@ -70,8 +72,10 @@ class GenerationSearch:
         embedder_for: EmbedderFactory,
         *,
         serving: ServingGenerations | None = None,
+        rotation: ReplicaRotation | None = None,
     ) -> None:
         self._pool = pool
+        self._rotation = rotation
         self._settings = settings
         self._configured = configured
         self._embedder_for = embedder_for
@@ -85,7 +89,21 @@ class GenerationSearch:
         self._indexes: list[PgSearchIndex] = []
         self._embedders: list[Embedder] = []  # opened here, closed by aclose
 
+    def replica_views(self) -> list[ReplicaView]:
+        """The read replicas and their lag (the operator page)."""
+        return [] if self._rotation is None else self._rotation.views()
+
     async def search(self, request: SearchRequest) -> SearchResult:
+        """Reads one server for the whole request: the one the replica rotation chose
+        (services/search/replicas.py), else the pool this was built with."""
+        if self._rotation is None:
+            return await self._search(request)
+        target = await self._rotation.choose(request.read_after)
+        with reading_from(target.pool):
+            result = await self._search(request)
+        return replace(result, read_from=target.name)
+
+    async def _search(self, request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
         generation = await self._serving.serving(request.tenant_id)
         result = await self._searcher(generation).search(request)
