@@ -111,7 +111,7 @@ class SearchBody(SearchModel):
         default=None,
         max_length=MAX_AFTER_TOKENS,
         description="Search tokens (`searchToken` of a document's status, or the "
-        "`kb-search-token` header of its DocumentSearchVersionSwitched event): the search "
+        "`search_token` Kafka header of its DocumentSearchVersionSwitched event): the search "
         "is answered only by a database that has replayed all of them, so it sees at least "
         "the versions those documents were searchable with when the tokens were issued. "
         "Without it, a search on a read replica may lag by the replica's lag.",

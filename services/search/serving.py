@@ -27,11 +27,17 @@ import asyncpg
 from services.embedding.port import Embedder
 from services.index.generations import DEFAULT_PROFILE, SearchGeneration
 from services.runtime.db import translate_db_errors
-from services.runtime.errors import ConfigError
+from services.runtime.errors import (
+    ConfigError,
+    DatabaseBusy,
+    DatabaseUnavailable,
+    SerializationConflict,
+)
 from services.runtime.logging import get_logger
 from services.search.index_pg import PgSearchIndex
+from services.search.metrics import SEARCH_READS
 from services.search.read_pool import read_pool, reading_from
-from services.search.replicas import ReplicaRotation, ReplicaView
+from services.search.replicas import PRIMARY, ReplicaRotation, ReplicaView
 from services.search.searcher import Generation, Searcher, SearchRequest, SearchResult
 from services.search.statements import QUERIES, SearchSettings
 
@@ -99,8 +105,19 @@ class GenerationSearch:
         if self._rotation is None:
             return await self._search(request)
         target = await self._rotation.choose(request.read_after)
-        with reading_from(target.pool):
+        try:
+            with reading_from(target.pool):
+                result = await self._search(request)
+        except (DatabaseUnavailable, DatabaseBusy, SerializationConflict) as error:
+            if target.name == PRIMARY:
+                raise
+            # The replica went away, or cancelled the search in a conflict with its replay:
+            # the primary answers this one; the next check takes the replica out if it stays
+            # so.
+            log.warning("search.replica_failed", replica=target.name, error_code=error.code)
+            SEARCH_READS.labels(server=PRIMARY).inc()
             result = await self._search(request)
+            return replace(result, read_from=PRIMARY)
         return replace(result, read_from=target.name)
 
     async def _search(self, request: SearchRequest) -> SearchResult:
