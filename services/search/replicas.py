@@ -57,6 +57,13 @@ _WAIT_POLL_SECONDS: Final = 0.005
 # The primary's WAL insert position, and (on a replica) the position replayed; a server that
 # is not in recovery (a primary named as a "replica") has replayed all it wrote.
 _POSITION_SQL: Final = "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint"
+_WAL_LAYOUT_SQL: Final = """SELECT max(setting::bigint) FILTER (WHERE name = 'wal_block_size'),
+                                   max(setting::bigint) FILTER (WHERE name = 'wal_segment_size')
+                              FROM pg_settings
+                             WHERE name IN ('wal_block_size', 'wal_segment_size')"""
+# WAL page headers: every page starts with a short one, a segment's first page with a long one.
+_SHORT_PAGE_HEADER: Final = 24
+_LONG_PAGE_HEADER: Final = 40
 _REPLAYED_SQL: Final = """SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
                                        ELSE pg_current_wal_insert_lsn() END
                                   - '0/0'::pg_lsn)::bigint"""
@@ -68,6 +75,20 @@ def parse_token(token: str) -> int:
         raise ValidationFailed("a search token is a WAL position such as 16/B374D848")
     high, _, low = token.partition("/")
     return (int(high, 16) << 32) | int(low, 16)
+
+
+def comparable(position: int, block_size: int = 8192, segment_size: int = 16 << 20) -> int:
+    """An insert position as the end of the last record before it, the form a replica's
+    replayed position takes. When the last record ends on a page boundary, PostgreSQL
+    reports the insert position past the next page's header (``pg_switch_wal()`` on an idle
+    primary: insert ``0/4000028``, replayed ``0/4000000`` for ever); compared as it is, a
+    caught-up replica would never reach it. Nothing can end inside a page header, so the
+    position just past one means the boundary."""
+    if position % segment_size == _LONG_PAGE_HEADER:
+        return position - _LONG_PAGE_HEADER
+    if position % block_size == _SHORT_PAGE_HEADER:
+        return position - _SHORT_PAGE_HEADER
+    return position
 
 
 def format_token(position: int) -> str:
@@ -135,6 +156,10 @@ class ReplicaRotation:
         self._history: deque[tuple[float, int]] = deque(
             maxlen=max(8, int(4 * max_lag_seconds / check_seconds) + 2)
         )
+        # The primary's WAL page and segment sizes (read at the first check; defaults before).
+        self._block_size = 8192
+        self._segment_size = 16 << 20
+        self._layout_known = False
         self._waiting = 0
         self._moved = asyncio.Event()  # set (and replaced) whenever a replica moved forward
         self._poller: asyncio.Task[None] | None = None
@@ -152,6 +177,7 @@ class ReplicaRotation:
         if after is None:
             target = self._next(self._rotation())
             return self._counted(target or ReadTarget(PRIMARY, self._primary))
+        after = comparable(after, self._block_size, self._segment_size)
         started = self._clock()
         target = self._next([r for r in self._rotation() if (r.replayed or -1) >= after])
         if target is None and self._after_wait > 0 and self._rotation():
@@ -209,14 +235,24 @@ class ReplicaRotation:
             position = await replica.pool.fetchval(_REPLAYED_SQL, timeout=self._check_seconds)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
             return  # the next check judges it
-        if position is not None and position > (replica.replayed or -1):
-            replica.replayed = int(position)
+        if position is None:
+            return
+        position = comparable(int(position), self._block_size, self._segment_size)
+        if position > (replica.replayed or -1):
+            replica.replayed = position
 
     # --- the lag check ---------------------------------------------------------------------
 
     async def check(self) -> None:
         """One round: the primary's position, then each replica's, their lag and rotation."""
-        primary_position = int(await self._primary.fetchval(_POSITION_SQL))
+        if not self._layout_known:
+            layout = await self._primary.fetchrow(_WAL_LAYOUT_SQL)
+            if layout is not None and None not in (layout[0], layout[1]):
+                self._block_size, self._segment_size = int(layout[0]), int(layout[1])
+            self._layout_known = True
+        primary_position = comparable(
+            int(await self._primary.fetchval(_POSITION_SQL)), self._block_size, self._segment_size
+        )
         self._history.append((self._clock(), primary_position))
         await asyncio.gather(*(self._check_replica(replica) for replica in self.replicas))
 
@@ -232,8 +268,11 @@ class ReplicaRotation:
         if position is None:  # not a standby that streams or replays WAL (yet)
             self._judge(replica, None, error="no WAL replayed yet")
             return
-        replica.replayed = max(int(position), replica.replayed or -1)
-        self._judge(replica, self._lag_of(int(position), now), error=None)
+        # A replica's replayed position is a record's end already; a primary listed as a
+        # replica answers its insert position.
+        replayed = comparable(int(position), self._block_size, self._segment_size)
+        replica.replayed = max(replayed, replica.replayed or -1)
+        self._judge(replica, self._lag_of(replayed, now), error=None)
 
     def _lag_of(self, replayed: int, now: float) -> float:
         for checked_at, position in self._history:

@@ -14,6 +14,7 @@ from services.runtime.errors import ValidationFailed
 from services.search.replicas import (
     PRIMARY,
     ReplicaRotation,
+    comparable,
     format_token,
     parse_token,
     replica_name,
@@ -38,6 +39,9 @@ class FakePool:
         if self.down:
             raise OSError("connection refused")
         return self.position
+
+    async def fetchrow(self, query: str, *args: Any) -> tuple[int, int]:
+        return (8192, 16 << 20)  # wal_block_size, wal_segment_size
 
 
 class Clock:
@@ -188,3 +192,31 @@ async def test_a_token_no_replica_reaches_goes_to_the_primary_after_the_wait() -
     target = await rot.choose(after=450)
     assert target.name == PRIMARY
     assert target.waited_seconds >= 0.05
+
+
+def test_an_insert_position_past_a_page_header_means_the_boundary() -> None:
+    segment = 16 << 20
+    # pg_switch_wal() on an idle primary: insert 0/4000028, a caught-up replica 0/4000000.
+    assert comparable(parse_token("0/4000028")) == parse_token("0/4000000")
+    # A page boundary inside a segment: past the short header.
+    assert comparable(segment + 8192 + 24) == segment + 8192
+    # Anything else is a record's end already, the long header's size included.
+    assert comparable(segment + 8192 + 40) == segment + 8192 + 40
+    assert comparable(segment + 8192 + 48) == segment + 8192 + 48
+    assert comparable(parse_token("0/4000000")) == parse_token("0/4000000")
+
+
+async def test_an_idle_primary_past_a_wal_switch_keeps_its_replica_in_rotation() -> None:
+    clock = Clock()
+    primary = FakePool(parse_token("0/4000028"))
+    replica = FakePool(parse_token("0/4000000"))
+    rot = rotation(primary, {"r": replica}, clock=clock, max_lag=1.0)
+    for second in range(5):
+        clock.now = float(second)
+        await rot.check()
+    view = rot.views()[0]
+    assert view.lag_seconds == 0.0
+    assert view.in_rotation
+    # The primary's token at that moment is answered by the replica at once.
+    target = await rot.choose(after=parse_token("0/4000028"))
+    assert target.name == "r"
