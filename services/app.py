@@ -94,6 +94,7 @@ def create_app(
                 app.state.searcher = built
                 if tenant_tiers is None and app.state.fair_share is not None:
                     app.state.fair_share.use_tiers(PgTenantTiers(pool))
+                app.state.search_replicas = getattr(built, "replica_views", None)
                 if getattr(app.state, "operator", None) is None:
                     app.state.operator = build_operator_context(
                         pool, operator_settings or _operator_settings()
@@ -146,6 +147,7 @@ async def _search_resources(
     from services.embedding.guard.quota import Purpose
     from services.runtime.identity import owner_id
     from services.search.connections import open_search_pool
+    from services.search.replicas import replica_rotation
     from services.search.serving import GenerationSearch, query_embedders
 
     # The same provider settings as the indexer's (KB_EMBEDDING_*): the default generation's
@@ -161,16 +163,22 @@ async def _search_resources(
             query_embedder, _ = guarded(
                 embedding_settings, embedder, pool, purpose=Purpose.QUERY, owner=owner
             )
-            search = GenerationSearch(pool, settings, query_embedder, query_embedders(pool, owner))
-            log.info(
-                "search.started",
-                embedding_model=embedder.model,
-                dimension=embedder.dimension,
-            )
-            try:
-                yield search, pool
-            finally:
-                await search.aclose()
+            # Read replicas (KB_SEARCH_DATABASE_URLS): searches only; the embedder's guard
+            # writes, and stays on the primary's pool.
+            async with replica_rotation(settings, pool) as rotation:
+                search = GenerationSearch(
+                    pool, settings, query_embedder, query_embedders(pool, owner), rotation=rotation
+                )
+                log.info(
+                    "search.started",
+                    embedding_model=embedder.model,
+                    dimension=embedder.dimension,
+                    replicas=len(rotation.replicas) if rotation else 0,
+                )
+                try:
+                    yield search, pool
+                finally:
+                    await search.aclose()
         finally:
             await pool.close()
     finally:

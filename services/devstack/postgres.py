@@ -97,16 +97,22 @@ class ServiceStatus:
 
 
 class EmbeddedPostgres:
-    def __init__(self, settings: DevStackSettings) -> None:
+    """The primary (``kb dev up``); ``services.devstack.replicas`` runs its standbys with the
+    same code, another data dir and port."""
+
+    name = "postgres"
+
+    def __init__(
+        self, settings: DevStackSettings, *, data_dir: Path | None = None, port: int | None = None
+    ) -> None:
         self.settings = settings
-        self.data_dir = settings.pg_dir / "data"
+        self.port = settings.pg_port if port is None else port
+        self.data_dir = settings.pg_dir / "data" if data_dir is None else data_dir
         self.log_file = self.data_dir / "server.log"
 
     @property
     def url(self) -> str:
-        return (
-            f"postgresql://postgres@127.0.0.1:{self.settings.pg_port}/{self.settings.pg_database}"
-        )
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{self.settings.pg_database}"
 
     def _bin(self, name: str) -> Path:
         return pginstall_dir() / "bin" / name
@@ -137,54 +143,27 @@ class EmbeddedPostgres:
     def status(self) -> ServiceStatus:
         pid = read_pid(self.data_dir / "postmaster.pid")
         running = pid if pid is not None and pid_alive(pid) else None
-        return ServiceStatus.of_process(
-            "postgres", pid, running, self.settings.pg_port, self.data_dir, self.url
-        )
+        return ServiceStatus.of_process(self.name, pid, running, self.port, self.data_dir, self.url)
 
     def up(self) -> ServiceStatus:
         current = self.status()
         if current.running:
             self._ensure_database()
             return current
-        if port_open("127.0.0.1", self.settings.pg_port):
+        if port_open("127.0.0.1", self.port):
             raise ConfigError(
-                f"port {self.settings.pg_port} is taken by another program; "
-                "set KB_DEV_PG_PORT to a free port (or DATABASE_URL to use that server)"
+                f"port {self.port} is taken by another program; set {self._port_setting} "
+                "to a free port (or DATABASE_URL to use that server)"
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             self._prepare_root()
         if not (self.data_dir / "PG_VERSION").exists():
-            self._run(
-                [
-                    str(self._bin("initdb")),
-                    "-D",
-                    str(self.data_dir),
-                    "--auth=trust",
-                    "--encoding=UTF8",
-                    "--locale=C",
-                    "-U",
-                    "postgres",
-                ],
-                timeout=120,
-            )
+            self._initialize()
         if current.state == "dead":
             # A killed postmaster leaves its pid file behind; pg_ctl would refuse to start.
             (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
-        # The dev stack is disposable, so durability settings favour speed (fsync off).
-        # Production runs on a PostgreSQL you configure; nothing here applies there.
-        server_options = " ".join(
-            [
-                "-c listen_addresses=127.0.0.1",
-                f"-c port={self.settings.pg_port}",
-                "-c unix_socket_directories=''",
-                "-c max_connections=300",
-                "-c fsync=off",
-                "-c synchronous_commit=off",
-                "-c full_page_writes=off",
-                f"-c shared_buffers={self.settings.pg_shared_buffers}",
-            ]
-        )
+        server_options = " ".join(f"-c {option}" for option in self._server_options())
         self._run(
             [
                 str(self._bin("pg_ctl")),
@@ -204,8 +183,46 @@ class EmbeddedPostgres:
         self._ensure_database()
         return self.status()
 
+    _port_setting = "KB_DEV_PG_PORT"
+
+    def _initialize(self) -> None:
+        self._run(
+            [
+                str(self._bin("initdb")),
+                "-D",
+                str(self.data_dir),
+                "--auth=trust",  # its pg_hba.conf lets 127.0.0.1 replicate too
+                "--encoding=UTF8",
+                "--locale=C",
+                "-U",
+                "postgres",
+            ],
+            timeout=120,
+        )
+
+    def _server_options(self) -> list[str]:
+        # The dev stack is disposable, so durability settings favour speed (fsync off).
+        # Production runs on a PostgreSQL you configure; nothing here applies there.
+        # Streaming replicas (`kb dev up --replicas N`) need wal_level=replica and WAL
+        # senders, PostgreSQL's defaults, stated here so that nobody lowers them; each
+        # replica has a slot, and a replica stopped for good keeps at most this much WAL.
+        return [
+            "listen_addresses=127.0.0.1",
+            f"port={self.port}",
+            "unix_socket_directories=''",
+            "max_connections=300",
+            "fsync=off",
+            "synchronous_commit=off",
+            "full_page_writes=off",
+            f"shared_buffers={self.settings.pg_shared_buffers}",
+            "wal_level=replica",
+            "max_wal_senders=10",
+            "max_replication_slots=10",
+            "max_slot_wal_keep_size=1GB",
+        ]
+
     def _ensure_database(self) -> None:
-        asyncio.run(_create_database(self.settings.pg_port, self.settings.pg_database))
+        asyncio.run(_create_database(self.port, self.settings.pg_database))
 
     def down(self) -> None:
         if self.status().state != "running":

@@ -23,6 +23,9 @@ class DevStackSettings(BaseSettings):
     cache_dir: Path = Field(default_factory=_default_cache)
     pg_port: int = Field(default=55432, ge=1, le=65535)
     pg_database: str = "kb"
+    # The first streaming replica's port (`kb dev up --replicas N`); replica i listens on
+    # this + i - 1.
+    pg_replica_port: int = Field(default=55442, ge=1, le=65535)
     # PostgreSQL's buffer cache. Small by default (the dev stack shares a laptop with the
     # tests); a large search benchmark wants the index in it (BENCHMARKS.md).
     pg_shared_buffers: str = Field(default="128MB", pattern=r"^[0-9]+(kB|MB|GB)$")

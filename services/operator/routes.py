@@ -181,6 +181,11 @@ async def logout(
 # --- pages -------------------------------------------------------------------------------
 
 
+def _search_replicas(request: Request) -> list[Any]:
+    views = getattr(request.app.state, "search_replicas", None)
+    return list(views()) if callable(views) else []
+
+
 @router.get("")
 async def overview(request: Request, session: SessionDep) -> HTMLResponse:
     context = _context(request)
@@ -199,6 +204,8 @@ async def overview(request: Request, session: SessionDep) -> HTMLResponse:
         partitions=await store.relay_partitions(),
         providers=await store.embedding_providers(),
         lag=await store.search_lag(),
+        # The app's search replicas (KB_SEARCH_DATABASE_URLS): a callable listing them.
+        search_replicas=_search_replicas(request),
         generations=await store.generations(),
         tasks_chart=charts.tasks_chart(minutes),
         latency_chart=charts.latency_chart(buckets),

@@ -189,6 +189,8 @@ class DocumentStatus(DocumentHeader):
     # When the published version became published while search still serves another one:
     # how long the search version has been lagging. None when it does not lag.
     search_lag_since: datetime | None
+    # A search naming it in `after` sees search_version or a later one, on any replica.
+    search_token: str | None = None
 
 
 @dataclass(frozen=True)

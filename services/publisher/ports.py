@@ -78,6 +78,9 @@ class DocumentHeader:
 @dataclass(frozen=True)
 class DocumentStatusRecord(DocumentHeader):
     task: IndexTaskRecord | None  # the published version's index task
+    # A WAL position at or past the commit that made search_version searchable (None while
+    # nothing is served): docs/scaling.md#read-your-switch.
+    search_token: str | None = None
 
 
 class PublishTransaction(Protocol):

@@ -85,6 +85,13 @@ class DocumentStatusResponse(ApiModel):
     search_lag_since: datetime | None = Field(
         description="Since when search serves another version than the published one."
     )
+    search_token: str | None = Field(
+        default=None,
+        description="A WAL position at or past the commit that made `searchVersion` "
+        "searchable; null while no version is served. Pass it in a search's `after` to be "
+        "answered only by a database (a read replica, or the primary) that serves "
+        "`searchVersion` or a later version (docs/scaling.md#read-your-switch).",
+    )
 
 
 class IndexTaskResponse(ApiModel):

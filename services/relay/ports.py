@@ -26,6 +26,9 @@ class OutboxRecord:
     aggregate_key: str
     payload: bytes
     created_at: datetime
+    # A WAL position read after the row's transaction committed (relay queries.sql): sent as
+    # the search_token header of DocumentSearchVersionSwitched. None: not read (fakes).
+    search_token: str | None = None
 
 
 @dataclass(frozen=True)

@@ -178,9 +178,12 @@ WITH w AS MATERIALIZED (
       FROM (SELECT min(low) AS low, max(high) AS high FROM late) AS l,
            (SELECT min(position) AS low, max(position) AS high FROM fresh) AS f
 )
+-- search_token (the header of DocumentSearchVersionSwitched, docs/scaling.md#read-your-switch):
+-- the WAL insert position, read after the rows' transactions committed (they are visible
+-- to this statement), so at or past their commit records.
 SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position, b.window_start,
        r.position, r.event_id, r.event_type, r.tenant_id, r.tier, r.aggregate_key,
-       r.payload, r.created_at
+       r.payload, r.created_at, pg_current_wal_insert_lsn()::text AS search_token
   FROM w
  CROSS JOIN bounds AS b
   LEFT JOIN LATERAL (
@@ -228,8 +231,9 @@ SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position, b.win
 -- add_event (services/runtime/outbox.sql) makes a key's writers wait for each other, so a
 -- later commit takes a higher position. This statement's snapshot is newer than the
 -- window's, so it sees every row the window snapshot does.
+-- search_token: as open_window's.
 (SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
-        o.payload, o.created_at
+        o.payload, o.created_at, pg_current_wal_insert_lsn()::text AS search_token
    FROM unnest($8::text[]::xid8[]) AS late(txid)
   CROSS JOIN LATERAL (
         -- txid = late.txid and $5 < position < $9, written as a range of outbox_txid's
@@ -247,7 +251,7 @@ SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position, b.win
   LIMIT $7)
 UNION ALL
 (SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
-        o.payload, o.created_at
+        o.payload, o.created_at, pg_current_wal_insert_lsn()::text AS search_token
    FROM outbox AS o
   WHERE o.position > greatest($5, $9 - 1) AND o.position <= $6
     AND pg_visible_in_snapshot(o.txid, $4::text::pg_snapshot)
@@ -326,7 +330,9 @@ SELECT coalesce(max(position), 0)::bigint AS last_position FROM outbox
 -- $1 after position, $2 up to position (inclusive), $3 since, $4 until (exclusive),
 -- $5 tenant, $6 tier, $7 event type (each of the last five optional): the rows a replay
 -- re-sends. Reads only, so live delivery and its progress are untouched.
-SELECT position, event_id, event_type, tenant_id, tier, aggregate_key, payload, created_at
+-- search_token: as open_window's, read at the replay (later, so still past the commit).
+SELECT position, event_id, event_type, tenant_id, tier, aggregate_key, payload, created_at,
+       pg_current_wal_insert_lsn()::text AS search_token
   FROM outbox
  WHERE position > $1 AND position <= $2
    AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)

@@ -33,7 +33,12 @@ from services.relay import metrics
 from services.relay.ports import OutboxRecord
 from services.relay.settings import RelaySettings
 from services.runtime.errors import KafkaUnavailable
-from services.runtime.events import document_events_topic, index_hints_topic, topic_for
+from services.runtime.events import (
+    DOCUMENT_SEARCH_VERSION_SWITCHED,
+    document_events_topic,
+    index_hints_topic,
+    topic_for,
+)
 from services.runtime.kafka import kafka_client_kwargs
 from services.runtime.logging import get_logger
 
@@ -46,13 +51,19 @@ _NOT_ALLOWED = {29, 31, 44}  # topic/cluster authorization failed, policy violat
 
 
 def headers_for(record: OutboxRecord, *, replay: bool) -> list[tuple[str, bytes]]:
-    return [
+    headers = [
         ("event_type", record.event_type.encode()),
         ("event_id", str(record.event_id).encode()),
         ("tenant_id", record.tenant_id.encode()),
         ("outbox_position", str(record.position).encode()),
         ("replay", b"true" if replay else b"false"),
     ]
+    # The switch's read-your-switch token (docs/scaling.md#read-your-switch): a header, not
+    # a field of the Avro payload, because the switch's transaction writes the payload and
+    # cannot know the WAL position of its own commit; the relay reads one after it.
+    if record.search_token is not None and record.event_type == DOCUMENT_SEARCH_VERSION_SWITCHED:
+        headers.append(("search_token", record.search_token.encode()))
+    return headers
 
 
 def new_topic(name: str, partitions: int, replication_factor: int | None) -> NewTopic:

@@ -12,6 +12,7 @@ import asyncpg
 from services.runtime.db import create_pool_without_session_reset
 from services.runtime.logging import get_logger
 from services.runtime.settings import RuntimeSettings
+from services.search.read_pool import read_pool
 from services.search.statements import SearchSettings
 
 log = get_logger(__name__)
@@ -32,16 +33,30 @@ async def open_search_pool(settings: RuntimeSettings, **overrides: Any) -> async
 
 
 class SearchConnections:
+    """``pool``: the primary's; a request routed to a replica (read_pool) reads the replica's
+    pool, and each connection goes back to the pool it came from."""
+
     def __init__(self, pool: asyncpg.Pool[Any], settings: SearchSettings) -> None:
-        self._pool = pool
+        self._default_pool = pool
         self._timeout = settings.search_acquire_timeout_seconds
         self._growing: asyncio.Task[None] | None = None
         # Searches' transactions ending after their answers (end_later).
         self._ending: set[asyncio.Task[None]] = set()
+        # id of a connection handed out -> the pool it came from, until it is released.
+        self._owners: dict[int, asyncpg.Pool[Any]] = {}
+
+    @property
+    def _pool(self) -> asyncpg.Pool[Any]:
+        return read_pool(self._default_pool)
+
+    async def _take(self, pool: asyncpg.Pool[Any], wait_seconds: float) -> PooledConnection:
+        conn = await pool.acquire(timeout=wait_seconds)
+        self._owners[id(conn)] = pool
+        return conn
 
     async def acquire(self) -> PooledConnection:
         """A search's connection: waits up to KB_SEARCH_ACQUIRE_TIMEOUT_SECONDS."""
-        return await self._pool.acquire(timeout=self._timeout)
+        return await self._take(self._pool, self._timeout)
 
     async def idle(self) -> PooledConnection | None:
         """An idle connection of the pool, else None at once. Waiting for one to be opened
@@ -49,14 +64,15 @@ class SearchConnections:
         asyncpg's half-done attempt behind (an error logged, a backend started for nothing).
         While the pool may grow, one more connection is opened in the background, for the
         searches that follow (the pool starts with KB_DB_POOL_MIN_SIZE, 1 by default)."""
-        if self._pool.get_idle_size() == 0:
-            if self._growing is None and self._pool.get_size() < self._pool.get_max_size():
-                self._growing = asyncio.create_task(self._grow())
+        pool = self._pool
+        if pool.get_idle_size() == 0:
+            if self._growing is None and pool.get_size() < pool.get_max_size():
+                self._growing = asyncio.create_task(self._grow(pool))
                 # Cleared however it ends, cancelled before it ran included.
                 self._growing.add_done_callback(self._grown)
             return None
         try:
-            return await self._pool.acquire(timeout=_SECOND_CONNECTION_WAIT_SECONDS)
+            return await self._take(pool, _SECOND_CONNECTION_WAIT_SECONDS)
         except TimeoutError:  # taken meanwhile, and none to spare
             return None
 
@@ -64,9 +80,9 @@ class SearchConnections:
     def growing(self) -> bool:
         return self._growing is not None
 
-    async def _grow(self) -> None:
+    async def _grow(self, pool: asyncpg.Pool[Any]) -> None:
         try:
-            async with self._pool.acquire(timeout=self._timeout):
+            async with pool.acquire(timeout=self._timeout):
                 pass
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             log.warning("search.pool_growth_failed", error=str(error))
@@ -95,7 +111,8 @@ class SearchConnections:
                 log.warning("search.commit_failed", error=str(error))
         finally:
             try:
-                await self._pool.release(conn, timeout=self._timeout)
+                pool = self._owners.pop(id(conn), self._default_pool)
+                await pool.release(conn, timeout=self._timeout)
             except Exception as error:
                 log.warning("search.release_failed", error=str(error))
 

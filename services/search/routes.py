@@ -10,7 +10,7 @@ Retry-After of the provider's time (rounded up; 5 s when it named none).
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Path, Request, Security
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +30,7 @@ from services.runtime.tenant_auth import (
     require_scope,
     search_principals,
 )
+from services.search.replicas import TOKEN_PATTERN, parse_token
 from services.search.searcher import (
     DEFAULT_TOP_K,
     MAX_FILTER_DOCUMENTS,
@@ -74,6 +75,8 @@ QueryText = Annotated[
 Principal = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_PRINCIPAL_CHARS), AfterValidator(_no_nul)
 ]
+SearchToken = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
+MAX_AFTER_TOKENS: Final = 100
 Heading = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_HEADING_CHARS), AfterValidator(_no_nul)
 ]
@@ -124,6 +127,15 @@ class SearchBody(SearchModel):
     )
     mode: SearchMode = SearchMode.HYBRID
     filter: SearchFilterBody | None = None
+    after: list[SearchToken] | None = Field(
+        default=None,
+        max_length=MAX_AFTER_TOKENS,
+        description="Search tokens (`searchToken` of a document's status, or the "
+        "`search_token` Kafka header of its DocumentSearchVersionSwitched event): the search "
+        "is answered only by a database that has replayed all of them, so it sees at least "
+        "the versions those documents were searchable with when the tokens were issued. "
+        "Without it, a search on a read replica may lag by the replica's lag.",
+    )
 
 
 class SearchHitBody(SearchModel):
@@ -225,6 +237,9 @@ async def search(
                 tuple(flt.heading_prefix) if flt and flt.heading_prefix is not None else None
             ),
         ),
+        read_after=max((parse_token(token) for token in body.after), default=None)
+        if body.after
+        else None,
     )
     try:
         result: SearchResult = await searcher.search(search_request)
@@ -240,6 +255,7 @@ async def search(
         took_ms=result.took_ms,
         degraded=result.degraded.value if result.degraded else None,
         principal_token_kid=claims.kid if claims is not None else None,
+        read_from=result.read_from,
     )
     return SearchResponse.model_validate(result)
 

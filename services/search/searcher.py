@@ -106,6 +106,9 @@ class SearchRequest:
     top_k: int = DEFAULT_TOP_K
     mode: SearchMode = SearchMode.HYBRID
     filter: SearchFilter = field(default_factory=SearchFilter)
+    # The highest WAL position of the request's `after` tokens (services/search/replicas.py):
+    # answered only by a server that has replayed it. None: any server in rotation.
+    read_after: int | None = None
 
     @property
     def depth(self) -> int:
@@ -180,6 +183,8 @@ class SearchResult:
     took_ms: float
     # None: the answer is what the request's mode asked for.
     degraded: Degraded | None = None
+    # The server the search read (primary, or a replica's name); None when not routed.
+    read_from: str | None = None
 
 
 class SearchIndex(Protocol):

@@ -27,9 +27,17 @@ import asyncpg
 from services.embedding.port import Embedder
 from services.index.generations import DEFAULT_PROFILE, SearchGeneration
 from services.runtime.db import translate_db_errors
-from services.runtime.errors import ConfigError
+from services.runtime.errors import (
+    ConfigError,
+    DatabaseBusy,
+    DatabaseUnavailable,
+    SerializationConflict,
+)
 from services.runtime.logging import get_logger
 from services.search.index_pg import PgSearchIndex
+from services.search.metrics import SEARCH_READS
+from services.search.read_pool import read_pool, reading_from
+from services.search.replicas import PRIMARY, ReplicaRotation, ReplicaView
 from services.search.searcher import Generation, Searcher, SearchRequest, SearchResult
 from services.search.statements import QUERIES, SearchSettings
 
@@ -51,7 +59,7 @@ class ServingGenerations:
         """The tenant's serving generation; None while the database has no generation to
         serve it (search then reads the configured model)."""
         with translate_db_errors():
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with read_pool(self._pool).acquire(timeout=self._timeout) as conn:
                 row = await conn.fetchrow(QUERIES["serving_generation"], tenant_id)
         return None if row is None else SearchGeneration.from_record(row)
 
@@ -70,8 +78,10 @@ class GenerationSearch:
         embedder_for: EmbedderFactory,
         *,
         serving: ServingGenerations | None = None,
+        rotation: ReplicaRotation | None = None,
     ) -> None:
         self._pool = pool
+        self._rotation = rotation
         self._settings = settings
         self._configured = configured
         self._embedder_for = embedder_for
@@ -85,7 +95,32 @@ class GenerationSearch:
         self._indexes: list[PgSearchIndex] = []
         self._embedders: list[Embedder] = []  # opened here, closed by aclose
 
+    def replica_views(self) -> list[ReplicaView]:
+        """The read replicas and their lag (the operator page)."""
+        return [] if self._rotation is None else self._rotation.views()
+
     async def search(self, request: SearchRequest) -> SearchResult:
+        """Reads one server for the whole request: the one the replica rotation chose
+        (services/search/replicas.py), else the pool this was built with."""
+        if self._rotation is None:
+            return await self._search(request)
+        target = await self._rotation.choose(request.read_after)
+        try:
+            with reading_from(target.pool):
+                result = await self._search(request)
+        except (DatabaseUnavailable, DatabaseBusy, SerializationConflict) as error:
+            if target.name == PRIMARY:
+                raise
+            # The replica went away, or cancelled the search in a conflict with its replay:
+            # the primary answers this one; the next check takes the replica out if it stays
+            # so.
+            log.warning("search.replica_failed", replica=target.name, error_code=error.code)
+            SEARCH_READS.labels(server=PRIMARY).inc()
+            result = await self._search(request)
+            return replace(result, read_from=PRIMARY)
+        return replace(result, read_from=target.name)
+
+    async def _search(self, request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
         generation = await self._serving.serving(request.tenant_id)
         result = await self._searcher(generation).search(request)

@@ -17,7 +17,7 @@ from enum import Enum
 from functools import cache
 from typing import Final
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from services.index.ann import model_predicate, vector_expression
 from services.runtime.settings import RuntimeSettings
@@ -87,6 +87,33 @@ class SearchSettings(RuntimeSettings):
     search_query_embed_timeout_seconds: float = Field(
         default=DEFAULT_QUERY_EMBED_TIMEOUT_SECONDS, gt=0, le=60
     )
+    # Read replicas of DATABASE_URL that searches read (comma-separated postgresql:// URLs;
+    # empty: the primary). Everything that writes stays on the primary (services/search/
+    # replicas.py, docs/scaling.md#search-on-replicas).
+    search_database_urls: str = ""
+    # A replica whose replay lags the primary by more than this leaves the rotation until
+    # it catches up; with none left, search reads the primary.
+    search_replica_max_lag_seconds: float = Field(default=5.0, gt=0, le=3600)
+    # How often each replica's lag is checked (the lag's resolution).
+    search_replica_check_seconds: float = Field(default=1.0, gt=0, le=60)
+    # How long a search with `after` tokens waits for a replica that has replayed them
+    # before it reads the primary. 0: the primary at once when no replica has them yet.
+    search_after_wait_seconds: float = Field(default=1.0, ge=0, le=60)
+
+    @field_validator("search_database_urls")
+    @classmethod
+    def _replica_urls(cls, value: str) -> str:
+        if any(not url.startswith(("postgresql://", "postgres://")) for url in _split(value)):
+            raise ValueError("KB_SEARCH_DATABASE_URLS must list postgresql:// URLs")
+        return value
+
+    @property
+    def search_replica_urls(self) -> tuple[str, ...]:
+        return _split(self.search_database_urls)
+
+
+def _split(urls: str) -> tuple[str, ...]:
+    return tuple(url.strip() for url in urls.split(",") if url.strip())
 
 
 # The planner settings vector_path_settings_sql changes (undo_vector_path restores them).

@@ -253,6 +253,8 @@ class MemoryPublisherStore:
             search_version=search[0] if search else None,
             search_switched_at=search[1] if search else None,
             task=task,
+            # The fake has no WAL: every version is searchable "after the start".
+            search_token="0/0" if search else None,
         )
 
     async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None:

@@ -164,6 +164,26 @@ async def test_routing_key_and_headers(
     }
 
 
+async def test_a_switch_event_carries_a_search_token_past_its_commit(
+    settings: RuntimeSettings, conn: asyncpg.Connection[Any]
+) -> None:
+    """docs/scaling.md#read-your-switch: the token is read after the switch committed."""
+    s = relay_settings(settings)
+    async with TopicReader(s.kafka_bootstrap_servers, relay_topics(s)) as reader:
+        async with conn.transaction():
+            switched = _event("d1", event_type="DocumentSearchVersionSwitched")
+            await add_event(conn, switched)
+            before_commit = await conn.fetchval("SELECT pg_current_wal_insert_lsn()")
+        other = await publish(conn, document="d2", event_type="DocumentPublished")
+        async with running_relay(s):
+            await reader.read_event_ids([switched.event_id, other.event_id])
+    by_id = {m.event_id: m for m in reader.messages}
+    token = by_id[switched.event_id].headers["search_token"]
+    high, _, low = token.partition("/")
+    assert (int(high, 16) << 32 | int(low, 16)) > before_commit
+    assert "search_token" not in by_id[other.event_id].headers
+
+
 async def test_two_relays_split_the_partitions_and_hand_over(
     settings: RuntimeSettings, conn: asyncpg.Connection[Any]
 ) -> None:
@@ -463,11 +483,14 @@ async def test_one_instance_deletes_at_a_time(
             await publish(conn)
         delivered = await conn.fetchval("SELECT pg_current_snapshot()::text")
         assert await leases.commit_progress(lease, Progress(delivered=delivered), 60)
-        # Rows another cluster transaction overlapped stay (retention is conservative).
+        # Delivered: committed as the snapshot was taken, whatever else the cluster had open
+        # (a test database being cloned beside this one, say).
         deletable = await conn.fetchval(
-            "SELECT count(*) FROM outbox WHERE txid < pg_snapshot_xmin($1::text::pg_snapshot)",
+            "SELECT count(*) FROM outbox"
+            " WHERE pg_visible_in_snapshot(txid, $1::text::pg_snapshot)",
             delivered,
         )
+        assert deletable == 3
         future = await conn.fetchval("SELECT now() + interval '8 days'")
         source = PgOutboxSource(pool)
         lock = "hashtextextended('kb.relay.retention', 0)"

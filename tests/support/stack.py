@@ -32,6 +32,9 @@ class Stack:
     admin_url: str  # a database on the server we may CREATE DATABASE from
     kafka_bootstrap: str
     started: list[EmbeddedPostgres | LocalKafka] = field(default_factory=list)
+    # The dev stack's settings when admin_url is its embedded PostgreSQL (no DATABASE_URL):
+    # tests/support/replica.py then runs a streaming replica of it.
+    dev_settings: DevStackSettings | None = None
 
     def database_url(self, name: str) -> str:
         base, _, _ = self.admin_url.rpartition("/")
@@ -47,6 +50,7 @@ def running_stack() -> Iterator[Stack]:
     settings = DevStackSettings(home=REPO_ROOT / ".kb" / "dev")
     started: list[EmbeddedPostgres | LocalKafka] = []
     admin_url = os.environ.get("DATABASE_URL")
+    dev_settings = None if admin_url else settings
     if not admin_url:
         postgres = EmbeddedPostgres(settings)
         if not postgres.status().running:
@@ -61,7 +65,7 @@ def running_stack() -> Iterator[Stack]:
         kafka_bootstrap = kafka.up().url
         assert kafka_bootstrap
     try:
-        yield Stack(admin_url, kafka_bootstrap, started)
+        yield Stack(admin_url, kafka_bootstrap, started, dev_settings)
     finally:
         if os.environ.get("KB_TEST_KEEP_STACK") != "1":
             for service in reversed(started):

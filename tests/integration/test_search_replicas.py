@@ -1,0 +1,322 @@
+"""Search on a real streaming replica (docs/scaling.md#search-on-replicas): a search naming a
+pointer switch's token never answers from the version before it, whether the replica
+replays or its replay is paused; a paused replica leaves the rotation and comes back."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from services.app import create_app
+from services.embedding.hashing import HashingEmbedder
+from services.publisher.settings import PublisherSettings
+from services.publisher.store_pg import PgPublisherStore
+from services.search.connections import open_search_pool
+from services.search.replicas import PRIMARY, ReplicaRotation, parse_token
+from services.search.serving import GenerationSearch
+from services.search.statements import SearchSettings
+from tests.support.api import BASE_URL, ApiTenant, add_tenant
+from tests.support.replica import ReplicaPair, caught_up, running_replica
+from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
+from tests.support.stack import (
+    Stack,
+    create_test_database,
+    drop_test_database,
+    ensure_template,
+)
+
+pytestmark = pytest.mark.integration
+
+VERSIONS = 7
+CHUNKS = 3
+REPLICA = "replica"
+
+
+@pytest.fixture(scope="session")
+def replica_pair(stack: Stack) -> Iterator[ReplicaPair]:
+    with running_replica(stack) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="session")
+async def replica_template(replica_pair: ReplicaPair) -> str:
+    return await ensure_template(replica_pair.primary)
+
+
+@pytest.fixture(scope="module")
+async def database(replica_pair: ReplicaPair, replica_template: str) -> AsyncIterator[str]:
+    """One database for the module's tests (creating one takes seconds here); each test
+    has tenants of its own in it."""
+    name = await create_test_database(replica_pair.primary, replica_template)
+    try:
+        yield replica_pair.primary.database_url(name)
+    finally:
+        await drop_test_database(replica_pair.primary, name)
+
+
+@pytest.fixture
+async def urls(
+    integration_only: None, replica_pair: ReplicaPair, database: str
+) -> AsyncIterator[tuple[str, str]]:
+    """The module's database on the primary and on the replica, the replica caught up."""
+    replica_url = replica_pair.replica_url(database)
+    await caught_up(database, replica_url)
+    try:
+        yield database, replica_url
+    finally:
+        # Never leave the replica paused for the next test.
+        replica = await asyncpg.connect(replica_url)
+        try:
+            await replica.execute("SELECT pg_wal_replay_resume()")
+        finally:
+            await replica.close()
+
+
+@pytest.fixture
+async def pools(urls: tuple[str, str]) -> AsyncIterator[tuple[Any, Any]]:
+    primary_url, replica_url = urls
+    primary = await open_search_pool(SearchSettings(database_url=primary_url))
+    try:
+        replica = await open_search_pool(SearchSettings(database_url=replica_url))
+        try:
+            yield primary, replica
+        finally:
+            await replica.close()
+    finally:
+        await primary.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _pause(replica: asyncpg.Connection[Any], paused: bool) -> None:
+    await replica.execute(
+        "SELECT pg_wal_replay_pause()" if paused else "SELECT pg_wal_replay_resume()"
+    )
+
+
+async def test_a_switch_token_never_answers_from_the_old_version(
+    urls: tuple[str, str], pools: tuple[Any, Any]
+) -> None:
+    primary_url, replica_url = urls
+    primary_pool, replica_pool = pools
+    embedder = HashingEmbedder(64)
+    settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
+    # A lag limit nobody reaches: the paused replica stays in rotation, so only the token
+    # keeps a search off it.
+    rotation = ReplicaRotation(
+        primary_pool,
+        [(REPLICA, replica_pool)],
+        max_lag_seconds=3600,
+        after_wait_seconds=0.2,
+        check_seconds=0.05,
+    )
+    await rotation.check()
+    assert [view.in_rotation for view in rotation.views()] == [True]
+    search = GenerationSearch(
+        primary_pool, settings, embedder, lambda g: embedder, rotation=rotation
+    )
+    app = create_app(
+        PublisherSettings(database_url=primary_url),
+        store=PgPublisherStore(primary_pool),
+        searcher=search,
+    )
+    primary = await asyncpg.connect(primary_url)
+    replica = await asyncpg.connect(replica_url)
+    try:
+        tenant = await add_tenant(primary)
+        tenant_id = tenant.tenant_id
+        document_id = await add_document(primary, tenant_id)
+        for version in range(1, VERSIONS + 1):
+            chunks = [ChunkSpec(f"refund clause {n} of version {version}") for n in range(CHUNKS)]
+            await add_version(primary, tenant_id, document_id, version, chunks, embedder)
+        await point_search_at(primary, tenant_id, document_id, 1, embedder.model)
+        await caught_up(primary_url, replica_url)
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+            for version in range(2, VERSIONS + 1):
+                paused = version % 2 == 0  # paused, replaying, paused, ...
+                if paused:  # at the previous version, then stopped there
+                    await caught_up(primary_url, replica_url)
+                await _pause(replica, paused)
+                await point_search_at(primary, tenant_id, document_id, version, embedder.model)
+                status = await _status(client, tenant, document_id)
+                assert status["searchVersion"] == version
+                token = status["searchToken"]
+
+                answer = await _search(client, tenant, [token])
+                assert answer == {version}, f"token {token} answered from {answer}"
+                if paused:
+                    # The replica still serves the old version: without the token a search
+                    # read there answers from it (what the token is for).
+                    assert await _search_on(search, tenant.tenant_id) == {version - 1}
+                    assert rotation.views()[0].in_rotation
+    finally:
+        await primary.close()
+        await replica.close()
+        await search.aclose()
+
+
+async def test_a_token_is_answered_by_the_replica_once_it_replayed_it(
+    urls: tuple[str, str], pools: tuple[Any, Any]
+) -> None:
+    primary_url, replica_url = urls
+    primary_pool, replica_pool = pools
+    rotation = ReplicaRotation(
+        primary_pool,
+        [(REPLICA, replica_pool)],
+        max_lag_seconds=3600,
+        after_wait_seconds=5.0,
+        check_seconds=0.05,
+    )
+    await rotation.check()
+    primary = await asyncpg.connect(primary_url)
+    replica = await asyncpg.connect(replica_url)
+    try:
+        await _pause(replica, True)
+        await add_tenant(primary)
+        token = await primary.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+        # Paused: the replica has not replayed the token; a wait of 0 reads the primary.
+        quick = ReplicaRotation(
+            primary_pool,
+            [(REPLICA, replica_pool)],
+            max_lag_seconds=3600,
+            after_wait_seconds=0,
+            check_seconds=0.05,
+        )
+        await quick.check()
+        assert (await quick.choose(parse_token(token))).name == PRIMARY
+        # Resumed while a search waits: the replica answers it.
+        await _pause(replica, False)
+        target = await rotation.choose(parse_token(token))
+        assert target.name == REPLICA
+        assert target.waited_seconds < 5.0
+        assert await replica.fetchval("SELECT pg_last_wal_replay_lsn()") >= parse_token(token)
+    finally:
+        await primary.close()
+        await replica.close()
+
+
+async def test_a_paused_replica_leaves_the_rotation_and_comes_back(
+    urls: tuple[str, str], pools: tuple[Any, Any]
+) -> None:
+    primary_url, replica_url = urls
+    primary_pool, replica_pool = pools
+    clock = Clock()
+    rotation = ReplicaRotation(
+        primary_pool,
+        [(REPLICA, replica_pool)],
+        max_lag_seconds=1.0,
+        after_wait_seconds=0,
+        check_seconds=0.5,
+        clock=clock,
+    )
+    primary = await asyncpg.connect(primary_url)
+    replica = await asyncpg.connect(replica_url)
+    try:
+        await rotation.check()
+        assert (await rotation.choose()).name == REPLICA
+
+        await _pause(replica, True)
+        await add_tenant(primary)  # WAL the paused replica does not replay
+        clock.now = 0.5
+        await rotation.check()
+        (view,) = rotation.views()
+        # Within the limit: 0 (the primary wrote it only since the first check), or 0.5 when
+        # the server's other databases wrote WAL the replica had not replayed at that check.
+        assert view.in_rotation
+        assert view.lag_seconds in (0.0, 0.5)
+        await add_tenant(primary)
+        clock.now = 2.0
+        await rotation.check()
+        (view,) = rotation.views()
+        assert not view.in_rotation
+        assert view.lag_seconds in (1.5, 2.0)
+        assert (await rotation.choose()).name == PRIMARY
+
+        await _pause(replica, False)
+        await caught_up(primary_url, replica_url)
+        clock.now = 2.5
+        await rotation.check()
+        (view,) = rotation.views()
+        assert view.in_rotation
+        assert view.lag_seconds == 0.0
+        assert (await rotation.choose()).name == REPLICA
+    finally:
+        await primary.close()
+        await replica.close()
+
+
+async def test_a_search_the_replica_fails_is_answered_by_the_primary(
+    urls: tuple[str, str], pools: tuple[Any, Any]
+) -> None:
+    primary_url, replica_url = urls
+    primary_pool, _ = pools
+    embedder = HashingEmbedder(64)
+    settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
+    gone = await open_search_pool(SearchSettings(database_url=replica_url))
+    rotation = ReplicaRotation(
+        primary_pool,
+        [(REPLICA, gone)],
+        max_lag_seconds=3600,
+        after_wait_seconds=0,
+        check_seconds=0.05,
+    )
+    await rotation.check()
+    await gone.close()  # in rotation, and gone before the next check
+    search = GenerationSearch(
+        primary_pool, settings, embedder, lambda g: embedder, rotation=rotation
+    )
+    primary = await asyncpg.connect(primary_url)
+    try:
+        tenant = await add_tenant(primary)
+        document_id = await add_document(primary, tenant.tenant_id)
+        chunks = [ChunkSpec("refund clause of version 1")]
+        await add_version(primary, tenant.tenant_id, document_id, 1, chunks, embedder)
+        await point_search_at(primary, tenant.tenant_id, document_id, 1, embedder.model)
+        from services.search.searcher import SearchRequest
+
+        result = await search.search(
+            SearchRequest(tenant.tenant_id, "refund clause", ("group:all",))
+        )
+        assert result.read_from == PRIMARY
+        assert {hit.version_number for hit in result.results} == {1}
+    finally:
+        await primary.close()
+        await search.aclose()
+
+
+async def _status(client: httpx.AsyncClient, tenant: ApiTenant, document_id: uuid.UUID) -> Any:
+    response = await client.get(tenant.path(f"/documents/{document_id}"), headers=tenant.headers)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def _search(client: httpx.AsyncClient, tenant: ApiTenant, after: list[str]) -> set[int]:
+    response = await client.post(
+        tenant.path("/search"),
+        json={"query": "refund clause", "principals": ["group:all"], "after": after},
+        headers=tenant.headers,
+    )
+    assert response.status_code == 200, response.text
+    return {hit["versionNumber"] for hit in response.json()["results"]}
+
+
+async def _search_on(search: GenerationSearch, tenant_id: str) -> set[int]:
+    """A search without a token, read on the replica (the only one in rotation)."""
+    from services.search.searcher import SearchRequest
+
+    result = await search.search(SearchRequest(tenant_id, "refund clause", ("group:all",)))
+    assert result.read_from == REPLICA
+    return {hit.version_number for hit in result.results}

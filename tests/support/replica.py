@@ -1,0 +1,95 @@
+"""A streaming replica for the tests that search on one (tests/integration/test_search_replicas.py).
+
+When the tests run on the dev stack's embedded PostgreSQL (no ``DATABASE_URL``: CI, and
+``scripts/test`` on a laptop), the replica is the dev stack's own replica 1 of it
+(``kb dev up --replicas 1``), started here if it does not run and stopped at the end if it
+was. When ``DATABASE_URL`` names another server, which we may not be allowed to replicate,
+the tests start a primary and a replica of their own: in ``KB_TEST_REPLICA_HOME`` (default
+``.kb/test-replica``) on ``KB_TEST_REPLICA_PORT`` and the port after it (default: free
+ports), stopped at the end. A server that cannot start fails the tests; they never skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from services.devstack.postgres import EmbeddedPostgres
+from services.devstack.replicas import EmbeddedReplica
+from services.devstack.settings import DevStackSettings
+from tests.support.stack import REPO_ROOT, Stack
+
+
+@dataclass(frozen=True)
+class ReplicaPair:
+    primary: Stack  # the primary, as a Stack: test databases are created on it
+    replica_admin_url: str
+
+    def replica_url(self, database_url: str) -> str:
+        """The replica's URL of a database of the primary."""
+        base, _, _ = self.replica_admin_url.rpartition("/")
+        return f"{base}/{database_url.rpartition('/')[2]}"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextmanager
+def running_replica(stack: Stack) -> Iterator[ReplicaPair]:
+    started: list[EmbeddedPostgres] = []
+    if stack.dev_settings is not None:
+        primary_stack = stack
+        replica = EmbeddedReplica(stack.dev_settings, 1)
+    else:
+        port = int(os.environ.get("KB_TEST_REPLICA_PORT") or _free_port())
+        home = Path(os.environ.get("KB_TEST_REPLICA_HOME") or REPO_ROOT / ".kb" / "test-replica")
+        settings = DevStackSettings(home=home, pg_port=port, pg_replica_port=port + 1)
+        primary = EmbeddedPostgres(settings)
+        if not primary.status().running:
+            started.append(primary)
+        primary_stack = Stack(primary.up().url or "", stack.kafka_bootstrap)
+        replica = EmbeddedReplica(settings, 1)
+    try:
+        if not replica.status().running:
+            started.append(replica)
+        url = replica.up().url
+        assert url
+        yield ReplicaPair(primary_stack, url)
+    finally:
+        if os.environ.get("KB_TEST_KEEP_STACK") != "1":
+            for server in reversed(started):
+                server.down()
+
+
+async def caught_up(primary_url: str, replica_url: str, timeout_s: float = 10.0) -> None:
+    """Returns once the replica has replayed what the primary had written when called."""
+    primary = await asyncpg.connect(primary_url)
+    try:
+        target = await primary.fetchval("SELECT pg_current_wal_insert_lsn()")
+    finally:
+        await primary.close()
+    async with asyncio.timeout(timeout_s):
+        while True:
+            try:
+                replica = await asyncpg.connect(replica_url)
+            except asyncpg.InvalidCatalogNameError:  # the database is not replayed yet
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                while True:  # polled: a standby offers nothing to wait on
+                    if await replica.fetchval("SELECT pg_last_wal_replay_lsn() >= $1", target):
+                        return
+                    await asyncio.sleep(0.005)
+            finally:
+                await replica.close()
