@@ -259,14 +259,21 @@ class _Pack:
         self.text = text
 
     def take(
-        self, heading_path: tuple[str, ...], text: str, max_tokens: int, count: TokenCounter
+        self,
+        heading_path: tuple[str, ...],
+        text: str,
+        strategy: ChunkingStrategy,
+        count: TokenCounter,
     ) -> bool:
-        """Adds the next small section if it is under the same heading path and the pack
-        still fits with it."""
+        """Adds the next section if it is under the same heading path and the pack still
+        fits with it (then the section alone would fit too: a small one)."""
         if heading_path != self.heading_path:
             return False
         packed = self.text + SECTION_SEPARATOR + text
-        if count(embedding_input_of(self.path, packed)) > max_tokens:
+        budget = strategy.max_tokens - _prefix_tokens(self.path, count)
+        if len(packed) > budget * _CHARS_PER_TOKEN:
+            return False
+        if count(embedding_input_of(self.path, packed)) > strategy.max_tokens:
             return False
         self.text = packed
         return True
@@ -300,20 +307,29 @@ def _chunk_texts(
         else:
             count.forget_all_but(embedding_input_of(path, ""))
         huge = len(section.text) > WINDOW_CHARS
-        pieces = [] if huge else _section_pieces(section.text, path, strategy, count)
-        if pieces == [section.text]:  # a small section: it may share its chunk
-            if pack is not None and pack.take(
-                heading_path, section.text, strategy.max_tokens, count
+        pieces: list[str] | None = None
+        if strategy.overlap_tokens and not huge:
+            # With an overlap semchunk may cut even a section that fits; one it cuts is no
+            # small section and joins no pack. Without one, a section that fits in the
+            # pack is small: its pieces are not needed.
+            pieces = _section_pieces(section.text, path, strategy, count)
+        if pack is not None:
+            if pieces in (None, [section.text]) and pack.take(
+                heading_path, section.text, strategy, count
             ):
                 continue
-            if pack is not None:
-                yield pack.path, pack.text
-            pack = _Pack(heading_path, path, section.text)
-            continue
-        if pack is not None:
             yield pack.path, pack.text
             pack = None
-        for piece in _huge_section_pieces(section.text, path, strategy, count) if huge else pieces:
+        if huge:
+            for piece in _huge_section_pieces(section.text, path, strategy, count):
+                yield path, piece
+            continue
+        if pieces is None:
+            pieces = _section_pieces(section.text, path, strategy, count)
+        if pieces == [section.text]:  # a small section: the next ones may join it
+            pack = _Pack(heading_path, path, section.text)
+            continue
+        for piece in pieces:
             yield path, piece
     if pack is not None:
         yield pack.path, pack.text

@@ -325,6 +325,17 @@ def test_a_section_bigger_than_the_budget_is_split_as_before_between_packs() -> 
     assert all(COUNT(c.embedding_input) <= 64 for c in chunks)
 
 
+def test_with_an_overlap_small_sections_are_packed_and_long_ones_overlap_alone() -> None:
+    long = " ".join(f"word{n}" for n in range(200))
+    sections = [Section(("A",), "One."), Section(("A",), "Two."), Section(("A",), long)]
+    strategy = ChunkingStrategy(MINILM, max_tokens=64, overlap_tokens=16)
+    chunks = chunk(sections, strategy)
+    assert chunks[0].text == "One.\n\nTwo."
+    assert [c.text for c in chunks[1:]] == [
+        c.text for c in chunk([Section(("A",), long)], strategy)
+    ]
+
+
 def test_packed_chunk_ids_are_deterministic_and_distinct() -> None:
     sections = [Section(("A",), f"Small section {n}.") for n in range(30)]
     sections += [Section(("B",), f"Other section {n}.") for n in range(30)]
