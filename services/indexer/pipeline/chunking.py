@@ -1,13 +1,15 @@
 """Chunking: sections into token-bounded, heading-aware chunks with deterministic ids.
 
-Each section is split on its own (a chunk never spans two headings) by semchunk, which
-prefers paragraph, then line, then sentence, then word boundaries; a section over
-``WINDOW_CHARS`` is first cut at paragraph breaks into windows of about that size, chunked
-one after another, so that chunks can be handed on while a huge section is still being
-chunked. What is embedded is the
-heading path followed by the chunk text, and that whole input stays within the strategy's
-``max_tokens`` as the embedding model's tokenizer counts it. The same sections and strategy
-always give the same chunks with the same ids, so re-running a task writes the same rows.
+What is embedded is the heading path followed by the chunk text, and that whole input
+stays within the strategy's ``max_tokens`` as the embedding model's tokenizer counts it; a
+chunk never spans two heading paths. A section that fits is one chunk, counted once and
+not split. A larger one is split on its own by semchunk, which prefers paragraph, then
+line, then sentence, then word boundaries; a section over ``WINDOW_CHARS`` is first cut at
+paragraph breaks into windows of about that size, chunked one after another, so that
+chunks can be handed on while a huge section is still being chunked. Adjacent small
+sections under the same heading path are packed into one chunk while its input fits
+(docs/architecture.md#the-indexer). The same sections and strategy always give the same
+chunks with the same ids, so re-running a task writes the same rows.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ from services.indexer.pipeline.parsing.section import Section
 from services.runtime.errors import ConfigError
 
 HEADING_SEPARATOR: Final = " > "
+# Between the sections of a pack, as between the blocks of one section (parsing/section.py).
+SECTION_SEPARATOR: Final = "\n\n"
 # The heading prefix may take at most this share of a chunk; deeper paths lose their
 # outermost headings first (the innermost says most about the text).
 _MAX_HEADING_SHARE: Final = 0.5
-# Long texts are judged by a prefix of about this many characters per token of budget.
+# Few texts take more characters per token: a longer candidate is judged by a prefix of
+# this many characters per token of budget, and only a shorter section is tried whole.
 _CHARS_PER_TOKEN: Final = 6
 _TOKEN_CHARS_SLACK: Final = 64
 # Sections longer than this many characters are chunked window by window (``_windows``).
@@ -158,29 +163,56 @@ def _fit_heading_path(
     return path
 
 
-def _split(text: str, size: int, overlap: int, count: TokenCounter) -> list[str]:
-    # semchunk only asks "does this fit in ``size``?" of long candidate texts: a prefix
-    # already over the size answers it without tokenizing megabytes (no token is longer
-    # than the window's slack; every piece's final input is counted exactly afterwards).
+def _fits_count(candidate: str, size: int, count: TokenCounter) -> int:
+    """``count(candidate)``, or ``size + 1`` when a prefix of a long candidate is already
+    over ``size``: "does this fit?" is answered without tokenizing megabytes (no token is
+    longer than the window's slack; every piece's final input is counted exactly)."""
     window = size * _CHARS_PER_TOKEN + _TOKEN_CHARS_SLACK
+    if len(candidate) > window and count(candidate[:window]) > size:
+        return size + 1
+    return count(candidate)
 
-    def fits_count(candidate: str) -> int:
-        if len(candidate) > window and count(candidate[:window]) > size:
-            return size + 1
-        return count(candidate)
 
+def _split(text: str, size: int, overlap: int, count: TokenCounter) -> list[str]:
     pieces = semchunk_chunk(
-        text, chunk_size=size, token_counter=fits_count, memoize=False, overlap=overlap or None
+        text,
+        chunk_size=size,
+        token_counter=lambda candidate: _fits_count(candidate, size, count),
+        memoize=False,
+        overlap=overlap or None,
     )
     assert isinstance(pieces, list)  # without offsets=True semchunk returns just the texts
     return [piece for piece in pieces if piece.strip()]
 
 
+def _prefix_tokens(path: tuple[str, ...], count: TokenCounter) -> int:
+    return count(embedding_input_of(path, "")) if path else 0
+
+
+def _fits_whole(
+    text: str, path: tuple[str, ...], strategy: ChunkingStrategy, count: TokenCounter
+) -> bool:
+    """Whether splitting would keep ``text`` whole, asked without splitting: semchunk
+    returns a text within its size as it is, and the full input must fit too. Counts the
+    text once (under a heading, its input once more), where semchunk would count its first
+    paragraph, then runs of paragraphs, then the whole. A text longer than most that fit
+    is not counted whole: it goes to semchunk, which keeps it whole if it fits after all."""
+    budget = strategy.max_tokens - _prefix_tokens(path, count)
+    return (
+        len(text) <= budget * _CHARS_PER_TOKEN
+        and count(text) <= budget
+        and count(embedding_input_of(path, text)) <= strategy.max_tokens
+    )
+
+
 def _section_pieces(
     text: str, path: tuple[str, ...], strategy: ChunkingStrategy, count: TokenCounter
 ) -> list[str]:
-    prefix_tokens = count(embedding_input_of(path, "")) if path else 0
-    budget = strategy.max_tokens - prefix_tokens
+    # With an overlap semchunk cuts even a text that fits into overlapping pieces: only
+    # without one is a text that fits its own one piece.
+    if not strategy.overlap_tokens and _fits_whole(text, path, strategy, count):
+        return [text]
+    budget = strategy.max_tokens - _prefix_tokens(path, count)
     pieces: list[str] = []
     pending = deque(_split(text, budget, strategy.overlap_tokens, count))
     # Token counts are not always additive (the joint text may tokenize differently), so
@@ -217,6 +249,92 @@ def _windows(text: str, size: int) -> Iterator[str]:
     yield text[start:]
 
 
+class _Pack:
+    """Adjacent small sections under one heading path, gathered into one chunk while its
+    full input stays within ``max_tokens``."""
+
+    def __init__(self, heading_path: tuple[str, ...], path: tuple[str, ...], text: str) -> None:
+        self.heading_path = heading_path  # the sections' own, before it was fitted
+        self.path = path
+        self.text = text
+
+    def take(
+        self,
+        heading_path: tuple[str, ...],
+        text: str,
+        strategy: ChunkingStrategy,
+        count: TokenCounter,
+    ) -> bool:
+        """Adds the next section if it is under the same heading path and the pack still
+        fits with it (then the section alone would fit too: a small one)."""
+        if heading_path != self.heading_path:
+            return False
+        packed = self.text + SECTION_SEPARATOR + text
+        budget = strategy.max_tokens - _prefix_tokens(self.path, count)
+        if len(packed) > budget * _CHARS_PER_TOKEN:
+            return False
+        if count(embedding_input_of(self.path, packed)) > strategy.max_tokens:
+            return False
+        self.text = packed
+        return True
+
+
+def _huge_section_pieces(
+    text: str, path: tuple[str, ...], strategy: ChunkingStrategy, count: _Memo
+) -> Iterator[str]:
+    for window_number, window in enumerate(_windows(text, WINDOW_CHARS)):
+        if window_number:
+            count.forget_all_but(embedding_input_of(path, ""))
+        yield from _section_pieces(window, path, strategy, count)
+
+
+def _chunk_texts(
+    sections: Iterable[Section], strategy: ChunkingStrategy, count_tokens: TokenCounter
+) -> Iterator[tuple[tuple[str, ...], str]]:
+    """(heading path as fitted, text) of each chunk of a document, in order."""
+    heading_path: tuple[str, ...] | None = None
+    path: tuple[str, ...] = ()
+    count = _Memo(count_tokens)
+    pack: _Pack | None = None
+    for section in sections:
+        # Counts are remembered for one section (one window of a huge one), and the heading
+        # prefix's while the path stays: a huge document's candidate texts are not kept
+        # for its whole life.
+        if section.heading_path != heading_path:
+            heading_path = section.heading_path
+            count = _Memo(count_tokens)
+            path = _fit_heading_path(heading_path, strategy.max_tokens, count)
+        else:
+            count.forget_all_but(embedding_input_of(path, ""))
+        huge = len(section.text) > WINDOW_CHARS
+        pieces: list[str] | None = None
+        if strategy.overlap_tokens and not huge:
+            # With an overlap semchunk may cut even a section that fits; one it cuts is no
+            # small section and joins no pack. Without one, a section that fits in the
+            # pack is small: its pieces are not needed.
+            pieces = _section_pieces(section.text, path, strategy, count)
+        if pack is not None:
+            if pieces in (None, [section.text]) and pack.take(
+                heading_path, section.text, strategy, count
+            ):
+                continue
+            yield pack.path, pack.text
+            pack = None
+        if huge:
+            for piece in _huge_section_pieces(section.text, path, strategy, count):
+                yield path, piece
+            continue
+        if pieces is None:
+            pieces = _section_pieces(section.text, path, strategy, count)
+        if pieces == [section.text]:  # a small section: the next ones may join it
+            pack = _Pack(heading_path, path, section.text)
+            continue
+        for piece in pieces:
+            yield path, piece
+    if pack is not None:
+        yield pack.path, pack.text
+
+
 def iter_chunks(
     sections: Iterable[Section],
     *,
@@ -229,32 +347,22 @@ def iter_chunks(
     prefix included), produced one section window at a time: a consumer that hands them on
     in slices never holds the whole document's chunks."""
     strategy_id = strategy.strategy_id
-    ordinal = 0
-    for section in sections:
-        # Counts are remembered for one window of one section: a huge document's candidate
-        # texts are not kept for its whole life.
-        count = _Memo(count_tokens)
-        path = _fit_heading_path(section.heading_path, strategy.max_tokens, count)
-        for window_number, window in enumerate(_windows(section.text, WINDOW_CHARS)):
-            if window_number:
-                count.forget_all_but(embedding_input_of(path, ""))
-            for piece in _section_pieces(window, path, strategy, count):
-                digest = hashlib.sha256(embedding_input_of(path, piece).encode("utf-8")).digest()
-                yield Chunk(
-                    chunk_id=chunk_id_of(
-                        document_id=document_id,
-                        version_number=version_number,
-                        strategy_id=strategy_id,
-                        ordinal=ordinal,
-                        heading_path=path,
-                        content_digest=digest,
-                    ),
-                    ordinal=ordinal,
-                    heading_path=path,
-                    text=piece,
-                    content_digest=digest,
-                )
-                ordinal += 1
+    for ordinal, (path, text) in enumerate(_chunk_texts(sections, strategy, count_tokens)):
+        digest = hashlib.sha256(embedding_input_of(path, text).encode("utf-8")).digest()
+        yield Chunk(
+            chunk_id=chunk_id_of(
+                document_id=document_id,
+                version_number=version_number,
+                strategy_id=strategy_id,
+                ordinal=ordinal,
+                heading_path=path,
+                content_digest=digest,
+            ),
+            ordinal=ordinal,
+            heading_path=path,
+            text=text,
+            content_digest=digest,
+        )
 
 
 def chunk_sections(

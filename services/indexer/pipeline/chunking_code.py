@@ -25,7 +25,8 @@ from services.runtime.errors import ConfigError
 
 # Raise it with any change to our parsing (pipeline/parsing/) or chunking (chunking.py) that
 # can change the chunks of a document already indexed: the change then counts as older code.
-CHUNKER_VERSION: Final = 1
+# 2: adjacent small sections under the same heading path share a chunk.
+CHUNKER_VERSION: Final = 2
 
 # The distributions whose behaviour decides the chunks: the parsers of each media type,
 # the splitter, and the tokenizer library that counts the tokens.

@@ -14,12 +14,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.embedding.tokens import TokenizerSpec, approximate_tokens, load_token_counter
-from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy, chunk_id_of, chunk_sections
+from services.indexer.pipeline.chunking import (
+    SECTION_SEPARATOR,
+    Chunk,
+    ChunkingStrategy,
+    _split,
+    chunk_id_of,
+    chunk_sections,
+    embedding_input_of,
+)
 from services.indexer.pipeline.chunking_code import CHUNKER_VERSION
 from services.indexer.pipeline.parsing import Section, parse_document
 from services.indexer.pipeline.parsing.section import normalise_heading, normalise_text
 from services.runtime.errors import ConfigError
-from services.runtime.media_types import MARKDOWN
+from services.runtime.media_types import HTML, MARKDOWN
 from tests.support.documents import make_large_text, make_markdown
 
 MINILM = TokenizerSpec(
@@ -75,7 +83,7 @@ def test_strategy_id_names_every_setting_and_the_code_that_chunks() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        {"chunker": "2"},
+        {"chunker": str(CHUNKER_VERSION + 1)},
         {"pypdf": "0.0.1"},
         {"python-docx": "0.0.1"},
         {"selectolax": "0.0.1"},
@@ -208,6 +216,139 @@ def test_each_text_is_counted_once_per_section() -> None:
     assert len(counted) == len(set(counted))
 
 
+def counted_texts(sections: Sequence[Section], strategy: ChunkingStrategy) -> list[str]:
+    counted: list[str] = []
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return COUNT(text)
+
+    chunk_sections(
+        sections, document_id=DOCUMENT, version_number=1, strategy=strategy, count_tokens=counting
+    )
+    return counted
+
+
+def test_a_section_that_fits_is_tokenized_once_without_splitting() -> None:
+    text = "First paragraph.\n\nSecond paragraph.\n\nThird paragraph."
+    assert counted_texts([Section((), text)], ChunkingStrategy(MINILM)) == [text]
+    # Under a heading: the prefix, the text (its budget), the whole input (the bound).
+    prefix = "Refunds\n\n"
+    assert sorted(counted_texts([Section(("Refunds",), text)], ChunkingStrategy(MINILM))) == sorted(
+        [prefix, text, prefix + text]
+    )
+
+
+# --- packing: adjacent small sections under one heading path share a chunk -----------------
+
+
+def test_adjacent_small_sections_under_one_heading_path_share_a_chunk() -> None:
+    sections = [
+        Section(("Refunds",), "Thirty days."),
+        Section(("Refunds",), "No receipt needed."),
+        Section(("Refunds", "Example"), "A pair of boots."),
+        Section(("Refunds",), "Store credit only."),
+        Section(("Refunds",), "Gift cards excluded."),
+        Section((), "Contact us."),
+        Section((), "Any store."),
+    ]
+    chunks = chunk(sections, ChunkingStrategy(MINILM))
+    assert [(c.ordinal, c.heading_path, c.text) for c in chunks] == [
+        (0, ("Refunds",), "Thirty days.\n\nNo receipt needed."),
+        (1, ("Refunds", "Example"), "A pair of boots."),
+        (2, ("Refunds",), "Store credit only.\n\nGift cards excluded."),
+        (3, (), "Contact us.\n\nAny store."),
+    ]
+    packed = chunks[0]
+    assert packed.embedding_input == "Refunds\n\nThirty days.\n\nNo receipt needed."
+    assert packed.content_digest == hashlib.sha256(packed.embedding_input.encode()).digest()
+
+
+def test_parsed_sections_split_by_an_empty_or_repeated_heading_are_packed_again() -> None:
+    markdown = b"# Refunds\n\nThirty days.\n\n##\n\nNo receipt.\n\n## Q\n\nOne.\n\n## Q\n\nTwo.\n"
+    html = b"<h1>Refunds</h1><p>Thirty days.</p><h2></h2><p>No receipt.</p>"
+    for media_type, content in [(MARKDOWN, markdown), (HTML, html)]:
+        sections = parse_document(media_type, content)
+        assert len(sections) > len({s.heading_path for s in sections})
+        chunks = chunk(sections, ChunkingStrategy(MINILM))
+        assert [c.heading_path for c in chunks] == list(
+            dict.fromkeys(s.heading_path for s in sections)
+        )
+    assert [
+        c.text for c in chunk(parse_document(MARKDOWN, markdown), ChunkingStrategy(MINILM))
+    ] == [
+        "Thirty days.\n\nNo receipt.",
+        "One.\n\nTwo.",
+    ]
+
+
+def test_a_pack_fills_up_to_the_budget_and_never_past_it() -> None:
+    path = ("Handbook", "Rules")
+    sections = [Section(path, f"Rule {n}: keep the desk number {n} tidy.") for n in range(60)]
+    strategy = ChunkingStrategy(MINILM, max_tokens=48)
+    chunks = chunk(sections, strategy)
+    assert 1 < len(chunks) < len(sections)
+    assert all(COUNT(c.embedding_input) <= 48 for c in chunks)
+    # Every chunk is whole sections in order, and the next section would not have fitted.
+    texts = [s.text for s in sections]
+    start = 0
+    for c in chunks:
+        held = c.text.split(SECTION_SEPARATOR)
+        assert held == texts[start : start + len(held)]
+        start += len(held)
+        if start < len(texts):
+            grown = c.text + SECTION_SEPARATOR + texts[start]
+            assert COUNT(embedding_input_of(path, grown)) > 48
+    assert start == len(texts)
+
+
+def test_a_section_bigger_than_the_budget_is_split_as_before_between_packs() -> None:
+    path = ("Terms",)
+    big = normalise_text(make_large_text(40).decode())
+    strategy = ChunkingStrategy(MINILM, max_tokens=64)
+    alone = [c.text for c in chunk([Section(path, big)], strategy)]
+    assert len(alone) > 3
+    sections = [
+        Section(path, "Before one."),
+        Section(path, "Before two."),
+        Section(path, big),
+        Section(path, "After one."),
+        Section(path, "After two."),
+    ]
+    chunks = chunk(sections, strategy)
+    assert [c.text for c in chunks] == [
+        "Before one.\n\nBefore two.",
+        *alone,
+        "After one.\n\nAfter two.",
+    ]
+    assert all(c.heading_path == path for c in chunks)
+    assert all(COUNT(c.embedding_input) <= 64 for c in chunks)
+
+
+def test_with_an_overlap_small_sections_are_packed_and_long_ones_overlap_alone() -> None:
+    long = " ".join(f"word{n}" for n in range(200))
+    sections = [Section(("A",), "One."), Section(("A",), "Two."), Section(("A",), long)]
+    strategy = ChunkingStrategy(MINILM, max_tokens=64, overlap_tokens=16)
+    chunks = chunk(sections, strategy)
+    assert chunks[0].text == "One.\n\nTwo."
+    assert [c.text for c in chunks[1:]] == [
+        c.text for c in chunk([Section(("A",), long)], strategy)
+    ]
+
+
+def test_packed_chunk_ids_are_deterministic_and_distinct() -> None:
+    sections = [Section(("A",), f"Small section {n}.") for n in range(30)]
+    sections += [Section(("B",), f"Other section {n}.") for n in range(30)]
+    strategy = ChunkingStrategy(MINILM, max_tokens=32)
+    first = chunk(sections, strategy)
+    assert first == chunk(sections, strategy)
+    assert len({c.chunk_id for c in first}) == len(first)
+    assert [c.ordinal for c in first] == list(range(len(first)))
+    assert {c.chunk_id for c in first}.isdisjoint(
+        c.chunk_id for c in chunk(sections, strategy, version=2)
+    )
+
+
 # --- properties ------------------------------------------------------------------------------
 
 _words = st.text(
@@ -218,14 +359,15 @@ _words = st.text(
 _paragraph = st.lists(_words, min_size=1, max_size=60).map(" ".join)
 _section_text = st.lists(_paragraph, min_size=1, max_size=5).map("\n\n".join)
 _heading = st.lists(_words, min_size=1, max_size=6).map(" ".join)
+# Paths drawn from a few fixed ones too, so that neighbours share a path and are packed.
+_path = st.one_of(
+    st.lists(_heading, max_size=4).map(tuple),
+    st.sampled_from([(), ("Same",), ("Same", "Path")]),
+)
 _sections = st.lists(
-    st.builds(
-        lambda path, text: Section(tuple(path), normalise_text(text)),
-        st.lists(_heading, max_size=4),
-        _section_text,
-    ),
+    st.builds(lambda path, text: Section(path, normalise_text(text)), _path, _section_text),
     min_size=1,
-    max_size=4,
+    max_size=6,
 )
 
 
@@ -249,6 +391,16 @@ def test_chunking_is_deterministic_bounded_and_complete(
     assert squeeze("".join(c.text for c in chunks)) == squeeze(
         "".join(section.text for section in sections)
     )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=_section_text, size=st.integers(min_value=8, max_value=96))
+def test_splitting_keeps_a_text_that_fits_whole(text: str, size: int) -> None:
+    # What lets a section that fits skip the splitter: it would have come back whole.
+    text = normalise_text(text)
+    for count in (COUNT, approximate_tokens):
+        if text and count(text) <= size:
+            assert _split(text, size, 0, count) == [text]
 
 
 def test_a_tokenizer_that_counts_more_for_the_joined_input_still_gets_its_bound() -> None:

@@ -239,16 +239,22 @@ async def test_reuse_is_per_tenant() -> None:
     assert len(h.embedder.texts) == 2 * first
 
 
+def put_repeated(h: Harness, document_id: uuid.UUID) -> uuid.UUID:
+    """Two passages, each twelve times, taking turns: neighbours under one heading would
+    share a chunk, these stay 24 chunks of two contents."""
+    section = "## Contact\n\nWrite to support@example.com.\n\n## Hours\n\nNine to five."
+    h.source.put("acme", document_id, 1, stored("\n\n".join([section] * 12).encode()))
+    return document_id
+
+
 async def test_identical_passages_in_one_document_are_embedded_once() -> None:
     h = harness()
     document_id = uuid.uuid4()
-    repeated = "\n\n".join(["## Contact\n\nWrite to support@example.com."] * 12).encode()
-    h.source.put("acme", document_id, 1, stored(repeated))
-    chunks, rows = await h.index(lease(document_id))
-    assert len(chunks) == 12
-    assert len({c.content_digest for c in chunks}) == 1
-    assert h.embedder.texts == [chunks[0].embedding_input]
-    assert all(np.array_equal(row, rows[0]) for row in rows)
+    chunks, rows = await h.index(lease(put_repeated(h, document_id)))
+    assert len(chunks) == 24
+    assert len({c.content_digest for c in chunks}) == 2
+    assert h.embedder.texts == [chunks[0].embedding_input, chunks[1].embedding_input]
+    assert all(np.array_equal(row, rows[n % 2]) for n, row in enumerate(rows))
 
 
 @pytest.mark.parametrize(
@@ -402,11 +408,9 @@ async def test_a_large_document_is_staged_in_slices_and_gives_the_same_chunks_an
 async def test_content_repeated_across_slices_is_embedded_once() -> None:
     h = harness(slice_chunks=4, stream_above_chunks=0)
     document_id = uuid.uuid4()
-    repeated = "\n\n".join(["## Contact\n\nWrite to support@example.com."] * 12).encode()
-    h.source.put("acme", document_id, 1, stored(repeated))
-    chunks, _ = await h.index(lease(document_id))
-    assert len(chunks) == 12
-    assert h.embedder.texts == [chunks[0].embedding_input]
+    chunks, _ = await h.index(lease(put_repeated(h, document_id)))
+    assert len(chunks) == 24
+    assert h.embedder.texts == [chunks[0].embedding_input, chunks[1].embedding_input]
 
 
 async def test_a_failed_streaming_attempt_gives_up_its_staged_rows() -> None:
