@@ -486,8 +486,7 @@ async def test_one_instance_deletes_at_a_time(
         # Delivered: committed as the snapshot was taken, whatever else the cluster had open
         # (a test database being cloned beside this one, say).
         deletable = await conn.fetchval(
-            "SELECT count(*) FROM outbox"
-            " WHERE pg_visible_in_snapshot(txid, $1::text::pg_snapshot)",
+            "SELECT count(*) FROM outbox WHERE pg_visible_in_snapshot(txid, $1::text::pg_snapshot)",
             delivered,
         )
         assert deletable == 3
