@@ -1,6 +1,8 @@
 """Search on a real streaming replica (docs/scaling.md#search-on-replicas): a search naming a
 pointer switch's token never answers from the version before it, whether the replica
-replays or its replay is paused; a paused replica leaves the rotation and comes back."""
+replays or its replay is paused; a paused replica leaves the rotation and comes back. A
+document's status is read there too, and on the primary when the replica lacks the
+document (docs/scaling.md#status-on-replicas)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 
 from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
+from services.publisher.api import create_app as create_publisher_app
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
 from services.search.connections import open_search_pool
@@ -295,6 +298,73 @@ async def test_a_search_the_replica_fails_is_answered_by_the_primary(
     finally:
         await primary.close()
         await search.aclose()
+
+
+async def test_a_status_is_read_on_the_replica_and_on_the_primary_when_it_lags(
+    urls: tuple[str, str], pools: tuple[Any, Any]
+) -> None:
+    primary_url, replica_url = urls
+    primary_pool, replica_pool = pools
+    embedder = HashingEmbedder(64)
+    # A lag limit nobody reaches: the paused replica stays in rotation, so only the
+    # fallback keeps a status of a document it lacks from being a 404.
+    rotation = ReplicaRotation(
+        primary_pool,
+        [(REPLICA, replica_pool)],
+        max_lag_seconds=3600,
+        after_wait_seconds=0,
+        check_seconds=0.05,
+    )
+    await rotation.check()
+    app = create_publisher_app(
+        PublisherSettings(database_url=primary_url),
+        store=PgPublisherStore(primary_pool, status_replicas=rotation),
+    )
+    registry = app.state.metrics.registry
+
+    def reads(server: str) -> float:
+        value = registry.get_sample_value("kb_publisher_status_reads_total", {"server": server})
+        return value or 0.0
+
+    primary = await asyncpg.connect(primary_url)
+    replica = await asyncpg.connect(replica_url)
+    try:
+        tenant = await add_tenant(primary)
+        replayed = await add_document(primary, tenant.tenant_id)
+        chunks = [ChunkSpec("refund clause of version 1")]
+        await add_version(primary, tenant.tenant_id, replayed, 1, chunks, embedder)
+        await point_search_at(primary, tenant.tenant_id, replayed, 1, embedder.model)
+        await caught_up(primary_url, replica_url)
+        await _pause(replica, True)
+        created_while_paused = await add_document(primary, tenant.tenant_id)
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+            status = await _status(client, tenant, replayed)
+            assert (reads(REPLICA), reads(PRIMARY)) == (1, 0)
+            assert status["searchVersion"] == 1
+            # The replica's token: a position it has replayed, so at or past the switch.
+            replica_replayed = await replica.fetchval("SELECT pg_last_wal_replay_lsn()::text")
+            assert parse_token(status["searchToken"]) <= parse_token(replica_replayed)
+
+            status = await _status(client, tenant, created_while_paused)
+            assert status["documentId"] == str(created_while_paused)
+            assert (reads(REPLICA), reads(PRIMARY)) == (1, 1)
+            # Still on the replica, in rotation: it was asked first, and lacked the document.
+            assert (
+                await replica.fetchval(
+                    "SELECT count(*) FROM document WHERE document_id = $1", created_while_paused
+                )
+                == 0
+            )
+
+            missing = await client.get(
+                tenant.path(f"/documents/{uuid.uuid4()}"), headers=tenant.headers
+            )
+            assert missing.status_code == 404
+    finally:
+        await primary.close()
+        await replica.close()
 
 
 async def _status(client: httpx.AsyncClient, tenant: ApiTenant, document_id: uuid.UUID) -> Any:
