@@ -6,6 +6,7 @@ document (docs/scaling.md#status-on-replicas)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -16,11 +17,12 @@ import pytest
 
 from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
+from services.embedding.settings import EmbeddingSettings, HashingConfig
 from services.publisher.api import create_app as create_publisher_app
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
 from services.search.connections import open_search_pool
-from services.search.replicas import PRIMARY, ReplicaRotation, parse_token
+from services.search.replicas import PRIMARY, ReplicaRotation, parse_token, replica_name
 from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, ApiTenant, add_tenant
@@ -365,6 +367,49 @@ async def test_a_status_is_read_on_the_replica_and_on_the_primary_when_it_lags(
     finally:
         await primary.close()
         await replica.close()
+
+
+async def test_the_served_app_reads_status_on_its_search_replicas(
+    urls: tuple[str, str],
+) -> None:
+    """The wiring of services/app.py: KB_SEARCH_DATABASE_URLS reaches the status reads."""
+    primary_url, replica_url = urls
+    app = create_app(
+        PublisherSettings(database_url=primary_url),
+        search_settings=SearchSettings(
+            database_url=primary_url,
+            search_database_urls=replica_url,
+            search_replica_max_lag_seconds=3600,
+            search_replica_check_seconds=0.05,
+        ),
+        embedding_settings=EmbeddingSettings(provider=HashingConfig(kind="hashing", dimensions=32)),
+    )
+    primary = await asyncpg.connect(primary_url)
+    try:
+        tenant = await add_tenant(primary)
+        document_id = await add_document(primary, tenant.tenant_id)
+        await caught_up(primary_url, replica_url)
+        async with app.router.lifespan_context(app):
+            # Polled: the rotation's first check runs in its own task and signals nothing.
+            async with asyncio.timeout(5):
+                while True:
+                    if all(view.in_rotation for view in app.state.search_replicas()):
+                        break
+                    await asyncio.sleep(0.01)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+                await _status(client, tenant, document_id)
+            registry = app.state.metrics.registry
+            servers = {
+                sample.labels["server"]
+                for metric in registry.collect()
+                if metric.name == "kb_publisher_status_reads"
+                for sample in metric.samples
+                if sample.name.endswith("_total") and sample.value
+            }
+            assert servers == {replica_name(replica_url)}
+    finally:
+        await primary.close()
 
 
 async def _status(client: httpx.AsyncClient, tenant: ApiTenant, document_id: uuid.UUID) -> Any:
