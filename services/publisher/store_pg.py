@@ -251,7 +251,8 @@ class PgPublisherStore:
         a status the replica cannot answer (the document not replayed there yet, or the
         replica failing) is read on the primary, so a client never sees 404 for a document
         the primary has. The search token stays safe on either (queries.sql)."""
-        replica = self._status_replicas.next_replica() if self._status_replicas else None
+        replicas = self._status_replicas
+        replica = replicas.next_replica() if replicas is not None else None
         if replica is not None:
             name, pool = replica
             try:
