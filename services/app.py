@@ -24,8 +24,9 @@ from services.operator.settings import OperatorSettings
 from services.publisher.api import create_app as create_publisher_app
 from services.publisher.body_limit import BodyLimitMiddleware
 from services.publisher.bulk.domain import BulkStore
-from services.publisher.ports import PublisherStore
+from services.publisher.ports import PublisherStore, StatusReplicas
 from services.publisher.settings import PublisherSettings
+from services.publisher.store_pg import PgPublisherStore
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.fair_share.gate import FairShare
 from services.runtime.fair_share.middleware import FairShareMiddleware, limited_routes
@@ -90,8 +91,9 @@ def create_app(
             async with _search_resources(
                 search_settings or SearchSettings(),
                 embedding_settings or load_embedding_settings(),
-            ) as (built, pool):
+            ) as (built, pool, rotation):
                 app.state.searcher = built
+                _read_status_on(app, rotation)
                 if tenant_tiers is None and app.state.fair_share is not None:
                     app.state.fair_share.use_tiers(PgTenantTiers(pool))
                 app.state.search_replicas = getattr(built, "replica_views", None)
@@ -106,10 +108,19 @@ def create_app(
                 finally:
                     stop.set()
                     await lag
+                    _read_status_on(app, None)
                     app.state.searcher = None
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def _read_status_on(app: FastAPI, replicas: StatusReplicas | None) -> None:
+    """Documents' status read on search's replicas (docs/scaling.md#status-on-replicas),
+    when the publisher's store is the PostgreSQL one the app opened."""
+    store = app.state.store
+    if isinstance(store, PgPublisherStore):
+        store.read_status_on(replicas)
 
 
 def _add_strict_http(app: FastAPI) -> None:
@@ -141,7 +152,7 @@ def _add_fair_share(
 @asynccontextmanager
 async def _search_resources(
     settings: SearchSettings, embedding_settings: EmbeddingSettings
-) -> AsyncIterator[tuple[SearchService, Any]]:
+) -> AsyncIterator[tuple[SearchService, Any, Any]]:
     from services.embedding.factory import build_embedder
     from services.embedding.guard.factory import guarded
     from services.embedding.guard.quota import Purpose
@@ -176,7 +187,7 @@ async def _search_resources(
                     replicas=len(rotation.replicas) if rotation else 0,
                 )
                 try:
-                    yield search, pool
+                    yield search, pool, rotation
                 finally:
                     await search.aclose()
         finally:

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from services.publisher.failures import tenant_failure_message
 from services.publisher.ports import (
+    PRIMARY,
     DocumentHeader,
     DocumentStatusRecord,
     LockedDocument,
@@ -191,6 +192,7 @@ class DocumentStatus(DocumentHeader):
     search_lag_since: datetime | None
     # A search naming it in `after` sees search_version or a later one, on any replica.
     search_token: str | None = None
+    read_from: str = PRIMARY  # the server that answered (a replica's name, or PRIMARY)
 
 
 @dataclass(frozen=True)

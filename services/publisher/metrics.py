@@ -39,6 +39,13 @@ class PublisherMetrics:
             ["operation", "result"],
             registry=self.registry,
         )
+        # A replica's name (host:port/database) is low-cardinality: KB_SEARCH_DATABASE_URLS.
+        self.status_reads = Counter(
+            "kb_publisher_status_reads",
+            "Document status reads by the server that answered: primary or a read replica.",
+            ["server"],
+            registry=self.registry,
+        )
         self.upload_bytes = Histogram(
             "kb_publisher_upload_bytes",
             "Size of accepted document versions.",

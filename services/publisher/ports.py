@@ -11,10 +11,13 @@ import uuid
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Final, Protocol
 
 from services.runtime.auth.keys import TenantCredentials
 from services.runtime.tasks import EnqueuedTask, IndexTaskRecord, NewIndexTask
+
+# ``read_from`` of a status the primary answered.
+PRIMARY: Final = "primary"
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,18 @@ class DocumentStatusRecord(DocumentHeader):
     # A WAL position at or past the commit that made search_version searchable (None while
     # nothing is served): docs/scaling.md#read-your-switch.
     search_token: str | None = None
+    # The server that answered: PRIMARY, or a read replica's name (docs/scaling.md).
+    read_from: str = PRIMARY
+
+
+class StatusReplicas(Protocol):
+    """Read replicas a document's status may be read on (docs/scaling.md#status-on-replicas):
+    services/app.py passes search's replica rotation; the publisher never imports search."""
+
+    def next_replica(self) -> tuple[str, Any] | None:
+        """A replica in rotation, in turn, as its name and its pool (the adapter's: an
+        asyncpg pool for store_pg); None while none is in rotation."""
+        ...
 
 
 class PublishTransaction(Protocol):

@@ -233,9 +233,9 @@ async def publish_version(
 async def document_status(
     request: Request, tenant_id: TenantId, document_id: DocumentId
 ) -> DocumentStatusResponse:
-    return DocumentStatusResponse.model_validate(
-        await _publisher(request).document_status(tenant_id, document_id)
-    )
+    status = await _publisher(request).document_status(tenant_id, document_id)
+    _metrics(request).status_reads.labels(status.read_from).inc()
+    return DocumentStatusResponse.model_validate(status)
 
 
 @tenant_router.get(

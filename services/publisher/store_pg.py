@@ -13,15 +13,18 @@ from typing import Any, cast
 import asyncpg
 
 from services.publisher.ports import (
+    PRIMARY,
     DocumentStatusRecord,
     LockedDocument,
     NewVersion,
     PendingEvent,
+    StatusReplicas,
     VersionInfo,
 )
 from services.runtime.auth.keys import ApiKeyGrant, PgTenantCredentials, VerificationKey
 from services.runtime.db import create_pool_without_session_reset, translate_db_errors
 from services.runtime.errors import BadInput
+from services.runtime.logging import get_logger
 from services.runtime.migrations import pending_migrations
 from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.records import from_row
@@ -40,6 +43,8 @@ from services.runtime.tasks import (
 )
 
 QUERIES = queries_beside(__file__, "queries.sql")
+
+log = get_logger(__name__)
 
 
 async def open_publisher_pool(settings: RuntimeSettings, **overrides: Any) -> asyncpg.Pool[Any]:
@@ -207,8 +212,10 @@ class PgPublisherStore:
         *,
         acquire_timeout_seconds: float = 10.0,
         readiness_timeout_seconds: float = 2.0,
+        status_replicas: StatusReplicas | None = None,
     ) -> None:
         self._pool = pool
+        self._status_replicas = status_replicas
         # A request waits this long for a connection, then answers 503: with every connection
         # busy (or the database hanging) requests must not pile up, each holding its upload.
         self._acquire_timeout_seconds = acquire_timeout_seconds
@@ -216,6 +223,11 @@ class PgPublisherStore:
 
     def _connection(self) -> Any:
         return self._pool.acquire(timeout=self._acquire_timeout_seconds)
+
+    def read_status_on(self, replicas: StatusReplicas | None) -> None:
+        """Read documents' status on these replicas from now on (services/app.py, once
+        search's replica rotation is open); None: on the primary only."""
+        self._status_replicas = replicas
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[PgPublishTransaction]:
@@ -235,15 +247,40 @@ class PgPublisherStore:
     async def document_status(
         self, tenant_id: str, document_id: uuid.UUID
     ) -> DocumentStatusRecord | None:
-        with translate_db_errors():
-            async with self._connection() as conn:
-                row = await conn.fetchrow(
-                    QUERIES["document_status"], tenant_id, document_id, TASK_TYPE_INDEX_VERSION
+        """Read on a replica in rotation when there is one (docs/scaling.md#status-on-replicas);
+        a status the replica cannot answer (the document not replayed there yet, or the
+        replica failing) is read on the primary, so a client never sees 404 for a document
+        the primary has. The search token stays safe on either (queries.sql)."""
+        replicas = self._status_replicas
+        replica = replicas.next_replica() if replicas is not None else None
+        if replica is not None:
+            name, pool = replica
+            try:
+                row = await self._status_row(pool, tenant_id, document_id)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                log.warning(
+                    "document.status_replica_failed", replica=name, error=type(error).__name__
                 )
-        if row is None:
-            return None
+                row = None
+            if row is not None:
+                return self._status_record(row, name)
+        with translate_db_errors():
+            row = await self._status_row(self._pool, tenant_id, document_id)
+        return self._status_record(row, PRIMARY) if row is not None else None
+
+    async def _status_row(
+        self, pool: asyncpg.Pool[Any], tenant_id: str, document_id: uuid.UUID
+    ) -> asyncpg.Record | None:
+        async with pool.acquire(timeout=self._acquire_timeout_seconds) as conn:
+            row: asyncpg.Record | None = await conn.fetchrow(
+                QUERIES["document_status"], tenant_id, document_id, TASK_TYPE_INDEX_VERSION
+            )
+        return row
+
+    @staticmethod
+    def _status_record(row: asyncpg.Record, read_from: str) -> DocumentStatusRecord:
         task = _task_of_status_row(row) if row["task_task_id"] is not None else None
-        return from_row(DocumentStatusRecord, row, task=task)
+        return from_row(DocumentStatusRecord, row, task=task, read_from=read_from)
 
     async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None:
         with translate_db_errors():

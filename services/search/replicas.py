@@ -187,6 +187,12 @@ class ReplicaRotation:
         chosen = target or ReadTarget(PRIMARY, self._primary)
         return self._counted(ReadTarget(chosen.name, chosen.pool, waited))
 
+    def next_replica(self) -> tuple[str, asyncpg.Pool[Any]] | None:
+        """A replica in rotation, in turn, without waiting nor counting a search read: for
+        the publisher's status reads (services/app.py; docs/scaling.md#status-on-replicas)."""
+        target = self._next(self._rotation())
+        return None if target is None else (target.name, target.pool)
+
     def _rotation(self) -> list[Replica]:
         return [replica for replica in self.replicas if replica.in_rotation]
 

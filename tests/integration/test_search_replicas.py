@@ -1,9 +1,12 @@
 """Search on a real streaming replica (docs/scaling.md#search-on-replicas): a search naming a
 pointer switch's token never answers from the version before it, whether the replica
-replays or its replay is paused; a paused replica leaves the rotation and comes back."""
+replays or its replay is paused; a paused replica leaves the rotation and comes back. A
+document's status is read there too, and on the primary when the replica lacks the
+document (docs/scaling.md#status-on-replicas)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -14,10 +17,12 @@ import pytest
 
 from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
+from services.embedding.settings import EmbeddingSettings, HashingConfig
+from services.publisher.api import create_app as create_publisher_app
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
 from services.search.connections import open_search_pool
-from services.search.replicas import PRIMARY, ReplicaRotation, parse_token
+from services.search.replicas import PRIMARY, ReplicaRotation, parse_token, replica_name
 from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, ApiTenant, add_tenant
@@ -295,6 +300,116 @@ async def test_a_search_the_replica_fails_is_answered_by_the_primary(
     finally:
         await primary.close()
         await search.aclose()
+
+
+async def test_a_status_is_read_on_the_replica_and_on_the_primary_when_it_lags(
+    urls: tuple[str, str], pools: tuple[Any, Any]
+) -> None:
+    primary_url, replica_url = urls
+    primary_pool, replica_pool = pools
+    embedder = HashingEmbedder(64)
+    # A lag limit nobody reaches: the paused replica stays in rotation, so only the
+    # fallback keeps a status of a document it lacks from being a 404.
+    rotation = ReplicaRotation(
+        primary_pool,
+        [(REPLICA, replica_pool)],
+        max_lag_seconds=3600,
+        after_wait_seconds=0,
+        check_seconds=0.05,
+    )
+    await rotation.check()
+    app = create_publisher_app(
+        PublisherSettings(database_url=primary_url),
+        store=PgPublisherStore(primary_pool, status_replicas=rotation),
+    )
+    registry = app.state.metrics.registry
+
+    def reads(server: str) -> float:
+        value = registry.get_sample_value("kb_publisher_status_reads_total", {"server": server})
+        return value or 0.0
+
+    primary = await asyncpg.connect(primary_url)
+    replica = await asyncpg.connect(replica_url)
+    try:
+        tenant = await add_tenant(primary)
+        replayed = await add_document(primary, tenant.tenant_id)
+        chunks = [ChunkSpec("refund clause of version 1")]
+        await add_version(primary, tenant.tenant_id, replayed, 1, chunks, embedder)
+        await point_search_at(primary, tenant.tenant_id, replayed, 1, embedder.model)
+        await caught_up(primary_url, replica_url)
+        await _pause(replica, True)
+        created_while_paused = await add_document(primary, tenant.tenant_id)
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+            status = await _status(client, tenant, replayed)
+            assert (reads(REPLICA), reads(PRIMARY)) == (1, 0)
+            assert status["searchVersion"] == 1
+            # The replica's token: a position it has replayed, so at or past the switch.
+            replica_replayed = await replica.fetchval("SELECT pg_last_wal_replay_lsn()::text")
+            assert parse_token(status["searchToken"]) <= parse_token(replica_replayed)
+
+            status = await _status(client, tenant, created_while_paused)
+            assert status["documentId"] == str(created_while_paused)
+            assert (reads(REPLICA), reads(PRIMARY)) == (1, 1)
+            # Still on the replica, in rotation: it was asked first, and lacked the document.
+            assert (
+                await replica.fetchval(
+                    "SELECT count(*) FROM document WHERE document_id = $1", created_while_paused
+                )
+                == 0
+            )
+
+            missing = await client.get(
+                tenant.path(f"/documents/{uuid.uuid4()}"), headers=tenant.headers
+            )
+            assert missing.status_code == 404
+    finally:
+        await primary.close()
+        await replica.close()
+
+
+async def test_the_served_app_reads_status_on_its_search_replicas(
+    urls: tuple[str, str],
+) -> None:
+    """The wiring of services/app.py: KB_SEARCH_DATABASE_URLS reaches the status reads."""
+    primary_url, replica_url = urls
+    app = create_app(
+        PublisherSettings(database_url=primary_url),
+        search_settings=SearchSettings(
+            database_url=primary_url,
+            search_database_urls=replica_url,
+            search_replica_max_lag_seconds=3600,
+            search_replica_check_seconds=0.05,
+        ),
+        embedding_settings=EmbeddingSettings(provider=HashingConfig(kind="hashing", dimensions=32)),
+    )
+    primary = await asyncpg.connect(primary_url)
+    try:
+        tenant = await add_tenant(primary)
+        document_id = await add_document(primary, tenant.tenant_id)
+        await caught_up(primary_url, replica_url)
+        async with app.router.lifespan_context(app):
+            # Polled: the rotation's first check runs in its own task and signals nothing.
+            async with asyncio.timeout(5):
+                while True:
+                    if all(view.in_rotation for view in app.state.search_replicas()):
+                        break
+                    await asyncio.sleep(0.01)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+                await _status(client, tenant, document_id)
+            registry = app.state.metrics.registry
+            servers = {
+                sample.labels["server"]
+                for metric in registry.collect()
+                if metric.name == "kb_publisher_status_reads"
+                for sample in metric.samples
+                if sample.name.endswith("_total") and sample.value
+            }
+            assert servers == {replica_name(replica_url)}
+    finally:
+        await primary.close()
 
 
 async def _status(client: httpx.AsyncClient, tenant: ApiTenant, document_id: uuid.UUID) -> Any:
