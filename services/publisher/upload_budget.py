@@ -17,12 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from services.publisher.body_limit import declared_length, is_upload
 from services.publisher.middleware import HttpMiddleware
-from services.runtime.http_problem import http_exception_response, problem_response
+from services.runtime.http_problem import refuse_unread
 
 BUSY_CODE: Final = "UPLOADS_BUSY"
 
@@ -61,37 +60,17 @@ class UploadBudgetMiddleware(HttpMiddleware):
         if declared is not None and declared >= 0:
             size = min(declared, size)
         if not self.budget.try_reserve(size):
-            if not _expects_continue(scope):
-                try:
-                    await _discard_body(receive)
-                except StarletteHTTPException as error:  # too large, or stalled
-                    await http_exception_response(error, scope["path"])(scope, receive, send)
-                    return
-            await problem_response(
-                503,
-                BUSY_CODE,
-                "too many uploads are in progress; retry after the time in Retry-After",
-                instance=scope["path"],
-                headers={"Retry-After": str(self.retry_after_seconds)},
-            )(scope, receive, send)
+            await refuse_unread(
+                scope,
+                receive,
+                send,
+                status=503,
+                code=BUSY_CODE,
+                message="too many uploads are in progress; retry after the time in Retry-After",
+                retry_after_seconds=self.retry_after_seconds,
+            )
             return
         try:
             await self.app(scope, receive, send)
         finally:
             self.budget.release(size)
-
-
-def _expects_continue(scope: Scope) -> bool:
-    return any(
-        name.lower() == b"expect" and bytes(value).lower() == b"100-continue"
-        for name, value in scope["headers"]
-    )
-
-
-async def _discard_body(receive: Receive) -> None:
-    """Read the request body to its end, keeping none of it (the body limit and its read
-    timeout still apply to every chunk)."""
-    while True:
-        message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from services.runtime.errors import KbError, Unauthenticated
 from services.runtime.logging import get_logger
@@ -202,3 +203,46 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http_exception)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+async def refuse_unread(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    status: int,
+    code: str,
+    message: str,
+    retry_after_seconds: int,
+) -> None:
+    """Answer a request refused before its handler ran, with ``Retry-After``. Its body is
+    read to the end and dropped first (the body limit and its read timeout still apply to
+    every chunk), so the answer never races a client still sending; a client waiting for
+    ``100 Continue`` is answered at once and never sends it."""
+    if not _expects_continue(scope):
+        try:
+            await _discard_body(receive)
+        except StarletteHTTPException as error:  # too large, or stalled
+            await http_exception_response(error, scope["path"])(scope, receive, send)
+            return
+    await problem_response(
+        status,
+        code,
+        message,
+        instance=scope["path"],
+        headers={"Retry-After": str(retry_after_seconds)},
+    )(scope, receive, send)
+
+
+def _expects_continue(scope: Scope) -> bool:
+    return any(
+        name.lower() == b"expect" and bytes(value).strip().lower() == b"100-continue"
+        for name, value in scope["headers"]
+    )
+
+
+async def _discard_body(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return

@@ -203,7 +203,7 @@ class TenantAuthMiddleware:
         )
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        match = _TENANT_PATH.match(_route_path(scope)) if scope["type"] == "http" else None
+        match = _TENANT_PATH.match(route_path(scope)) if scope["type"] == "http" else None
         if match is None:
             await self.app(scope, receive, send)
             return
@@ -271,7 +271,7 @@ def _throttled(scope: AsgiScope, wait: float) -> ASGIApp:
     )
 
 
-def _route_path(scope: AsgiScope) -> str:
+def route_path(scope: AsgiScope) -> str:
     """The path the router matches: behind a proxy prefix (``root_path``) the ASGI path
     still carries the prefix, and the router strips it before matching."""
     path: str = scope["path"]

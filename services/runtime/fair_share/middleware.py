@@ -16,19 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.runtime.fair_share.gate import FairShare
 from services.runtime.fair_share.settings import Kind
 from services.runtime.fair_share.shares import TenantLimited
-from services.runtime.http_problem import (
-    PROBLEM_RESPONSE,
-    http_exception_response,
-    problem_response,
-)
-from services.runtime.tenant_auth import AUTHENTICATED_TENANT
+from services.runtime.http_problem import PROBLEM_RESPONSE, refuse_unread
+from services.runtime.tenant_auth import AUTHENTICATED_TENANT, route_path
 
 # The 429 of a route that takes a share, as its OpenAPI document describes it.
 LIMITED_RESPONSE: Final[dict[str, Any]] = {
@@ -94,46 +89,18 @@ class FairShareMiddleware:
             await self._refuse(refusal, scope, receive, send)
 
     def _route(self, scope: Scope) -> LimitedRoute | None:
-        path = _route_path(scope)
+        path = route_path(scope)
         return next((r for r in self.routes if r.matches(scope["method"], path)), None)
 
     async def _refuse(
         self, refusal: TenantLimited, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        if not _expects_continue(scope):
-            try:
-                await _discard_body(receive)
-            except StarletteHTTPException as error:  # too large, or stalled
-                await http_exception_response(error, scope["path"])(scope, receive, send)
-                return
-        await problem_response(
-            429,
-            refusal.code,
-            refusal.message,
-            instance=scope["path"],
-            headers={"Retry-After": str(refusal.retry_after_seconds)},
-        )(scope, receive, send)
-
-
-def _route_path(scope: Scope) -> str:
-    """The path the router matches: behind a proxy prefix (``root_path``) the ASGI path
-    still carries the prefix, and the router strips it before matching."""
-    path: str = scope["path"]
-    root_path: str = scope.get("root_path", "")
-    if root_path and path.startswith(root_path):
-        return path[len(root_path) :] or "/"
-    return path
-
-
-def _expects_continue(scope: Scope) -> bool:
-    return any(
-        name == b"expect" and value.strip().lower() == b"100-continue"
-        for name, value in scope["headers"]
-    )
-
-
-async def _discard_body(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return
+        await refuse_unread(
+            scope,
+            receive,
+            send,
+            status=429,
+            code=refusal.code,
+            message=refusal.message,
+            retry_after_seconds=refusal.retry_after_seconds,
+        )
