@@ -4,6 +4,7 @@ counts what it did."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -11,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import httpx
 
 from services.chaos.schedule import Fault, FaultKind
@@ -64,6 +66,10 @@ class FaultDriver:
 
     def _carry_out(self, fault: Fault) -> None:
         stack, kind = self.stack, fault.kind
+        if kind in (FaultKind.KILL_INDEXER, FaultKind.STOP_INDEXER):
+            # Strike while it holds a task (waiting a few seconds at most): a kill of an
+            # idle worker proves little.
+            self.record.done["struck mid-task"] += self._await_busy(fault.target, within_s=5)
         if kind in (FaultKind.KILL_INDEXER, FaultKind.KILL_RELAY, FaultKind.PROVIDER_DOWN):
             with self.processes:
                 stack.kill(fault.target)
@@ -102,6 +108,34 @@ class FaultDriver:
             stack.kb("relay", "replay", "--since", since, timeout=180)
         elif kind is FaultKind.GENERATION_SWITCH:
             self._generation()
+
+    def _await_busy(self, name: str, within_s: float) -> bool:
+        pid = self.stack.pid(name)
+        if pid is None:
+            return False
+        return asyncio.run(self._busy(pid, within_s))
+
+    async def _busy(self, pid: int, within_s: float) -> bool:
+        deadline = time.monotonic() + within_s
+        try:
+            conn = await asyncpg.connect(self.stack.database_url, timeout=2)
+        except (OSError, asyncpg.PostgresError):
+            return False
+        try:
+            while time.monotonic() < deadline:
+                # A worker's lease owner is <host>:<pid>:<random>.
+                if await conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM index_task WHERE status = 'RUNNING' "
+                    "AND lease_owner LIKE '%:' || $1::text || ':%')",
+                    str(pid),
+                ):
+                    return True
+                await asyncio.sleep(0.05)
+        except (OSError, asyncpg.PostgresError):
+            return False
+        finally:
+            await conn.close()
+        return False
 
     def _generation(self) -> None:
         output = self.stack.kb(

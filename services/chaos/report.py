@@ -39,6 +39,7 @@ def table(
         ("dead codes", _codes(figures.get("dead codes", {}))),
         ("SIGKILLs (indexers, relays)", kills),
         ("SIGSTOPs past the lease", faults.done[FaultKind.STOP_INDEXER.value]),
+        ("indexer kills and stops that struck mid-task", faults.done["struck mid-task"]),
         ("Kafka outages", faults.done[FaultKind.KAFKA_OUTAGE.value]),
         ("PostgreSQL restarts", faults.done[FaultKind.POSTGRES_RESTART.value]),
         ("provider faults (429, 5xx, timeout, malformed, down)", provider),

@@ -131,7 +131,11 @@ class ChaosStack:
     def argv(self, name: str) -> list[str]:
         if name == "provider":
             port = str(self.provider_port)
-            return ["services.demo.provider", "--port", port, "--embedder", "hashing"]
+            # A remote provider's latency keeps tasks in flight long enough to be struck.
+            return [
+                "services.demo.provider", "--port", port, "--embedder", "hashing",
+                "--latency", "0.3",
+            ]  # fmt: skip
         if name == "api":
             return ["services.cli", "serve", "--port", str(self.api_port)]
         if name.startswith("relay-"):

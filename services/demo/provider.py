@@ -46,7 +46,7 @@ class Fault(BaseModel):
     retry_after_seconds: int = Field(default=1, ge=1, le=60)
 
 
-def create_provider_app(embedder: Embedder | None = None) -> FastAPI:
+def create_provider_app(embedder: Embedder | None = None, *, latency_s: float = 0.0) -> FastAPI:
     app = FastAPI(title="kb demo embedding provider")
     model = embedder or OnnxLocalEmbedder()
     state: dict[str, Any] = {
@@ -100,6 +100,8 @@ def create_provider_app(embedder: Embedder | None = None) -> FastAPI:
         injected = await faulted()
         if injected is not None:
             return injected
+        if latency_s:
+            await asyncio.sleep(latency_s)  # a remote provider's round trip
         if time.monotonic() < state["throttle_until"]:
             state["refused"] += 1
             return JSONResponse(
@@ -155,9 +157,12 @@ def main() -> None:
         default="onnx-local",
         help="hashing: the deterministic stand-in (model hashing-v1-384), cheap on a busy CPU",
     )
+    parser.add_argument(
+        "--latency", type=float, default=0.0, help="seconds added to every embedding answer"
+    )
     args = parser.parse_args()
     embedder = HashingEmbedder() if args.embedder == "hashing" else None
-    app = create_provider_app(embedder)
+    app = create_provider_app(embedder, latency_s=args.latency)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
