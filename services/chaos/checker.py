@@ -35,6 +35,7 @@ INVARIANTS = (
     "search: one whole version per document",
     "search: within ACL and tenant",
     "kb index check clean",
+    "every process recovers by itself",
 )
 PROVIDER_CODES = (
     "EMBEDDING_RATE_LIMITED",

@@ -76,17 +76,20 @@ def run(options: ChaosOptions, command: str, say: Callable[[str], None] = print)
         faults.join(timeout_s=300)
         threads[1].join()
         say(f"load and faults done after {time.monotonic() - started:.0f} s; settling")
-        for name in list(stack.processes.state.children):
-            if stack.processes.running(name) is None:  # a restart that failed
-                faults.record.failed.append(f"{name} was not running after the faults")
-                stack.start(name)
-        faults.try_switch(deadline_s=60)
+        # Every kill is followed by a restart: a process not running now exited by itself.
+        died = _restart_dead(stack)
         converge_s = asyncio.run(settle(stack, options.settle_timeout_s))
+        if not faults.try_switch(deadline_s=120):
+            say("the new generation could not be switched to (documents missing from it)")
+        asyncio.run(settle(stack, options.settle_timeout_s))
+        died += _restart_dead(stack)
         time.sleep(2)  # a few searches of the settled system too
         stop_searching.set()
         threads[0].join(timeout=15)
         say("checking")
         checked = asyncio.run(Checker(stack, searcher.record).check())
+        for name, last_words in died:
+            checked.violate("every process recovers by itself", f"{name} exited: {last_words}")
         if converge_s is None:
             checked.violate(
                 "tasks settled", f"not settled {options.settle_timeout_s:.0f} s after the faults"
@@ -115,3 +118,14 @@ def run(options: ChaosOptions, command: str, say: Callable[[str], None] = print)
         say(outcome.evidence)
     say("PASSED: no violation" if outcome.passed else f"FAILED: {checked.total} violation(s)")
     return outcome
+
+
+def _restart_dead(stack: ChaosStack) -> list[tuple[str, str]]:
+    """The processes that exited by themselves (with their log's last line), restarted."""
+    died = []
+    for name in list(stack.processes.state.children):
+        if stack.processes.running(name) is None:
+            lines = stack.log(name).read_text(errors="replace").strip().splitlines()
+            died.append((name, (lines[-1] if lines else "")[:300]))
+            stack.start(name)
+    return died
