@@ -7,8 +7,11 @@ its table)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,8 +31,18 @@ pytestmark = [
 SEED = 20261204
 
 
+@pytest.fixture
+def chaos_home() -> Iterator[Path]:
+    """Not under pytest's basetemp: run as root, PostgreSQL runs as a user of its own, and
+    another pytest session resets that tree to mode 0700 when it starts, locking the
+    server out of its data directory mid-run."""
+    home = Path(tempfile.mkdtemp(prefix="kb-chaos-"))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.mark.timeout(900)
-def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
+def test_short_chaos_run_keeps_every_invariant(chaos_home: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DATABASE_URL"))}
     env["KB_DEV_KAFKA_CONTROLLER_PORT"] = str(free_port())
     env["PYTHONPATH"] = str(REPO_ROOT)
@@ -37,7 +50,7 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
         [
             sys.executable, "-m", "services.cli", "chaos", "run",
             "--seed", str(SEED), "--documents", "200", "--minutes", "2",
-            "--home", str(tmp_path / "chaos"),
+            "--home", str(chaos_home),
             "--pg-port", str(free_port()), "--kafka-port", str(free_port()),
         ],
         env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=880, check=False,
