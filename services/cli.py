@@ -51,6 +51,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "services.operator.cli", "operators_app", "Operator keys for the /ui page."
     ),
     "serve": LazyCommand("services.serve", "serve", "Run the HTTP API (publishing and search)."),
+    "chaos": LazyCommand(
+        "services.chaos.cli",
+        "chaos_app",
+        "Run the system under many faults at once and check every invariant.",
+    ),
     "demo": LazyCommand(
         "services.demo.cli",
         "demo",

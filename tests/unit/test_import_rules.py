@@ -26,7 +26,7 @@ FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"embedding"}),  # embedding providers, tokens, batching
     frozenset({"publisher", "relay", "indexer", "search"}),  # the services
     frozenset({"operator"}),  # the operator page reads every service's tables
-    frozenset({"app", "serve", "cli", "demo", "devstack"}),  # where processes are composed
+    frozenset({"app", "serve", "cli", "demo", "devstack", "chaos"}),  # processes composed
 )
 TOP_FLOOR = len(FLOORS) - 1
 

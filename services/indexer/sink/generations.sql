@@ -98,11 +98,19 @@ SELECT g.*
 --     this completion adds some. NULL when the task did not name it ($3 false: the serving
 --     generation, which retire refuses to touch): every publish's completion would
 --     otherwise lock the default's one row.
+--     Every row of the tenant is locked, and which one serves is read from the locked
+--     rows: a completion that waited for a switch gets the rows as the switch left them.
+--     `WHERE t.serving ... FOR SHARE` would not: after the wait, READ COMMITTED re-checks
+--     only the row the statement had found (no longer serving) and never sees the new
+--     serving row, so the completion took the default for the serving generation and a
+--     task of the new one moved no pointer (found by `kb chaos run`).
 SELECT coalesce(
-           (SELECT t.generation_id
-              FROM tenant_search_generation t
-             WHERE t.tenant_id = $1 AND t.serving
-               FOR SHARE),
+           (SELECT max(t.generation_id) FILTER (WHERE t.serving)
+              FROM (SELECT generation_id, serving
+                      FROM tenant_search_generation
+                     WHERE tenant_id = $1
+                     ORDER BY generation_id
+                       FOR SHARE) t),
            (SELECT d.generation_id FROM search_generation d WHERE d.is_default))
            AS serving,
        (SELECT g.state

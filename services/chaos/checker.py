@@ -1,0 +1,453 @@
+"""The checker: once the system has settled, every invariant is checked against the
+database, the Kafka topics and the searcher's answers. A violation is named with its
+evidence; the run fails on any."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from services.chaos.searcher import SearchRecord
+from services.chaos.topology import TIERS, ChaosStack
+from services.runtime.avro import default_registry
+from services.runtime.events import (
+    DOCUMENT_SEARCH_VERSION_SWITCHED,
+    INDEX_TASK_CREATED,
+    document_events_topic,
+    index_hints_topic,
+)
+
+INVARIANTS = (
+    "tasks settled",
+    "no DEAD for a provider fault",
+    "pointer at newest indexed version",
+    "pointer only moves forward",
+    "one chunk set per served version",
+    "no write by a stale lease",
+    "outbox events all in Kafka, in order",
+    "search: one whole version per document",
+    "search: within ACL and tenant",
+    "kb index check clean",
+    "every process recovers by itself",
+)
+PROVIDER_CODES = (
+    "EMBEDDING_RATE_LIMITED",
+    "EMBEDDING_TIMEOUT",
+    "EMBEDDING_UNAVAILABLE",
+    "EMBEDDING_RESPONSE_MALFORMED",
+)
+_KEEP = 5  # examples of evidence kept per invariant
+
+
+@dataclass
+class KafkaRecord:
+    topic: str
+    key: str
+    event_id: str
+    event_type: str
+    position: int
+    replay: bool
+    payload: bytes
+
+
+@dataclass
+class CheckResult:
+    violations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INVARIANTS, 0))
+    evidence: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def violate(self, invariant: str, detail: str) -> None:
+        self.violations[invariant] += 1
+        if len(self.evidence[invariant]) < _KEEP:
+            self.evidence[invariant].append(detail)
+
+    @property
+    def total(self) -> int:
+        return sum(self.violations.values())
+
+
+async def settle(stack: ChaosStack, timeout_s: float) -> float | None:
+    """Seconds until no task is left to run (None: still some after ``timeout_s``)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            conn = await asyncpg.connect(stack.database_url)
+            try:
+                left = await conn.fetchval(
+                    "SELECT count(*) FROM index_task "
+                    "WHERE status IN ('PENDING', 'RUNNING', 'RETRY_WAIT')"
+                )
+            finally:
+                await conn.close()
+        except (OSError, asyncpg.PostgresError):
+            left = -1
+        if left == 0:
+            return time.monotonic() - started
+        await asyncio.sleep(1)
+    return None
+
+
+async def read_topics(stack: ChaosStack) -> list[KafkaRecord]:
+    """Every record of the run's topics, from the beginning to their current end."""
+    topics = [document_events_topic(stack.topic_prefix)] + [
+        index_hints_topic(tier, stack.topic_prefix) for tier in TIERS
+    ]
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=stack.kafka.bootstrap, enable_auto_commit=False, group_id=None
+    )
+    await consumer.start()
+    records: list[KafkaRecord] = []
+    try:
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in topics
+            for p in sorted(
+                consumer.partitions_for_topic(topic) or await _partitions(consumer, topic)
+            )
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        pending = {tp for tp in partitions if ends[tp] > 0}
+        while pending:
+            batch = await consumer.getmany(timeout_ms=2000)
+            for tp, messages in batch.items():
+                for message in messages:
+                    headers = {k: v.decode() for k, v in message.headers}
+                    records.append(
+                        KafkaRecord(
+                            tp.topic,
+                            (message.key or b"").decode(),
+                            headers.get("event_id", ""),
+                            headers.get("event_type", ""),
+                            int(headers.get("outbox_position", "0")),
+                            headers.get("replay") == "true",
+                            message.value or b"",
+                        )
+                    )
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    await consumer._client.force_metadata_update()
+    return consumer.partitions_for_topic(topic) or set()
+
+
+class Checker:
+    def __init__(self, stack: ChaosStack, searches: SearchRecord) -> None:
+        self.stack = stack
+        self.searches = searches
+        self.result = CheckResult()
+
+    async def check(self) -> CheckResult:
+        conn = await asyncpg.connect(self.stack.database_url)
+        try:
+            records = await self._outbox_in_kafka(conn)
+            await self._tasks(conn)
+            await self._pointers(conn)
+            await self._chunks(conn)
+            self._pointer_forward(records)
+            await self._stale_leases(conn, records)
+            await self._answers(conn)
+        finally:
+            await conn.close()
+        status, output = await asyncio.to_thread(self.stack.kb_status, "index", "check")
+        if status != 0:
+            for line in output.strip().splitlines()[:_KEEP]:
+                self.result.violate("kb index check clean", line[:300])
+        return self.result
+
+    async def _outbox_in_kafka(self, conn: asyncpg.Connection[Any]) -> list[KafkaRecord]:
+        """Every committed outbox row in Kafka, each document's events first seen in the
+        order of their outbox positions. Waits a little for relays still catching up."""
+        rows = await conn.fetch("SELECT event_id::text, aggregate_key, position FROM outbox")
+        committed = {row["event_id"]: row for row in rows}
+        deadline = time.monotonic() + 60
+        while True:
+            records = await read_topics(self.stack)
+            seen = {r.event_id for r in records}
+            missing = set(committed) - seen
+            if not missing or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(2)
+        invariant = "outbox events all in Kafka, in order"
+        for event_id in sorted(missing):
+            self.result.violate(invariant, f"event {event_id} never reached Kafka")
+        # Kafka orders one key within one topic: a document's hints (its tier's topic) and
+        # its lifecycle events (the document-events topic) are ordered each on their own.
+        first_seen: dict[tuple[str, str], list[int]] = defaultdict(list)
+        met: set[str] = set()
+        for record in records:
+            if record.replay or record.event_id in met:
+                continue
+            met.add(record.event_id)
+            first_seen[(record.topic, record.key)].append(record.position)
+        for (topic, key), positions in first_seen.items():
+            if positions != sorted(positions):
+                self.result.violate(
+                    invariant, f"{key} in {topic}: outbox positions {positions} out of order"
+                )
+        hints = [r for r in records if r.event_type == INDEX_TASK_CREATED and not r.replay]
+        self.result.figures["outbox events"] = len(committed)
+        self.result.figures["kafka records"] = len(records)
+        self.result.figures["duplicate hints"] = len(hints) - len({r.event_id for r in hints})
+        self.result.figures["replayed records"] = sum(r.replay for r in records)
+        return records
+
+    async def _tasks(self, conn: asyncpg.Connection[Any]) -> None:
+        rows = await conn.fetch(
+            "SELECT task_id, status, error_code, attempts, tenant_id, document_id, "
+            "version_number FROM index_task"
+        )
+        figures = self.result.figures
+        figures["tasks"] = len(rows)
+        figures["tasks succeeded"] = sum(r["status"] == "SUCCEEDED" for r in rows)
+        figures["tasks dead"] = sum(r["status"] == "DEAD" for r in rows)
+        figures["retries"] = sum(max(0, r["attempts"] - 1) for r in rows)
+        codes: dict[str, int] = defaultdict(int)
+        for row in rows:
+            version = f"{row['tenant_id']}/{row['document_id']} v{row['version_number']}"
+            where = f"task {row['task_id']} ({version})"
+            if row["status"] not in ("SUCCEEDED", "DEAD"):
+                self.result.violate("tasks settled", f"{where} still {row['status']}")
+            if row["status"] == "DEAD":
+                codes[row["error_code"] or "none"] += 1
+                if row["error_code"] is None:
+                    self.result.violate("tasks settled", f"{where} DEAD without a code")
+                elif row["error_code"] in PROVIDER_CODES:
+                    self.result.violate(
+                        "no DEAD for a provider fault", f"{where} DEAD {row['error_code']}"
+                    )
+        figures["dead codes"] = dict(codes)
+
+    async def _pointers(self, conn: asyncpg.Connection[Any]) -> None:
+        """Each served version is the newest version whose task of the served model
+        succeeded; a document with a succeeded task is served."""
+        rows = await conn.fetch(
+            """
+            WITH succeeded AS (
+                SELECT t.tenant_id, t.document_id, g.embedding_model,
+                       max(t.version_number) AS newest
+                  FROM index_task t
+                  LEFT JOIN search_generation g ON g.generation_id = t.generation_id
+                 WHERE t.status = 'SUCCEEDED'
+                 GROUP BY 1, 2, 3)
+            SELECT d.tenant_id, d.document_id, s.version_number AS served,
+                   s.embedding_model,
+                   (SELECT max(x.newest) FROM succeeded x
+                     WHERE x.tenant_id = d.tenant_id AND x.document_id = d.document_id
+                       AND (x.embedding_model IS NULL
+                            OR x.embedding_model = s.embedding_model)) AS newest,
+                   (SELECT max(x.newest) FROM succeeded x
+                     WHERE x.tenant_id = d.tenant_id AND x.document_id = d.document_id)
+                       AS newest_any
+              FROM document d
+              LEFT JOIN document_search_version s
+                ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
+            """
+        )
+        invariant = "pointer at newest indexed version"
+        for row in rows:
+            where = f"{row['tenant_id']}/{row['document_id']}"
+            if row["served"] is None:
+                if row["newest_any"] is not None:
+                    self.result.violate(
+                        invariant, f"{where}: v{row['newest_any']} indexed, none served"
+                    )
+            elif row["newest"] is not None and row["served"] != row["newest"]:
+                self.result.violate(
+                    invariant,
+                    f"{where}: serves v{row['served']} ({row['embedding_model']}), newest "
+                    f"indexed v{row['newest']}",
+                )
+        self.result.figures["documents"] = len(rows)
+        self.result.figures["documents served"] = sum(r["served"] is not None for r in rows)
+
+    async def _chunks(self, conn: asyncpg.Connection[Any]) -> None:
+        invariant = "one chunk set per served version"
+        duplicates = await conn.fetch(
+            """
+            SELECT tenant_id, document_id, version_number, embedding_model, ordinal, count(*)
+              FROM knowledge_chunk
+             GROUP BY 1, 2, 3, 4, 5
+            HAVING count(*) > 1
+            """
+        )
+        for row in duplicates:
+            self.result.violate(
+                invariant,
+                f"{row['tenant_id']}/{row['document_id']} v{row['version_number']} ordinal "
+                f"{row['ordinal']}: {row['count']} chunks",
+            )
+        mismatched = await conn.fetch(
+            """
+            SELECT s.tenant_id, s.document_id, s.version_number, s.chunk_count,
+                   (SELECT count(*) FROM knowledge_chunk c
+                     WHERE c.tenant_id = s.tenant_id AND c.document_id = s.document_id
+                       AND c.version_number = s.version_number
+                       AND c.embedding_model = s.embedding_model) AS stored
+              FROM document_search_version s
+            """
+        )
+        for row in mismatched:
+            if row["chunk_count"] is not None and row["chunk_count"] != row["stored"]:
+                self.result.violate(
+                    invariant,
+                    f"{row['tenant_id']}/{row['document_id']} v{row['version_number']}: "
+                    f"{row['stored']} chunks stored, {row['chunk_count']} switched to",
+                )
+
+    def _pointer_forward(self, records: list[KafkaRecord]) -> None:
+        """Audited from the DocumentSearchVersionSwitched events, in Kafka's per-key order."""
+        registry = default_registry()
+        last: dict[tuple[str, str], int] = {}
+        met: set[str] = set()
+        switches = 0
+        for record in records:
+            if record.event_type != DOCUMENT_SEARCH_VERSION_SWITCHED or record.replay:
+                continue
+            if record.event_id in met:
+                continue
+            met.add(record.event_id)
+            switches += 1
+            event = registry.decode(record.payload).record
+            key = (record.key, str(event["embeddingModel"]))
+            version = int(event["versionNumber"])
+            if key in last and version < last[key]:
+                self.result.violate(
+                    "pointer only moves forward",
+                    f"{record.key} ({key[1]}): switched back from v{last[key]} to v{version}",
+                )
+            last[key] = max(version, last.get(key, 0))
+        self.result.figures["switches"] = switches
+
+    async def _stale_leases(
+        self, conn: asyncpg.Connection[Any], records: list[KafkaRecord]
+    ) -> None:
+        """Every switch (served now, or announced in Kafka) was made by a task that
+        succeeded for that very version: a write under a lost lease would name an attempt
+        that did not finish, or another version's task."""
+        invariant = "no write by a stale lease"
+        tasks = {
+            str(r["task_id"]): r
+            for r in await conn.fetch(
+                "SELECT task_id, status, document_id::text, version_number FROM index_task"
+            )
+        }
+        served = await conn.fetch(
+            "SELECT tenant_id, document_id::text, version_number, task_id::text "
+            "FROM document_search_version"
+        )
+        for row in served:
+            task = tasks.get(row["task_id"] or "")
+            if (
+                task is None
+                or task["status"] != "SUCCEEDED"
+                or (task["version_number"] != row["version_number"])
+            ):
+                self.result.violate(
+                    invariant,
+                    f"{row['tenant_id']}/{row['document_id']} v{row['version_number']} "
+                    f"served by task {row['task_id']} ({task['status'] if task else 'unknown'})",
+                )
+        registry = default_registry()
+        for record in records:
+            if record.event_type != DOCUMENT_SEARCH_VERSION_SWITCHED:
+                continue
+            event = registry.decode(record.payload).record
+            task = tasks.get(str(event["taskId"]))
+            if task is None or task["status"] != "SUCCEEDED":
+                self.result.violate(
+                    invariant,
+                    f"switch to v{event['versionNumber']} of {record.key} by task "
+                    f"{event['taskId']} ({task['status'] if task else 'unknown'})",
+                )
+        self._leases_from_logs()
+
+    def _leases_from_logs(self) -> None:
+        """Lost leases and takeovers, from the indexers' logs: a takeover is a claim of a
+        task whose previous attempt never ended (its worker killed, stopped or cut off)."""
+        lost = 0
+        claimed: set[tuple[str, int]] = set()
+        ended: set[tuple[str, int]] = set()
+        for log in self.stack.processes.home.glob("indexer-*.log"):
+            for line in log.read_text(errors="replace").splitlines():
+                if not line.startswith("{"):
+                    continue
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                event = entry.get("event")
+                attempt = (str(entry.get("task_id")), int(entry.get("lease_attempt") or 0))
+                if event == "lease.lost":
+                    lost += 1
+                elif event == "task.claimed":
+                    claimed.add(attempt)
+                elif event in ("task.completed", "task.failed", "task.abandoned"):
+                    ended.add(attempt)
+        takeovers = sum(
+            1
+            for task, attempt in claimed
+            if attempt > 1 and (task, attempt - 1) in claimed and (task, attempt - 1) not in ended
+        )
+        self.result.figures["lost leases"] = lost
+        self.result.figures["takeovers"] = takeovers
+
+    async def _answers(self, conn: asyncpg.Connection[Any]) -> None:
+        owners = {
+            str(r["document_id"]): r["tenant_id"]
+            for r in await conn.fetch("SELECT tenant_id, document_id FROM document")
+        }
+        acl: dict[tuple[str, int], set[str]] = defaultdict(set)
+        for row in await conn.fetch(
+            "SELECT document_id::text, version_number, principal FROM document_version_acl"
+        ):
+            acl[(row["document_id"], row["version_number"])].add(row["principal"])
+        whole = "search: one whole version per document"
+        fenced = "search: within ACL and tenant"
+        answered = 0
+        for answer in self.searches.answers:
+            if answer.tenant_id != answer.path_tenant:
+                if answer.status == 200:
+                    self.result.violate(
+                        fenced, f"{answer.tenant_id}'s key searched {answer.path_tenant}: 200"
+                    )
+                continue
+            if answer.status != 200:
+                continue
+            answered += 1
+            versions: dict[str, set[int]] = defaultdict(set)
+            for hit in answer.hits:
+                versions[hit.document_id].add(hit.version_number)
+                owner = owners.get(hit.document_id)
+                if owner != answer.path_tenant:
+                    self.result.violate(
+                        fenced, f"{answer.path_tenant} got {hit.document_id} of {owner}"
+                    )
+                readers = acl.get((hit.document_id, hit.version_number), set())
+                if not readers & set(answer.principals):
+                    self.result.violate(
+                        fenced,
+                        f"{list(answer.principals)} got {hit.document_id} v{hit.version_number}"
+                        f" readable by {sorted(readers)}",
+                    )
+            for document_id, seen in versions.items():
+                if len(seen) > 1:
+                    self.result.violate(whole, f"{document_id}: versions {sorted(seen)} at once")
+        figures = self.result.figures
+        figures["searches"] = len(self.searches.answers)
+        figures["searches answered"] = answered
+        figures["searches without answer"] = self.searches.failed

@@ -1,0 +1,91 @@
+"""The run's one table: what was done to the system, what it did, and the violations per
+invariant (Markdown, so that it can be pasted into RELIABILITY.md as printed)."""
+
+from __future__ import annotations
+
+from services.chaos.checker import INVARIANTS, CheckResult
+from services.chaos.faults import FaultRecord
+from services.chaos.load import LoadRecord
+from services.chaos.schedule import FaultKind
+
+
+def table(
+    *,
+    command: str,
+    seed: int,
+    load: LoadRecord,
+    faults: FaultRecord,
+    checked: CheckResult,
+    converge_s: float | None,
+    elapsed_s: float,
+) -> str:
+    figures = checked.figures
+    kills = sum(faults.done[k.value] for k in (FaultKind.KILL_INDEXER, FaultKind.KILL_RELAY))
+    provider = sum(faults.done[k.value] for k in FaultKind if k.value.startswith("provider-"))
+    rows: list[tuple[str, object]] = [
+        ("command", f"`{command}`"),
+        ("seed", seed),
+        ("wall time", f"{elapsed_s:.0f} s"),
+        ("documents", figures.get("documents", 0)),
+        ("versions published", len(load.published)),
+        ("corrupt versions published", sum(p.kind == "corrupt-pdf" for p in load.published)),
+        ("uploads or publishes refused by the API", len(load.refused)),
+        ("API calls retried by the client", load.api_retries),
+        ("tasks", figures.get("tasks", 0)),
+        (
+            "tasks succeeded / dead",
+            f"{figures.get('tasks succeeded', 0)} / {figures.get('tasks dead', 0)}",
+        ),
+        ("dead codes", _codes(figures.get("dead codes", {}))),
+        ("SIGKILLs (indexers, relays)", kills),
+        ("SIGSTOPs past the lease", faults.done[FaultKind.STOP_INDEXER.value]),
+        ("indexer kills and stops that struck mid-task", faults.done["struck mid-task"]),
+        ("Kafka outages", faults.done[FaultKind.KAFKA_OUTAGE.value]),
+        ("PostgreSQL restarts", faults.done[FaultKind.POSTGRES_RESTART.value]),
+        ("provider faults (429, 5xx, timeout, malformed, down)", provider),
+        ("relay replays while live", faults.done[FaultKind.RELAY_REPLAY.value]),
+        ("generation created / switched", _generation(faults)),
+        ("faults that could not be applied", len(faults.failed)),
+        ("retries (attempts beyond the first)", figures.get("retries", 0)),
+        ("takeovers (a claim after an attempt that never ended)", figures.get("takeovers", 0)),
+        ("lost leases noticed by their worker", figures.get("lost leases", 0)),
+        ("duplicate hints in Kafka", figures.get("duplicate hints", 0)),
+        ("pointer switches audited from Kafka", figures.get("switches", 0)),
+        (
+            "outbox events / Kafka records",
+            f"{figures.get('outbox events', 0)} / {figures.get('kafka records', 0)}",
+        ),
+        (
+            "searches (answered, no answer)",
+            f"{figures.get('searches', 0)} ({figures.get('searches answered', 0)}, "
+            f"{figures.get('searches without answer', 0)})",
+        ),
+        (
+            "time to converge after the load and faults ended",
+            "not converged" if converge_s is None else f"{converge_s:.1f} s",
+        ),
+    ]
+    rows += [(f"violations: {name}", checked.violations[name]) for name in INVARIANTS]
+    lines = ["| | |", "|---|---|"] + [f"| {name} | {value} |" for name, value in rows]
+    return "\n".join(lines)
+
+
+def evidence(checked: CheckResult, faults: FaultRecord) -> str:
+    lines = []
+    for name, examples in checked.evidence.items():
+        lines.append(f"{name}: {checked.violations[name]} violation(s)")
+        lines += [f"  - {example}" for example in examples]
+    if faults.failed:
+        lines.append("faults not applied:")
+        lines += [f"  - {failure}" for failure in faults.failed]
+    return "\n".join(lines)
+
+
+def _codes(codes: dict[str, int]) -> str:
+    return ", ".join(f"{code} {n}" for code, n in sorted(codes.items())) or "none"
+
+
+def _generation(faults: FaultRecord) -> str:
+    if faults.generation_id is None:
+        return "no"
+    return f"{faults.generation_id} / {'yes' if faults.generation_switched else 'no'}"

@@ -1,0 +1,213 @@
+"""The processes a chaos run starts and breaks: its own PostgreSQL and Kafka (it restarts
+them, so never a shared server), the API, two relays, two indexer processes per tier and
+the fault-injecting embedding provider, each a real process started as a user starts it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from services.chaos.schedule import INDEXERS, RELAYS
+from services.demo.processes import DemoProcesses
+from services.demo.stack import free_port
+from services.devstack.kafka import LocalKafka
+from services.devstack.postgres import EmbeddedPostgres
+from services.devstack.process import run_tool
+from services.devstack.settings import DevStackSettings
+
+MODEL = "hashing-v1-384"
+TIERS = ("standard", "premium")
+# Two tenants share the standard tier, so its workers interleave tenants; one is premium.
+TENANTS = (("acme", "standard"), ("initech", "standard"), ("globex", "premium"))
+LEASE_SECONDS = 4
+
+
+@dataclass(frozen=True)
+class TenantKey:
+    tenant_id: str
+    tier: str
+    key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+class ChaosStack:
+    def __init__(self, home: Path, *, pg_port: int | None, kafka_port: int | None) -> None:
+        self.home = home
+        self.run_id = uuid.uuid4().hex[:8]
+        kafka = kafka_port or free_port()
+        self.dev = DevStackSettings(
+            home=home / "dev",
+            pg_port=pg_port or free_port(),
+            kafka_port=kafka,
+            kafka_controller_port=int(os.environ.get("KB_DEV_KAFKA_CONTROLLER_PORT", 0))
+            or free_port(),
+            pg_database=f"chaos_{self.run_id}",
+        )
+        self.postgres = EmbeddedPostgres(self.dev)
+        self.kafka = LocalKafka(self.dev)
+        self.processes = DemoProcesses(home / f"run-{self.run_id}")
+        self.api_port = free_port()
+        self.provider_port = free_port()
+        self.topic_prefix = f"chaos-{self.run_id}."
+        self.tenants: dict[str, TenantKey] = {}
+        self.env: dict[str, str] = {}
+        self.started_servers = False
+
+    @property
+    def database_url(self) -> str:
+        return self.postgres.url
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def provider_url(self) -> str:
+        return f"http://127.0.0.1:{self.provider_port}"
+
+    def log(self, name: str) -> Path:
+        return self.processes.home / f"{name}.log"
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    def up(self) -> None:
+        # Servers already running (a previous `--keep` run) are left running afterwards.
+        self.started_servers = not (self.postgres.status().running or self.kafka.status().running)
+        self.postgres.up()
+        self.kafka.up()
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DATABASE_U"))}
+        self.env = {
+            **base,
+            "DATABASE_URL": self.database_url,
+            "KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap,
+            "KB_KAFKA_TOPIC_PREFIX": self.topic_prefix,
+            "KB_LOG_FORMAT": "json",
+            # Everything embeds through the provider that fails on command, search included.
+            "KB_EMBEDDING_PROVIDER": "openai",
+            "KB_EMBEDDING_BASE_URL": f"{self.provider_url}/v1",
+            "KB_EMBEDDING_MODEL": MODEL,
+            "KB_EMBEDDING_DIMENSIONS": "384",
+            "KB_EMBEDDING_TIMEOUT_SECONDS": "2",
+            "KB_EMBEDDING_CONNECT_TIMEOUT_SECONDS": "1",
+            "KB_EMBEDDING_BREAKER_OPEN_SECONDS": "3",
+            "KB_EMBEDDING_BREAKER_MAX_OPEN_SECONDS": "6",
+            "KB_EMBEDDING_BREAKER_PROBE_SECONDS": "5",
+            "KB_RELAY_TOPIC_TIERS": '["standard","premium"]',
+            "KB_RELAY_LEASE_SECONDS": "5",
+            "KB_RELAY_SEND_TIMEOUT_SECONDS": "2",
+            "KB_RELAY_BACKOFF_MAX_SECONDS": "2",
+            # Short timers so takeovers and retries happen within a short run.
+            "KB_INDEXER_LEASE_SECONDS": str(LEASE_SECONDS),
+            "KB_INDEXER_POLL_SECONDS": "1",
+            "KB_INDEXER_BACKOFF_BASE_SECONDS": "1",
+            "KB_INDEXER_BACKOFF_CAP_SECONDS": "3",
+            "KB_INDEXER_GRACE_PERIOD_SECONDS": "3",
+            "KB_INDEXER_PARSE_WORKERS": "1",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        }
+        self.kb("migrate")
+        for tenant_id, tier in TENANTS:
+            output = self.kb("tenants", "create", tenant_id, "--tier", tier)
+            key = output.strip().splitlines()[-1].removeprefix("KB_API_KEY=")
+            self.tenants[tenant_id] = TenantKey(tenant_id, tier, key)
+        self.start("provider")
+        self.await_http(f"{self.provider_url}/healthz")
+        self.start("api")
+        for name in (*RELAYS, *INDEXERS):
+            self.start(name)
+        self.await_http(f"{self.api_url}/readyz")
+
+    def argv(self, name: str) -> list[str]:
+        if name == "provider":
+            port = str(self.provider_port)
+            # A remote provider's latency keeps tasks in flight long enough to be struck.
+            return [
+                "services.demo.provider", "--port", port, "--embedder", "hashing",
+                "--latency", "0.3",
+            ]  # fmt: skip
+        if name == "api":
+            return ["services.cli", "serve", "--port", str(self.api_port)]
+        if name.startswith("relay-"):
+            return ["services.cli", "relay", "run"]
+        tier = name.split("-")[1]
+        return ["services.cli", "indexer", "run", "--tier", tier]
+
+    def start(self, name: str) -> None:
+        self.processes.start(name, self.argv(name), self.env)
+
+    def kb(self, *args: str, timeout: float = 300) -> str:
+        done = run_tool(
+            [sys.executable, "-m", "services.cli", *args], env=self.env, timeout=timeout
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"kb {' '.join(args)} exited {done.returncode}: {done.stderr[-800:]}"
+            )
+        return done.stdout
+
+    def kb_status(self, *args: str, timeout: float = 300) -> tuple[int, str]:
+        done = run_tool(
+            [sys.executable, "-m", "services.cli", *args], env=self.env, timeout=timeout
+        )
+        return done.returncode, done.stdout + done.stderr
+
+    def await_http(self, url: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            time.sleep(0.3)
+        raise RuntimeError(f"{url} did not answer 200 within {timeout_s:.0f}s")
+
+    # --- faults ---------------------------------------------------------------------------
+
+    def pid(self, name: str) -> int | None:
+        child = self.processes.running(name)
+        return child.pid if child is not None else None
+
+    def kill(self, name: str) -> None:
+        self.processes.kill(name)
+
+    def signal(self, name: str, signum: signal.Signals) -> None:
+        pid = self.pid(name)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def restart_postgres(self) -> None:
+        self.postgres.down()
+        self.postgres.up()
+
+    def stop_kafka(self) -> None:
+        self.kafka.down()
+
+    def start_kafka(self) -> None:
+        self.kafka.up()
+
+    # --- tear-down ------------------------------------------------------------------------
+
+    def stop_processes(self) -> None:
+        for name in list(self.processes.state.children):
+            self.signal(name, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        self.processes.stop_all(grace_s=10)
+
+    def down(self) -> None:
+        self.stop_processes()
+        if not self.started_servers:
+            return
+        with contextlib.suppress(Exception):
+            self.kafka.down()
+        with contextlib.suppress(Exception):
+            self.postgres.down()

@@ -1,0 +1,63 @@
+"""The short chaos run, as `kb chaos run` runs it: its own PostgreSQL and Kafka (it restarts
+them), every kb process, every fault kind at least once, on a fixed seed; no violation.
+
+It takes minutes, so it runs only when KB_CHAOS_TESTS=1 (RELIABILITY.md has the command and
+its table)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.api import free_port
+from tests.support.stack import REPO_ROOT
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        os.environ.get("KB_CHAOS_TESTS") != "1",
+        reason="the chaos run takes minutes: KB_CHAOS_TESTS=1",
+    ),
+]
+
+SEED = 20261204
+
+
+@pytest.fixture
+def chaos_home() -> Iterator[Path]:
+    """Not under pytest's basetemp: run as root, PostgreSQL runs as a user of its own, and
+    another pytest session resets that tree to mode 0700 when it starts, locking the
+    server out of its data directory mid-run."""
+    home = Path(tempfile.mkdtemp(prefix="kb-chaos-"))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.timeout(900)
+def test_short_chaos_run_keeps_every_invariant(chaos_home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DATABASE_URL"))}
+    env["KB_DEV_KAFKA_CONTROLLER_PORT"] = str(free_port())
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "services.cli", "chaos", "run",
+            "--seed", str(SEED), "--documents", "200", "--minutes", "2",
+            "--home", str(chaos_home),
+            "--pg-port", str(free_port()), "--kafka-port", str(free_port()),
+        ],
+        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=880, check=False,
+    )  # fmt: skip
+    report = done.stdout + done.stderr[-3000:]
+    assert done.returncode == 0, report
+    assert "PASSED: no violation" in done.stdout, report
+    for kind in ("SIGKILLs", "Kafka outages", "PostgreSQL restarts", "provider faults"):
+        line = next(line for line in done.stdout.splitlines() if kind in line)
+        assert line.split("|")[2].strip() not in ("", "0"), line
