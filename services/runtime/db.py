@@ -131,5 +131,12 @@ def translate_db_errors() -> Iterator[None]:
     # read-only standby (25006). A reconnect or the promotion fixes it.
     except (asyncpg.OperatorInterventionError, asyncpg.ReadOnlySQLTransactionError) as exc:
         raise DatabaseUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    # asyncpg's own connection state gone wrong ("cannot switch to state 12; another
+    # operation (2) is in progress"): seen on a pooled connection while the pool restored its
+    # floor during a PostgreSQL restart (the chaos run, RELIABILITY.md). Retried like the
+    # restart itself, by the loops that retry DATABASE_UNAVAILABLE; a process that exited on
+    # it (the relay did) would not recover by itself.
+    except asyncpg.InternalClientError as exc:
+        raise DatabaseUnavailable(f"{type(exc).__name__}: {exc}") from exc
     except asyncpg.PostgresError as exc:
         raise DatabaseError(f"{type(exc).__name__}: {exc}") from exc

@@ -88,6 +88,14 @@ MAPPING: list[tuple[Exception, type[KbError], str, bool]] = [
         True,
     ),
     (ConnectionRefusedError("refused"), DatabaseUnavailable, "DATABASE_UNAVAILABLE", True),
+    (
+        asyncpg.InternalClientError(
+            "cannot switch to state 12; another operation (2) is in progress"
+        ),
+        DatabaseUnavailable,
+        "DATABASE_UNAVAILABLE",
+        True,
+    ),
     # Unchanged: run it again / a conflict / the caller's configuration / a real error.
     (
         asyncpg.SerializationError("could not serialize access"),
