@@ -1,8 +1,8 @@
 """The short chaos run, as `kb chaos run` runs it: its own PostgreSQL and Kafka (it restarts
 them), every kb process, every fault kind at least once, on a fixed seed; no violation.
 
-It takes minutes, so it runs only when KB_CHAOS_TESTS=1 (RELIABILITY.md has the command and
-its table)."""
+It takes about three minutes, the short form CI runs (RELIABILITY.md has the command and its
+table); `scripts/test --unit` leaves it out with the other e2e tests."""
 
 from __future__ import annotations
 
@@ -19,14 +19,7 @@ import pytest
 from tests.support.api import free_port
 from tests.support.stack import REPO_ROOT
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        os.environ.get("KB_CHAOS_TESTS") != "1",
-        reason="the chaos run takes minutes: KB_CHAOS_TESTS=1",
-    ),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 SEED = 20261204
 

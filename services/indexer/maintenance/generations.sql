@@ -121,11 +121,16 @@ ON CONFLICT (tenant_id, generation_id) DO NOTHING
 RETURNING tenant_id
 
 -- name: enqueue_backfill
--- $1 tenants (NULL: every tenant), $2 the generation, $3 the attempt budget, $4 now. One task
--- (generation $2, priority 1: below the tenant's publishes) per document that is searchable
--- or published, at the newer of its served and its published version, unless the generation
--- holds that version already. ON CONFLICT DO NOTHING on the business key: running `create`
--- again adds only what is missing. Only tenants built in the generation.
+-- $1 tenants (NULL: every tenant), $2 the generation, $3 the attempt budget, $4 now. Tasks
+-- (generation $2, priority 1: below the tenant's publishes) for each document that is
+-- searchable or published: at its served version and, when a newer one is published, at
+-- that one too, each unless the generation holds it (or a newer one) already. The served
+-- version is built even when a newer one is on its way: if the newer one never indexes (a
+-- corrupt file, DEAD), the generation still holds what search serves today, and a switch is
+-- not refused for ever (the chaos run found that, RELIABILITY.md). The generation's record
+-- is forward-only, so the newer one wins whichever finishes last. ON CONFLICT DO NOTHING on
+-- the business key: running `create` again adds only what is missing. Only tenants built in
+-- the generation.
 INSERT INTO index_task (task_id, tenant_id, document_id, version_number, task_type, tier,
                         status, max_attempts, next_attempt_at, created_at, updated_at,
                         generation_id, priority)
@@ -138,9 +143,10 @@ SELECT gen_random_uuid(), d.tenant_id, d.document_id, w.version_number, 'INDEX_V
     ON b.tenant_id = d.tenant_id AND b.generation_id = $2
   LEFT JOIN document_search_version s
          ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
- CROSS JOIN LATERAL (SELECT greatest(s.version_number, d.published_version) AS version_number) w
+ CROSS JOIN LATERAL (SELECT DISTINCT v.version_number
+                       FROM unnest(ARRAY[s.version_number, d.published_version]) AS v (version_number)
+                      WHERE v.version_number IS NOT NULL) w
  WHERE ($1::text[] IS NULL OR d.tenant_id = ANY ($1::text[]))
-   AND w.version_number IS NOT NULL
    AND NOT EXISTS (SELECT 1
                      FROM document_generation_version g
                     WHERE g.tenant_id = d.tenant_id
