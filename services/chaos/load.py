@@ -14,7 +14,8 @@ from typing import Any
 import docx
 import httpx
 
-from services.chaos.topology import ChaosStack, TenantKey
+from services.chaos.topology import ChaosStack
+from services.demo.client import Tenant
 
 GROUPS = ("group:red", "group:blue")
 OUTSIDER = "group:outsider"
@@ -159,7 +160,7 @@ class LoadDriver:
             time.sleep(max(0.0, due - time.monotonic()))
 
     def publish(
-        self, tenant: TenantKey, serial: int, rng: random.Random, previous: Published | None
+        self, tenant: Tenant, serial: int, rng: random.Random, previous: Published | None
     ) -> Published | None:
         kind = rng.choice(FORMATS)
         version_hint = 1 if previous is None else previous.version_number + 1
@@ -188,7 +189,7 @@ class LoadDriver:
         )
 
     def call(
-        self, method: str, path: str, tenant: TenantKey, expected: set[int], **kwargs: Any
+        self, method: str, path: str, tenant: Tenant, expected: set[int], **kwargs: Any
     ) -> dict[str, Any] | None:
         """The answer's body, retrying through outages for up to two minutes."""
         deadline = time.monotonic() + 120

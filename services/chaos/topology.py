@@ -10,12 +10,12 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from services.chaos.schedule import INDEXERS, RELAYS
+from services.demo.client import Tenant
 from services.demo.processes import DemoProcesses
 from services.demo.stack import free_port
 from services.devstack.kafka import LocalKafka
@@ -28,17 +28,6 @@ TIERS = ("standard", "premium")
 # Two tenants share the standard tier, so its workers interleave tenants; one is premium.
 TENANTS = (("acme", "standard"), ("initech", "standard"), ("globex", "premium"))
 LEASE_SECONDS = 4
-
-
-@dataclass(frozen=True)
-class TenantKey:
-    tenant_id: str
-    tier: str
-    key: str
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"}
 
 
 class ChaosStack:
@@ -60,7 +49,7 @@ class ChaosStack:
         self.api_port = free_port()
         self.provider_port = free_port()
         self.topic_prefix = f"chaos-{self.run_id}."
-        self.tenants: dict[str, TenantKey] = {}
+        self.tenants: dict[str, Tenant] = {}
         self.env: dict[str, str] = {}
         self.started_servers = False
 
@@ -120,7 +109,7 @@ class ChaosStack:
         for tenant_id, tier in TENANTS:
             output = self.kb("tenants", "create", tenant_id, "--tier", tier)
             key = output.strip().splitlines()[-1].removeprefix("KB_API_KEY=")
-            self.tenants[tenant_id] = TenantKey(tenant_id, tier, key)
+            self.tenants[tenant_id] = Tenant(tenant_id, tier, key)
         self.start("provider")
         self.await_http(f"{self.provider_url}/healthz")
         self.start("api")
