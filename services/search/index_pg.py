@@ -15,10 +15,12 @@ from services.embedding.port import Vectors
 from services.runtime.db import translate_db_errors
 from services.search.connections import SearchConnections
 from services.search.keyword_terms import (
-    PartitionStatistics,
     QueryWords,
-    common_lexemes,
+    TenantStatistics,
+    WordSample,
     keyword_terms,
+    sample_start,
+    word_sample,
 )
 from services.search.paths import Connection, PathChoice, PathSource, VectorPaths
 from services.search.searcher import (
@@ -74,11 +76,12 @@ class PgSearchIndex:
             for path in VectorPath
             for kinds in KEYWORD_KINDS
         }
-        # tenant -> its partition of knowledge_chunk (one short string per tenant searched).
-        self._partitions: dict[str, str] = {}
         self._connections = SearchConnections(pool, self._settings)
         self._paths = VectorPaths(generation, self._settings)
-        self._statistics = PartitionStatistics(self._settings.search_statistics_cache_seconds)
+        self._statistics = TenantStatistics(
+            self._settings.search_statistics_cache_seconds,
+            self._settings.search_statistics_cache_entries,
+        )
 
     @property
     def generation(self) -> Generation:
@@ -98,14 +101,6 @@ class PgSearchIndex:
     ) -> VectorPath:
         """The vector list's path, its transaction set up for it (paths.py)."""
         return await self._paths.set_up(conn, request, kept)
-
-    async def _tenant_partition(self, conn: Connection, tenant_id: str) -> str | None:
-        partition = self._partitions.get(tenant_id)
-        if partition is None:
-            partition = await conn.fetchval(QUERIES["tenant_partition"], tenant_id)
-            if partition is not None:  # a tenant's partition never changes
-                self._partitions[tenant_id] = partition
-        return partition
 
     async def candidates(self, request: SearchRequest, query_vector: Vectors | None) -> Candidates:
         vector = None
@@ -190,15 +185,10 @@ class PgSearchIndex:
         )
 
     async def _common_lexemes(self, conn: Connection, tenant_id: str) -> Mapping[str, float]:
-        partition = await self._tenant_partition(conn, tenant_id)
-        if partition is None:  # no chunk yet
-            return {}
+        async def read() -> WordSample:
+            return await read_word_sample(conn, tenant_id, self._settings)
 
-        async def read() -> Mapping[str, float]:
-            rows = await conn.fetch(QUERIES["partition_common_lexemes"], partition)
-            return common_lexemes([(r["lexeme"], r["estimated_chunks"]) for r in rows])
-
-        return await self._statistics.common(partition, read)
+        return await self._statistics.common(tenant_id, read)
 
     async def _both_lists(
         self,
@@ -289,3 +279,19 @@ def _candidates(rows: list[asyncpg.Record]) -> Candidates:
         )
         (vector_list if row["list"] == SearchMode.VECTOR.value else keyword_list).append(candidate)
     return Candidates(vector=vector_list, keyword=keyword_list)
+
+
+async def read_word_sample(
+    conn: Connection, tenant_id: str, settings: SearchSettings
+) -> WordSample:
+    """The tenant's word sample (search.sql: tenant_common_lexemes)."""
+    start = sample_start(tenant_id)
+    limit = settings.search_statistics_sample_chunks
+    rows = await conn.fetch(
+        QUERIES["tenant_common_lexemes"],
+        tenant_id,
+        str(start),
+        limit,
+        settings.search_statistics_lexemes,
+    )
+    return word_sample(start, limit, rows)

@@ -2,10 +2,10 @@
 query's words choose its candidates, and what ranks them.
 
 PostgreSQL reads the query's words under the tenant's text search configuration
-(search.sql: keyword_terms); how common each word is comes from the statistics ANALYZE
-keeps on the tenant's partition (partition_common_lexemes), which change only when ANALYZE
-runs again: they are kept here a short while per partition, so that a search does not read
-them (which costs more than the rest of the terms) every time.
+(search.sql: keyword_terms); how common each word is comes from a sample of the tenant's
+own chunks (tenant_common_lexemes, WordSample), never from other tenants' words, even those
+sharing its partition. The counts are kept here a short while per tenant, so that a search
+does not read them (which costs more than the rest of the terms) every time.
 
 A word's commonness only decides which candidates are tried first and how cheaply; a stale
 estimate costs time, never a chunk the principals may not read.
@@ -13,10 +13,16 @@ estimate costs time, never a chunk the principals may not read.
 
 from __future__ import annotations
 
+import hashlib
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+# Document ids are random (version 4) UUIDs, spread evenly over this many values.
+_UUID_VALUES: Final = 1 << 128
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,8 @@ class KeywordTerms:
 
 
 def keyword_terms(words: QueryWords, common: Mapping[str, float], cap: int) -> KeywordTerms:
-    """``common``: the estimated number of chunks holding each of the partition's commonest
-    lexemes; a lexeme not in it is rarer than those, and counts as rare (no statistics yet:
+    """``common``: the estimated number of chunks holding each of the tenant's commonest
+    lexemes; a lexeme not in it is rarer than those, and counts as rare (no chunks yet:
     every lexeme does)."""
     estimated = [common.get(lexeme, 0.0) for lexeme in words.lexemes]
     rare = [query for query, chunks in zip(words.queries, estimated, strict=True) if chunks <= cap]
@@ -72,36 +78,105 @@ def keyword_terms(words: QueryWords, common: Mapping[str, float], cap: int) -> K
     )
 
 
-def common_lexemes(rows: Sequence[tuple[str, float]]) -> dict[str, float]:
-    return {lexeme: float(chunks) for lexeme, chunks in rows}
+def sample_start(tenant_id: str) -> uuid.UUID:
+    """Where a tenant's word sample begins in document-id order: fixed per tenant, so that
+    its statistics, and so its queries' terms, change only with its chunks."""
+    return uuid.UUID(bytes=hashlib.sha256(tenant_id.encode()).digest()[:16])
 
 
-class PartitionStatistics:
-    """Each partition's common lexemes, read at most once per ``ttl_seconds`` (0: on every
-    search). A partition without statistics yet is read again next time: its first ANALYZE
-    should count at once. Bounded by the number of partitions (migrations/0014)."""
+@dataclass(frozen=True)
+class WordSample:
+    """A run of a tenant's chunks in document-id order (search.sql: tenant_common_lexemes)
+    and how many of them hold each of its commonest lexemes."""
+
+    start: uuid.UUID
+    # How many chunks the sample asked for, and how many it read: fewer means all of them.
+    limit: int
+    sampled: int
+    # The last document read from ``start`` up, and after wrapping round to the first.
+    last_before_wrap: uuid.UUID | None
+    last_after_wrap: uuid.UUID | None
+    counts: Sequence[tuple[str, int]]
+
+    def tenant_chunks(self) -> float:
+        """The tenant's chunks: exact when the sample read them all; otherwise the sample's
+        size over the share of the document-id range it covered (the ids are uniform)."""
+        if self.sampled < self.limit:
+            return float(self.sampled)
+        start = self.start.int
+        if self.last_after_wrap is None:
+            last = self.last_before_wrap.int if self.last_before_wrap is not None else start
+            covered = last - start + 1
+        else:
+            covered = _UUID_VALUES - start + self.last_after_wrap.int + 1
+        return self.sampled * _UUID_VALUES / max(covered, 1)
+
+    def common_lexemes(self) -> dict[str, float]:
+        """Each sampled lexeme's estimated number of the tenant's chunks holding it."""
+        if self.sampled == 0:
+            return {}
+        scale = self.tenant_chunks() / self.sampled
+        return {lexeme: chunks * scale for lexeme, chunks in self.counts}
+
+
+def word_sample(start: uuid.UUID, limit: int, rows: Sequence[Mapping[str, Any]]) -> WordSample:
+    """tenant_common_lexemes' rows: the sample's shape on each, and a lexeme on each unless
+    no lexeme was seen twice (then one row without)."""
+    if not rows:
+        return WordSample(start, limit, 0, None, None, ())
+    first = rows[0]
+    return WordSample(
+        start=start,
+        limit=limit,
+        sampled=int(first["sampled"]),
+        last_before_wrap=_uuid_or_none(first["last_before_wrap"]),
+        last_after_wrap=_uuid_or_none(first["last_after_wrap"]),
+        counts=tuple(
+            (row["lexeme"], int(row["chunks"])) for row in rows if row["lexeme"] is not None
+        ),
+    )
+
+
+def _uuid_or_none(text: str | None) -> uuid.UUID | None:
+    return uuid.UUID(text) if text is not None else None
+
+
+class TenantStatistics:
+    """Each tenant's common lexemes, read at most once per ``ttl_seconds`` (0: on every
+    search), for at most ``entries`` tenants (the least recently searched are forgotten).
+    A tenant without chunks yet is read again next time: its first chunks should count at
+    once."""
 
     def __init__(
         self,
         ttl_seconds: float,
+        entries: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if ttl_seconds < 0:
-            raise ValueError("partition statistics need ttl_seconds >= 0")
+            raise ValueError("tenant statistics need ttl_seconds >= 0")
+        if entries < 1:
+            raise ValueError("tenant statistics need entries >= 1")
         self._ttl = ttl_seconds
+        self._entries = entries
         self._clock = clock
-        self._kept: dict[str, tuple[float, Mapping[str, float]]] = {}
+        self._kept: OrderedDict[str, tuple[float, Mapping[str, float]]] = OrderedDict()
 
     async def common(
-        self, partition: str, read: Callable[[], Awaitable[Mapping[str, float]]]
+        self, tenant_id: str, read: Callable[[], Awaitable[WordSample]]
     ) -> Mapping[str, float]:
-        kept = self._kept.get(partition)
+        kept = self._kept.get(tenant_id)
         now = self._clock()
         if kept is not None and now < kept[0]:
+            self._kept.move_to_end(tenant_id)
             return kept[1]
-        common = await read()
-        if common and self._ttl > 0:
-            self._kept[partition] = (now + self._ttl, common)
+        sample = await read()
+        common = sample.common_lexemes()
+        if sample.sampled and self._ttl > 0:
+            self._kept[tenant_id] = (now + self._ttl, common)
+            self._kept.move_to_end(tenant_id)
+            while len(self._kept) > self._entries:
+                self._kept.popitem(last=False)
         else:
-            self._kept.pop(partition, None)
+            self._kept.pop(tenant_id, None)
         return common

@@ -57,13 +57,6 @@ SELECT set_config(name, reset_val, true)
   FROM pg_settings
  WHERE name = ANY ($1::text[])
 
--- name: tenant_partition
--- The partition of knowledge_chunk holding tenant $1's chunks (a hash of the tenant: it never
--- changes, index_pg caches it); no row while the tenant has no chunk.
-SELECT c.relname AS partition
-  FROM pg_class c
- WHERE c.oid = (SELECT k.tableoid FROM knowledge_chunk k WHERE k.tenant_id = $1 LIMIT 1)
-
 -- name: keyword_terms
 -- The query's words (services/search/keyword_terms.py chooses from them the keyword list's
 -- terms), read before search_keyword_candidates in the same transaction so that the planner
@@ -115,35 +108,53 @@ SELECT CASE WHEN numnode(q.strict) > 0 THEN q.strict::text END AS strict,
           FROM (SELECT l.lexeme, row_number() OVER (ORDER BY l.lexeme) AS position
                   FROM unnest(q.lexemes) AS l(lexeme)) n) w;
 
--- name: partition_common_lexemes
--- The commonest lexemes of a partition of knowledge_chunk ($1, the tenant's:
--- tenant_partition) and how many chunks each is estimated to be in, from the statistics
--- ANALYZE keeps on its tsvector column (the fraction of rows holding each; any other lexeme
--- is rarer). Per partition because ANALYZE keeps them so (autovacuum's never visits the
--- partitioned table itself), and the partition is what the keyword list reads; by name, so
--- that both catalog lookups are index probes. No rows before the partition's first ANALYZE.
--- Kept a while per partition (keyword_terms.PartitionStatistics): reading them costs more
--- than the rest of a search's terms.
-SELECT e.lexeme, e.fraction * greatest(c.reltuples, 0) AS estimated_chunks
-  FROM pg_class c
-  JOIN pg_namespace n ON n.oid = c.relnamespace
-  JOIN pg_stats s
-    ON s.schemaname = n.nspname
-   AND s.tablename = c.relname
-   AND s.attname = 'search_document'
-   AND NOT s.inherited
- CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs)
-            AS e(lexeme, fraction)
- WHERE c.relname = $1::text
-   AND c.relnamespace = (
-         -- include: knowledge_chunk_schema
-       )
-   AND e.lexeme IS NOT NULL
+-- name: tenant_common_lexemes
+-- The commonest lexemes of tenant $1's chunks, counted in a sample of them: at most $3
+-- chunks, taken in document-id order from $2 on and, past the last document, from the first
+-- (document ids are random UUIDs, so a run of them is a random sample of documents; the
+-- start is fixed per tenant, so that the sample, and the terms a query gets, stay the same
+-- while the tenant's chunks do). Each row: the sample's shape (how many chunks it holds,
+-- the last document read before and after the wrap, from which keyword_terms.WordSample
+-- estimates the tenant's chunks) and one lexeme with the number of sampled chunks holding
+-- it, the $4 commonest, seen at least twice (once says little of a word's commonness).
+-- The tenant's own chunks, not its partition's statistics: tenants sharing a partition do
+-- not shape each other's candidates, and no ANALYZE is needed. Both branches are range
+-- scans of the primary key; the outer LIMIT stops the second once the first ran short.
+-- Kept a while per tenant (keyword_terms.TenantStatistics).
+WITH sample AS MATERIALIZED (
+    SELECT s.document_id, s.search_document, s.wrapped
+      FROM ((SELECT c.document_id, c.search_document, false AS wrapped
+               FROM knowledge_chunk c
+              WHERE c.tenant_id = $1 AND c.document_id >= $2::uuid
+              ORDER BY c.document_id
+              LIMIT $3)
+            UNION ALL
+            (SELECT c.document_id, c.search_document, true AS wrapped
+               FROM knowledge_chunk c
+              WHERE c.tenant_id = $1 AND c.document_id < $2::uuid
+              ORDER BY c.document_id
+              LIMIT $3)
+             LIMIT $3) s
+), shape AS (
+    SELECT count(*) AS sampled,
+           max(document_id::text) FILTER (WHERE NOT wrapped) AS last_before_wrap,
+           max(document_id::text) FILTER (WHERE wrapped) AS last_after_wrap
+      FROM sample
+)
+SELECT h.sampled, h.last_before_wrap, h.last_after_wrap, w.lexeme, w.chunks
+  FROM shape h
+  LEFT JOIN LATERAL (
+        SELECT u.lexeme, count(*) AS chunks
+          FROM sample t
+         CROSS JOIN LATERAL unnest(t.search_document) AS u(lexeme, positions, weights)
+         GROUP BY u.lexeme
+        HAVING count(*) >= 2
+         ORDER BY count(*) DESC, u.lexeme
+         LIMIT $4) w ON true
 
 -- name: knowledge_chunk_schema
 -- The schema of knowledge_chunk, its partitions and their indexes, in which
--- choose_vector_path and partition_common_lexemes look one of them up by name (an index
--- probe of pg_class).
+-- choose_vector_path looks one of them up by name (an index probe of pg_class).
 SELECT k.relnamespace
   FROM pg_class k
  WHERE k.oid = 'knowledge_chunk'::regclass

@@ -74,11 +74,19 @@ class SearchSettings(RuntimeSettings):
     search_path_cache_seconds: float = Field(default=30.0, ge=0, le=3600)
     # How many principal sets' paths are kept, per process.
     search_path_cache_entries: int = Field(default=10_000, ge=1, le=1_000_000)
-    # How long the keyword list keeps a tenant partition's word statistics (how many chunks
-    # hold each of its commonest words, from ANALYZE) before it reads them again
+    # How long the keyword list keeps a tenant's word statistics (how many of its chunks
+    # hold each of its commonest words, counted in a sample) before it reads them again
     # (keyword_terms). They steer which candidates are tried first, never which chunks are
     # eligible. 0: read on every keyword search.
     search_statistics_cache_seconds: float = Field(default=60.0, ge=0, le=3600)
+    # How many tenants' word statistics are kept, per process.
+    search_statistics_cache_entries: int = Field(default=10_000, ge=1, le=1_000_000)
+    # How many of a tenant's chunks the word statistics count (all of a smaller tenant's).
+    # More: finer estimates of the words of big tenants, for a longer read once per
+    # search_statistics_cache_seconds.
+    search_statistics_sample_chunks: int = Field(default=5_000, ge=100, le=1_000_000)
+    # How many of the sample's commonest words are kept.
+    search_statistics_lexemes: int = Field(default=1_000, ge=10, le=100_000)
     # How long a search waits for a connection before answering 503.
     search_acquire_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     # How long a search waits for its query's embedding: past it (or when the provider

@@ -12,11 +12,10 @@ import asyncpg
 import pytest
 
 from services.embedding.hashing import HashingEmbedder
-from services.search.index_pg import PgSearchIndex
+from services.search.index_pg import PgSearchIndex, read_word_sample
 from services.search.keyword_terms import (
     KeywordTerms,
     QueryWords,
-    common_lexemes,
     keyword_terms,
 )
 from services.search.searcher import Generation, SearchMode, SearchRequest
@@ -48,8 +47,11 @@ def index(pool: asyncpg.Pool[Any]) -> PgSearchIndex:
     return index_with(pool, CAP)
 
 
+SETTINGS = SearchSettings(database_url="postgresql://unused/db", search_keyword_candidates=CAP)
+
+
 def index_with(pool: asyncpg.Pool[Any], cap: int) -> PgSearchIndex:
-    settings = SearchSettings(database_url="postgresql://unused/db", search_keyword_candidates=cap)
+    settings = SETTINGS.model_copy(update={"search_keyword_candidates": cap})
     return PgSearchIndex(pool, Generation(EMBEDDER.model, EMBEDDER.dimension), settings)
 
 
@@ -184,7 +186,6 @@ async def test_common_words_do_not_choose_the_candidates(
     await searchable(conn, [ChunkSpec(f"general policy clause {n}") for n in range(4 * CAP)])
     telling = [ChunkSpec("policy on refunds for damaged goods")]
     await searchable(conn, telling, title="Refunds", document_id=LAST)
-    await conn.execute("ANALYZE knowledge_chunk")
 
     # No chunk holds "details": the rarer words choose the candidates, then the rarest
     # common one fills the list; a chunk holding both ranks first.
@@ -201,7 +202,6 @@ async def test_the_rarest_common_word_only_fills_the_list_to_its_depth(
     conn = conn_with_tenants
     await searchable(conn, [ChunkSpec(f"general policy clause {n}") for n in range(4 * CAP)])
     await searchable(conn, [ChunkSpec("policy on refunds for damaged goods")], title="Refunds")
-    await conn.execute("ANALYZE knowledge_chunk")
     depth = 3
     request = SearchRequest(
         "acme", "refunds policy details", ("group:all",), top_k=depth, mode=SearchMode.KEYWORD
@@ -256,10 +256,8 @@ async def _keyword_statement(
     path: VectorPath,
     kinds: KeywordKinds | None,
 ) -> tuple[KeywordTerms, Any]:
-    partition = await conn.fetchval(QUERIES["tenant_partition"], request.tenant_id)
-    common = common_lexemes(
-        [tuple(r) for r in await conn.fetch(QUERIES["partition_common_lexemes"], partition)]
-    )
+    sample = await read_word_sample(conn, request.tenant_id, SETTINGS)
+    common = sample.common_lexemes()
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
         row = await conn.fetchrow(QUERIES["keyword_terms"], request.tenant_id, request.query)
         assert row is not None
@@ -392,3 +390,78 @@ async def test_the_full_text_index_finds_only_the_tenants_matches(
         assert node["Actual Rows"] <= 3  # acme's three matches, none of globex's 60
     found = await keyword(index, request.query)
     assert sorted(found) == [f"refunds for damaged goods {n}" for n in range(3)]
+
+
+async def neighbour_of(conn: asyncpg.Connection[Any], tenant: str) -> str:
+    """A tenant whose chunks share ``tenant``'s partition of knowledge_chunk."""
+    partitions = await conn.fetchval(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'knowledge_chunk'::regclass"
+    )
+    same = """SELECT bool_or(satisfies_hash_partition('knowledge_chunk'::regclass, $3, r, $1::text)
+                      AND satisfies_hash_partition('knowledge_chunk'::regclass, $3, r, $2::text))
+                FROM generate_series(0, $3 - 1) AS r"""
+    for n in range(10_000):
+        if await conn.fetchval(same, tenant, f"neighbour-{n}", partitions):
+            return f"neighbour-{n}"
+    raise AssertionError("no tenant shares the partition")
+
+
+async def test_a_neighbours_words_do_not_make_the_tenants_words_common(
+    conn_with_tenants: asyncpg.Connection[Any], index: PgSearchIndex
+) -> None:
+    # A tenant hashed to acme's partition says "policy" in 4 * CAP chunks; acme in two. The
+    # partition's ANALYZE statistics would call "policy" common for acme too, and acme's
+    # question would try its "policy" chunks last; acme's own counts call it rare.
+    conn = conn_with_tenants
+    neighbour = await neighbour_of(conn, "acme")
+    await conn.execute("INSERT INTO tenant (tenant_id, tier) VALUES ($1, 'standard')", neighbour)
+    for n in range(4 * CAP):
+        await searchable(conn, [ChunkSpec(f"general policy clause {n}")], tenant=neighbour)
+    await searchable(conn, [ChunkSpec("travel policy for contractors")])
+    await searchable(conn, [ChunkSpec("policy on refunds")])
+    await conn.execute("ANALYZE knowledge_chunk")
+    partition_says = await conn.fetchval(
+        """SELECT e.fraction * c.reltuples
+             FROM pg_class c
+             JOIN pg_stats s ON s.tablename = c.relname AND s.attname = 'search_document'
+            CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[],
+                                      s.most_common_elem_freqs) AS e(lexeme, fraction)
+            WHERE c.oid = (SELECT tableoid FROM knowledge_chunk WHERE tenant_id = 'acme' LIMIT 1)
+              AND e.lexeme = 'policy'"""
+    )
+    assert partition_says > CAP  # what the partition's statistics would have told acme
+
+    acme = await read_word_sample(conn, "acme", SETTINGS)
+    assert acme.sampled == 2
+    assert acme.common_lexemes() == {"policy": 2.0}
+    request = SearchRequest(
+        "acme", "contractors policy details", ("group:all",), top_k=5, mode=SearchMode.KEYWORD
+    )
+    terms, _ = await keyword_plan(conn, index, request)
+    assert terms.any_word is not None
+    assert "'policy'" in terms.any_word
+    assert terms.rarest_word is None
+    found = await keyword(index, request.query)
+    assert found[0] == "travel policy for contractors"
+    assert sorted(found) == ["policy on refunds", "travel policy for contractors"]
+
+    theirs = await read_word_sample(conn, neighbour, SETTINGS)
+    assert theirs.common_lexemes()["policy"] == 4 * CAP  # all read: exact
+
+
+async def test_a_big_tenants_word_counts_are_estimated_from_a_sample(
+    conn_with_tenants: asyncpg.Connection[Any],
+) -> None:
+    # 150 one-chunk documents, a third saying "policy", sampled 100 at a time: the sample's
+    # share of the document-id range stands for the rest.
+    conn = conn_with_tenants
+    for n in range(150):
+        text = f"policy clause {n}" if n % 3 == 0 else f"general clause {n}"
+        await searchable(conn, [ChunkSpec(text)])
+    settings = SETTINGS.model_copy(update={"search_statistics_sample_chunks": 100})
+    sample = await read_word_sample(conn, "acme", settings)
+    assert sample.sampled == 100
+    assert 110 <= sample.tenant_chunks() <= 250  # 150, from 100 random ids
+    common = sample.common_lexemes()
+    assert common["clause"] == pytest.approx(sample.tenant_chunks())
+    assert 25 <= common["policy"] <= 90  # 50

@@ -1,17 +1,19 @@
-"""Which of a query's words choose the keyword list's candidates, and how long a partition's
-word statistics are kept."""
+"""Which of a query's words choose the keyword list's candidates, how a tenant's word
+statistics are estimated from a sample of its chunks, and how long they are kept."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import uuid
 
 import pytest
 
 from services.search.keyword_terms import (
-    PartitionStatistics,
     QueryWords,
-    common_lexemes,
+    TenantStatistics,
+    WordSample,
     keyword_terms,
+    sample_start,
+    word_sample,
 )
 
 CAP = 100
@@ -76,49 +78,152 @@ def test_a_query_needs_one_tsquery_per_lexeme() -> None:
         QueryWords("x", True, ("a", "b"), ("'a'",))
 
 
-def test_common_lexemes_reads_rows() -> None:
-    assert common_lexemes([("polici", 12.5), ("how", 3)]) == {"polici": 12.5, "how": 3.0}
+QUARTER = 1 << 126  # a quarter of the document-id range
+
+
+def sample(
+    sampled: int,
+    *,
+    limit: int = 100,
+    start: int = 0,
+    before: int | None = None,
+    after: int | None = None,
+    counts: tuple[tuple[str, int], ...] = (),
+) -> WordSample:
+    def as_id(value: int | None) -> uuid.UUID | None:
+        return uuid.UUID(int=value) if value is not None else None
+
+    return WordSample(uuid.UUID(int=start), limit, sampled, as_id(before), as_id(after), counts)
+
+
+def test_a_sample_that_read_every_chunk_counts_exactly() -> None:
+    small = sample(40, before=QUARTER, counts=(("policy", 30), ("refund", 2)))
+    assert small.tenant_chunks() == 40
+    assert small.common_lexemes() == {"policy": 30.0, "refund": 2.0}
+
+
+def test_a_full_sample_stands_for_the_range_it_did_not_reach() -> None:
+    # 100 chunks in a quarter of the id range: about 400 in all.
+    quarter = sample(100, start=QUARTER, before=2 * QUARTER - 1, counts=(("policy", 10),))
+    assert quarter.tenant_chunks() == pytest.approx(400)
+    assert quarter.common_lexemes() == {"policy": pytest.approx(40)}
+
+
+def test_a_sample_that_wrapped_round_counts_both_ends() -> None:
+    # From three quarters up to the end, then from the first id to an eighth: 3/8 of it.
+    wrapped = sample(150, limit=150, start=3 * QUARTER, before=None, after=QUARTER // 2 - 1)
+    assert wrapped.tenant_chunks() == pytest.approx(400)
+    both = sample(150, limit=150, start=3 * QUARTER, before=4 * QUARTER - 1, after=QUARTER // 2 - 1)
+    assert both.tenant_chunks() == pytest.approx(400)
+
+
+def test_an_empty_sample_has_no_common_words() -> None:
+    assert sample(0).common_lexemes() == {}
+    assert sample(0).tenant_chunks() == 0
+
+
+def test_word_sample_reads_the_rows() -> None:
+    start = uuid.UUID(int=5)
+    rows = [
+        {
+            "sampled": 7,
+            "last_before_wrap": str(uuid.UUID(int=9)),
+            "last_after_wrap": None,
+            "lexeme": "policy",
+            "chunks": 4,
+        },
+        {
+            "sampled": 7,
+            "last_before_wrap": str(uuid.UUID(int=9)),
+            "last_after_wrap": None,
+            "lexeme": "refund",
+            "chunks": 2,
+        },
+    ]
+    read = word_sample(start, 100, rows)
+    assert read == WordSample(start, 100, 7, uuid.UUID(int=9), None, (("policy", 4), ("refund", 2)))
+    lone = [
+        {
+            "sampled": 3,
+            "last_before_wrap": None,
+            "last_after_wrap": str(start),
+            "lexeme": None,
+            "chunks": None,
+        }
+    ]
+    assert word_sample(start, 100, lone).counts == ()
+    assert word_sample(start, 100, []).sampled == 0
+
+
+def test_the_sample_starts_where_the_tenant_says() -> None:
+    assert sample_start("acme") == sample_start("acme")
+    assert sample_start("acme") != sample_start("globex")
 
 
 class Reader:
-    def __init__(self, *answers: Mapping[str, float]) -> None:
+    def __init__(self, *answers: WordSample) -> None:
         self.answers = list(answers)
         self.reads = 0
 
-    async def __call__(self) -> Mapping[str, float]:
+    async def __call__(self) -> WordSample:
         self.reads += 1
         return self.answers.pop(0)
 
 
-async def test_statistics_are_read_once_per_ttl_per_partition() -> None:
+def counted(**counts: int) -> WordSample:
+    return sample(sum(counts.values()), counts=tuple(counts.items()))
+
+
+async def test_statistics_are_read_once_per_ttl_per_tenant() -> None:
     now = [0.0]
-    statistics = PartitionStatistics(60, clock=lambda: now[0])
-    first, second = {"a": 1.0}, {"a": 2.0}
-    reader = Reader(first, second)
-    assert await statistics.common("p1", reader) == first
+    statistics = TenantStatistics(60, 10, clock=lambda: now[0])
+    reader = Reader(counted(a=1), counted(a=2))
+    assert await statistics.common("acme", reader) == {"a": 1.0}
     now[0] = 59.9
-    assert await statistics.common("p1", reader) == first
+    assert await statistics.common("acme", reader) == {"a": 1.0}
     assert reader.reads == 1
-    other = Reader({"b": 1.0})
-    assert await statistics.common("p2", other) == {"b": 1.0}
+    other = Reader(counted(b=1))
+    assert await statistics.common("globex", other) == {"b": 1.0}
     now[0] = 60.0
-    assert await statistics.common("p1", reader) == second
+    assert await statistics.common("acme", reader) == {"a": 2.0}
     assert reader.reads == 2
 
 
-async def test_a_partition_without_statistics_is_read_again() -> None:
-    statistics = PartitionStatistics(60, clock=lambda: 0.0)
-    reader = Reader({}, {"a": 1.0}, {"a": 9.0})
-    assert await statistics.common("p1", reader) == {}
-    assert await statistics.common("p1", reader) == {"a": 1.0}  # its first ANALYZE counts
-    assert await statistics.common("p1", reader) == {"a": 1.0}
+async def test_a_tenant_without_chunks_is_read_again() -> None:
+    statistics = TenantStatistics(60, 10, clock=lambda: 0.0)
+    reader = Reader(sample(0), counted(a=1), counted(a=9))
+    assert await statistics.common("acme", reader) == {}
+    assert await statistics.common("acme", reader) == {"a": 1.0}  # its first chunks count
+    assert await statistics.common("acme", reader) == {"a": 1.0}
     assert reader.reads == 2
+
+
+async def test_a_tenant_without_common_words_is_kept_too() -> None:
+    statistics = TenantStatistics(60, 10, clock=lambda: 0.0)
+    reader = Reader(sample(3), sample(3))
+    assert await statistics.common("acme", reader) == {}
+    assert await statistics.common("acme", reader) == {}
+    assert reader.reads == 1
+
+
+async def test_the_least_recently_searched_tenant_is_forgotten() -> None:
+    statistics = TenantStatistics(60, 2, clock=lambda: 0.0)
+    readers = {t: Reader(counted(a=1), counted(a=2)) for t in ("t1", "t2", "t3")}
+    await statistics.common("t1", readers["t1"])
+    await statistics.common("t2", readers["t2"])
+    await statistics.common("t1", readers["t1"])  # t2 is now the least recent
+    await statistics.common("t3", readers["t3"])
+    assert await statistics.common("t1", readers["t1"]) == {"a": 1.0}
+    assert await statistics.common("t2", readers["t2"]) == {"a": 2.0}  # read again
+    assert (readers["t1"].reads, readers["t2"].reads) == (1, 2)
 
 
 async def test_ttl_zero_reads_every_time() -> None:
-    statistics = PartitionStatistics(0, clock=lambda: 0.0)
-    reader = Reader({"a": 1.0}, {"a": 2.0})
-    assert await statistics.common("p1", reader) == {"a": 1.0}
-    assert await statistics.common("p1", reader) == {"a": 2.0}
+    statistics = TenantStatistics(0, 10, clock=lambda: 0.0)
+    reader = Reader(counted(a=1), counted(a=2))
+    assert await statistics.common("acme", reader) == {"a": 1.0}
+    assert await statistics.common("acme", reader) == {"a": 2.0}
     with pytest.raises(ValueError, match="ttl_seconds"):
-        PartitionStatistics(-1)
+        TenantStatistics(-1, 10)
+    with pytest.raises(ValueError, match="entries"):
+        TenantStatistics(60, 0)
