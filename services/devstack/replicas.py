@@ -76,8 +76,11 @@ class EmbeddedReplica(EmbeddedPostgres):
     def _server_options(self) -> list[str]:
         # The primary's options, on this port, plus: a standby's searches are not cancelled
         # by the cleanup of rows they still read (the primary keeps them a little longer).
+        # Where the primary is comes from the settings of this start, not from the copy's
+        # recovery settings, which name the port the primary had when the copy was taken.
         return [
             *super()._server_options(),
+            f"primary_conninfo='host=127.0.0.1 port={self.primary_port} user=postgres'",
             f"cluster_name={self.application_name}",
             "hot_standby=on",
             "hot_standby_feedback=on",
