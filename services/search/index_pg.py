@@ -186,7 +186,9 @@ class PgSearchIndex:
 
     async def _common_lexemes(self, conn: Connection, tenant_id: str) -> Mapping[str, float]:
         async def read() -> WordSample:
-            return await read_word_sample(conn, tenant_id, self._settings)
+            return await read_word_sample(
+                conn, tenant_id, self._generation.embedding_model, self._settings
+            )
 
         return await self._statistics.common(tenant_id, read)
 
@@ -282,16 +284,16 @@ def _candidates(rows: list[asyncpg.Record]) -> Candidates:
 
 
 async def read_word_sample(
-    conn: Connection, tenant_id: str, settings: SearchSettings
+    conn: Connection, tenant_id: str, model: str, settings: SearchSettings
 ) -> WordSample:
-    """The tenant's word sample (search.sql: tenant_common_lexemes)."""
-    start = sample_start(tenant_id)
+    """The tenant's word sample of ``model``'s chunks (search.sql: tenant_common_lexemes)."""
     limit = settings.search_statistics_sample_chunks
     rows = await conn.fetch(
         QUERIES["tenant_common_lexemes"],
         tenant_id,
-        str(start),
+        str(sample_start(tenant_id)),
         limit,
+        model,
         settings.search_statistics_lexemes,
     )
-    return word_sample(start, limit, rows)
+    return word_sample(limit, rows)

@@ -19,10 +19,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
-
-# Document ids are random (version 4) UUIDs, spread evenly over this many values.
-_UUID_VALUES: Final = 1 << 128
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -89,27 +86,19 @@ class WordSample:
     """A run of a tenant's chunks in document-id order (search.sql: tenant_common_lexemes)
     and how many of them hold each of its commonest lexemes."""
 
-    start: uuid.UUID
     # How many chunks the sample asked for, and how many it read: fewer means all of them.
     limit: int
     sampled: int
-    # The last document read from ``start`` up, and after wrapping round to the first.
-    last_before_wrap: uuid.UUID | None
-    last_after_wrap: uuid.UUID | None
+    # How many chunks the tenant's search pointers serve (what the keyword list reads).
+    served_chunks: int
     counts: Sequence[tuple[str, int]]
 
     def tenant_chunks(self) -> float:
-        """The tenant's chunks: exact when the sample read them all; otherwise the sample's
-        size over the share of the document-id range it covered (the ids are uniform)."""
+        """The tenant's chunks: those the sample read when it read them all, otherwise
+        those its pointers serve."""
         if self.sampled < self.limit:
             return float(self.sampled)
-        start = self.start.int
-        if self.last_after_wrap is None:
-            last = self.last_before_wrap.int if self.last_before_wrap is not None else start
-            covered = last - start + 1
-        else:
-            covered = _UUID_VALUES - start + self.last_after_wrap.int + 1
-        return self.sampled * _UUID_VALUES / max(covered, 1)
+        return float(max(self.served_chunks, self.sampled))
 
     def common_lexemes(self) -> dict[str, float]:
         """Each sampled lexeme's estimated number of the tenant's chunks holding it."""
@@ -119,26 +108,20 @@ class WordSample:
         return {lexeme: chunks * scale for lexeme, chunks in self.counts}
 
 
-def word_sample(start: uuid.UUID, limit: int, rows: Sequence[Mapping[str, Any]]) -> WordSample:
-    """tenant_common_lexemes' rows: the sample's shape on each, and a lexeme on each unless
+def word_sample(limit: int, rows: Sequence[Mapping[str, Any]]) -> WordSample:
+    """tenant_common_lexemes' rows: the sample's size on each, and a lexeme on each unless
     no lexeme was seen twice (then one row without)."""
     if not rows:
-        return WordSample(start, limit, 0, None, None, ())
+        return WordSample(limit, 0, 0, ())
     first = rows[0]
     return WordSample(
-        start=start,
         limit=limit,
         sampled=int(first["sampled"]),
-        last_before_wrap=_uuid_or_none(first["last_before_wrap"]),
-        last_after_wrap=_uuid_or_none(first["last_after_wrap"]),
+        served_chunks=int(first["served_chunks"]),
         counts=tuple(
             (row["lexeme"], int(row["chunks"])) for row in rows if row["lexeme"] is not None
         ),
     )
-
-
-def _uuid_or_none(text: str | None) -> uuid.UUID | None:
-    return uuid.UUID(text) if text is not None else None
 
 
 class TenantStatistics:

@@ -84,7 +84,7 @@ class SearchSettings(RuntimeSettings):
     # How many of a tenant's chunks the word statistics count (all of a smaller tenant's).
     # More: finer estimates of the words of big tenants, for a longer read once per
     # search_statistics_cache_seconds.
-    search_statistics_sample_chunks: int = Field(default=5_000, ge=100, le=1_000_000)
+    search_statistics_sample_chunks: int = Field(default=2_000, ge=100, le=1_000_000)
     # How many of the sample's commonest words are kept.
     search_statistics_lexemes: int = Field(default=1_000, ge=10, le=100_000)
     # How long a search waits for a connection before answering 503.

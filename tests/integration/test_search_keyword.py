@@ -256,7 +256,7 @@ async def _keyword_statement(
     path: VectorPath,
     kinds: KeywordKinds | None,
 ) -> tuple[KeywordTerms, Any]:
-    sample = await read_word_sample(conn, request.tenant_id, SETTINGS)
+    sample = await read_word_sample(conn, request.tenant_id, EMBEDDER.model, SETTINGS)
     common = sample.common_lexemes()
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
         row = await conn.fetchrow(QUERIES["keyword_terms"], request.tenant_id, request.query)
@@ -431,7 +431,7 @@ async def test_a_neighbours_words_do_not_make_the_tenants_words_common(
     )
     assert partition_says > CAP  # what the partition's statistics would have told acme
 
-    acme = await read_word_sample(conn, "acme", SETTINGS)
+    acme = await read_word_sample(conn, "acme", EMBEDDER.model, SETTINGS)
     assert acme.sampled == 2
     assert acme.common_lexemes() == {"policy": 2.0}
     request = SearchRequest(
@@ -445,7 +445,7 @@ async def test_a_neighbours_words_do_not_make_the_tenants_words_common(
     assert found[0] == "travel policy for contractors"
     assert sorted(found) == ["policy on refunds", "travel policy for contractors"]
 
-    theirs = await read_word_sample(conn, neighbour, SETTINGS)
+    theirs = await read_word_sample(conn, neighbour, EMBEDDER.model, SETTINGS)
     assert theirs.common_lexemes()["policy"] == 4 * CAP  # all read: exact
 
 
@@ -453,15 +453,17 @@ async def test_a_big_tenants_word_counts_are_estimated_from_a_sample(
     conn_with_tenants: asyncpg.Connection[Any],
 ) -> None:
     # 150 one-chunk documents, a third saying "policy", sampled 100 at a time: the sample's
-    # share of the document-id range stands for the rest.
+    # counts stand for the 150 chunks the pointers serve. Another model's chunks (a
+    # generation being built) are not counted.
     conn = conn_with_tenants
     for n in range(150):
         text = f"policy clause {n}" if n % 3 == 0 else f"general clause {n}"
         await searchable(conn, [ChunkSpec(text)])
     settings = SETTINGS.model_copy(update={"search_statistics_sample_chunks": 100})
-    sample = await read_word_sample(conn, "acme", settings)
-    assert sample.sampled == 100
-    assert 110 <= sample.tenant_chunks() <= 250  # 150, from 100 random ids
+    sample = await read_word_sample(conn, "acme", EMBEDDER.model, settings)
+    assert (sample.sampled, sample.tenant_chunks()) == (100, 150)
     common = sample.common_lexemes()
-    assert common["clause"] == pytest.approx(sample.tenant_chunks())
+    assert common["clause"] == 150
     assert 25 <= common["policy"] <= 90  # 50
+    other_model = await read_word_sample(conn, "acme", "another-model", settings)
+    assert (other_model.sampled, other_model.common_lexemes()) == (0, {})
