@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, File, Form, Path, Request, Security, Upl
 from fastapi.security import HTTPBearer
 
 from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload, VersionCreated
+from services.publisher.links import AFTER_INDEX_TASK, AFTER_PUBLISH, AFTER_STATUS, AFTER_UPLOAD
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.wire import (
     MAX_INT32,
@@ -144,7 +145,7 @@ async def _counted(request: Request, operation: str) -> AsyncIterator[None]:
     "/documents",
     status_code=201,
     response_model=VersionCreatedResponse,
-    responses=_upload_problems(),
+    responses={**_upload_problems(), 201: AFTER_UPLOAD},
     summary="Upload a new document (its version 1, as a draft)",
 )
 async def create_document(
@@ -173,7 +174,7 @@ async def create_document(
     "/documents/{documentId}/versions",
     status_code=201,
     response_model=VersionCreatedResponse,
-    responses=_upload_problems(404),
+    responses={**_upload_problems(404), 201: AFTER_UPLOAD},
     summary="Upload a new version of a document (as a draft)",
 )
 async def add_version(
@@ -190,7 +191,7 @@ async def add_version(
     "/documents/{documentId}/versions/{versionNumber}/publish",
     status_code=202,
     response_model=PublishResponse,
-    responses=_limited_problems(404, 409),
+    responses={**_limited_problems(404, 409), 202: AFTER_PUBLISH},
     summary="Publish a version with its read ACL; indexing happens later",
 )
 async def publish_version(
@@ -227,7 +228,7 @@ async def publish_version(
 @tenant_router.get(
     "/documents/{documentId}",
     response_model=DocumentStatusResponse,
-    responses=_problems(404),
+    responses={**_problems(404), 200: AFTER_STATUS},
     summary="Where a document stands: published, indexing, searchable or failed",
 )
 async def document_status(
@@ -241,7 +242,7 @@ async def document_status(
 @tenant_router.get(
     "/index-tasks/{taskId}",
     response_model=IndexTaskResponse,
-    responses=_problems(404),
+    responses={**_problems(404), 200: AFTER_INDEX_TASK},
     summary="An index task: its state, and a stable code with a fixed message if it failed",
 )
 async def index_task(request: Request, tenant_id: TenantId, task_id: TaskId) -> IndexTaskResponse:

@@ -194,11 +194,31 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: PROBLEM_RESPONSE for status in sorted(set(statuses))}
 
 
+# An OpenAPI link (as the publisher's answers have, services/publisher/links.py): the first
+# hit's document status, an operation of the app this router is mounted into.
+_AFTER_SEARCH: Final[dict[str, Any]] = {
+    "links": {
+        "DocumentStatus": {
+            "operationId": "document_status",
+            "description": "Where the first hit's document stands (needs the publish scope).",
+            "parameters": {
+                "tenantId": "$request.path.tenantId",
+                "documentId": "$response.body#/results/0/documentId",
+            },
+        }
+    }
+}
+
+
 @search_router.post(
     "/search",
     response_model=SearchResponse,
     # 429: the tenant's fair share (services/runtime/fair_share).
-    responses={**_problems(400, 401, 403, 413, 422, 503), 429: LIMITED_RESPONSE},
+    responses={
+        **_problems(400, 401, 403, 413, 422, 503),
+        429: LIMITED_RESPONSE,
+        200: _AFTER_SEARCH,
+    },
     summary="Search the tenant's searchable documents that the principals may read",
     description="When the query cannot be embedded, a hybrid search answers from the keyword "
     'list alone with `"degraded": "keyword-only"`; a vector search answers 503 with '

@@ -176,6 +176,14 @@ def free_port() -> int:
 def live_publisher(settings: PublisherSettings) -> Iterator[str]:
     """The real app served by uvicorn on a free port, in a thread with its own event loop
     (the app opens its own pool in its lifespan, on that loop); yields the base URL."""
+    with live_app(create_app(settings), settings) as url:
+        yield url
+
+
+@contextmanager
+def live_app(app: FastAPI, settings: PublisherSettings) -> Iterator[str]:
+    """``app`` (the publisher's, or the composed one of services/app.py) served like
+    ``live_publisher`` serves the publisher's, with ``kb serve``'s uvicorn options."""
     import threading
 
     import uvicorn
@@ -184,7 +192,7 @@ def live_publisher(settings: PublisherSettings) -> Iterator[str]:
     from services.publisher.server import uvicorn_options
 
     options = {**uvicorn_options(settings), "log_level": "warning"}
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, **options)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="publisher-under-test", daemon=True)
     thread.start()

@@ -29,6 +29,7 @@ from services.publisher.bulk.domain import (
     ItemResult,
 )
 from services.publisher.domain import MAX_TITLE_LENGTH, Upload
+from services.publisher.links import AFTER_BULK
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.wire import ApiModel, ReadAcl
 from services.runtime.auth.keys import Scope
@@ -97,6 +98,7 @@ def bulk_router(security: Any) -> APIRouter:
         responses={
             **{s: PROBLEM_RESPONSE for s in (400, 401, 403, 408, 413, 422, 503)},
             429: LIMITED_RESPONSE,  # the tenant's fair share (services/runtime/fair_share)
+            200: AFTER_BULK,
         },
         summary="Upload and publish many documents or versions in one request (backfills)",
         openapi_extra=_OPENAPI_BODY,
