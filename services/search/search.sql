@@ -123,27 +123,15 @@ SELECT CASE WHEN numnode(q.strict) > 0 THEN q.strict::text END AS strict,
 -- partitioned table itself), and the partition is what the keyword list reads; by name, so
 -- that both catalog lookups are index probes. No rows before the partition's first ANALYZE.
 -- Kept a while per partition (keyword_terms.PartitionStatistics): reading them costs more
--- than the rest of a search's terms.
-SELECT e.lexeme, e.fraction * greatest(c.reltuples, 0) AS estimated_chunks
-  FROM pg_class c
-  JOIN pg_namespace n ON n.oid = c.relnamespace
-  JOIN pg_stats s
-    ON s.schemaname = n.nspname
-   AND s.tablename = c.relname
-   AND s.attname = 'search_document'
-   AND NOT s.inherited
- CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs)
-            AS e(lexeme, fraction)
- WHERE c.relname = $1::text
-   AND c.relnamespace = (
-         -- include: knowledge_chunk_schema
-       )
-   AND e.lexeme IS NOT NULL
+-- than the rest of a search's terms. Read by a function of migrations/0029 as the tables'
+-- owner: the search's transaction runs as kb_tenant_api (the tenant wall), to which
+-- pg_stats shows nothing of a partition it may not read.
+SELECT lexeme, estimated_chunks
+  FROM kb_partition_common_lexemes($1::text)
 
 -- name: knowledge_chunk_schema
 -- The schema of knowledge_chunk, its partitions and their indexes, in which
--- choose_vector_path and partition_common_lexemes look one of them up by name (an index
--- probe of pg_class).
+-- choose_vector_path looks one of them up by name (an index probe of pg_class).
 SELECT k.relnamespace
   FROM pg_class k
  WHERE k.oid = 'knowledge_chunk'::regclass
