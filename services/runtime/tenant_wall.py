@@ -60,7 +60,7 @@ async def walls_search(conn: Any, setting: RowSecurity) -> bool:
     any transaction of the caller's)."""
     if setting != "auto":
         return setting == "on"
-    leakproof = bool(await conn.fetchval(_QUERIES["full_text_match_is_leakproof"]))
+    leakproof = await full_text_match_is_leakproof(conn)
     if not leakproof:
         log.warning(
             "tenant_wall.search_outside",
@@ -68,6 +68,11 @@ async def walls_search(conn: Any, setting: RowSecurity) -> bool:
             setting="auto",
         )
     return leakproof
+
+
+async def full_text_match_is_leakproof(conn: Any) -> bool:
+    """Whether ``tsvector @@ tsquery`` may use its index behind the wall (module doc)."""
+    return bool(await conn.fetchval(_QUERIES["full_text_match_is_leakproof"]))
 
 
 def tenant_wall_sql(tenant_id: str) -> str:
