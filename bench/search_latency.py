@@ -12,6 +12,8 @@ by COPY and indexed as ``bench/search_scale_load.py`` says. ``--reuse`` measures
 an earlier run loaded (same chunks, seed and vectors) instead of loading it again, after
 applying the migrations it lacks (a newer checkout's).
 
+    uv run python -m bench.search_latency --chunks 100000 --vectors clustered --reuse --row-security
+
 Measured (``bench/search_scale_measure.py``), the query vector given (the embedding is
 timed on its own, with the offline ONNX model), at concurrency 1 and 8:
 - ``PgSearchIndex.candidates`` + ``rank_results`` (what ``Searcher.search`` does after
@@ -26,6 +28,10 @@ timed on its own, with the offline ONNX model), at concurrency 1 and 8:
   and whether the answer filled topK (or everything the principal may read, if less);
 - ``kb serve`` started as a user starts it, searched over HTTP (the query embedding
   included), and its peak RSS (``bench/search_scale_http.py``).
+
+``--row-security`` measures instead what the tenant wall (KB_DB_ROW_SECURITY,
+docs/security.md#the-second-wall) costs the same searches, on and off interleaved
+(``bench/search_row_security.py``).
 
 Needs DATABASE_URL (or the dev stack). Not part of the test suite.
 """
@@ -93,6 +99,13 @@ async def run(args: argparse.Namespace) -> int:
         )
     if args.load_only:
         return 0
+    if args.row_security:
+        from bench.search_row_security import measure_row_security
+
+        await measure_row_security(
+            url, corpus, MODEL, args.queries, args.concurrency, prewarmed=args.prewarm, log=log
+        )
+        return 0
     from bench.search_scale_measure import measure
 
     await measure(url, corpus, MODEL, args, log=log)
@@ -112,6 +125,11 @@ def main() -> None:
     parser.add_argument("--maintenance-work-mem", help="for the index builds (1GB; 4GB at 1M)")
     parser.add_argument("--parallel-workers", type=int, default=2)
     parser.add_argument("--no-http", action="store_true", help="skip the kb serve rows")
+    parser.add_argument(
+        "--row-security",
+        action="store_true",
+        help="only the tenant wall's cost: each query with KB_DB_ROW_SECURITY on and off",
+    )
     parser.add_argument(
         "--no-prewarm",
         dest="prewarm",

@@ -29,6 +29,7 @@ from services.runtime.auth.settings import AuthSettings
 from services.runtime.http_problem import document_errors_as_problem_json, install_problem_handlers
 from services.runtime.logging import get_logger
 from services.runtime.tenant_auth import TenantAuthMiddleware
+from services.runtime.tenant_wall import walls_the_publisher
 
 log = get_logger(__name__)
 
@@ -60,9 +61,12 @@ def create_app(
                 pool,
                 acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,
                 readiness_timeout_seconds=settings.publisher_readiness_timeout_seconds,
+                row_security=walls_the_publisher(settings.db_row_security),
             ),
             PgBulkStore(
-                pool, acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds
+                pool,
+                acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,
+                row_security=walls_the_publisher(settings.db_row_security),
             ),
         )
         log.info("publisher.started")

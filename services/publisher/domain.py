@@ -346,7 +346,7 @@ class Publisher:
         clean_title = check_title(title)
         media_type = check_upload(upload, self._max_upload_bytes)
         document_id = uuid.uuid4()
-        async with self._store.transaction() as tx:
+        async with self._store.transaction(tenant_id) as tx:
             await tx.insert_document(tenant_id, document_id, clean_title, now)
             await tx.insert_version(
                 _new_version(tenant_id, document_id, 1, upload.content, media_type), now
@@ -362,7 +362,7 @@ class Publisher:
         now: datetime | None = None,
     ) -> VersionCreated:
         media_type = check_upload(upload, self._max_upload_bytes)
-        async with self._store.transaction() as tx:
+        async with self._store.transaction(tenant_id) as tx:
             document = await tx.lock_document(tenant_id, document_id)
             if document is None:
                 raise document_not_found(document_id)
@@ -397,7 +397,7 @@ class Publisher:
         revision and adds no event.
         """
         principals = check_principals(read_principals)
-        async with self._store.transaction() as tx:
+        async with self._store.transaction(tenant_id) as tx:
             document = await tx.lock_document(tenant_id, document_id)
             if document is None:
                 raise document_not_found(document_id)

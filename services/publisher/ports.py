@@ -164,7 +164,11 @@ class PublisherStore(TenantCredentials, Protocol):
     """The publisher's storage; it also answers the key checks of tenant authentication
     (``api_key``, ``verification_key``: services/runtime/auth/keys.py)."""
 
-    def transaction(self) -> AbstractAsyncContextManager[PublishTransaction]: ...
+    def transaction(self, tenant_id: str) -> AbstractAsyncContextManager[PublishTransaction]:
+        """A transaction of ``tenant_id``'s: it reads and writes only that tenant's rows
+        (its statements name the tenant; the database's row security may hold them to it as
+        well: services/runtime/tenant_wall.py)."""
+        ...
 
     async def document_status(
         self, tenant_id: str, document_id: uuid.UUID

@@ -41,6 +41,7 @@ from services.runtime.tasks import (
     find_index_task,
     index_task_from_row,
 )
+from services.runtime.tenant_wall import tenant_transaction
 
 QUERIES = queries_beside(__file__, "queries.sql")
 
@@ -213,8 +214,11 @@ class PgPublisherStore:
         acquire_timeout_seconds: float = 10.0,
         readiness_timeout_seconds: float = 2.0,
         status_replicas: StatusReplicas | None = None,
+        row_security: bool = True,
     ) -> None:
         self._pool = pool
+        # KB_DB_ROW_SECURITY: a tenant's transactions and reads behind the database's wall.
+        self._row_security = row_security
         self._status_replicas = status_replicas
         # A request waits this long for a connection, then answers 503: with every connection
         # busy (or the database hanging) requests must not pile up, each holding its upload.
@@ -230,9 +234,12 @@ class PgPublisherStore:
         self._status_replicas = replicas
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[PgPublishTransaction]:
+    async def transaction(self, tenant_id: str) -> AsyncIterator[PgPublishTransaction]:
         with translate_db_errors():
-            async with self._connection() as conn, conn.transaction():
+            async with (
+                self._connection() as conn,
+                tenant_transaction(conn, tenant_id, row_security=self._row_security),
+            ):
                 # The pool's proxy forwards every call to the connection it wraps.
                 yield PgPublishTransaction(cast("asyncpg.Connection[Any]", conn))
 
@@ -271,11 +278,21 @@ class PgPublisherStore:
     async def _status_row(
         self, pool: asyncpg.Pool[Any], tenant_id: str, document_id: uuid.UUID
     ) -> asyncpg.Record | None:
-        async with pool.acquire(timeout=self._acquire_timeout_seconds) as conn:
+        async with (
+            pool.acquire(timeout=self._acquire_timeout_seconds) as conn,
+            self._tenant_read(conn, tenant_id),
+        ):
             row: asyncpg.Record | None = await conn.fetchrow(
                 QUERIES["document_status"], tenant_id, document_id, TASK_TYPE_INDEX_VERSION
             )
         return row
+
+    def _tenant_read(self, conn: Any, tenant_id: str) -> Any:
+        """A single read of the tenant's: behind the wall in a read-only transaction (two
+        more round trips: BEGIN with the wall, COMMIT); without the wall, as it is."""
+        if not self._row_security:
+            return contextlib.nullcontext()
+        return tenant_transaction(conn, tenant_id, row_security=True, read_only=True)
 
     @staticmethod
     def _status_record(row: asyncpg.Record, read_from: str) -> DocumentStatusRecord:
@@ -284,7 +301,7 @@ class PgPublisherStore:
 
     async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None:
         with translate_db_errors():
-            async with self._connection() as conn:
+            async with self._connection() as conn, self._tenant_read(conn, tenant_id):
                 row = await conn.fetchrow(QUERIES["index_task"], tenant_id, task_id)
         return index_task_from_row(row) if row is not None else None
 

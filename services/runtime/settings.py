@@ -61,6 +61,13 @@ class RuntimeSettings(BaseSettings):
     db_pool_min_size: int = Field(default=1, ge=0)
     db_pool_max_size: int = Field(default=10, ge=1)
     db_statement_timeout_ms: int = Field(default=30_000, ge=0)
+    # The second wall between tenants (docs/security.md): the API's tenant-scoped
+    # transactions run as the role kb_tenant_api with the tenant set, so PostgreSQL's row
+    # security returns and accepts only that tenant's rows. off: they run as the connecting
+    # role, their own tenant filters the only wall. auto: on, except search where the
+    # database's full-text match is not LEAKPROOF (services/runtime/tenant_wall.py: there
+    # the wall keeps keyword search off its full-text index).
+    db_row_security: Literal["auto", "on", "off"] = "auto"
 
     # Names a service read before its settings were renamed (old -> new): see
     # refuse_renamed_env.

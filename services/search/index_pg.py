@@ -13,6 +13,7 @@ import numpy as np
 
 from services.embedding.port import Vectors
 from services.runtime.db import translate_db_errors
+from services.runtime.tenant_wall import tenant_wall_sql, walls_search
 from services.search.connections import SearchConnections
 from services.search.keyword_terms import (
     QueryWords,
@@ -82,6 +83,9 @@ class PgSearchIndex:
             self._settings.search_statistics_cache_seconds,
             self._settings.search_statistics_cache_entries,
         )
+        # Whether searches run behind the tenant wall (KB_DB_ROW_SECURITY); auto: read from
+        # the database on the first search (tenant_wall.walls_search).
+        self._walled: bool | None = None
 
     @property
     def generation(self) -> Generation:
@@ -145,8 +149,10 @@ class PgSearchIndex:
         (hybrid: and a second connection in its snapshot), left open: the caller ends it.
         The transaction starts with a kept vector path's settings: one round trip."""
         kept = self._paths.kept(request) if request.mode.uses_vector else None
-        begin = BEGIN_READ_ONLY + (self._paths.settings_sql(request, kept) if kept else "")
-        await conn.execute(begin)
+        if self._walled is None:
+            self._walled = await walls_search(conn, self._settings.db_row_security)
+        begin = BEGIN_READ_ONLY + self._wall(request)
+        await conn.execute(begin + (self._paths.settings_sql(request, kept) if kept else ""))
         if request.mode is SearchMode.HYBRID:
             return await self._both_lists(conn, request, kept, keyword_list, vector_list)
         if request.mode.uses_keyword:
@@ -156,6 +162,11 @@ class PgSearchIndex:
             return await keyword_list(conn, self._paths.kept_path_or_exact(request))
         path = kept.path if kept is not None else await self.vector_path(conn, request)
         return await vector_list(conn, path)
+
+    def _wall(self, request: SearchRequest) -> str:
+        """The statements putting the search's transaction behind the tenant wall
+        (KB_DB_ROW_SECURITY; services/runtime/tenant_wall.py), sent with its BEGIN."""
+        return tenant_wall_sql(request.tenant_id) if self._walled else ""
 
     async def ended(self) -> None:
         """Waits for what answered searches left running (search_connections.settled)."""
@@ -222,7 +233,9 @@ class PgSearchIndex:
             async with asyncio.TaskGroup() as group:
                 vector = group.create_task(vector_first())
                 keyword = group.create_task(
-                    self._keyword_list_beside(conn, vector, chosen, snapshot, keyword_list)
+                    self._keyword_list_beside(
+                        conn, vector, chosen, snapshot, keyword_list, self._wall(request)
+                    )
                 )
         except ExceptionGroup as failed:  # the first failure, as if run in turn
             raise failed.exceptions[0] from None
@@ -235,8 +248,10 @@ class PgSearchIndex:
         chosen: asyncio.Future[VectorPath],
         snapshot: str,
         keyword_list: KeywordReader,
+        wall: str,
     ) -> list[asyncpg.Record]:
-        """The keyword list on a second connection in ``snapshot``; without a free one right
+        """The keyword list on a second connection in ``snapshot`` (behind ``wall``, as
+        the first); without a free one right
         away, on ``conn`` once the vector list is done with it (waiting for a second while
         holding the first could starve the pool), its path's planner settings undone. A
         failed vector list cancels this one through the TaskGroup, ``chosen`` or not."""
@@ -246,8 +261,8 @@ class PgSearchIndex:
             await conn.execute(QUERIES["undo_vector_path"], list(PLANNER_SETTINGS))
             return await keyword_list(conn, lambda: chosen)
         try:
-            # One round trip: the transaction and its snapshot.
-            await second.execute(BEGIN_READ_ONLY + import_snapshot_sql(snapshot))
+            # One round trip: the transaction, its snapshot and the tenant wall.
+            await second.execute(BEGIN_READ_ONLY + import_snapshot_sql(snapshot) + ";" + wall)
             rows = await keyword_list(second, lambda: chosen)
         except BaseException:
             self._connections.end_later(second, commit=False)

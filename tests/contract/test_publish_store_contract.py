@@ -218,7 +218,7 @@ async def test_a_failed_transaction_leaves_nothing(subject: Subject) -> None:
         pass
 
     with pytest.raises(Boom):
-        async with subject.store.transaction() as tx:
+        async with subject.store.transaction("acme") as tx:
             await tx.insert_document("acme", document_id, "t", None)
             raise Boom
     assert await subject.store.document_status("acme", document_id) is None

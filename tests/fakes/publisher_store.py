@@ -208,7 +208,7 @@ class MemoryPublisherStore:
         self._lock = asyncio.Lock()
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[MemoryPublishTransaction]:
+    async def transaction(self, tenant_id: str) -> AsyncIterator[MemoryPublishTransaction]:
         async with self._lock:
             working = copy.deepcopy(self._state)
             yield MemoryPublishTransaction(working)

@@ -59,3 +59,54 @@ async def test_unique_keys_of_tenant_tables_lead_with_tenant_id(
     assert found - EXCEPTIONS == set(), "unique keys of tenant tables not led by tenant_id"
     # An exception that no longer holds is taken off the list.
     assert EXCEPTIONS - found == set(), "exceptions that no longer exist"
+
+
+# Tables with a tenant_id column, top-level, without row security enabled or without the
+# tenant wall's policy for kb_tenant_api (migrations/0029, docs/security.md#the-second-wall):
+# a new tenant-scoped table must get both, or the API's role reads every tenant's rows of it
+# (once granted) -- and reads none of its own before that.
+TENANT_TABLES_WITHOUT_WALL = """
+SELECT c.relname AS table_name, c.relrowsecurity AS enabled,
+       array_agg(p.polname ORDER BY p.polname) FILTER (WHERE p.polname IS NOT NULL) AS policies
+  FROM pg_class AS c
+  JOIN pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+  LEFT JOIN pg_policy AS p
+         ON p.polrelid = c.oid
+        AND p.polname = 'tenant_wall'
+        AND p.polcmd = '*'
+        AND p.polpermissive
+        AND p.polroles = ARRAY[(SELECT oid FROM pg_roles WHERE rolname = 'kb_tenant_api')]
+        AND pg_get_expr(p.polqual, p.polrelid) = pg_get_expr(p.polwithcheck, p.polrelid)
+        AND pg_get_expr(p.polqual, p.polrelid)
+            LIKE '%tenant_id = %current_setting(''kb.tenant_id''::text, true)%'
+ WHERE c.relkind IN ('r', 'p')
+   AND NOT c.relispartition
+   AND EXISTS (SELECT 1 FROM pg_attribute AS t
+                WHERE t.attrelid = c.oid AND t.attname = 'tenant_id' AND NOT t.attisdropped)
+ GROUP BY c.relname, c.relrowsecurity
+HAVING NOT c.relrowsecurity OR count(p.polname) = 0
+ ORDER BY 1
+"""
+
+# The policies hold for a partitioned table's partitions only when they are read through it:
+# the role must not be able to read or write a partition itself.
+PARTITIONS_THE_WALL_ROLE_MAY_TOUCH = """
+SELECT c.relname
+  FROM pg_class AS c
+  JOIN pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+ WHERE c.relispartition
+   AND c.relkind IN ('r', 'p')
+   AND has_table_privilege('kb_tenant_api', c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE')
+"""
+
+
+async def test_every_tenant_table_is_behind_the_wall(conn: asyncpg.Connection[Any]) -> None:
+    unwalled = [dict(r) for r in await conn.fetch(TENANT_TABLES_WITHOUT_WALL)]
+    assert unwalled == [], "tenant tables without row security or the tenant_wall policy"
+    assert await conn.fetch(PARTITIONS_THE_WALL_ROLE_MAY_TOUCH) == []
+    # The role bypasses nothing: not a superuser, not BYPASSRLS.
+    role = await conn.fetchrow(
+        "SELECT rolsuper, rolbypassrls, rolcanlogin FROM pg_roles WHERE rolname = 'kb_tenant_api'"
+    )
+    assert role is not None
+    assert not any(role.values())

@@ -16,6 +16,7 @@ from services.embedding.hashing import HashingEmbedder
 from services.runtime.db import _init_connection, connection
 from services.runtime.errors import KbError
 from services.runtime.settings import RuntimeSettings
+from services.runtime.tenant_wall import TENANT_ROLE, walls_search
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, SearchMode, SearchRequest
@@ -129,6 +130,10 @@ async def test_a_search_ends_its_transaction_after_the_answer(
     begins = [s for s in statements.sent if s.startswith("BEGIN")]
     assert statements.sent.count("COMMIT") == len(begins) >= 1
     assert "ROLLBACK" not in statements.sent
+    # The tenant wall, where search is behind it, rides on every BEGIN (hybrid's second
+    # connection's too): no round trip of its own.
+    walled = await walls_search(pool, "auto")
+    assert all((f"SET LOCAL ROLE {TENANT_ROLE};" in begin) is walled for begin in begins)
     if mode.uses_vector:
         # The kept path's settings ride on BEGIN: no round trip of their own.
         assert "SET LOCAL hnsw.ef_search" in begins[0]

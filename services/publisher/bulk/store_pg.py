@@ -16,14 +16,23 @@ from services.runtime.errors import NotFound
 from services.runtime.outbox import aggregate_key
 from services.runtime.sql import queries_beside
 from services.runtime.tasks import DEFAULT_MAX_ATTEMPTS, enqueue_generation_tasks
+from services.runtime.tenant_wall import tenant_transaction
 
 QUERIES = queries_beside(__file__)
 
 
 class PgBulkStore:
-    def __init__(self, pool: asyncpg.Pool[Any], *, acquire_timeout_seconds: float = 10.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        *,
+        acquire_timeout_seconds: float = 10.0,
+        row_security: bool = True,
+    ) -> None:
         self._pool = pool
         self._acquire_timeout = acquire_timeout_seconds
+        # KB_DB_ROW_SECURITY: the batch's transaction behind the tenant wall.
+        self._row_security = row_security
 
     async def tenant_tier(self, tenant_id: str) -> str:
         with translate_db_errors():
@@ -44,7 +53,7 @@ class PgBulkStore:
         with translate_db_errors():
             async with (
                 self._pool.acquire(timeout=self._acquire_timeout) as conn,
-                conn.transaction(),
+                tenant_transaction(conn, tenant_id, row_security=self._row_security),
             ):
                 await conn.execute(
                     QUERIES["insert_published_documents"],
