@@ -1,6 +1,7 @@
-"""The processes a chaos run starts and breaks: its own PostgreSQL and Kafka (it restarts
-them, so never a shared server), the API, two relays, two indexer processes per tier and
-the fault-injecting embedding provider, each a real process started as a user starts it."""
+"""The processes a chaos run starts and breaks: its own PostgreSQL (with one streaming
+replica, which the API's searches and status reads use) and Kafka (it restarts them, so
+never a shared server), the API, two relays, two indexer processes per tier and the
+fault-injecting embedding provider, each a real process started as a user starts it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -21,6 +23,7 @@ from services.demo.stack import free_port
 from services.devstack.kafka import LocalKafka
 from services.devstack.postgres import EmbeddedPostgres
 from services.devstack.process import run_tool
+from services.devstack.replicas import EmbeddedReplica
 from services.devstack.settings import DevStackSettings
 
 MODEL = "hashing-v1-384"
@@ -31,7 +34,14 @@ LEASE_SECONDS = 4
 
 
 class ChaosStack:
-    def __init__(self, home: Path, *, pg_port: int | None, kafka_port: int | None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        pg_port: int | None,
+        kafka_port: int | None,
+        replica_port: int | None = None,
+    ) -> None:
         self.home = home
         self.run_id = uuid.uuid4().hex[:8]
         kafka = kafka_port or free_port()
@@ -44,6 +54,9 @@ class ChaosStack:
             pg_database=f"chaos_{self.run_id}",
         )
         self.postgres = EmbeddedPostgres(self.dev)
+        # Its own slot and data dir under the run's home; it follows the primary's restart
+        # by itself (its WAL receiver reconnects), as a managed replica does.
+        self.replica = EmbeddedReplica(self.dev, 1, port=replica_port or free_port())
         self.kafka = LocalKafka(self.dev)
         self.processes = DemoProcesses(home / f"run-{self.run_id}")
         self.api_port = free_port()
@@ -74,7 +87,21 @@ class ChaosStack:
         # Servers already running (a previous `--keep` run) are left running afterwards.
         self.started_servers = not (self.postgres.status().running or self.kafka.status().running)
         self.postgres.up()
-        self.kafka.up()
+        # The replica's base backup and the broker's start (a JVM: the slowest) go on while
+        # the schema and the tenants are written to the primary.
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            servers = [pool.submit(self.replica.up), pool.submit(self.kafka.up)]
+            self._prepare_database()
+            for server in servers:
+                server.result()
+        self.start("provider")
+        self.await_http(f"{self.provider_url}/healthz")
+        self.start("api")
+        for name in (*RELAYS, *INDEXERS):
+            self.start(name)
+        self.await_http(f"{self.api_url}/readyz")
+
+    def _prepare_database(self) -> None:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DATABASE_U"))}
         self.env = {
             **base,
@@ -82,6 +109,7 @@ class ChaosStack:
             "KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap,
             "KB_KAFKA_TOPIC_PREFIX": self.topic_prefix,
             "KB_LOG_FORMAT": "json",
+            "KB_SEARCH_DATABASE_URLS": self.replica.url,
             # Everything embeds through the provider that fails on command, search included.
             "KB_EMBEDDING_PROVIDER": "openai",
             "KB_EMBEDDING_BASE_URL": f"{self.provider_url}/v1",
@@ -110,12 +138,6 @@ class ChaosStack:
             output = self.kb("tenants", "create", tenant_id, "--tier", tier)
             key = output.strip().splitlines()[-1].removeprefix("KB_API_KEY=")
             self.tenants[tenant_id] = Tenant(tenant_id, tier, key)
-        self.start("provider")
-        self.await_http(f"{self.provider_url}/healthz")
-        self.start("api")
-        for name in (*RELAYS, *INDEXERS):
-            self.start(name)
-        self.await_http(f"{self.api_url}/readyz")
 
     def argv(self, name: str) -> list[str]:
         if name == "provider":
@@ -198,5 +220,7 @@ class ChaosStack:
             return
         with contextlib.suppress(Exception):
             self.kafka.down()
+        with contextlib.suppress(Exception):
+            self.replica.down()
         with contextlib.suppress(Exception):
             self.postgres.down()

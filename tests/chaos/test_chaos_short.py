@@ -51,6 +51,20 @@ def test_short_chaos_run_keeps_every_invariant(chaos_home: Path) -> None:
     report = done.stdout + done.stderr[-3000:]
     assert done.returncode == 0, report
     assert "PASSED: no violation" in done.stdout, report
-    for kind in ("SIGKILLs", "Kafka outages", "PostgreSQL restarts", "provider faults"):
+    for kind in (
+        "SIGKILLs (indexers",
+        "SIGKILLs aimed right after",
+        "Kafka outages",
+        "PostgreSQL restarts",
+        "provider faults",
+        "searches read from the replica",
+        "searches passing a status's token",
+        "hits checked against their version",
+        "succeeded tasks re-run and compared",
+    ):
         line = next(line for line in done.stdout.splitlines() if kind in line)
-        assert line.split("|")[2].strip() not in ("", "0"), line
+        figure = line.split("|")[2].strip()
+        assert figure.split(), line
+        assert figure.split()[0] != "0", line
+    aimed = next(line for line in done.stdout.splitlines() if "SIGKILLs aimed right after" in line)
+    assert "(0;" not in aimed, aimed  # at least one struck right after a commit
