@@ -14,7 +14,9 @@ import asyncpg
 from services.chaos.topology import ChaosStack
 
 # Each document's served version beside the newest version whose task succeeded, for the
-# served model (newest) and for any model (newest_any).
+# served model (newest; a task of no named generation builds the served one) and for any
+# model (newest_any). Hash joins and one aggregate: polled every half second while the run
+# converges, over thousands of documents in the long run.
 POINTERS_SQL = """
     WITH succeeded AS (
         SELECT t.tenant_id, t.document_id, g.embedding_model,
@@ -23,18 +25,16 @@ POINTERS_SQL = """
           LEFT JOIN search_generation g ON g.generation_id = t.generation_id
          WHERE t.status = 'SUCCEEDED'
          GROUP BY 1, 2, 3)
-    SELECT d.tenant_id, d.document_id, s.version_number AS served,
-           s.embedding_model,
-           (SELECT max(x.newest) FROM succeeded x
-             WHERE x.tenant_id = d.tenant_id AND x.document_id = d.document_id
-               AND (x.embedding_model IS NULL
-                    OR x.embedding_model = s.embedding_model)) AS newest,
-           (SELECT max(x.newest) FROM succeeded x
-             WHERE x.tenant_id = d.tenant_id AND x.document_id = d.document_id)
-               AS newest_any
+    SELECT d.tenant_id, d.document_id, s.version_number AS served, s.embedding_model,
+           max(x.newest) FILTER (WHERE x.embedding_model IS NULL
+                                    OR x.embedding_model = s.embedding_model) AS newest,
+           max(x.newest) AS newest_any
       FROM document d
       LEFT JOIN document_search_version s
         ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
+      LEFT JOIN succeeded x
+        ON x.tenant_id = d.tenant_id AND x.document_id = d.document_id
+     GROUP BY d.tenant_id, d.document_id, s.version_number, s.embedding_model
 """
 _NOT_CURRENT_SQL = f"""
 SELECT count(*) FROM ({POINTERS_SQL}) p
