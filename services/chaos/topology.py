@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 
+from services.chaos.ports import listen_port
 from services.chaos.schedule import INDEXERS, RELAYS
 from services.demo.client import Tenant
 from services.demo.processes import DemoProcesses
-from services.demo.stack import free_port
 from services.devstack.kafka import LocalKafka
 from services.devstack.postgres import EmbeddedPostgres
 from services.devstack.process import run_tool
@@ -44,23 +44,26 @@ class ChaosStack:
     ) -> None:
         self.home = home
         self.run_id = uuid.uuid4().hex[:8]
-        kafka = kafka_port or free_port()
+        # Every port below the ephemeral range: the run restarts these servers, and a
+        # client connection must not take a port while its server is down (ports.py).
+        taken = {p for p in (pg_port, kafka_port, replica_port) if p}
+        kafka = kafka_port or listen_port(taken=taken)
         self.dev = DevStackSettings(
             home=home / "dev",
-            pg_port=pg_port or free_port(),
+            pg_port=pg_port or listen_port(taken=taken),
             kafka_port=kafka,
             kafka_controller_port=int(os.environ.get("KB_DEV_KAFKA_CONTROLLER_PORT", 0))
-            or free_port(),
+            or listen_port(taken=taken),
             pg_database=f"chaos_{self.run_id}",
         )
         self.postgres = EmbeddedPostgres(self.dev)
         # Its own slot and data dir under the run's home; it follows the primary's restart
         # by itself (its WAL receiver reconnects), as a managed replica does.
-        self.replica = EmbeddedReplica(self.dev, 1, port=replica_port or free_port())
+        self.replica = EmbeddedReplica(self.dev, 1, port=replica_port or listen_port(taken=taken))
         self.kafka = LocalKafka(self.dev)
         self.processes = DemoProcesses(home / f"run-{self.run_id}")
-        self.api_port = free_port()
-        self.provider_port = free_port()
+        self.api_port = listen_port(taken=taken)
+        self.provider_port = listen_port(taken=taken)
         self.topic_prefix = f"chaos-{self.run_id}."
         self.tenants: dict[str, Tenant] = {}
         self.env: dict[str, str] = {}

@@ -3,10 +3,12 @@ reports a violation when the evidence shows one, and nothing when it does not.""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from services.chaos.answers import ChunkSets, check_answers, text_digest
 from services.chaos.faults import completed_since, logged_before_kill
+from services.chaos.ports import RESERVED, ephemeral_range, listen_port
 from services.chaos.rerun import ServedVersion, compare
 from services.chaos.result import (
     HIT_IN_ITS_VERSION,
@@ -129,3 +131,15 @@ def test_a_kill_before_the_completion_was_logged_is_told_apart(tmp_path: Path) -
     )
     struck = [("indexer-a", 41, "t1"), ("indexer-a", 41, "t2"), ("indexer-b", 7, "t3")]
     assert logged_before_kill(tmp_path, struck) == 2
+
+
+def test_the_run_listens_below_the_ephemeral_range() -> None:
+    # A restarted server's port must not be one a client connection can be given meanwhile
+    # (the provider once failed to come back: "address already in use").
+    low, high = ephemeral_range()
+    taken: set[int] = set()
+    ports = [listen_port(random.Random(seed), taken=taken) for seed in range(20)]
+    assert len(set(ports)) == 20
+    assert set(ports) == taken
+    assert all(port < low or port > high for port in ports)
+    assert not set(ports) & RESERVED
