@@ -46,6 +46,10 @@ def table(
             f"{figures.get('kills before the completion was logged', 0)})",
         ),
         ("SIGSTOPs past the lease", faults.done[FaultKind.STOP_INDEXER.value]),
+        (
+            "indexers restarted again after exiting at start (PostgreSQL unreachable)",
+            faults.done["restarts after an exit at start"],
+        ),
         ("indexer kills and stops that struck mid-task", faults.done["struck mid-task"]),
         ("Kafka outages", faults.done[FaultKind.KAFKA_OUTAGE.value]),
         ("PostgreSQL restarts", faults.done[FaultKind.POSTGRES_RESTART.value]),

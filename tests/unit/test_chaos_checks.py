@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from services.chaos.answers import ChunkSets, check_answers, text_digest
-from services.chaos.faults import completed_since, logged_before_kill
+from services.chaos.faults import completed_since, exited_at_start, logged_before_kill
 from services.chaos.ports import RESERVED, ephemeral_range, listen_port
 from services.chaos.rerun import ServedVersion, compare
 from services.chaos.result import (
@@ -143,3 +143,14 @@ def test_the_run_listens_below_the_ephemeral_range() -> None:
     assert set(ports) == taken
     assert all(port < low or port > high for port in ports)
     assert not set(ports) & RESERVED
+
+
+def test_an_exit_at_start_is_told_from_a_crash() -> None:
+    unreachable = (
+        "error: database unreachable: [Errno 111] Connect call failed [DATABASE_UNAVAILABLE]"
+    )
+    assert exited_at_start("") is None
+    assert exited_at_start(unreachable + "\n") is True
+    started = '{"event": "search_generation.registered"}\n'
+    # Once it logged, a later exit is a crash of a running process, not a start-time exit.
+    assert exited_at_start(started + unreachable) is False
