@@ -8,12 +8,15 @@ import asyncio
 import json
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from services.chaos.answers import ChunkSets, check_answers, documents_of
+from services.chaos.converge import POINTERS_SQL
+from services.chaos.result import KEEP, CheckResult
 from services.chaos.searcher import SearchRecord
 from services.chaos.topology import TIERS, ChaosStack
 from services.runtime.avro import default_registry
@@ -24,26 +27,12 @@ from services.runtime.events import (
     index_hints_topic,
 )
 
-INVARIANTS = (
-    "tasks settled",
-    "no DEAD for a provider fault",
-    "pointer at newest indexed version",
-    "pointer only moves forward",
-    "one chunk set per served version",
-    "no write by a stale lease",
-    "outbox events all in Kafka, in order",
-    "search: one whole version per document",
-    "search: within ACL and tenant",
-    "kb index check clean",
-    "every process recovers by itself",
-)
 PROVIDER_CODES = (
     "EMBEDDING_RATE_LIMITED",
     "EMBEDDING_TIMEOUT",
     "EMBEDDING_UNAVAILABLE",
     "EMBEDDING_RESPONSE_MALFORMED",
 )
-_KEEP = 5  # examples of evidence kept per invariant
 
 
 @dataclass
@@ -55,43 +44,6 @@ class KafkaRecord:
     position: int
     replay: bool
     payload: bytes
-
-
-@dataclass
-class CheckResult:
-    violations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INVARIANTS, 0))
-    evidence: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-    figures: dict[str, Any] = field(default_factory=dict)
-
-    def violate(self, invariant: str, detail: str) -> None:
-        self.violations[invariant] += 1
-        if len(self.evidence[invariant]) < _KEEP:
-            self.evidence[invariant].append(detail)
-
-    @property
-    def total(self) -> int:
-        return sum(self.violations.values())
-
-
-async def settle(stack: ChaosStack, timeout_s: float) -> float | None:
-    """Seconds until no task is left to run (None: still some after ``timeout_s``)."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        try:
-            conn = await asyncpg.connect(stack.database_url)
-            try:
-                left = await conn.fetchval(
-                    "SELECT count(*) FROM index_task "
-                    "WHERE status IN ('PENDING', 'RUNNING', 'RETRY_WAIT')"
-                )
-            finally:
-                await conn.close()
-        except (OSError, asyncpg.PostgresError):
-            left = -1
-        if left == 0:
-            return time.monotonic() - started
-        await asyncio.sleep(1)
-    return None
 
 
 async def read_topics(stack: ChaosStack) -> list[KafkaRecord]:
@@ -152,6 +104,8 @@ class Checker:
         self.result = CheckResult()
 
     async def check(self) -> CheckResult:
+        # The operator's own check runs as a process beside the reads below.
+        index_check = asyncio.create_task(asyncio.to_thread(self.stack.kb_status, "index", "check"))
         conn = await asyncpg.connect(self.stack.database_url)
         try:
             records = await self._outbox_in_kafka(conn)
@@ -161,11 +115,12 @@ class Checker:
             self._pointer_forward(records)
             await self._stale_leases(conn, records)
             await self._answers(conn)
+            self._reads_from_log()
         finally:
             await conn.close()
-        status, output = await asyncio.to_thread(self.stack.kb_status, "index", "check")
+        status, output = await index_check
         if status != 0:
-            for line in output.strip().splitlines()[:_KEEP]:
+            for line in output.strip().splitlines()[:KEEP]:
                 self.result.violate("kb index check clean", line[:300])
         return self.result
 
@@ -235,29 +190,7 @@ class Checker:
     async def _pointers(self, conn: asyncpg.Connection[Any]) -> None:
         """Each served version is the newest version whose task of the served model
         succeeded; a document with a succeeded task is served."""
-        rows = await conn.fetch(
-            """
-            WITH succeeded AS (
-                SELECT t.tenant_id, t.document_id, g.embedding_model,
-                       max(t.version_number) AS newest
-                  FROM index_task t
-                  LEFT JOIN search_generation g ON g.generation_id = t.generation_id
-                 WHERE t.status = 'SUCCEEDED'
-                 GROUP BY 1, 2, 3)
-            SELECT d.tenant_id, d.document_id, s.version_number AS served,
-                   s.embedding_model,
-                   (SELECT max(x.newest) FROM succeeded x
-                     WHERE x.tenant_id = d.tenant_id AND x.document_id = d.document_id
-                       AND (x.embedding_model IS NULL
-                            OR x.embedding_model = s.embedding_model)) AS newest,
-                   (SELECT max(x.newest) FROM succeeded x
-                     WHERE x.tenant_id = d.tenant_id AND x.document_id = d.document_id)
-                       AS newest_any
-              FROM document d
-              LEFT JOIN document_search_version s
-                ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
-            """
-        )
+        rows = await conn.fetch(POINTERS_SQL)
         invariant = "pointer at newest indexed version"
         for row in rows:
             where = f"{row['tenant_id']}/{row['document_id']}"
@@ -376,6 +309,25 @@ class Checker:
                 )
         self._leases_from_logs()
 
+    def _reads_from_log(self) -> None:
+        """Which server answered each search, from the API's `search.served` lines."""
+        replica = primary = 0
+        log = self.stack.processes.home / "api.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        for line in lines:
+            if '"search.served"' not in line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("read_from") == "primary":
+                primary += 1
+            elif entry.get("read_from"):
+                replica += 1
+        self.result.figures["searches read from the replica"] = replica
+        self.result.figures["searches read from the primary"] = primary
+
     def _leases_from_logs(self) -> None:
         """Lost leases and takeovers, from the indexers' logs: a takeover is a claim of a
         task whose previous attempt never ended (its worker killed, stopped or cut off)."""
@@ -447,7 +399,32 @@ class Checker:
             for document_id, seen in versions.items():
                 if len(seen) > 1:
                     self.result.violate(whole, f"{document_id}: versions {sorted(seen)} at once")
+        check_answers(self.searches.answers, await self._chunk_sets(conn), self.result)
         figures = self.result.figures
         figures["searches"] = len(self.searches.answers)
         figures["searches answered"] = answered
         figures["searches without answer"] = self.searches.failed
+
+    async def _chunk_sets(self, conn: asyncpg.Connection[Any]) -> ChunkSets:
+        """The chunk sets of every version of the documents the answers hold."""
+        sets = ChunkSets()
+        for row in await conn.fetch(
+            "SELECT generation_id, embedding_model, is_default FROM search_generation"
+        ):
+            sets.models[row["generation_id"]] = row["embedding_model"]
+            if row["is_default"]:
+                sets.models[None] = row["embedding_model"]
+        rows = await conn.fetch(
+            "SELECT document_id::text, version_number, embedding_model, chunk_id, md5(text) "
+            "FROM knowledge_chunk WHERE document_id = ANY($1::uuid[])",
+            documents_of(self.searches.answers),
+        )
+        for row in rows:
+            sets.add(
+                row["document_id"],
+                row["version_number"],
+                row["embedding_model"],
+                row["chunk_id"],
+                row["md5"],
+            )
+        return sets

@@ -22,7 +22,7 @@ def run_command(
     documents: Annotated[int, typer.Option(min=1, help="Documents to publish.")] = 200,
     minutes: Annotated[float, typer.Option(min=0.1, help="How long the load lasts.")] = 2.0,
     faults: Annotated[
-        int, typer.Option(min=12, help="Faults to inject (every kind at least once).")
+        int, typer.Option(min=13, help="Faults to inject (every kind at least once).")
     ] = 20,
     home: Annotated[Path, typer.Option(help="Where the run's servers, logs and state go.")] = Path(
         ".kb/chaos"
@@ -32,6 +32,10 @@ def run_command(
     ] = None,
     kafka_port: Annotated[
         int | None, typer.Option(help="The run's own Kafka port (default: a free one).")
+    ] = None,
+    replica_port: Annotated[
+        int | None,
+        typer.Option(help="The port of the run's streaming replica (default: a free one)."),
     ] = None,
     keep: Annotated[bool, typer.Option(help="Leave everything running afterwards.")] = False,
 ) -> None:
@@ -47,6 +51,7 @@ def run_command(
         home=home.resolve(),
         pg_port=pg_port,
         kafka_port=kafka_port,
+        replica_port=replica_port,
         keep=keep,
     )
     command = "kb chaos run " + shlex.join(sys.argv[sys.argv.index("run") + 1 :])

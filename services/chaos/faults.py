@@ -5,12 +5,17 @@ counts what it did."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -19,6 +24,7 @@ from services.chaos.schedule import Fault, FaultKind
 from services.chaos.topology import ChaosStack
 
 SECOND_MODEL = "hashing-v1-256"
+SECOND_CHUNK_TOKENS = 200
 SWITCHED_TENANT = "acme"
 _PROVIDER_FAULTS = {
     FaultKind.PROVIDER_429: "rate_limit",
@@ -34,6 +40,47 @@ class FaultRecord:
     failed: list[str] = field(default_factory=list)
     generation_id: int | None = None
     generation_switched: bool = False
+    # (process name, pid, task id) of each SIGKILL sent right after that task's commit
+    after_commit: list[tuple[str, int, str]] = field(default_factory=list)
+
+
+def completed_since(rows: Sequence[Mapping[str, Any]]) -> tuple[str | None, list[str]]:
+    """Of the rows of the tasks a process held at the last look and of those it holds now
+    (task_id, status, mine: still under its lease): one of the held ones that completed
+    under its lease since, if any (a takeover's completion is another owner's), and the
+    tasks it holds now."""
+    committed = next(
+        (str(r["task_id"]) for r in rows if r["status"] == "SUCCEEDED" and r["mine"]), None
+    )
+    held = [str(r["task_id"]) for r in rows if r["status"] == "RUNNING" and r["mine"]]
+    return committed, held
+
+
+def exited_at_start(since: str) -> bool | None:
+    """From a process's log since its start: False once it logged a line of its own (it
+    started), True if it said the database was unreachable before that, None while it has
+    said nothing yet."""
+    for line in since.splitlines():
+        if line.startswith("{"):
+            return False
+        if "DATABASE_UNAVAILABLE" in line:
+            return True
+    return None
+
+
+def logged_before_kill(logs: Path, after_commit: list[tuple[str, int, str]]) -> int:
+    """Of the kills right after a commit, those that struck before the worker even logged
+    the completion (its `task.completed` line, written right after the commit)."""
+    early = 0
+    for name, pid, task_id in after_commit:
+        log = logs / f"{name}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        logged = any(
+            '"task.completed"' in line and task_id in line and f":{pid}:" in line
+            for line in text.splitlines()
+        )
+        early += not logged
+    return early
 
 
 class FaultDriver:
@@ -70,12 +117,22 @@ class FaultDriver:
             # Strike while it holds a task (waiting a few seconds at most): a kill of an
             # idle worker proves little.
             self.record.done["struck mid-task"] += self._await_busy(fault.target, within_s=5)
-        if kind in (FaultKind.KILL_INDEXER, FaultKind.KILL_RELAY, FaultKind.PROVIDER_DOWN):
+        if kind is FaultKind.KILL_AFTER_COMMIT:
+            # The SIGKILL itself is sent the moment the commit shows (below); a process
+            # that completed nothing in time is killed all the same, and not counted.
+            self.record.done["struck right after a commit"] += self._kill_after_commit(
+                fault.target, within_s=15
+            )
+        if kind in (
+            FaultKind.KILL_INDEXER,
+            FaultKind.KILL_AFTER_COMMIT,
+            FaultKind.KILL_RELAY,
+            FaultKind.PROVIDER_DOWN,
+        ):
             with self.processes:
                 stack.kill(fault.target)
             time.sleep(fault.duration_s)
-            with self.processes:
-                stack.start(fault.target)
+            self._restart(fault.target)
         elif kind is FaultKind.STOP_INDEXER:
             stack.signal(fault.target, signal.SIGSTOP)
             time.sleep(fault.duration_s)
@@ -118,6 +175,38 @@ class FaultDriver:
         elif kind is FaultKind.GENERATION_SWITCH:
             self._generation()
 
+    def _restart(self, name: str, within_s: float = 120) -> None:
+        """Start ``name`` again, as a supervisor does: again after a second while it exits
+        at start because PostgreSQL is unreachable (the documented start-time behaviour of
+        `kb indexer run` and `kb serve`: docs/operations.md), which a restart that falls
+        in the database's restart meets. Any other exit is left for the run to report."""
+        deadline = time.monotonic() + within_s
+        supervised = name.startswith("indexer-")  # relays wait for the database themselves
+        while True:
+            log = self.stack.log(name)
+            with self.processes:
+                offset = log.stat().st_size if log.exists() else 0
+                self.stack.start(name)
+            if not supervised or not self._exited_at_start(name, offset, deadline):
+                return
+            self.record.done["restarts after an exit at start"] += 1
+            time.sleep(1)
+
+    def _exited_at_start(self, name: str, offset: int, deadline: float) -> bool:
+        """Whether the process just started exited before it logged anything, with the
+        database unreachable; False once it logs (it started) or exits otherwise."""
+        log = self.stack.log(name)
+        while time.monotonic() < deadline:
+            with log.open("rb") as stream:
+                stream.seek(offset)
+                since = stream.read().decode(errors="replace")
+            if exited_at_start(since) is False:
+                return False
+            if self.stack.processes.running(name) is None:
+                return bool(exited_at_start(since))
+            time.sleep(0.2)
+        return False
+
     def _await_busy(self, name: str, within_s: float) -> bool:
         pid = self.stack.pid(name)
         if pid is None:
@@ -146,6 +235,49 @@ class FaultDriver:
             await conn.close()
         return False
 
+    def _kill_after_commit(self, name: str, within_s: float) -> bool:
+        pid = self.stack.pid(name)
+        if pid is None:
+            return False
+        struck = asyncio.run(self._commit_then_kill(pid, within_s))
+        if struck is not None:
+            self.record.after_commit.append((name, pid, struck))
+        return struck is not None
+
+    async def _commit_then_kill(self, pid: int, within_s: float) -> str | None:
+        """SIGKILL ``pid`` as soon as one of the tasks it holds is SUCCEEDED under its lease:
+        its completion (chunks, pointer, task, outbox event) committed, and the worker has
+        not yet acknowledged the hint, logged the completion or claimed its next task. The
+        task rows are polled every few milliseconds through their indexes (the running
+        tasks' partial index, then the primary key)."""
+        deadline = time.monotonic() + within_s
+        owner = f"%:{pid}:%"
+        try:
+            conn = await asyncpg.connect(self.stack.database_url, timeout=2)
+        except (OSError, asyncpg.PostgresError):
+            return None
+        try:
+            held: list[str] = []
+            while time.monotonic() < deadline:
+                rows = await conn.fetch(
+                    "SELECT task_id::text, status, lease_owner LIKE $1 AS mine FROM index_task "
+                    "WHERE (status = 'RUNNING' AND lease_owner LIKE $1) "
+                    "OR task_id = ANY($2::uuid[])",
+                    owner,
+                    held,
+                )
+                committed, held = completed_since([dict(r.items()) for r in rows])
+                if committed is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    return committed
+                await asyncio.sleep(0.005)
+        except (OSError, asyncpg.PostgresError):
+            return None
+        finally:
+            await conn.close()
+        return None
+
     def _generation(self) -> None:
         output = self.stack.kb(
             "index",
@@ -157,6 +289,10 @@ class FaultDriver:
             SECOND_MODEL,
             "--dimensions",
             "256",
+            # Other chunk settings than the default generation's: the chunk ids (which hash
+            # the chunking strategy) then tell the two generations apart in an answer.
+            "--chunk-tokens",
+            str(SECOND_CHUNK_TOKENS),
             "--tenant",
             SWITCHED_TENANT,
         )

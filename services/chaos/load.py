@@ -130,11 +130,13 @@ class LoadDriver:
         self.record = LoadRecord()
         self.http = httpx.Client(base_url=stack.api_url, timeout=15)
         self.done = threading.Event()
+        self.ended: float | None = None  # monotonic
 
     def run(self) -> None:
         try:
             self._run()
         finally:
+            self.ended = time.monotonic()
             self.done.set()
 
     def _run(self) -> None:

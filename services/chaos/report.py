@@ -3,9 +3,9 @@ invariant (Markdown, so that it can be pasted into RELIABILITY.md as printed).""
 
 from __future__ import annotations
 
-from services.chaos.checker import INVARIANTS, CheckResult
 from services.chaos.faults import FaultRecord
 from services.chaos.load import LoadRecord
+from services.chaos.result import INVARIANTS, CheckResult
 from services.chaos.schedule import FaultKind
 
 
@@ -38,7 +38,18 @@ def table(
         ),
         ("dead codes", _codes(figures.get("dead codes", {}))),
         ("SIGKILLs (indexers, relays)", kills),
+        (
+            "SIGKILLs aimed right after an indexer's completion committed "
+            "(struck; of those, before the worker logged the completion)",
+            f"{faults.done[FaultKind.KILL_AFTER_COMMIT.value]} "
+            f"({faults.done['struck right after a commit']}; "
+            f"{figures.get('kills before the completion was logged', 0)})",
+        ),
         ("SIGSTOPs past the lease", faults.done[FaultKind.STOP_INDEXER.value]),
+        (
+            "indexers restarted again after exiting at start (PostgreSQL unreachable)",
+            faults.done["restarts after an exit at start"],
+        ),
         ("indexer kills and stops that struck mid-task", faults.done["struck mid-task"]),
         ("Kafka outages", faults.done[FaultKind.KAFKA_OUTAGE.value]),
         ("PostgreSQL restarts", faults.done[FaultKind.POSTGRES_RESTART.value]),
@@ -61,7 +72,30 @@ def table(
             f"{figures.get('searches without answer', 0)})",
         ),
         (
-            "time to converge after the load and faults ended",
+            "searches read from the replica / the primary",
+            f"{figures.get('searches read from the replica', 0)} / "
+            f"{figures.get('searches read from the primary', 0)}",
+        ),
+        (
+            "searches passing a status's token (that found its document)",
+            f"{figures.get('searches with a token', 0)} "
+            f"({figures.get('searches with a token that found their document', 0)})",
+        ),
+        (
+            "hits checked against their version's chunk set (of collected versions)",
+            f"{figures.get('hits checked against their version', 0)} "
+            f"({figures.get('hits of collected versions', 0)})",
+        ),
+        (
+            "succeeded tasks re-run and compared",
+            figures.get("succeeded tasks re-run and compared", 0),
+        ),
+        (
+            "last fault ended / load ended",
+            f"t+{figures.get('faults ended', 0):.0f} s / t+{figures.get('load ended', 0):.0f} s",
+        ),
+        (
+            "time to converge after the last fault ended",
             "not converged" if converge_s is None else f"{converge_s:.1f} s",
         ),
     ]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 class FaultKind(enum.StrEnum):
     KILL_INDEXER = "kill-indexer"  # SIGKILL, restarted after a pause
     KILL_RELAY = "kill-relay"
+    # SIGKILL the moment a completion of that indexer committed, before its next step
+    KILL_AFTER_COMMIT = "kill-after-commit"
     STOP_INDEXER = "stop-indexer"  # SIGSTOP past the lease, then SIGCONT: a zombie
     KAFKA_OUTAGE = "kafka-outage"  # the broker stopped for a while, then started
     POSTGRES_RESTART = "postgres-restart"
@@ -33,6 +35,7 @@ _ONCE = (FaultKind.POSTGRES_RESTART, FaultKind.GENERATION_SWITCH)
 _WEIGHTS = {
     FaultKind.KILL_INDEXER: 8,
     FaultKind.KILL_RELAY: 3,
+    FaultKind.KILL_AFTER_COMMIT: 3,
     FaultKind.STOP_INDEXER: 1,
     FaultKind.KAFKA_OUTAGE: 1,
     FaultKind.PROVIDER_429: 2,
@@ -77,7 +80,7 @@ def plan(seed: int, *, fault_window_s: float, faults: int) -> list[Fault]:
 
 def _fault(rng: random.Random, kind: FaultKind, at_s: float) -> Fault:
     at_s = round(at_s, 1)
-    if kind is FaultKind.KILL_INDEXER:
+    if kind in (FaultKind.KILL_INDEXER, FaultKind.KILL_AFTER_COMMIT):
         return Fault(at_s, kind, rng.choice(INDEXERS), round(rng.uniform(0.5, 3.0), 1))
     if kind is FaultKind.KILL_RELAY:
         return Fault(at_s, kind, rng.choice(RELAYS), round(rng.uniform(0.5, 3.0), 1))

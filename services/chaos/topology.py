@@ -1,6 +1,7 @@
-"""The processes a chaos run starts and breaks: its own PostgreSQL and Kafka (it restarts
-them, so never a shared server), the API, two relays, two indexer processes per tier and
-the fault-injecting embedding provider, each a real process started as a user starts it."""
+"""The processes a chaos run starts and breaks: its own PostgreSQL (with one streaming
+replica, which the API's searches and status reads use) and Kafka (it restarts them, so
+never a shared server), the API, two relays, two indexer processes per tier and the
+fault-injecting embedding provider, each a real process started as a user starts it."""
 
 from __future__ import annotations
 
@@ -10,17 +11,19 @@ import signal
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
+from services.chaos.ports import listen_port
 from services.chaos.schedule import INDEXERS, RELAYS
 from services.demo.client import Tenant
 from services.demo.processes import DemoProcesses
-from services.demo.stack import free_port
 from services.devstack.kafka import LocalKafka
 from services.devstack.postgres import EmbeddedPostgres
 from services.devstack.process import run_tool
+from services.devstack.replicas import EmbeddedReplica
 from services.devstack.settings import DevStackSettings
 
 MODEL = "hashing-v1-384"
@@ -31,23 +34,36 @@ LEASE_SECONDS = 4
 
 
 class ChaosStack:
-    def __init__(self, home: Path, *, pg_port: int | None, kafka_port: int | None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        pg_port: int | None,
+        kafka_port: int | None,
+        replica_port: int | None = None,
+    ) -> None:
         self.home = home
         self.run_id = uuid.uuid4().hex[:8]
-        kafka = kafka_port or free_port()
+        # Every port below the ephemeral range: the run restarts these servers, and a
+        # client connection must not take a port while its server is down (ports.py).
+        taken = {p for p in (pg_port, kafka_port, replica_port) if p}
+        kafka = kafka_port or listen_port(taken=taken)
         self.dev = DevStackSettings(
             home=home / "dev",
-            pg_port=pg_port or free_port(),
+            pg_port=pg_port or listen_port(taken=taken),
             kafka_port=kafka,
             kafka_controller_port=int(os.environ.get("KB_DEV_KAFKA_CONTROLLER_PORT", 0))
-            or free_port(),
+            or listen_port(taken=taken),
             pg_database=f"chaos_{self.run_id}",
         )
         self.postgres = EmbeddedPostgres(self.dev)
+        # Its own slot and data dir under the run's home; it follows the primary's restart
+        # by itself (its WAL receiver reconnects), as a managed replica does.
+        self.replica = EmbeddedReplica(self.dev, 1, port=replica_port or listen_port(taken=taken))
         self.kafka = LocalKafka(self.dev)
         self.processes = DemoProcesses(home / f"run-{self.run_id}")
-        self.api_port = free_port()
-        self.provider_port = free_port()
+        self.api_port = listen_port(taken=taken)
+        self.provider_port = listen_port(taken=taken)
         self.topic_prefix = f"chaos-{self.run_id}."
         self.tenants: dict[str, Tenant] = {}
         self.env: dict[str, str] = {}
@@ -74,7 +90,21 @@ class ChaosStack:
         # Servers already running (a previous `--keep` run) are left running afterwards.
         self.started_servers = not (self.postgres.status().running or self.kafka.status().running)
         self.postgres.up()
-        self.kafka.up()
+        # The replica's base backup and the broker's start (a JVM: the slowest) go on while
+        # the schema and the tenants are written to the primary.
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            servers = [pool.submit(self.replica.up), pool.submit(self.kafka.up)]
+            self._prepare_database()
+            for server in servers:
+                server.result()
+        self.start("provider")
+        self.await_http(f"{self.provider_url}/healthz")
+        self.start("api")
+        for name in (*RELAYS, *INDEXERS):
+            self.start(name)
+        self.await_http(f"{self.api_url}/readyz")
+
+    def _prepare_database(self) -> None:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DATABASE_U"))}
         self.env = {
             **base,
@@ -82,6 +112,7 @@ class ChaosStack:
             "KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap,
             "KB_KAFKA_TOPIC_PREFIX": self.topic_prefix,
             "KB_LOG_FORMAT": "json",
+            "KB_SEARCH_DATABASE_URLS": self.replica.url,
             # Everything embeds through the provider that fails on command, search included.
             "KB_EMBEDDING_PROVIDER": "openai",
             "KB_EMBEDDING_BASE_URL": f"{self.provider_url}/v1",
@@ -106,16 +137,17 @@ class ChaosStack:
             "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         }
         self.kb("migrate")
-        for tenant_id, tier in TENANTS:
-            output = self.kb("tenants", "create", tenant_id, "--tier", tier)
-            key = output.strip().splitlines()[-1].removeprefix("KB_API_KEY=")
+        # One process each, side by side: a CLI's start is most of what it costs.
+        with ThreadPoolExecutor(max_workers=len(TENANTS)) as pool:
+            created = {
+                (tenant_id, tier): pool.submit(
+                    self.kb, "tenants", "create", tenant_id, "--tier", tier
+                )
+                for tenant_id, tier in TENANTS
+            }
+        for (tenant_id, tier), output in created.items():
+            key = output.result().strip().splitlines()[-1].removeprefix("KB_API_KEY=")
             self.tenants[tenant_id] = Tenant(tenant_id, tier, key)
-        self.start("provider")
-        self.await_http(f"{self.provider_url}/healthz")
-        self.start("api")
-        for name in (*RELAYS, *INDEXERS):
-            self.start(name)
-        self.await_http(f"{self.api_url}/readyz")
 
     def argv(self, name: str) -> list[str]:
         if name == "provider":
@@ -198,5 +230,7 @@ class ChaosStack:
             return
         with contextlib.suppress(Exception):
             self.kafka.down()
+        with contextlib.suppress(Exception):
+            self.replica.down()
         with contextlib.suppress(Exception):
             self.postgres.down()
