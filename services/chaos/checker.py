@@ -5,7 +5,6 @@ evidence; the run fails on any."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from services.chaos.answers import ChunkSets, check_answers, documents_of
 from services.chaos.converge import POINTERS_SQL
+from services.chaos.logs import lease_figures, search_reads
 from services.chaos.result import KEEP, CheckResult
 from services.chaos.searcher import SearchRecord
 from services.chaos.topology import TIERS, ChaosStack
@@ -310,51 +310,12 @@ class Checker:
         self._leases_from_logs()
 
     def _reads_from_log(self) -> None:
-        """Which server answered each search, from the API's `search.served` lines."""
-        replica = primary = 0
-        log = self.stack.processes.home / "api.log"
-        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-        for line in lines:
-            if '"search.served"' not in line:
-                continue
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("read_from") == "primary":
-                primary += 1
-            elif entry.get("read_from"):
-                replica += 1
+        replica, primary = search_reads(self.stack.processes.home / "api.log")
         self.result.figures["searches read from the replica"] = replica
         self.result.figures["searches read from the primary"] = primary
 
     def _leases_from_logs(self) -> None:
-        """Lost leases and takeovers, from the indexers' logs: a takeover is a claim of a
-        task whose previous attempt never ended (its worker killed, stopped or cut off)."""
-        lost = 0
-        claimed: set[tuple[str, int]] = set()
-        ended: set[tuple[str, int]] = set()
-        for log in self.stack.processes.home.glob("indexer-*.log"):
-            for line in log.read_text(errors="replace").splitlines():
-                if not line.startswith("{"):
-                    continue
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                event = entry.get("event")
-                attempt = (str(entry.get("task_id")), int(entry.get("lease_attempt") or 0))
-                if event == "lease.lost":
-                    lost += 1
-                elif event == "task.claimed":
-                    claimed.add(attempt)
-                elif event in ("task.completed", "task.failed", "task.abandoned"):
-                    ended.add(attempt)
-        takeovers = sum(
-            1
-            for task, attempt in claimed
-            if attempt > 1 and (task, attempt - 1) in claimed and (task, attempt - 1) not in ended
-        )
+        lost, takeovers = lease_figures(self.stack.processes.home.glob("indexer-*.log"))
         self.result.figures["lost leases"] = lost
         self.result.figures["takeovers"] = takeovers
 

@@ -3,11 +3,13 @@ reports a violation when the evidence shows one, and nothing when it does not.""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 from services.chaos.answers import ChunkSets, check_answers, text_digest
 from services.chaos.faults import completed_since, exited_at_start, logged_before_kill
+from services.chaos.logs import lease_figures, search_reads
 from services.chaos.ports import RESERVED, ephemeral_range, listen_port
 from services.chaos.rerun import ServedVersion, compare
 from services.chaos.result import (
@@ -154,3 +156,38 @@ def test_an_exit_at_start_is_told_from_a_crash() -> None:
     started = '{"event": "search_generation.registered"}\n'
     # Once it logged, a later exit is a crash of a running process, not a start-time exit.
     assert exited_at_start(started + unreachable) is False
+
+
+def test_lease_figures_count_lost_leases_and_takeovers(tmp_path: Path) -> None:
+    def line(event: str, task: str, attempt: int) -> str:
+        return json.dumps({"event": event, "task_id": task, "lease_attempt": attempt})
+
+    log = tmp_path / "indexer-standard-1.log"
+    log.write_text(
+        "\n".join(
+            [
+                line("task.claimed", "t1", 1),  # killed: taken over by attempt 2
+                line("task.claimed", "t1", 2),
+                line("task.completed", "t1", 2),
+                line("task.claimed", "t2", 1),
+                line("task.failed", "t2", 1),
+                line("task.claimed", "t2", 2),  # a retry after a failure: no takeover
+                line("lease.lost", "t3", 1),
+                "not json",
+            ]
+        )
+    )
+    assert lease_figures([log]) == (1, 1)
+
+
+def test_search_reads_count_each_server(tmp_path: Path) -> None:
+    log = tmp_path / "api.log"
+    entries = [
+        {"event": "search.served", "read_from": "primary"},
+        {"event": "search.served", "read_from": "replica-1"},
+        {"event": "search.served", "read_from": "replica-1"},
+        {"event": "http.request", "read_from": "primary"},
+    ]
+    log.write_text("\n".join(json.dumps(e) for e in entries))
+    assert search_reads(log) == (2, 1)
+    assert search_reads(tmp_path / "missing.log") == (0, 0)
