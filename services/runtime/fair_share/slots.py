@@ -107,13 +107,15 @@ class SearchSlots:
         if not held.held:
             raise RuntimeError("the slot is not held")
         own = self._searches(tenant_id)
-        quieter = [t for t in self._waiting if t != tenant_id and self._searches(t) < own]
-        if not quieter:
-            return False
-        # Straight to the quieter tenant: a release would hand the slot to whoever's turn
-        # it is, possibly this search's own tenant.
-        if not self._grant(min(quieter, key=self._turn)):
-            return False  # its waiters all went away meanwhile
+        # Straight to the quieter tenant whose turn it is: a release would hand the slot to
+        # whoever's turn it is, possibly this search's own tenant.
+        while True:
+            quieter = [t for t in self._waiting if t != tenant_id and self._searches(t) < own]
+            if not quieter:
+                return False
+            if self._grant(min(quieter, key=self._turn)):
+                break
+            # (that tenant's waiters had all gone away: it left the line)
         self._running[tenant_id] -= 1
         if not self._running[tenant_id]:
             del self._running[tenant_id]
