@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from services.app import FAIR_SHARE_ROUTES, create_app
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.port import Vectors
 from services.publisher.settings import PublisherSettings
 from services.runtime.fair_share.bucket import TokenBucket
 from services.runtime.fair_share.gate import FairShare
@@ -28,6 +31,8 @@ from services.runtime.fair_share.shares import (
 )
 from services.runtime.fair_share.slots import SearchSlots
 from services.runtime.fair_share.tiers import CachedTiers
+from services.search.searcher import Candidates, Searcher, SearchRequest
+from tests.fakes.search_index import DIMENSION, FakeIndex
 
 
 class Clock:
@@ -379,6 +384,42 @@ async def test_between_phases_the_gate_steps_aside_only_inside_a_search_share() 
     assert stepped_aside("unknown") == before + 1
     assert gate.slots is not None
     assert gate.slots.in_use == 0
+
+
+async def test_a_search_steps_aside_before_its_embedding_for_a_quieter_tenant() -> None:
+    gate = FairShare(FairShareSettings(search_global_concurrency=1), clock=Clock())
+    steps: list[str] = []
+
+    class Embedder(HashingEmbedder):
+        async def embed(self, texts: Sequence[str]) -> Vectors:
+            steps.append("acme embeds")
+            return await super().embed(texts)
+
+    class Index(FakeIndex):
+        async def candidates(self, request: SearchRequest, vector: Vectors | None) -> Candidates:
+            steps.append("acme lists")
+            return await super().candidates(request, vector)
+
+    searcher = Searcher(Embedder(DIMENSION), Index())
+    go = asyncio.Event()
+
+    async def acme_search() -> None:
+        async with gate.share("acme", Kind.SEARCH):
+            await go.wait()
+            await searcher.search(SearchRequest("acme", "refund", ("p",)))
+
+    async def other_search(tenant: str) -> None:
+        async with gate.share(tenant, Kind.SEARCH):
+            steps.append(f"{tenant} searches")
+
+    acme = asyncio.create_task(acme_search())
+    await settle()
+    others = [asyncio.create_task(other_search(t)) for t in ("acme", "globex")]
+    await settle()
+    go.set()
+    await asyncio.gather(acme, *others)
+    # globex (one search) before acme's embedding; acme's own next search after its lists.
+    assert steps == ["globex searches", "acme embeds", "acme lists", "acme searches"]
 
 
 def stepped_aside(tier: str) -> float:
