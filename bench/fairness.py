@@ -13,10 +13,13 @@ each configuration -- fair shares on (the defaults, or ``--fair-env``) and off
 2. tenant A (``t000``) floods: ``--flooders`` clients each sending its next search the
    moment the last one is answered, ignoring Retry-After (a 429 is counted and sent
    again), for ``--flood-seconds``; meanwhile B searches as in 1, from the second
-   ``--ramp-seconds`` on: its p50 under the flood.
+   ``--ramp-seconds`` on: its p50 under the flood;
+3. after the cycles, A floods one more window with B idle: what a tenant alone gets at
+   saturation, which the search slots trade for the other tenants' latency.
 
 Printed: per configuration B's p50 / p95 solo and under the flood and their ratio (the
-target: at most 1.5x with fair shares on), A's answers per second, its 429s and p50.
+target: at most 1.5x with fair shares on), A's answers per second, its 429s and p50 beside
+B, and A's answers per second alone.
 Other processes on the machine move these figures: run it more than once.
 Needs DATABASE_URL (or the dev stack). Not part of the test suite.
 """
@@ -68,6 +71,9 @@ class Figures:
     flood_answers: Counter[int] = field(default_factory=Counter)
     flood_ok_ms: list[float] = field(default_factory=list)
     flood_seconds: float = 0.0
+    # Tenant A flooding with B idle: what a tenant alone gets at saturation.
+    alone_answers: int = 0
+    alone_seconds: float = 0.0
     degraded: int = 0
 
     def row(self) -> str:
@@ -79,7 +85,8 @@ class Figures:
             f"| **{flooded / solo:.2f}x** | {len(self.flooded_ms)} "
             f"| {ok / self.flood_seconds:.0f} "
             f"| {statistics.median(self.flood_ok_ms) if self.flood_ok_ms else 0:.0f} "
-            f"| {self.flood_answers[429]} | {self.degraded} |"
+            f"| {self.flood_answers[429]} | {self.alone_answers / self.alone_seconds:.0f} "
+            f"| {self.degraded} |"
         )
 
 
@@ -175,28 +182,12 @@ async def _phases(api: Api, port: int, name: str, args: argparse.Namespace) -> F
         solo = await api.quiet_searches_for(args.solo_seconds, n)
         n += len(solo)
         figures.solo_ms += solo
-        flood = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.fairness",
-            "--flood-port",
-            str(port),
-            "--flooders",
-            str(args.flooders),
-            "--flood-seconds",
-            str(args.window_seconds),
-            "--flood-queries",
-            str(args.queries_file),
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert flood.stdout is not None
-        await flood.stdout.readline()  # "started"
+        flood = await _start_flood(port, args)
         await asyncio.sleep(args.ramp_seconds)
         flooded = await api.quiet_searches_for(args.window_seconds - args.ramp_seconds, n)
         n += len(flooded)
         figures.flooded_ms += flooded
-        result = json.loads(await flood.stdout.read())
-        await flood.wait()
+        result = await _flood_result(flood)
         figures.flood_answers.update({int(k): v for k, v in result["answers"].items()})
         figures.flood_ok_ms += result["ok_ms"]
         figures.flood_seconds += result["seconds"]
@@ -204,8 +195,41 @@ async def _phases(api: Api, port: int, name: str, args: argparse.Namespace) -> F
             f"{name} cycle {cycle + 1}: B solo p50 {statistics.median(solo):.1f} ms, "
             f"flooded {statistics.median(flooded):.1f} ms; A {result['answers']}"
         )
+    # A alone, one window: its answers a second at saturation, which slots cost.
+    alone = await _flood_result(await _start_flood(port, args))
+    figures.alone_answers = alone["answers"].get("200", 0)
+    figures.alone_seconds = alone["seconds"]
+    log(f"{name} A alone: {alone['answers']} in {alone['seconds']:.1f} s")
     figures.degraded = api.degraded
     return figures
+
+
+async def _start_flood(port: int, args: argparse.Namespace) -> asyncio.subprocess.Process:
+    """Tenant A's flood for one window, in a process of its own; returns once it started."""
+    flood = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.fairness",
+        "--flood-port",
+        str(port),
+        "--flooders",
+        str(args.flooders),
+        "--flood-seconds",
+        str(args.window_seconds),
+        "--flood-queries",
+        str(args.queries_file),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert flood.stdout is not None
+    await flood.stdout.readline()  # "started"
+    return flood
+
+
+async def _flood_result(flood: asyncio.subprocess.Process) -> dict[str, Any]:
+    assert flood.stdout is not None
+    result: dict[str, Any] = json.loads(await flood.stdout.read())
+    await flood.wait()
+    return result
 
 
 async def flood(port: int, flooders: int, seconds: float, queries_file: Path) -> None:
@@ -283,9 +307,10 @@ async def run(args: argparse.Namespace) -> int:
     )
     print(
         "| configuration | B solo p50 / p95 ms | B under flood p50 / p95 ms | ratio of p50s "
-        "| B searches under flood | A answers/s | A p50 ms | A 429s | degraded answers |"
+        "| B searches under flood | A answers/s | A p50 ms | A 429s | A alone answers/s "
+        "| degraded answers |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for figures in rows:
         print(figures.row())
     return 0

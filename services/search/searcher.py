@@ -2,7 +2,9 @@
 the reciprocal rank fusion of the vector and keyword lists.
 
 Pure Python: the query embedding comes through the pipeline's ``Embedder`` port, the
-candidate lists through a ``SearchIndex`` port (PostgreSQL: ``index_pg``). Every filter
+candidate lists through a ``SearchIndex`` port (PostgreSQL: ``index_pg``). Between the two
+phases the request's search slot may go to a quieter tenant
+(``services/runtime/fair_share/phases.py``). Every filter
 (tenant, current search version, READ ACL) is the index's job and happens before ranking;
 this module only orders what the index may show.
 
@@ -25,6 +27,7 @@ from typing import Final, Protocol
 
 from services.embedding.port import Embedder, Vectors
 from services.runtime.errors import DependencyUnavailable, KbError
+from services.runtime.fair_share.phases import between_search_phases
 from services.runtime.index_failures import (
     PROVIDER_FAILURE_CODES,
     ErrorCode,
@@ -326,6 +329,9 @@ class Searcher:
         query_vector: Vectors | None = None
         degraded: Degraded | None = None
         if request.mode.uses_vector:
+            # Each phase -- the query's embedding, then the database's lists -- may start
+            # after a quieter tenant's search, if one waits for the slot this one holds.
+            await between_search_phases()
             try:
                 query_vector = await self._embed(request.query)
             except QueryEmbeddingUnavailable as error:
@@ -336,6 +342,7 @@ class Searcher:
                 self._degraded(request, error)
                 request = replace(request, mode=SearchMode.KEYWORD)
                 degraded = Degraded.KEYWORD_ONLY
+        await between_search_phases()
         candidates = await self._index.candidates(request, query_vector)
         results = rank_results(request, candidates)
         took_ms = (time.perf_counter() - started) * 1000.0

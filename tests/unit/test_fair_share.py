@@ -7,16 +7,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from services.app import FAIR_SHARE_ROUTES, create_app
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.port import Vectors
 from services.publisher.settings import PublisherSettings
 from services.runtime.fair_share.bucket import TokenBucket
 from services.runtime.fair_share.gate import FairShare
 from services.runtime.fair_share.middleware import LimitedRoute
+from services.runtime.fair_share.phases import between_search_phases
 from services.runtime.fair_share.settings import FairShareSettings, Kind, Limits, TierLimits
 from services.runtime.fair_share.shares import (
     SWEEP_SECONDS,
@@ -26,6 +31,8 @@ from services.runtime.fair_share.shares import (
 )
 from services.runtime.fair_share.slots import SearchSlots
 from services.runtime.fair_share.tiers import CachedTiers
+from services.search.searcher import Candidates, Searcher, SearchRequest
+from tests.fakes.search_index import DIMENSION, FakeIndex
 
 
 class Clock:
@@ -253,6 +260,170 @@ async def test_a_search_abandoned_as_its_slot_is_granted_hands_the_slot_on() -> 
     assert searches.running == [("initech", 0)]
     await searches.end("initech", 0)
     assert slots.in_use == 0
+
+
+class PhasedSearches(Searches):
+    """Searches of two phases: each steps aside (or not) at the boundary the test reaches
+    with ``next_phase``, then holds its slot until ``end``."""
+
+    def __init__(self, slots: SearchSlots) -> None:
+        super().__init__(slots)
+        self.stepped_aside: list[tuple[str, int]] = []
+        self._boundaries: dict[tuple[str, int], asyncio.Event] = {}
+
+    def start(self, tenant: str, n: int) -> None:
+        self._boundaries[(tenant, n)] = asyncio.Event()
+        super().start(tenant, n)
+
+    async def _search(self, key: tuple[str, int]) -> None:
+        async with self.slots.slot(key[0]) as held:
+            self.started.append(key)
+            self.running.append(key)
+            await self._boundaries[key].wait()
+            self.running.remove(key)
+            if await held.step_aside():
+                self.stepped_aside.append(key)
+            self.running.append(key)
+            await self._ends[key].wait()
+            self.running.remove(key)
+
+    async def next_phase(self, tenant: str, n: int) -> None:
+        self._boundaries[(tenant, n)].set()
+        await settle()
+
+
+async def test_a_busier_tenants_search_steps_aside_between_its_phases() -> None:
+    searches = PhasedSearches(SearchSlots(1))
+    for n in range(3):
+        searches.start("acme", n)
+    await settle()
+    searches.start("globex", 0)
+    await settle()
+    await searches.next_phase("acme", 0)
+    # acme has three searches in the process, globex one: globex runs its whole search ...
+    assert searches.running == [("globex", 0)]
+    await searches.next_phase("globex", 0)
+    assert searches.running == [("globex", 0)]
+    # ... and acme's search goes on before acme's next starts.
+    await searches.end("globex", 0)
+    assert searches.running == [("acme", 0)]
+    assert searches.stepped_aside == [("acme", 0)]
+    await searches.end("acme", 0)
+    assert searches.running == [("acme", 1)]
+    assert searches.slots.waiting() == 1
+    for task in searches.tasks.values():
+        task.cancel()
+    await settle()
+    assert (searches.slots.in_use, searches.slots.waiting()) == (0, 0)
+
+
+async def test_a_search_keeps_its_slot_for_its_own_tenant_or_one_as_busy() -> None:
+    searches = PhasedSearches(SearchSlots(1))
+    searches.start("acme", 0)
+    searches.start("acme", 1)
+    await settle()
+    await searches.next_phase("acme", 0)  # only acme waits
+    searches.start("globex", 0)
+    await settle()
+    await searches.end("acme", 0)
+    assert searches.running == [("globex", 0)]
+    await searches.next_phase("globex", 0)  # acme waits, with as many searches as globex
+    assert searches.stepped_aside == []
+    assert searches.running == [("globex", 0)]
+    for task in searches.tasks.values():
+        task.cancel()
+    await settle()
+    assert (searches.slots.in_use, searches.slots.waiting()) == (0, 0)
+
+
+async def test_a_search_abandoned_after_stepping_aside_releases_nothing_twice() -> None:
+    searches = PhasedSearches(SearchSlots(1))
+    searches.start("acme", 0)
+    searches.start("acme", 1)
+    await settle()
+    searches.start("globex", 0)
+    await settle()
+    await searches.next_phase("acme", 0)
+    assert searches.running == [("globex", 0)]
+    searches.tasks[("acme", 0)].cancel()  # gone while waiting to go on
+    await settle()
+    assert searches.slots.in_use == 1
+    await searches.next_phase("globex", 0)
+    await searches.end("globex", 0)
+    assert searches.running == [("acme", 1)]
+    await searches.next_phase("acme", 1)
+    await searches.end("acme", 1)
+    assert (searches.slots.in_use, searches.slots.waiting()) == (0, 0)
+
+
+async def test_between_phases_the_gate_steps_aside_only_inside_a_search_share() -> None:
+    gate = FairShare(FairShareSettings(search_global_concurrency=1), clock=Clock())
+    await between_search_phases()  # no share: nothing to do
+    boundary, resumed, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def busy_search() -> None:
+        async with gate.share("acme", Kind.SEARCH):
+            await boundary.wait()
+            await between_search_phases()
+            resumed.set()
+
+    async def quiet_search() -> None:
+        async with gate.share("globex", Kind.SEARCH):
+            await release.wait()
+
+    before = stepped_aside("unknown")
+    busy = [asyncio.create_task(busy_search()) for _ in range(2)]
+    await settle()
+    quiet = asyncio.create_task(quiet_search())
+    await settle()
+    boundary.set()
+    await settle()
+    assert not resumed.is_set()  # globex's search holds the slot
+    release.set()
+    await asyncio.gather(quiet, *busy)
+    assert stepped_aside("unknown") == before + 1
+    assert gate.slots is not None
+    assert gate.slots.in_use == 0
+
+
+async def test_a_search_steps_aside_before_its_embedding_for_a_quieter_tenant() -> None:
+    gate = FairShare(FairShareSettings(search_global_concurrency=1), clock=Clock())
+    steps: list[str] = []
+
+    class Embedder(HashingEmbedder):
+        async def embed(self, texts: Sequence[str]) -> Vectors:
+            steps.append("acme embeds")
+            return await super().embed(texts)
+
+    class Index(FakeIndex):
+        async def candidates(self, request: SearchRequest, vector: Vectors | None) -> Candidates:
+            steps.append("acme lists")
+            return await super().candidates(request, vector)
+
+    searcher = Searcher(Embedder(DIMENSION), Index())
+    go = asyncio.Event()
+
+    async def acme_search() -> None:
+        async with gate.share("acme", Kind.SEARCH):
+            await go.wait()
+            await searcher.search(SearchRequest("acme", "refund", ("p",)))
+
+    async def other_search(tenant: str) -> None:
+        async with gate.share(tenant, Kind.SEARCH):
+            steps.append(f"{tenant} searches")
+
+    acme = asyncio.create_task(acme_search())
+    await settle()
+    others = [asyncio.create_task(other_search(t)) for t in ("acme", "globex")]
+    await settle()
+    go.set()
+    await asyncio.gather(acme, *others)
+    # globex (one search) before acme's embedding; acme's own next search after its lists.
+    assert steps == ["globex searches", "acme embeds", "acme lists", "acme searches"]
+
+
+def stepped_aside(tier: str) -> float:
+    return REGISTRY.get_sample_value("kb_fair_search_stepped_aside_total", {"tier": tier}) or 0.0
 
 
 # --- the gate: tier, share, slot ----------------------------------------------------------

@@ -7,11 +7,14 @@ when its tier sets a rate, a token bucket. Beyond either it is answered 429 with
 code and a ``Retry-After``. A search then holds one of the process's search slots for the
 rest of its request, handed out to the waiting tenant running the fewest searches, so a
 quiet tenant's search waits behind at most one running search, however many another
-tenant has queued.
+tenant has queued; and between the phases of a search (the query's embedding, the
+database's lists) a busier tenant's search hands its slot to the quieter tenant's, which
+so waits for one phase, not a whole search.
 
 - ``settings.py``: ``KB_FAIR_*``, the limits of each tier;
 - ``bucket.py``: the token bucket; ``shares.py``: each tenant's requests in flight and
   buckets, forgotten once idle; ``slots.py``: the process's search slots and their queue;
+  ``phases.py``: the boundaries between a search's phases, where its slot may change hands;
 - ``tiers.py``: the tenant's tier, cached; ``gate.py``: the three composed;
   ``middleware.py``: the ASGI middleware ``services/app.py`` installs;
   ``metrics.py``: refusals and slot waits.

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from services.runtime.fair_share.metrics import REFUSALS, SLOT_WAIT, UNKNOWN_TIER
+from services.runtime.fair_share.phases import CURRENT_SEARCH, SearchShare
 from services.runtime.fair_share.settings import FairShareSettings, Kind
 from services.runtime.fair_share.shares import TenantLimited, TenantShares
 from services.runtime.fair_share.slots import SearchSlots
@@ -50,8 +51,8 @@ class FairShare:
     @asynccontextmanager
     async def share(self, tenant_id: str, kind: Kind) -> AsyncIterator[None]:
         """Hold the tenant's share for the body -- a request in flight and, for a search,
-        one of the process's slots (waiting for its turn) -- or raise ``TenantLimited``
-        (429)."""
+        one of the process's slots (waiting for its turn; the search may step aside between
+        its phases: ``phases.py``) -- or raise ``TenantLimited`` (429)."""
         tier = await self._tiers.tier_of(tenant_id)
         try:
             self.shares.enter(tenant_id, kind, self.settings.limits(tier, kind))
@@ -61,9 +62,14 @@ class FairShare:
         try:
             if kind is Kind.SEARCH and self.slots is not None:
                 waited = self._clock()
-                async with self.slots.slot(tenant_id):
-                    SLOT_WAIT.labels(tier or UNKNOWN_TIER).observe(self._clock() - waited)
-                    yield
+                async with self.slots.slot(tenant_id) as held:
+                    label = tier or UNKNOWN_TIER
+                    SLOT_WAIT.labels(label).observe(self._clock() - waited)
+                    current = CURRENT_SEARCH.set(SearchShare(held, label, self._clock))
+                    try:
+                        yield
+                    finally:
+                        CURRENT_SEARCH.reset(current)
             else:
                 yield
         finally:

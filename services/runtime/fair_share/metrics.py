@@ -18,7 +18,14 @@ REFUSALS = Counter(
 )
 SLOT_WAIT = Histogram(
     "kb_fair_search_slot_wait_seconds",
-    "How long an admitted search waited for one of the process's search slots",
+    "How long an admitted search waited for one of the process's search slots (a search "
+    "that stepped aside between its phases waits once more)",
     ["tier"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+STEPPED_ASIDE = Counter(
+    "kb_fair_search_stepped_aside",
+    "Searches that handed their slot to a quieter tenant between two of their phases, and "
+    "waited for one again",
+    ["tier"],
 )
