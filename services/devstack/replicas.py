@@ -12,6 +12,7 @@ are ``kb_replica_<i>`` / ``kb-replica-<i>``.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,19 @@ class EmbeddedReplica(EmbeddedPostgres):
     @property
     def application_name(self) -> str:
         return f"kb-replica-{self.index}"
+
+    def up(self) -> ServiceStatus:
+        """As the primary's, except that a stopped copy the primary can no longer feed
+        (its slot gone, or invalidated because the primary removed WAL the copy still
+        needs, past max_slot_wal_keep_size) is taken again: started as it is, it would wait
+        for that WAL for ever and never accept a connection."""
+        if (
+            not self.status().running
+            and (self.data_dir / "PG_VERSION").exists()
+            and not asyncio.run(slot_can_feed(self.primary_port, self.slot))
+        ):
+            shutil.rmtree(self.data_dir)
+        return super().up()
 
     def _initialize(self) -> None:
         # A slot left by an earlier copy of this replica (its data dir deleted) would make
@@ -168,3 +182,19 @@ async def _drop_inactive_slot(port: int, slot: str) -> None:
         )
     finally:
         await conn.close()
+
+
+async def slot_can_feed(port: int, slot: str) -> bool:
+    """Whether the primary still has ``slot`` with the WAL its replica needs; True when the
+    primary cannot be asked (the start then fails as it would have, with its own message)."""
+    try:
+        conn = await asyncpg.connect(host="127.0.0.1", port=port, user="postgres")
+    except (OSError, asyncpg.PostgresError):
+        return True
+    try:
+        status = await conn.fetchval(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", slot
+        )
+    finally:
+        await conn.close()
+    return status is not None and status != "lost"

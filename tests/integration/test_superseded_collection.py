@@ -380,8 +380,13 @@ class _PausedConnection:
         self._go_on = go_on
 
     async def _first_pauses(self, query: str, result: Any) -> Any:
-        # BEGIN (with the path's SET LOCALs, if kept) takes no snapshot.
-        if not self._snapshot_taken.is_set() and not query.startswith("BEGIN"):
+        # BEGIN (with the wall's and the path's SET LOCALs) takes no snapshot, nor does a
+        # statement before it (the first search reads whether it runs behind the wall).
+        if (
+            not self._snapshot_taken.is_set()
+            and not query.startswith("BEGIN")
+            and self.unwrapped.is_in_transaction()
+        ):
             self._snapshot_taken.set()
             await self._go_on.wait()
         return result
