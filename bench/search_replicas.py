@@ -44,6 +44,7 @@ from bench.databases import url_for
 from bench.search_scale_corpus import DIMENSION, build_corpus, build_queries
 from bench.search_scale_load import corpus_identity, load, reusable
 from bench.search_scale_measure import percentile, request_for
+from services.devstack.replicas import caught_up
 from services.embedding.onnx_local import MODEL_NAME
 from services.runtime.logging import configure_logging
 from services.search.connections import open_search_pool
@@ -57,28 +58,6 @@ MODEL = MODEL_NAME
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-async def caught_up(primary_url: str, replica_url: str, timeout_s: float = 600) -> None:
-    primary = await asyncpg.connect(primary_url)
-    try:
-        target = await primary.fetchval("SELECT pg_current_wal_insert_lsn()")
-    finally:
-        await primary.close()
-    async with asyncio.timeout(timeout_s):
-        while True:
-            try:
-                replica = await asyncpg.connect(replica_url)
-            except asyncpg.InvalidCatalogNameError:
-                await asyncio.sleep(0.2)
-                continue
-            try:
-                while True:
-                    if await replica.fetchval("SELECT pg_last_wal_replay_lsn() >= $1", target):
-                        return
-                    await asyncio.sleep(0.05)
-            finally:
-                await replica.close()
 
 
 async def _switch_targets(url: str, count: int) -> list[tuple[str, Any]]:
@@ -202,7 +181,7 @@ async def run(args: argparse.Namespace) -> int:
         )
     replica_url = url_for(args.replica, database)
     log("waiting for the replica to replay the corpus")
-    await caught_up(primary_url, replica_url)
+    await caught_up(primary_url, replica_url, timeout_s=600, poll_s=0.05)
     queries = build_queries(corpus, 200)
     generation = Generation(MODEL, DIMENSION)
 

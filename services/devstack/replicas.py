@@ -198,3 +198,29 @@ async def slot_can_feed(port: int, slot: str) -> bool:
     finally:
         await conn.close()
     return status is not None and status != "lost"
+
+
+async def caught_up(
+    primary_url: str, replica_url: str, *, timeout_s: float, poll_s: float = 0.005
+) -> None:
+    """Returns once the replica has replayed what the primary had written when called;
+    TimeoutError past ``timeout_s``. Polled: a standby offers nothing to wait on."""
+    primary = await asyncpg.connect(primary_url)
+    try:
+        target = await primary.fetchval("SELECT pg_current_wal_insert_lsn()")
+    finally:
+        await primary.close()
+    async with asyncio.timeout(timeout_s):
+        while True:
+            try:
+                replica = await asyncpg.connect(replica_url)
+            except asyncpg.InvalidCatalogNameError:  # the database is not replayed yet
+                await asyncio.sleep(poll_s)
+                continue
+            try:
+                while True:
+                    if await replica.fetchval("SELECT pg_last_wal_replay_lsn() >= $1", target):
+                        return
+                    await asyncio.sleep(poll_s)
+            finally:
+                await replica.close()

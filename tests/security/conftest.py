@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 
-from tests.security.world import World, build_world_data, world_app
+from tests.security.world import World, world_app, world_data_in
 from tests.support.api import UNTHROTTLED
 from tests.support.stack import Stack, create_test_database, drop_test_database
 
@@ -24,11 +23,7 @@ async def module_database(stack: Stack, template_database: str) -> AsyncIterator
 
 @pytest.fixture(scope="module")
 async def world(module_database: str) -> AsyncIterator[World]:
-    conn = await asyncpg.connect(module_database)
-    try:
-        acme, globex, operator_key, signing = await build_world_data(conn)
-    finally:
-        await conn.close()
+    acme, globex, operator_key, signing = await world_data_in(module_database)
     secrets = [operator_key, signing.hmac_secret]
     for tenant in (acme, globex):
         secrets += [key for _, key in tenant.keys.values()]

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 import schemathesis
@@ -44,7 +43,7 @@ from services.embedding.settings import EmbeddingSettings, HashingConfig
 from services.publisher.settings import PublisherSettings
 from services.runtime.fair_share.settings import FairShareSettings
 from services.search.statements import SearchSettings
-from tests.security.world import DIMENSION, Tenant, build_world_data
+from tests.security.world import DIMENSION, Tenant, world_data_in
 from tests.support.api import UNTHROTTLED, live_app
 from tests.support.operator import operator_settings
 
@@ -93,11 +92,7 @@ class Live:
 
 @pytest.fixture(scope="module")
 async def live(module_database: str) -> AsyncIterator[Live]:
-    conn = await asyncpg.connect(module_database)
-    try:
-        acme, globex, operator_key, signing = await build_world_data(conn)
-    finally:
-        await conn.close()
+    acme, globex, operator_key, signing = await world_data_in(module_database)
     publisher_settings = PublisherSettings(database_url=module_database, db_pool_max_size=4)
     app = create_app(
         publisher_settings,

@@ -185,6 +185,15 @@ async def _documents(
         tenant.documents.append(SecretDocument(document_id, title, text, read))
 
 
+async def world_data_in(database_url: str) -> tuple[Tenant, Tenant, str, SigningKeys]:
+    """build_world_data on a connection of its own to ``database_url``."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await build_world_data(conn)
+    finally:
+        await conn.close()
+
+
 async def build_world_data(
     conn: asyncpg.Connection[Any],
 ) -> tuple[Tenant, Tenant, str, SigningKeys]:

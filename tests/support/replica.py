@@ -11,7 +11,6 @@ ports), stopped at the end. A server that cannot start fails the tests; they nev
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 from collections.abc import Iterator
@@ -19,10 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
-
 from services.devstack.postgres import EmbeddedPostgres
 from services.devstack.replicas import EmbeddedReplica
+from services.devstack.replicas import caught_up as replica_caught_up
 from services.devstack.settings import DevStackSettings
 from tests.support.stack import REPO_ROOT, Stack
 
@@ -74,22 +72,4 @@ def running_replica(stack: Stack) -> Iterator[ReplicaPair]:
 
 async def caught_up(primary_url: str, replica_url: str, timeout_s: float = 10.0) -> None:
     """Returns once the replica has replayed what the primary had written when called."""
-    primary = await asyncpg.connect(primary_url)
-    try:
-        target = await primary.fetchval("SELECT pg_current_wal_insert_lsn()")
-    finally:
-        await primary.close()
-    async with asyncio.timeout(timeout_s):
-        while True:
-            try:
-                replica = await asyncpg.connect(replica_url)
-            except asyncpg.InvalidCatalogNameError:  # the database is not replayed yet
-                await asyncio.sleep(0.01)
-                continue
-            try:
-                while True:  # polled: a standby offers nothing to wait on
-                    if await replica.fetchval("SELECT pg_last_wal_replay_lsn() >= $1", target):
-                        return
-                    await asyncio.sleep(0.005)
-            finally:
-                await replica.close()
+    await replica_caught_up(primary_url, replica_url, timeout_s=timeout_s)
