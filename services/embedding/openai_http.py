@@ -69,7 +69,7 @@ class OpenAIHttpEmbedder(FixedIdentity):
         api_key: SecretStr | None = None,
         timeout_seconds: float = 30.0,
         connect_timeout_seconds: float = 5.0,
-        encoding_format: EncodingFormat = "float",
+        encoding_format: EncodingFormat = "base64",
         tokenizer: TokenizerSpec | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),

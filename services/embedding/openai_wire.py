@@ -75,9 +75,7 @@ def parse_embeddings(
 
 
 def _vector(raw: Any, index: int, dimension: int, encoding_format: EncodingFormat) -> Vectors:
-    if encoding_format == "base64":
-        if not isinstance(raw, str):
-            raise _invalid(f"embedding {index} is not a base64 string")
+    if encoding_format == "base64" and isinstance(raw, str):
         try:
             packed = base64.b64decode(raw, validate=True)
         except (binascii.Error, ValueError) as error:
@@ -86,6 +84,9 @@ def _vector(raw: Any, index: int, dimension: int, encoding_format: EncodingForma
             raise _invalid(f"embedding {index} is {len(packed)} bytes, not float32 values")
         vector = np.frombuffer(packed, dtype="<f4").astype(np.float32)
     else:
+        # Asked for base64, a server that does not know the parameter answers with numbers:
+        # read them as such (as the OpenAI client does). Asked for numbers, a string is
+        # refused.
         if not isinstance(raw, list) or not all(
             isinstance(value, int | float) and not isinstance(value, bool) for value in raw
         ):

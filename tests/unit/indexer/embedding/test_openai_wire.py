@@ -57,13 +57,21 @@ def test_an_answer_without_a_data_list_is_malformed_not_invalid(answer: Any) -> 
         (body([item(0, [1.0, float("inf")])]), "float"),
         (body([item(0, "!!!not base64")]), "base64"),
         (body([item(0, base64.b64encode(b"12345").decode())]), "base64"),  # not 4-byte values
-        (body([item(0, [1.0, 2.0])]), "base64"),  # a list where base64 was asked for
+        (body([item(0, base64.b64encode(b"12345678").decode())]), "float"),  # not numbers
     ],
 )
 def test_broken_answers_are_invalid(answer: Any, encoding: Any) -> None:
     with pytest.raises(IndexingFailed) as caught:
         parse_embeddings(answer, rows=1, model="m", dimension=2, encoding_format=encoding)
     assert caught.value.code == ErrorCode.EMBEDDING_RESPONSE_INVALID
+
+
+def test_numbers_where_base64_was_asked_for_are_read_as_numbers() -> None:
+    # A server that does not know encoding_format answers with numbers, as to any request.
+    vectors = parse_embeddings(
+        body([item(0, [1.0, 2.0])]), rows=1, model="m", dimension=2, encoding_format="base64"
+    )
+    assert vectors.tolist() == [[1.0, 2.0]]
 
 
 def test_a_missing_model_name_is_a_changed_model() -> None:
