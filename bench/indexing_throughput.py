@@ -325,7 +325,7 @@ async def database_floor(url: str) -> dict[str, float]:
     started), COPYed back one transaction per document as the pipeline commits them, and
     then all in one transaction, as a batch loader with no per-document promise would.
     Documents/s of each: a ceiling no pipeline on this database can pass."""
-    from services.indexer.sink.pgvector import INDEX_COLUMNS
+    from services.indexer.sink.write import INDEX_COLUMNS
     from services.runtime.db import create_pool
     from services.runtime.settings import RuntimeSettings
 

@@ -11,9 +11,9 @@ through is the runtime's ``Transaction`` protocol.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from services.embedding.guard.guard import ClaimAllowance as ClaimAllowance
 from services.indexer.queue.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
@@ -25,6 +25,22 @@ from services.runtime.transaction import Transaction as Transaction
 # locked by then, so no takeover can slip in before commit): the sink writes chunks, the
 # search pointer and its outbox event through the transaction it is given.
 InTransaction = Callable[[Transaction], Awaitable[None]]
+
+
+@runtime_checkable
+class WritableTogether(Protocol):
+    """An ``InTransaction`` that can also go with others of its kind in one set of
+    statements (services/indexer/sink/together.py): the queue's group commit hands the
+    writes of a group to ``together`` of any one of them, once every fence of the group
+    held; alone, or when a group's write fails, each runs as itself."""
+
+    @property
+    def lease(self) -> Lease: ...
+
+    @property
+    def together(self) -> Callable[[Transaction, Sequence[Any]], Awaitable[None]]: ...
+
+    async def __call__(self, conn: Transaction) -> None: ...
 
 
 class TaskQueue(Protocol):

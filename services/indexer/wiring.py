@@ -39,7 +39,7 @@ from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.settings import IndexerSettings
-from services.indexer.sink.generations import task_generation
+from services.indexer.sink.generations import TaskGenerations
 from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.cli_options import serve_metrics
 from services.runtime.cli_support import load_settings, run_async
@@ -130,7 +130,7 @@ async def pipeline_indexer(
             # built when the first of them arrives.
             pipelines = GenerationPipelines(
                 indexer.default,
-                lambda lease: task_generation(pool, lease),
+                TaskGenerations(pool),
                 pipeline_builder(pool, sink, owner=owner),
             )
             indexer.use_generations(pipelines)

@@ -15,6 +15,7 @@ lock taker should), or two such transactions may deadlock (reported as retriable
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.runtime.db import translate_db_errors
@@ -63,3 +64,27 @@ async def add_event(conn: Transaction, event: OutboxEvent) -> StoredEvent:
         )
     assert row is not None
     return StoredEvent(position=row["position"], event_id=row["event_id"])
+
+
+async def add_events(conn: Transaction, events: Sequence[OutboxEvent]) -> list[StoredEvent]:
+    """``add_event`` for several events in two statements: every aggregate key's lock, in key
+    order (a stable order, as the module says), then the rows, positioned in the order
+    given."""
+    if not conn.is_in_transaction():
+        raise RuntimeError("add_events must run inside the producer's transaction")
+    if not events:
+        return []
+    with translate_db_errors():
+        await conn.execute(
+            _QUERIES["lock_event_keys"], sorted({event.aggregate_key for event in events})
+        )
+        rows = await conn.fetch(
+            _QUERIES["insert_events"],
+            [event.event_id for event in events],
+            [event.event_type for event in events],
+            [event.tenant_id for event in events],
+            [event.tier for event in events],
+            [event.aggregate_key for event in events],
+            [event.payload for event in events],
+        )
+    return [StoredEvent(position=row["position"], event_id=row["event_id"]) for row in rows]

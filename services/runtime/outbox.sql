@@ -15,3 +15,22 @@ INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payloa
 SELECT $1, $2, $3, $4, $5, $6
   FROM (SELECT pg_advisory_xact_lock(hashtextextended($5::text, 4206902611))) AS serialised
 RETURNING position, event_id
+
+-- name: lock_event_keys
+-- $1 aggregate keys: insert_event's per-key lock, for several keys at once, taken in key
+-- order (the volatile call in the target list is evaluated after the sort). A transaction
+-- that adds events for several documents takes every key's lock before any event gets a
+-- position (insert_events), so positions still follow commits per key.
+SELECT pg_advisory_xact_lock(hashtextextended(k, 4206902611))
+  FROM unnest($1::text[]) AS k
+ ORDER BY k
+
+-- name: insert_events
+-- $1 event ids, $2 types, $3 tenants, $4 tiers, $5 aggregate keys, $6 payloads: run after
+-- lock_event_keys locked every key among $5; positions in the order given.
+INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payload)
+SELECT event_id, event_type, tenant_id, tier, aggregate_key, payload
+  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
+       WITH ORDINALITY AS e (event_id, event_type, tenant_id, tier, aggregate_key, payload, n)
+ ORDER BY n
+RETURNING position, event_id

@@ -32,7 +32,7 @@ from services.indexer.pipeline.version_indexer import (
 )
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease
-from services.indexer.sink.generations import task_generation
+from services.indexer.sink.generations import TaskGenerations
 from services.indexer.sink.pgvector import PgVectorSink
 from tests.support.documents import make_large_text
 from tests.support.tasks import CreatedTask, create_task
@@ -72,7 +72,7 @@ async def generations_indexer(
     )
     pipelines = GenerationPipelines(
         indexer.default,
-        lambda lease: task_generation(pool, lease),
+        TaskGenerations(pool),
         pipeline_builder(pool, sink, owner="test"),
     )
     indexer.use_generations(pipelines)

@@ -626,8 +626,7 @@ async def test_kb_index_gc_collects_every_marked_document(
     collected = kb(env, "index", "gc", "--round", "2")
 
     assert collected.returncode == 0, collected.stderr
-    # One row per batch: each document is taken three times (two rows, then clean).
-    assert "6 chunks collected in 9 batches" in collected.stderr
+    assert "6 chunks collected, 3 documents clean" in collected.stderr
     versions = await pool.fetch("SELECT DISTINCT version_number FROM knowledge_chunk")
     assert [r["version_number"] for r in versions] == [2]
     assert await pool.fetchval("SELECT count(*) FROM index_gc_due") == 0

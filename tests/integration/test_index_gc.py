@@ -183,6 +183,31 @@ async def test_a_large_document_is_collected_in_batches_and_stays_marked_until_c
     assert await pool.fetchval("SELECT count(*) FROM index_gc_due") == 0
 
 
+async def test_a_round_shares_its_batch_among_a_tenants_documents_and_keeps_them_if_full(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    documents = []
+    for _ in range(3):
+        tenant, document = await document_with_versions(pool, 2)
+        await add_chunks(pool, tenant, document, 1, count=4)
+        await add_chunks(pool, tenant, document, 2, count=1)
+        await point(pool, tenant, document, 2, SETTINGS + CODE_MARK + "aaaa")
+        await mark(pool, tenant, document)
+        documents.append(document)
+    collector = GarbageCollector(pool, keep_previous=0, batch_rows=10)
+
+    # 12 superseded rows: the first round deletes a batch of 10 of them, among the three
+    # documents, and cannot tell which are clean: all three stay marked.
+    first = await collector.collect(max_documents=3)
+    assert (first.documents, first.chunks) == (3, 10)
+    assert await pool.fetchval("SELECT count(*) FROM index_gc_due") == 3
+    second = await collector.collect(max_documents=3)
+    assert (second.documents, second.chunks) == (3, 2)
+    assert await pool.fetchval("SELECT count(*) FROM index_gc_due") == 0
+    for document in documents:
+        assert await versions_left(pool, document) == {MODEL: [2]}
+
+
 async def test_collectors_at_once_never_take_the_same_document(pool: asyncpg.Pool[Any]) -> None:
     documents = []
     for _ in range(6):

@@ -624,7 +624,7 @@ async def test_the_streamed_completions_document_is_collected_too(
         kb_index, "gc", {**service_env, "KB_INDEX_KEEP_PREVIOUS": "0"}
     )
     assert collected.returncode == 0, collected.stdout + collected.stderr
-    assert f"index gc: {v1_count} chunks collected in 1 batches" in collected.stderr
+    assert f"index gc: {v1_count} chunks collected, 1 documents clean" in collected.stderr
     assert await chunk_versions(pool, created.document_id) == {key: [2] * current["chunk_count"]}
     assert await marked(pool) == set()
 
@@ -718,7 +718,7 @@ async def test_the_collectors_delete_walks_the_primary_key_of_the_tenants_partit
         "SELECT tableoid::regclass::text FROM knowledge_chunk WHERE tenant_id = 'acme' LIMIT 1"
     )
     # As the collector runs it: keep none below the served version, a batch of 5000 rows.
-    args = (created.tenant_id, created.document_id, 0, 5000, CODE_MARK)
+    args = (created.tenant_id, [created.document_id], 0, 5000, CODE_MARK)
     for plan_cache_mode in ("force_custom_plan", "force_generic_plan"):
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")

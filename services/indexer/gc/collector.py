@@ -12,8 +12,10 @@ share the work without waiting for each other.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -46,10 +48,21 @@ async def mark_document(
         await conn.execute(QUERIES["mark_document"], tenant_id, document_id, now)
 
 
+async def mark_documents(
+    conn: Transaction, tenant_id: str, document_ids: Sequence[Any], now: datetime | None = None
+) -> None:
+    """``mark_document`` for several documents of one tenant, in document order."""
+    with translate_db_errors():
+        await conn.execute(QUERIES["mark_documents"], tenant_id, sorted(document_ids), now)
+
+
 @dataclass(frozen=True)
 class GcRound:
+    # Marked documents taken, superseded rows deleted, and (not compared: how many rounds it
+    # took) documents found clean, whose marks went.
     documents: int
     chunks: int
+    clean: int = field(default=0, compare=False)
 
 
 class GarbageCollector:
@@ -59,52 +72,68 @@ class GarbageCollector:
         *,
         keep_previous: int,
         batch_rows: int,
+        round_documents: int = 32,
     ) -> None:
         self._pool = pool
         self._keep_previous = keep_previous
         self._batch_rows = batch_rows
+        # Documents per transaction: their marks are held until it commits, and a
+        # completion of one of them waits for that (gc.sql: mark_document).
+        self._round_documents = round_documents
 
     async def collect(self, *, max_documents: int) -> GcRound:
-        """Up to ``max_documents`` marked documents, one batch each; a document with more
-        than a batch of superseded rows stays marked for the next round."""
-        documents = chunks = 0
-        for _ in range(max_documents):
-            taken = await self._collect_one()
-            if taken is None:
+        """Up to ``max_documents`` marked documents, in rounds of at most ``round_documents``;
+        a tenant's documents of one round share a batch of ``batch_rows``, and when it was
+        full they stay marked for the next round."""
+        documents = chunks = clean = 0
+        while documents < max_documents:
+            done = await self._collect_round(min(self._round_documents, max_documents - documents))
+            if not done.documents:
                 break
-            documents += 1
-            chunks += taken
-        return GcRound(documents, chunks)
+            documents += done.documents
+            chunks += done.chunks
+            clean += done.clean
+        return GcRound(documents, chunks, clean)
 
-    async def _collect_one(self) -> int | None:
+    async def _collect_round(self, limit: int) -> GcRound:
+        """One transaction: the oldest marked documents no one holds, their superseded rows
+        deleted a tenant at a time, the marks of the clean ones deleted."""
+        deleted: collections.Counter[tuple[str, Any]] = collections.Counter()
+        clean: list[tuple[str, Any]] = []
         async with self._pool.acquire() as conn, conn.transaction():
             with translate_db_errors():
-                due = await conn.fetchrow(QUERIES["take_due_document"])
-                if due is None:
-                    return None
-                tenant_id, document_id = due["tenant_id"], due["document_id"]
-                status = await conn.execute(
-                    QUERIES["delete_superseded_chunks"],
-                    tenant_id,
-                    document_id,
-                    self._keep_previous,
-                    self._batch_rows,
-                    CODE_MARK,
-                )
-                deleted = int(status.rsplit(" ", 1)[-1])  # "DELETE <rows>"
-                if deleted < self._batch_rows:
-                    await conn.execute(QUERIES["forget_document"], tenant_id, document_id)
-        CHUNKS_COLLECTED.inc(deleted)
-        if deleted < self._batch_rows:
-            DOCUMENTS_COLLECTED.inc()
-        if deleted:
+                due = await conn.fetch(QUERIES["take_due_documents"], limit)
+                by_tenant: dict[str, list[Any]] = {}
+                for row in due:
+                    by_tenant.setdefault(row["tenant_id"], []).append(row["document_id"])
+                for tenant_id, document_ids in by_tenant.items():
+                    rows = await conn.fetch(
+                        QUERIES["delete_superseded_chunks"],
+                        tenant_id,
+                        document_ids,
+                        self._keep_previous,
+                        self._batch_rows,
+                        CODE_MARK,
+                    )
+                    deleted.update((tenant_id, row["document_id"]) for row in rows)
+                    if len(rows) < self._batch_rows:
+                        clean.extend((tenant_id, document_id) for document_id in document_ids)
+                if clean:
+                    await conn.execute(
+                        QUERIES["forget_documents"],
+                        [tenant_id for tenant_id, _ in clean],
+                        [document_id for _, document_id in clean],
+                    )
+        CHUNKS_COLLECTED.inc(sum(deleted.values()))
+        DOCUMENTS_COLLECTED.inc(len(clean))
+        for (tenant_id, document_id), chunks in sorted(deleted.items()):
             log.info(
                 "chunks.collected",
                 tenant_id=tenant_id,
                 document_id=str(document_id),
-                chunks=deleted,
+                chunks=chunks,
             )
-        return deleted
+        return GcRound(len(due), sum(deleted.values()), len(clean))
 
     async def run(self, stop: asyncio.Event, *, interval_seconds: float) -> None:
         """Rounds until ``stop``; waits ``interval_seconds`` only after a round with nothing

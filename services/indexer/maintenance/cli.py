@@ -177,19 +177,18 @@ def gc(
             keep_previous=collecting.keep_previous,
             batch_rows=collecting.gc_batch_rows,
         )
-        documents = chunks = 0
+        clean = chunks = 0
         while True:
             done = await collector.collect(max_documents=max_documents)
-            documents += done.documents
+            clean += done.clean
             chunks += done.chunks
             if done.documents == 0:
-                return documents, chunks
+                return clean, chunks
 
     from services.indexer.cli import with_pool
 
-    batches, chunks = with_pool(settings, 1, _work)
-    # A batch is one document's turn: a large one takes several.
-    typer.echo(f"index gc: {chunks} chunks collected in {batches} batches", err=True)
+    clean, chunks = with_pool(settings, 1, _work)
+    typer.echo(f"index gc: {chunks} chunks collected, {clean} documents clean", err=True)
 
 
 @index_app.command("tenant-graphs")

@@ -32,11 +32,11 @@ from services.indexer.pipeline.generations import index_generation as index_gene
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.parsing.stream import DEFAULT_SLICE_CHUNKS, DocumentBytes
 from services.indexer.pipeline.slices import DocumentRun, IndexSink
+from services.indexer.pipeline.timed_write import timed
 from services.indexer.ports import ClaimGate, IndexingOutcome, StoredVersion, VersionSource
 from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.logging import get_logger
 from services.runtime.media_types import normalise_media_type
-from services.runtime.transaction import Transaction
 
 log = get_logger(__name__)
 
@@ -189,17 +189,7 @@ class PipelineIndexer:
         metrics.EMBEDDING_BATCHES_PER_TASK.labels(lease.tier).observe(
             -(-run.embedded // pipeline.batch_size) if run.embedded else 0
         )
-        staging_seconds = run.stage_seconds
-
-        async def timed_write(transaction: Transaction) -> None:
-            began = time.perf_counter()
-            await write(transaction)
-            # The sink's time: the fenced write, and the slices staged before it.
-            metrics.STAGE_SECONDS.labels(lease.tier, "sink").observe(
-                staging_seconds + time.perf_counter() - began
-            )
-
-        return IndexingOutcome(write=timed_write)
+        return IndexingOutcome(write=timed(write, lease, run.stage_seconds))
 
     async def _load(self, lease: Lease) -> StoredVersion:
         version = await self._source.load(lease.tenant_id, lease.document_id, lease.version_number)

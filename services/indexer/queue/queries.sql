@@ -258,6 +258,28 @@ UPDATE index_task
    AND lease_until > coalesce($4::timestamptz, now())
 RETURNING task_id
 
+-- name: complete_tasks
+-- complete_task for a group of completions written together (completions.py): $1 tasks,
+-- $2 owners, $3 lease attempts, one element per task, $4 now. Each task's fence on its own:
+-- the tasks that come back are completed and their rows locked until commit; a task that
+-- does not is fenced out and nothing else of it is written. No other transaction waits on
+-- two of these rows (each task is in one group; heartbeats and fails lock one row and
+-- nothing else), so the order the rows are locked in does not matter.
+UPDATE index_task t
+   SET status = 'SUCCEEDED',
+       lease_until = NULL,
+       error_code = NULL,
+       error_message = NULL,
+       updated_at = coalesce($4::timestamptz, now()),
+       finished_at = coalesce($4::timestamptz, now())
+  FROM unnest($1::uuid[], $2::text[], $3::integer[]) AS f (task_id, owner, attempts)
+ WHERE t.task_id = f.task_id
+   AND t.status = 'RUNNING'
+   AND t.lease_owner = f.owner
+   AND t.attempts = f.attempts
+   AND t.lease_until > coalesce($4::timestamptz, now())
+RETURNING t.task_id
+
 -- name: fail_task
 -- $1 task, $2 owner, $3 lease generation: the fence. $4 RETRY_WAIT or DEAD as the retry
 -- policy decided from the error code, $5 delay seconds, $6 code, $7 message, $8 now,

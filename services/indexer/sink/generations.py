@@ -14,6 +14,7 @@ its own task (the publish's dual write, or `create`'s backfill of every publishe
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from services.index.generation import IndexGeneration, chunking_settings
 from services.index.generations import DEFAULT_PROFILE, SearchGeneration
 from services.indexer.queue.task import Lease
+from services.runtime.coalesce import Coalesced
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import ConfigError
 from services.runtime.logging import get_logger
@@ -126,50 +128,81 @@ def _check_settings(search: SearchGeneration, settings: str) -> None:
         )
 
 
-async def task_generation(
-    conn: asyncpg.Pool[Any] | Transaction, lease: Lease
-) -> SearchGeneration | None:
-    """The generation ``lease``'s task builds: the one it names, else the tenant's serving
-    one, else the default; ``None`` when none exists (no indexer registered one)."""
-    with translate_db_errors():
-        row = await conn.fetchrow(
-            QUERIES["task_search_generation"], lease.tenant_id, lease.generation_id
-        )
-    return None if row is None else SearchGeneration.from_record(row)
+# A task's question for task_generations: its tenant, and the generation it names (None:
+# the tenant's serving one).
+GenerationQuestion = tuple[str, int | None]
+
+
+class TaskGenerations:
+    """The generation a task builds: the one it names, else the tenant's serving one, else
+    the default; ``None`` when none exists (no indexer registered one). The tasks of many
+    slots asking at once share one query (services/runtime/coalesce.py)."""
+
+    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
+        self._pool = pool
+        self._asked: Coalesced[GenerationQuestion, SearchGeneration] = Coalesced(self._read)
+
+    async def __call__(self, lease: Lease) -> SearchGeneration | None:
+        return await self._asked.get((lease.tenant_id, lease.generation_id))
+
+    async def _read(
+        self, questions: Sequence[GenerationQuestion]
+    ) -> Mapping[GenerationQuestion, SearchGeneration]:
+        with translate_db_errors():
+            rows = await self._pool.fetch(
+                QUERIES["task_search_generations"],
+                [tenant_id for tenant_id, _ in questions],
+                [generation_id for _, generation_id in questions],
+            )
+        return {
+            (row["asked_tenant_id"], row["asked_generation_id"]): SearchGeneration.from_record(row)
+            for row in rows
+        }
 
 
 async def lock_target(conn: Transaction, lease: Lease, generation_id: int) -> CompletionTarget:
     """The first step of a completion that builds generation ``generation_id``: the
     tenant's serving generation locked (generations.sql: lock_completion_generation), and
     what the completion may do."""
-    named = lease.generation_id is not None
+    return await lock_shared_target(conn, [lease], generation_id)
+
+
+async def lock_shared_target(
+    conn: Transaction, leases: Sequence[Lease], generation_id: int
+) -> CompletionTarget:
+    """``lock_target`` once for completions written together that share its inputs: one
+    tenant, one generation, all naming it or none (``leases``, at least one)."""
+    first = leases[0]
+    named = first.generation_id is not None
     with translate_db_errors():
         row = await conn.fetchrow(
-            QUERIES["lock_completion_generation"], lease.tenant_id, generation_id, named
+            QUERIES["lock_completion_generation"], first.tenant_id, generation_id, named
         )
         assert row is not None
         serving = row["serving"] == generation_id
         if not named and not serving:
             # Switched away while the task ran: built beside the serving generation, as a
             # named task would be -- so its state is locked too (retire may be under way).
-            log.info(
-                "task.generation_no_longer_serving",
-                **lease.log_fields(),
-                generation_id=generation_id,
-                serving_generation_id=row["serving"],
-            )
+            for lease in leases:
+                log.info(
+                    "task.generation_no_longer_serving",
+                    **lease.log_fields(),
+                    generation_id=generation_id,
+                    serving_generation_id=row["serving"],
+                )
             row = await conn.fetchrow(
-                QUERIES["lock_completion_generation"], lease.tenant_id, generation_id, True
+                QUERIES["lock_completion_generation"], first.tenant_id, generation_id, True
             )
             assert row is not None
     state = row["state"]
     if state is not None and state != "ACTIVE":
-        log.info(
-            "task.generation_retired",
-            **lease.log_fields(),
-            generation_id=generation_id,
-            state=state,
-        )
+        for lease in leases:
+            log.info(
+                "task.generation_retired",
+                **lease.log_fields(),
+                generation_id=generation_id,
+                state=state,
+            )
         return CompletionTarget(generation_id, write=False, serving=False)
     return CompletionTarget(generation_id, write=True, serving=serving)
 
@@ -193,6 +226,29 @@ async def record_version(
             chunk_count,
             target.generation_id,
             lease.task_id,
+            now,
+        )
+
+
+async def record_versions(
+    conn: Transaction,
+    tenant_id: str,
+    versions: Sequence[tuple[Lease, int, IndexGeneration, int]],
+    now: datetime | None,
+) -> None:
+    """``record_version`` for completions of one tenant written together, each a (lease,
+    its target generation's id, its index generation, its chunk count), in the order
+    given (document order: one row per document and generation)."""
+    with translate_db_errors():
+        await conn.execute(
+            QUERIES["upsert_document_generation_versions"],
+            tenant_id,
+            [lease.document_id for lease, _, _, _ in versions],
+            [lease.version_number for lease, _, _, _ in versions],
+            [generation.chunking_strategy for _, _, generation, _ in versions],
+            [count for _, _, _, count in versions],
+            [generation_id for _, generation_id, _, _ in versions],
+            [lease.task_id for lease, _, _, _ in versions],
             now,
         )
 

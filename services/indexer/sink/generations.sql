@@ -67,18 +67,22 @@ UNION ALL
 SELECT * FROM search_generation
  WHERE generation_id = $1 AND NOT EXISTS (SELECT 1 FROM changed)
 
--- name: task_search_generation
--- $1 tenant, $2 the task's generation (NULL: the tenant's serving one). The generation a
--- task builds: its own, else the tenant's serving row's, else the default (a tenant without
--- rows). No row: none of them exists (no indexer registered a default yet). Read without a
--- lock: the completion checks again under lock_completion_generation.
-SELECT g.*
-  FROM search_generation g
- WHERE g.generation_id = coalesce(
-           $2::integer,
+-- name: task_search_generations
+-- $1 tenants, $2 the tasks' generations (NULL: the tenant's serving one), one element per
+-- task, for the tasks of several slots at once (services/runtime/coalesce.py). The
+-- generation a task builds: its own, else the tenant's serving row's, else the default (a
+-- tenant without rows); each row with what it was asked for (asked_tenant_id,
+-- asked_generation_id). No row for a pair: none of them exists (no indexer registered a
+-- default yet). Read without a lock: the completion checks again under
+-- lock_completion_generation.
+SELECT k.tenant_id AS asked_tenant_id, k.generation_id AS asked_generation_id, g.*
+  FROM unnest($1::text[], $2::integer[]) AS k (tenant_id, generation_id)
+  JOIN search_generation g
+    ON g.generation_id = coalesce(
+           k.generation_id,
            (SELECT t.generation_id
               FROM tenant_search_generation t
-             WHERE t.tenant_id = $1 AND t.serving),
+             WHERE t.tenant_id = k.tenant_id AND t.serving),
            (SELECT d.generation_id FROM search_generation d WHERE d.is_default))
 
 -- name: lock_completion_generation
@@ -130,6 +134,30 @@ INSERT INTO document_generation_version AS d (tenant_id, document_id, version_nu
                                               chunking_strategy, chunk_count, generation_id,
                                               task_id, built_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8::timestamptz, now()))
+ON CONFLICT (tenant_id, document_id, generation_id) DO UPDATE
+   SET version_number = EXCLUDED.version_number,
+       chunking_strategy = EXCLUDED.chunking_strategy,
+       chunk_count = EXCLUDED.chunk_count,
+       task_id = EXCLUDED.task_id,
+       built_at = EXCLUDED.built_at
+ WHERE d.version_number <= EXCLUDED.version_number
+
+-- name: upsert_document_generation_versions
+-- upsert_document_generation_version for completions of one tenant written together
+-- (services/indexer/sink/together.py): $1 tenant, then one array element per completion --
+-- $2 documents, $3 versions, $4 strategies, $5 chunk counts, $6 generations, $7 tasks --
+-- and $8 now. Rows go in in the order given (document order: the order every group locks
+-- them in); the group holds at most one completion per document.
+INSERT INTO document_generation_version AS d (tenant_id, document_id, version_number,
+                                              chunking_strategy, chunk_count, generation_id,
+                                              task_id, built_at)
+SELECT $1, w.document_id, w.version_number, w.chunking_strategy, w.chunk_count,
+       w.generation_id, w.task_id, coalesce($8::timestamptz, now())
+  FROM unnest($2::uuid[], $3::integer[], $4::text[], $5::integer[], $6::integer[],
+              $7::uuid[])
+       WITH ORDINALITY AS w (document_id, version_number, chunking_strategy, chunk_count,
+                             generation_id, task_id, n)
+ ORDER BY w.n
 ON CONFLICT (tenant_id, document_id, generation_id) DO UPDATE
    SET version_number = EXCLUDED.version_number,
        chunking_strategy = EXCLUDED.chunking_strategy,

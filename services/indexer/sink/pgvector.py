@@ -28,10 +28,8 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 import numpy as np
@@ -56,13 +54,8 @@ from services.indexer.sink.generations import (
     record_version,
     register_default,
 )
-from services.indexer.sink.stream import (
-    CHUNK_RECORD_COLUMNS,
-    chunk_records,
-    discard_attempt,
-    move_staged,
-    stage_slice,
-)
+from services.indexer.sink.stream import chunk_records, discard_attempt, move_staged, stage_slice
+from services.indexer.sink.together import write_together
 from services.indexer.sink.version import (
     ServedPointer,
     lock_search_pointer,
@@ -70,12 +63,20 @@ from services.indexer.sink.version import (
     replaced_strategy,
     version_chunks,
 )
+from services.indexer.sink.write import (
+    INDEX_COLUMNS,
+    INDEX_TABLE,
+    ChunkWrite,
+    log,
+    log_replaced,
+    prepare_write,
+    switched_event,
+)
 from services.runtime.avro import SchemaRegistry, default_registry
+from services.runtime.coalesce import Coalesced
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import ConfigError, DatabaseBusy
-from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
-from services.runtime.logging import get_logger
-from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.outbox import add_event
 from services.runtime.served_acl import apply_served_acl, lock_first_pointer
 from services.runtime.sql import queries_beside
 from services.runtime.transaction import Transaction
@@ -88,32 +89,30 @@ QUERIES = queries_beside(__file__, "sink.sql")
 # A connection of the pool, or one opened on its own: both run the same queries.
 Executor: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]"
 
-log = get_logger(__name__)
 
-INDEX_TABLE: Final = "knowledge_chunk"
-# The columns of a ChunkWrite's records: the version's key, then chunk_records' columns.
-INDEX_COLUMNS: Final = (
-    "tenant_id",
-    "document_id",
-    "version_number",
-    "embedding_model",
-    "chunking_strategy",
-    "embedding_dimension",
-    *CHUNK_RECORD_COLUMNS,
-)
+# One content digest asked of the index: tenant, model, strategy, dimension, digest.
+KnownDigest = tuple[str, str, str, int, bytes]
 
 
-@dataclass(frozen=True)
-class ChunkWrite:
-    """One version's chunks, ready to COPY into knowledge_chunk (INDEX_COLUMNS): built
-    before the transaction opens."""
+class VersionWrite:
+    """The write of one version's chunks (``PgVectorSink.writer``): run as itself in a
+    completion's transaction, or with others of a group through ``together``
+    (``WritableTogether``, together.py)."""
 
-    lease: Lease
-    generation: IndexGeneration
-    records: list[tuple[Any, ...]]
-    # The search generation the chunks build (generations.py); None: no search generation
-    # is known (a sink used without one: the pointer moves as it did before them).
-    search_generation_id: int | None = None
+    def __init__(self, sink: PgVectorSink, prepared: ChunkWrite) -> None:
+        self._sink = sink
+        self.prepared = prepared
+
+    @property
+    def lease(self) -> Lease:
+        return self.prepared.lease
+
+    @property
+    def together(self) -> Callable[[Transaction, Sequence[Any]], Awaitable[None]]:
+        return self._sink.write_together
+
+    async def __call__(self, conn: Transaction) -> None:
+        await self._sink.write(conn, self.prepared)
 
 
 class PgVectorSink:
@@ -135,6 +134,7 @@ class PgVectorSink:
         self._write_timeout = write_timeout_seconds
         self._write_timeout_per_chunk = write_timeout_per_chunk_seconds
         self._index_build_memory = index_build_memory
+        self._known: Coalesced[KnownDigest, npt.NDArray[np.float32]] = Coalesced(self._known_many)
 
     def write_timeout_ms(self, chunk_count: int) -> int:
         """The statement timeout of one write. Inserting into the HNSW index costs time per
@@ -220,22 +220,32 @@ class PgVectorSink:
         self, tenant_id: str, generation: IndexGeneration, digests: Sequence[bytes]
     ) -> dict[bytes, npt.NDArray[np.float32]]:
         """Embeddings this tenant's index (same generation) already holds for these content
-        digests: unchanged content of a new version is not embedded again."""
-        if not digests:
-            return {}
-        with translate_db_errors():
-            rows = await self._pool.fetch(
-                QUERIES["known_embeddings"],
-                tenant_id,
-                generation.embedding_model,
-                generation.chunking_strategy,
-                generation.dimension,
-                list(dict.fromkeys(digests)),
-            )
-        return {
-            bytes(row["content_digest"]): row["embedding"].to_numpy().astype(np.float32)
-            for row in rows
-        }
+        digests: unchanged content of a new version is not embedded again. The slots asking
+        at once share a query per tenant and generation (services/runtime/coalesce.py)."""
+        key = (tenant_id, generation.embedding_model, generation.chunking_strategy)
+        found = await self._known.get_many(
+            (*key, generation.dimension, digest) for digest in digests
+        )
+        return {asked[-1]: vector for asked, vector in found.items()}
+
+    async def _known_many(
+        self, asked: Sequence[KnownDigest]
+    ) -> Mapping[KnownDigest, npt.NDArray[np.float32]]:
+        digests_of: dict[tuple[str, str, str, int], list[bytes]] = {}
+        for tenant_id, model, strategy, dimension, digest in asked:
+            digests_of.setdefault((tenant_id, model, strategy, dimension), []).append(digest)
+        found: dict[KnownDigest, npt.NDArray[np.float32]] = {}
+        for (tenant_id, model, strategy, dimension), digests in digests_of.items():
+            with translate_db_errors():
+                rows = await self._pool.fetch(
+                    QUERIES["known_embeddings"], tenant_id, model, strategy, dimension, digests
+                )
+            for row in rows:
+                digest = bytes(row["content_digest"])
+                found[(tenant_id, model, strategy, dimension, digest)] = (
+                    row["embedding"].to_numpy().astype(np.float32)
+                )
+        return found
 
     def writer(
         self,
@@ -248,16 +258,26 @@ class PgVectorSink:
     ) -> InTransaction:
         """The ``write(conn)`` to run inside ``queue.complete``'s fenced transaction, for
         search generation ``search_generation_id`` (None: none known)."""
-        prepared = prepare_write(
-            lease, generation, chunks, embeddings, search_generation_id=search_generation_id
+        return VersionWrite(
+            self,
+            prepare_write(
+                lease, generation, chunks, embeddings, search_generation_id=search_generation_id
+            ),
         )
 
-        async def write(conn: Transaction) -> None:
-            await self._write(conn, prepared)
+    async def write_together(self, conn: Transaction, writes: Sequence[Any]) -> None:
+        """The ``VersionWrite``s of a group, their fences held, in one set of statements per
+        tenant (together.py)."""
+        await write_together(
+            conn,
+            [write.prepared for write in writes],
+            registry=self._registry,
+            now=self._clock.now(),
+            timeout_ms=self.write_timeout_ms,
+        )
 
-        return write
-
-    async def _write(self, conn: Transaction, prepared: ChunkWrite) -> None:
+    async def write(self, conn: Transaction, prepared: ChunkWrite) -> None:
+        """One version's write, in the completion's transaction after its fence held."""
         lease, generation = prepared.lease, prepared.generation
         target = await _lock_target(conn, lease, prepared.search_generation_id)
         if target is not None and not target.write:
@@ -282,7 +302,7 @@ class PgVectorSink:
             await conn.copy_records_to_table(
                 INDEX_TABLE, records=prepared.records, columns=INDEX_COLUMNS
             )
-        _log_replaced(lease, generation, served, replaced, status, len(prepared.records))
+        log_replaced(lease, generation, served, replaced, _deleted(status), len(prepared.records))
         await self._finish(conn, lease, generation, len(prepared.records), served, target)
 
     async def _mark(self, conn: Transaction, lease: Lease) -> None:
@@ -399,100 +419,14 @@ class PgVectorSink:
             served = await lock_search_pointer(conn, lease)
             replaced = replaced_strategy(served, lease, generation)
             status = await move_staged(conn, lease, generation, chunk_count, replaced)
-            _log_replaced(lease, generation, served, replaced, status, chunk_count)
+            log_replaced(lease, generation, served, replaced, _deleted(status), chunk_count)
             await self._finish(conn, lease, generation, chunk_count, served, target)
 
         return write
 
 
-def switched_event(
-    registry: SchemaRegistry,
-    lease: Lease,
-    generation: IndexGeneration,
-    chunk_count: int,
-    switched: asyncpg.Record,
-) -> OutboxEvent:
-    """The ``DocumentSearchVersionSwitched`` event of a pointer switch (``switched``: the
-    row switch_search_version returned)."""
-    id_ = switched_event_id(lease, generation)
-    payload = registry.encode(
-        DOCUMENT_SEARCH_VERSION_SWITCHED,
-        {
-            "eventId": str(id_),
-            "tenantId": lease.tenant_id,
-            "tier": lease.tier,
-            "documentId": str(lease.document_id),
-            "versionNumber": lease.version_number,
-            "previousVersionNumber": switched["previous_version"],
-            "embeddingModel": generation.embedding_model,
-            "chunkCount": chunk_count,
-            "taskId": str(lease.task_id),
-            "occurredAt": switched["switched_at"],
-        },
-    )
-    return OutboxEvent(
-        event_type=DOCUMENT_SEARCH_VERSION_SWITCHED,
-        tenant_id=lease.tenant_id,
-        tier=lease.tier,
-        aggregate_key=aggregate_key(lease.tenant_id, lease.document_id),
-        payload=payload,
-        event_id=id_,
-    )
-
-
-def switched_event_id(lease: Lease, generation: IndexGeneration) -> uuid.UUID:
-    """One id per switch. The lease attempt is part of it: a pointer switches to a version
-    once in normal operation, but a second time after a repair recreated a lost pointer
-    (`kb index check --repair` re-runs the version's task under a new lease attempt), and
-    that second switch is an event of its own, not a duplicate of the first."""
-    return event_id(
-        DOCUMENT_SEARCH_VERSION_SWITCHED,
-        lease.tenant_id,
-        lease.document_id,
-        lease.version_number,
-        generation.embedding_model,
-        str(lease.lease_attempt),
-    )
-
-
-def _log_replaced(
-    lease: Lease,
-    generation: IndexGeneration,
-    served: ServedPointer | None,
-    replaced: str | None,
-    delete_status: str,
-    chunk_count: int,
-) -> None:
-    """Said when the write replaced rows of its version: the served set (a re-run at the
-    served version) or an earlier run's of its own strategy."""
-    deleted = int(delete_status.rsplit(" ", 1)[-1])  # "DELETE <rows>"
-    if replaced is None and not deleted:
-        return
-    log.info(
-        "chunks.replaced",
-        **lease.log_fields(),
-        embedding_model=generation.embedding_model,
-        chunking_strategy=generation.chunking_strategy,
-        served_strategy=replaced,
-        served_chunks=None if served is None else served.chunk_count,
-        deleted=deleted,
-        chunks=chunk_count,
-    )
-
-
-def prepare_write(
-    lease: Lease,
-    generation: IndexGeneration,
-    chunks: Sequence[Chunk],
-    embeddings: npt.NDArray[Any],
-    *,
-    search_generation_id: int | None = None,
-) -> ChunkWrite:
-    """Checks the embeddings against the chunks and the generation, and builds the COPY
-    records (INDEX_COLUMNS), so the transaction only sends them."""
-    key = (*version_chunks(lease, generation), generation.dimension)
-    records = [(*key, *record) for record in chunk_records(lease, generation, chunks, embeddings)]
-    return ChunkWrite(lease, generation, records, search_generation_id)
+def _deleted(status: str) -> int:
+    return int(status.rsplit(" ", 1)[-1])  # "DELETE <rows>"
 
 
 async def _lock_target(

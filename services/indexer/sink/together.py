@@ -1,0 +1,241 @@
+"""Completions written together: the in-memory writes of a group of completions
+(services/indexer/queue/completions.py) in one set of statements per tenant instead of a
+dozen statements per version.
+
+A short document's completion is a dozen small statements (its generation, the collector's
+mark, the pointer's lock, the earlier set's delete, the COPY, the generation's record, the
+switch, the served ACL, the outbox event), and each costs a round trip and the server's
+per-statement work: more than the rows themselves (BENCHMARKS.md, issue 26). Here each of
+those statements runs once for all of a tenant's versions in the group (together.sql),
+with the same conditions as a write of its own (pgvector.py: ``PgVectorSink._write``) and
+the same result, row for row.
+
+The group's fences are checked before (the queue's ``complete_tasks``); a lost lease's write
+is not among ``writes``. A failing statement fails the group's transaction: the queue then
+writes each task on its own, in a savepoint, so the failure stays with its task.
+
+Lock order. A group holds at most one write per document. Tenants are written one after
+the other in tenant order; within a tenant each statement takes its rows in document order
+and the statements come in the order a single write runs them (generation rows, the marks,
+the pointers, the first-pointer locks, the ACL rows, the outbox keys). A completion
+written alone, and a publish, take a document's locks in that same order, and no one
+holds a later kind of lock of a document while waiting for an earlier kind of another
+one that a group could hold: groups, single writes and publishes wait for each other but
+never in a cycle.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import chain
+from typing import Any
+
+from services.indexer.gc.collector import mark_documents
+from services.indexer.sink.generations import (
+    CompletionTarget,
+    lock_shared_target,
+    record_versions,
+)
+from services.indexer.sink.version import ServedPointer, not_switched_reason, replaced_strategy
+from services.indexer.sink.write import (
+    INDEX_COLUMNS,
+    INDEX_TABLE,
+    ChunkWrite,
+    log,
+    log_replaced,
+    switched_event,
+)
+from services.runtime.avro import SchemaRegistry
+from services.runtime.db import translate_db_errors
+from services.runtime.outbox import add_events
+from services.runtime.records import from_row
+from services.runtime.served_acl import apply_served_acl, lock_first_pointer
+from services.runtime.sql import queries_beside
+from services.runtime.transaction import Transaction
+
+QUERIES = queries_beside(__file__, "together.sql")
+SINK_QUERIES = queries_beside(__file__, "sink.sql")
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """One write of the group with what its statements decided for it."""
+
+    write: ChunkWrite
+    target: CompletionTarget | None
+    served: ServedPointer | None = None
+
+    @property
+    def switches(self) -> bool:
+        """Whether the pointer may move to it: its generation serves the tenant (or none is
+        known, as before generations)."""
+        return self.target is None or self.target.serving
+
+
+async def write_together(
+    conn: Transaction,
+    writes: Sequence[ChunkWrite],
+    *,
+    registry: SchemaRegistry,
+    now: datetime | None,
+    timeout_ms: Callable[[int], int],
+) -> None:
+    """Writes ``writes`` (one per document; their fences held) in ``conn``'s transaction."""
+    if len({(w.lease.tenant_id, w.lease.document_id) for w in writes}) != len(writes):
+        raise ValueError("a group written together holds one write per document")
+    with translate_db_errors():
+        await conn.fetchval(
+            SINK_QUERIES["set_local_statement_timeout"],
+            str(timeout_ms(sum(len(w.records) for w in writes))),
+        )
+    by_tenant: dict[str, list[ChunkWrite]] = defaultdict(list)
+    for write in writes:
+        by_tenant[write.lease.tenant_id].append(write)
+    for tenant_id in sorted(by_tenant):
+        tenant_writes = sorted(by_tenant[tenant_id], key=lambda w: w.lease.document_id)
+        await _write_tenant(conn, tenant_id, tenant_writes, registry, now)
+
+
+async def _write_tenant(
+    conn: Transaction,
+    tenant_id: str,
+    writes: list[ChunkWrite],
+    registry: SchemaRegistry,
+    now: datetime | None,
+) -> None:
+    placed = [p for p in await _targets(conn, writes) if p.target is None or p.target.write]
+    if not placed:
+        return
+    documents = [p.write.lease.document_id for p in placed]
+    await mark_documents(conn, tenant_id, documents, now)
+    with translate_db_errors():
+        rows = await conn.fetch(QUERIES["lock_search_pointers"], tenant_id, documents)
+    pointers = {row["document_id"]: from_row(ServedPointer, row) for row in rows}
+    placed = [_Placed(p.write, p.target, pointers.get(p.write.lease.document_id)) for p in placed]
+    await _replace_chunks(conn, tenant_id, placed)
+    await record_versions(
+        conn,
+        tenant_id,
+        [
+            (p.write.lease, p.target.generation_id, p.write.generation, len(p.write.records))
+            for p in placed
+            if p.target is not None
+        ],
+        now,
+    )
+    await _switch(conn, tenant_id, [p for p in placed if p.switches], registry, now)
+
+
+async def _targets(conn: Transaction, writes: list[ChunkWrite]) -> list[_Placed]:
+    """Each write's target, its generation's rows locked once per (generation, named)."""
+    shared: dict[tuple[int, bool], list[ChunkWrite]] = defaultdict(list)
+    for write in writes:
+        if write.search_generation_id is not None:
+            named = write.lease.generation_id is not None
+            shared[(write.search_generation_id, named)].append(write)
+    targets: dict[tuple[int, bool], CompletionTarget] = {}
+    for key in sorted(shared):
+        leases = [w.lease for w in shared[key]]
+        targets[key] = await lock_shared_target(conn, leases, key[0])
+    return [
+        _Placed(
+            write,
+            None
+            if write.search_generation_id is None
+            else targets[(write.search_generation_id, write.lease.generation_id is not None)],
+        )
+        for write in writes
+    ]
+
+
+async def _replace_chunks(conn: Transaction, tenant_id: str, placed: list[_Placed]) -> None:
+    """The earlier sets deleted, then every new set COPYed in (sink.sql:
+    replace_version_chunks says why, for one version)."""
+    replaced = [replaced_strategy(p.served, p.write.lease, p.write.generation) for p in placed]
+    with translate_db_errors():
+        deleted_rows = await conn.fetch(
+            QUERIES["replace_versions_chunks"],
+            tenant_id,
+            [p.write.lease.document_id for p in placed],
+            [p.write.lease.version_number for p in placed],
+            [p.write.generation.embedding_model for p in placed],
+            [p.write.generation.chunking_strategy for p in placed],
+            replaced,
+        )
+        await conn.copy_records_to_table(
+            INDEX_TABLE,
+            records=list(chain.from_iterable(p.write.records for p in placed)),
+            columns=INDEX_COLUMNS,
+        )
+    deleted = Counter(row["document_id"] for row in deleted_rows)
+    for p, strategy in zip(placed, replaced, strict=True):
+        lease = p.write.lease
+        log_replaced(
+            lease,
+            p.write.generation,
+            p.served,
+            strategy,
+            deleted[lease.document_id],
+            len(p.write.records),
+        )
+
+
+async def _switch(
+    conn: Transaction,
+    tenant_id: str,
+    placed: list[_Placed],
+    registry: SchemaRegistry,
+    now: datetime | None,
+) -> None:
+    """The pointers' switches (pgvector.py: ``PgVectorSink._switch`` for one), the served
+    ACL of every document whose pointer moved, and one event per changed pointer."""
+    if not placed:
+        return
+    first = [p.write.lease.document_id for p in placed if p.served is None]
+    await lock_first_pointer(conn, tenant_id, first)
+    switched: dict[Any, Any] = {}
+    for replaces in (False, True):
+        batch = [
+            p
+            for p in placed
+            if (p.served is not None and p.served.replaces(p.write.lease, p.write.generation))
+            is replaces
+        ]
+        if not batch:
+            continue
+        with translate_db_errors():
+            rows = await conn.fetch(
+                QUERIES["switch_search_versions"],
+                tenant_id,
+                [p.write.lease.document_id for p in batch],
+                [p.write.lease.version_number for p in batch],
+                [p.write.generation.embedding_model for p in batch],
+                [p.write.generation.chunking_strategy for p in batch],
+                [len(p.write.records) for p in batch],
+                [p.write.lease.task_id for p in batch],
+                now,
+                replaces,
+            )
+        switched.update((row["document_id"], row) for row in rows)
+    moved = []
+    events = []
+    for p in placed:
+        lease, generation = p.write.lease, p.write.generation
+        row = switched.get(lease.document_id)
+        if row is None:
+            log.info(
+                "search_version.not_switched",
+                **lease.log_fields(),
+                reason=not_switched_reason(p.served, lease, generation),
+            )
+            continue
+        if row["previous_version"] != lease.version_number:
+            moved.append(lease.document_id)
+        events.append(switched_event(registry, lease, generation, len(p.write.records), row))
+    # The ACL of every version the pointer moved to becomes the served one (pgvector.py:
+    # PgVectorSink._switch says why, and why in this order).
+    await apply_served_acl(conn, tenant_id, moved)
+    await add_events(conn, events)
