@@ -332,7 +332,9 @@ class SignallingParsePool(ParsePool):
 async def test_heartbeats_keep_their_schedule_while_a_big_pdf_is_parsed(
     api: Api, pool: asyncpg.Pool[Any]
 ) -> None:
-    big = make_large_pdf(pages=80)
+    # Long enough to parse for several heartbeat periods even with the parse process's
+    # imports warm in the page cache (80 pages were not, in a full run of the suite).
+    big = make_large_pdf(pages=240)
     document_id, _ = await api.publish_new(big, media_type="application/pdf", filename="big.pdf")
     signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
     # A worker process parses it: the event loop stays free to heartbeat.
@@ -341,7 +343,7 @@ async def test_heartbeats_keep_their_schedule_while_a_big_pdf_is_parsed(
     events = [signals.get_nowait().kind for _ in range(signals.qsize())]
     assert result is RunOnceResult.SUCCEEDED, events
     during_parse = events[events.index("parse_started") : events.index("parse_finished")]
-    # Parsing 80 pages outlasts several 0.2 s heartbeat periods, and every beat held the
+    # Parsing 240 pages outlasts several 0.2 s heartbeat periods, and every beat held the
     # lease (a loop blocked for longer than the 0.6 s lease would have lost it).
     assert during_parse.count("heartbeat") >= 3, events
     assert "lease_lost" not in events
