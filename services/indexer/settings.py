@@ -52,9 +52,10 @@ class IndexerSettings(RuntimeSettings):
     # for this long from a task's first one, spending no attempt, then end it DEAD; a longer
     # Retry-After parks the task in RETRY_WAIT until the end of it.
     indexer_provider_failure_budget_seconds: float = Field(default=86_400.0, gt=0, lt=1e9)
-    # Tasks a process indexes at once. Their chunks share embedding requests, so a process
-    # indexing short documents needs enough of them to fill a request.
-    indexer_concurrency: int = Field(default=16, ge=1, le=256)
+    # Tasks a process indexes at once. Their chunks share embedding requests and their
+    # results share commits, so a process indexing short documents needs enough of them to
+    # fill both (BENCHMARKS.md, issue 26).
+    indexer_concurrency: int = Field(default=32, ge=1, le=256)
     # An idle loop polls at most this far apart even when no Kafka hint arrives.
     indexer_poll_seconds: float = Field(default=5.0, gt=0)
     indexer_idle_backoff_min_seconds: float = Field(default=0.05, gt=0)

@@ -202,6 +202,15 @@ def build_worker(
     )
 
 
+def main_pool_size(concurrency: int) -> int:
+    """Connections for claims, results and the sink: one per slot up to 16, then no more.
+    The slots' reads share queries (services/runtime/coalesce.py) and their results commit
+    in groups on one connection, so beyond 16 slots more connections would stay idle; a
+    slot's own statements (a failure, a large document's slices) wait for one instead.
+    Plus one for claims and one spare."""
+    return min(concurrency, 16) + 2
+
+
 def with_worker(
     settings: IndexerSettings,
     tier: str,
@@ -212,12 +221,11 @@ def with_worker(
     observer: WorkerMetrics | None = None,
 ) -> T:
     """A worker over the real pipeline on its own pools: one for claims, results and the
-    sink (one connection per slot and one for claims, plus one spare), a small one reserved
-    for heartbeats."""
+    sink, a small one reserved for heartbeats."""
 
     async def _run() -> T:
         async with contextlib.AsyncExitStack() as stack:
-            pool = await open_pool(settings, concurrency + 2)
+            pool = await open_pool(settings, main_pool_size(concurrency))
             stack.push_async_callback(pool.close)
             beats = await open_pool(settings, settings.indexer_heartbeat_pool_size)
             stack.push_async_callback(beats.close)
