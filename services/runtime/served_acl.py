@@ -20,20 +20,43 @@ from services.runtime.sql import queries_beside
 QUERIES = queries_beside(__file__, "served_acl.sql")
 
 
+# A document named with its tenant.
+TenantDocument = tuple[str, uuid.UUID]
+
+
 async def apply_served_acl(conn: Any, tenant_id: str, document_ids: Sequence[uuid.UUID]) -> None:
     """Make ``document_ids``' served ACL their served version's; the caller's transaction
     holds their pointer rows (served_acl.sql says why)."""
-    if not document_ids:
+    await apply_served_acls(conn, [(tenant_id, document_id) for document_id in document_ids])
+
+
+async def apply_served_acls(conn: Any, documents: Sequence[TenantDocument]) -> None:
+    """``apply_served_acl`` for documents of several tenants, in one statement."""
+    if not documents:
         return
     with translate_db_errors():
-        await conn.execute(QUERIES["apply_served_acl"], tenant_id, list(document_ids))
+        await conn.execute(
+            QUERIES["apply_served_acl"],
+            [tenant_id for tenant_id, _ in documents],
+            [document_id for _, document_id in documents],
+        )
 
 
 async def lock_first_pointer(conn: Any, tenant_id: str, document_ids: Sequence[uuid.UUID]) -> None:
     """Stand-in for the pointer rows of documents that have none yet (served_acl.sql:
     lock_first_pointer): taken by a publish that found no pointer and by the transactions
     that insert the first one."""
-    if not document_ids:
+    await lock_first_pointers(conn, [(tenant_id, document_id) for document_id in document_ids])
+
+
+async def lock_first_pointers(conn: Any, documents: Sequence[TenantDocument]) -> None:
+    """``lock_first_pointer`` for documents of several tenants, in (tenant, document)
+    order."""
+    if not documents:
         return
     with translate_db_errors():
-        await conn.execute(QUERIES["lock_first_pointer"], tenant_id, list(document_ids))
+        await conn.execute(
+            QUERIES["lock_first_pointer"],
+            [tenant_id for tenant_id, _ in documents],
+            [document_id for _, document_id in documents],
+        )

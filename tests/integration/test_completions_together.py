@@ -166,9 +166,13 @@ class Scenario:
         return state
 
 
-async def scenario_for(pool: asyncpg.Pool[Any], tenant_id: str) -> Scenario:
-    queue = PgTaskQueue(pool)
-    sink = PgVectorSink(pool)
+async def scenario_for(
+    pool: asyncpg.Pool[Any], tenant_id: str, beside: Scenario | None = None
+) -> Scenario:
+    """``tenant_id``'s scenario; with ``beside``, on that one's queue and sink (its group
+    commits)."""
+    queue = PgTaskQueue(pool) if beside is None else beside.queue
+    sink = PgVectorSink(pool) if beside is None else beside.sink
     await sink.ensure_generation(NEW)
     default = await sink.register_default(NEW, chunk_max_tokens=256, chunk_overlap_tokens=0)
     scenario = Scenario(pool, queue, sink)
@@ -181,12 +185,14 @@ async def test_a_group_written_together_leaves_what_single_writes_leave(
     pool: asyncpg.Pool[Any],
 ) -> None:
     alone = await scenario_for(pool, "alone")
-    together = await scenario_for(pool, "together")
+    # Two tenants in one group: each statement of the group covers both.
+    together = await scenario_for(pool, "together-a")
+    beside = await scenario_for(pool, "together-b", beside=together)
 
     for write in alone.final_writes():
         await alone.queue.complete(write.lease, in_transaction=write)
     assert alone.queue.completions.written_as_set == 0
-    writes = together.final_writes()
+    writes = [*together.final_writes(), *beside.final_writes()]
     await asyncio.gather(
         *(together.queue.complete(write.lease, in_transaction=write) for write in writes)
     )
@@ -201,6 +207,7 @@ async def test_a_group_written_together_leaves_what_single_writes_leave(
     assert {row[0] for row in expected["late"]["chunks"]} == {1, 2}
     assert expected["newer_code_rerun"]["pointer"][1] == NEW.chunking_strategy
     assert await together.state() == expected
+    assert await beside.state() == expected
 
 
 async def test_a_lost_lease_in_a_group_written_together_writes_nothing_of_it(

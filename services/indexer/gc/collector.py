@@ -49,11 +49,16 @@ async def mark_document(
 
 
 async def mark_documents(
-    conn: Transaction, tenant_id: str, document_ids: Sequence[Any], now: datetime | None = None
+    conn: Transaction, documents: Sequence[tuple[str, Any]], now: datetime | None = None
 ) -> None:
-    """``mark_document`` for several documents of one tenant, in document order."""
+    """``mark_document`` for several (tenant, document) pairs, in that order."""
     with translate_db_errors():
-        await conn.execute(QUERIES["mark_documents"], tenant_id, sorted(document_ids), now)
+        await conn.execute(
+            QUERIES["mark_documents"],
+            [tenant_id for tenant_id, _ in documents],
+            [document_id for _, document_id in documents],
+            now,
+        )
 
 
 @dataclass(frozen=True)

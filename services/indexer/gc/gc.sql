@@ -15,13 +15,14 @@ VALUES ($1, $2, coalesce($3::timestamptz, now()))
 ON CONFLICT (tenant_id, document_id) DO UPDATE SET marked_at = index_gc_due.marked_at
 
 -- name: mark_documents
--- $1 tenant, $2 documents, $3 now: mark_document for a group of completions written
--- together (services/indexer/sink/together.py), one row per document, inserted -- and so
--- locked -- in document order, the order every group takes them in.
+-- $1 tenants, $2 documents, one (tenant, document) pair per element, $3 now: mark_document
+-- for a group of completions written together (services/indexer/sink/together.py), one row
+-- per document, inserted -- and so locked -- in (tenant, document) order, the order every
+-- group takes them in.
 INSERT INTO index_gc_due (tenant_id, document_id, marked_at)
-SELECT $1, d, coalesce($3::timestamptz, now())
-  FROM unnest($2::uuid[]) AS d
- ORDER BY d
+SELECT k.tenant_id, k.document_id, coalesce($3::timestamptz, now())
+  FROM unnest($1::text[], $2::uuid[]) AS k (tenant_id, document_id)
+ ORDER BY k.tenant_id, k.document_id
 ON CONFLICT (tenant_id, document_id) DO UPDATE SET marked_at = index_gc_due.marked_at
 
 -- name: take_due_documents

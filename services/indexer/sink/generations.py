@@ -164,37 +164,76 @@ async def lock_target(conn: Transaction, lease: Lease, generation_id: int) -> Co
     """The first step of a completion that builds generation ``generation_id``: the
     tenant's serving generation locked (generations.sql: lock_completion_generation), and
     what the completion may do."""
-    return await lock_shared_target(conn, [lease], generation_id)
-
-
-async def lock_shared_target(
-    conn: Transaction, leases: Sequence[Lease], generation_id: int
-) -> CompletionTarget:
-    """``lock_target`` once for completions written together that share its inputs: one
-    tenant, one generation, all naming it or none (``leases``, at least one)."""
-    first = leases[0]
-    named = first.generation_id is not None
+    named = lease.generation_id is not None
     with translate_db_errors():
         row = await conn.fetchrow(
-            QUERIES["lock_completion_generation"], first.tenant_id, generation_id, named
+            QUERIES["lock_completion_generation"], lease.tenant_id, generation_id, named
         )
         assert row is not None
-        serving = row["serving"] == generation_id
-        if not named and not serving:
-            # Switched away while the task ran: built beside the serving generation, as a
-            # named task would be -- so its state is locked too (retire may be under way).
-            for lease in leases:
-                log.info(
-                    "task.generation_no_longer_serving",
-                    **lease.log_fields(),
-                    generation_id=generation_id,
-                    serving_generation_id=row["serving"],
-                )
+        if not named and row["serving"] != generation_id:
+            _log_no_longer_serving([lease], generation_id, row["serving"])
             row = await conn.fetchrow(
-                QUERIES["lock_completion_generation"], first.tenant_id, generation_id, True
+                QUERIES["lock_completion_generation"], lease.tenant_id, generation_id, True
             )
             assert row is not None
-    state = row["state"]
+    return _target([lease], generation_id, row["serving"], row["state"])
+
+
+# What completions written together share of lock_target: tenant, generation, named.
+TargetKey = tuple[str, int, bool]
+
+
+async def lock_targets(
+    conn: Transaction, leases_by_key: Mapping[TargetKey, Sequence[Lease]]
+) -> dict[TargetKey, CompletionTarget]:
+    """``lock_target`` for completions written together, once per (tenant, generation,
+    named) in key order: one statement (two when a generation stopped serving meanwhile)."""
+    keys = sorted(leases_by_key)
+    rows = await _lock_completion_generations(conn, keys)
+    again = [
+        key for key, row in zip(keys, rows, strict=True) if not key[2] and row["serving"] != key[1]
+    ]
+    state_of = {key: row["state"] for key, row in zip(keys, rows, strict=True)}
+    serving_of = {key: row["serving"] for key, row in zip(keys, rows, strict=True)}
+    if again:
+        for key in again:
+            _log_no_longer_serving(leases_by_key[key], key[1], serving_of[key])
+        # Built beside the serving generation, as a named task would be: its state locked.
+        named_rows = await _lock_completion_generations(conn, [(t, g, True) for t, g, _ in again])
+        for key, row in zip(again, named_rows, strict=True):
+            state_of[key] = row["state"]
+    return {
+        key: _target(leases_by_key[key], key[1], serving_of[key], state_of[key]) for key in keys
+    }
+
+
+async def _lock_completion_generations(conn: Transaction, keys: Sequence[TargetKey]) -> list[Any]:
+    with translate_db_errors():
+        rows: list[Any] = await conn.fetch(
+            QUERIES["lock_completion_generations"],
+            [tenant_id for tenant_id, _, _ in keys],
+            [generation_id for _, generation_id, _ in keys],
+            [named for _, _, named in keys],
+        )
+    assert len(rows) == len(keys)
+    return rows
+
+
+def _log_no_longer_serving(leases: Sequence[Lease], generation_id: int, serving: Any) -> None:
+    # Switched away while the task ran: built beside the serving generation, as a named task
+    # would be -- so its state is locked too (retire may be under way).
+    for lease in leases:
+        log.info(
+            "task.generation_no_longer_serving",
+            **lease.log_fields(),
+            generation_id=generation_id,
+            serving_generation_id=serving,
+        )
+
+
+def _target(
+    leases: Sequence[Lease], generation_id: int, serving: Any, state: str | None
+) -> CompletionTarget:
     if state is not None and state != "ACTIVE":
         for lease in leases:
             log.info(
@@ -204,7 +243,7 @@ async def lock_shared_target(
                 state=state,
             )
         return CompletionTarget(generation_id, write=False, serving=False)
-    return CompletionTarget(generation_id, write=True, serving=serving)
+    return CompletionTarget(generation_id, write=True, serving=serving == generation_id)
 
 
 async def record_version(
@@ -232,17 +271,18 @@ async def record_version(
 
 async def record_versions(
     conn: Transaction,
-    tenant_id: str,
     versions: Sequence[tuple[Lease, int, IndexGeneration, int]],
     now: datetime | None,
 ) -> None:
-    """``record_version`` for completions of one tenant written together, each a (lease,
-    its target generation's id, its index generation, its chunk count), in the order
-    given (document order: one row per document and generation)."""
+    """``record_version`` for completions written together, each a (lease, its target
+    generation's id, its index generation, its chunk count), in the order given ((tenant,
+    document) order: one row per document and generation)."""
+    if not versions:
+        return
     with translate_db_errors():
         await conn.execute(
             QUERIES["upsert_document_generation_versions"],
-            tenant_id,
+            [lease.tenant_id for lease, _, _, _ in versions],
             [lease.document_id for lease, _, _, _ in versions],
             [lease.version_number for lease, _, _, _ in versions],
             [generation.chunking_strategy for _, _, generation, _ in versions],

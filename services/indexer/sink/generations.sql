@@ -122,6 +122,31 @@ SELECT coalesce(
          WHERE g.generation_id = $2 AND $3::boolean
            FOR SHARE) AS state
 
+-- name: lock_completion_generations
+-- $1 tenants, $2 generations, $3 whether each was named: lock_completion_generation for the
+-- distinct (tenant, generation, named) of a group written together
+-- (services/indexer/sink/together.py), in the order given (tenant order: the order every
+-- group takes the rows in). Each row's serving generation and state are read and locked as
+-- lock_completion_generation says, the tenant's rows FOR SHARE; one row back per element,
+-- in order, with its key.
+SELECT k.tenant_id, k.generation_id, k.named,
+       coalesce(
+           (SELECT max(t.generation_id) FILTER (WHERE t.serving)
+              FROM (SELECT generation_id, serving
+                      FROM tenant_search_generation
+                     WHERE tenant_id = k.tenant_id
+                     ORDER BY generation_id
+                       FOR SHARE) t),
+           (SELECT d.generation_id FROM search_generation d WHERE d.is_default))
+           AS serving,
+       (SELECT g.state
+          FROM search_generation g
+         WHERE g.generation_id = k.generation_id AND k.named
+           FOR SHARE) AS state
+  FROM unnest($1::text[], $2::integer[], $3::boolean[]) WITH ORDINALITY
+       AS k (tenant_id, generation_id, named, n)
+ ORDER BY k.n
+
 -- name: upsert_document_generation_version
 -- $1 tenant, $2 document, $3 version, $4 strategy, $5 chunk count, $6 generation, $7 task,
 -- $8 now. Every completion records what its generation now holds of the document, in the
@@ -143,20 +168,20 @@ ON CONFLICT (tenant_id, document_id, generation_id) DO UPDATE
  WHERE d.version_number <= EXCLUDED.version_number
 
 -- name: upsert_document_generation_versions
--- upsert_document_generation_version for completions of one tenant written together
--- (services/indexer/sink/together.py): $1 tenant, then one array element per completion --
--- $2 documents, $3 versions, $4 strategies, $5 chunk counts, $6 generations, $7 tasks --
--- and $8 now. Rows go in in the order given (document order: the order every group locks
--- them in); the group holds at most one completion per document.
+-- upsert_document_generation_version for completions written together
+-- (services/indexer/sink/together.py), one array element per completion: $1 tenants,
+-- $2 documents, $3 versions, $4 strategies, $5 chunk counts, $6 generations, $7 tasks; and
+-- $8 now. Rows go in in the order given ((tenant, document) order: the order every group
+-- locks them in); the group holds at most one completion per document.
 INSERT INTO document_generation_version AS d (tenant_id, document_id, version_number,
                                               chunking_strategy, chunk_count, generation_id,
                                               task_id, built_at)
-SELECT $1, w.document_id, w.version_number, w.chunking_strategy, w.chunk_count,
+SELECT w.tenant_id, w.document_id, w.version_number, w.chunking_strategy, w.chunk_count,
        w.generation_id, w.task_id, coalesce($8::timestamptz, now())
-  FROM unnest($2::uuid[], $3::integer[], $4::text[], $5::integer[], $6::integer[],
-              $7::uuid[])
-       WITH ORDINALITY AS w (document_id, version_number, chunking_strategy, chunk_count,
-                             generation_id, task_id, n)
+  FROM unnest($1::text[], $2::uuid[], $3::integer[], $4::text[], $5::integer[],
+              $6::integer[], $7::uuid[])
+       WITH ORDINALITY AS w (tenant_id, document_id, version_number, chunking_strategy,
+                             chunk_count, generation_id, task_id, n)
  ORDER BY w.n
 ON CONFLICT (tenant_id, document_id, generation_id) DO UPDATE
    SET version_number = EXCLUDED.version_number,

@@ -6,7 +6,7 @@ A short document's completion is a dozen small statements (its generation, the c
 mark, the pointer's lock, the earlier set's delete, the COPY, the generation's record, the
 switch, the served ACL, the outbox event), and each costs a round trip and the server's
 per-statement work: more than the rows themselves (BENCHMARKS.md, issue 26). Here each of
-those statements runs once for all of a tenant's versions in the group (together.sql),
+those statements runs once for all the versions in the group (together.sql),
 with the same conditions as a write of its own (pgvector.py: ``PgVectorSink._write``) and
 the same result, row for row.
 
@@ -14,10 +14,11 @@ The group's fences are checked before (the queue's ``complete_tasks``); a lost l
 is not among ``writes``. A failing statement fails the group's transaction: the queue then
 writes each task on its own, in a savepoint, so the failure stays with its task.
 
-Lock order. A group holds at most one write per document. Tenants are written one after
-the other in tenant order; within a tenant each statement takes its rows in document order
-and the statements come in the order a single write runs them (generation rows, the marks,
-the pointers, the first-pointer locks, the ACL rows, the outbox keys). A completion
+Lock order. A group holds at most one write per document. Each statement takes its rows in
+(tenant, document) order, and the statements come in the order a single write runs them
+(generation rows, the marks, the pointers, the first-pointer locks, the ACL rows, the outbox
+keys); only the deletes of earlier chunk sets go a tenant at a time, which locks nothing
+another group of the document could hold (its pointer is locked by then). A completion
 written alone, and a publish, take a document's locks in that same order, and no one
 holds a later kind of lock of a document while waiting for an earlier kind of another
 one that a group could hold: groups, single writes and publishes wait for each other but
@@ -34,9 +35,11 @@ from itertools import chain
 from typing import Any
 
 from services.indexer.gc.collector import mark_documents
+from services.indexer.queue.task import Lease
 from services.indexer.sink.generations import (
     CompletionTarget,
-    lock_shared_target,
+    TargetKey,
+    lock_targets,
     record_versions,
 )
 from services.indexer.sink.version import ServedPointer, not_switched_reason, replaced_strategy
@@ -52,7 +55,7 @@ from services.runtime.avro import SchemaRegistry
 from services.runtime.db import translate_db_errors
 from services.runtime.outbox import add_events
 from services.runtime.records import from_row
-from services.runtime.served_acl import apply_served_acl, lock_first_pointer
+from services.runtime.served_acl import TenantDocument, apply_served_acls, lock_first_pointers
 from services.runtime.sql import queries_beside
 from services.runtime.transaction import Transaction
 
@@ -67,6 +70,10 @@ class _Placed:
     write: ChunkWrite
     target: CompletionTarget | None
     served: ServedPointer | None = None
+
+    @property
+    def key(self) -> TenantDocument:
+        return (self.write.lease.tenant_id, self.write.lease.document_id)
 
     @property
     def switches(self) -> bool:
@@ -84,41 +91,32 @@ async def write_together(
     timeout_ms: Callable[[int], int],
 ) -> None:
     """Writes ``writes`` (one per document; their fences held) in ``conn``'s transaction."""
-    if len({(w.lease.tenant_id, w.lease.document_id) for w in writes}) != len(writes):
+    ordered = sorted(writes, key=lambda w: (w.lease.tenant_id, w.lease.document_id))
+    if len({(w.lease.tenant_id, w.lease.document_id) for w in ordered}) != len(ordered):
         raise ValueError("a group written together holds one write per document")
     with translate_db_errors():
         await conn.fetchval(
             SINK_QUERIES["set_local_statement_timeout"],
-            str(timeout_ms(sum(len(w.records) for w in writes))),
+            str(timeout_ms(sum(len(w.records) for w in ordered))),
         )
-    by_tenant: dict[str, list[ChunkWrite]] = defaultdict(list)
-    for write in writes:
-        by_tenant[write.lease.tenant_id].append(write)
-    for tenant_id in sorted(by_tenant):
-        tenant_writes = sorted(by_tenant[tenant_id], key=lambda w: w.lease.document_id)
-        await _write_tenant(conn, tenant_id, tenant_writes, registry, now)
-
-
-async def _write_tenant(
-    conn: Transaction,
-    tenant_id: str,
-    writes: list[ChunkWrite],
-    registry: SchemaRegistry,
-    now: datetime | None,
-) -> None:
-    placed = [p for p in await _targets(conn, writes) if p.target is None or p.target.write]
+    placed = [p for p in await _targets(conn, ordered) if p.target is None or p.target.write]
     if not placed:
         return
-    documents = [p.write.lease.document_id for p in placed]
-    await mark_documents(conn, tenant_id, documents, now)
+    documents = [p.key for p in placed]
+    await mark_documents(conn, documents, now)
     with translate_db_errors():
-        rows = await conn.fetch(QUERIES["lock_search_pointers"], tenant_id, documents)
-    pointers = {row["document_id"]: from_row(ServedPointer, row) for row in rows}
-    placed = [_Placed(p.write, p.target, pointers.get(p.write.lease.document_id)) for p in placed]
-    await _replace_chunks(conn, tenant_id, placed)
+        rows = await conn.fetch(
+            QUERIES["lock_search_pointers"],
+            [tenant_id for tenant_id, _ in documents],
+            [document_id for _, document_id in documents],
+        )
+    pointers = {
+        (row["tenant_id"], row["document_id"]): from_row(ServedPointer, row) for row in rows
+    }
+    placed = [_Placed(p.write, p.target, pointers.get(p.key)) for p in placed]
+    await _replace_chunks(conn, placed)
     await record_versions(
         conn,
-        tenant_id,
         [
             (p.write.lease, p.target.generation_id, p.write.generation, len(p.write.records))
             for p in placed
@@ -126,66 +124,67 @@ async def _write_tenant(
         ],
         now,
     )
-    await _switch(conn, tenant_id, [p for p in placed if p.switches], registry, now)
+    await _switch(conn, [p for p in placed if p.switches], registry, now)
 
 
 async def _targets(conn: Transaction, writes: list[ChunkWrite]) -> list[_Placed]:
-    """Each write's target, its generation's rows locked once per (generation, named)."""
-    shared: dict[tuple[int, bool], list[ChunkWrite]] = defaultdict(list)
+    """Each write's target, its generation's rows locked once per (tenant, generation,
+    named)."""
+    shared: dict[TargetKey, list[Lease]] = defaultdict(list)
     for write in writes:
         if write.search_generation_id is not None:
-            named = write.lease.generation_id is not None
-            shared[(write.search_generation_id, named)].append(write)
-    targets: dict[tuple[int, bool], CompletionTarget] = {}
-    for key in sorted(shared):
-        leases = [w.lease for w in shared[key]]
-        targets[key] = await lock_shared_target(conn, leases, key[0])
+            shared[_target_key(write)].append(write.lease)
+    targets = await lock_targets(conn, shared) if shared else {}
     return [
-        _Placed(
-            write,
-            None
-            if write.search_generation_id is None
-            else targets[(write.search_generation_id, write.lease.generation_id is not None)],
-        )
+        _Placed(write, None if write.search_generation_id is None else targets[_target_key(write)])
         for write in writes
     ]
 
 
-async def _replace_chunks(conn: Transaction, tenant_id: str, placed: list[_Placed]) -> None:
-    """The earlier sets deleted, then every new set COPYed in (sink.sql:
-    replace_version_chunks says why, for one version)."""
+def _target_key(write: ChunkWrite) -> TargetKey:
+    assert write.search_generation_id is not None
+    lease = write.lease
+    return (lease.tenant_id, write.search_generation_id, lease.generation_id is not None)
+
+
+async def _replace_chunks(conn: Transaction, placed: list[_Placed]) -> None:
+    """The earlier sets deleted, a statement per tenant, then every new set COPYed in
+    (sink.sql: replace_version_chunks says why, for one version)."""
     replaced = [replaced_strategy(p.served, p.write.lease, p.write.generation) for p in placed]
+    deleted: Counter[TenantDocument] = Counter()
+    by_tenant: dict[str, list[int]] = defaultdict(list)
+    for at, p in enumerate(placed):
+        by_tenant[p.write.lease.tenant_id].append(at)
     with translate_db_errors():
-        deleted_rows = await conn.fetch(
-            QUERIES["replace_versions_chunks"],
-            tenant_id,
-            [p.write.lease.document_id for p in placed],
-            [p.write.lease.version_number for p in placed],
-            [p.write.generation.embedding_model for p in placed],
-            [p.write.generation.chunking_strategy for p in placed],
-            replaced,
-        )
+        for tenant_id, ats in by_tenant.items():
+            rows = await conn.fetch(
+                QUERIES["replace_versions_chunks"],
+                tenant_id,
+                [placed[at].write.lease.document_id for at in ats],
+                [placed[at].write.lease.version_number for at in ats],
+                [placed[at].write.generation.embedding_model for at in ats],
+                [placed[at].write.generation.chunking_strategy for at in ats],
+                [replaced[at] for at in ats],
+            )
+            deleted.update((tenant_id, row["document_id"]) for row in rows)
         await conn.copy_records_to_table(
             INDEX_TABLE,
             records=list(chain.from_iterable(p.write.records for p in placed)),
             columns=INDEX_COLUMNS,
         )
-    deleted = Counter(row["document_id"] for row in deleted_rows)
     for p, strategy in zip(placed, replaced, strict=True):
-        lease = p.write.lease
         log_replaced(
-            lease,
+            p.write.lease,
             p.write.generation,
             p.served,
             strategy,
-            deleted[lease.document_id],
+            deleted[p.key],
             len(p.write.records),
         )
 
 
 async def _switch(
     conn: Transaction,
-    tenant_id: str,
     placed: list[_Placed],
     registry: SchemaRegistry,
     now: datetime | None,
@@ -194,9 +193,8 @@ async def _switch(
     ACL of every document whose pointer moved, and one event per changed pointer."""
     if not placed:
         return
-    first = [p.write.lease.document_id for p in placed if p.served is None]
-    await lock_first_pointer(conn, tenant_id, first)
-    switched: dict[Any, Any] = {}
+    await lock_first_pointers(conn, [p.key for p in placed if p.served is None])
+    switched: dict[TenantDocument, Any] = {}
     for replaces in (False, True):
         batch = [
             p
@@ -209,7 +207,7 @@ async def _switch(
         with translate_db_errors():
             rows = await conn.fetch(
                 QUERIES["switch_search_versions"],
-                tenant_id,
+                [p.write.lease.tenant_id for p in batch],
                 [p.write.lease.document_id for p in batch],
                 [p.write.lease.version_number for p in batch],
                 [p.write.generation.embedding_model for p in batch],
@@ -219,12 +217,12 @@ async def _switch(
                 now,
                 replaces,
             )
-        switched.update((row["document_id"], row) for row in rows)
-    moved = []
+        switched.update(((row["tenant_id"], row["document_id"]), row) for row in rows)
+    moved: list[TenantDocument] = []
     events = []
     for p in placed:
         lease, generation = p.write.lease, p.write.generation
-        row = switched.get(lease.document_id)
+        row = switched.get(p.key)
         if row is None:
             log.info(
                 "search_version.not_switched",
@@ -233,9 +231,9 @@ async def _switch(
             )
             continue
         if row["previous_version"] != lease.version_number:
-            moved.append(lease.document_id)
+            moved.append(p.key)
         events.append(switched_event(registry, lease, generation, len(p.write.records), row))
     # The ACL of every version the pointer moved to becomes the served one (pgvector.py:
     # PgVectorSink._switch says why, and why in this order).
-    await apply_served_acl(conn, tenant_id, moved)
+    await apply_served_acls(conn, moved)
     await add_events(conn, events)
