@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
@@ -54,6 +54,7 @@ from services.indexer.sink.generations import (
     record_version,
     register_default,
 )
+from services.indexer.sink.known import KnownEmbeddings
 from services.indexer.sink.stream import chunk_records, discard_attempt, move_staged, stage_slice
 from services.indexer.sink.together import write_together
 from services.indexer.sink.version import (
@@ -73,7 +74,6 @@ from services.indexer.sink.write import (
     switched_event,
 )
 from services.runtime.avro import SchemaRegistry, default_registry
-from services.runtime.coalesce import Coalesced
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import ConfigError, DatabaseBusy
 from services.runtime.outbox import add_event
@@ -88,10 +88,6 @@ QUERIES = queries_beside(__file__, "sink.sql")
 
 # A connection of the pool, or one opened on its own: both run the same queries.
 Executor: TypeAlias = "asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]"
-
-
-# One content digest asked of the index: tenant, model, strategy, dimension, digest.
-KnownDigest = tuple[str, str, str, int, bytes]
 
 
 class VersionWrite:
@@ -134,7 +130,7 @@ class PgVectorSink:
         self._write_timeout = write_timeout_seconds
         self._write_timeout_per_chunk = write_timeout_per_chunk_seconds
         self._index_build_memory = index_build_memory
-        self._known: Coalesced[KnownDigest, npt.NDArray[np.float32]] = Coalesced(self._known_many)
+        self._known = KnownEmbeddings(pool)
 
     def write_timeout_ms(self, chunk_count: int) -> int:
         """The statement timeout of one write. Inserting into the HNSW index costs time per
@@ -222,30 +218,7 @@ class PgVectorSink:
         """Embeddings this tenant's index (same generation) already holds for these content
         digests: unchanged content of a new version is not embedded again. The slots asking
         at once share a query per tenant and generation (services/runtime/coalesce.py)."""
-        key = (tenant_id, generation.embedding_model, generation.chunking_strategy)
-        found = await self._known.get_many(
-            (*key, generation.dimension, digest) for digest in digests
-        )
-        return {asked[-1]: vector for asked, vector in found.items()}
-
-    async def _known_many(
-        self, asked: Sequence[KnownDigest]
-    ) -> Mapping[KnownDigest, npt.NDArray[np.float32]]:
-        digests_of: dict[tuple[str, str, str, int], list[bytes]] = {}
-        for tenant_id, model, strategy, dimension, digest in asked:
-            digests_of.setdefault((tenant_id, model, strategy, dimension), []).append(digest)
-        found: dict[KnownDigest, npt.NDArray[np.float32]] = {}
-        for (tenant_id, model, strategy, dimension), digests in digests_of.items():
-            with translate_db_errors():
-                rows = await self._pool.fetch(
-                    QUERIES["known_embeddings"], tenant_id, model, strategy, dimension, digests
-                )
-            for row in rows:
-                digest = bytes(row["content_digest"])
-                found[(tenant_id, model, strategy, dimension, digest)] = (
-                    row["embedding"].to_numpy().astype(np.float32)
-                )
-        return found
+        return await self._known.embeddings(tenant_id, generation, digests)
 
     def writer(
         self,

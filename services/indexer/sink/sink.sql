@@ -23,7 +23,7 @@ SELECT version_number, embedding_model, chunking_strategy, chunk_count
 -- strategy this write replaces (version.py: replaced_strategy -- the pointer serves this
 -- version under this model and chunk settings; NULL: it replaces nothing, or the pointer
 -- names no strategy). Run after lock_search_pointer and just before the new set is COPYed
--- into knowledge_chunk (pgvector.py: _write): deletes the version's chunks of this model
+-- into knowledge_chunk (pgvector.py: PgVectorSink.write): deletes the version's chunks of this model
 -- among
 --   * this task's strategy: an earlier run's set of this generation, which the COPY writes
 --     again (same ids: the chunk id is derived from version, strategy, ordinal, heading path

@@ -7,7 +7,7 @@ mark, the pointer's lock, the earlier set's delete, the COPY, the generation's r
 switch, the served ACL, the outbox event), and each costs a round trip and the server's
 per-statement work: more than the rows themselves (BENCHMARKS.md, issue 26). Here each of
 those statements runs once for all the versions in the group (together.sql),
-with the same conditions as a write of its own (pgvector.py: ``PgVectorSink._write``) and
+with the same conditions as a write of its own (pgvector.py: ``PgVectorSink.write``) and
 the same result, row for row.
 
 The group's fences are checked before (the queue's ``complete_tasks``); a lost lease's write
