@@ -57,7 +57,7 @@ async def test_a_completion_waiting_on_a_switch_sees_the_new_serving_generation(
         async def complete() -> Any:
             async with completion.transaction():
                 return await completion.fetchrow(
-                    SINK_QUERIES["lock_completion_generation"], tenant, new, True
+                    SINK_QUERIES["lock_completion_generation"], [tenant], [new], [True]
                 )
 
         completing = asyncio.create_task(complete())

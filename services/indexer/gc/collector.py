@@ -44,8 +44,7 @@ async def mark_document(
     conn: Transaction, tenant_id: str, document_id: Any, now: datetime | None = None
 ) -> None:
     """In a completion's transaction: the document may now hold superseded chunks."""
-    with translate_db_errors():
-        await conn.execute(QUERIES["mark_document"], tenant_id, document_id, now)
+    await mark_documents(conn, [(tenant_id, document_id)], now)
 
 
 async def mark_documents(
@@ -54,7 +53,7 @@ async def mark_documents(
     """``mark_document`` for several (tenant, document) pairs, in that order."""
     with translate_db_errors():
         await conn.execute(
-            QUERIES["mark_documents"],
+            QUERIES["mark_document"],
             [tenant_id for tenant_id, _ in documents],
             [document_id for _, document_id in documents],
             now,

@@ -1,24 +1,17 @@
 -- The collector of superseded chunks (services/indexer/gc/collector.py, migration 0023).
 
 -- name: mark_document
--- $1 tenant, $2 document, $3 now. Run by every completion, in its fenced transaction, before
--- it writes any chunk row: the document may hold chunks no generation will serve again. One
--- row per document however often it is marked before the collector comes; an existing mark
--- keeps its place in line. DO UPDATE, not DO NOTHING: the row is locked until this
+-- $1 tenants, $2 documents, one (tenant, document) pair per element (several for a group
+-- written together, services/indexer/sink/together.py: inserted -- and so locked -- in
+-- (tenant, document) order, the order every group takes them in), $3 now. Run by every
+-- completion, in its fenced transaction, before it writes any chunk row: the document may
+-- hold chunks no generation will serve again. One row per document however often it is
+-- marked before the collector comes; an existing mark keeps its place in line. DO UPDATE, not DO NOTHING: the row is locked until this
 -- completion commits, so a collector (take_due_documents, SKIP LOCKED) cannot take the mark
 -- meanwhile, find nothing yet to delete and forget the document -- the mark would be gone
 -- before the version it was for committed. A collector already holding the mark finishes
--- its one batch first (the completion waits for it here, holding no chunk row yet: the
+-- its round first (the completion waits for it here, holding no chunk row yet: the
 -- two lock in the same order, the mark then chunks).
-INSERT INTO index_gc_due (tenant_id, document_id, marked_at)
-VALUES ($1, $2, coalesce($3::timestamptz, now()))
-ON CONFLICT (tenant_id, document_id) DO UPDATE SET marked_at = index_gc_due.marked_at
-
--- name: mark_documents
--- $1 tenants, $2 documents, one (tenant, document) pair per element, $3 now: mark_document
--- for a group of completions written together (services/indexer/sink/together.py), one row
--- per document, inserted -- and so locked -- in (tenant, document) order, the order every
--- group takes them in.
 INSERT INTO index_gc_due (tenant_id, document_id, marked_at)
 SELECT k.tenant_id, k.document_id, coalesce($3::timestamptz, now())
   FROM unnest($1::text[], $2::uuid[]) AS k (tenant_id, document_id)

@@ -20,7 +20,7 @@ that error: the caller reads each task's row back to learn whether the COMMIT la
 for a completion of its own.
 
 A group whose writes all can go together (``WritableTogether``: the sink's in-memory writes)
-is written in one set of statements: every fence in one statement (``complete_tasks``), then
+is written in one set of statements: every fence in one statement (``complete_task`` for all), then
 the writes of the tasks whose fence held in one statement per kind (the sink's
 together.py), a dozen statements for the group instead of a dozen a task. Otherwise, or
 when that fails, as above: one task after the other.

@@ -242,25 +242,10 @@ UPDATE index_task
 RETURNING lease_until
 
 -- name: complete_task
--- Same fence. Run inside the caller's transaction: the row lock taken here is held until
--- commit, so the sink's writes that follow in the same transaction cannot race a takeover.
-UPDATE index_task
-   SET status = 'SUCCEEDED',
-       lease_until = NULL,
-       error_code = NULL,
-       error_message = NULL,
-       updated_at = coalesce($4::timestamptz, now()),
-       finished_at = coalesce($4::timestamptz, now())
- WHERE task_id = $1
-   AND status = 'RUNNING'
-   AND lease_owner = $2
-   AND attempts = $3
-   AND lease_until > coalesce($4::timestamptz, now())
-RETURNING task_id
-
--- name: complete_tasks
--- complete_task for a group of completions written together (completions.py): $1 tasks,
--- $2 owners, $3 lease attempts, one element per task, $4 now. Each task's fence on its own:
+-- The fence of a completion, or of a group of them written together (completions.py): $1
+-- tasks, $2 owners, $3 lease attempts, one element per task, $4 now. Run inside the caller's
+-- transaction: the row lock taken here is held until commit, so the sink's writes that
+-- follow in the same transaction cannot race a takeover. Each task's fence on its own:
 -- the tasks that come back are completed and their rows locked until commit; a task that
 -- does not is fenced out and nothing else of it is written. No other transaction waits on
 -- two of these rows (each task is in one group; heartbeats and fails lock one row and

@@ -121,19 +121,14 @@ class PgTaskQueue:
 
     async def _fence_holds(self, conn: Transaction | asyncpg.Pool[Any], lease: Lease) -> bool:
         """Completes the task if the lease still holds (the fence); whether it did."""
-        done = await conn.fetchval(
-            QUERIES["complete_task"],
-            lease.task_id,
-            lease.owner,
-            lease.lease_attempt,
-            self._clock.now(),
-        )
-        return done is not None
+        return bool(await self._fences_hold(conn, [lease]))
 
-    async def _fences_hold(self, conn: Transaction, leases: Sequence[Lease]) -> set[uuid.UUID]:
+    async def _fences_hold(
+        self, conn: Transaction | asyncpg.Pool[Any], leases: Sequence[Lease]
+    ) -> set[uuid.UUID]:
         """``_fence_holds`` for several tasks in one statement: the tasks it completed."""
         rows = await conn.fetch(
-            QUERIES["complete_tasks"],
+            QUERIES["complete_task"],
             [lease.task_id for lease in leases],
             [lease.owner for lease in leases],
             [lease.lease_attempt for lease in leases],

@@ -164,19 +164,8 @@ async def lock_target(conn: Transaction, lease: Lease, generation_id: int) -> Co
     """The first step of a completion that builds generation ``generation_id``: the
     tenant's serving generation locked (generations.sql: lock_completion_generation), and
     what the completion may do."""
-    named = lease.generation_id is not None
-    with translate_db_errors():
-        row = await conn.fetchrow(
-            QUERIES["lock_completion_generation"], lease.tenant_id, generation_id, named
-        )
-        assert row is not None
-        if not named and row["serving"] != generation_id:
-            _log_no_longer_serving([lease], generation_id, row["serving"])
-            row = await conn.fetchrow(
-                QUERIES["lock_completion_generation"], lease.tenant_id, generation_id, True
-            )
-            assert row is not None
-    return _target([lease], generation_id, row["serving"], row["state"])
+    key = (lease.tenant_id, generation_id, lease.generation_id is not None)
+    return (await lock_targets(conn, {key: [lease]}))[key]
 
 
 # What completions written together share of lock_target: tenant, generation, named.
@@ -210,7 +199,7 @@ async def lock_targets(
 async def _lock_completion_generations(conn: Transaction, keys: Sequence[TargetKey]) -> list[Any]:
     with translate_db_errors():
         rows: list[Any] = await conn.fetch(
-            QUERIES["lock_completion_generations"],
+            QUERIES["lock_completion_generation"],
             [tenant_id for tenant_id, _, _ in keys],
             [generation_id for _, generation_id, _ in keys],
             [named for _, _, named in keys],
@@ -255,18 +244,7 @@ async def record_version(
     now: datetime | None,
 ) -> None:
     """The document's version as complete in the target generation (forward only)."""
-    with translate_db_errors():
-        await conn.execute(
-            QUERIES["upsert_document_generation_version"],
-            lease.tenant_id,
-            lease.document_id,
-            lease.version_number,
-            generation.chunking_strategy,
-            chunk_count,
-            target.generation_id,
-            lease.task_id,
-            now,
-        )
+    await record_versions(conn, [(lease, target.generation_id, generation, chunk_count)], now)
 
 
 async def record_versions(
@@ -281,7 +259,7 @@ async def record_versions(
         return
     with translate_db_errors():
         await conn.execute(
-            QUERIES["upsert_document_generation_versions"],
+            QUERIES["upsert_document_generation_version"],
             [lease.tenant_id for lease, _, _, _ in versions],
             [lease.document_id for lease, _, _, _ in versions],
             [lease.version_number for lease, _, _, _ in versions],

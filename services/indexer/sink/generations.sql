@@ -86,8 +86,11 @@ SELECT k.tenant_id AS asked_tenant_id, k.generation_id AS asked_generation_id, g
            (SELECT d.generation_id FROM search_generation d WHERE d.is_default))
 
 -- name: lock_completion_generation
--- $1 tenant, $2 the generation the task built, $3 whether the task named it (generation_id
--- set). The first statement of a completion's write, before the search pointer's lock:
+-- $1 tenants, $2 the generations the tasks built, $3 whether each task named it
+-- (generation_id set): one element per distinct (tenant, generation, named) of the
+-- completions written (one for a write of its own; a group's in tenant order, the order
+-- every group takes the rows in); one row back per element, in order, with its key. The
+-- first statement of a completion's write, before the search pointer's lock:
 --   * serving: the tenant's serving generation, its row locked FOR SHARE until commit. `kb
 --     index generations switch` locks the tenant's rows FOR UPDATE, so a switch and a
 --     completion of the tenant never interleave: the completion moves the pointer only
@@ -108,27 +111,6 @@ SELECT k.tenant_id AS asked_tenant_id, k.generation_id AS asked_generation_id, g
 --     only the row the statement had found (no longer serving) and never sees the new
 --     serving row, so the completion took the default for the serving generation and a
 --     task of the new one moved no pointer (found by `kb chaos run`).
-SELECT coalesce(
-           (SELECT max(t.generation_id) FILTER (WHERE t.serving)
-              FROM (SELECT generation_id, serving
-                      FROM tenant_search_generation
-                     WHERE tenant_id = $1
-                     ORDER BY generation_id
-                       FOR SHARE) t),
-           (SELECT d.generation_id FROM search_generation d WHERE d.is_default))
-           AS serving,
-       (SELECT g.state
-          FROM search_generation g
-         WHERE g.generation_id = $2 AND $3::boolean
-           FOR SHARE) AS state
-
--- name: lock_completion_generations
--- $1 tenants, $2 generations, $3 whether each was named: lock_completion_generation for the
--- distinct (tenant, generation, named) of a group written together
--- (services/indexer/sink/together.py), in the order given (tenant order: the order every
--- group takes the rows in). Each row's serving generation and state are read and locked as
--- lock_completion_generation says, the tenant's rows FOR SHARE; one row back per element,
--- in order, with its key.
 SELECT k.tenant_id, k.generation_id, k.named,
        coalesce(
            (SELECT max(t.generation_id) FILTER (WHERE t.serving)
@@ -148,31 +130,15 @@ SELECT k.tenant_id, k.generation_id, k.named,
  ORDER BY k.n
 
 -- name: upsert_document_generation_version
--- $1 tenant, $2 document, $3 version, $4 strategy, $5 chunk count, $6 generation, $7 task,
--- $8 now. Every completion records what its generation now holds of the document, in the
--- fenced transaction after its chunks: the switch reads it (is the served version complete
+-- $1 tenants, $2 documents, $3 versions, $4 strategies, $5 chunk counts, $6 generations,
+-- $7 tasks, one element per completion (several for a group written together, together.py,
+-- in (tenant, document) order: the order every group locks them in; at most one per
+-- document), $8 now. Every completion records what its generation now holds of the
+-- document, in the fenced transaction after its chunks: the switch reads it (is the served version complete
 -- in the target?) and rewrites the pointers from it. Forward only, as the pointer: an older
 -- version finishing late leaves the row alone (the WHERE); the same version is rewritten (a
 -- re-run replaced its chunk set). Concurrent completions of the document in the generation
 -- serialise on the row (ON CONFLICT locks it; a first insert waits on the unique index).
-INSERT INTO document_generation_version AS d (tenant_id, document_id, version_number,
-                                              chunking_strategy, chunk_count, generation_id,
-                                              task_id, built_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8::timestamptz, now()))
-ON CONFLICT (tenant_id, document_id, generation_id) DO UPDATE
-   SET version_number = EXCLUDED.version_number,
-       chunking_strategy = EXCLUDED.chunking_strategy,
-       chunk_count = EXCLUDED.chunk_count,
-       task_id = EXCLUDED.task_id,
-       built_at = EXCLUDED.built_at
- WHERE d.version_number <= EXCLUDED.version_number
-
--- name: upsert_document_generation_versions
--- upsert_document_generation_version for completions written together
--- (services/indexer/sink/together.py), one array element per completion: $1 tenants,
--- $2 documents, $3 versions, $4 strategies, $5 chunk counts, $6 generations, $7 tasks; and
--- $8 now. Rows go in in the order given ((tenant, document) order: the order every group
--- locks them in); the group holds at most one completion per document.
 INSERT INTO document_generation_version AS d (tenant_id, document_id, version_number,
                                               chunking_strategy, chunk_count, generation_id,
                                               task_id, built_at)

@@ -321,9 +321,9 @@ class PgVectorSink:
         with translate_db_errors():
             switched = await conn.fetchrow(
                 QUERIES["switch_search_version"],
-                *version_chunks(lease, generation),
-                chunk_count,
-                lease.task_id,
+                *([value] for value in version_chunks(lease, generation)),
+                [chunk_count],
+                [lease.task_id],
                 self._clock.now(),
                 served is not None and served.replaces(lease, generation),
             )

@@ -56,9 +56,12 @@ DELETE FROM knowledge_chunk c
    AND (c.chunking_strategy = $5 OR c.chunking_strategy = $6::text)
 
 -- name: switch_search_version
--- $1 tenant, $2 document, $3 version, $4 model, $5 strategy, $6 chunk count, $7 task, $8 now,
--- $9 whether this write replaces the served chunk set (version.py: ServedPointer.replaces,
--- decided on the row lock_search_pointer holds: same version, model and chunk settings).
+-- $1 tenants, $2 documents, $3 versions, $4 models, $5 strategies, $6 chunk counts, $7 tasks,
+-- one element per completion (one for a write of its own, several for a group written
+-- together: together.py, in (tenant, document) order); $8 now; $9 whether these writes
+-- replace their served chunk set (version.py: ServedPointer.replaces, decided on the row
+-- lock_search_pointer holds: same version, model and chunk settings; the same for every
+-- row: a group runs the statement once for those that do and once for those that do not).
 -- Forward only: a pointer at a newer version is left alone (no row returned), so a task for
 -- an older version still succeeds but switches nothing. At the served version, a write that
 -- replaces the served set rewrites the pointer when it names another set (another strategy
@@ -71,18 +74,25 @@ DELETE FROM knowledge_chunk c
 -- Concurrent switches of one document serialise on the pointer row (lock_search_pointer
 -- locked it; ON CONFLICT evaluates the WHERE against its latest committed version, not our
 -- snapshot's). `old` (PostgreSQL 18 RETURNING) is the row before the update: NULL when this
--- is the document's first pointer. A previous_version other than $3 means the pointer moved to
--- this version: the sink then makes its ACL the served one in this transaction
--- (services/runtime/served_acl.sql: apply_served_acl, issue 29 item 1).
+-- is the document's first pointer. A previous_version other than the row's version means the
+-- pointer moved to this version: the sink then makes its ACL the served one in this
+-- transaction (services/runtime/served_acl.sql: apply_served_acl, issue 29 item 1).
+-- One row back per pointer that changed, with its tenant and document.
 INSERT INTO document_search_version AS s (tenant_id, document_id, version_number,
                                           embedding_model, chunking_strategy, chunk_count,
                                           task_id, switched_at)
-SELECT $1, $2, $3, $4, $5, $6, $7, coalesce($8::timestamptz, now())
+SELECT w.tenant_id, w.document_id, w.version_number, w.embedding_model, w.chunking_strategy,
+       w.chunk_count, w.task_id, coalesce($8::timestamptz, now())
+  FROM unnest($1::text[], $2::uuid[], $3::integer[], $4::text[], $5::text[], $6::integer[],
+              $7::uuid[])
+       WITH ORDINALITY AS w (tenant_id, document_id, version_number, embedding_model,
+                             chunking_strategy, chunk_count, task_id, n)
  WHERE NOT EXISTS (SELECT 1
                      FROM document_search_version_high_water h
-                    WHERE h.tenant_id = $1
-                      AND h.document_id = $2
-                      AND h.version_number > $3)
+                    WHERE h.tenant_id = w.tenant_id
+                      AND h.document_id = w.document_id
+                      AND h.version_number > w.version_number)
+ ORDER BY w.n
 ON CONFLICT (tenant_id, document_id) DO UPDATE
    SET version_number = EXCLUDED.version_number,
        embedding_model = EXCLUDED.embedding_model,
@@ -96,7 +106,8 @@ ON CONFLICT (tenant_id, document_id) DO UPDATE
         AND s.embedding_model = EXCLUDED.embedding_model
         AND (s.chunking_strategy, s.chunk_count)
             IS DISTINCT FROM (EXCLUDED.chunking_strategy, EXCLUDED.chunk_count))
-RETURNING old.version_number AS previous_version, new.switched_at
+RETURNING new.tenant_id, new.document_id, old.version_number AS previous_version,
+          new.switched_at
 
 -- name: known_embeddings
 -- $1 tenant, $2 model, $3 strategy, $4 dimension, $5 digests. One probe of

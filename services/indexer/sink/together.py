@@ -10,9 +10,10 @@ those statements runs once for all the versions in the group (together.sql),
 with the same conditions as a write of its own (pgvector.py: ``PgVectorSink.write``) and
 the same result, row for row.
 
-The group's fences are checked before (the queue's ``complete_tasks``); a lost lease's write
-is not among ``writes``. A failing statement fails the group's transaction: the queue then
-writes each task on its own, in a savepoint, so the failure stays with its task.
+The group's fences are checked before (the queue's ``complete_task``, for all of them); a
+lost lease's write is not among ``writes``. A failing statement fails the group's
+transaction: the queue then writes each task on its own, in a savepoint, so the failure
+stays with its task.
 
 Lock order. A group holds at most one write per document. Each statement takes its rows in
 (tenant, document) order, and the statements come in the order a single write runs them
@@ -206,7 +207,7 @@ async def _switch(
             continue
         with translate_db_errors():
             rows = await conn.fetch(
-                QUERIES["switch_search_versions"],
+                SINK_QUERIES["switch_search_version"],
                 [p.write.lease.tenant_id for p in batch],
                 [p.write.lease.document_id for p in batch],
                 [p.write.lease.version_number for p in batch],
