@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import time
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI
 from pydantic import BaseModel
 
 from services.embedding.hashing import HashingEmbedder
+from services.embedding.openai_wire import encoded_vector
 from services.embedding.port import Embedder
 
 
@@ -31,15 +30,6 @@ class EmbeddingRequest(BaseModel):
     model: str
     encoding_format: str | None = None
     dimensions: int | None = None
-
-
-def encoded(row: Any, encoding_format: str | None) -> str | list[float]:
-    """A vector as the request asked for it: little-endian float32 in base64 (what the
-    OpenAI client asks for, and OpenAI, vLLM and TEI send), else JSON numbers."""
-    if encoding_format == "base64":
-        return base64.b64encode(np.asarray(row, dtype="<f4").tobytes()).decode("ascii")
-    values: list[float] = row.tolist()
-    return values
 
 
 def build_model(kind: str, inference_batch: int) -> Embedder:
@@ -85,7 +75,11 @@ def create_app(model: Embedder) -> FastAPI:
             "object": "list",
             "model": body.model,
             "data": [
-                {"object": "embedding", "index": i, "embedding": encoded(row, body.encoding_format)}
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": encoded_vector(row, body.encoding_format),
+                }
                 for i, row in enumerate(vectors)
             ],
             "usage": {"prompt_tokens": 0, "total_tokens": 0},

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.onnx_local import OnnxLocalEmbedder
+from services.embedding.openai_wire import encoded_vector
 from services.embedding.port import Embedder
 
 FaultKind = Literal["rate_limit", "server_error", "hang", "malformed"]
@@ -121,7 +122,11 @@ def create_provider_app(embedder: Embedder | None = None, *, latency_s: float = 
             "object": "list",
             "model": serving.model,
             "data": [
-                {"object": "embedding", "index": i, "embedding": [float(x) for x in row]}
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": encoded_vector(row, body.encoding_format),
+                }
                 for i, row in enumerate(vectors)
             ],
             "usage": {"prompt_tokens": 0, "total_tokens": 0},

@@ -101,6 +101,16 @@ def _vector(raw: Any, index: int, dimension: int, encoding_format: EncodingForma
     return vector
 
 
+def encoded_vector(row: Any, encoding_format: str | None) -> str | list[float]:
+    """A vector as a server writes it for a request's ``encoding_format``: little-endian
+    float32 in base64 (what the OpenAI client asks for), else JSON numbers. For the servers
+    this project runs itself (the demo's, the throughput bench's)."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(row, dtype="<f4").tobytes()).decode("ascii")
+    values: list[float] = np.asarray(row, dtype=np.float64).tolist()
+    return values
+
+
 def retry_after_seconds(
     value: str | None, *, now: Callable[[], datetime] = lambda: datetime.now(UTC)
 ) -> float | None:

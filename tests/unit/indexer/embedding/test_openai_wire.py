@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services.embedding.openai_wire import parse_embeddings, retry_after_seconds
+from services.embedding.openai_wire import encoded_vector, parse_embeddings, retry_after_seconds
 from services.indexer.queue.task import ErrorCode, IndexingFailed
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -98,3 +98,11 @@ def test_a_missing_model_name_is_a_changed_model() -> None:
 )
 def test_retry_after_seconds_or_http_date(header: str | None, seconds: float | None) -> None:
     assert retry_after_seconds(header, now=lambda: NOW) == seconds
+
+
+@pytest.mark.parametrize("encoding", ["float", "base64"])
+def test_what_our_servers_write_is_read_back_as_written(encoding: Any) -> None:
+    vector = [0.25, -1.5, 3.0e-8]
+    answer = body([item(0, encoded_vector(vector, encoding))])
+    read = parse_embeddings(answer, rows=1, model="m", dimension=3, encoding_format=encoding)
+    assert read.tolist() == [[float(np.float32(value)) for value in vector]]
