@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import uuid
 
 import pytest
 
-from tests.support.stack import REPO_ROOT
+from tests.support.cli import kb_async
 
 pytestmark = pytest.mark.e2e
 
@@ -48,28 +47,6 @@ BROKEN = {
 }
 
 
-async def _kb(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.cli",
-        *args,
-        env=env,
-        cwd=REPO_ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with asyncio.timeout(WAIT):
-            out, err = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
-
-
 def _environment(broken: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DATABASE_URL"))}
     env.update(broken)
@@ -84,7 +61,7 @@ async def test_a_broken_setting_never_prints_the_password(broken: str) -> None:
 
     async def run(command: tuple[str, ...]) -> tuple[int, str, str]:
         async with gate:
-            return await _kb(env, *command)
+            return await kb_async(env, *command, seconds=WAIT)
 
     results = await asyncio.gather(*(run(command) for command in COMMANDS))
     for command, (code, out, err) in zip(COMMANDS, results, strict=True):

@@ -84,6 +84,25 @@ def started(env: dict[str, str], log: Path, *args: str) -> Iterator[subprocess.P
     assert code == 0, f"{args[0]} exited {code}: {tail(log)}"
 
 
+Watched = list[tuple[subprocess.Popen[bytes], Path]]
+
+
+def pipeline_services(
+    services: ExitStack, env: dict[str, str], logs_in: Path, port: int
+) -> tuple[dict[str, Path], Watched]:
+    """`kb serve` on ``port``, `kb relay run` and `kb indexer run`, started in ``services``:
+    their logs by name, and each process with its log (the serve first)."""
+    logs = {name: logs_in / f"{name}.log" for name in ("serve", "relay", "indexer")}
+    server = services.enter_context(
+        started(env, logs["serve"], "serve", "--host", "127.0.0.1", "--port", str(port))
+    )
+    relay = services.enter_context(started(env, logs["relay"], "relay", "run"))
+    indexer = services.enter_context(
+        started(env, logs["indexer"], "indexer", "run", "--tier", "standard")
+    )
+    return logs, [(server, logs["serve"]), (relay, logs["relay"]), (indexer, logs["indexer"])]
+
+
 async def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     # Generous: on a loaded 2-core runner importing the app alone can take a minute.
     async with asyncio.timeout(STARTED_WITHIN), httpx.AsyncClient(timeout=2) as client:
@@ -139,16 +158,8 @@ async def test_a_published_policy_becomes_searchable_and_a_corrupt_v2_fails_visi
     base = "/v1/tenants/acme"
 
     with ExitStack() as services:
-        logs = {name: tmp_path / f"{name}.log" for name in ("serve", "relay", "indexer")}
-        server = services.enter_context(
-            started(env, logs["serve"], "serve", "--host", "127.0.0.1", "--port", str(port))
-        )
-        relay = services.enter_context(started(env, logs["relay"], "relay", "run"))
-        indexer = services.enter_context(
-            started(env, logs["indexer"], "indexer", "run", "--tier", "standard")
-        )
-        watched = [(server, logs["serve"]), (relay, logs["relay"]), (indexer, logs["indexer"])]
-        await wait_ready(root, server, logs["serve"])
+        logs, watched = pipeline_services(services, env, tmp_path, port)
+        await wait_ready(root, *watched[0])
 
         headers = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(base_url=root, headers=headers, timeout=10) as client:

@@ -14,7 +14,6 @@ scanned for each secret: none may appear, whole or as its secret part.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,10 +29,10 @@ import jwt
 import pytest
 
 from services.operator.auth import SESSION_COOKIE
-from tests.e2e.test_searchable import started, wait_for_status, wait_ready
+from tests.e2e.test_searchable import pipeline_services, wait_for_status, wait_ready
 from tests.support.api import free_port
+from tests.support.cli import kb_async
 from tests.support.operator import sign_in
-from tests.support.stack import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -58,26 +57,9 @@ class Command:
 
 
 async def _kb(env: dict[str, str], *args: str, stdin: bytes | None = None) -> Command:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.cli",
-        *args,
-        env=env,
-        cwd=REPO_ROOT,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with asyncio.timeout(WAIT):
-            out, err = await process.communicate(stdin)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode == 0, f"kb {' '.join(args)}: {err.decode()[-2000:]}"
-    return Command(args, out.decode(), err.decode())
+    code, out, err = await kb_async(env, *args, stdin=stdin, seconds=WAIT)
+    assert code == 0, f"kb {' '.join(args)}: {err[-2000:]}"
+    return Command(args, out, err)
 
 
 def _printed(command: Command, name: str) -> str:
@@ -269,18 +251,10 @@ async def test_a_whole_run_logs_no_key_password_token_or_document_text(
     }
     port = free_port()
     root = f"http://127.0.0.1:{port}"
-    logs = {name: tmp_path / f"{name}.log" for name in ("serve", "relay", "indexer")}
     with ExitStack() as services:
-        server = services.enter_context(
-            started(env, logs["serve"], "serve", "--host", "127.0.0.1", "--port", str(port))
-        )
-        relay = services.enter_context(started(env, logs["relay"], "relay", "run"))
-        indexer = services.enter_context(
-            started(env, logs["indexer"], "indexer", "run", "--tier", "standard")
-        )
-        watched = [(server, logs["serve"]), (relay, logs["relay"]), (indexer, logs["indexer"])]
+        logs, watched = pipeline_services(services, env, tmp_path, port)
         credentials = await _operator_commands(env)  # while the services start
-        await wait_ready(root, server, logs["serve"])
+        await wait_ready(root, *watched[0])
         document, sent = await _use_the_api(root, credentials, marker, watched)
         sent += await _use_the_operator_page(root, credentials.operator_key, document)
     # Leaving the ExitStack stopped each service (SIGTERM) and checked it exited 0.
