@@ -160,23 +160,17 @@ class TaskGenerations:
         }
 
 
-async def lock_target(conn: Transaction, lease: Lease, generation_id: int) -> CompletionTarget:
-    """The first step of a completion that builds generation ``generation_id``: the
-    tenant's serving generation locked (generations.sql: lock_completion_generation), and
-    what the completion may do."""
-    key = (lease.tenant_id, generation_id, lease.generation_id is not None)
-    return (await lock_targets(conn, {key: [lease]}))[key]
-
-
-# What completions written together share of lock_target: tenant, generation, named.
+# What the completions written share of their target: tenant, generation, named.
 TargetKey = tuple[str, int, bool]
 
 
 async def lock_targets(
     conn: Transaction, leases_by_key: Mapping[TargetKey, Sequence[Lease]]
 ) -> dict[TargetKey, CompletionTarget]:
-    """``lock_target`` for completions written together, once per (tenant, generation,
-    named) in key order: one statement (two when a generation stopped serving meanwhile)."""
+    """The first step of completions that build search generations: each tenant's serving
+    generation locked (generations.sql: lock_completion_generation), and what each
+    completion may do; once per (tenant, generation, named) in key order, one statement
+    (two when a generation stopped serving meanwhile)."""
     keys = sorted(leases_by_key)
     rows = await _lock_completion_generations(conn, keys)
     again = [
@@ -235,26 +229,14 @@ def _target(
     return CompletionTarget(generation_id, write=True, serving=serving == generation_id)
 
 
-async def record_version(
-    conn: Transaction,
-    lease: Lease,
-    target: CompletionTarget,
-    generation: IndexGeneration,
-    chunk_count: int,
-    now: datetime | None,
-) -> None:
-    """The document's version as complete in the target generation (forward only)."""
-    await record_versions(conn, [(lease, target.generation_id, generation, chunk_count)], now)
-
-
 async def record_versions(
     conn: Transaction,
     versions: Sequence[tuple[Lease, int, IndexGeneration, int]],
     now: datetime | None,
 ) -> None:
-    """``record_version`` for completions written together, each a (lease, its target
-    generation's id, its index generation, its chunk count), in the order given ((tenant,
-    document) order: one row per document and generation)."""
+    """Each completed version recorded in its target generation (forward only): a (lease,
+    the target generation's id, its index generation, its chunk count) each, in the order
+    given ((tenant, document) order: one row per document and generation)."""
     if not versions:
         return
     with translate_db_errors():

@@ -10,7 +10,8 @@ at all.
 A re-run at the version already served (a repair, a chunker upgrade) replaces that
 version's chunk set and rewrites the pointer's strategy and count in the same transaction
 (sink.sql: ``replace_version_chunks``). Everything slow (parsing, embedding, building the
-rows) happens before it.
+rows) happens before it. The statements are together.py's, whether one completion is
+written or a group of them.
 
 A write names the search generation it builds (generations.py): it first locks the tenant's
 serving generation, records the version in ``document_generation_version``, and moves the
@@ -44,40 +45,22 @@ from services.index.ann import (
 )
 from services.index.generation import IndexGeneration, RegisteredGeneration
 from services.index.generations import SearchGeneration
-from services.indexer.gc.collector import mark_document
 from services.indexer.ports import Clock, DatabaseClock, InTransaction
 from services.indexer.queue.task import Lease
 from services.indexer.sink.generations import (
-    CompletionTarget,
-    discard_task_stream,
-    lock_target,
-    record_version,
     register_default,
 )
 from services.indexer.sink.known import KnownEmbeddings
-from services.indexer.sink.stream import chunk_records, discard_attempt, move_staged, stage_slice
+from services.indexer.sink.stream import chunk_records, discard_attempt, stage_slice
 from services.indexer.sink.together import write_together
-from services.indexer.sink.version import (
-    ServedPointer,
-    lock_search_pointer,
-    not_switched_reason,
-    replaced_strategy,
-    version_chunks,
-)
 from services.indexer.sink.write import (
-    INDEX_COLUMNS,
-    INDEX_TABLE,
     ChunkWrite,
     log,
-    log_replaced,
     prepare_write,
-    switched_event,
 )
 from services.runtime.avro import SchemaRegistry, default_registry
 from services.runtime.db import translate_db_errors
 from services.runtime.errors import ConfigError, DatabaseBusy
-from services.runtime.outbox import add_event
-from services.runtime.served_acl import apply_served_acl, lock_first_pointer
 from services.runtime.sql import queries_beside
 from services.runtime.transaction import Transaction
 
@@ -238,113 +221,23 @@ class PgVectorSink:
             ),
         )
 
+    async def write(self, conn: Transaction, prepared: ChunkWrite) -> None:
+        """One version's write, in the completion's transaction after its fence held: the
+        statements of a group's write, with one element each (together.py)."""
+        await self._write_all(conn, [prepared])
+
     async def write_together(self, conn: Transaction, writes: Sequence[Any]) -> None:
-        """The ``VersionWrite``s of a group, their fences held, in one set of statements per
-        tenant (together.py)."""
+        """The ``VersionWrite``s of a group, their fences held, in one set of statements
+        (together.py)."""
+        await self._write_all(conn, [write.prepared for write in writes])
+
+    async def _write_all(self, conn: Transaction, writes: list[ChunkWrite]) -> None:
         await write_together(
             conn,
-            [write.prepared for write in writes],
+            writes,
             registry=self._registry,
             now=self._clock.now(),
             timeout_ms=self.write_timeout_ms,
-        )
-
-    async def write(self, conn: Transaction, prepared: ChunkWrite) -> None:
-        """One version's write, in the completion's transaction after its fence held."""
-        lease, generation = prepared.lease, prepared.generation
-        target = await _lock_target(conn, lease, prepared.search_generation_id)
-        if target is not None and not target.write:
-            return
-        await self._mark(conn, lease)
-        with translate_db_errors():
-            await conn.fetchval(
-                QUERIES["set_local_statement_timeout"],
-                str(self.write_timeout_ms(len(prepared.records))),
-            )
-        served = await lock_search_pointer(conn, lease)
-        replaced = replaced_strategy(served, lease, generation)
-        with translate_db_errors():
-            # Always written, even when the pointer will not move to this version: a new
-            # generation built beside the current one needs its chunks before any switch.
-            # An older version finishing late is collected with the others (mark_document).
-            # What the version held of this generation before, or of the served set this
-            # run replaces, goes first: the version ends with exactly the new set.
-            status = await conn.execute(
-                QUERIES["replace_version_chunks"], *version_chunks(lease, generation), replaced
-            )
-            await conn.copy_records_to_table(
-                INDEX_TABLE, records=prepared.records, columns=INDEX_COLUMNS
-            )
-        log_replaced(lease, generation, served, replaced, _deleted(status), len(prepared.records))
-        await self._finish(conn, lease, generation, len(prepared.records), served, target)
-
-    async def _mark(self, conn: Transaction, lease: Lease) -> None:
-        """The document marked for the collector (this version may supersede others, or be
-        superseded): before any chunk row, so that the completion and a collector of the
-        document lock in one order (the mark, then chunks) and never wait for each other
-        in a cycle; the mark stays locked until commit, so no collector round runs on the
-        document without seeing what this completion writes (gc.sql: mark_document)."""
-        await mark_document(conn, lease.tenant_id, lease.document_id, self._clock.now())
-
-    async def _finish(
-        self,
-        conn: Transaction,
-        lease: Lease,
-        generation: IndexGeneration,
-        chunk_count: int,
-        served: ServedPointer | None,
-        target: CompletionTarget | None,
-    ) -> None:
-        """After the chunks: the version recorded in its search generation, then the
-        pointer's switch if that generation serves the tenant."""
-        if target is not None:
-            await record_version(conn, lease, target, generation, chunk_count, self._clock.now())
-            if not target.serving:
-                return
-        await self._switch(conn, lease, generation, chunk_count, served)
-
-    async def _switch(
-        self,
-        conn: Transaction,
-        lease: Lease,
-        generation: IndexGeneration,
-        chunk_count: int,
-        served: ServedPointer | None,
-    ) -> None:
-        """The forward-only pointer switch (or, at the served version, its rewrite to the
-        chunk set just written), the version's ACL when the pointer moved to it, and, when
-        the pointer changed, its outbox event."""
-        if served is None:
-            # The document's first pointer: no row was locked, so a publish of its ACL would
-            # not wait for this switch; this lock stands in for the row (served_acl.sql).
-            await lock_first_pointer(conn, lease.tenant_id, [lease.document_id])
-        with translate_db_errors():
-            switched = await conn.fetchrow(
-                QUERIES["switch_search_version"],
-                *([value] for value in version_chunks(lease, generation)),
-                [chunk_count],
-                [lease.task_id],
-                self._clock.now(),
-                served is not None and served.replaces(lease, generation),
-            )
-        if switched is None:
-            log.info(
-                "search_version.not_switched",
-                **lease.log_fields(),
-                reason=not_switched_reason(served, lease, generation),
-            )
-            return
-        if switched["previous_version"] != lease.version_number:
-            # The pointer moved to this version (or is the document's first): the ACL it was
-            # published with becomes the one search applies, in this transaction (issue 29,
-            # item 1). A rewrite at the same version keeps the served ACL. Lock order: the
-            # pointer row (held since lock_search_pointer), then the ACL rows, as a publish
-            # takes them after the document row; a completion only takes FOR KEY SHARE on
-            # that row (foreign key checks), which the publish's lock does not block
-            # (services/publisher/queries.sql: lock_document, lock_search_pointer).
-            await apply_served_acl(conn, lease.tenant_id, [lease.document_id])
-        await add_event(
-            conn, switched_event(self._registry, lease, generation, chunk_count, switched)
         )
 
     # -- large documents: staged slice by slice, moved in by the fenced complete -----------
@@ -378,38 +271,14 @@ class PgVectorSink:
         transaction: the attempt's ``chunk_count`` staged chunks into the index, then the
         pointer and its event, as ``writer`` does for a document held in memory."""
 
+        staged = ChunkWrite(
+            lease, generation, [], search_generation_id=search_generation_id, staged=chunk_count
+        )
+
         async def write(conn: Transaction) -> None:
-            target = await _lock_target(conn, lease, search_generation_id)
-            if target is not None and not target.write:
-                await discard_task_stream(conn, lease)
-                return
-            await self._mark(conn, lease)
-            with translate_db_errors():
-                await conn.fetchval(
-                    QUERIES["set_local_statement_timeout"],
-                    str(self.write_timeout_ms(chunk_count)),
-                )
-            served = await lock_search_pointer(conn, lease)
-            replaced = replaced_strategy(served, lease, generation)
-            status = await move_staged(conn, lease, generation, chunk_count, replaced)
-            log_replaced(lease, generation, served, replaced, _deleted(status), chunk_count)
-            await self._finish(conn, lease, generation, chunk_count, served, target)
+            await self._write_all(conn, [staged])
 
         return write
-
-
-def _deleted(status: str) -> int:
-    return int(status.rsplit(" ", 1)[-1])  # "DELETE <rows>"
-
-
-async def _lock_target(
-    conn: Transaction, lease: Lease, search_generation_id: int | None
-) -> CompletionTarget | None:
-    """The completion's first statement (before the pointer's lock: the order a switch
-    locks in); None without a search generation."""
-    if search_generation_id is None:
-        return None
-    return await lock_target(conn, lease, search_generation_id)
 
 
 async def ensure_ann_index(conn: Executor, generation: IndexGeneration, build_memory: str) -> None:

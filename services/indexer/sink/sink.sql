@@ -3,28 +3,35 @@
 -- locked by the fenced UPDATE, so no takeover can commit between them and the commit.
 
 -- name: lock_search_pointer
--- $1 tenant, $2 document. The document's search pointer, locked until commit: the first
--- thing the write does to the document, so that what it deletes and inserts is decided
--- against the pointer as it will stay until this transaction commits. Under READ COMMITTED,
--- FOR UPDATE waits for a concurrent completion of the same document that holds the row and
--- then returns the row as that one committed it (not as our snapshot saw it). No row: the
--- document has no pointer yet (or it was deleted); nothing is locked then, and concurrent
--- first switches serialise on switch_search_version's unique index instead.
--- The completions of a group take these locks in (tenant, document, version) order
--- (queue/completions.py), as switch_search_version did before.
-SELECT version_number, embedding_model, chunking_strategy, chunk_count
-  FROM document_search_version
- WHERE tenant_id = $1
-   AND document_id = $2
-   FOR UPDATE
+-- $1 tenants, $2 documents: one (tenant, document) pair per element (one for a write of its
+-- own; a group written together has several: together.py). Each document's search pointer,
+-- locked until commit: the first thing the write does to the document, so that what it
+-- deletes and inserts is decided against the pointer as it will stay until this transaction
+-- commits. Under READ COMMITTED, FOR UPDATE waits for a concurrent completion of the same
+-- document that holds the row and then returns the row as that one committed it (not as our
+-- snapshot saw it). No row: the document has no pointer yet (or it was deleted); nothing is
+-- locked then, and concurrent first switches serialise on switch_search_version's unique
+-- index instead. The rows are locked in (tenant, document) order, the order every group
+-- takes them in: FOR UPDATE locks the rows as they leave the sort (the plan's LockRows node
+-- sits above it).
+SELECT s.tenant_id, s.document_id, s.version_number, s.embedding_model, s.chunking_strategy,
+       s.chunk_count
+  FROM document_search_version s
+ WHERE (s.tenant_id, s.document_id) IN (SELECT k.tenant_id, k.document_id
+                                           FROM unnest($1::text[], $2::uuid[])
+                                                AS k (tenant_id, document_id))
+ ORDER BY s.tenant_id, s.document_id
+   FOR UPDATE OF s
 
 -- name: replace_version_chunks
--- $1 tenant, $2 document, $3 version, $4 model, $5 strategy (the task's), $6 the served
--- strategy this write replaces (version.py: replaced_strategy -- the pointer serves this
+-- $1 tenant; $2 documents, $3 versions, $4 models, $5 strategies (the tasks'), $6 the served
+-- strategy each write replaces (version.py: replaced_strategy -- the pointer serves this
 -- version under this model and chunk settings; NULL: it replaces nothing, or the pointer
--- names no strategy). Run after lock_search_pointer and just before the new set is COPYed
--- into knowledge_chunk (pgvector.py: PgVectorSink.write): deletes the version's chunks of this model
--- among
+-- names no strategy): one array element per version of that tenant written (a statement
+-- per tenant: the tenant's partition of knowledge_chunk is picked when it is planned). The
+-- document of each deleted row comes back, for the log of replaced sets. Run after
+-- lock_search_pointer and just before the new sets are COPYed into knowledge_chunk
+-- (together.py): deletes each version's chunks of its model among
 --   * this task's strategy: an earlier run's set of this generation, which the COPY writes
 --     again (same ids: the chunk id is derived from version, strategy, ordinal, heading path
 --     and content digest), so the COPY never meets a row of its own key;
@@ -49,11 +56,14 @@ SELECT version_number, embedding_model, chunking_strategy, chunk_count
 -- Cost: one range of the primary key (tenant, document, version, model) of the tenant's
 -- partition, usually empty (a version's first run).
 DELETE FROM knowledge_chunk c
+ USING unnest($2::uuid[], $3::integer[], $4::text[], $5::text[], $6::text[])
+       AS v (document_id, version_number, embedding_model, chunking_strategy, replaced)
  WHERE c.tenant_id = $1
-   AND c.document_id = $2
-   AND c.version_number = $3
-   AND c.embedding_model = $4
-   AND (c.chunking_strategy = $5 OR c.chunking_strategy = $6::text)
+   AND c.document_id = v.document_id
+   AND c.version_number = v.version_number
+   AND c.embedding_model = v.embedding_model
+   AND (c.chunking_strategy = v.chunking_strategy OR c.chunking_strategy = v.replaced)
+RETURNING c.document_id
 
 -- name: switch_search_version
 -- $1 tenants, $2 documents, $3 versions, $4 models, $5 strategies, $6 chunk counts, $7 tasks,

@@ -1,14 +1,14 @@
-"""Completions written together: the in-memory writes of a group of completions
-(services/indexer/queue/completions.py) in one set of statements per tenant instead of a
-dozen statements per version.
+"""The sink's write of completed versions, one or many (a group of completions,
+services/indexer/queue/completions.py), in one set of statements.
 
-A short document's completion is a dozen small statements (its generation, the collector's
-mark, the pointer's lock, the earlier set's delete, the COPY, the generation's record, the
-switch, the served ACL, the outbox event), and each costs a round trip and the server's
-per-statement work: more than the rows themselves (BENCHMARKS.md, issue 26). Here each of
-those statements runs once for all the versions in the group (together.sql),
-with the same conditions as a write of its own (pgvector.py: ``PgVectorSink.write``) and
-the same result, row for row.
+A completion is a dozen small statements (its generation, the collector's mark, the
+pointer's lock, the earlier set's delete, the COPY, the generation's record, the switch, the
+served ACL, the outbox event), and each costs a round trip and the server's per-statement
+work: for a short document more than the rows themselves (BENCHMARKS.md, issue 26). Here
+each of those statements (sink.sql, generations.sql, gc.sql) runs once for all the versions
+written, one array element each: a completion alone sends one element, a group one per
+version. A large document's chunks, staged slice by slice (stream.py), are moved in from
+the staging table instead of COPYed.
 
 The group's fences are checked before (the queue's ``complete_task``, for all of them); a
 lost lease's write is not among ``writes``. A failing statement fails the group's
@@ -16,14 +16,13 @@ transaction: the queue then writes each task on its own, in a savepoint, so the 
 stays with its task.
 
 Lock order. A group holds at most one write per document. Each statement takes its rows in
-(tenant, document) order, and the statements come in the order a single write runs them
-(generation rows, the marks, the pointers, the first-pointer locks, the ACL rows, the outbox
-keys); only the deletes of earlier chunk sets go a tenant at a time, which locks nothing
-another group of the document could hold (its pointer is locked by then). A completion
-written alone, and a publish, take a document's locks in that same order, and no one
-holds a later kind of lock of a document while waiting for an earlier kind of another
-one that a group could hold: groups, single writes and publishes wait for each other but
-never in a cycle.
+(tenant, document) order, and the statements come in the order above (generation rows, the
+marks, the pointers, the first-pointer locks, the ACL rows, the outbox keys); only the
+deletes of earlier chunk sets go a tenant at a time, which locks nothing another group of
+the document could hold (its pointer is locked by then). A publish takes a document's locks
+in that same order, and no one holds a later kind of lock of a document while waiting for
+an earlier kind of another one that a group could hold: groups and publishes wait for each
+other but never in a cycle.
 """
 
 from __future__ import annotations
@@ -40,9 +39,11 @@ from services.indexer.queue.task import Lease
 from services.indexer.sink.generations import (
     CompletionTarget,
     TargetKey,
+    discard_task_stream,
     lock_targets,
     record_versions,
 )
+from services.indexer.sink.stream import move_staged
 from services.indexer.sink.version import ServedPointer, not_switched_reason, replaced_strategy
 from services.indexer.sink.write import (
     INDEX_COLUMNS,
@@ -60,8 +61,7 @@ from services.runtime.served_acl import TenantDocument, apply_served_acls, lock_
 from services.runtime.sql import queries_beside
 from services.runtime.transaction import Transaction
 
-QUERIES = queries_beside(__file__, "together.sql")
-SINK_QUERIES = queries_beside(__file__, "sink.sql")
+QUERIES = queries_beside(__file__, "sink.sql")
 
 
 @dataclass(frozen=True)
@@ -97,17 +97,23 @@ async def write_together(
         raise ValueError("a group written together holds one write per document")
     with translate_db_errors():
         await conn.fetchval(
-            SINK_QUERIES["set_local_statement_timeout"],
-            str(timeout_ms(sum(len(w.records) for w in ordered))),
+            QUERIES["set_local_statement_timeout"],
+            str(timeout_ms(sum(w.chunk_count for w in ordered))),
         )
-    placed = [p for p in await _targets(conn, ordered) if p.target is None or p.target.write]
+    placed = []
+    for p in await _targets(conn, ordered):
+        if p.target is None or p.target.write:
+            placed.append(p)
+        elif p.write.staged is not None:
+            # Its generation is being retired: nothing is written, its staged slices go.
+            await discard_task_stream(conn, p.write.lease)
     if not placed:
         return
     documents = [p.key for p in placed]
     await mark_documents(conn, documents, now)
     with translate_db_errors():
         rows = await conn.fetch(
-            QUERIES["lock_search_pointers"],
+            QUERIES["lock_search_pointer"],
             [tenant_id for tenant_id, _ in documents],
             [document_id for _, document_id in documents],
         )
@@ -119,7 +125,7 @@ async def write_together(
     await record_versions(
         conn,
         [
-            (p.write.lease, p.target.generation_id, p.write.generation, len(p.write.records))
+            (p.write.lease, p.target.generation_id, p.write.generation, p.write.chunk_count)
             for p in placed
             if p.target is not None
         ],
@@ -149,17 +155,19 @@ def _target_key(write: ChunkWrite) -> TargetKey:
 
 
 async def _replace_chunks(conn: Transaction, placed: list[_Placed]) -> None:
-    """The earlier sets deleted, a statement per tenant, then every new set COPYed in
-    (sink.sql: replace_version_chunks says why, for one version)."""
+    """Each version's earlier set deleted and its new one written (sink.sql:
+    replace_version_chunks says why): for the chunks held in memory, a delete per tenant
+    and one COPY for all; a staged document's are moved in from the staging table."""
     replaced = [replaced_strategy(p.served, p.write.lease, p.write.generation) for p in placed]
     deleted: Counter[TenantDocument] = Counter()
     by_tenant: dict[str, list[int]] = defaultdict(list)
     for at, p in enumerate(placed):
-        by_tenant[p.write.lease.tenant_id].append(at)
+        if p.write.staged is None:
+            by_tenant[p.write.lease.tenant_id].append(at)
     with translate_db_errors():
         for tenant_id, ats in by_tenant.items():
             rows = await conn.fetch(
-                QUERIES["replace_versions_chunks"],
+                QUERIES["replace_version_chunks"],
                 tenant_id,
                 [placed[at].write.lease.document_id for at in ats],
                 [placed[at].write.lease.version_number for at in ats],
@@ -168,19 +176,16 @@ async def _replace_chunks(conn: Transaction, placed: list[_Placed]) -> None:
                 [replaced[at] for at in ats],
             )
             deleted.update((tenant_id, row["document_id"]) for row in rows)
-        await conn.copy_records_to_table(
-            INDEX_TABLE,
-            records=list(chain.from_iterable(p.write.records for p in placed)),
-            columns=INDEX_COLUMNS,
-        )
+        records = list(chain.from_iterable(p.write.records for p in placed))
+        if records:
+            await conn.copy_records_to_table(INDEX_TABLE, records=records, columns=INDEX_COLUMNS)
     for p, strategy in zip(placed, replaced, strict=True):
+        write = p.write
+        if write.staged is not None:
+            status = await move_staged(conn, write.lease, write.generation, write.staged, strategy)
+            deleted[p.key] = int(status.rsplit(" ", 1)[-1])  # "DELETE <rows>"
         log_replaced(
-            p.write.lease,
-            p.write.generation,
-            p.served,
-            strategy,
-            deleted[p.key],
-            len(p.write.records),
+            write.lease, write.generation, p.served, strategy, deleted[p.key], write.chunk_count
         )
 
 
@@ -190,10 +195,13 @@ async def _switch(
     registry: SchemaRegistry,
     now: datetime | None,
 ) -> None:
-    """The pointers' switches (pgvector.py: ``PgVectorSink._switch`` for one), the served
-    ACL of every document whose pointer moved, and one event per changed pointer."""
+    """The forward-only pointer switches (or, at the served version, a rewrite to the chunk
+    set just written), the served ACL of every document whose pointer moved, and one event
+    per changed pointer."""
     if not placed:
         return
+    # A document's first pointer: no row was locked, so a publish of its ACL would not wait
+    # for this switch; this lock stands in for the row (served_acl.sql).
     await lock_first_pointers(conn, [p.key for p in placed if p.served is None])
     switched: dict[TenantDocument, Any] = {}
     for replaces in (False, True):
@@ -207,13 +215,13 @@ async def _switch(
             continue
         with translate_db_errors():
             rows = await conn.fetch(
-                SINK_QUERIES["switch_search_version"],
+                QUERIES["switch_search_version"],
                 [p.write.lease.tenant_id for p in batch],
                 [p.write.lease.document_id for p in batch],
                 [p.write.lease.version_number for p in batch],
                 [p.write.generation.embedding_model for p in batch],
                 [p.write.generation.chunking_strategy for p in batch],
-                [len(p.write.records) for p in batch],
+                [p.write.chunk_count for p in batch],
                 [p.write.lease.task_id for p in batch],
                 now,
                 replaces,
@@ -233,8 +241,13 @@ async def _switch(
             continue
         if row["previous_version"] != lease.version_number:
             moved.append(p.key)
-        events.append(switched_event(registry, lease, generation, len(p.write.records), row))
-    # The ACL of every version the pointer moved to becomes the served one (pgvector.py:
-    # PgVectorSink._switch says why, and why in this order).
+        events.append(switched_event(registry, lease, generation, p.write.chunk_count, row))
+    # The pointer moved to these versions (or is the document's first): the ACL each was
+    # published with becomes the one search applies, in this transaction (issue 29, item
+    # 1); a rewrite at the same version keeps the served ACL. Lock order: the pointer rows
+    # (held since lock_search_pointer), then the ACL rows, as a publish takes them after the
+    # document row; a completion only takes FOR KEY SHARE on that row (foreign key checks),
+    # which the publish's lock does not block (services/publisher/queries.sql:
+    # lock_document, lock_search_pointer).
     await apply_served_acls(conn, moved)
     await add_events(conn, events)

@@ -8,14 +8,9 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import asyncpg
-
 from services.index.generation import chunking_settings
 from services.indexer.queue.task import Lease
-from services.runtime.db import translate_db_errors
-from services.runtime.records import from_row
 from services.runtime.sql import queries_beside
-from services.runtime.transaction import Transaction
 
 if TYPE_CHECKING:
     from services.index.generation import IndexGeneration
@@ -75,15 +70,6 @@ def not_switched_reason(
     if not served.replaces(lease, generation):
         return "pointer_serves_another_generation"
     return "pointer_serves_this_chunk_set"
-
-
-async def lock_search_pointer(conn: Transaction, lease: Lease) -> ServedPointer | None:
-    """The document's pointer, locked until the transaction ends; ``None``: it has none."""
-    with translate_db_errors():
-        row: asyncpg.Record | None = await conn.fetchrow(
-            QUERIES["lock_search_pointer"], lease.tenant_id, lease.document_id
-        )
-    return None if row is None else from_row(ServedPointer, row)
 
 
 def replaced_strategy(

@@ -45,7 +45,8 @@ INDEX_COLUMNS: Final = (
 @dataclass(frozen=True)
 class ChunkWrite:
     """One version's chunks, ready to COPY into knowledge_chunk (INDEX_COLUMNS): built
-    before the transaction opens."""
+    before the transaction opens. A large document's are staged instead (stream.py):
+    ``staged`` of them, no records, moved in from the staging table."""
 
     lease: Lease
     generation: IndexGeneration
@@ -53,6 +54,11 @@ class ChunkWrite:
     # The search generation the chunks build (generations.py); None: no search generation
     # is known (a sink used without one: the pointer moves as it did before them).
     search_generation_id: int | None = None
+    staged: int | None = None
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self.records) if self.staged is None else self.staged
 
 
 def switched_event(
