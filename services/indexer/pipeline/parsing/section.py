@@ -14,7 +14,6 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # Invisible characters that only split words for a search: soft hyphen, zero-width space
 # and joiners, word joiner, a BOM inside the text.
 _INVISIBLE = re.compile("[\u00ad\u200b-\u200d\u2060\ufeff]")
-_INLINE_SPACE = re.compile(r"[^\S\n]+")
 _BLANK_LINES = re.compile(r"\n{3,}")
 
 
@@ -31,7 +30,9 @@ def normalise_text(text: str) -> str:
     chunker prefers to split on); control characters become spaces, invisible ones go."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _INVISIBLE.sub("", _CONTROL.sub(" ", text))
-    lines = [_INLINE_SPACE.sub(" ", line).strip() for line in text.split("\n")]
+    # str.split() splits on exactly the characters \s matches: each line's runs of spaces
+    # made one and its ends stripped, in C.
+    lines = [" ".join(line.split()) for line in text.split("\n")]
     return _BLANK_LINES.sub("\n\n", "\n".join(lines)).strip()
 
 

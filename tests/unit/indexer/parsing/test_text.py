@@ -80,3 +80,26 @@ def test_a_long_text_normalised_in_blocks_is_the_whole_text_normalised(seed: int
     blocks = [normalise_text(block) for block in _blocks(text, size=rng.randint(5, 200))]
     assert len(blocks) > 1 or "\n\n" not in text[200:]
     assert "\n\n".join(block for block in blocks if block) == normalise_text(text)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_each_line_has_its_runs_of_any_unicode_space_made_one_and_its_ends_stripped(
+    seed: int,
+) -> None:
+    import random
+    import re
+
+    from services.indexer.pipeline.parsing.section import normalise_text
+
+    def by_the_rule(text: str) -> str:
+        text = re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", " ", re.sub("\r\n?", "\n", text))
+        text = re.sub("[\u00ad\u200b-\u200d\u2060\ufeff]", "", text)
+        lines = [re.sub(r"[^\S\n]+", " ", line).strip() for line in text.split("\n")]
+        return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+    rng = random.Random(seed)
+    spaces = [chr(c) for c in range(0x3001) if chr(c).isspace()]
+    pieces = ["a", "b.", "\n", "\r\n", "\x00", "\x7f", "\u200b", "\u00ad", *spaces]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 24)))
+        assert normalise_text(text) == by_the_rule(text), repr(text)
