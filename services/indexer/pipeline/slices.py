@@ -33,6 +33,9 @@ log = get_logger(__name__)
 _KNOWN_LOOKUP_BATCH: Final = 2000
 # Embedding requests sent back to back before the event loop is given a turn.
 _REQUESTS_PER_WAVE: Final = 8
+# Chunks whose write's records are built on the loop: for fewer, handing the work to a
+# thread (and its result back) costs more than the work.
+_RECORDS_ON_LOOP_MAX_CHUNKS: Final = 32
 # Vectors of recently seen content kept per document, so that content repeated within a
 # large document (a page footer, boilerplate) is embedded once: 4096 x 384 floats = 6 MiB.
 RECENT_VECTORS: Final = 4096
@@ -145,8 +148,10 @@ class DocumentRun:
             return self._sink.stream_writer(self._lease, self._generation, self.chunks)
         chunks, vectors = self._chunks, np.vstack(self._vectors)
         self._chunks, self._vectors = [], []
-        # Building the write's records is CPU work proportional to the document: off the
-        # loop, which must stay free for heartbeats.
+        if len(chunks) <= _RECORDS_ON_LOOP_MAX_CHUNKS:
+            return self._sink.writer(self._lease, self._generation, chunks, vectors)
+        # Building a larger write's records is CPU work proportional to the document: off
+        # the loop, which must stay free for heartbeats.
         return await asyncio.to_thread(
             self._sink.writer, self._lease, self._generation, chunks, vectors
         )
