@@ -8,6 +8,7 @@ strategy's id.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -49,8 +50,12 @@ def approximate_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / 3)) if text else 0
 
 
+@functools.lru_cache(maxsize=8)
 def load_token_counter(spec: TokenizerSpec) -> TokenCounter:
-    """A function counting the tokens of a text (without the special tokens the model adds)."""
+    """A function counting the tokens of a text (without the special tokens the model adds).
+
+    Loaded once per process and tokenizer: the embedding guard, chunking and the
+    generations' budgets share it (a tokenizer file takes tens of milliseconds to load)."""
     if spec.tokenizer_file is None:
         return approximate_tokens
     from tokenizers import Tokenizer

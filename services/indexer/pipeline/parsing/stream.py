@@ -10,7 +10,6 @@ indexer holds only the slice it is embedding: memory stays flat however long the
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import sys
 import threading
@@ -22,7 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import Any, Final, cast
 
-from services.embedding.tokens import TokenCounter, TokenizerSpec, load_token_counter
+from services.embedding.tokens import load_token_counter
 from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy, iter_chunks
 from services.indexer.pipeline.parsing import ParseLimits, Section, parse_document
 from services.indexer.pipeline.parsing.limits import memory_limit
@@ -32,12 +31,6 @@ from services.indexer.queue.task import ErrorCode, IndexingFailed
 DEFAULT_SLICE_CHUNKS: Final = 256
 # How often a thread waiting for a worker's message checks that the worker still runs.
 _POLL_SECONDS: Final = 0.05
-
-
-@functools.lru_cache(maxsize=4)
-def token_counter(spec: TokenizerSpec) -> TokenCounter:
-    """Loaded once per process and tokenizer."""
-    return load_token_counter(spec)
 
 
 class DocumentBytes:
@@ -151,7 +144,7 @@ def chunk_slices(
             document_id=document_id,
             version_number=version_number,
             strategy=strategy,
-            count_tokens=token_counter(strategy.tokenizer),
+            count_tokens=load_token_counter(strategy.tokenizer),
         ):
             part.append(chunk)
             if len(part) >= slice_chunks:

@@ -367,3 +367,16 @@ async def test_a_split_batch_that_succeeds_keeps_every_row_in_place(
     texts = [f"chunk {i}" for i in range(5)]
     np.testing.assert_array_equal(await embedder.embed(texts), expected(texts))
     assert [len(request.inputs) for request in provider.requests] == [5, 2, 3]
+
+
+def test_a_plain_http_provider_loads_no_ca_bundle_and_would_refuse_any_certificate() -> None:
+    import ssl
+
+    from services.embedding.openai_http import _tls_verification
+
+    for url in ("http://127.0.0.1:8080/v1", "HTTP://embeddings.internal/v1"):
+        context = _tls_verification(url)
+        assert isinstance(context, ssl.SSLContext)
+        assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+        assert context.get_ca_certs() == []
+    assert _tls_verification("https://api.openai.com/v1") is True
