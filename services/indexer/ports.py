@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast
 
 from services.embedding.guard.guard import ClaimAllowance as ClaimAllowance
 from services.indexer.queue.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
@@ -27,7 +27,6 @@ from services.runtime.transaction import Transaction as Transaction
 InTransaction = Callable[[Transaction], Awaitable[None]]
 
 
-@runtime_checkable
 class WritableTogether(Protocol):
     """An ``InTransaction`` that can also go with others of its kind in one set of
     statements (services/indexer/sink/together.py): the queue's group commit hands the
@@ -41,6 +40,13 @@ class WritableTogether(Protocol):
     def together(self) -> Callable[[Transaction, Sequence[Any]], Awaitable[None]]: ...
 
     async def __call__(self, conn: Transaction) -> None: ...
+
+
+def writable_together(write: object) -> WritableTogether | None:
+    """``write`` when it is a ``WritableTogether``, else None. Told by its ``together``
+    attribute, not ``isinstance``: against a runtime-checkable protocol that walks the
+    protocol's members on every call, and it is asked for every completion."""
+    return cast(WritableTogether, write) if getattr(write, "together", None) else None
 
 
 class TaskQueue(Protocol):

@@ -78,9 +78,10 @@ def chunking_code(tokenizer: TokenizerSpec) -> ChunkingCode:
     )
 
 
+@functools.lru_cache(maxsize=64)
 def code_digest(code: ChunkingCode) -> str:
     """A short digest of ``code`` for the strategy id: the id is stored with every chunk and
     in two of its indexes, so it carries the digest, and the versions are registered once
-    per generation."""
+    per generation. Remembered: the id is asked for every document."""
     text = json.dumps(list(code), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.indexer import metrics
-from services.indexer.ports import InTransaction, WritableTogether
+from services.indexer.ports import InTransaction, WritableTogether, writable_together
 from services.indexer.queue.task import Lease
 from services.runtime.transaction import Transaction
 
 
 def timed(write: InTransaction, lease: Lease, staging_seconds: float) -> InTransaction:
-    if isinstance(write, WritableTogether):
-        return TimedTogetherWrite(write, lease.tier, staging_seconds)
+    together = writable_together(write)
+    if together is not None:
+        return TimedTogetherWrite(together, lease.tier, staging_seconds)
 
     async def timed_write(transaction: Transaction) -> None:
         began = time.perf_counter()

@@ -42,7 +42,7 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-from services.indexer.ports import InTransaction, WritableTogether
+from services.indexer.ports import InTransaction, writable_together
 from services.indexer.queue.task import Lease
 from services.runtime.db import translate_db_errors
 from services.runtime.transaction import Transaction
@@ -194,8 +194,8 @@ class GroupCommitter:
                 else:
                     completion.error = self._lost(completion.lease)
             if writes:
-                first = writes[0]
-                assert isinstance(first, WritableTogether)
+                first = writable_together(writes[0])
+                assert first is not None
                 await first.together(conn, writes)
 
     async def _commit_isolated(self, conn: PooledConnection, group: list[_Completion]) -> None:
@@ -232,11 +232,11 @@ class GroupCommitter:
 
 def _writable_together(group: list[_Completion]) -> bool:
     """Whether every write of ``group`` can go in one set, through one sink."""
-    first = group[0].write
-    if not isinstance(first, WritableTogether):
+    first = writable_together(group[0].write)
+    if first is None:
         return False
     together = first.together
     return all(
-        isinstance(completion.write, WritableTogether) and completion.write.together == together
+        (other := writable_together(completion.write)) is not None and other.together == together
         for completion in group[1:]
     )
