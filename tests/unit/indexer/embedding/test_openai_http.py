@@ -377,6 +377,7 @@ def test_a_plain_http_provider_loads_no_ca_bundle_and_would_refuse_any_certifica
     for url in ("http://127.0.0.1:8080/v1", "HTTP://embeddings.internal/v1"):
         context = _tls_verification(url)
         assert isinstance(context, ssl.SSLContext)
-        assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+        assert context.verify_mode == ssl.CERT_REQUIRED
+        assert context.check_hostname
         assert context.get_ca_certs() == []
     assert _tls_verification("https://api.openai.com/v1") is True
