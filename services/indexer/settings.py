@@ -54,8 +54,12 @@ class IndexerSettings(RuntimeSettings):
     indexer_provider_failure_budget_seconds: float = Field(default=86_400.0, gt=0, lt=1e9)
     # Tasks a process indexes at once. Their chunks share embedding requests and their
     # results share commits, so a process indexing short documents needs enough of them to
-    # fill both (BENCHMARKS.md, issue 26).
-    indexer_concurrency: int = Field(default=32, ge=1, le=256)
+    # fill both, and for a group to be indexed while another commits (BENCHMARKS.md,
+    # issue 26). Each may hold its document's bytes while it waits for a parse process.
+    indexer_concurrency: int = Field(default=64, ge=1, le=256)
+    # Groups of completions committing at once, each on a connection of its own
+    # (services/indexer/queue/completions.py).
+    indexer_committing_groups: int = Field(default=2, ge=1, le=8)
     # An idle loop polls at most this far apart even when no Kafka hint arrives.
     indexer_poll_seconds: float = Field(default=5.0, gt=0)
     indexer_idle_backoff_min_seconds: float = Field(default=0.05, gt=0)

@@ -181,7 +181,11 @@ def build_worker(
     owner: str | None = None,
 ) -> Worker:
     return Worker(
-        PgTaskQueue(pool, heartbeat_pool=heartbeat_pool),
+        PgTaskQueue(
+            pool,
+            heartbeat_pool=heartbeat_pool,
+            committing_groups=settings.indexer_committing_groups,
+        ),
         indexer,
         tier=tier,
         owner=owner or settings.indexer_worker_id,
@@ -205,7 +209,7 @@ def build_worker(
 def main_pool_size(concurrency: int) -> int:
     """Connections for claims, results and the sink: one per slot up to 16, then no more.
     The slots' reads share queries (services/runtime/coalesce.py) and their results commit
-    in groups on one connection, so beyond 16 slots more connections would stay idle; a
+    in groups on a connection or two, so beyond 16 slots more connections would stay idle; a
     slot's own statements (a failure, a large document's slices) wait for one instead.
     Plus one for claims and one spare."""
     return min(concurrency, 16) + 2

@@ -21,6 +21,7 @@ from services.runtime.errors import LeaseLost
 from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED
 from services.runtime.transaction import Transaction
 from tests.support import versions
+from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
@@ -161,3 +162,106 @@ async def test_completions_arriving_during_a_commit_form_the_next_group(
     assert groups == [1, 3]
     for lease in leases:
         assert await indexed(pool, lease.document_id) == (1, True, 1)
+
+
+async def test_with_two_committing_groups_a_held_commit_does_not_hold_the_next(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    groups: list[int] = []
+    queue = PgTaskQueue(pool, on_completion_group=groups.append, committing_groups=2)
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    held, second, third = await claimed(pool, queue, 3)
+    in_commit = asyncio.Event()
+    release = asyncio.Event()
+    held_write = write_for(sink, held)
+
+    async def waits_in_its_transaction(conn: Transaction) -> None:
+        in_commit.set()
+        await release.wait()
+        await held_write(conn)
+
+    first = asyncio.create_task(queue.complete(held, in_transaction=waits_in_its_transaction))
+    await in_commit.wait()
+    # The first group is inside its transaction; the second commits beside it.
+    await asyncio.wait_for(queue.complete(second, in_transaction=write_for(sink, second)), 60)
+    assert not first.done()
+    assert await indexed(pool, second.document_id) == (1, True, 1)
+    assert await indexed(pool, held.document_id) == (0, False, 0)
+    release.set()
+    await first
+    await queue.complete(third, in_transaction=write_for(sink, third))
+    assert groups == [1, 1, 1]
+    for lease in (held, second, third):
+        assert await indexed(pool, lease.document_id) == (1, True, 1)
+        assert await status(pool, lease) is TaskStatus.SUCCEEDED
+
+
+async def test_two_versions_of_a_document_in_groups_committing_at_once_end_on_the_newer(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    queue = PgTaskQueue(pool, committing_groups=2)
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    created = await create_task(pool)
+    await versions.publish_version(pool, created, 2)
+    others = [await create_task(pool) for _ in range(4)]
+    leases = await queue.claim("standard", "w1", lease_seconds=60, limit=6)
+    assert len(leases) == 6
+    older, newer = sorted(
+        (lease for lease in leases if lease.document_id == created.document_id),
+        key=lambda lease: lease.version_number,
+    )
+    rest = [lease for lease in leases if lease.document_id != created.document_id]
+    assert {lease.document_id for lease in rest} == {other.document_id for other in others}
+    # The newer version first and alone: written, its transaction held open with the
+    # document's pointer locked. The older arrives with others and goes in the second
+    # group, which commits beside it and waits for that lock.
+    written = asyncio.Event()
+    release = asyncio.Event()
+    newer_write = write_for(sink, newer)
+
+    async def holds_its_locks(conn: Transaction) -> None:
+        await newer_write(conn)
+        written.set()
+        await release.wait()
+
+    first = asyncio.create_task(queue.complete(newer, in_transaction=holds_its_locks))
+    await written.wait()
+    second = [
+        asyncio.create_task(queue.complete(lease, in_transaction=write_for(sink, lease)))
+        for lease in (older, *rest)
+    ]
+    await wait_until_blocked_on_a_lock(pool)
+    assert not any(task.done() for task in second)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(first, *second), 60)
+    served = await pool.fetchval(
+        "SELECT version_number FROM document_search_version WHERE document_id = $1",
+        created.document_id,
+    )
+    assert served == 2
+    for lease in (older, newer, *rest):
+        assert await status(pool, lease) is TaskStatus.SUCCEEDED
+    for lease in rest:
+        assert await indexed(pool, lease.document_id) == (1, True, 1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("committing_groups", [1, 2])
+async def test_completions_one_after_the_other_each_commit(
+    pool: asyncpg.Pool[Any], committing_groups: int
+) -> None:
+    # At low load each completion is a group of its own, queued just as the last
+    # committer found nothing left to do.
+    queue = PgTaskQueue(pool, committing_groups=committing_groups)
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    leases = await claimed(pool, queue, 4)
+    writes = [write_for(sink, lease) for lease in leases]
+    for lease, write in zip(leases, writes, strict=True):
+        # Nothing awaited between one completion's end and the next one's start (a lost
+        # committer would hang here: the test's timeout fails it).
+        await queue.complete(lease, in_transaction=write)
+    for lease in leases:
+        assert await status(pool, lease) is TaskStatus.SUCCEEDED

@@ -4,9 +4,12 @@ own.
 
 A completion is a small transaction (the fenced UPDATE, the chunks, the pointer, an outbox
 event), and its COMMIT -- a WAL flush, a round trip -- costs as much as everything in it for
-a short document. While one group commits, the completions that arrive wait and then go
+a short document. While a group commits, the completions that arrive wait and then go
 together as the next group, so under load a commit serves many tasks and at low load a
-completion is never delayed by a timer.
+completion is never delayed by a timer. Up to ``committing_groups`` groups commit at once,
+each on a connection of its own: one group's statements keep one database backend busy
+while the next group waits behind it, and with a second committing meanwhile the database
+works on both.
 
 Each task keeps its own outcome. A fence that no longer holds (the lease was lost) changes
 nothing, so that task's write is skipped and it gets ``LeaseLost``; the others commit. A
@@ -28,7 +31,10 @@ when that fails, as above: one task after the other.
 A group holds at most one completion per document (a second waits for the next group), and
 its tasks are written in (tenant, document, version) order: the pointer rows and the
 outbox's per-document advisory locks are taken in one order by every group, so two groups
-committing at once wait for each other instead of deadlocking.
+committing at once (of this process or another) wait for each other instead of
+deadlocking. Two versions of one document in two groups committing at once are written
+one after the other (the second waits for the first's pointer lock), and the pointer only
+ever moves forward, whichever commits first.
 """
 
 from __future__ import annotations
@@ -69,8 +75,8 @@ class _Completion:
 
 
 class GroupCommitter:
-    """Runs the completions handed to ``complete`` in groups of at most ``max_group``,
-    one group at a time."""
+    """Runs the completions handed to ``complete`` in groups of at most ``max_group``, at
+    most ``committing_groups`` groups at a time."""
 
     def __init__(
         self,
@@ -81,9 +87,12 @@ class GroupCommitter:
         max_group: int = 32,
         on_group: Callable[[int], None] | None = None,
         fence_all: FenceAll | None = None,
+        committing_groups: int = 1,
     ) -> None:
         if max_group < 1:
             raise ValueError("max_group must be >= 1")
+        if committing_groups < 1:
+            raise ValueError("committing_groups must be >= 1")
         self._pool = pool
         self._fence = fence
         self._fence_all = fence_all
@@ -93,14 +102,19 @@ class GroupCommitter:
         self.max_group = max_group
         self._on_group = on_group
         self._queue: deque[_Completion] = deque()
-        self._committer: asyncio.Task[None] | None = None
+        self._committing_groups = committing_groups
+        self._committers: set[asyncio.Task[None]] = set()
 
     async def complete(self, lease: Lease, write: InTransaction) -> None:
         """Returns once the task's completion committed; raises what kept it from it."""
         completion = _Completion(lease, write, asyncio.get_running_loop().create_future())
         self._queue.append(completion)
-        if self._committer is None or self._committer.done():
-            self._committer = asyncio.create_task(self._commit_groups())
+        # done(), not a done-callback: a committer that has just found the queue empty is
+        # done at once, but its callbacks run a turn later, and a completion queued meanwhile
+        # must not count on it.
+        self._committers = {committer for committer in self._committers if not committer.done()}
+        if len(self._committers) < self._committing_groups:
+            self._committers.add(asyncio.create_task(self._commit_groups()))
         await completion.done
 
     async def _commit_groups(self) -> None:

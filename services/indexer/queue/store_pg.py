@@ -53,6 +53,7 @@ class PgTaskQueue:
         exhausted_per_claim: int = 100,
         min_candidates: int = 32,
         max_completion_group: int = 32,
+        committing_groups: int = 1,
         on_completion_group: Callable[[int], None] | None = None,
     ) -> None:
         self._pool = pool
@@ -68,6 +69,7 @@ class PgTaskQueue:
             max_group=max_completion_group,
             on_group=on_completion_group,
             fence_all=self._fences_hold,
+            committing_groups=committing_groups,
         )
 
     async def claim(
