@@ -22,6 +22,7 @@ from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED
 from services.runtime.transaction import Transaction
 from tests.support import versions
 from tests.support.locks import wait_until_blocked_on_a_lock
+from tests.support.paused import PausedWrite
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
@@ -141,23 +142,15 @@ async def test_completions_arriving_during_a_commit_form_the_next_group(
     sink = PgVectorSink(pool)
     await sink.ensure_generation(GENERATION)
     leases = await claimed(pool, queue, 4)
-    in_commit = asyncio.Event()
-    release = asyncio.Event()
-    first_write = write_for(sink, leases[0])
-
-    async def held_write(conn: Transaction) -> None:
-        in_commit.set()
-        await release.wait()
-        await first_write(conn)
-
-    first = asyncio.create_task(queue.complete(leases[0], in_transaction=held_write))
-    await in_commit.wait()
+    held = PausedWrite(write_for(sink, leases[0]), before_write=True)
+    first = asyncio.create_task(queue.complete(leases[0], in_transaction=held))
+    await held.reached.wait()
     rest = [
         asyncio.create_task(queue.complete(lease, in_transaction=write_for(sink, lease)))
         for lease in leases[1:]
     ]
     await asyncio.sleep(0)
-    release.set()
+    held.release.set()
     await asyncio.gather(first, *rest)
     assert groups == [1, 3]
     for lease in leases:
@@ -172,23 +165,15 @@ async def test_with_two_committing_groups_a_held_commit_does_not_hold_the_next(
     sink = PgVectorSink(pool)
     await sink.ensure_generation(GENERATION)
     held, second, third = await claimed(pool, queue, 3)
-    in_commit = asyncio.Event()
-    release = asyncio.Event()
-    held_write = write_for(sink, held)
-
-    async def waits_in_its_transaction(conn: Transaction) -> None:
-        in_commit.set()
-        await release.wait()
-        await held_write(conn)
-
-    first = asyncio.create_task(queue.complete(held, in_transaction=waits_in_its_transaction))
-    await in_commit.wait()
+    paused = PausedWrite(write_for(sink, held), before_write=True)
+    first = asyncio.create_task(queue.complete(held, in_transaction=paused))
+    await paused.reached.wait()
     # The first group is inside its transaction; the second commits beside it.
     await asyncio.wait_for(queue.complete(second, in_transaction=write_for(sink, second)), 60)
     assert not first.done()
     assert await indexed(pool, second.document_id) == (1, True, 1)
     assert await indexed(pool, held.document_id) == (0, False, 0)
-    release.set()
+    paused.release.set()
     await first
     await queue.complete(third, in_transaction=write_for(sink, third))
     assert groups == [1, 1, 1]
@@ -217,24 +202,16 @@ async def test_two_versions_of_a_document_in_groups_committing_at_once_end_on_th
     # The newer version first and alone: written, its transaction held open with the
     # document's pointer locked. The older arrives with others and goes in the second
     # group, which commits beside it and waits for that lock.
-    written = asyncio.Event()
-    release = asyncio.Event()
-    newer_write = write_for(sink, newer)
-
-    async def holds_its_locks(conn: Transaction) -> None:
-        await newer_write(conn)
-        written.set()
-        await release.wait()
-
-    first = asyncio.create_task(queue.complete(newer, in_transaction=holds_its_locks))
-    await written.wait()
+    paused = PausedWrite(write_for(sink, newer))
+    first = asyncio.create_task(queue.complete(newer, in_transaction=paused))
+    await paused.reached.wait()
     second = [
         asyncio.create_task(queue.complete(lease, in_transaction=write_for(sink, lease)))
         for lease in (older, *rest)
     ]
     await wait_until_blocked_on_a_lock(pool)
     assert not any(task.done() for task in second)
-    release.set()
+    paused.release.set()
     await asyncio.wait_for(asyncio.gather(first, *second), 60)
     served = await pool.fetchval(
         "SELECT version_number FROM document_search_version WHERE document_id = $1",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,10 +22,9 @@ from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, add_tenant, publish, publisher_harness, upload
-from tests.support.cli import kb
+from tests.support.cli import kb, kb_async
 from tests.support.documents import make_corrupt_pdf
 from tests.support.pipeline import running_pipeline
-from tests.support.stack import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -111,23 +109,11 @@ async def kb_while_indexing(
         stop = asyncio.Event()
         working = asyncio.create_task(worker.run(stop))
         try:
-            command = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "services.cli",
-                *args,
-                env=env,
-                cwd=REPO_ROOT,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            async with asyncio.timeout(120):
-                out, err = await command.communicate()
+            returncode, out, err = await kb_async(env, *args, seconds=120)
         finally:
             stop.set()
             await working
-    assert command.returncode is not None
-    return subprocess.CompletedProcess(list(args), command.returncode, out.decode(), err.decode())
+    return subprocess.CompletedProcess(list(args), returncode, out, err)
 
 
 async def served(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> tuple[int | None, int]:

@@ -36,6 +36,7 @@ from services.runtime.transaction import Transaction
 from tests.support import versions
 from tests.support.clock import ManualClock
 from tests.support.locks import wait_until_blocked_on_a_lock
+from tests.support.paused import PausedWrite
 from tests.support.stack import REPO_ROOT
 from tests.support.tasks import CreatedTask, create_task
 
@@ -288,19 +289,13 @@ async def test_no_takeover_slips_in_while_the_sink_writes(
         write = PgVectorSink(pool).writer(
             lease, GENERATION, make_chunks(created.document_id, 1, ["30 days"]), unit_vectors(1)
         )
-        writing, may_commit = asyncio.Event(), asyncio.Event()
-
-        async def paused_write(conn: Transaction) -> None:
-            await write(conn)
-            writing.set()
-            await may_commit.wait()
-
-        completing = asyncio.create_task(queue.complete(lease, in_transaction=paused_write))
-        await writing.wait()
+        paused = PausedWrite(write)
+        completing = asyncio.create_task(queue.complete(lease, in_transaction=paused))
+        await paused.reached.wait()
         # The lease runs out while the transaction is open: a claimer skips the locked row.
         clock.advance(LEASE + 1)
         assert await queue.claim("standard", "rescuer", lease_seconds=LEASE) == []
-        may_commit.set()
+        paused.release.set()
         await completing
         assert await queue.claim("standard", "rescuer", lease_seconds=LEASE) == []
         task = await queue.get(created.task_id)
@@ -573,15 +568,9 @@ async def test_concurrent_switches_of_one_document_serialise_on_the_pointer(
         write_v1 = sink.writer(
             v1, GENERATION, make_chunks(created.document_id, 1, ["a"]), unit_vectors(1)
         )
-        written, may_commit = asyncio.Event(), asyncio.Event()
-
-        async def v1_paused_before_commit(conn: Transaction) -> None:
-            await write_v1(conn)
-            written.set()
-            await may_commit.wait()
-
-        first = asyncio.create_task(queue.complete(v1, in_transaction=v1_paused_before_commit))
-        await written.wait()
+        v1_paused = PausedWrite(write_v1)
+        first = asyncio.create_task(queue.complete(v1, in_transaction=v1_paused))
+        await v1_paused.reached.wait()
         # Another worker's queue: one queue commits its completions one group at a time.
         second = asyncio.create_task(
             PgTaskQueue(pool).complete(
@@ -592,7 +581,7 @@ async def test_concurrent_switches_of_one_document_serialise_on_the_pointer(
             )
         )
         await wait_until_blocked_on_a_lock(pool)
-        may_commit.set()
+        v1_paused.release.set()
         await asyncio.gather(first, second)
 
         current = await pointer(pool, created.document_id)
@@ -693,18 +682,12 @@ async def test_a_rerun_after_a_chunker_change_serves_one_chunking_with_its_count
         new_texts = ["30 days, no questions asked", "by card or by bank transfer"]
         new = versions.make_chunks(document_id, 1, new_texts, UPGRADED.chunking_strategy)
         write = sink.writer(again, UPGRADED, new, unit_vectors(2, seed=1))
-        written, may_commit = asyncio.Event(), asyncio.Event()
-
-        async def paused_before_commit(conn: Transaction) -> None:
-            await write(conn)
-            written.set()
-            await may_commit.wait()
-
-        completing = asyncio.create_task(queue.complete(again, in_transaction=paused_before_commit))
-        await written.wait()
+        paused = PausedWrite(write)
+        completing = asyncio.create_task(queue.complete(again, in_transaction=paused))
+        await paused.reached.wait()
         # Until it commits, readers see the old chunking whole: nothing deleted, nothing new.
         assert await served_texts(pool, document_id) == old_texts
-        may_commit.set()
+        paused.release.set()
         await completing
 
         assert await served_texts(pool, document_id) == new_texts
