@@ -18,6 +18,10 @@ this process at each batch size of ``--bare-batches``, after the run; the best r
 model's own, and the pipeline's documents/s is reported as a share of it. The server's
 busy share is the time it spent inside the model over the run's length.
 
+The start, beside it: the rate from the first claim, and what any process pays before it
+can claim (``process_start``): a fresh interpreter importing only the third-party modules
+the indexer loads, then one importing the indexer's own modules as well.
+
 Needs DATABASE_URL (or the dev stack: `kb dev up`). Uses its own database
 (``--database``, recreated). Not part of the test suite.
 """
@@ -250,23 +254,23 @@ async def run_indexer(
             *command, env=indexer_env(url, provider, settings)
         )
         profiler = None
-        if profile:
-            # py-spy (pip install py-spy): collapsed stacks of the indexer, for flame graphs.
-            profiler = await asyncio.create_subprocess_exec(
-                "py-spy",
-                "record",
-                "-f",
-                "raw",
-                "-r",
-                "100",
-                "-o",
-                profile,
-                "-p",
-                str(process.pid),
-            )
         first_claim: float | None = None
         done = dead = 0
         try:
+            if profile:
+                # py-spy (pip install py-spy): collapsed stacks of the indexer, for flame graphs.
+                profiler = await asyncio.create_subprocess_exec(
+                    "py-spy",
+                    "record",
+                    "-f",
+                    "raw",
+                    "-r",
+                    "100",
+                    "-o",
+                    profile,
+                    "-p",
+                    str(process.pid),
+                )
             while time.monotonic() - started < limit_seconds:
                 done, dead, begun = await progress(conn)
                 now = time.monotonic()
@@ -368,6 +372,55 @@ async def database_floor(url: str) -> dict[str, float]:
         await pool.close()
 
 
+# What `kb indexer run` imports before its first claim (and the HTTP client's asyncio
+# backend, which it imports at its first request).
+INDEXER_MODULES = (
+    "services.cli",
+    "services.indexer.cli",
+    "services.indexer.wiring",
+    "services.embedding.openai_http",
+    "anyio._backends._asyncio",
+)
+
+
+def process_start() -> dict[str, float]:
+    """The least a process pays before it can claim: a fresh interpreter importing only the
+    third-party modules the indexer loads (``libraries_seconds``: the floor of any indexer
+    written on these libraries), and importing the indexer's own modules as well
+    (``indexer_seconds``); the best of three spawns each."""
+    listing = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib, sys, sysconfig\n"
+            f"for name in {INDEXER_MODULES!r}: importlib.import_module(name)\n"
+            "site = sysconfig.get_paths()['purelib']\n"
+            "print(' '.join(sorted(n for n, m in list(sys.modules.items())"
+            " if (getattr(m, '__file__', None) or '').startswith(site))))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    libraries = (
+        "import importlib\n"
+        f"for name in {listing!r}:\n"
+        "    try: importlib.import_module(name)\n"
+        "    except Exception: pass"
+    )
+    indexer = f"import importlib\nfor name in {INDEXER_MODULES!r}: importlib.import_module(name)"
+
+    def best(code: str) -> float:
+        times = []
+        for _ in range(3):
+            began = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    return {"libraries_seconds": best(libraries), "indexer_seconds": best(indexer)}
+
+
 async def bare_model(inputs: list[str], batches: list[int]) -> dict[int, float]:
     """Seconds the bare model takes for ``inputs`` at each batch size, one request at a
     time, the model's own sorted, padded runs of the whole batch."""
@@ -415,6 +468,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "model_busy_seconds": stats["busy_seconds"],
         "model_busy_share": stats["busy_seconds"] / run["seconds"],
     }
+    if run["first_claim_seconds"] is not None:
+        result["docs_per_second_from_first_claim"] = run["succeeded"] / (
+            run["seconds"] - run["first_claim_seconds"]
+        )
+    result["process_start_seconds"] = process_start()
     floor = await database_floor(url)
     result.update(
         database_floor_docs_per_second=floor,
