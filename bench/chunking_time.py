@@ -41,7 +41,7 @@ from bench.indexing_throughput import corpus, paragraph
 from bench.quality_examples import example_documents
 from services.embedding.onnx_local import default_tokenizer_file
 from services.indexer.pipeline.parsing import parse_document
-from services.runtime.media_types import MARKDOWN, TEXT
+from services.runtime.indexing.media_types import MARKDOWN, TEXT
 
 THIS_TREE = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from tests.support.stack import REPO_ROOT
 KB = [sys.executable, "-m", "services.cli"]
 EAGER = (
     "import services.devstack.cli, services.indexer.cli, services.publisher.cli, "
-    "services.relay.cli, services.runtime.cli"
+    "services.relay.cli, services.runtime.commands.cli"
 )
 COMMANDS: dict[str, list[str]] = {
     "python -c pass": [sys.executable, "-c", "pass"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from services.runtime.migrations import apply_migrations
+from services.runtime.pg.migrations import apply_migrations
 
 
 def url_for(admin_url: str, name: str) -> str:

@@ -330,7 +330,7 @@ async def database_floor(url: str) -> dict[str, float]:
     then all in one transaction, as a batch loader with no per-document promise would.
     Documents/s of each: a ceiling no pipeline on this database can pass."""
     from services.indexer.sink.write import INDEX_COLUMNS
-    from services.runtime.db import create_pool
+    from services.runtime.pg.db import create_pool
     from services.runtime.settings import RuntimeSettings
 
     pool = await create_pool(

@@ -37,8 +37,8 @@ from bench.search_scale_single import (
     unit_vectors,
 )
 from services.index.ann import model_predicate, vector_expression
-from services.runtime.db import create_pool
-from services.runtime.sql import parse_queries
+from services.runtime.pg.db import create_pool
+from services.runtime.pg.sql import parse_queries
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, SearchMode, SearchRequest
 from services.search.statements import TEMPLATE_DIMENSION, TEMPLATE_MODEL, SearchSettings

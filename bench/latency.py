@@ -45,8 +45,8 @@ from aiokafka import AIOKafkaConsumer
 from services.demo.processes import DemoProcesses
 from services.demo.stack import free_port
 from services.embedding.onnx_local import MODEL_NAME
-from services.runtime.avro import default_registry
-from services.runtime.events import index_hints_topic
+from services.runtime.messaging.avro import default_registry
+from services.runtime.messaging.events import index_hints_topic
 
 TIER = "standard"
 

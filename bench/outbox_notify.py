@@ -3,7 +3,7 @@
     uv run python -m bench.outbox_notify --writers 16 --seconds 5 --rounds 3 --client pgbench
 
 --writers connections each repeat a publish-like transaction: BEGIN, one outbox row (its
-own document) by ``add_event``'s own statement (services/runtime/outbox.sql), COMMIT. The
+own document) by ``add_event``'s own statement (services/runtime/messaging/outbox.sql), COMMIT. The
 writers are pgbench (``--client pgbench``: a C client, so the server, not the client, is
 what saturates) or asyncpg connections in this process (``--client asyncpg``, through
 ``add_event`` itself; on a small machine the Python client saturates first).
@@ -39,12 +39,13 @@ from typing import Any
 import asyncpg
 
 from bench.databases import recreate_database
-from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.messaging.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.pg.sql import queries_beside
 from services.runtime.settings import RuntimeSettings
-from services.runtime.sql import queries_beside
 
 INSERT_EVENT = queries_beside(
-    str(Path(__file__).resolve().parent.parent / "services/runtime/outbox.py"), "outbox.sql"
+    str(Path(__file__).resolve().parent.parent / "services/runtime/messaging/outbox.py"),
+    "outbox.sql",
 )["insert_event"]
 
 BENCH_DB = "kb_bench_outbox_notify"

@@ -54,8 +54,8 @@ from services.indexer.pipeline.version_indexer import chunking_strategy
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
-from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.logging import configure_logging
+from services.runtime.pg.db import create_pool, skip_session_reset
 from services.runtime.settings import RuntimeSettings
 from tests.support.pipeline import RecordingEmbedder, running_pipeline
 from tests.support.tasks import create_task

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.indexer.pipeline.parsing import parse_document
-from services.runtime.media_types import normalise_media_type
+from services.runtime.indexing.media_types import normalise_media_type
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DATA = Path(__file__).resolve().parent / "search_quality_data"

@@ -37,9 +37,9 @@ from services.relay.ports import Lease, OutboxRecord
 from services.relay.relay import Relay
 from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
-from services.runtime.events import document_events_topic
 from services.runtime.logging import configure_logging
-from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.messaging.events import document_events_topic
+from services.runtime.messaging.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 
 BENCH_DB = "kb_bench_relay"

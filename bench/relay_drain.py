@@ -28,7 +28,7 @@ from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, create_relay_
 from services.relay.ports import Lease
 from services.relay.settings import RelaySettings
 from services.runtime.logging import configure_logging
-from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.messaging.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 
 BENCH_DB = "kb_bench_relay_drain"

@@ -61,8 +61,8 @@ from services.embedding.port import Embedder
 from services.embedding.settings import load_embedding_settings
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
-from services.runtime.db import create_pool
-from services.runtime.migrations import apply_migrations
+from services.runtime.pg.db import create_pool
+from services.runtime.pg.migrations import apply_migrations
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import (
     Generation,

@@ -24,7 +24,7 @@ from bench.search_scale_measure import (
 )
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
-from services.runtime.tenant_wall import full_text_match_is_leakproof
+from services.runtime.tenancy.tenant_wall import full_text_match_is_leakproof
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, SearchMode, rank_results
@@ -50,7 +50,7 @@ async def measure_row_security(
     pools = {wall: await open_search_pool(settings) for wall in (True, False)}
     rows: list[tuple[str, str, int, list[float], list[float]]] = []
     try:
-        # What the cost depends on (services/runtime/tenant_wall.py): the full-text match
+        # What the cost depends on (services/runtime/tenancy/tenant_wall.py): the full-text match
         # LEAKPROOF or not in this database.
         leakproof = await full_text_match_is_leakproof(pools[False])
         if prewarmed:

@@ -38,8 +38,8 @@ from bench.search_scale_corpus import (
 from services.index.ann import ann_index_name, build_ann_index_sql
 from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
 from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
-from services.runtime.migrations import apply_migrations
-from services.runtime.tenant_auth import hash_api_key
+from services.runtime.pg.migrations import apply_migrations
+from services.runtime.tenancy.tenant_auth import hash_api_key
 
 STRATEGY = "bench"
 KEY_PREFIX_FOR_BENCH = "kb"

@@ -43,8 +43,8 @@ from bench.search_data import PublishedRows, chunk_row
 from services.index.ann import model_predicate, vector_expression
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
-from services.runtime.db import create_pool
-from services.runtime.migrations import apply_migrations
+from services.runtime.pg.db import create_pool
+from services.runtime.pg.migrations import apply_migrations
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, SearchMode, SearchRequest
 from services.search.statements import SearchSettings

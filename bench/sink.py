@@ -47,8 +47,8 @@ from services.indexer.pipeline.chunking import Chunk, chunk_id_of
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease
 from services.indexer.sink.pgvector import PgVectorSink
-from services.runtime.db import create_pool, skip_session_reset
-from services.runtime.migrations import apply_migrations
+from services.runtime.pg.db import create_pool, skip_session_reset
+from services.runtime.pg.migrations import apply_migrations
 from services.runtime.settings import RuntimeSettings
 
 DB = "kb_bench_sink"

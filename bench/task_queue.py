@@ -32,9 +32,9 @@ from services.indexer.ports import IndexingOutcome
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease
 from services.indexer.queue.worker import Worker
-from services.runtime.db import create_pool, skip_session_reset
 from services.runtime.logging import configure_logging
-from services.runtime.migrations import apply_migrations
+from services.runtime.pg.db import create_pool, skip_session_reset
+from services.runtime.pg.migrations import apply_migrations
 from services.runtime.settings import RuntimeSettings
 from tests.support.tasks import create_many_tasks
 

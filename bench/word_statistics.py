@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.databases import url_for
 from bench.search_scale_single import DIMENSION, MODEL, TENANT, VOCABULARY
-from services.runtime.db import create_pool
+from services.runtime.pg.db import create_pool
 from services.search.index_pg import PgSearchIndex, read_word_sample
 from services.search.searcher import Generation, SearchMode, SearchRequest
 from services.search.statements import SearchSettings

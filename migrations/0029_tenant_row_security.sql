@@ -4,7 +4,7 @@
 -- Every query of the API already names its tenant. This makes the database refuse the rows
 -- of other tenants too, for the API's tenant-scoped transactions: they run as the role
 -- kb_tenant_api (SET LOCAL ROLE) with the tenant in the transaction-local setting
--- kb.tenant_id (services/runtime/tenant_wall.py), and each tenant-scoped table lets that
+-- kb.tenant_id (services/runtime/tenancy/tenant_wall.py), and each tenant-scoped table lets that
 -- role see and write only the rows of that tenant. A query that lost its tenant filter then
 -- reads nothing of another tenant, and an insert naming another tenant is refused.
 --
@@ -41,7 +41,7 @@ $$;
 -- Exactly what the API's tenant paths do as the role: search (read the pointers, the served
 -- ACL, the chunks, the document's title, the tenant's text search configuration), a
 -- document's status and its index task (read), a new document or version and a publish
--- (services/publisher/queries.sql, services/runtime/tasks.sql, served_acl.sql, outbox.sql:
+-- (services/publisher/queries.sql, services/runtime/indexing/tasks.sql, served_acl.sql, outbox.sql:
 -- the outbox's trigger reads relay_doorbell; a publish enqueues the tasks of the
 -- generations the tenant is built in, read from the two generation tables). No DELETE of
 -- documents, no TRUNCATE, nothing on the keys, the queue's leases or the relay's state.
@@ -99,7 +99,7 @@ $$;
 -- (BENCHMARKS.md, tenant wall). Its only effect is its boolean answer, from its two
 -- arguments, so we mark it, in this database only (pg_proc is per database). Only a
 -- superuser may; without one (managed PostgreSQL) it stays unmarked, and KB_DB_ROW_SECURITY=auto
--- leaves search outside the wall there (services/runtime/tenant_wall.py). A restore into
+-- leaves search outside the wall there (services/runtime/tenancy/tenant_wall.py). A restore into
 -- a new cluster (pg_dump, pg_upgrade) does not carry the mark: docs/security.md.
 DO $$
 BEGIN

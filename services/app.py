@@ -32,9 +32,9 @@ from services.runtime.fair_share.gate import FairShare
 from services.runtime.fair_share.middleware import FairShareMiddleware, limited_routes
 from services.runtime.fair_share.settings import FairShareSettings, Kind
 from services.runtime.fair_share.tiers import PgTenantTiers, TenantTiers
-from services.runtime.http_strict import StrictHeadersMiddleware, StrictJsonMiddleware
+from services.runtime.indexing.search_lag import run_search_lag_sampler
 from services.runtime.logging import get_logger
-from services.runtime.search_lag import run_search_lag_sampler
+from services.runtime.web.http_strict import StrictHeadersMiddleware, StrictJsonMiddleware
 from services.search.routes import search_router
 from services.search.searcher import SearchService
 from services.search.statements import SearchSettings
@@ -124,7 +124,7 @@ def _read_status_on(app: FastAPI, replicas: StatusReplicas | None) -> None:
 
 
 def _add_strict_http(app: FastAPI) -> None:
-    """HTTP strictness (services/runtime/http_strict.py): the header checks outermost,
+    """HTTP strictness (services/runtime/web/http_strict.py): the header checks outermost,
     before auth or anything reads the body; the duplicate-JSON-key check just inside the
     body-size limit, so that it buffers only bodies the limit lets through."""
     stack = app.user_middleware  # outermost first
@@ -197,12 +197,12 @@ async def _search_resources(
 
 
 def _fair_share_settings() -> FairShareSettings:
-    from services.runtime.cli_support import load_settings
+    from services.runtime.commands.cli_support import load_settings
 
     return load_settings(FairShareSettings)
 
 
 def _operator_settings() -> OperatorSettings:
-    from services.runtime.cli_support import load_settings
+    from services.runtime.commands.cli_support import load_settings
 
     return load_settings(OperatorSettings)

@@ -28,7 +28,7 @@ COMMANDS: dict[str, LazyCommand] = {
         "Run the embedded PostgreSQL + pgvector and a local Kafka broker.",
     ),
     "migrate": LazyCommand(
-        "services.runtime.cli",
+        "services.runtime.commands.cli",
         "migrate",
         "Apply pending migrations under an advisory lock (safe to run from several places).",
     ),
@@ -137,7 +137,7 @@ def main() -> None:
     except Exception as error:
         # Every command's errors end here: credentials masked, one line for a known error
         # (settings that do not validate are named without their values), exit 2 or 1.
-        from services.runtime.cli_support import fail
+        from services.runtime.commands.cli_support import fail
 
         fail(error)
 

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from services.runtime.cli_options import metrics_port_option, serve_metrics
+from services.runtime.commands.cli_options import metrics_port_option, serve_metrics
 
 if TYPE_CHECKING:
     import uvicorn
 
     from services.publisher.settings import PublisherSettings
-    from services.runtime.http_strict import HttpSettings
+    from services.runtime.web.http_strict import HttpSettings
 
 
 def serve(
@@ -27,9 +27,9 @@ def serve(
     from services.app import create_app
     from services.publisher.server import GracefulServer
     from services.publisher.settings import PublisherSettings
-    from services.runtime.cli_support import load_settings
-    from services.runtime.http_strict import HttpSettings
+    from services.runtime.commands.cli_support import load_settings
     from services.runtime.logging import configure_logging
+    from services.runtime.web.http_strict import HttpSettings
 
     settings = load_settings(PublisherSettings)
     http_settings = load_settings(HttpSettings)
@@ -49,7 +49,7 @@ def server_config(
     import uvicorn
 
     from services.publisher.server import uvicorn_options
-    from services.runtime.http_strict import proxy_options
+    from services.runtime.web.http_strict import proxy_options
 
     options = {**uvicorn_options(settings), **proxy_options(http)}
     return uvicorn.Config(app, host=host, port=port, **options)

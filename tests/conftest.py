@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import asyncpg
 import pytest
 
-from services.runtime.db import create_pool
+from services.runtime.pg.db import create_pool
 from services.runtime.settings import RuntimeSettings
 from tests.support.stack import (
     DatabaseSupply,

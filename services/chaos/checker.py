@@ -19,8 +19,8 @@ from services.chaos.logs import lease_figures, search_reads
 from services.chaos.result import KEEP, CheckResult
 from services.chaos.searcher import SearchRecord
 from services.chaos.topology import TIERS, ChaosStack
-from services.runtime.avro import default_registry
-from services.runtime.events import (
+from services.runtime.messaging.avro import default_registry
+from services.runtime.messaging.events import (
     DOCUMENT_SEARCH_VERSION_SWITCHED,
     INDEX_TASK_CREATED,
     document_events_topic,

@@ -42,7 +42,7 @@ from services.embedding.openai_wire import (
 )
 from services.embedding.port import FixedIdentity, InputRefused, Vectors
 from services.embedding.tokens import TokenizerSpec
-from services.runtime.index_failures import ErrorCode, IndexingFailed, redact
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed, redact
 from services.runtime.logging import get_logger
 
 _log = get_logger(__name__)

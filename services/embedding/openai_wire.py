@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from services.embedding.port import Vectors
-from services.runtime.index_failures import ErrorCode, IndexingFailed
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 
 EncodingFormat = Literal["float", "base64"]
 

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from services.embedding.tokens import TokenizerSpec
-from services.runtime.index_failures import ErrorCode, IndexingFailed
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 
 Vectors = npt.NDArray[np.float32]
 

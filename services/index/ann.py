@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from services.runtime.tenant_ids import TENANT_ID_PATTERN
+from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
 
 _SAFE_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 

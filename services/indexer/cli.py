@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from services.indexer.settings import IndexerSettings
-from services.runtime import cli_support
-from services.runtime.cli_options import metrics_port_option
+from services.runtime.commands import cli_support
+from services.runtime.commands.cli_options import metrics_port_option
 from services.runtime.errors import BadInput, NotFound
-from services.runtime.tasks import TaskStatus
+from services.runtime.indexing.tasks import TaskStatus
 
 if TYPE_CHECKING:
     import asyncpg

@@ -19,7 +19,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.indexer.queue.attempt import WorkerEvent
 from services.runtime.logging import get_logger
-from services.runtime.sql import queries_beside
+from services.runtime.pg.sql import queries_beside
 
 log = get_logger(__name__)
 QUERIES = queries_beside(__file__, "metrics.sql")

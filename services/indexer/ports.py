@@ -17,9 +17,9 @@ from typing import Any, Protocol, cast
 
 from services.embedding.guard.guard import ClaimAllowance as ClaimAllowance
 from services.indexer.queue.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
-from services.runtime.clock import Clock as Clock
-from services.runtime.clock import DatabaseClock as DatabaseClock
-from services.runtime.transaction import Transaction as Transaction
+from services.runtime.pg.clock import Clock as Clock
+from services.runtime.pg.clock import DatabaseClock as DatabaseClock
+from services.runtime.pg.transaction import Transaction as Transaction
 
 # Work run inside the fenced ``complete`` transaction, after the fence held (the task row is
 # locked by then, so no takeover can slip in before commit): the sink writes chunks, the

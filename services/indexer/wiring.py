@@ -41,11 +41,11 @@ from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.settings import IndexerSettings
 from services.indexer.sink.generations import TaskGenerations
 from services.indexer.sink.pgvector import PgVectorSink
-from services.runtime.cli_options import serve_metrics
-from services.runtime.cli_support import load_settings, run_async
-from services.runtime.db import create_pool_without_session_reset
+from services.runtime.commands.cli_options import serve_metrics
+from services.runtime.commands.cli_support import load_settings, run_async
 from services.runtime.identity import owner_id
 from services.runtime.logging import get_logger
+from services.runtime.pg.db import create_pool_without_session_reset
 from services.runtime.signals import run_until_signalled, unless_stopped
 
 log = get_logger(__name__)
@@ -208,7 +208,7 @@ def build_worker(
 
 def main_pool_size(concurrency: int) -> int:
     """Connections for claims, results and the sink: one per slot up to 16, then no more.
-    The slots' reads share queries (services/runtime/coalesce.py) and their results commit
+    The slots' reads share queries (services/runtime/pg/coalesce.py) and their results commit
     in groups on a connection or two, so beyond 16 slots more connections would stay idle; a
     slot's own statements (a failure, a large document's slices) wait for one instead.
     Plus one for claims and one spare."""

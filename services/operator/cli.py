@@ -24,9 +24,9 @@ def create_operator(
     from services.operator.auth import digest, new_operator_key
     from services.operator.settings import OperatorSettings
     from services.operator.store_pg import PgOperatorStore
-    from services.runtime.cli_support import run_async
-    from services.runtime.db import create_pool
+    from services.runtime.commands.cli_support import run_async
     from services.runtime.errors import Conflict
+    from services.runtime.pg.db import create_pool
 
     settings = OperatorSettings()
     key = new_operator_key()

@@ -158,7 +158,7 @@ SELECT t.task_id, t.version_number, t.status, t.attempts, t.max_attempts, t.leas
 -- document's current search version.
 SELECT c.chunk_id, c.ordinal, c.heading_path, left(c.text, 400) AS text
   FROM (
-        -- include: current_version_chunks from services/runtime/search_version.sql
+        -- include: current_version_chunks from services/runtime/indexing/search_version.sql
        ) AS c
  WHERE c.tenant_id = $1 AND c.document_id = $2
  ORDER BY c.ordinal
@@ -169,7 +169,7 @@ SELECT c.chunk_id, c.ordinal, c.heading_path, left(c.text, 400) AS text
 -- $1 tenant, $2 document: how many chunks document_chunks pages through.
 SELECT count(*)
   FROM (
-        -- include: current_version_chunks from services/runtime/search_version.sql
+        -- include: current_version_chunks from services/runtime/indexing/search_version.sql
        ) AS c
  WHERE c.tenant_id = $1 AND c.document_id = $2
 

@@ -17,9 +17,9 @@ from services.embedding.guard.ports import ProviderView
 from services.embedding.guard.store_pg import PgProviderStateStore
 from services.indexer.maintenance.generations import GenerationStatus
 from services.indexer.maintenance.generations_pg import PgGenerations
-from services.runtime.db import translate_db_errors
-from services.runtime.search_lag import QUERIES as search_lag_queries
-from services.runtime.sql import queries_beside
+from services.runtime.indexing.search_lag import QUERIES as search_lag_queries
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "queries.sql")
 SEARCH_LAG = search_lag_queries

@@ -26,10 +26,13 @@ from services.publisher.routes import bearer, tenant_router
 from services.publisher.settings import PublisherSettings
 from services.publisher.upload_budget import UploadBudget, UploadBudgetMiddleware
 from services.runtime.auth.settings import AuthSettings
-from services.runtime.http_problem import document_errors_as_problem_json, install_problem_handlers
 from services.runtime.logging import get_logger
-from services.runtime.tenant_auth import TenantAuthMiddleware
-from services.runtime.tenant_wall import walls_the_publisher
+from services.runtime.tenancy.tenant_auth import TenantAuthMiddleware
+from services.runtime.tenancy.tenant_wall import walls_the_publisher
+from services.runtime.web.http_problem import (
+    document_errors_as_problem_json,
+    install_problem_handlers,
+)
 
 log = get_logger(__name__)
 

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from services.publisher.middleware import HttpMiddleware
-from services.runtime.http_problem import problem_response
+from services.runtime.web.http_problem import problem_response
 
 
 def is_upload(scope: Scope) -> bool:

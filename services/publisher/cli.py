@@ -31,11 +31,11 @@ def create_tenant(
     hash is stored)."""
     from services.publisher.settings import PublisherSettings
     from services.publisher.store_pg import PgTenantStore
-    from services.runtime.cli_support import load_settings, run_async
-    from services.runtime.db import connection
+    from services.runtime.commands.cli_support import load_settings, run_async
     from services.runtime.logging import configure_logging, get_logger
-    from services.runtime.tenant_auth import hash_api_key, new_api_key
-    from services.runtime.tenant_ids import TENANT_ID_PATTERN
+    from services.runtime.pg.db import connection
+    from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
+    from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
 
     if not re.fullmatch(TENANT_ID_PATTERN, name):
         raise BadInput(

@@ -25,7 +25,6 @@ from services.publisher.ports import (
     VersionInfo,
 )
 from services.publisher.text import clean_text, nfc
-from services.runtime.avro import SchemaRegistry, default_registry
 from services.runtime.errors import (
     BadInput,
     Conflict,
@@ -33,25 +32,26 @@ from services.runtime.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from services.runtime.events import (
-    DOCUMENT_VERSION_PUBLISHED,
-    INDEX_TASK_CREATED,
-    event_id,
-)
-from services.runtime.media_types import (
+from services.runtime.indexing.media_types import (
     SUPPORTED_MEDIA_TYPES,
     check_content,
     declared_charset,
     normalise_media_type,
 )
-from services.runtime.principals import normalise_principal
-from services.runtime.records import copied
-from services.runtime.tasks import (
+from services.runtime.indexing.tasks import (
     TASK_TYPE_INDEX_VERSION,
     IndexTaskRecord,
     NewIndexTask,
     TaskStatus,
 )
+from services.runtime.messaging.avro import SchemaRegistry, default_registry
+from services.runtime.messaging.events import (
+    DOCUMENT_VERSION_PUBLISHED,
+    INDEX_TASK_CREATED,
+    event_id,
+)
+from services.runtime.pg.records import copied
+from services.runtime.tenancy.principals import normalise_principal
 
 MAX_TITLE_LENGTH: Final = 500
 MAX_PRINCIPAL_LENGTH: Final = 200

@@ -10,7 +10,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.readiness import ReadinessProbe
 from services.publisher.wire import HealthResponse
-from services.runtime.http_problem import PROBLEM_RESPONSE, problem_response
+from services.runtime.web.http_problem import PROBLEM_RESPONSE, problem_response
 
 ops_router = APIRouter()
 

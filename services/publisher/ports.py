@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Final, Protocol
 
 from services.runtime.auth.keys import TenantCredentials
-from services.runtime.tasks import EnqueuedTask, IndexTaskRecord, NewIndexTask
+from services.runtime.indexing.tasks import EnqueuedTask, IndexTaskRecord, NewIndexTask
 
 # ``read_from`` of a status the primary answered.
 PRIMARY: Final = "primary"
@@ -149,7 +149,7 @@ class PublishTransaction(Protocol):
     async def ensure_index_task(self, task: NewIndexTask, now: datetime | None) -> EnqueuedTask:
         """Create the task (of the tenant's serving generation) unless its business key
         exists; either way, its id. Also enqueues the version into each generation the
-        tenant is built in beside the serving one (services.runtime.tasks:
+        tenant is built in beside the serving one (services.runtime.indexing.tasks:
         enqueue_generation_tasks), whose tasks the answer does not name."""
         ...
 
@@ -167,7 +167,7 @@ class PublisherStore(TenantCredentials, Protocol):
     def transaction(self, tenant_id: str) -> AbstractAsyncContextManager[PublishTransaction]:
         """A transaction of ``tenant_id``'s: it reads and writes only that tenant's rows
         (its statements name the tenant; the database's row security may hold them to it as
-        well: services/runtime/tenant_wall.py)."""
+        well: services/runtime/tenancy/tenant_wall.py)."""
         ...
 
     async def document_status(

@@ -1,7 +1,7 @@
 """The publisher's tenant routes (docs/architecture.md#the-http-contract): upload, publish, document
 status, index task.
 
-Every route sits behind tenant authentication (services.runtime.tenant_auth): the
+Every route sits behind tenant authentication (services.runtime.tenancy.tenant_auth): the
 middleware checks the key, the router's dependency refuses whatever did not pass it and
 keys without the ``publish`` scope (status reads too: they show titles, whatever the ACL).
 """
@@ -31,10 +31,10 @@ from services.publisher.wire import (
 from services.runtime.auth.keys import Scope
 from services.runtime.errors import KbError
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE
-from services.runtime.http_problem import PROBLEM_RESPONSE
 from services.runtime.logging import get_logger
-from services.runtime.tenant_auth import require_scope
-from services.runtime.tenant_ids import TENANT_ID_PATTERN
+from services.runtime.tenancy.tenant_auth import require_scope
+from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
+from services.runtime.web.http_problem import PROBLEM_RESPONSE
 
 log = get_logger(__name__)
 

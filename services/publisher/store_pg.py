@@ -22,16 +22,8 @@ from services.publisher.ports import (
     VersionInfo,
 )
 from services.runtime.auth.keys import ApiKeyGrant, PgTenantCredentials, VerificationKey
-from services.runtime.db import create_pool_without_session_reset, translate_db_errors
 from services.runtime.errors import BadInput
-from services.runtime.logging import get_logger
-from services.runtime.migrations import pending_migrations
-from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
-from services.runtime.records import from_row
-from services.runtime.served_acl import apply_served_acl, lock_first_pointer
-from services.runtime.settings import RuntimeSettings
-from services.runtime.sql import queries_beside
-from services.runtime.tasks import (
+from services.runtime.indexing.tasks import (
     TASK_TYPE_INDEX_VERSION,
     EnqueuedTask,
     IndexTaskRecord,
@@ -41,7 +33,15 @@ from services.runtime.tasks import (
     find_index_task,
     index_task_from_row,
 )
-from services.runtime.tenant_wall import tenant_transaction
+from services.runtime.logging import get_logger
+from services.runtime.messaging.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.pg.db import create_pool_without_session_reset, translate_db_errors
+from services.runtime.pg.migrations import pending_migrations
+from services.runtime.pg.records import from_row
+from services.runtime.pg.sql import queries_beside
+from services.runtime.settings import RuntimeSettings
+from services.runtime.tenancy.served_acl import apply_served_acl, lock_first_pointer
+from services.runtime.tenancy.tenant_wall import tenant_transaction
 
 QUERIES = queries_beside(__file__, "queries.sql")
 
@@ -163,7 +163,7 @@ class PgPublishTransaction:
             )
         if served is None:
             # No pointer row to lock: a completion may be inserting the first one right now
-            # (services/runtime/served_acl.sql: lock_first_pointer); read it again after it.
+            # (services/runtime/tenancy/served_acl.sql: lock_first_pointer); read it again after it.
             await lock_first_pointer(self._conn, tenant_id, [document_id])
             with translate_db_errors():
                 served = await self._conn.fetchval(

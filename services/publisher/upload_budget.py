@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from services.publisher.body_limit import declared_length, is_upload
 from services.publisher.middleware import HttpMiddleware
-from services.runtime.http_problem import refuse_unread
+from services.runtime.web.http_problem import refuse_unread
 
 BUSY_CODE: Final = "UPLOADS_BUSY"
 

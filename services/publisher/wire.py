@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
 from services.publisher.domain import MAX_PRINCIPAL_LENGTH, IndexStatus
-from services.runtime.tasks import TaskStatus
+from services.runtime.indexing.tasks import TaskStatus
 
 MAX_INT32: Final = 2_147_483_647
 MAX_INT64: Final = 9_223_372_036_854_775_807

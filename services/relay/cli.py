@@ -21,11 +21,11 @@ from services.relay.relay import AfterAck, Relay
 from services.relay.replay import ReplayResult, replay
 from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
-from services.runtime.cli_options import metrics_port_option, serve_metrics
-from services.runtime.cli_support import load_settings, run_async
+from services.runtime.commands.cli_options import metrics_port_option, serve_metrics
+from services.runtime.commands.cli_support import load_settings, run_async
 from services.runtime.errors import BadInput, DependencyUnavailable
+from services.runtime.indexing.search_lag import run_search_lag_sampler
 from services.runtime.logging import configure_logging, get_logger
-from services.runtime.search_lag import run_search_lag_sampler
 from services.runtime.signals import run_until_signalled
 
 app = typer.Typer(help="Carry committed outbox rows to Kafka.", no_args_is_help=True)

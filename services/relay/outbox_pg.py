@@ -32,7 +32,7 @@ transaction does not widen the scan either.
 Commit order. Every row of window N committed before snapshot N was taken and every row of
 window N+1 after it, so windows follow commit order. Inside a window rows go out in
 position order, which is commit order for rows of one document: ``add_event`` makes the
-writers of one aggregate key wait for each other (services/runtime/outbox.sql), so a later
+writers of one aggregate key wait for each other (services/runtime/messaging/outbox.sql), so a later
 commit takes a higher position.
 
 Cost. Opening a window takes its snapshot, finds its position range and reads its first
@@ -88,12 +88,12 @@ from services.relay.ports import (
     Subscription,
     WindowBatch,
 )
-from services.runtime.db import create_pool, translate_db_errors
 from services.runtime.errors import ConfigError
 from services.runtime.logging import get_logger
-from services.runtime.records import from_row
+from services.runtime.pg.db import create_pool, translate_db_errors
+from services.runtime.pg.records import from_row
+from services.runtime.pg.sql import queries_beside
 from services.runtime.settings import RuntimeSettings
-from services.runtime.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "queries.sql")
 NOTIFY_CHANNEL = "kb_outbox"

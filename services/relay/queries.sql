@@ -228,7 +228,7 @@ SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position, b.win
 -- bounded position range (a primary-key range: the cost of a read is bounded by the
 -- range, whatever plan is chosen, never by the size of the window or the table). Rows go
 -- out in position order inside a window, which for one aggregate key is commit order:
--- add_event (services/runtime/outbox.sql) makes a key's writers wait for each other, so a
+-- add_event (services/runtime/messaging/outbox.sql) makes a key's writers wait for each other, so a
 -- later commit takes a higher position. This statement's snapshot is newer than the
 -- window's, so it sees every row the window snapshot does.
 -- search_token: as open_window's.

@@ -33,14 +33,14 @@ from services.relay import metrics
 from services.relay.ports import OutboxRecord
 from services.relay.settings import RelaySettings
 from services.runtime.errors import KafkaUnavailable
-from services.runtime.events import (
+from services.runtime.logging import get_logger
+from services.runtime.messaging.events import (
     DOCUMENT_SEARCH_VERSION_SWITCHED,
     document_events_topic,
     index_hints_topic,
     topic_for,
 )
-from services.runtime.kafka import kafka_client_kwargs
-from services.runtime.logging import get_logger
+from services.runtime.messaging.kafka import kafka_client_kwargs
 
 log = get_logger(__name__)
 

@@ -31,7 +31,7 @@ class RuntimeSettings(BaseSettings):
         validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "KB_KAFKA_BOOTSTRAP_SERVERS"),
     )
     # How clients reach Kafka: PLAINTEXT (the dev stack), or TLS and/or SASL for a managed
-    # cluster (services/runtime/kafka.py turns these into client arguments).
+    # cluster (services/runtime/messaging/kafka.py turns these into client arguments).
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT",
         validation_alias=AliasChoices("KAFKA_SECURITY_PROTOCOL", "KB_KAFKA_SECURITY_PROTOCOL"),
@@ -65,7 +65,7 @@ class RuntimeSettings(BaseSettings):
     # transactions run as the role kb_tenant_api with the tenant set, so PostgreSQL's row
     # security returns and accepts only that tenant's rows. off: they run as the connecting
     # role, their own tenant filters the only wall. auto: on, except search where the
-    # database's full-text match is not LEAKPROOF (services/runtime/tenant_wall.py: there
+    # database's full-text match is not LEAKPROOF (services/runtime/tenancy/tenant_wall.py: there
     # the wall keeps keyword search off its full-text index).
     db_row_security: Literal["auto", "on", "off"] = "auto"
 

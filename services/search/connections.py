@@ -9,8 +9,8 @@ from typing import Any, Final, TypeAlias
 
 import asyncpg
 
-from services.runtime.db import create_pool_without_session_reset
 from services.runtime.logging import get_logger
+from services.runtime.pg.db import create_pool_without_session_reset
 from services.runtime.settings import RuntimeSettings
 from services.search.read_pool import read_pool
 from services.search.statements import SearchSettings

@@ -12,8 +12,8 @@ import asyncpg
 import numpy as np
 
 from services.embedding.port import Vectors
-from services.runtime.db import translate_db_errors
-from services.runtime.tenant_wall import tenant_wall_sql, walls_search
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.tenancy.tenant_wall import tenant_wall_sql, walls_search
 from services.search.connections import SearchConnections
 from services.search.keyword_terms import (
     QueryWords,
@@ -165,7 +165,7 @@ class PgSearchIndex:
 
     def _wall(self, request: SearchRequest) -> str:
         """The statements putting the search's transaction behind the tenant wall
-        (KB_DB_ROW_SECURITY; services/runtime/tenant_wall.py), sent with its BEGIN."""
+        (KB_DB_ROW_SECURITY; services/runtime/tenancy/tenant_wall.py), sent with its BEGIN."""
         return tenant_wall_sql(request.tenant_id) if self._walled else ""
 
     async def ended(self) -> None:

@@ -10,7 +10,7 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.runtime.index_failures import PROVIDER_FAILURE_CODES
+from services.runtime.indexing.index_failures import PROVIDER_FAILURE_CODES
 
 # The reason a search degraded when the searcher's own timeout ran out (otherwise the
 # provider's failure code).

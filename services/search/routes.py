@@ -22,14 +22,14 @@ from pydantic.alias_generators import to_camel
 from services.runtime.auth.keys import Scope
 from services.runtime.auth.tokens import MAX_TOKEN_CHARS
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE
-from services.runtime.http_problem import PROBLEM_RESPONSE, problem_response
 from services.runtime.logging import get_logger
-from services.runtime.tenant_auth import (
+from services.runtime.tenancy.tenant_auth import (
     PrincipalsRequired,
     authenticated_caller,
     require_scope,
     search_principals,
 )
+from services.runtime.web.http_problem import PROBLEM_RESPONSE, problem_response
 from services.search.replicas import TOKEN_PATTERN, parse_token
 from services.search.searcher import (
     DEFAULT_TOP_K,
@@ -229,7 +229,7 @@ async def search(
 ) -> SearchResponse | JSONResponse:
     searcher: SearchService = request.app.state.searcher
     # Who the search runs as comes from the credentials when they decide it: the key's fixed
-    # principals, or a verified principal token's (services/runtime/tenant_auth.py).
+    # principals, or a verified principal token's (services/runtime/tenancy/tenant_auth.py).
     try:
         principals, claims = await search_principals(
             authenticated_caller(request, tenant_id),

@@ -28,14 +28,14 @@ from typing import Final, Protocol
 from services.embedding.port import Embedder, Vectors
 from services.runtime.errors import DependencyUnavailable, KbError
 from services.runtime.fair_share.phases import between_search_phases
-from services.runtime.index_failures import (
+from services.runtime.indexing.index_failures import (
     PROVIDER_FAILURE_CODES,
     ErrorCode,
     IndexingFailed,
     redact,
 )
 from services.runtime.logging import get_logger
-from services.runtime.principals import normalise_principals
+from services.runtime.tenancy.principals import normalise_principals
 from services.search.metrics import TIMEOUT_REASON, count_degraded
 
 log = get_logger(__name__)

@@ -26,7 +26,6 @@ import asyncpg
 
 from services.embedding.port import Embedder
 from services.index.generations import DEFAULT_PROFILE, SearchGeneration
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import (
     ConfigError,
     DatabaseBusy,
@@ -34,6 +33,7 @@ from services.runtime.errors import (
     SerializationConflict,
 )
 from services.runtime.logging import get_logger
+from services.runtime.pg.db import translate_db_errors
 from services.search.index_pg import PgSearchIndex
 from services.search.metrics import SEARCH_READS
 from services.search.read_pool import read_pool, reading_from

@@ -4,7 +4,7 @@
 -- (specialised_search_sql); tests/unit/search/snapshots/ holds each text it assembles.
 --
 -- Two kinds of line stand for a fragment, which takes the line's place indented as it is:
---   -- include: <fragment>   always that fragment of this file: services/runtime/sql.py puts
+--   -- include: <fragment>   always that fragment of this file: services/runtime/pg/sql.py puts
 --                            it in as the file is read, as in every .sql file;
 --   -- slot: <slot>          what the statement's variant puts there (statements.py):
 --                            vector_list, probe, keyword_any_word, keyword_rarest_word: a

@@ -20,8 +20,8 @@ from typing import Final
 from pydantic import Field, field_validator
 
 from services.index.ann import model_predicate, vector_expression
+from services.runtime.pg.sql import indented, queries_beside
 from services.runtime.settings import RuntimeSettings
-from services.runtime.sql import indented, queries_beside
 from services.search.searcher import DEFAULT_QUERY_EMBED_TIMEOUT_SECONDS
 
 QUERIES = queries_beside(__file__, "search.sql")
@@ -311,7 +311,7 @@ def specialised_search_sql(
 
 
 def _assembled(fragment: str, piece: Callable[[str], str | None]) -> str:
-    """Fragment ``fragment`` (its includes in place: runtime.sql) with each of its slot lines
+    """Fragment ``fragment`` (its includes in place: runtime.pg.sql) with each of its slot lines
     replaced by ``piece(slot)``, indented as the line is; a slot without a piece is left out,
     line and all."""
     lines: list[str] = []

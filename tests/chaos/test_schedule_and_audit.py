@@ -11,8 +11,8 @@ from services.chaos.load import minimal_pdf
 from services.chaos.schedule import FaultKind, plan
 from services.chaos.searcher import SearchRecord
 from services.chaos.topology import ChaosStack
-from services.runtime.avro import default_registry
-from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED
+from services.runtime.messaging.avro import default_registry
+from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED
 
 
 def test_a_seed_replays_its_schedule_and_plans_every_kind() -> None:

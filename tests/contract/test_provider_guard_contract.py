@@ -27,7 +27,7 @@ from services.embedding.guard.quota import (
 )
 from services.embedding.guard.store_memory import InMemoryProviderStateStore
 from services.embedding.guard.store_pg import PgProviderStateStore
-from services.runtime.index_failures import ErrorCode
+from services.runtime.indexing.index_failures import ErrorCode
 from tests.support.clock import ManualClock
 
 POLICY = BreakerPolicy(failure_threshold=3, open_seconds=30, max_open_seconds=100, probe_seconds=60)

@@ -1,6 +1,6 @@
 """No `kb` command prints the database password, whatever is wrong with the settings.
 
-Every command reports errors through one redacting path (services.runtime.cli_support):
+Every command reports errors through one redacting path (services.runtime.commands.cli_support):
 settings that do not validate are named without their values, and every message is
 redacted before it is printed. Each command is started as an operator would, with a
 DATABASE_URL that holds a password and something else wrong.

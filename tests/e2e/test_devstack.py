@@ -13,7 +13,7 @@ import pytest
 from services.devstack.kafka import LocalKafka
 from services.devstack.process import cmdline, pid_alive, read_pid
 from services.devstack.settings import DevStackSettings
-from services.runtime.migrations import load_migrations
+from services.runtime.pg.migrations import load_migrations
 from tests.support.stack import REPO_ROOT
 
 pytestmark = pytest.mark.e2e

@@ -26,7 +26,7 @@ from services.publisher.ports import (
 )
 from services.runtime.auth.keys import ApiKeyGrant, VerificationKey, admin_grant
 from services.runtime.errors import Conflict
-from services.runtime.tasks import (
+from services.runtime.indexing.tasks import (
     DEFAULT_MAX_ATTEMPTS,
     TASK_TYPE_INDEX_VERSION,
     EnqueuedTask,

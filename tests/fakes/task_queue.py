@@ -27,8 +27,8 @@ from services.indexer.queue.task import (
     RequeueRecord,
     TaskStatus,
 )
-from services.runtime.clock import Clock, DatabaseClock
 from services.runtime.errors import LeaseLost, NotFound
+from services.runtime.pg.clock import Clock, DatabaseClock
 
 
 class InMemoryTransaction:

@@ -16,7 +16,7 @@ import pytest
 from services.publisher.api import create_app
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
-from services.runtime.db import create_pool
+from services.runtime.pg.db import create_pool
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import (
     BASE_URL,

@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 import pytest
 
-from services.runtime.avro import default_registry
+from services.runtime.messaging.avro import default_registry
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, Harness, add_tenant, publish, publisher_harness, snapshot
 from tests.support.api import upload as single_upload

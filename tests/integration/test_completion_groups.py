@@ -18,8 +18,8 @@ from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease, TaskStatus
 from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.errors import LeaseLost
-from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED
-from services.runtime.transaction import Transaction
+from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED
+from services.runtime.pg.transaction import Transaction
 from tests.support import versions
 from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.paused import PausedWrite

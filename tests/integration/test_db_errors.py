@@ -11,7 +11,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.runtime.db import DatabaseError, translate_db_errors
 from services.runtime.errors import (
     ConfigError,
     Conflict,
@@ -20,6 +19,7 @@ from services.runtime.errors import (
     KbError,
     SerializationConflict,
 )
+from services.runtime.pg.db import DatabaseError, translate_db_errors
 
 MAPPING: list[tuple[Exception, type[KbError], str, bool]] = [
     # Connected, but this statement could not finish now: retry later.

@@ -1,4 +1,4 @@
-"""services.runtime.tasks.enqueue_index_task: one task per business key, however often and
+"""services.runtime.indexing.tasks.enqueue_index_task: one task per business key, however often and
 however concurrently it is asked for."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.runtime.tasks import (
+from services.runtime.indexing.tasks import (
     TASK_TYPE_INDEX_VERSION,
     TaskStatus,
     enqueue_index_task,

@@ -15,8 +15,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from services.runtime.indexing.tasks import enqueue_generation_tasks, find_index_task
 from services.runtime.settings import RuntimeSettings
-from services.runtime.tasks import enqueue_generation_tasks, find_index_task
 from tests.support.api import ApiTenant, Harness, add_tenant, publish, publisher_harness, upload
 from tests.support.locks import wait_until_blocked_on_a_lock
 

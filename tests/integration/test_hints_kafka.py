@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaProducer
 
 from services.indexer.queue.hints import HintConsumer, HintStats, SkipReason
 from services.indexer.queue.hints_kafka import KafkaHintSource
-from services.runtime.avro import MAGIC, default_registry
-from services.runtime.events import INDEX_TASK_CREATED, index_hints_topic
+from services.runtime.messaging.avro import MAGIC, default_registry
+from services.runtime.messaging.events import INDEX_TASK_CREATED, index_hints_topic
 from services.runtime.settings import RuntimeSettings
 from tests.support.kafka import create_topics
 

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from services.indexer.metrics import OLDEST_DUE_AGE, TASKS_DUE, QueueGaugeSampler
-from services.runtime.search_lag import LAGGING_DOCUMENTS, sample_search_lag
+from services.runtime.indexing.search_lag import LAGGING_DOCUMENTS, sample_search_lag
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import asyncpg
 import pytest
 
 from services.runtime.errors import MigrationChecksumMismatch, MigrationError
-from services.runtime.migrations import Migration, apply_migrations, load_migrations
-from services.runtime.sql import all_query_files, load_queries
+from services.runtime.pg.migrations import Migration, apply_migrations, load_migrations
+from services.runtime.pg.sql import all_query_files, load_queries
 from tests.support.stack import REPO_ROOT, Stack, create_test_database, drop_test_database
 
 

@@ -13,7 +13,7 @@ import pytest
 from services.embedding.hashing import HashingEmbedder
 from services.operator.auth import digest, new_operator_key
 from services.operator.store_pg import PgOperatorStore
-from services.runtime.tenant_auth import new_api_key
+from services.runtime.tenancy.tenant_auth import new_api_key
 from tests.support.operator import hidden, operator_client, operator_settings, sign_in
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
 from tests.support.tasks import create_task, ensure_tenant

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.runtime.outbox import OutboxEvent, StoredEvent, add_event, aggregate_key
+from services.runtime.messaging.outbox import OutboxEvent, StoredEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 from tests.support.kafka import TopicReader, relay_settings, relay_topics, running_relay
 

@@ -30,8 +30,8 @@ from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.sink.pgvector import PgVectorSink
 from services.indexer.sink.stream import StagedChunksMissing
 from services.runtime.errors import LeaseLost
-from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED
-from services.runtime.media_types import MARKDOWN
+from services.runtime.indexing.media_types import MARKDOWN
+from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED
 from tests.support.clock import ManualClock
 from tests.support.tasks import CreatedTask, create_task
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from services.embedding.guard.breaker import BreakerState
-from services.runtime.index_failures import ErrorCode
+from services.runtime.indexing.index_failures import ErrorCode
 from tests.support.embedding_provider import EmbeddingProvider, ServedProvider, served_provider
 from tests.support.stack import REPO_ROOT
 
@@ -46,9 +46,9 @@ async def _child_main() -> None:
     from services.embedding.guard.store_pg import PgProviderStateStore
     from services.embedding.port import Vectors
     from services.embedding.settings import load_embedding_settings
-    from services.runtime.db import create_pool
-    from services.runtime.index_failures import IndexingFailed
+    from services.runtime.indexing.index_failures import IndexingFailed
     from services.runtime.logging import configure_logging
+    from services.runtime.pg.db import create_pool
     from services.runtime.settings import RuntimeSettings
 
     configure_logging("warning")  # logs to stderr: stdout is the protocol

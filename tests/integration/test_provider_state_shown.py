@@ -14,7 +14,7 @@ from services.embedding.guard.breaker import BreakerPolicy
 from services.embedding.guard.store_pg import PgProviderStateStore
 from services.operator.auth import digest, new_operator_key
 from services.operator.store_pg import PgOperatorStore
-from services.runtime.index_failures import ErrorCode
+from services.runtime.indexing.index_failures import ErrorCode
 from tests.support.cli import kb
 from tests.support.operator import operator_client, operator_settings, sign_in
 from tests.support.tasks import create_task

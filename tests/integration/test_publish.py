@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.runtime.avro import default_registry
-from services.runtime.db import _init_connection
+from services.runtime.messaging.avro import default_registry
+from services.runtime.pg.db import _init_connection
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import (
     ApiTenant,

@@ -11,8 +11,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import Conflict
+from services.runtime.pg.db import translate_db_errors
 from services.runtime.settings import RuntimeSettings
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from services.relay.relay import Relay
 from services.relay.replay import replay
 from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
-from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.messaging.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 from tests.support.kafka import (
     TopicReader,

@@ -22,7 +22,7 @@ from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.publisher.settings import PublisherSettings
-from services.runtime.index_failures import ErrorCode
+from services.runtime.indexing.index_failures import ErrorCode
 from services.runtime.settings import RuntimeSettings
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, add_tenant

@@ -22,7 +22,7 @@ from services.embedding.settings import EmbeddingSettings, HashingConfig
 from services.index.generations import SearchGeneration
 from services.publisher.settings import PublisherSettings
 from services.runtime.errors import ConfigError
-from services.runtime.index_failures import ErrorCode, IndexingFailed
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 from services.runtime.settings import RuntimeSettings
 from services.search.connections import open_search_pool
 from services.search.searcher import Degraded, SearchMode, SearchRequest

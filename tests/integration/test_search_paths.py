@@ -268,7 +268,7 @@ async def test_hybrid_reads_its_lists_on_one_connection_when_no_second_is_free(
     # Hybrid reads its two lists at once on two connections sharing one snapshot; with the
     # pool's only connection taken by the search itself, it reads them in turn instead of
     # waiting for a second (which would never come).
-    from services.runtime.db import create_pool
+    from services.runtime.pg.db import create_pool
 
     pool = await create_pool(settings, min_size=1, max_size=1)
     try:
@@ -295,7 +295,7 @@ async def test_hybrid_without_an_idle_connection_reads_in_turn_and_grows_the_poo
     # hybrid search reads its lists in turn at once -- no connect started and cut short by
     # a timeout, which asyncpg reports as a never-retrieved ConnectionError -- and a second
     # connection is opened behind it for the next search.
-    from services.runtime.db import create_pool
+    from services.runtime.pg.db import create_pool
 
     loop = asyncio.get_running_loop()
     reported: list[dict[str, Any]] = []

@@ -17,8 +17,8 @@ from services.indexer.pipeline.chunking import Chunk
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import TaskStatus
 from services.indexer.sink.pgvector import PgVectorSink
-from services.runtime.db import create_pool
-from services.runtime.migrations import apply_migrations, load_migrations
+from services.runtime.pg.db import create_pool
+from services.runtime.pg.migrations import apply_migrations, load_migrations
 from services.runtime.settings import RuntimeSettings
 from tests.support import versions
 from tests.support.locks import wait_until_blocked_on_a_lock

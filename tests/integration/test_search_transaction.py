@@ -13,10 +13,10 @@ import asyncpg
 import pytest
 
 from services.embedding.hashing import HashingEmbedder
-from services.runtime.db import _init_connection, connection
 from services.runtime.errors import KbError
+from services.runtime.pg.db import _init_connection, connection
 from services.runtime.settings import RuntimeSettings
-from services.runtime.tenant_wall import TENANT_ROLE, walls_search
+from services.runtime.tenancy.tenant_wall import TENANT_ROLE, walls_search
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, SearchMode, SearchRequest

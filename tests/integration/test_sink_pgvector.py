@@ -26,13 +26,13 @@ from services.indexer.pipeline.chunking import Chunk
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease, TaskStatus
 from services.indexer.sink.pgvector import QUERIES, PgVectorSink
-from services.runtime.avro import default_registry
-from services.runtime.db import create_pool
 from services.runtime.errors import ConfigError, DatabaseBusy, LeaseLost
-from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
+from services.runtime.messaging.avro import default_registry
+from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
+from services.runtime.pg.db import create_pool
+from services.runtime.pg.sql import load_queries
+from services.runtime.pg.transaction import Transaction
 from services.runtime.settings import RuntimeSettings
-from services.runtime.sql import load_queries
-from services.runtime.transaction import Transaction
 from tests.support import versions
 from tests.support.clock import ManualClock
 from tests.support.locks import wait_until_blocked_on_a_lock
@@ -625,9 +625,9 @@ async def test_a_write_over_its_time_budget_is_rolled_back_whole(pool: asyncpg.P
 UPGRADED = IndexGeneration(
     GENERATION.embedding_model, DIMENSION, f"{GENERATION.chunking_strategy}:code=0123456789ab"
 )
-SERVED_CHUNKS = load_queries(REPO_ROOT / "services" / "runtime" / "search_version.sql")[
-    "current_version_chunks"
-]
+SERVED_CHUNKS = load_queries(
+    REPO_ROOT / "services" / "runtime" / "indexing" / "search_version.sql"
+)["current_version_chunks"]
 
 
 async def served_texts(

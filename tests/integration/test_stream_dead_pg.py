@@ -18,7 +18,7 @@ import pytest
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import ErrorCode, Lease, RetryPolicy, TaskStatus
 from services.indexer.sink.pgvector import PgVectorSink
-from services.runtime.media_types import MARKDOWN
+from services.runtime.indexing.media_types import MARKDOWN
 from tests.integration.test_pipeline_stream_pg import (
     LEASE,
     StallingEmbedder,

@@ -34,10 +34,10 @@ from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease, RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.sink.pgvector import PgVectorSink
-from services.runtime.db import create_pool
-from services.runtime.media_types import MARKDOWN
+from services.runtime.indexing.media_types import MARKDOWN
+from services.runtime.pg.db import create_pool
+from services.runtime.pg.transaction import Transaction
 from services.runtime.settings import RuntimeSettings
-from services.runtime.transaction import Transaction
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, Searcher, SearchMode, SearchRequest
 from services.search.statements import SearchSettings, VectorPath

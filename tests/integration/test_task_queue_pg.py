@@ -16,9 +16,9 @@ import pytest
 
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import TaskStatus
-from services.runtime.db import create_pool
 from services.runtime.errors import DatabaseUnavailable, LeaseLost
-from services.runtime.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.messaging.outbox import OutboxEvent, add_event, aggregate_key
+from services.runtime.pg.db import create_pool
 from services.runtime.settings import RuntimeSettings
 from tests.support.clock import ManualClock
 from tests.support.tasks import create_many_tasks, create_task

@@ -1,7 +1,8 @@
-"""The second wall between tenants (migrations/0029, services/runtime/tenant_wall.py): inside
-the API's tenant transactions, PostgreSQL itself returns and accepts only the tenant's rows,
-even for a statement that forgot its tenant filter; and no pooled connection keeps the role
-or the tenant after its transaction."""
+"""The second wall between tenants (migrations/0029,
+services/runtime/tenancy/tenant_wall.py): inside the API's tenant transactions, PostgreSQL
+itself returns and accepts only the tenant's rows, even for a statement that forgot its
+tenant filter; and no pooled connection keeps the role or the tenant after its
+transaction."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import pytest
 from services.embedding.hashing import HashingEmbedder
 from services.publisher.domain import Publisher, Upload
 from services.publisher.store_pg import PgPublisherStore
-from services.runtime.db import create_pool_without_session_reset
+from services.runtime.pg.db import create_pool_without_session_reset
 from services.runtime.settings import RuntimeSettings
-from services.runtime.tenant_wall import (
+from services.runtime.tenancy.tenant_wall import (
     TENANT_ROLE,
     tenant_transaction,
     walls_search,

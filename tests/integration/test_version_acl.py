@@ -18,8 +18,8 @@ from services.indexer.maintenance.generations_pg import PgGenerations
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
-from services.runtime.served_acl import apply_served_acl, lock_first_pointer
 from services.runtime.settings import RuntimeSettings
+from services.runtime.tenancy.served_acl import apply_served_acl, lock_first_pointer
 from tests.support.api import ApiTenant, add_tenant, publish, upload
 from tests.support.documents import make_corrupt_pdf
 from tests.support.generations import (

@@ -16,7 +16,7 @@ from services.indexer.ports import IndexingOutcome, Transaction
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
 from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
-from services.runtime.db import create_pool, translate_db_errors
+from services.runtime.pg.db import create_pool, translate_db_errors
 from services.runtime.settings import RuntimeSettings
 from tests.support.clock import ManualClock
 from tests.support.hanging_worker import HangingIndexer

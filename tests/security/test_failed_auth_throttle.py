@@ -19,7 +19,7 @@ from services.publisher.settings import PublisherSettings
 from services.runtime.auth.keys import ApiKeyGrant
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.throttle import FailedAuthThrottle, client_address
-from services.runtime.tenant_auth import hash_api_key, new_api_key
+from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 from services.search.searcher import Searcher
 from tests.fakes.publisher_store import MemoryPublisherStore
 from tests.fakes.search_index import DIMENSION, FakeIndex

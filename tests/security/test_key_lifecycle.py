@@ -22,9 +22,9 @@ from services.publisher.cli import tenants_app
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.runtime.auth.keys import PgTenantCredentials, PrincipalSource, Scope
 from services.runtime.errors import BadInput
-from services.runtime.migrations import apply_migrations, load_migrations
+from services.runtime.pg.migrations import apply_migrations, load_migrations
 from services.runtime.settings import RuntimeSettings
-from services.runtime.tenant_auth import hash_api_key, new_api_key
+from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 from tests.support.api import ApiTenant, add_tenant, publisher_harness
 from tests.support.cli import kb
 from tests.support.stack import Stack, create_test_database, drop_test_database

@@ -33,7 +33,7 @@ from services.publisher.store_pg import PgPublisherStore, PgTenantStore
 from services.runtime.auth.keys import PrincipalSource, Scope
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.tokens import checked_key_material
-from services.runtime.tenant_auth import hash_api_key, new_api_key
+from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, Searcher

@@ -20,7 +20,7 @@ from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore, open_publisher_pool
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.settings import RuntimeSettings
-from services.runtime.tenant_auth import hash_api_key, new_api_key
+from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 
 BASE_URL = "http://publisher.test"
 # Failed-key throttling out of the way of tests that send many refused requests.

@@ -1,6 +1,6 @@
 """A clock for tests: a time that moves only when told, so lease expiry needs no sleeping.
 
-It implements services.runtime.clock.Clock; every time-dependent query takes its ``now``.
+It implements services.runtime.pg.clock.Clock; every time-dependent query takes its ``now``.
 """
 
 from __future__ import annotations

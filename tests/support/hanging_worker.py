@@ -14,7 +14,7 @@ from services.indexer.cli import load_settings
 from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome
 from services.indexer.queue.task import Lease
 from services.indexer.wiring import run_workers
-from services.runtime.cli_support import fail
+from services.runtime.commands.cli_support import fail
 from services.runtime.errors import KbError
 from services.runtime.logging import configure_logging
 

@@ -19,8 +19,8 @@ from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, PgWakeups, cr
 from services.relay.relay import AfterAck, Relay
 from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
-from services.runtime.events import document_events_topic, index_hints_topic
-from services.runtime.outbox import OutboxEvent, StoredEvent, add_event, aggregate_key
+from services.runtime.messaging.events import document_events_topic, index_hints_topic
+from services.runtime.messaging.outbox import OutboxEvent, StoredEvent, add_event, aggregate_key
 from services.runtime.settings import RuntimeSettings
 
 

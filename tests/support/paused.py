@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from services.indexer.ports import InTransaction
-from services.runtime.transaction import Transaction
+from services.runtime.pg.transaction import Transaction
 
 
 class PausedWrite:

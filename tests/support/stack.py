@@ -22,7 +22,7 @@ import asyncpg
 from services.devstack.kafka import LocalKafka
 from services.devstack.postgres import EmbeddedPostgres
 from services.devstack.settings import DevStackSettings
-from services.runtime.migrations import apply_migrations, load_migrations
+from services.runtime.pg.migrations import apply_migrations, load_migrations
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

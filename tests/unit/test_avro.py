@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.runtime.avro import (
+from services.runtime.messaging.avro import (
     MAGIC,
     AvroEncodeFailed,
     MalformedAvroPayload,

@@ -1,4 +1,4 @@
-"""services/runtime/coalesce.py: the reads of callers who ask while one query is out share
+"""services/runtime/pg/coalesce.py: the reads of callers who ask while one query is out share
 the next query; the first never waits for a timer."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from services.runtime.coalesce import Coalesced
+from services.runtime.pg.coalesce import Coalesced
 
 
 class Store:

@@ -14,7 +14,7 @@ from services.indexer.maintenance.generations import (
     human_bytes,
     tenant_ids,
 )
-from services.runtime.cli_support import EXIT_BAD_INPUT, exit_code
+from services.runtime.commands.cli_support import EXIT_BAD_INPUT, exit_code
 from services.runtime.errors import BadInput
 
 

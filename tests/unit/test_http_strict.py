@@ -1,4 +1,4 @@
-"""HTTP strictness (services/runtime/http_strict.py), against the composed app served by a
+"""HTTP strictness (services/runtime/web/http_strict.py), against the composed app served by a
 real uvicorn (the `kb serve` options) on a loopback port: raw sockets, so that what the
 client library would normalise (duplicate headers, framing) reaches the server as sent."""
 
@@ -21,15 +21,15 @@ from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
 from services.publisher.bulk.routes import _items
 from services.publisher.settings import PublisherSettings
-from services.runtime.cli_support import load_settings
+from services.runtime.commands.cli_support import load_settings
 from services.runtime.errors import ConfigError
-from services.runtime.http_strict import (
+from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
+from services.runtime.web.http_strict import (
     DuplicateJsonKey,
     HttpSettings,
     proxy_options,
     strict_json_loads,
 )
-from services.runtime.tenant_auth import hash_api_key, new_api_key
 from services.search.searcher import Searcher
 from services.serve import server_config
 from tests.fakes.publisher_store import MemoryPublisherStore

@@ -218,7 +218,7 @@ def _plant_clean_tree(root: Path) -> None:
             continue
         _plant(root, f"services/{part}/__init__.py", "")
     # Allowed: down the floors, inside a part, and sideways on the top floor.
-    _plant(root, "services/indexer/ok.py", "from services.runtime import tasks\n")
+    _plant(root, "services/indexer/ok.py", "from services.runtime.indexing import tasks\n")
     _plant(root, "services/indexer/room/ok.py", "from ..ok import x\n")
     _plant(root, "services/search/ok.py", "import services.embedding.port\n")
     _plant(root, "services/embedding/ok.py", "from services.index.ann import f\n")
@@ -274,7 +274,7 @@ def test_the_checker_finds_a_planted_violation(
 def test_the_checker_finds_a_part_without_a_floor(tmp_path: Path) -> None:
     _plant_clean_tree(tmp_path)
     _plant(tmp_path, "services/newpart/__init__.py", "")
-    _plant(tmp_path, "services/newpart/x.py", "from services.runtime import db\n")
+    _plant(tmp_path, "services/newpart/x.py", "from services.runtime.pg import db\n")
     assert [v.why for v in violations(tmp_path)] == ["services.newpart has no floor"] * 2
 
 

@@ -1,4 +1,4 @@
-"""One form for a principal, in publish and in search (services.runtime.principals)."""
+"""One form for a principal, in publish and in search (services.runtime.tenancy.principals)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from services.embedding import HashingEmbedder, Vectors
 from services.publisher.domain import check_principals
-from services.runtime.principals import normalise_principal, normalise_principals
+from services.runtime.tenancy.principals import normalise_principal, normalise_principals
 from services.search.searcher import Candidates, Generation, Searcher, SearchRequest
 from tests.unit.indexer.test_search import FakeIndex
 

@@ -12,7 +12,7 @@ import pytest
 from pydantic import Field
 
 from services.runtime.backoff import Backoff
-from services.runtime.cli_support import (
+from services.runtime.commands.cli_support import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,
     error_line,

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from services.runtime import sql
-from services.runtime.sql import load_queries, parse_queries
+from services.runtime.pg import sql
+from services.runtime.pg.sql import load_queries, parse_queries
 
 
 def test_named_queries_are_split_on_their_headers() -> None:
@@ -85,8 +85,8 @@ def test_query_files_are_found_from_the_services_root_and_may_not_include_each_o
 
 def test_the_operator_and_index_check_count_the_chunks_search_version_serves() -> None:
     # One text for "the chunks of a document's current search version", the chunking
-    # strategy included (services/runtime/search_version.sql).
-    shared = load_queries(sql._ROOT / "services/runtime/search_version.sql")
+    # strategy included (services/runtime/indexing/search_version.sql).
+    shared = load_queries(sql._ROOT / "services/runtime/indexing/search_version.sql")
     fragment = shared["current_version_chunks"]
     assert "c.chunking_strategy = s.chunking_strategy" in fragment
     operator = load_queries(sql._ROOT / "services/operator/queries.sql")

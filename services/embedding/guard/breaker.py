@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Final
 
-from services.runtime.index_failures import ErrorCode
+from services.runtime.indexing.index_failures import ErrorCode
 
 BREAKER_FAILURE_CODES: Final[frozenset[str]] = frozenset(
     {

@@ -15,7 +15,7 @@ from services.embedding.guard.store_memory import InMemoryProviderStateStore
 from services.embedding.port import Embedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.embedding.tokens import load_token_counter
-from services.runtime.clock import Clock
+from services.runtime.pg.clock import Clock
 
 if TYPE_CHECKING:
     import asyncpg

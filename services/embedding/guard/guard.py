@@ -36,7 +36,7 @@ from services.embedding.guard.metrics import (
 from services.embedding.guard.ports import ProbeTaken, ProviderStateStore, ProviderView
 from services.embedding.guard.quota import Charge, Purpose, QuotaPlan
 from services.runtime.errors import DependencyUnavailable, SerializationConflict
-from services.runtime.index_failures import ErrorCode, IndexingFailed
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 from services.runtime.logging import get_logger
 
 __all__ = ["ClaimAllowance", "GuardTiming", "ProviderGuard", "ProviderView", "Purpose"]

@@ -10,7 +10,7 @@ from services.embedding.guard.guard import ProviderGuard
 from services.embedding.guard.quota import Purpose
 from services.embedding.port import Embedder, PassedThroughIdentity, Vectors
 from services.embedding.tokens import TokenCounter, approximate_tokens
-from services.runtime.index_failures import IndexingFailed
+from services.runtime.indexing.index_failures import IndexingFailed
 
 
 class GuardedEmbedder(PassedThroughIdentity):

@@ -9,7 +9,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.embedding.guard.breaker import BreakerState
 from services.embedding.port import InputRefused
-from services.runtime.index_failures import ErrorCode, IndexingFailed
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 
 REQUESTS = Counter(
     "kb_embedding_requests",

@@ -18,7 +18,7 @@ from services.embedding.guard.quota import (
     paused_tats,
     reserve,
 )
-from services.runtime.clock import Clock
+from services.runtime.pg.clock import Clock
 
 
 @dataclass

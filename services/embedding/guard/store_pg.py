@@ -26,10 +26,10 @@ from services.embedding.guard.quota import (
     paused_tats,
     reserve,
 )
-from services.runtime.clock import Clock, DatabaseClock
-from services.runtime.db import translate_db_errors
-from services.runtime.sql import queries_beside
-from services.runtime.transaction import Transaction
+from services.runtime.pg.clock import Clock, DatabaseClock
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.transaction import Transaction
 
 QUERIES = queries_beside(__file__, "guard.sql")
 

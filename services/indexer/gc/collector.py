@@ -23,10 +23,10 @@ import asyncpg
 from prometheus_client import Counter
 
 from services.index.generation import CODE_MARK
-from services.runtime.db import translate_db_errors
 from services.runtime.logging import get_logger
-from services.runtime.sql import queries_beside
-from services.runtime.transaction import Transaction
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.transaction import Transaction
 
 QUERIES = queries_beside(__file__, "gc.sql")
 log = get_logger(__name__)

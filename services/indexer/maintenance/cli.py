@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from services.indexer.maintenance.generations_cli import generations_app
-from services.runtime import cli_support
+from services.runtime.commands import cli_support
 from services.runtime.errors import BadInput
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from services.indexer.maintenance.index_check import Drift
     from services.indexer.maintenance.index_check_pg import PgIndexCheck, RepairOutcome
-    from services.runtime.tasks import TaskStatus
+    from services.runtime.indexing.tasks import TaskStatus
 
 index_app = typer.Typer(
     help="Check the search index against what was published, and repair it.",

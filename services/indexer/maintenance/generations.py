@@ -15,7 +15,7 @@ from typing import Final
 from services.index.ann import check_model_name
 from services.index.generations import SearchGeneration
 from services.runtime.errors import BadInput
-from services.runtime.index_failures import ErrorCode
+from services.runtime.indexing.index_failures import ErrorCode
 
 _PROFILE: Final = re.compile(r"^[a-z0-9][a-z0-9_]{0,31}$")
 _TENANT: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")

@@ -4,7 +4,7 @@
 
 -- name: lock_generations
 -- The exclusive form of the lock every publish takes in its shared form before it reads the
--- tenant's generations (dual write, services/runtime/tasks.sql): while `create` adds a
+-- tenant's generations (dual write, services/runtime/indexing/tasks.sql): while `create` adds a
 -- tenant's rows and enqueues its backfill (one tenant per transaction), no publish is between reading the rows and
 -- committing its tasks, so each document version is either seen by the backfill (it was
 -- committed before) or dual-written into the new generation (it reads the new rows). `retire`
@@ -296,7 +296,7 @@ DELETE FROM document_search_version s
 -- before the switch; now for a newer one, which becomes searchable with it.
 -- Answers how many pointers it rewrote and the documents whose pointer moved to a newer
 -- version (`old`: PostgreSQL 18 RETURNING): those serve that version's ACL from the same
--- commit, which the switch then applies (services/runtime/served_acl.sql: apply_served_acl,
+-- commit, which the switch then applies (services/runtime/tenancy/served_acl.sql: apply_served_acl,
 -- issue 29 item 1). Only the moved ones travel back: a switch to a generation built at the
 -- served versions returns an empty list however large the tenant.
 WITH rewritten AS (

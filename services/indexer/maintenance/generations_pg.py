@@ -36,9 +36,9 @@ from services.indexer.maintenance.generations_queries import (
 )
 from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
 from services.indexer.sink.pgvector import ensure_ann_index as build_model_ann_index
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import BadInput, NotFound
 from services.runtime.logging import get_logger
+from services.runtime.pg.db import translate_db_errors
 
 log = get_logger(__name__)
 

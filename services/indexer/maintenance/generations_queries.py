@@ -8,7 +8,7 @@ from typing import Any
 
 from services.index.generations import SearchGeneration
 from services.runtime.errors import BadInput, NotFound
-from services.runtime.sql import queries_beside
+from services.runtime.pg.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "generations.sql")
 

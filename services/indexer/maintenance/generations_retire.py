@@ -26,9 +26,9 @@ from services.indexer.maintenance.generations import (
     RetireOutcome,
 )
 from services.indexer.maintenance.generations_queries import QUERIES, rows_of
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import BadInput, DatabaseBusy, NotFound
 from services.runtime.logging import get_logger
+from services.runtime.pg.db import translate_db_errors
 
 log = get_logger(__name__)
 

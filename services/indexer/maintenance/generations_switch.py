@@ -19,10 +19,10 @@ from services.indexer.maintenance.generations_queries import (
     default_generation,
     find_generation,
 )
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import BadInput, NotFound
 from services.runtime.logging import get_logger
-from services.runtime.served_acl import apply_served_acl, lock_first_pointer
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.tenancy.served_acl import apply_served_acl, lock_first_pointer
 
 log = get_logger(__name__)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from services.index.generation import chunking_settings
-from services.runtime.tasks import TaskStatus
+from services.runtime.indexing.tasks import TaskStatus
 
 
 class DriftKind(enum.StrEnum):

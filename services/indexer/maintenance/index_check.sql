@@ -47,7 +47,7 @@ SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
   LEFT JOIN LATERAL (
         SELECT count(*)::integer AS chunks
           FROM (
-                -- include: current_version_chunks from services/runtime/search_version.sql
+                -- include: current_version_chunks from services/runtime/indexing/search_version.sql
                ) AS c
          WHERE c.tenant_id = s.tenant_id
            AND c.document_id = s.document_id

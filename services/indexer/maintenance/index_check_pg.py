@@ -21,12 +21,12 @@ from services.indexer.maintenance.index_check import (
     is_finished,
 )
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.runtime.clock import Clock, DatabaseClock
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import NotFound
-from services.runtime.records import from_row
-from services.runtime.sql import queries_beside
-from services.runtime.tasks import TASK_TYPE_INDEX_VERSION, TaskStatus, enqueue_index_task
+from services.runtime.indexing.tasks import TASK_TYPE_INDEX_VERSION, TaskStatus, enqueue_index_task
+from services.runtime.pg.clock import Clock, DatabaseClock
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.records import from_row
+from services.runtime.pg.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "index_check.sql")
 

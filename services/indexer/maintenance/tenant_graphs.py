@@ -29,10 +29,10 @@ from services.index.ann import (
 )
 from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
 from services.indexer.sink.pgvector import index_build_session
-from services.runtime.db import translate_db_errors
 from services.runtime.logging import get_logger
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
 from services.runtime.signals import unless_stopped
-from services.runtime.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "tenant_graphs.sql")
 log = get_logger(__name__)

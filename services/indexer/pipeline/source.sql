@@ -3,7 +3,7 @@
 -- name: load_document_versions
 -- Tenant-scoped: the tenant is part of the key, never inferred from the document id alone.
 -- $1 tenants, $2 documents, $3 versions, one element per version: the immutable bytes of the
--- versions of several tasks at once (services/runtime/coalesce.py), each row with its
+-- versions of several tasks at once (services/runtime/pg/coalesce.py), each row with its
 -- key. A version not found has no row.
 SELECT v.tenant_id, v.document_id, v.version_number,
        v.content, v.media_type, v.sha256, v.size_bytes, v.status

@@ -1,7 +1,7 @@
 """Stored document versions read from PostgreSQL (``load_document_versions``), tenant-scoped.
 
 The versions the slots of one claim load at once are read in one query
-(services/runtime/coalesce.py)."""
+(services/runtime/pg/coalesce.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 import asyncpg
 
 from services.indexer.ports import StoredVersion
-from services.runtime.coalesce import Coalesced
-from services.runtime.db import translate_db_errors
-from services.runtime.records import from_row
-from services.runtime.sql import queries_beside
+from services.runtime.pg.coalesce import Coalesced
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.records import from_row
+from services.runtime.pg.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "source.sql")
 

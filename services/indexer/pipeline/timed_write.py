@@ -16,7 +16,7 @@ from typing import Any
 from services.indexer import metrics
 from services.indexer.ports import InTransaction, WritableTogether, writable_together
 from services.indexer.queue.task import Lease
-from services.runtime.transaction import Transaction
+from services.runtime.pg.transaction import Transaction
 
 
 def timed(write: InTransaction, lease: Lease, staging_seconds: float) -> InTransaction:

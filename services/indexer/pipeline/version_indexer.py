@@ -35,8 +35,8 @@ from services.indexer.pipeline.slices import DocumentRun, IndexSink
 from services.indexer.pipeline.timed_write import timed
 from services.indexer.ports import ClaimGate, IndexingOutcome, StoredVersion, VersionSource
 from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
+from services.runtime.indexing.media_types import normalise_media_type
 from services.runtime.logging import get_logger
-from services.runtime.media_types import normalise_media_type
 
 log = get_logger(__name__)
 

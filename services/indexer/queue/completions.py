@@ -50,8 +50,8 @@ import asyncpg
 
 from services.indexer.ports import InTransaction, writable_together
 from services.indexer.queue.task import Lease
-from services.runtime.db import translate_db_errors
-from services.runtime.transaction import Transaction
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.transaction import Transaction
 
 # The fenced UPDATE of one task, in the group's transaction: False when the fence refused it.
 Fence = Callable[[Transaction, Lease], Awaitable[bool]]

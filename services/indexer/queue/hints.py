@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.runtime.avro import AvroError, SchemaRegistry, default_registry
-from services.runtime.events import INDEX_TASK_CREATED
 from services.runtime.logging import get_logger
+from services.runtime.messaging.avro import AvroError, SchemaRegistry, default_registry
+from services.runtime.messaging.events import INDEX_TASK_CREATED
 from services.runtime.signals import ignoring_foreign_cancellation, unless_stopped
 
 log = get_logger(__name__)

@@ -16,9 +16,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 
 from services.indexer.queue.hints import HintMessage
 from services.runtime.errors import KafkaUnavailable
-from services.runtime.events import index_hints_topic, indexer_consumer_group
-from services.runtime.kafka import kafka_client_kwargs
 from services.runtime.logging import get_logger
+from services.runtime.messaging.events import index_hints_topic, indexer_consumer_group
+from services.runtime.messaging.kafka import kafka_client_kwargs
 from services.runtime.settings import RuntimeSettings
 from services.runtime.signals import ignoring_foreign_cancellation
 

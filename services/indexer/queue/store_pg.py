@@ -29,13 +29,13 @@ from services.indexer.queue.task import (
     RequeueRecord,
     TaskStatus,
 )
-from services.runtime.clock import Clock, DatabaseClock
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import LeaseLost, NotFound
-from services.runtime.records import from_row
-from services.runtime.sql import queries_beside
-from services.runtime.tasks import task_of_row
-from services.runtime.transaction import Transaction
+from services.runtime.indexing.tasks import task_of_row
+from services.runtime.pg.clock import Clock, DatabaseClock
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.records import from_row
+from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.transaction import Transaction
 
 QUERIES = queries_beside(__file__, "queries.sql")
 

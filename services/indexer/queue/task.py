@@ -1,7 +1,7 @@
 """Index tasks: the five states, the only transitions between them, and the retry policy.
 
 Pure Python (docs/architecture.md#index-tasks): no driver, no clock of its own. The states
-and the row are the shared vocabulary of services.runtime.tasks. The PostgreSQL adapter
+and the row are the shared vocabulary of services.runtime.indexing.tasks. The PostgreSQL adapter
 applies the same rules in SQL; the in-memory fake of the tests applies them through the
 functions below; one contract suite holds both to the same behaviour.
 
@@ -23,15 +23,17 @@ from typing import Any, Final
 
 from services.runtime.backoff import Backoff
 from services.runtime.errors import Conflict, LeaseLost
-from services.runtime.index_failures import PROVIDER_FAILURE_CODES as PROVIDER_FAILURE_CODES
-from services.runtime.index_failures import RETRYABLE_CODES as RETRYABLE_CODES
-from services.runtime.index_failures import TERMINAL_CODES as TERMINAL_CODES
-from services.runtime.index_failures import ErrorCode as ErrorCode
-from services.runtime.index_failures import IndexingFailed as IndexingFailed
-from services.runtime.index_failures import redact as redact
-from services.runtime.tasks import TASK_TYPE_INDEX_VERSION as TASK_TYPE_INDEX_VERSION
-from services.runtime.tasks import IndexTaskRecord
-from services.runtime.tasks import TaskStatus as TaskStatus
+from services.runtime.indexing.index_failures import (
+    PROVIDER_FAILURE_CODES as PROVIDER_FAILURE_CODES,
+)
+from services.runtime.indexing.index_failures import RETRYABLE_CODES as RETRYABLE_CODES
+from services.runtime.indexing.index_failures import TERMINAL_CODES as TERMINAL_CODES
+from services.runtime.indexing.index_failures import ErrorCode as ErrorCode
+from services.runtime.indexing.index_failures import IndexingFailed as IndexingFailed
+from services.runtime.indexing.index_failures import redact as redact
+from services.runtime.indexing.tasks import TASK_TYPE_INDEX_VERSION as TASK_TYPE_INDEX_VERSION
+from services.runtime.indexing.tasks import IndexTaskRecord
+from services.runtime.indexing.tasks import TaskStatus as TaskStatus
 
 # Every edge of docs/architecture.md#states-and-transitions. RUNNING -> RUNNING is a takeover
 # of an expired lease (a new generation); heartbeats keep RUNNING without a new generation and

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 from services.index.generation import IndexGeneration, chunking_settings
 from services.index.generations import DEFAULT_PROFILE, SearchGeneration
 from services.indexer.queue.task import Lease
-from services.runtime.coalesce import Coalesced
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import ConfigError
 from services.runtime.logging import get_logger
-from services.runtime.sql import queries_beside
-from services.runtime.transaction import Transaction
+from services.runtime.pg.coalesce import Coalesced
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.transaction import Transaction
 
 if TYPE_CHECKING:
     import asyncpg
@@ -136,7 +136,7 @@ GenerationQuestion = tuple[str, int | None]
 class TaskGenerations:
     """The generation a task builds: the one it names, else the tenant's serving one, else
     the default; ``None`` when none exists (no indexer registered one). The tasks of many
-    slots asking at once share one query (services/runtime/coalesce.py)."""
+    slots asking at once share one query (services/runtime/pg/coalesce.py)."""
 
     def __init__(self, pool: asyncpg.Pool[Any]) -> None:
         self._pool = pool

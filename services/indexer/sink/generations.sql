@@ -4,7 +4,7 @@
 
 -- name: lock_search_generations
 -- Exclusive and transaction-level: the key publishes take in shared mode before they read a
--- tenant's generations (services/runtime/tasks.sql) and `kb index generations create` takes
+-- tenant's generations (services/runtime/indexing/tasks.sql) and `kb index generations create` takes
 -- exclusively. Concurrent indexer starts register the default one at a time.
 SELECT pg_advisory_xact_lock(hashtextextended('kb.search_generation', 0))
 
@@ -69,7 +69,7 @@ SELECT * FROM search_generation
 
 -- name: task_search_generations
 -- $1 tenants, $2 the tasks' generations (NULL: the tenant's serving one), one element per
--- task, for the tasks of several slots at once (services/runtime/coalesce.py). The
+-- task, for the tasks of several slots at once (services/runtime/pg/coalesce.py). The
 -- generation a task builds: its own, else the tenant's serving row's, else the default (a
 -- tenant without rows); each row with what it was asked for (asked_tenant_id,
 -- asked_generation_id). No row for a pair: none of them exists (no indexer registered a

@@ -3,7 +3,7 @@ version (or another document's identical paragraph) is not embedded again.
 
 The slots of one process ask at once as their documents are chunked; the questions that
 arrive while one query is out share the next one, a query per tenant and generation
-(services/runtime/coalesce.py).
+(services/runtime/pg/coalesce.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from services.index.generation import IndexGeneration
-from services.runtime.coalesce import Coalesced
-from services.runtime.db import translate_db_errors
-from services.runtime.sql import queries_beside
+from services.runtime.pg.coalesce import Coalesced
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "sink.sql")
 

@@ -19,7 +19,7 @@ pointer only when its generation serves the tenant. Superseded versions are neve
 here: the collector does it later, in bounded batches of its own, keeping
 KB_INDEX_KEEP_PREVIOUS versions (gc.sql says why that is safe).
 
-The pool must come from ``services.runtime.db.create_pool`` (it registers pgvector's binary
+The pool must come from ``services.runtime.pg.db.create_pool`` (it registers pgvector's binary
 codec for ``vector``, which the COPY and the reuse lookup use).
 """
 
@@ -58,11 +58,11 @@ from services.indexer.sink.write import (
     log,
     prepare_write,
 )
-from services.runtime.avro import SchemaRegistry, default_registry
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import ConfigError, DatabaseBusy
-from services.runtime.sql import queries_beside
-from services.runtime.transaction import Transaction
+from services.runtime.messaging.avro import SchemaRegistry, default_registry
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.transaction import Transaction
 
 if TYPE_CHECKING:
     from services.indexer.pipeline.chunking import Chunk
@@ -200,7 +200,7 @@ class PgVectorSink:
     ) -> dict[bytes, npt.NDArray[np.float32]]:
         """Embeddings this tenant's index (same generation) already holds for these content
         digests: unchanged content of a new version is not embedded again. The slots asking
-        at once share a query per tenant and generation (services/runtime/coalesce.py)."""
+        at once share a query per tenant and generation (services/runtime/pg/coalesce.py)."""
         return await self._known.embeddings(tenant_id, generation, digests)
 
     def writer(
@@ -311,7 +311,7 @@ async def index_build_session(conn: Executor, build_memory: str) -> AsyncIterato
     """The connection set up for an HNSW build, and back as it was afterwards: a long build
     must not hit the pool's statement_timeout, and crawls when its graph does not fit in
     maintenance_work_mem. Restored before release, as the indexer's pool does not reset
-    sessions (runtime.db.skip_session_reset)."""
+    sessions (runtime.pg.db.skip_session_reset)."""
     previous = await conn.fetchrow(QUERIES["start_index_build"], build_memory)
     assert previous is not None
     try:

@@ -86,7 +86,7 @@ RETURNING c.document_id
 -- snapshot's). `old` (PostgreSQL 18 RETURNING) is the row before the update: NULL when this
 -- is the document's first pointer. A previous_version other than the row's version means the
 -- pointer moved to this version: the sink then makes its ACL the served one in this
--- transaction (services/runtime/served_acl.sql: apply_served_acl, issue 29 item 1).
+-- transaction (services/runtime/tenancy/served_acl.sql: apply_served_acl, issue 29 item 1).
 -- One row back per pointer that changed, with its tenant and document.
 INSERT INTO document_search_version AS s (tenant_id, document_id, version_number,
                                           embedding_model, chunking_strategy, chunk_count,

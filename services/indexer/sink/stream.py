@@ -26,10 +26,10 @@ from pgvector import Vector
 from services.indexer.ports import Clock
 from services.indexer.queue.task import Lease
 from services.indexer.sink.version import version_chunks
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import KbError, LeaseLost
-from services.runtime.sql import queries_beside
-from services.runtime.transaction import Transaction
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.transaction import Transaction
 
 if TYPE_CHECKING:
     from services.index.generation import IndexGeneration

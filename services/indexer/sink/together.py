@@ -53,13 +53,17 @@ from services.indexer.sink.write import (
     log_replaced,
     switched_event,
 )
-from services.runtime.avro import SchemaRegistry
-from services.runtime.db import translate_db_errors
-from services.runtime.outbox import add_events
-from services.runtime.records import from_row
-from services.runtime.served_acl import TenantDocument, apply_served_acls, lock_first_pointers
-from services.runtime.sql import queries_beside
-from services.runtime.transaction import Transaction
+from services.runtime.messaging.avro import SchemaRegistry
+from services.runtime.messaging.outbox import add_events
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.records import from_row
+from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.transaction import Transaction
+from services.runtime.tenancy.served_acl import (
+    TenantDocument,
+    apply_served_acls,
+    lock_first_pointers,
+)
 
 QUERIES = queries_beside(__file__, "sink.sql")
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from services.index.generation import chunking_settings
 from services.indexer.queue.task import Lease
-from services.runtime.sql import queries_beside
+from services.runtime.pg.sql import queries_beside
 
 if TYPE_CHECKING:
     from services.index.generation import IndexGeneration

@@ -17,10 +17,10 @@ from services.index.generation import IndexGeneration
 from services.indexer.queue.task import Lease
 from services.indexer.sink.stream import CHUNK_RECORD_COLUMNS, chunk_records
 from services.indexer.sink.version import ServedPointer, version_chunks
-from services.runtime.avro import SchemaRegistry
-from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
 from services.runtime.logging import get_logger
-from services.runtime.outbox import OutboxEvent, aggregate_key
+from services.runtime.messaging.avro import SchemaRegistry
+from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
+from services.runtime.messaging.outbox import OutboxEvent, aggregate_key
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -31,8 +31,8 @@ from services.publisher.domain import (
     publication_events,
 )
 from services.publisher.ports import LockedDocument, PendingEvent, VersionInfo
-from services.runtime.avro import SchemaRegistry, default_registry
 from services.runtime.errors import KbError
+from services.runtime.messaging.avro import SchemaRegistry, default_registry
 
 # A new document published at once: created at revision 1, published at revision 2.
 PUBLISHED_REVISION = 2

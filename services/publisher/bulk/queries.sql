@@ -39,7 +39,7 @@ SELECT task_id, $1, document_id, 1, 'INDEX_VERSION', $2, 'PENDING', $9::integer,
 -- name: insert_acls
 -- $1 tenant, $2 document ids, $3 principals: one row per (document, principal), the ACL of
 -- version 1 (migration 0024). Not the served ACL (document_acl): a new document has no
--- search pointer, and its first switch applies this one (services/runtime/served_acl.sql).
+-- search pointer, and its first switch applies this one (services/runtime/tenancy/served_acl.sql).
 INSERT INTO document_version_acl (tenant_id, document_id, version_number, principal,
                                   permission)
 SELECT $1, document_id, 1, principal, 'READ'

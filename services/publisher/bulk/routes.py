@@ -35,11 +35,11 @@ from services.publisher.wire import ApiModel, ReadAcl
 from services.runtime.auth.keys import Scope
 from services.runtime.errors import BadInput, DependencyUnavailable, KbError
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE
-from services.runtime.http_problem import PROBLEM_RESPONSE
-from services.runtime.http_strict import strict_json_loads
 from services.runtime.logging import get_logger
-from services.runtime.tenant_auth import require_scope
-from services.runtime.tenant_ids import TENANT_ID_PATTERN
+from services.runtime.tenancy.tenant_auth import require_scope
+from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
+from services.runtime.web.http_problem import PROBLEM_RESPONSE
+from services.runtime.web.http_strict import strict_json_loads
 
 log = get_logger(__name__)
 

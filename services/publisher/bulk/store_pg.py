@@ -11,12 +11,12 @@ import asyncpg
 
 from services.publisher.bulk.domain import NewPublishedDocument
 from services.publisher.ports import PendingEvent
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import NotFound
-from services.runtime.outbox import aggregate_key
-from services.runtime.sql import queries_beside
-from services.runtime.tasks import DEFAULT_MAX_ATTEMPTS, enqueue_generation_tasks
-from services.runtime.tenant_wall import tenant_transaction
+from services.runtime.indexing.tasks import DEFAULT_MAX_ATTEMPTS, enqueue_generation_tasks
+from services.runtime.messaging.outbox import aggregate_key
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
+from services.runtime.tenancy.tenant_wall import tenant_transaction
 
 QUERIES = queries_beside(__file__)
 
@@ -68,7 +68,7 @@ class PgBulkStore:
                     DEFAULT_MAX_ATTEMPTS,
                     now,
                 )
-                # The dual write, as a single publish does (services.runtime.tasks).
+                # The dual write, as a single publish does (services.runtime.indexing.tasks).
                 await enqueue_generation_tasks(
                     conn,
                     tenant_id=tenant_id,

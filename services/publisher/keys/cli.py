@@ -28,7 +28,7 @@ TENANT_ARG = typer.Argument(help="The tenant id.")
 
 
 def check_tenant(tenant: str) -> None:
-    from services.runtime.tenant_ids import TENANT_ID_PATTERN
+    from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
 
     if not re.fullmatch(TENANT_ID_PATTERN, tenant):
         raise BadInput(f"tenant name {tenant!r} is invalid", code="TENANT_NAME_INVALID")
@@ -44,9 +44,9 @@ def _key_id(value: str) -> uuid.UUID:
 def run_with_connection(work: Any) -> Any:
     """Run ``work(conn)`` on one connection of the configured database."""
     from services.publisher.settings import PublisherSettings
-    from services.runtime.cli_support import load_settings, run_async
-    from services.runtime.db import connection
+    from services.runtime.commands.cli_support import load_settings, run_async
     from services.runtime.logging import configure_logging
+    from services.runtime.pg.db import connection
 
     settings = load_settings(PublisherSettings)
     configure_logging(settings.log_level, settings.log_format, service="kb-tenants")
@@ -64,7 +64,7 @@ def key_spec(
     """The :class:`KeySpec` a command line asks for, or :class:`BadInput` saying why not."""
     from services.publisher.keys.store_pg import KeySpec
     from services.runtime.auth.keys import PrincipalSource, Scope, parse_scopes
-    from services.runtime.principals import normalise_principals
+    from services.runtime.tenancy.principals import normalise_principals
 
     try:
         parsed = parse_scopes(scopes)
@@ -134,7 +134,7 @@ def create_key(
     """Create a key; print KB_API_KEY_ID=<id> and KB_API_KEY=<key> (only its hash is stored)."""
     from services.publisher.keys.store_pg import PgKeyStore
     from services.runtime.logging import get_logger
-    from services.runtime.tenant_auth import hash_api_key, new_api_key
+    from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 
     check_tenant(tenant)
     spec = key_spec(scope or [], principals or [], require_principal_token, name)
@@ -241,7 +241,7 @@ def rotate_key(
     --grace-seconds); print the new KB_API_KEY_ID and KB_API_KEY."""
     from services.publisher.keys.store_pg import PgKeyStore
     from services.runtime.logging import get_logger
-    from services.runtime.tenant_auth import hash_api_key, new_api_key
+    from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 
     check_tenant(tenant)
     old = _key_id(key_id)

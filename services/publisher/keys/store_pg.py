@@ -12,9 +12,9 @@ from typing import Any
 import asyncpg
 
 from services.runtime.auth.keys import PrincipalSource, Scope
-from services.runtime.db import translate_db_errors
 from services.runtime.errors import BadInput, NotFound
-from services.runtime.sql import queries_beside
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "keys.sql")
 

@@ -17,8 +17,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, Protocol
 
-from services.runtime.db import translate_db_errors
-from services.runtime.sql import queries_beside
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "keys.sql")
 

@@ -22,8 +22,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.runtime.fair_share.gate import FairShare
 from services.runtime.fair_share.settings import Kind
 from services.runtime.fair_share.shares import TenantLimited
-from services.runtime.http_problem import PROBLEM_RESPONSE, refuse_unread
-from services.runtime.tenant_auth import AUTHENTICATED_TENANT, route_path
+from services.runtime.tenancy.tenant_auth import AUTHENTICATED_TENANT, route_path
+from services.runtime.web.http_problem import PROBLEM_RESPONSE, refuse_unread
 
 # The 429 of a route that takes a share, as its OpenAPI document describes it.
 LIMITED_RESPONSE: Final[dict[str, Any]] = {

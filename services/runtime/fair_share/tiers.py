@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from services.runtime.db import translate_db_errors
 from services.runtime.logging import get_logger
-from services.runtime.sql import queries_beside
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
 
 log = get_logger(__name__)
 QUERIES = queries_beside(__file__, "tiers.sql")

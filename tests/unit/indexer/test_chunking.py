@@ -27,7 +27,7 @@ from services.indexer.pipeline.chunking_code import CHUNKER_VERSION
 from services.indexer.pipeline.parsing import Section, parse_document
 from services.indexer.pipeline.parsing.section import normalise_heading, normalise_text
 from services.runtime.errors import ConfigError
-from services.runtime.media_types import HTML, MARKDOWN
+from services.runtime.indexing.media_types import HTML, MARKDOWN
 from tests.support.documents import make_large_text, make_markdown
 
 MINILM = TokenizerSpec(

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from services.indexer.queue.hints import HintConsumer, HintMessage, HintStats, SkipReason
-from services.runtime.avro import MAGIC, default_registry
-from services.runtime.events import DOCUMENT_SEARCH_VERSION_SWITCHED, INDEX_TASK_CREATED
+from services.runtime.messaging.avro import MAGIC, default_registry
+from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED, INDEX_TASK_CREATED
 
 REGISTRY = default_registry()
 

@@ -19,7 +19,7 @@ from services.indexer.maintenance.index_check import (
     find_drift,
     verify,
 )
-from services.runtime.tasks import TaskStatus
+from services.runtime.indexing.tasks import TaskStatus
 
 TASK_V1 = uuid.UUID(int=1)
 TASK_V2 = uuid.UUID(int=2)

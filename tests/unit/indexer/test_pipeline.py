@@ -25,7 +25,7 @@ from services.indexer.pipeline.version_indexer import (
 from services.indexer.ports import StoredVersion
 from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.errors import ConfigError
-from services.runtime.transaction import Transaction
+from services.runtime.pg.transaction import Transaction
 
 DIMENSION = 8
 TOKENIZER = TokenizerSpec(name="approx", tokenizer_file=None, max_input_tokens=128)

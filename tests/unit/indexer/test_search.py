@@ -344,7 +344,7 @@ async def test_the_search_route_fails_closed_without_the_auth_middleware() -> No
     import httpx
     from fastapi import FastAPI
 
-    from services.runtime.http_problem import install_problem_handlers
+    from services.runtime.web.http_problem import install_problem_handlers
     from services.search.routes import search_router
 
     app = FastAPI()

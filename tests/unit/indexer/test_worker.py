@@ -21,8 +21,8 @@ from services.indexer.queue.task import (
     TaskStatus,
 )
 from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
-from services.runtime.db import DatabaseError
 from services.runtime.errors import ConfigError, DatabaseBusy, DatabaseUnavailable
+from services.runtime.pg.db import DatabaseError
 from tests.fakes.task_queue import InMemoryTaskQueue, InMemoryTransaction
 from tests.support.clock import ManualClock
 

@@ -22,28 +22,28 @@ from services.publisher.domain import (
 )
 from services.publisher.failures import INTERNAL_FAILURE_MESSAGE
 from services.publisher.ports import DocumentStatusRecord
-from services.runtime.avro import default_registry
 from services.runtime.errors import (
     BadInput,
     PayloadTooLarge,
     UnsupportedMediaType,
     ValidationFailed,
 )
-from services.runtime.events import (
+from services.runtime.indexing.media_types import SUPPORTED_MEDIA_TYPES
+from services.runtime.indexing.tasks import IndexTaskRecord, TaskStatus
+from services.runtime.messaging.avro import default_registry
+from services.runtime.messaging.events import (
     DOCUMENT_SEARCH_VERSION_SWITCHED,
     DOCUMENT_VERSION_PUBLISHED,
     INDEX_TASK_CREATED,
     event_id,
 )
-from services.runtime.media_types import SUPPORTED_MEDIA_TYPES
-from services.runtime.tasks import IndexTaskRecord, TaskStatus
-from services.runtime.tenant_auth import (
+from services.runtime.tenancy.tenant_auth import (
     bearer_token,
     hash_api_key,
     new_api_key,
     parse_api_key,
 )
-from services.runtime.tenant_ids import TENANT_ID_PATTERN
+from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 

@@ -1,4 +1,5 @@
-"""The bytes of an upload against its declared type (services.runtime.media_types.check_content).
+"""The bytes of an upload against its declared type
+(services.runtime.indexing.media_types.check_content).
 
 A mismatch is 415 MEDIA_TYPE_MISMATCH: HTML stored as a PDF, a zip that is no Word document,
 text that does not decode. Only structure is checked, never a parse.
@@ -12,7 +13,7 @@ import pytest
 
 from services.publisher.domain import Upload, check_upload
 from services.runtime.errors import UnsupportedMediaType
-from services.runtime.media_types import (
+from services.runtime.indexing.media_types import (
     DOCX,
     HTML,
     MARKDOWN,

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.publisher.domain import Publisher, Upload
-from services.runtime.avro import default_registry
 from services.runtime.errors import KbError
+from services.runtime.messaging.avro import default_registry
 from tests.fakes.publisher_store import MemoryPublisherStore
 
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import new_topic
 from services.runtime.errors import ConfigError
-from services.runtime.kafka import kafka_client_kwargs
+from services.runtime.messaging.kafka import kafka_client_kwargs
 from services.runtime.settings import RuntimeSettings
 
 PASSWORD = "s3cr3t-Pa55word"

@@ -20,8 +20,8 @@ from services.embedding.hashing import HashingEmbedder
 from services.embedding.port import Vectors
 from services.publisher.settings import PublisherSettings
 from services.runtime.errors import KbError
-from services.runtime.index_failures import ErrorCode, IndexingFailed
-from services.runtime.tenant_auth import hash_api_key, new_api_key
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
+from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 from services.search.metrics import DEGRADED_REASONS
 from services.search.searcher import (
     DEFAULT_RETRY_AFTER_SECONDS,

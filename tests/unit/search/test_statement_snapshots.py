@@ -95,7 +95,7 @@ def test_every_snapshot_is_of_a_variant() -> None:
 
 
 def test_every_fragment_is_part_of_a_statement() -> None:
-    # Each fragment is a statement, included by another (runtime.sql) or chosen for a slot.
+    # Each fragment is a statement, included by another (runtime.pg.sql) or chosen for a slot.
     text = Path(FRAGMENTS.source).read_text(encoding="utf-8")
     included = {
         line.strip().removeprefix("-- include:").strip()

@@ -17,7 +17,7 @@ from selectolax.lexbor import LexborHTMLParser
 
 from services.indexer.pipeline.parsing.section import Section, SectionBuilder
 from services.indexer.pipeline.parsing.text import decode
-from services.runtime.media_types import bom_encoding
+from services.runtime.indexing.media_types import bom_encoding
 
 _DROPPED = frozenset(
     {

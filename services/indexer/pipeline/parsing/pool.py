@@ -46,7 +46,7 @@ from services.indexer.pipeline.parsing.stream import (
     stream_in_worker,
 )
 from services.indexer.queue.task import ErrorCode, IndexingFailed
-from services.runtime import media_types
+from services.runtime.indexing import media_types
 from services.runtime.logging import get_logger
 from services.runtime.native_memory import release_freed_memory
 

@@ -12,7 +12,7 @@ from services.indexer.pipeline.parsing.section import Section, SectionBuilder
 from services.indexer.queue.task import ErrorCode, IndexingFailed
 
 # The byte-order marks are the publisher's too: what it accepts as text is what is read here.
-from services.runtime.media_types import bom_encoding
+from services.runtime.indexing.media_types import bom_encoding
 
 
 def decode(content: bytes, encoding: str, *, skip: int = 0) -> str:

@@ -13,7 +13,7 @@ from services.embedding.guard.breaker import (
     BreakerPolicy,
     BreakerState,
 )
-from services.runtime.index_failures import ErrorCode
+from services.runtime.indexing.index_failures import ErrorCode
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 POLICY = BreakerPolicy(failure_threshold=3, open_seconds=30, max_open_seconds=100, probe_seconds=60)

@@ -19,7 +19,7 @@ from services.embedding.settings import (
     OpenAIConfig,
     load_embedding_settings,
 )
-from services.runtime.index_failures import ErrorCode, IndexingFailed
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 from tests.unit.embedding.guard.fakes import World
 
 POLICY = BreakerPolicy(failure_threshold=1, open_seconds=10, probe_seconds=20)

@@ -15,7 +15,7 @@ from services.embedding.guard.guarded import GuardedEmbedder
 from services.embedding.guard.quota import Purpose, QuotaPlan
 from services.embedding.port import InputRefused
 from services.runtime.errors import DatabaseUnavailable
-from services.runtime.index_failures import ErrorCode, IndexingFailed
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 from tests.unit.embedding.guard.fakes import ScriptedEmbedder, World
 
 DOWN = ErrorCode.EMBEDDING_UNAVAILABLE

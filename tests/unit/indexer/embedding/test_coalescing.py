@@ -11,7 +11,7 @@ import pytest
 
 from services.embedding import HashingEmbedder, InputRefused, Vectors
 from services.embedding.coalescing import CoalescingEmbedder, RequestStats
-from services.runtime.index_failures import ErrorCode, IndexingFailed
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 from tests.support.pipeline import RecordingEmbedder
 
 DIMENSION = 16

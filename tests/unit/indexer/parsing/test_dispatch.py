@@ -4,7 +4,7 @@ import pytest
 
 from services.indexer.pipeline.parsing import parse_document
 from services.indexer.queue.task import ErrorCode, IndexingFailed
-from services.runtime import media_types
+from services.runtime.indexing import media_types
 from tests.support.documents import make_markdown
 
 

@@ -10,7 +10,7 @@ from docx.enum.style import WD_STYLE_TYPE
 from services.indexer.pipeline.parsing import ParseLimits, parse_document
 from services.indexer.pipeline.parsing import docx as docx_parser
 from services.indexer.queue.task import ErrorCode, IndexingFailed
-from services.runtime.media_types import DOCX
+from services.runtime.indexing.media_types import DOCX
 from tests.support.documents import (
     SAMPLE,
     expected_sections,

@@ -4,7 +4,7 @@ import pytest
 
 from services.indexer.pipeline.parsing import parse_document
 from services.indexer.queue.task import ErrorCode, IndexingFailed
-from services.runtime.media_types import HTML
+from services.runtime.indexing.media_types import HTML
 from tests.support.documents import SAMPLE, expected_sections, make_html
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from services.indexer.pipeline.parsing import Section, parse_document
-from services.runtime.media_types import MARKDOWN
+from services.runtime.indexing.media_types import MARKDOWN
 from tests.support.documents import SAMPLE, expected_sections, make_markdown
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from services.indexer.pipeline.parsing import parse_document
 from services.indexer.queue.task import ErrorCode, IndexingFailed
-from services.runtime.media_types import PDF
+from services.runtime.indexing.media_types import PDF
 from tests.support.documents import (
     SAMPLE,
     DocSection,

@@ -10,8 +10,8 @@ import pytest
 from services.embedding.tokens import TokenizerSpec
 from services.indexer.pipeline.chunking import ChunkingStrategy
 from services.indexer.pipeline.parsing.pool import ParsePool
-from services.runtime.index_failures import ErrorCode, IndexingFailed
-from services.runtime.media_types import HTML, MARKDOWN, TEXT
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
+from services.runtime.indexing.media_types import HTML, MARKDOWN, TEXT
 from tests.support.documents import make_markdown
 
 STRATEGY = ChunkingStrategy(TokenizerSpec("approx", None, 512))

@@ -6,7 +6,7 @@ import pytest
 
 from services.indexer.pipeline.parsing import Section, parse_document
 from services.indexer.queue.task import ErrorCode, IndexingFailed
-from services.runtime.media_types import TEXT
+from services.runtime.indexing.media_types import TEXT
 from tests.support.documents import make_text
 
 PARAGRAPHS = ("Größe  und\tGewicht", "Zweiter   Absatz\nmit Zeilenumbruch.")

@@ -1,4 +1,4 @@
--- The migration runner's bookkeeping (services/runtime/migrations.py). The migrations
+-- The migration runner's bookkeeping (services/runtime/pg/migrations.py). The migrations
 -- themselves are the numbered files of migrations/.
 
 -- name: lock_migrations

@@ -33,8 +33,8 @@ from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.throttle import FailedAuthThrottle, client_address
 from services.runtime.auth.tokens import PrincipalClaims, verify_principal_token
 from services.runtime.errors import BadInput, Forbidden, KbError, Unauthenticated
-from services.runtime.http_problem import kb_error_response, problem_response
 from services.runtime.logging import get_logger
+from services.runtime.web.http_problem import kb_error_response, problem_response
 
 log = get_logger(__name__)
 

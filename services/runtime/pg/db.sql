@@ -1,4 +1,4 @@
--- Connection set-up and clean-up (services/runtime/db.py).
+-- Connection set-up and clean-up (services/runtime/pg/db.py).
 
 -- name: vector_type_exists
 -- The vector type exists only after the first migration: a connection opened before it

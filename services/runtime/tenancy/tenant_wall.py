@@ -31,8 +31,8 @@ from collections.abc import AsyncIterator
 from typing import Any, Final, Literal
 
 from services.runtime.logging import get_logger
-from services.runtime.sql import queries_beside
-from services.runtime.tenant_ids import TENANT_ID_PATTERN
+from services.runtime.pg.sql import queries_beside
+from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
 
 _QUERIES = queries_beside(__file__, "tenant_wall.sql")
 

@@ -20,8 +20,8 @@ from services.runtime.errors import (
     KbError,
     SerializationConflict,
 )
+from services.runtime.pg.sql import queries_beside
 from services.runtime.settings import RuntimeSettings
-from services.runtime.sql import queries_beside
 
 _QUERIES = queries_beside(__file__, "db.sql")
 

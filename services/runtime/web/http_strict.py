@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.runtime.errors import BadInput
-from services.runtime.http_problem import http_exception_response, problem_response
+from services.runtime.web.http_problem import http_exception_response, problem_response
 
 AMBIGUOUS_REQUEST_LENGTH: Final = "AMBIGUOUS_REQUEST_LENGTH"
 DUPLICATE_HEADER: Final = "DUPLICATE_HEADER"

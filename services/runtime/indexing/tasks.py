@@ -15,10 +15,10 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Final, NamedTuple, TypeVar
 
-from services.runtime.db import translate_db_errors
-from services.runtime.records import Row, from_row
-from services.runtime.sql import queries_beside
-from services.runtime.transaction import Transaction
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.records import Row, from_row
+from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.transaction import Transaction
 
 _QUERIES = queries_beside(__file__, "tasks.sql")
 

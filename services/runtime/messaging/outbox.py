@@ -18,9 +18,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.runtime.db import translate_db_errors
-from services.runtime.sql import queries_beside
-from services.runtime.transaction import Transaction
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.transaction import Transaction
 
 _QUERIES = queries_beside(__file__, "outbox.sql")
 

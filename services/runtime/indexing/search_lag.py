@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from services.runtime.logging import get_logger
-from services.runtime.sql import queries_beside
+from services.runtime.pg.sql import queries_beside
 
 log = get_logger(__name__)
 QUERIES = queries_beside(__file__, "search_lag.sql")

@@ -6,7 +6,7 @@ schema so that SQL and migrations cannot drift apart unnoticed.
 
 A line ``-- include: <query>`` puts another query of the same file in its place;
 ``-- include: <query> from <file>`` one of another file, named from the directory that holds
-the ``services`` package (``services/runtime/search_version.sql``): one text for what
+the ``services`` package (``services/runtime/indexing/search_version.sql``): one text for what
 several statements, of one service or of several, say alike.
 """
 
@@ -27,7 +27,7 @@ _INCLUDE = re.compile(
     re.MULTILINE,
 )
 # Where the files an include names are found: the directory holding the services package.
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[3]
 
 # The queries of another file, by the name an include gives it.
 OtherFile = Callable[[str], Mapping[str, str]]

@@ -16,8 +16,8 @@ from typing import Any
 import asyncpg
 
 from services.runtime.errors import MigrationChecksumMismatch, MigrationError
+from services.runtime.pg.sql import queries_beside
 from services.runtime.shipped import shipped_dir
-from services.runtime.sql import queries_beside
 
 _QUERIES = queries_beside(__file__, "migrations.sql")
 

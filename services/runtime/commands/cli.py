@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from services.runtime.cli_support import run_async
-from services.runtime.db import connection
-from services.runtime.migrations import MigrationReport, apply_migrations
+from services.runtime.commands.cli_support import run_async
+from services.runtime.pg.db import connection
+from services.runtime.pg.migrations import MigrationReport, apply_migrations
 from services.runtime.settings import RuntimeSettings
 
 

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from services.runtime.db import translate_db_errors
-from services.runtime.sql import queries_beside
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "served_acl.sql")
 

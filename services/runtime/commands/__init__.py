@@ -1,0 +1,3 @@
+"""What every `kb` command shares: settings and errors at the command line, shared options, and
+`kb migrate`.
+"""

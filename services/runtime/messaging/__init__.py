@@ -1,0 +1,1 @@
+"""Events: their vocabulary, Avro encoding, the outbox writer and the Kafka client arguments."""

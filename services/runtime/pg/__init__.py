@@ -1,0 +1,3 @@
+"""PostgreSQL plumbing every service shares: the pool and its error translation, named SQL,
+migrations, records, the transaction port, coalesced reads and the clock.
+"""

@@ -1,0 +1,1 @@
+"""The HTTP contract every app shares: problem details and request strictness."""
