@@ -21,12 +21,12 @@ from services.embedding.settings import EmbeddingSettings, load_embedding_settin
 from services.operator.context import OperatorContext, build_operator_context
 from services.operator.routes import mount_operator
 from services.operator.settings import OperatorSettings
-from services.publisher.api import create_app as create_publisher_app
-from services.publisher.body_limit import BodyLimitMiddleware
 from services.publisher.bulk.domain import BulkStore
 from services.publisher.ports import PublisherStore, StatusReplicas
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
+from services.publisher.web.api import create_app as create_publisher_app
+from services.publisher.web.body_limit import BodyLimitMiddleware
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.fair_share.gate import FairShare
 from services.runtime.fair_share.middleware import FairShareMiddleware, limited_routes

@@ -25,8 +25,8 @@ def serve(
 ) -> None:
     """Run the HTTP API (publishing and search)."""
     from services.app import create_app
-    from services.publisher.server import GracefulServer
     from services.publisher.settings import PublisherSettings
+    from services.publisher.web.server import GracefulServer
     from services.runtime.commands.cli_support import load_settings
     from services.runtime.logging import configure_logging
     from services.runtime.web.http_strict import HttpSettings
@@ -48,7 +48,7 @@ def server_config(
     headers believed only from ``KB_HTTP_TRUSTED_PROXIES`` (none by default)."""
     import uvicorn
 
-    from services.publisher.server import uvicorn_options
+    from services.publisher.web.server import uvicorn_options
     from services.runtime.web.http_strict import proxy_options
 
     options = {**uvicorn_options(settings), **proxy_options(http)}

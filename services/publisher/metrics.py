@@ -11,7 +11,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import Message, Receive, Scope, Send
 
-from services.publisher.middleware import HttpMiddleware
+from services.publisher.web.middleware import HttpMiddleware
 
 _KNOWN_METHODS: Final = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 UNMATCHED_ROUTE: Final = "<unmatched>"

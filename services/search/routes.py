@@ -194,7 +194,7 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: PROBLEM_RESPONSE for status in sorted(set(statuses))}
 
 
-# An OpenAPI link (as the publisher's answers have, services/publisher/links.py): the first
+# An OpenAPI link (as the publisher's answers have, services/publisher/web/links.py): the first
 # hit's document status, an operation of the app this router is mounted into.
 _AFTER_SEARCH: Final[dict[str, Any]] = {
     "links": {

@@ -13,9 +13,9 @@ import asyncpg
 import httpx
 import pytest
 
-from services.publisher.api import create_app
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
+from services.publisher.web.api import create_app
 from services.runtime.pg.db import create_pool
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import (

@@ -24,8 +24,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from services.publisher.openapi import OPENAPI_PATH
 from services.publisher.settings import PublisherSettings
+from services.publisher.web.openapi import OPENAPI_PATH
 from tests.support.api import ApiTenant, add_tenant, live_publisher
 from tests.support.stack import Stack, create_test_database, drop_test_database
 

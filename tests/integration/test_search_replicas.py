@@ -18,9 +18,9 @@ import pytest
 from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.settings import EmbeddingSettings, HashingConfig
-from services.publisher.api import create_app as create_publisher_app
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
+from services.publisher.web.api import create_app as create_publisher_app
 from services.search.connections import open_search_pool
 from services.search.replicas import PRIMARY, ReplicaRotation, parse_token, replica_name
 from services.search.serving import GenerationSearch

@@ -14,8 +14,8 @@ from structlog.testing import capture_logs
 
 from services.app import create_app as create_composed_app
 from services.embedding.hashing import HashingEmbedder
-from services.publisher.api import create_app
 from services.publisher.settings import PublisherSettings
+from services.publisher.web.api import create_app
 from services.runtime.auth.keys import ApiKeyGrant
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.throttle import FailedAuthThrottle, client_address

@@ -14,10 +14,10 @@ import asyncpg
 import httpx
 from fastapi import FastAPI
 
-from services.publisher.api import create_app
 from services.publisher.bulk.store_pg import PgBulkStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore, open_publisher_pool
+from services.publisher.web.api import create_app
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.settings import RuntimeSettings
 from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
@@ -189,7 +189,7 @@ def live_app(app: FastAPI, settings: PublisherSettings) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    from services.publisher.server import uvicorn_options
+    from services.publisher.web.server import uvicorn_options
 
     options = {**uvicorn_options(settings), "log_level": "warning"}
     config = uvicorn.Config(app, host="127.0.0.1", port=port, **options)

@@ -252,7 +252,7 @@ def _plant_clean_tree(root: Path) -> None:
         ("services/indexer/sub/x.py", "from ...relay import relay\n", "relay", "sideways"),
         (
             "services/runtime/y.py",
-            "import importlib\nm = importlib.import_module('services.publisher.api')\n",
+            "import importlib\nm = importlib.import_module('services.publisher.web.api')\n",
             "publisher",
             "upward",
         ),

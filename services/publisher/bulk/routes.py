@@ -29,9 +29,9 @@ from services.publisher.bulk.domain import (
     ItemResult,
 )
 from services.publisher.domain import MAX_TITLE_LENGTH, Upload
-from services.publisher.links import AFTER_BULK
 from services.publisher.metrics import PublisherMetrics
-from services.publisher.wire import ApiModel, ReadAcl
+from services.publisher.web.links import AFTER_BULK
+from services.publisher.web.wire import ApiModel, ReadAcl
 from services.runtime.auth.keys import Scope
 from services.runtime.errors import BadInput, DependencyUnavailable, KbError
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import re
 
-from services.publisher.openapi import OPENAPI_PATH, generate, render
 from services.publisher.store_pg import QUERIES
+from services.publisher.web.openapi import OPENAPI_PATH, generate, render
 
 
 def test_committed_openapi_document_matches_the_app() -> None:
     committed = OPENAPI_PATH.read_text(encoding="utf-8")
     assert committed == render(generate()), (
-        "services/publisher/openapi.json is stale: "
-        "run `uv run python -m services.publisher.openapi`"
+        "services/publisher/web/openapi.json is stale: "
+        "run `uv run python -m services.publisher.web.openapi`"
     )
 
 

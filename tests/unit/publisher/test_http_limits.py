@@ -10,9 +10,9 @@ import pytest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
-from services.publisher.body_limit import BodyLimitMiddleware
-from services.publisher.readiness import ReadinessProbe
-from services.publisher.upload_budget import UploadBudget, UploadBudgetMiddleware
+from services.publisher.web.body_limit import BodyLimitMiddleware
+from services.publisher.web.readiness import ReadinessProbe
+from services.publisher.web.upload_budget import UploadBudget, UploadBudgetMiddleware
 from services.runtime.errors import DatabaseUnavailable
 
 

@@ -18,9 +18,9 @@ from fastapi import APIRouter, Depends, File, Form, Path, Request, Security, Upl
 from fastapi.security import HTTPBearer
 
 from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload, VersionCreated
-from services.publisher.links import AFTER_INDEX_TASK, AFTER_PUBLISH, AFTER_STATUS, AFTER_UPLOAD
 from services.publisher.metrics import PublisherMetrics
-from services.publisher.wire import (
+from services.publisher.web.links import AFTER_INDEX_TASK, AFTER_PUBLISH, AFTER_STATUS, AFTER_UPLOAD
+from services.publisher.web.wire import (
     MAX_INT32,
     DocumentStatusResponse,
     IndexTaskResponse,

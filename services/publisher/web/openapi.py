@@ -1,6 +1,6 @@
-"""The committed OpenAPI document (``services/publisher/openapi.json``).
+"""The committed OpenAPI document (``services/publisher/web/openapi.json``).
 
-Regenerate it after an API change with ``python -m services.publisher.openapi``; a test
+Regenerate it after an API change with ``python -m services.publisher.web.openapi``; a test
 fails while the committed file and the app's schema differ.
 """
 
@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.publisher.api import create_app
 from services.publisher.settings import PublisherSettings
+from services.publisher.web.api import create_app
 
 OPENAPI_PATH = Path(__file__).resolve().parent / "openapi.json"
 

@@ -19,8 +19,8 @@ from typing import Final
 
 from starlette.types import Receive, Scope, Send
 
-from services.publisher.body_limit import declared_length, is_upload
-from services.publisher.middleware import HttpMiddleware
+from services.publisher.web.body_limit import declared_length, is_upload
+from services.publisher.web.middleware import HttpMiddleware
 from services.runtime.web.http_problem import refuse_unread
 
 BUSY_CODE: Final = "UPLOADS_BUSY"

@@ -1,6 +1,6 @@
 """Serving the publisher app with uvicorn: the server's own limits and a graceful SIGTERM.
 
-``kb serve`` is :func:`serve_app` on :func:`services.publisher.api.create_app`; a composed
+``kb serve`` is :func:`serve_app` on :func:`services.publisher.web.api.create_app`; a composed
 app (publisher plus other routes) is served the same way.
 """
 

@@ -8,8 +8,8 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.publisher.metrics import PublisherMetrics
-from services.publisher.readiness import ReadinessProbe
-from services.publisher.wire import HealthResponse
+from services.publisher.web.readiness import ReadinessProbe
+from services.publisher.web.wire import HealthResponse
 from services.runtime.web.http_problem import PROBLEM_RESPONSE, problem_response
 
 ops_router = APIRouter()

@@ -14,17 +14,17 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from services.publisher.body_limit import BodyLimitMiddleware
 from services.publisher.bulk.domain import BulkPublisher, BulkStore
 from services.publisher.bulk.routes import bulk_router
 from services.publisher.domain import Publisher
 from services.publisher.metrics import MetricsMiddleware, PublisherMetrics
-from services.publisher.ops_routes import ops_router
 from services.publisher.ports import PublisherStore
-from services.publisher.readiness import ReadinessProbe
-from services.publisher.routes import bearer, tenant_router
 from services.publisher.settings import PublisherSettings
-from services.publisher.upload_budget import UploadBudget, UploadBudgetMiddleware
+from services.publisher.web.body_limit import BodyLimitMiddleware
+from services.publisher.web.ops_routes import ops_router
+from services.publisher.web.readiness import ReadinessProbe
+from services.publisher.web.routes import bearer, tenant_router
+from services.publisher.web.upload_budget import UploadBudget, UploadBudgetMiddleware
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.logging import get_logger
 from services.runtime.tenancy.tenant_auth import TenantAuthMiddleware

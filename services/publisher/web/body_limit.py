@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
-from services.publisher.middleware import HttpMiddleware
+from services.publisher.web.middleware import HttpMiddleware
 from services.runtime.web.http_problem import problem_response
 
 
