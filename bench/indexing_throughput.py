@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -383,6 +384,11 @@ INDEXER_MODULES = (
 )
 
 
+def importing(names: Sequence[str]) -> str:
+    """Code that imports ``names``, in order."""
+    return f"import importlib\nfor name in {tuple(names)!r}: importlib.import_module(name)\n"
+
+
 def process_start() -> dict[str, float]:
     """The least a process pays before it can claim: a fresh interpreter importing only the
     third-party modules the indexer loads (``libraries_seconds``: the floor of any indexer
@@ -392,8 +398,7 @@ def process_start() -> dict[str, float]:
         [
             sys.executable,
             "-c",
-            "import importlib, sys, sysconfig\n"
-            f"for name in {INDEXER_MODULES!r}: importlib.import_module(name)\n"
+            importing(INDEXER_MODULES) + "import sys, sysconfig\n"
             "site = sysconfig.get_paths()['purelib']\n"
             "print(' '.join(sorted(n for n, m in list(sys.modules.items())"
             " if (getattr(m, '__file__', None) or '').startswith(site))))",
@@ -402,13 +407,6 @@ def process_start() -> dict[str, float]:
         capture_output=True,
         text=True,
     ).stdout.split()
-    libraries = (
-        "import importlib\n"
-        f"for name in {listing!r}:\n"
-        "    try: importlib.import_module(name)\n"
-        "    except Exception: pass"
-    )
-    indexer = f"import importlib\nfor name in {INDEXER_MODULES!r}: importlib.import_module(name)"
 
     def best(code: str) -> float:
         times = []
@@ -418,7 +416,10 @@ def process_start() -> dict[str, float]:
             times.append(time.perf_counter() - began)
         return min(times)
 
-    return {"libraries_seconds": best(libraries), "indexer_seconds": best(indexer)}
+    return {
+        "libraries_seconds": best(importing(listing)),
+        "indexer_seconds": best(importing(INDEXER_MODULES)),
+    }
 
 
 async def bare_model(inputs: list[str], batches: list[int]) -> dict[int, float]:
