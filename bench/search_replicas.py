@@ -43,7 +43,8 @@ import asyncpg
 from bench.databases import url_for
 from bench.search_scale_corpus import DIMENSION, build_corpus, build_queries
 from bench.search_scale_load import corpus_identity, load, reusable
-from bench.search_scale_measure import percentile, request_for
+from bench.search_scale_measure import request_for
+from bench.search_scale_timing import percentile
 from services.devstack.replicas import caught_up
 from services.embedding.onnx_local import MODEL_NAME
 from services.runtime.logging import configure_logging

@@ -1,7 +1,7 @@
 """What the tenant wall costs search (``bench.search_latency --row-security``): the same
 queries through ``PgSearchIndex`` with ``KB_DB_ROW_SECURITY`` on (the search's transaction
 as kb_tenant_api, the tenant set: migrations/0029) and off (as the connecting role), in the
-same run, interleaved query by query (``search_scale_measure.timed``'s peer: each worker
+same run, interleaved query by query (``search_scale_timing.timed``'s peer: each worker
 runs a query on one side and at once on the other, alternating which goes first, so the
 machine's drift and the CPU caches fall on both alike). Each side has a pool of its own:
 the plans of one role are never re-checked for the other. Printed as a Markdown table."""
@@ -14,14 +14,8 @@ from typing import Any
 
 from bench.search_scale_corpus import DIMENSION, PRINCIPAL_CLASSES, Corpus, build_queries
 from bench.search_scale_load import STRATEGY
-from bench.search_scale_measure import (
-    TOP_K,
-    percentile,
-    prewarm,
-    prime_paths,
-    request_for,
-    timed,
-)
+from bench.search_scale_measure import prewarm, prime_paths, request_for
+from bench.search_scale_timing import TOP_K, percentile, timed
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
 from services.runtime.tenancy.tenant_wall import full_text_match_is_leakproof

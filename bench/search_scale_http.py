@@ -22,7 +22,7 @@ import httpx
 
 from bench.search_scale_corpus import Query, tenant_name
 from bench.search_scale_load import api_key
-from bench.search_scale_measure import TOP_K, Row, timed
+from bench.search_scale_timing import TOP_K, Row, timed
 from services.search.searcher import SearchMode
 
 PRINCIPALS = "typical"

@@ -1,9 +1,18 @@
-"""Import rules: the floors of ``services`` (docs/architecture.md#layers) and no import cycle.
+"""Import rules: the floors of ``services`` (docs/architecture.md#layers), where ``bench``
+stands, and no import cycle in either.
 
 A part of ``services`` may import its own modules and the parts on the floors below its own;
 never a part above, and never a sibling on its own floor (no service imports another). Only
-the top floor, where the processes and the HTTP app are composed, imports sideways. Checked
-on the source, by parsing every module's imports -- lazy ones inside functions and
+the top floor, where the processes and the HTTP app are composed, imports sideways.
+
+``bench`` stands above all of it, as a user of the code: it may import ``bench``, any module
+of ``services`` and ``tests.support`` (the helpers tests and benchmarks share: running
+pipelines, an embedding provider process, task rows); no other part of ``tests`` (fixtures,
+fakes, test modules), which are the tests' own. Nothing in ``services`` or ``tests.support``
+imports ``bench``, nor does any test but the bench's own (``tests/unit/bench/``): the
+product and its tests never depend on a measurement.
+
+Checked on the source, by parsing every module's imports -- lazy ones inside functions and
 ``TYPE_CHECKING`` blocks included -- so that no code path can break the rule.
 """
 
@@ -79,9 +88,9 @@ def _imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
     return found
 
 
-def modules(root: Path) -> Iterator[Module]:
-    """Every module of the ``services`` package under ``root`` with what it imports."""
-    for path in sorted((root / "services").rglob("*.py")):
+def modules(root: Path, package: str = "services") -> Iterator[Module]:
+    """Every module of the top-level ``package`` under ``root`` with what it imports."""
+    for path in sorted((root / package).rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         if path.name == "__init__.py":
             name = package = ".".join(parts[:-1])
@@ -134,14 +143,53 @@ def violations(root: Path) -> list[Violation]:
     return found
 
 
-def import_cycles(root: Path) -> list[list[str]]:
-    """The strongly connected groups of more than one module in the import graph of
-    ``services`` (every import counted, lazy ones too), found with Tarjan's algorithm."""
+# Where bench may reach into tests, and the tests that may import bench (the bench's own).
+BENCH_MAY_IMPORT_FROM_TESTS = "tests.support"
+BENCH_TESTS = "tests.unit.bench"
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def bench_violations(root: Path) -> list[Violation]:
+    """Breaches of where ``bench`` stands: bench importing a part of ``tests`` other than
+    ``tests.support``, and ``services`` or a test other than the bench's own importing
+    ``bench``."""
+    found: list[Violation] = []
+    for module in modules(root, "bench"):
+        where = str(module.path.relative_to(root))
+        for line, imported in module.imports:
+            # A bare `tests` is `from tests import x`'s base: x is checked on its own.
+            if (
+                _within(imported, "tests")
+                and imported != "tests"
+                and not _within(imported, BENCH_MAY_IMPORT_FROM_TESTS)
+            ):
+                why = f"bench imports from tests only {BENCH_MAY_IMPORT_FROM_TESTS}"
+                found.append(Violation(where, line, imported, why))
+    for package in ("services", "tests"):
+        if not (root / package).is_dir():
+            continue
+        for module in modules(root, package):
+            if _within(module.name, BENCH_TESTS):
+                continue
+            where = str(module.path.relative_to(root))
+            for line, imported in module.imports:
+                if _within(imported, "bench"):
+                    found.append(Violation(where, line, imported, f"{package} imports bench"))
+    return found
+
+
+def import_cycles(root: Path, package: str = "services") -> list[list[str]]:
+    """The strongly connected groups of more than one module in the import graph of the
+    top-level ``package`` (every import counted, lazy ones too), found with Tarjan's
+    algorithm."""
     graph: dict[str, set[str]] = {}
-    for module in modules(root):
+    for module in modules(root, package):
         graph[module.name] = {imported for _, imported in module.imports}
     for name in graph:
-        # `from services.x import name` names a module only when services.x.name is one.
+        # `from package.x import name` names a module only when package.x.name is one.
         graph[name] = {imported for imported in graph[name] if imported in graph} - {name}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -190,12 +238,13 @@ def test_every_part_of_services_has_a_floor() -> None:
     assert sorted(p for p in parts if _floor(p) is None) == []
 
 
-def test_every_package_of_services_is_a_regular_package() -> None:
+@pytest.mark.parametrize("package", ["services", "bench"])
+def test_every_package_is_a_regular_package(package: str) -> None:
     """A folder of modules without ``__init__.py`` is a namespace package: it imports, but
     tools (mypy, the packaging, this test's module names) treat it differently."""
     folders = {
         path.parent
-        for path in (REPO_ROOT / "services").rglob("*.py")
+        for path in (REPO_ROOT / package).rglob("*.py")
         if "__pycache__" not in path.parts
     }
     assert sorted(str(f) for f in folders if not (f / "__init__.py").exists()) == []
@@ -203,6 +252,14 @@ def test_every_package_of_services_is_a_regular_package() -> None:
 
 def test_no_import_cycle_in_services() -> None:
     assert import_cycles(REPO_ROOT) == []
+
+
+def test_no_import_cycle_in_bench() -> None:
+    assert import_cycles(REPO_ROOT, "bench") == []
+
+
+def test_bench_stands_above_services_and_tests() -> None:
+    assert [str(v) for v in bench_violations(REPO_ROOT)] == []
 
 
 def _plant(root: Path, relative: str, source: str) -> None:
@@ -289,3 +346,71 @@ def test_the_cycle_finder_finds_a_planted_cycle(tmp_path: Path) -> None:
     assert import_cycles(tmp_path) == [
         ["services.indexer.sink.a", "services.indexer.sink.b", "services.indexer.sink.c"]
     ]
+
+
+def test_the_cycle_finder_finds_a_planted_cycle_in_bench(tmp_path: Path) -> None:
+    _plant(tmp_path, "bench/__init__.py", "")
+    _plant(tmp_path, "bench/timing.py", "import time\n")
+    _plant(tmp_path, "bench/measure.py", "from bench.timing import timed\n")
+    _plant(tmp_path, "bench/http.py", "from bench.measure import Row\nfrom bench import timing\n")
+    assert import_cycles(tmp_path, "bench") == []
+    # The circle search_scale_http <-> search_scale_measure was: closed by a lazy import.
+    _plant(
+        tmp_path,
+        "bench/measure.py",
+        "from bench.timing import timed\n\ndef run():\n    from bench.http import measure\n",
+    )
+    assert import_cycles(tmp_path, "bench") == [["bench.http", "bench.measure"]]
+    # Closed by an import for the type checker only: still a cycle.
+    _plant(
+        tmp_path,
+        "bench/measure.py",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from bench.http import Row\n",
+    )
+    assert import_cycles(tmp_path, "bench") == [["bench.http", "bench.measure"]]
+
+
+def _plant_clean_bench(root: Path) -> None:
+    _plant_clean_tree(root)
+    _plant(root, "bench/__init__.py", "")
+    _plant(root, "tests/__init__.py", "")
+    _plant(root, "tests/support/__init__.py", "")
+    _plant(root, "tests/unit/bench/__init__.py", "")
+    # Allowed: bench importing bench, services and tests.support; the bench's own tests
+    # importing bench.
+    _plant(
+        root,
+        "bench/ok.py",
+        "from bench import other\nfrom services.indexer.wiring import x\n"
+        "from tests.support.pipeline import running_pipeline\nfrom tests import support\n",
+    )
+    _plant(root, "tests/unit/bench/test_ok.py", "from bench.ok import x\n")
+    _plant(root, "tests/unit/test_ok.py", "from tests.support import stack\n")
+
+
+@pytest.mark.parametrize(
+    ("relative", "source", "why"),
+    [
+        ("bench/x.py", "from tests.conftest import stack\n", "bench imports from tests only"),
+        ("bench/x.py", "from tests import fakes\n", "bench imports from tests only"),
+        (
+            "bench/x.py",
+            "def f():\n    import tests.integration.test_x\n",
+            "bench imports from tests only",
+        ),
+        ("services/indexer/x.py", "from bench.pipeline import run\n", "services imports bench"),
+        ("services/cli.py", "def f():\n    import bench.relay\n", "services imports bench"),
+        ("tests/support/x.py", "from bench import databases\n", "tests imports bench"),
+        ("tests/unit/test_x.py", "from bench.quality_metrics import mean\n", "tests imports bench"),
+    ],
+)
+def test_the_checker_finds_a_planted_bench_violation(
+    tmp_path: Path, relative: str, source: str, why: str
+) -> None:
+    _plant_clean_bench(tmp_path)
+    assert bench_violations(tmp_path) == []
+    _plant(tmp_path, relative, source)
+    found = bench_violations(tmp_path)
+    assert found, f"{relative} was not caught"
+    assert all(why in v.why for v in found)
+    assert {v.module for v in found} == {relative}
