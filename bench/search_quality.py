@@ -15,7 +15,7 @@ sets, each in a tenant with the 'simple' and one with the 'english' text search 
    passage (``--pairs`` caps how many).
 
 Documents run through the real parsers, chunker and embedder and are searched through the
-production search statement (``bench/quality_index.py``). Metrics: ``bench/quality_metrics``
+production search statement (``bench/quality_index.py``). Metrics: ``bench/quality_metrics.py``
 (graded gains, units deduplicated). Prints a Markdown report. Needs DATABASE_URL (or the dev
 stack); creates and drops its own database (``--database``). Not part of the test suite.
 """

@@ -141,7 +141,8 @@ async def run_kb(
         await conn.close()
 
     settings = RuntimeSettings(database_url=url)
-    # The pool `kb indexer run` uses: no per-release reset round trip (see queue_pg).
+    # The pool `kb indexer run` uses: no per-release reset round trip (skip_session_reset in
+    # services/runtime/pg/db.py).
     pool = await create_pool(
         settings, min_size=slots + 2, max_size=slots + 2, reset=skip_session_reset
     )

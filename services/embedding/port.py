@@ -23,7 +23,7 @@ Vectors = npt.NDArray[np.float32]
 class Embedder(Protocol):
     @property
     def model(self) -> str:
-        """The model name stored with every vector (checked by ann_index.check_model_name)."""
+        """The model name stored with every vector (checked by index.ann.check_model_name)."""
         ...
 
     @property

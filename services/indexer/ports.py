@@ -2,7 +2,7 @@
 document-version indexer, the source of stored versions and the gate a worker asks before
 it claims.
 
-Domain and worker code talk to these Protocols only; ``queue_pg`` (asyncpg) implements
+Domain and worker code talk to these Protocols only; ``queue/store_pg.py`` (asyncpg) implements
 ``TaskQueue``, and so does the in-memory fake under ``tests/fakes/``; both pass one contract
 suite (``tests/contract/``). No driver is imported here: the transaction handle a sink writes
 through is the runtime's ``Transaction`` protocol.

@@ -169,7 +169,7 @@ class PgSearchIndex:
         return tenant_wall_sql(request.tenant_id) if self._walled else ""
 
     async def ended(self) -> None:
-        """Waits for what answered searches left running (search_connections.settled)."""
+        """Waits for what answered searches left running (connections.settled)."""
         await self._connections.settled()
 
     async def _keyword_list(

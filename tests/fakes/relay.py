@@ -1,7 +1,7 @@
 """In-memory stand-ins for the relay's ports.
 
 ``FakeLeaseStore`` passes the same contract tests as ``PgLeaseStore``
-(tests/integration/test_relay_lease_contract.py). ``LogSource`` models the outbox as a log
+(tests/contract/test_relay_lease_contract.py). ``LogSource`` models the outbox as a log
 whose rows become visible in position order (a "snapshot" is the highest visible position),
 enough to drive the loop; the snapshot-window semantics themselves are tested against the
 real PostgreSQL only.

@@ -1,11 +1,11 @@
 """A large tenant's own HNSW graph of a model, kept by the indexer.
 
-Every search is within one tenant. The partition's graph (ann_index) holds the few tenants
+Every search is within one tenant. The partition's graph (index/ann.py) holds the few tenants
 hashed to that partition, so a search walks past the others' chunks and needs a longer
 candidate list (ef_search), and more time, for the same recall than a graph of the
 tenant's chunks alone (BENCHMARKS.md). So each tenant whose current versions hold at least
 ``min_chunks`` chunks of the model gets a partial HNSW index of its own on its partition
-(ann_index.create_tenant_ann_index_sql); a smaller tenant is ranked exactly by search anyway
+(ann.create_tenant_ann_index_sql); a smaller tenant is ranked exactly by search anyway
 (``KB_SEARCH_EXACT_MAX_CHUNKS``), which is why the two thresholds share their default.
 
 Built with CREATE INDEX CONCURRENTLY, one tenant at a time, by whichever indexer process

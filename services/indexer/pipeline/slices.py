@@ -42,7 +42,7 @@ RECENT_VECTORS: Final = 4096
 
 
 class IndexSink(Protocol):
-    """What the pipeline needs of ``sink_pgvector.PgVectorSink``."""
+    """What the pipeline needs of ``sink.pgvector.PgVectorSink``."""
 
     async def known_embeddings(
         self, tenant_id: str, generation: IndexGeneration, digests: Sequence[bytes]

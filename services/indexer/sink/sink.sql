@@ -205,7 +205,7 @@ SELECT embedding_model, chunking_strategy, dimension, ann_index_name, created_at
  ORDER BY created_at, embedding_model, chunking_strategy
 
 -- name: start_index_build
--- Session-level, for an HNSW build (sink_pgvector.index_build_session): no statement timeout
+-- Session-level, for an HNSW build (pgvector.index_build_session): no statement timeout
 -- and $1 of maintenance_work_mem; the previous values come back, for end_index_build, which
 -- the caller runs before the connection returns to the pool (the indexer's pool does not
 -- reset sessions).
