@@ -22,6 +22,7 @@ from services.publisher.ports import (
     NewVersion,
     PendingEvent,
     PublisherStore,
+    PublishTransaction,
     VersionInfo,
 )
 from services.publisher.text import clean_text, nfc
@@ -363,16 +364,37 @@ class Publisher:
     ) -> VersionCreated:
         media_type = check_upload(upload, self._max_upload_bytes)
         async with self._store.transaction(tenant_id) as tx:
-            document = await tx.lock_document(tenant_id, document_id)
-            if document is None:
-                raise document_not_found(document_id)
-            version_number = document.latest_version + 1
-            await tx.insert_version(
-                _new_version(tenant_id, document_id, version_number, upload.content, media_type),
+            return await _add_version_in(
+                tx, tenant_id, document_id, upload.content, media_type, now
+            )
+
+    async def add_and_publish(
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        upload: Upload,
+        *,
+        read_principals: list[str],
+        now: datetime | None = None,
+    ) -> PublishOutcome:
+        """``add_version`` then ``publish`` of that version, in one transaction: the version
+        is published, or nothing is left (no DRAFT behind a refusal). The document stays
+        locked from one to the other, so no other publish can come between them."""
+        principals = check_principals(read_principals)
+        media_type = check_upload(upload, self._max_upload_bytes)
+        async with self._store.transaction(tenant_id) as tx:
+            created = await _add_version_in(
+                tx, tenant_id, document_id, upload.content, media_type, now
+            )
+            return await self._publish_in(
+                tx,
+                tenant_id,
+                document_id,
+                created.version_number,
+                created.revision,
+                principals,
                 now,
             )
-            revision = await tx.record_new_version(tenant_id, document_id, version_number, now)
-        return VersionCreated(document_id, version_number, revision)
 
     async def publish(
         self,
@@ -398,60 +420,73 @@ class Publisher:
         """
         principals = check_principals(read_principals)
         async with self._store.transaction(tenant_id) as tx:
-            document = await tx.lock_document(tenant_id, document_id)
-            if document is None:
-                raise document_not_found(document_id)
-            version = await tx.get_version(tenant_id, document_id, version_number)
-            if version is None:
-                raise version_not_found(document_id, version_number)
-            # The version's ACL, compared as stored now: NFC (rows written before NFC
-            # normalisation included). An ACL-only change re-publishes the version.
-            current_acl = frozenset(
-                nfc(p) for p in await tx.read_acl(tenant_id, document_id, version_number)
+            return await self._publish_in(
+                tx, tenant_id, document_id, version_number, expected_revision, principals, now
             )
-            if document.published_version == version_number and current_acl == principals:
-                existing = await tx.find_index_task(
-                    tenant_id, document_id, version_number, TASK_TYPE_INDEX_VERSION
+
+    async def _publish_in(
+        self,
+        tx: PublishTransaction,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        version_number: int,
+        expected_revision: int,
+        principals: frozenset[str],
+        now: datetime | None,
+    ) -> PublishOutcome:
+        """``publish``'s work inside ``tx``."""
+        document = await tx.lock_document(tenant_id, document_id)
+        if document is None:
+            raise document_not_found(document_id)
+        version = await tx.get_version(tenant_id, document_id, version_number)
+        if version is None:
+            raise version_not_found(document_id, version_number)
+        # The version's ACL, compared as stored now: NFC (rows written before NFC
+        # normalisation included). An ACL-only change re-publishes the version.
+        current_acl = frozenset(
+            nfc(p) for p in await tx.read_acl(tenant_id, document_id, version_number)
+        )
+        if document.published_version == version_number and current_acl == principals:
+            existing = await tx.find_index_task(
+                tenant_id, document_id, version_number, TASK_TYPE_INDEX_VERSION
+            )
+            if existing is not None:
+                return PublishOutcome(
+                    document_id, version_number, document.revision, existing, changed=False
                 )
-                if existing is not None:
-                    return PublishOutcome(
-                        document_id, version_number, document.revision, existing, changed=False
-                    )
-            if expected_revision != document.revision:
-                raise RevisionConflict(expected_revision, document.revision)
-            if document.published_version is not None and version_number < (
-                document.published_version
-            ):
-                # Search only ever moves forward: an older version would never be served.
-                raise Conflict(
-                    f"version {version_number} is older than the published version "
-                    f"{document.published_version}; upload it again as a new version",
-                    code="VERSION_SUPERSEDED",
-                )
-            await tx.mark_version_published(tenant_id, document_id, version_number, now)
-            revision = await tx.set_published_version(tenant_id, document_id, version_number, now)
-            task = await tx.ensure_index_task(
-                NewIndexTask(
-                    task_id=uuid.uuid4(),
-                    tenant_id=tenant_id,
-                    document_id=document_id,
-                    version_number=version_number,
-                    task_type=TASK_TYPE_INDEX_VERSION,
-                    tier=document.tier,
-                ),
-                now,
+        if expected_revision != document.revision:
+            raise RevisionConflict(expected_revision, document.revision)
+        if document.published_version is not None and version_number < (document.published_version):
+            # Search only ever moves forward: an older version would never be served.
+            raise Conflict(
+                f"version {version_number} is older than the published version "
+                f"{document.published_version}; upload it again as a new version",
+                code="VERSION_SUPERSEDED",
             )
-            # The version's ACL: search applies it when the version becomes the served one
-            # (the pointer's switch), at once when it is already served (issue 29, item 1).
-            # After the task: a completion holds its task row before the pointer row, and the
-            # task's insert waits for a completion updating it, so the pointer row is taken
-            # last (services/publisher/queries.sql: lock_search_pointer gives the order).
-            await tx.replace_acl(tenant_id, document_id, version_number, principals)
-            publication = Publication(
-                document, version, revision, principals, task.task_id, _occurred_at(now)
-            )
-            for event in publication_events(self._registry, publication, task.created):
-                await tx.add_event(event)
+        await tx.mark_version_published(tenant_id, document_id, version_number, now)
+        revision = await tx.set_published_version(tenant_id, document_id, version_number, now)
+        task = await tx.ensure_index_task(
+            NewIndexTask(
+                task_id=uuid.uuid4(),
+                tenant_id=tenant_id,
+                document_id=document_id,
+                version_number=version_number,
+                task_type=TASK_TYPE_INDEX_VERSION,
+                tier=document.tier,
+            ),
+            now,
+        )
+        # The version's ACL: search applies it when the version becomes the served one
+        # (the pointer's switch), at once when it is already served (issue 29, item 1).
+        # After the task: a completion holds its task row before the pointer row, and the
+        # task's insert waits for a completion updating it, so the pointer row is taken
+        # last (services/publisher/queries.sql: lock_search_pointer gives the order).
+        await tx.replace_acl(tenant_id, document_id, version_number, principals)
+        publication = Publication(
+            document, version, revision, principals, task.task_id, _occurred_at(now)
+        )
+        for event in publication_events(self._registry, publication, task.created):
+            await tx.add_event(event)
         return PublishOutcome(document_id, version_number, revision, task.task_id, changed=True)
 
     async def document_status(self, tenant_id: str, document_id: uuid.UUID) -> DocumentStatus:
@@ -465,6 +500,26 @@ class Publisher:
         if task is None:
             raise index_task_not_found(task_id)
         return tenant_task_view(task)
+
+
+async def _add_version_in(
+    tx: PublishTransaction,
+    tenant_id: str,
+    document_id: uuid.UUID,
+    content: bytes,
+    media_type: str,
+    now: datetime | None,
+) -> VersionCreated:
+    """``add_version``'s work inside ``tx``: the next version, a DRAFT."""
+    document = await tx.lock_document(tenant_id, document_id)
+    if document is None:
+        raise document_not_found(document_id)
+    version_number = document.latest_version + 1
+    await tx.insert_version(
+        _new_version(tenant_id, document_id, version_number, content, media_type), now
+    )
+    revision = await tx.record_new_version(tenant_id, document_id, version_number, now)
+    return VersionCreated(document_id, version_number, revision)
 
 
 def _new_version(

@@ -7,9 +7,10 @@ with the problem code the single call would answer; the others go on.
 New documents -- a backfill's bulk -- are written together: one transaction, one statement
 per table for all of them (``BulkStore.insert_published_documents``). Nothing else can write
 a document that does not exist yet, so this is the single calls' outcome without their
-per-document round trips. New versions of existing documents go through the single calls
-(``Publisher.add_version`` then ``Publisher.publish``): their document is locked and its
-revision checked as any other publish.
+per-document round trips. A new version of an existing document is what the single calls
+``add_version`` then ``publish`` make, in one transaction (``Publisher.add_and_publish``):
+its document is locked as for any publish, and an item refused leaves nothing behind (no
+DRAFT version).
 """
 
 from __future__ import annotations
@@ -162,15 +163,10 @@ class BulkPublisher:
     ) -> ItemResult:
         assert item.document_id is not None
         try:
-            check_principals(item.read_principals)  # refused before anything is written
-            created = await self._publisher.add_version(
-                tenant_id, item.document_id, item.upload, now=now
-            )
-            published = await self._publisher.publish(
+            published = await self._publisher.add_and_publish(
                 tenant_id,
                 item.document_id,
-                created.version_number,
-                expected_revision=created.revision,
+                item.upload,
                 read_principals=item.read_principals,
                 now=now,
             )

@@ -8,8 +8,9 @@ the upload limit and counts against the upload budget like any upload.
 
 The answer is 200 with one result per item, in order: its document, version, revision and
 index task, or its problem (``status``, ``errorCode``, ``detail``: what the single calls
-would have answered). A request that cannot be read at all (no ``items``, malformed JSON,
-more files than items, too many items) is refused whole with 400/422 and changes nothing.
+would have answered). A request that cannot be read at all (no ``items``, malformed or
+too deeply nested JSON, a text part not in UTF-8, a file part without a filename, more files
+than items, too many items) is refused whole with 400/422 and changes nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from services.publisher.bulk.domain import (
     ItemRefused,
     ItemResult,
 )
+from services.publisher.bulk.form import read_form
 from services.publisher.domain import MAX_TITLE_LENGTH, Upload
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.web.links import AFTER_BULK
@@ -111,7 +113,11 @@ async def publish_many(request: Request, tenant_id: TenantId) -> BulkResponse:
     bulk: BulkPublisher | None = request.app.state.bulk_publisher
     if bulk is None:
         raise DependencyUnavailable("bulk publishing is not configured on this app")
-    form = await request.form(max_files=MAX_BULK_ITEMS, max_fields=MAX_BULK_ITEMS + 1)
+    try:
+        form = await read_form(request, max_files=MAX_BULK_ITEMS, max_fields=MAX_BULK_ITEMS + 1)
+    except KbError as error:
+        metrics.operations.labels("bulk_publish", error.code).inc()
+        raise
     try:
         items = _items(form.getlist("items"), form.getlist("file"))
         results = await bulk.publish_many(tenant_id, items)
@@ -144,10 +150,15 @@ def _items(manifests: list[Any], files: list[Any]) -> list[BulkItem]:
         raw = strict_json_loads(manifests[0])
     except ValueError:
         raise BadInput("the 'items' part is not JSON", code="BULK_INVALID") from None
+    except RecursionError:
+        # json's decoder recurses once per level: a 1,000-deep list exhausts the stack.
+        # The manifest is 4 levels deep; a JSON request body gets 400 here too.
+        raise BadInput("the 'items' part is nested too deeply", code="BULK_INVALID") from None
     if not isinstance(raw, list) or not raw:
         raise BadInput("'items' must be a non-empty JSON list", code="BULK_INVALID")
     if len(raw) > MAX_BULK_ITEMS:
         raise BadInput(f"at most {MAX_BULK_ITEMS} items per request", code="BULK_INVALID")
+    # read_form refuses a file part without a filename, so every file part is an upload.
     if len(files) != len(raw) or not all(isinstance(f, UploadFile) for f in files):
         raise BadInput(
             f"{len(raw)} items need {len(raw)} 'file' parts, in order; got {len(files)}",
