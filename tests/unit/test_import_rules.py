@@ -143,6 +143,38 @@ def violations(root: Path) -> list[Violation]:
     return found
 
 
+# The drivers, and the domain modules that talk to ports and so never import one
+# (docs/architecture.md#layers says where drivers are imported instead).
+DRIVERS = frozenset({"asyncpg", "aiokafka", "httpx", "onnxruntime"})
+DRIVER_FREE = (
+    "services/publisher/domain.py",
+    "services/relay/relay.py",
+    "services/indexer/queue/task.py",
+    "services/indexer/queue/attempt.py",
+    "services/indexer/queue/worker.py",
+    "services/indexer/pipeline/version_indexer.py",
+    "services/search/searcher.py",
+    "services/indexer/ports.py",
+    "services/publisher/ports.py",
+    "services/relay/ports.py",
+    "services/embedding/port.py",
+)
+
+
+def driver_imports(root: Path) -> list[Violation]:
+    """Imports of a driver by a module of ``DRIVER_FREE`` (lazy and ``TYPE_CHECKING`` ones
+    too: a type from the driver ties the domain to it as well)."""
+    found: list[Violation] = []
+    for module in modules(root):
+        where = str(module.path.relative_to(root))
+        if where not in DRIVER_FREE:
+            continue
+        for line, imported in module.imports:
+            if imported.split(".")[0] in DRIVERS:
+                found.append(Violation(where, line, imported, "domain code imports a driver"))
+    return found
+
+
 # Where bench may reach into tests, and the tests that may import bench (the bench's own).
 BENCH_MAY_IMPORT_FROM_TESTS = "tests.support"
 BENCH_TESTS = "tests.unit.bench"
@@ -256,6 +288,32 @@ def test_no_import_cycle_in_services() -> None:
 
 def test_no_import_cycle_in_bench() -> None:
     assert import_cycles(REPO_ROOT, "bench") == []
+
+
+def test_domain_code_imports_no_driver() -> None:
+    assert all((REPO_ROOT / path).is_file() for path in DRIVER_FREE)
+    assert [str(v) for v in driver_imports(REPO_ROOT)] == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import asyncpg\n",
+        "from aiokafka.errors import KafkaError\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import httpx\n",
+        "def f():\n    import onnxruntime\n",
+    ],
+)
+def test_the_checker_finds_a_planted_driver_in_domain_code(tmp_path: Path, source: str) -> None:
+    _plant_clean_tree(tmp_path)
+    # An adapter may import its driver.
+    _plant(tmp_path, "services/publisher/store_pg.py", "import asyncpg\n")
+    _plant(tmp_path, "services/publisher/domain.py", "from services.publisher import ports\n")
+    assert driver_imports(tmp_path) == []
+    _plant(tmp_path, "services/publisher/domain.py", source)
+    found = driver_imports(tmp_path)
+    assert found
+    assert {v.module for v in found} == {"services/publisher/domain.py"}
 
 
 def test_bench_stands_above_services_and_tests() -> None:
