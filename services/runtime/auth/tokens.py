@@ -7,12 +7,15 @@ A token is checked against the verification keys of the tenant whose API key cam
 (never ``none``, never an HMAC check keyed with a public key), ``aud`` (the key's audience,
 by default ``kb:<tenant>``), ``iss`` when the key names an issuer, ``exp`` and ``iat``
 required, a lifetime no longer than ``KB_AUTH_PRINCIPAL_TOKEN_MAX_LIFETIME_SECONDS``,
-``nbf`` when present. Any failure is 401 ``PRINCIPAL_TOKEN_INVALID``; the token itself is
-never logged or echoed.
+``nbf`` when present. A header or payload naming a key twice is refused (a JSON parser
+keeps the last, perhaps not the one the issuer meant; request bodies are refused alike).
+Any failure is 401 ``PRINCIPAL_TOKEN_INVALID``; the token itself is never logged or echoed.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from services.runtime.auth.keys import VerificationKey
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.errors import BadInput, Unauthenticated
+from services.runtime.web.http_strict import DuplicateJsonKey, strict_json_loads
 
 EDDSA: Final = "EdDSA"
 RSA_ALGORITHMS: Final = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
@@ -135,6 +139,7 @@ async def verify_principal_token(
     kid up among that tenant's verification keys only)."""
     if not token or len(token) > MAX_TOKEN_CHARS:
         raise PrincipalTokenInvalid("the principal token is empty or too large")
+    _refuse_duplicate_keys(token)
     try:
         header = jwt.get_unverified_header(token)
     except jwt.PyJWTError:
@@ -176,6 +181,27 @@ async def verify_principal_token(
         principals=_principals(claims, max_principals, max_principal_chars),
         kid=kid,
     )
+
+
+def _refuse_duplicate_keys(token: str) -> None:
+    """Refuse a token whose header or payload names a key twice, before PyJWT reads them
+    with a parser that keeps the last. Anything else malformed is left to PyJWT."""
+    for segment in token.split(".")[:2]:
+        try:
+            text = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+        except (binascii.Error, ValueError):
+            continue
+        try:
+            strict_json_loads(text)
+        except DuplicateJsonKey:
+            raise PrincipalTokenInvalid(
+                "the principal token's header or payload names a key twice (duplicate keys "
+                "are refused)"
+            ) from None
+        except RecursionError:  # nested past the parser's depth: never a 500
+            raise PrincipalTokenInvalid("the principal token is invalid: malformed") from None
+        except ValueError:  # not JSON (or not UTF-8): PyJWT says so below
+            continue
 
 
 def _reason(error: jwt.PyJWTError) -> str:
