@@ -1,5 +1,8 @@
 """structlog JSON logs. The event name is the action (``task.claimed``, ``lease.lost``);
-ids travel as fields, never inside the event name."""
+ids travel as fields, never inside the event name.
+
+Ours and the standard library's lines alike hold no secret, no frame's locals and at most
+``MAX_LINE_BYTES`` (services/runtime/log_safety.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,18 @@ import sys
 from typing import Any
 
 import structlog
+from structlog.typing import Processor
+
+from services.runtime.log_safety import (
+    MAX_LINE_BYTES,
+    AlreadyLogged,
+    BoundedRenderer,
+    Redacted,
+    SafeExceptions,
+)
+from services.runtime.redaction import environment_secrets
+
+__all__ = ["MAX_LINE_BYTES", "configure_logging", "get_logger"]
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -18,17 +33,24 @@ _LEVELS = {
 
 
 def configure_logging(level: str = "info", fmt: str = "json", *, service: str = "kb") -> None:
-    renderer: Any = (
+    json = fmt == "json"
+    renderer = BoundedRenderer(
         structlog.processors.JSONRenderer()
-        if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
+        if json
+        # Its default exception formatter shows locals; it never sees an exception anyway.
+        else structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
     )
+    # The environment's secrets, read once: masked in every line (KB_* keys, the DSN's
+    # password).
+    safe: list[Processor] = [SafeExceptions(structured=json), Redacted(environment_secrets())]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.dict_tracebacks,
+            *safe,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
@@ -37,7 +59,7 @@ def configure_logging(level: str = "info", fmt: str = "json", *, service: str = 
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.bind_contextvars(service=service)
-    _route_library_logs(_LEVELS[level], renderer)
+    _route_library_logs(_LEVELS[level], renderer, safe)
 
 
 # Client libraries log every failed reconnect while a broker is away (several a second);
@@ -48,10 +70,12 @@ _QUIET_UNLESS_DEBUG = ("aiokafka", "kafka")
 _WARNINGS_UNLESS_DEBUG = ("httpx", "httpcore", "markdown_it")
 
 
-def _route_library_logs(level: int, renderer: Any) -> None:
+def _route_library_logs(level: int, renderer: Any, safe: list[Processor]) -> None:
     """Standard-library loggers (uvicorn, aiokafka, asyncio) render like ours: one JSON
-    object per line on stderr, with a timestamp and a level."""
+    object per line on stderr, with a timestamp and a level, through the same safety
+    processors; an exception our code logged already is not logged again."""
     handler = _StderrHandler()
+    handler.addFilter(AlreadyLogged())
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processor=renderer,
@@ -60,6 +84,7 @@ def _route_library_logs(level: int, renderer: Any) -> None:
                 structlog.stdlib.add_log_level,
                 structlog.stdlib.add_logger_name,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
+                *safe,
             ],
         )
     )

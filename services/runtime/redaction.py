@@ -1,7 +1,9 @@
 """Masking credentials in text meant for people: CLI error messages, logs, stored errors.
 
 Two nets: patterns (a password inside a URL, ``password=...``/``api_key: ...`` pairs,
-bearer tokens) and the environment itself -- the value of every variable whose name says it
+bearer tokens, and whatever has the shape of our own credentials: a tenant key
+``kb.<tenant>.<secret>`` keeps its tenant, an operator key ``kbop.<secret>`` its prefix, a JWT
+is masked whole) and the environment itself -- the value of every variable whose name says it
 is a secret, and the password of every URL held in the environment, is masked wherever it
 appears, whatever the message looks like around it.
 """
@@ -18,8 +20,12 @@ MASK: Final = "***"
 
 _PATTERNS: Final = (
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
+    # Our own credentials by shape, wherever they appear (a repr, an error message).
+    re.compile(r"(?<![A-Za-z0-9_.-])(kb\.[a-z0-9][a-z0-9-]{0,62}\.)[A-Za-z0-9_-]{16,}"),
+    re.compile(r"(?<![A-Za-z0-9_.-])(kbop\.)[A-Za-z0-9_-]{16,}"),
+    re.compile(r"()\beyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+"),
     re.compile(
-        r"(?i)((?:api[_-]?key|token|secret|password|passwd|pwd)[\"']?\s*[:=]\s*[\"']?)"
+        r"(?i)((?:api[_-]?key|token|secret|password|passwd|pwd|credentials)[\"']?\s*[:=]\s*[\"']?)"
         r"[^\s,\"'&;]+"
     ),
     # scheme://user:password@host -- the password may hold anything but '@' and whitespace.

@@ -16,9 +16,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from services.runtime.errors import KbError, Unauthenticated
+from services.runtime.log_safety import mark_logged
 from services.runtime.logging import get_logger
 
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
@@ -174,6 +176,10 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def on_http_exception(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        # FastAPI answers a body it could not read 400, whatever the reason: a client that
+        # hung up is told nothing (it is gone), but the log says what happened.
+        if isinstance(exc.__cause__, ClientDisconnect):
+            _client_disconnected(request)
         return http_exception_response(exc, request.url.path)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -196,6 +202,15 @@ def install_problem_handlers(app: FastAPI) -> None:
         )
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, ClientDisconnect):
+            # Expected (a client gives up mid-upload): one short line, and the server's own
+            # "Exception in ASGI application" for it is dropped (services/runtime/log_safety.py).
+            mark_logged(exc)
+            _client_disconnected(request)
+            return http_exception_response(
+                StarletteHTTPException(400, "the client disconnected"), request.url.path
+            )
+        # Type, message and frames, without locals, redacted and bounded (log_safety.py).
         log.exception("http.unhandled_error", path=request.url.path)
         return problem_response(500, "INTERNAL_ERROR", "the service failed to complete the request")
 
@@ -203,6 +218,10 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http_exception)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+def _client_disconnected(request: Request) -> None:
+    log.info("request.client_disconnected", method=request.method, path=request.url.path)
 
 
 async def refuse_unread(
