@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Self
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -20,6 +22,23 @@ class AuthSettings(BaseSettings):
     failed_auth_burst: int = Field(default=20, ge=1, le=100_000)
     # ... and how many more it earns per minute after that (a token bucket).
     failed_auth_per_minute: float = Field(default=30.0, gt=0, le=60_000)
-    # Addresses whose failures are remembered (least recently failed forgotten first): the
-    # throttle's memory stays bounded whatever the number of addresses trying.
+    # Clients whose failures are remembered (the one that would refill soonest forgotten
+    # first): the throttle's memory stays bounded whatever the number of addresses trying,
+    # and cycling through fresh addresses never pushes out a client that failed more.
     failed_auth_tracked_addresses: int = Field(default=10_000, ge=1, le=10_000_000)
+    # An IPv6 client is its address's /N (a /64 is what one host is usually given) ...
+    failed_auth_ipv6_prefix: int = Field(default=64, ge=16, le=128)
+    # ... and it is counted in its /M as well (one site, or one attacker, often holds a
+    # whole /48), whose allowance is failed_auth_ipv6_network_multiple clients' worth. An
+    # M equal to N counts nothing beyond the client.
+    failed_auth_ipv6_network_prefix: int = Field(default=48, ge=16, le=128)
+    failed_auth_ipv6_network_multiple: int = Field(default=8, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _network_holds_the_client(self) -> Self:
+        if self.failed_auth_ipv6_network_prefix > self.failed_auth_ipv6_prefix:
+            raise ValueError(
+                "KB_AUTH_FAILED_AUTH_IPV6_NETWORK_PREFIX must not be longer than "
+                "KB_AUTH_FAILED_AUTH_IPV6_PREFIX (the network holds the client)"
+            )
+        return self

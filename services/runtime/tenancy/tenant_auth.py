@@ -10,8 +10,9 @@ presented on another tenant's path be told apart (403) from a key that is simply
 :class:`AuthenticatedCaller` in the request's state; routes depend on :func:`require_scope`,
 which fails closed: a request that did not pass the middleware for exactly that tenant, or
 whose key lacks the route's scope, is refused, never served. Failed authentications are
-counted per client address (services/runtime/auth/throttle.py): beyond the allowance an
-address is answered 429 before its key is even looked at.
+counted per client address (services/runtime/auth/throttle.py): a try is reserved before
+the key is looked up, and beyond the allowance an address is answered 429 before its key is
+even looked at.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from starlette.types import Scope as AsgiScope
 
 from services.runtime.auth.keys import ApiKeyGrant, PrincipalSource, Scope, TenantCredentials
 from services.runtime.auth.settings import AuthSettings
-from services.runtime.auth.throttle import FailedAuthThrottle, client_address
+from services.runtime.auth.throttle import FailedAuthThrottle, Refused, peer_host
 from services.runtime.auth.tokens import PrincipalClaims, verify_principal_token
 from services.runtime.errors import BadInput, Forbidden, KbError, Unauthenticated
 from services.runtime.logging import get_logger
@@ -196,39 +197,47 @@ class TenantAuthMiddleware:
         # Called per request: the checker may be built after the app (in its lifespan).
         self.key_checker = key_checker
         self.settings = settings or AuthSettings()
-        self.throttle = throttle or FailedAuthThrottle(
-            burst=self.settings.failed_auth_burst,
-            per_minute=self.settings.failed_auth_per_minute,
-            max_addresses=self.settings.failed_auth_tracked_addresses,
-        )
+        self.throttle = throttle or FailedAuthThrottle.from_settings(self.settings)
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         match = _TENANT_PATH.match(route_path(scope)) if scope["type"] == "http" else None
         if match is None:
             await self.app(scope, receive, send)
             return
-        address = client_address(scope)
-        wait = self.throttle.retry_after(address)
-        if wait is not None:
-            await _throttled(scope, wait)(scope, receive, send)
+        host = peer_host(scope)
+        # Reserved before the lookup: concurrent bad keys cannot all reach the database.
+        reservation = await self.throttle.reserve(host)
+        if isinstance(reservation, Refused):
+            await _throttled(scope, reservation.retry_after)(scope, receive, send)
             return
-        counted = _CountingFailures(send, lambda: self._record_failure(address))
         try:
             caller = await self._authenticate(scope, path_tenant=match["tenant"])
         except KbError as error:
-            await kb_error_response(error, scope["path"])(scope, receive, counted)
+            if error.http_status != 401:
+                reservation.release()  # a valid key in the wrong place is no guess
+            elif reservation.failed():
+                self._log_throttled(host)
+            await kb_error_response(error, scope["path"])(scope, receive, send)
             return
+        except BaseException:
+            reservation.release()
+            raise
+        reservation.release()  # a good key: the try is back
+        counted = _CountingFailures(send, lambda: self._record_failure(host))
         state = scope.setdefault("state", {})
         state[AUTHENTICATED_TENANT] = caller.tenant_id
         state[AUTHENTICATED_CALLER] = caller
         # A 401 the routes answer (a bad principal token) counts as a failure too.
         await self.app(scope, receive, counted)
 
-    def _record_failure(self, address: str) -> None:
-        if self.throttle.record_failure(address):
-            # Once per address and episode, not per refused request: an attack must not
-            # flood the log it is meant to show up in.
-            log.warning("auth.throttled", client_address=address)
+    def _record_failure(self, host: str) -> None:
+        if self.throttle.record_failure(host):
+            self._log_throttled(host)
+
+    def _log_throttled(self, host: str) -> None:
+        # Once per address and episode, not per refused request: an attack must not flood
+        # the log it is meant to show up in.
+        log.warning("auth.throttled", client_address=self.throttle.address(host))
 
     async def _authenticate(self, scope: AsgiScope, *, path_tenant: str) -> AuthenticatedCaller:
         authorization = None
