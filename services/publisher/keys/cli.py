@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final
 
 import typer
@@ -218,8 +217,8 @@ def revoke_key(
 
     check_tenant(tenant)
     wanted = _key_id(key_id)
-    now = datetime.now(UTC)
-    changed = run_with_connection(lambda conn: PgKeyStore(conn).revoke_key(tenant, wanted, now))
+    # No time is passed: the database's clock decides, as it does for the API's key checks.
+    changed = run_with_connection(lambda conn: PgKeyStore(conn).revoke_key(tenant, wanted))
     get_logger(__name__).info(
         "key.revoked" if changed else "key.already_revoked", tenant_id=tenant, key_id=key_id
     )
@@ -246,10 +245,9 @@ def rotate_key(
     check_tenant(tenant)
     old = _key_id(key_id)
     key = new_api_key(tenant)
-    until = datetime.now(UTC) + timedelta(seconds=grace_seconds)
     new_id = run_with_connection(
         lambda conn: PgKeyStore(conn).rotate_key(
-            tenant, old, hash_api_key(key), old_key_until=until
+            tenant, old, hash_api_key(key), grace_seconds=grace_seconds
         )
     )
     get_logger(__name__).info(

@@ -20,13 +20,14 @@ SELECT key_id, name, scopes, principal_source, principals, created_at, revoked_a
  ORDER BY created_at, key_id
 
 -- name: revoke_key
--- $3 when the key stops working. A key already revoked keeps the earlier time: revoking
--- twice never lengthens a rotation's grace period.
+-- $3 when the key stops working (NULL: the database's now(), the clock the API's key
+-- checks compare with, never that of the machine running `kb`). A key already revoked
+-- keeps the earlier time: revoking twice never lengthens a rotation's grace period.
 UPDATE tenant_api_key
-   SET revoked_at = $3
+   SET revoked_at = coalesce($3::timestamptz, now())
  WHERE tenant_id = $1
    AND key_id = $2
-   AND (revoked_at IS NULL OR revoked_at > $3)
+   AND (revoked_at IS NULL OR revoked_at > coalesce($3::timestamptz, now()))
 RETURNING key_id
 
 -- name: key_state
@@ -47,8 +48,13 @@ SELECT key_id, name, scopes, principal_source, principals
    FOR UPDATE
 
 -- name: mark_replaced
+-- The old key works for $5 seconds more, counted from $4 (NULL: the database's now()); an
+-- earlier revocation stands.
 UPDATE tenant_api_key
-   SET revoked_at = least(coalesce(revoked_at, $4), $4),
+   SET revoked_at = least(
+           coalesce(revoked_at, 'infinity'),
+           coalesce($4::timestamptz, now()) + make_interval(secs => $5::double precision)
+       ),
        replaced_by = $3
  WHERE tenant_id = $1
    AND key_id = $2

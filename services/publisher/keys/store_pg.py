@@ -105,9 +105,11 @@ class PgKeyStore:
             for row in rows
         ]
 
-    async def revoke_key(self, tenant_id: str, key_id: uuid.UUID, at: datetime) -> bool:
-        """Revoke from ``at`` on; ``False`` when the key was already revoked by then
-        (:class:`NotFound` when the tenant has no such key)."""
+    async def revoke_key(
+        self, tenant_id: str, key_id: uuid.UUID, at: datetime | None = None
+    ) -> bool:
+        """Revoke from ``at`` on (``None``: the database's now); ``False`` when the key was
+        already revoked by then (:class:`NotFound` when the tenant has no such key)."""
         with translate_db_errors():
             async with self._conn.transaction():
                 revoked = await self._conn.fetchval(QUERIES["revoke_key"], tenant_id, key_id, at)
@@ -125,11 +127,13 @@ class PgKeyStore:
         key_id: uuid.UUID,
         new_key_hash: bytes,
         *,
-        old_key_until: datetime,
+        grace_seconds: float = 0.0,
+        old_key_until: datetime | None = None,
         now: datetime | None = None,
     ) -> uuid.UUID:
-        """A new key with the old one's scopes and principals; the old one works until
-        ``old_key_until``. One transaction: both happen, or neither."""
+        """A new key with the old one's scopes and principals; the old one works for
+        ``grace_seconds`` more from ``now`` (``None``: the database's now), or until
+        ``old_key_until`` when given. One transaction: both happen, or neither."""
         new_id = uuid.uuid4()
         with translate_db_errors():
             async with self._conn.transaction():
@@ -149,7 +153,12 @@ class PgKeyStore:
                 )
                 await self._insert(tenant_id, new_id, new_key_hash, spec)
                 await self._conn.execute(
-                    QUERIES["mark_replaced"], tenant_id, key_id, new_id, old_key_until
+                    QUERIES["mark_replaced"],
+                    tenant_id,
+                    key_id,
+                    new_id,
+                    old_key_until or now,
+                    0.0 if old_key_until is not None else float(grace_seconds),
                 )
         return new_id
 

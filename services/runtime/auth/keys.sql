@@ -4,7 +4,8 @@
 
 -- name: find_api_key
 -- $1 tenant, $2 SHA-256 of the presented key, $3 the request's time (NULL: now()). A key
--- works until its revoked_at: `revoke` sets it to now, `rotate --grace-seconds` ahead. No
+-- works until its revoked_at: `revoke` sets it to the database's now, `rotate
+-- --grace-seconds` that far ahead of it (never the clock of the machine running `kb`). No
 -- cache stands between this query and a request, so a revocation holds from the next one.
 SELECT key_id, scopes, principal_source, principals
   FROM tenant_api_key
