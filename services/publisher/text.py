@@ -2,21 +2,18 @@
 
 Stored and compared in NFC, so two spellings of one string (a precomposed "é" and "e" plus a
 combining accent) are one title, one principal. Characters that hide or reorder text are
-refused: C0/C1 controls, zero-width characters and bidirectional overrides/isolates (a
-principal that looks like another, a title that displays differently than it reads).
+refused by the rule principals are held to everywhere
+(:mod:`services.runtime.tenancy.hidden_characters`): controls, format characters (zero-width,
+bidi marks and overrides, soft hyphen, tags...), line and paragraph separators, variation
+selectors and the other default-ignorable code points, noncharacters, lone surrogates.
 """
 
 from __future__ import annotations
 
 import unicodedata
-from typing import Final
 
 from services.runtime.errors import ValidationFailed
-
-ZERO_WIDTH: Final = frozenset({"\u200b", "\u200c", "\u200d", "\u2060", "\ufeff"})
-BIDI_CONTROLS: Final = frozenset(
-    {"\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"}
-)
+from services.runtime.tenancy.hidden_characters import hidden_character
 
 
 def nfc(text: str) -> str:
@@ -24,11 +21,8 @@ def nfc(text: str) -> str:
 
 
 def forbidden_character(text: str) -> str | None:
-    """The first control, zero-width or bidi-control character in ``text``, if any."""
-    for ch in text:
-        if ch in ZERO_WIDTH or ch in BIDI_CONTROLS or unicodedata.category(ch) == "Cc":
-            return ch
-    return None
+    """The first character of ``text`` that hides or reorders text, if any."""
+    return hidden_character(text)
 
 
 def clean_text(text: str, *, what: str, max_length: int, code: str) -> str:

@@ -22,7 +22,6 @@ ATTEMPTS: dict[str, list[str]] = {
     "upper case": ["GROUP:SUPPORT"],
     "cyrillic look-alike": ["group:suppоrt"],  # noqa: RUF001 (the o is Cyrillic)
     "fullwidth": ["ｇｒｏｕｐ:support"],  # noqa: RUF001
-    "zero-width space": ["group:\u200bsupport"],
     "sql quote": ["' OR '1'='1"],
     "sql comment": ["group:support' --"],
     "sql array": ["{group:support}"],
@@ -64,6 +63,7 @@ async def test_a_caller_principal_reads_what_its_acl_grants(world: World) -> Non
         [f"g:{i}" for i in range(1001)],
         ["a" * 201],
         ["group:support\x00"],
+        ["group:\u200bsupport"],  # hidden characters: 422 PRINCIPAL_INVALID (issue 41)
         [""],
         [1],
         "group:support",
