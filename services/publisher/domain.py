@@ -38,6 +38,7 @@ from services.runtime.indexing.media_types import (
     check_content,
     declared_charset,
     normalise_media_type,
+    run_media_check,
 )
 from services.runtime.indexing.tasks import (
     TASK_TYPE_INDEX_VERSION,
@@ -130,6 +131,12 @@ def check_upload(upload: Upload, max_upload_bytes: int) -> str:
     # stored, served and parsed as its declared type, never as something it only claims.
     check_content(media_type, upload.content, charset=declared_charset(upload.declared_media_type))
     return media_type
+
+
+async def check_upload_off_loop(upload: Upload, max_upload_bytes: int) -> str:
+    """``check_upload`` in a worker thread: decoding a large text (or refusing a hostile
+    one) must not hold the event loop that serves every tenant's requests."""
+    return await run_media_check(check_upload, upload, max_upload_bytes)
 
 
 def check_title(title: str) -> str:
@@ -345,7 +352,7 @@ class Publisher:
         self, tenant_id: str, title: str, upload: Upload, *, now: datetime | None = None
     ) -> VersionCreated:
         clean_title = check_title(title)
-        media_type = check_upload(upload, self._max_upload_bytes)
+        media_type = await check_upload_off_loop(upload, self._max_upload_bytes)
         document_id = uuid.uuid4()
         async with self._store.transaction(tenant_id) as tx:
             await tx.insert_document(tenant_id, document_id, clean_title, now)
@@ -362,7 +369,7 @@ class Publisher:
         *,
         now: datetime | None = None,
     ) -> VersionCreated:
-        media_type = check_upload(upload, self._max_upload_bytes)
+        media_type = await check_upload_off_loop(upload, self._max_upload_bytes)
         async with self._store.transaction(tenant_id) as tx:
             return await _add_version_in(
                 tx, tenant_id, document_id, upload.content, media_type, now
@@ -381,7 +388,7 @@ class Publisher:
         is published, or nothing is left (no DRAFT behind a refusal). The document stays
         locked from one to the other, so no other publish can come between them."""
         principals = check_principals(read_principals)
-        media_type = check_upload(upload, self._max_upload_bytes)
+        media_type = await check_upload_off_loop(upload, self._max_upload_bytes)
         async with self._store.transaction(tenant_id) as tx:
             created = await _add_version_in(
                 tx, tenant_id, document_id, upload.content, media_type, now

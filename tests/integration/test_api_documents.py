@@ -477,7 +477,14 @@ async def test_status_follows_the_task_and_the_search_pointer(
     assert status["searchLagSince"] is None
 
     # v2 is published but its task dies: FAILED with the code, v1 still searchable.
-    await upload(api.client, acme, b"%PDF-broken", document_id=document_id)
+    await upload(
+        api.client,
+        acme,
+        b"%PDF-broken",
+        media_type="application/pdf",
+        filename="broken.pdf",
+        document_id=document_id,
+    )
     v2 = (await publish(api.client, acme, document_id, 2, 3)).json()
     await conn.execute(
         """

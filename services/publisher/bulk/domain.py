@@ -28,7 +28,7 @@ from services.publisher.domain import (
     Upload,
     check_principals,
     check_title,
-    check_upload,
+    check_upload_off_loop,
     publication_events,
 )
 from services.publisher.ports import LockedDocument, PendingEvent, VersionInfo
@@ -121,7 +121,7 @@ class BulkPublisher:
             if item.document_id is not None:
                 continue
             try:
-                documents.append((index, self._new_document(item)))
+                documents.append((index, await self._new_document(item)))
             except KbError as error:
                 results[index] = ItemRefused(index, error)
         if documents:
@@ -143,9 +143,9 @@ class BulkPublisher:
                 results[index] = await self._new_version(index, tenant_id, item, now)
         return [results[index] for index in range(len(items))]
 
-    def _new_document(self, item: BulkItem) -> NewPublishedDocument:
+    async def _new_document(self, item: BulkItem) -> NewPublishedDocument:
         title = check_title(item.title or "")
-        media_type = check_upload(item.upload, self._max_upload_bytes)
+        media_type = await check_upload_off_loop(item.upload, self._max_upload_bytes)
         principals = check_principals(item.read_principals)
         content = item.upload.content
         return NewPublishedDocument(

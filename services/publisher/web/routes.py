@@ -67,7 +67,10 @@ _UPLOAD_415: Final[dict[str, Any]] = {
         "name's extension) is not one that is indexed. `MEDIA_TYPE_MISMATCH`: the bytes are "
         "not what the type says: a PDF must start with `%PDF-` (after whitespace at most), a "
         "DOCX must be a zip holding `[Content_Types].xml` and `word/document.xml`, text must "
-        "decode as UTF-8, by its byte-order mark or as its declared `charset`."
+        "decode strictly as UTF-8 or by its byte-order mark (UTF-8/16/32); HTML may name a "
+        "WHATWG Encoding Standard label in `<meta charset>` instead (never UTF-7 or a codec "
+        "that transforms bytes). Text must not be binary: no NUL, at most 1 in 100 "
+        "characters a control character, not a PDF or zip."
     ),
 }
 

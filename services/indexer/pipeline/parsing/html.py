@@ -17,7 +17,9 @@ from selectolax.lexbor import LexborHTMLParser
 
 from services.indexer.pipeline.parsing.section import Section, SectionBuilder
 from services.indexer.pipeline.parsing.text import decode
-from services.runtime.indexing.media_types import bom_encoding
+from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.runtime.errors import UnsupportedMediaType
+from services.runtime.indexing.text_encodings import html_encoding
 
 _DROPPED = frozenset(
     {
@@ -65,22 +67,18 @@ _PARAGRAPHS = frozenset(
 _LINES = frozenset({"li", "dt", "dd", "caption", "figcaption", "summary", "tr"})
 _CELLS = frozenset({"td", "th"})
 _HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 _WHITESPACE = re.compile(r"\s+")
 
 
 def decode_html(content: bytes) -> str:
     """BOM first, then a ``<meta charset>`` near the top, else strict UTF-8 (HTML's rules,
-    without guessing)."""
-    found = bom_encoding(content)
-    if found is not None:
-        return decode(content, found[0], skip=found[1])
-    declared = _META_CHARSET.search(content[:4096])
-    encoding = declared.group(1).decode("ascii").lower() if declared else "utf-8"
-    # A document that can declare its charset in ASCII is not UTF-16 (HTML spec).
-    if encoding.startswith(("utf-16", "utf-32")):
-        encoding = "utf-8"
-    return decode(content, encoding)
+    without guessing), by the publisher's allow-list of text encodings: a page naming
+    anything else (``zlib``, ``utf-7``) fails DOCUMENT_PARSE_FAILED and is never decoded."""
+    try:
+        encoding, skip = html_encoding(content)
+    except UnsupportedMediaType as refused:
+        raise IndexingFailed(ErrorCode.DOCUMENT_PARSE_FAILED, refused.message) from None
+    return decode(content, encoding, skip=skip)
 
 
 def _hidden(node: Any) -> bool:

@@ -10,22 +10,22 @@ from collections.abc import Iterator
 
 from services.indexer.pipeline.parsing.section import Section, SectionBuilder
 from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.runtime.errors import UnsupportedMediaType
 
-# The byte-order marks are the publisher's too: what it accepts as text is what is read here.
-from services.runtime.indexing.media_types import bom_encoding
+# The byte-order marks and encodings are the publisher's too: what it accepts as text is what
+# is read here, and nothing is decoded with a codec outside its allow-list.
+from services.runtime.indexing.text_encodings import bom_encoding, decode_all
 
 
 def decode(content: bytes, encoding: str, *, skip: int = 0) -> str:
     try:
-        return content[skip:].decode(encoding)
+        return decode_all(content, encoding, skip=skip)
+    except UnsupportedMediaType as refused:
+        raise IndexingFailed(ErrorCode.DOCUMENT_PARSE_FAILED, refused.message) from None
     except UnicodeDecodeError as error:
         raise IndexingFailed(
             ErrorCode.DOCUMENT_PARSE_FAILED,
             f"not valid {encoding} text at byte {error.start + skip} ({error.reason})",
-        ) from None
-    except LookupError:
-        raise IndexingFailed(
-            ErrorCode.DOCUMENT_PARSE_FAILED, f"unknown text encoding {encoding!r}"
         ) from None
 
 
