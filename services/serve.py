@@ -25,6 +25,7 @@ def serve(
 ) -> None:
     """Run the HTTP API (publishing and search)."""
     from services.app import create_app
+    from services.operator.settings import OperatorSettings
     from services.publisher.settings import PublisherSettings
     from services.publisher.web.server import GracefulServer
     from services.runtime.commands.cli_support import load_settings
@@ -33,11 +34,12 @@ def serve(
 
     settings = load_settings(PublisherSettings)
     http_settings = load_settings(HttpSettings)
+    # Read before serving: a bad KB_OPERATOR_* (a short token) stops the start, exit 2.
+    operator_settings = load_settings(OperatorSettings)
     configure_logging(settings.log_level, settings.log_format, service="kb-api")
     serve_metrics(metrics_port, "127.0.0.1")
-    config = server_config(
-        create_app(settings), host=host, port=port, settings=settings, http=http_settings
-    )
+    app = create_app(settings, operator_settings=operator_settings)
+    config = server_config(app, host=host, port=port, settings=settings, http=http_settings)
     GracefulServer(config).run()
 
 

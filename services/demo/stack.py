@@ -82,6 +82,9 @@ class DemoStack:
                         env[name] = value
                 where = "the embedded default (kb dev up)"
             env["KB_LOG_FORMAT"] = "json"
+            # The operator page is served over plain HTTP here: a Secure session cookie
+            # would not come back from every browser.
+            env["KB_OPERATOR_SECURE_COOKIE"] = "false"
             self.env = env
             self.kb("migrate")
             step.done(f"{where}, migrated")

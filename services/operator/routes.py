@@ -1,12 +1,15 @@
 """The operator page at /ui: server-rendered HTML over the operator store.
 
 Sign-in takes an operator key (never a tenant key) and sets an HttpOnly, SameSite=Strict
-session cookie; every POST carries the session's CSRF token. Without JavaScript every page
-works (live refresh is the only script). Every list is paginated.
+session cookie, Secure unless KB_OPERATOR_SECURE_COOKIE=false; failed sign-ins are throttled
+per client address like failed keys on /v1; every POST carries the session's CSRF token.
+Without JavaScript every page works (live refresh is the only script). Every list is
+paginated.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +22,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from services.operator import auth, charts
 from services.operator.context import OperatorContext
 from services.operator.store_pg import Session
+from services.runtime.auth.throttle import FailedAuthThrottle, Refused, peer_host
 from services.runtime.errors import KbError
 from services.runtime.logging import get_logger
 
@@ -33,6 +37,7 @@ _templates = Environment(
     lstrip_blocks=True,
 )
 LOGIN_COOKIE = "kb_operator_login"
+_SIGN_IN_THROTTLE = "operator_sign_in_throttle"
 _SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' data:; "
@@ -105,8 +110,12 @@ async def static(name: str) -> Response:
 
 @router.get("/login")
 async def login_page(request: Request, error: str | None = None) -> HTMLResponse:
+    return _login_form(request, error=error)
+
+
+def _login_form(request: Request, status_code: int = 200, **values: Any) -> HTMLResponse:
     login_token = auth.new_csrf_token()
-    response = _render("login.html", login_token=login_token, error=error, operator=None)
+    response = _render("login.html", status_code, login_token=login_token, operator=None, **values)
     response.set_cookie(
         LOGIN_COOKIE,
         login_token,
@@ -116,6 +125,15 @@ async def login_page(request: Request, error: str | None = None) -> HTMLResponse
         secure=_context(request).settings.operator_secure_cookie,
     )
     return response
+
+
+def _sign_in_throttle(request: Request) -> FailedAuthThrottle:
+    # One per app, made on first use: the settings may arrive in the app's lifespan.
+    throttle: FailedAuthThrottle | None = getattr(request.app.state, _SIGN_IN_THROTTLE, None)
+    if throttle is None:
+        throttle = auth.sign_in_throttle(_context(request).settings)
+        setattr(request.app.state, _SIGN_IN_THROTTLE, throttle)
+    return throttle
 
 
 @router.post("/login")
@@ -128,10 +146,26 @@ async def login(
     if not expected or not auth.same_secret(login_token, expected):
         raise HTTPException(status_code=403, detail="the sign-in form expired: load it again")
     context = _context(request)
-    operator = await _operator_for(context, token.strip())
+    throttle = _sign_in_throttle(request)
+    host = peer_host(request.scope)
+    # Reserved before the key is looked at: concurrent guesses cannot outrun the count.
+    reservation = await throttle.reserve(host)
+    if isinstance(reservation, Refused):
+        wait = max(1, math.ceil(reservation.retry_after))
+        refused = _login_form(request, 429, throttled=wait)
+        refused.headers["Retry-After"] = str(wait)
+        return refused
+    try:
+        operator = await _operator_for(context, token.strip())
+    except BaseException:
+        reservation.release()
+        raise
     if operator is None:
+        if reservation.failed():  # once per address and episode, not per refusal
+            log.warning("operator.sign_in_throttled", client_address=throttle.address(host))
         log.warning("operator.sign_in_refused")
         return RedirectResponse("/ui/login?error=1", status_code=303)
+    reservation.release()
     session_token = auth.new_session_token()
     await context.store.create_session(
         auth.digest(session_token),

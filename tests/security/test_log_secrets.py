@@ -248,6 +248,7 @@ async def test_a_whole_run_logs_no_key_password_token_or_document_text(
         "KB_EMBEDDING_PROVIDER": "hashing",
         "KB_INDEXER_POLL_SECONDS": "0.5",
         "KB_OPERATOR_TOKEN": operator_token,
+        "KB_OPERATOR_SECURE_COOKIE": "false",  # the page is used over plain HTTP below
     }
     port = free_port()
     root = f"http://127.0.0.1:{port}"

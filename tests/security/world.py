@@ -285,7 +285,10 @@ async def world_app(
             store=PgPublisherStore(pool),
             bulk_store=PgBulkStore(pool),
             searcher=Searcher(embedder, index),
-            operator=build_operator_context(pool, operator_settings(database_url)),
+            # The client below speaks plain HTTP: a Secure cookie would never come back.
+            operator=build_operator_context(
+                pool, operator_settings(database_url, operator_secure_cookie=False)
+            ),
             auth_settings=auth_settings,
         )
         transport = httpx.ASGITransport(app=app)

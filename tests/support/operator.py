@@ -15,8 +15,9 @@ from services.operator.context import build_operator_context
 from services.operator.routes import mount_operator
 from services.operator.settings import OperatorSettings
 
-OPERATOR_TOKEN = "operator-test-token-0123456789"
-BASE_URL = "http://operator.test"
+OPERATOR_TOKEN = "operator-test-token-0123456789-abcdef"
+# HTTPS: the session cookie is Secure by default, and a client sends it back over HTTPS only.
+BASE_URL = "https://operator.test"
 _HIDDEN = re.compile(r'name="(?P<name>login_token|csrf)" value="(?P<value>[^"]+)"')
 
 
