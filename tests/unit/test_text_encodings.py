@@ -139,6 +139,12 @@ def test_an_html_page_naming_another_codec_is_refused(label: str, template: str)
     assert repr(label) in caught.value.message
 
 
+def test_a_long_label_is_cut_in_the_message() -> None:
+    with pytest.raises(UnsupportedMediaType) as caught:
+        html_encoding(b'<meta charset="' + b"x" * 5000 + b'">')
+    assert len(caught.value.message) < 300
+
+
 def test_only_allowed_codecs_are_ever_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
     looked_up: list[str] = []
     real = codecs.getincrementaldecoder

@@ -75,9 +75,6 @@ def is_supported(media_type: str) -> bool:
 # (``run_media_check``): a 25 MB text is decoded off the event loop.
 
 MEDIA_TYPE_MISMATCH: Final = text_encodings.MEDIA_TYPE_MISMATCH
-# The byte-order marks the indexer's text readers decode by, kept here for them.
-TEXT_BOMS: Final = text_encodings.TEXT_BOMS
-bom_encoding = text_encodings.bom_encoding
 
 _PDF_MAGIC: Final = b"%PDF-"
 # Readers accept the header anywhere in the first 1024 bytes (PDF 1.7, implementation note
@@ -92,8 +89,8 @@ _DOCX_PARTS: Final = ("[Content_Types].xml", "word/document.xml")
 # counts its characters, not its zero bytes). U+0000 at all: no text format uses it and
 # PostgreSQL text cannot hold it. Beyond that, the controls file(1) does not take for text
 # (C0 but TAB, LF, VT, FF, CR, BEL, BS and ESC; DEL; C1) may be at most 1 character in 100:
-# a stray form of them (a DOS end-of-file mark, a pasted escape) is tolerated, a file made
-# of them is not.
+# a stray one (a DOS end-of-file mark, a DEL) is tolerated, a file made of them
+# is not.
 _BINARY_CONTROLS: Final = re.compile("[\x00-\x06\x0e-\x1a\x1c-\x1f\x7f-\x9f]")
 _MAX_CONTROLS_PER_100: Final = 1
 # At most this many checks decode at once: each is CPU-bound and holds the GIL between its

@@ -99,7 +99,11 @@ TEXT_CODECS: Final = frozenset(WHATWG_LABELS.values()) | {codec for _, codec in 
 
 # Only the start of a page is searched for its declaration, as browsers do.
 _PRESCAN_BYTES: Final = 4096
-_META_CHARSET: Final = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([^\s"'>;/]+)""", re.I)
+# Labels are ASCII letters, digits and ``_.:-``; a longer run than any label is cut (and then
+# refused as no label), so what a message echoes stays short.
+_META_CHARSET: Final = re.compile(
+    rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]{1,40})""", re.I
+)
 # Decoded in slices: a large text is checked without holding its decoded copy, and a worker
 # thread decoding it gives the GIL back between slices.
 DECODE_SLICE: Final = 1 << 18
@@ -127,7 +131,7 @@ def declared_html_label(content: bytes) -> str | None:
     """The charset a page declares near its top (``<meta charset>`` or ``http-equiv``
     Content-Type), lower-cased, as written."""
     found = _META_CHARSET.search(content[:_PRESCAN_BYTES])
-    return found.group(1).decode("ascii", "replace").lower() if found else None
+    return found.group(1).decode("ascii").lower() if found else None
 
 
 def html_encoding(content: bytes) -> tuple[str, int]:
