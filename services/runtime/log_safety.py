@@ -43,6 +43,9 @@ MAX_CHAINED: Final = 3
 # What is left of an exception when the line is still too long: its innermost frames.
 _LAST_RESORT_FRAMES: Final = 4
 _SHORT_VALUE_CHARS: Final = 256
+# A string is searched for secrets up to here: well beyond the cut, so a secret the cut
+# splits is never printed in part.
+_REDACTED_CHARS: Final = 4 * MAX_VALUE_CHARS
 
 _LOGGED: Final = "_kb_logged"
 _PLAIN: Final = (str, int, float, bool, type(None))
@@ -125,14 +128,15 @@ class Redacted:
 
     def _clean(self, value: Any) -> Any:
         if isinstance(value, str):
-            return redact(value, secrets=self._secrets)
+            # What lies beyond is cut before rendering anyway; not searched, it costs nothing.
+            return redact(value[:_REDACTED_CHARS], secrets=self._secrets)
         if isinstance(value, _PLAIN):
             return value
         if isinstance(value, Mapping):
             return {str(k): self._clean(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return [self._clean(v) for v in value]
-        return redact(repr(value), secrets=self._secrets)
+        return redact(repr(value)[:_REDACTED_CHARS], secrets=self._secrets)
 
 
 def bounded(value: Any, chars: int = MAX_VALUE_CHARS) -> Any:

@@ -29,7 +29,9 @@ _PATTERNS: Final = (
         r"[^\s,\"'&;]+"
     ),
     # scheme://user:password@host -- the password may hold anything but '@' and whitespace.
-    re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s]+(@)"),
+    # Every part is bounded and the scheme starts where a word does: otherwise text made of
+    # many near-URLs ('a://a://...') would take time quadratic in its length.
+    re.compile(r"(?i)((?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,31}://[^/\s:@]{0,256}:)[^@\s]{1,256}(@)"),
 )
 
 _SECRET_NAME: Final = re.compile(r"(?i)(PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|PRIVATE_KEY)")
