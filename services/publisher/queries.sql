@@ -121,14 +121,19 @@ SELECT version_number
 -- search_token (docs/scaling.md#read-your-switch): a WAL position read after this
 -- statement's snapshot was taken, so after the commit of the switch it sees was inserted
 -- into the WAL (a transaction becomes visible only once its commit record is in): on the
--- primary its WAL insert position, on a replica the position it has replayed (it replayed
--- that commit before the snapshot could see it). Either is at or past the end of the
--- switch's commit record: a server that has replayed it serves this search_version or a
--- later one. Conservative (later than the commit), never early.
+-- primary its WAL insert position; on a replica the larger of the positions it has received
+-- and replayed. Not the replayed one alone: a replica makes a commit visible while it
+-- replays the record, before pg_last_wal_replay_lsn() moves past it, so a snapshot may see
+-- a commit that position does not cover yet; a streamed record was received before it was
+-- replayed. (WAL a replica restores from an archive is not counted as received: there only
+-- the replayed position is known, and that window remains.) Either is at or
+-- past the end of the switch's commit record: a server that has replayed it serves this
+-- search_version or a later one. Conservative (later than the commit), never early.
 SELECT d.document_id, d.title, d.revision, d.latest_version, d.published_version,
        d.published_at, s.version_number AS search_version, s.switched_at AS search_switched_at,
        CASE WHEN s.version_number IS NULL THEN NULL
-            WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+            WHEN pg_is_in_recovery()
+                 THEN greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())
             ELSE pg_current_wal_insert_lsn()
        END::text AS search_token,
        t.task_id AS task_task_id, t.tenant_id AS task_tenant_id,
