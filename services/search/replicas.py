@@ -4,7 +4,8 @@
 read them in turn; everything that writes stays on the primary.
 
 **Lag.** Every ``KB_SEARCH_REPLICA_CHECK_SECONDS`` the rotation reads the primary's WAL insert
-position, then each replica's replayed position (``pg_last_wal_replay_lsn()``). A replica's
+position, then each replica's replayed position (``pg_last_wal_replay_lsn()``), each read
+bounded by that interval. A replica's
 lag is how long ago the primary first had WAL the replica has not replayed yet: 0 when it has
 replayed everything the primary had at the last check, else the age of the oldest check whose
 position it has not reached. Unlike ``now() - pg_last_xact_replay_timestamp()`` this does not
@@ -12,7 +13,10 @@ grow while the primary is idle, and it counts a replica that receives WAL but do
 it (a paused replay, a replay held up by a conflicting query) as lagging. Its resolution is
 the check interval. A replica lagging more than ``KB_SEARCH_REPLICA_MAX_LAG_SECONDS``, or one
 that does not answer the check, leaves the rotation until a check finds it caught up; with
-none left, search reads the primary.
+none left, search reads the primary. In a round that cannot read the primary (down, or its
+pool busy past the interval) a replica's lag is not known: it is taken as the time since the
+last round that read it (the most it can be for a replica that had replayed all the primary
+had then), so a short blip keeps the replicas and a longer one takes them all out.
 
 **Read-your-switch.** A search may name WAL positions (``after``: the ``searchToken`` of a
 document's status, or of its ``DocumentSearchVersionSwitched`` event). It is answered only by
@@ -20,7 +24,11 @@ a server that has replayed the highest of them: a replica in rotation known to h
 waits up to ``KB_SEARCH_AFTER_WAIT_SECONDS`` for one (one poller reads the replicas' positions
 every few milliseconds for all waiting searches), else it reads the primary. A replica's
 replayed position only grows, so once it was seen at or past a token, every snapshot a search
-takes there later sees the transaction the token was read after.
+takes there later sees the transaction the token was read after. A token no replica has
+replayed is first compared with the primary's position (``primary_position.py``): one the
+primary has not written is refused (422 ``SEARCH_TOKEN_AHEAD``) instead of waited for. The
+choice and the wait come before the search takes its fair-share slot
+(services/runtime/fair_share/phases.py): a waiting search holds none.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import asyncpg
 from services.runtime.errors import ValidationFailed
 from services.runtime.logging import get_logger
 from services.search.metrics import REPLICA_IN_ROTATION, REPLICA_LAG, SEARCH_READS, TOKEN_WAIT
+from services.search.primary_position import READ_ERRORS, PrimaryPosition
 from services.search.statements import SearchSettings
 
 log = get_logger(__name__)
@@ -54,9 +63,8 @@ _TOKEN = re.compile(TOKEN_PATTERN)
 # While searches wait for a position, how often the replicas' replayed positions are read.
 _WAIT_POLL_SECONDS: Final = 0.005
 
-# The primary's WAL insert position, and (on a replica) the position replayed; a server that
-# is not in recovery (a primary named as a "replica") has replayed all it wrote.
-_POSITION_SQL: Final = "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint"
+# (On a replica) the position replayed; a server that is not in recovery (a primary named as
+# a "replica") has replayed all it wrote.
 _WAL_LAYOUT_SQL: Final = """SELECT max(setting::bigint) FILTER (WHERE name = 'wal_block_size'),
                                    max(setting::bigint) FILTER (WHERE name = 'wal_segment_size')
                               FROM pg_settings
@@ -145,6 +153,8 @@ class ReplicaRotation:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._primary = primary
+        # The primary's insert position: the lag check's, and what a token may name.
+        self.primary = PrimaryPosition(primary, timeout_seconds=check_seconds)
         self.replicas = [Replica(name, pool) for name, pool in replicas]
         self._max_lag = max_lag_seconds
         self._after_wait = after_wait_seconds
@@ -177,9 +187,14 @@ class ReplicaRotation:
         if after is None:
             target = self._next(self._rotation())
             return self._counted(target or ReadTarget(PRIMARY, self._primary))
+        token = after
         after = comparable(after, self._block_size, self._segment_size)
         started = self._clock()
         target = self._next([r for r in self._rotation() if (r.replayed or -1) >= after])
+        if target is None:
+            # Nothing replayed it yet: refuse it if the primary never wrote it, rather than
+            # wait for it (or read the primary, whose answer could not hold it either).
+            await self.primary.check_written(token, format_token(token))
         if target is None and self._after_wait > 0 and self._rotation():
             target = await self._wait_for(after, started + self._after_wait)
         waited = self._clock() - started
@@ -238,8 +253,8 @@ class ReplicaRotation:
 
     async def _read_replayed(self, replica: Replica) -> None:
         try:
-            position = await replica.pool.fetchval(_REPLAYED_SQL, timeout=self._check_seconds)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            position = await self._replayed(replica)
+        except READ_ERRORS:
             return  # the next check judges it
         if position is None:
             return
@@ -247,26 +262,44 @@ class ReplicaRotation:
         if position > (replica.replayed or -1):
             replica.replayed = position
 
+    async def _replayed(self, replica: Replica) -> int | None:
+        # Bounded with the pool's acquire: a replica whose connections all run searches must
+        # not hold up the check (it is judged as not answering).
+        async with asyncio.timeout(self._check_seconds):
+            position: int | None = await replica.pool.fetchval(_REPLAYED_SQL)
+        return position
+
     # --- the lag check ---------------------------------------------------------------------
 
     async def check(self) -> None:
         """One round: the primary's position, then each replica's, their lag and rotation."""
         if not self._layout_known:
-            layout = await self._primary.fetchrow(_WAL_LAYOUT_SQL)
-            if layout is not None and None not in (layout[0], layout[1]):
-                self._block_size, self._segment_size = int(layout[0]), int(layout[1])
-            self._layout_known = True
-        primary_position = comparable(
-            int(await self._primary.fetchval(_POSITION_SQL)), self._block_size, self._segment_size
+            await self._read_layout()
+        position = await self.primary.read()
+        if position is not None:
+            comparable_position = comparable(position, self._block_size, self._segment_size)
+            self._history.append((self._clock(), comparable_position))
+        else:
+            log.warning("search.replica_check_primary_unread", replicas=len(self.replicas))
+        await asyncio.gather(
+            *(self._check_replica(replica, position is not None) for replica in self.replicas)
         )
-        self._history.append((self._clock(), primary_position))
-        await asyncio.gather(*(self._check_replica(replica) for replica in self.replicas))
 
-    async def _check_replica(self, replica: Replica) -> None:
+    async def _read_layout(self) -> None:
+        try:
+            async with asyncio.timeout(self._check_seconds):
+                layout = await self._primary.fetchrow(_WAL_LAYOUT_SQL)
+        except READ_ERRORS:
+            return  # the defaults until a round reads it
+        if layout is not None and None not in (layout[0], layout[1]):
+            self._block_size, self._segment_size = int(layout[0]), int(layout[1])
+        self._layout_known = True
+
+    async def _check_replica(self, replica: Replica, primary_read: bool) -> None:
         now = self._clock()
         try:
-            position = await replica.pool.fetchval(_REPLAYED_SQL, timeout=self._check_seconds)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            position = await self._replayed(replica)
+        except READ_ERRORS as error:
             lag = None if replica.last_answer is None else now - replica.last_answer
             self._judge(replica, lag, error=f"{type(error).__name__}: {error}"[:300])
             return
@@ -278,13 +311,22 @@ class ReplicaRotation:
         # replica answers its insert position.
         replayed = comparable(int(position), self._block_size, self._segment_size)
         replica.replayed = max(replayed, replica.replayed or -1)
-        self._judge(replica, self._lag_of(replayed, now), error=None)
+        lag = self._lag_of(replayed, now) if primary_read else self._lag_bound(replayed, now)
+        self._judge(replica, lag, error=None)
 
     def _lag_of(self, replayed: int, now: float) -> float:
         for checked_at, position in self._history:
             if position > replayed:
                 return max(0.0, now - checked_at)
         return 0.0
+
+    def _lag_bound(self, replayed: int, now: float) -> float | None:
+        """The lag in a round that could not read the primary: at most the time since the
+        last round that did (the replica had replayed all the primary had then, or its lag
+        is longer still); None when no round ever did."""
+        if not self._history:
+            return None
+        return max(self._lag_of(replayed, now), now - self._history[-1][0])
 
     def _judge(self, replica: Replica, lag: float | None, *, error: str | None) -> None:
         replica.lag_seconds = lag
@@ -314,6 +356,7 @@ class ReplicaRotation:
                 await asyncio.wait_for(stop.wait(), self._check_seconds)
         if self._poller is not None:
             await asyncio.gather(self._poller, return_exceptions=True)
+        await self.primary.aclose()
 
 
 @asynccontextmanager

@@ -22,6 +22,7 @@ from pydantic.alias_generators import to_camel
 from services.runtime.auth.keys import Scope
 from services.runtime.auth.tokens import MAX_TOKEN_CHARS
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE
+from services.runtime.fair_share.shares import TenantLimited
 from services.runtime.logging import get_logger
 from services.runtime.tenancy.tenant_auth import (
     PrincipalsRequired,
@@ -134,7 +135,8 @@ class SearchBody(SearchModel):
         "`search_token` Kafka header of its DocumentSearchVersionSwitched event): the search "
         "is answered only by a database that has replayed all of them, so it sees at least "
         "the versions those documents were searchable with when the tokens were issued. "
-        "Without it, a search on a read replica may lag by the replica's lag.",
+        "Without it, a search on a read replica may lag by the replica's lag. A token "
+        "naming a position the database has not written is refused: 422 SEARCH_TOKEN_AHEAD.",
     )
 
 
@@ -265,6 +267,16 @@ async def search(
         result: SearchResult = await searcher.search(search_request)
     except QueryEmbeddingUnavailable as error:
         return _embedding_unavailable(request, tenant_id, body, error)
+    except TenantLimited as refusal:
+        # No search slot in time (services/runtime/fair_share/phases.py): 429 with when to
+        # retry, as the middleware answers a tenant beyond its share.
+        return problem_response(
+            429,
+            refusal.code,
+            refusal.message,
+            instance=request.url.path,
+            headers={"Retry-After": str(refusal.retry_after_seconds)},
+        )
     log.info(
         "search.served",
         tenant_id=tenant_id,

@@ -27,7 +27,7 @@ from typing import Final, Protocol
 
 from services.embedding.port import Embedder, Vectors
 from services.runtime.errors import DependencyUnavailable, KbError
-from services.runtime.fair_share.phases import between_search_phases
+from services.runtime.fair_share.phases import between_search_phases, search_slot
 from services.runtime.indexing.index_failures import (
     PROVIDER_FAILURE_CODES,
     ErrorCode,
@@ -322,6 +322,12 @@ class Searcher:
         return self._index.generation
 
     async def search(self, request: SearchRequest) -> SearchResult:
+        """The request's fair-share slot held while it embeds and reads (already held when
+        called by services/search/serving.py), given back before the answer is written."""
+        async with search_slot():
+            return await self._search(request)
+
+    async def _search(self, request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
         # Compared in the form publish stores ACLs in (NFC, trimmed): "group:café" spelt with
         # a combining accent, or with a stray space, is the principal the ACL names.

@@ -32,12 +32,14 @@ from services.runtime.errors import (
     DatabaseUnavailable,
     SerializationConflict,
 )
+from services.runtime.fair_share.phases import search_slot
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
 from services.search.index_pg import PgSearchIndex
 from services.search.metrics import SEARCH_READS
+from services.search.primary_position import PrimaryPosition
 from services.search.read_pool import read_pool, reading_from
-from services.search.replicas import PRIMARY, ReplicaRotation, ReplicaView
+from services.search.replicas import PRIMARY, ReplicaRotation, ReplicaView, format_token
 from services.search.searcher import Generation, Searcher, SearchRequest, SearchResult
 from services.search.statements import QUERIES, SearchSettings
 
@@ -82,6 +84,13 @@ class GenerationSearch:
     ) -> None:
         self._pool = pool
         self._rotation = rotation
+        # Without replicas an `after` token is still checked against the primary's
+        # position, so that a request is refused or answered alike on either set-up.
+        self._primary_position = (
+            rotation.primary
+            if rotation is not None
+            else PrimaryPosition(pool, timeout_seconds=settings.search_replica_check_seconds)
+        )
         self._settings = settings
         self._configured = configured
         self._embedder_for = embedder_for
@@ -101,23 +110,32 @@ class GenerationSearch:
 
     async def search(self, request: SearchRequest) -> SearchResult:
         """Reads one server for the whole request: the one the replica rotation chose
-        (services/search/replicas.py), else the pool this was built with."""
+        (services/search/replicas.py), else the pool this was built with. The server is
+        chosen -- a token the primary never wrote refused, any wait for a replica done --
+        before the request's fair-share slot is taken (search_slot): a search waiting for a
+        replica holds no slot."""
         if self._rotation is None:
-            return await self._search(request)
+            if request.read_after is not None:
+                await self._primary_position.check_written(
+                    request.read_after, format_token(request.read_after)
+                )
+            async with search_slot():
+                return await self._search(request)
         target = await self._rotation.choose(request.read_after)
-        try:
-            with reading_from(target.pool):
+        async with search_slot():
+            try:
+                with reading_from(target.pool):
+                    result = await self._search(request)
+            except (DatabaseUnavailable, DatabaseBusy, SerializationConflict) as error:
+                if target.name == PRIMARY:
+                    raise
+                # The replica went away, or cancelled the search in a conflict with its
+                # replay: the primary answers this one; the next check takes the replica out
+                # if it stays so.
+                log.warning("search.replica_failed", replica=target.name, error_code=error.code)
+                SEARCH_READS.labels(server=PRIMARY).inc()
                 result = await self._search(request)
-        except (DatabaseUnavailable, DatabaseBusy, SerializationConflict) as error:
-            if target.name == PRIMARY:
-                raise
-            # The replica went away, or cancelled the search in a conflict with its replay:
-            # the primary answers this one; the next check takes the replica out if it stays
-            # so.
-            log.warning("search.replica_failed", replica=target.name, error_code=error.code)
-            SEARCH_READS.labels(server=PRIMARY).inc()
-            result = await self._search(request)
-            return replace(result, read_from=PRIMARY)
+                return replace(result, read_from=PRIMARY)
         return replace(result, read_from=target.name)
 
     async def _search(self, request: SearchRequest) -> SearchResult:
@@ -201,6 +219,8 @@ class GenerationSearch:
         for generations (not the configured one: its owner closes it)."""
         for index in self._indexes:
             await index.ended()
+        if self._rotation is None:
+            await self._primary_position.aclose()
         for embedder in self._embedders:
             await embedder.aclose()
         self._searchers.clear()

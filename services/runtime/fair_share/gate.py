@@ -1,4 +1,5 @@
-"""The fair share of one request: its tenant's cap and bucket, then (a search) a slot."""
+"""The fair share of one request: its tenant's cap and bucket, then (a search) a slot, taken
+when the search is ready to read (``phases.search_slot``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from services.runtime.fair_share.metrics import REFUSALS, SLOT_WAIT, UNKNOWN_TIER
-from services.runtime.fair_share.phases import CURRENT_SEARCH, SearchShare
+from services.runtime.fair_share.metrics import REFUSALS, UNKNOWN_TIER
+from services.runtime.fair_share.phases import PENDING_SEARCH, SlotTicket, search_slot
 from services.runtime.fair_share.settings import FairShareSettings, Kind
 from services.runtime.fair_share.shares import TenantLimited, TenantShares
 from services.runtime.fair_share.slots import SearchSlots
@@ -40,7 +41,9 @@ class FairShare:
         self._clock = clock
         self.shares = TenantShares(clock)
         slots = settings.search_slots()
-        self.slots = SearchSlots(slots) if slots else None
+        self.slots = (
+            SearchSlots(slots, wait_seconds=settings.search_slot_wait_seconds) if slots else None
+        )
         self._tiers = CachedTiers(tiers or _NoTiers(), settings.tier_cache_seconds, clock)
         self._logged: dict[tuple[str, Kind], float] = {}
 
@@ -49,10 +52,10 @@ class FairShare:
         self._tiers = CachedTiers(tiers, self.settings.tier_cache_seconds, self._clock)
 
     @asynccontextmanager
-    async def share(self, tenant_id: str, kind: Kind) -> AsyncIterator[None]:
-        """Hold the tenant's share for the body -- a request in flight and, for a search,
-        one of the process's slots (waiting for its turn; the search may step aside between
-        its phases: ``phases.py``) -- or raise ``TenantLimited`` (429)."""
+    async def admit(self, tenant_id: str, kind: Kind) -> AsyncIterator[None]:
+        """Hold the tenant's share for the body -- a request in flight -- or raise
+        ``TenantLimited`` (429). A search is left a ticket for one of the process's slots,
+        which it takes with ``phases.search_slot`` once it is ready to read."""
         tier = await self._tiers.tier_of(tenant_id)
         try:
             self.shares.enter(tenant_id, kind, self.settings.limits(tier, kind))
@@ -61,24 +64,39 @@ class FairShare:
             raise
         try:
             if kind is Kind.SEARCH and self.slots is not None:
-                waited = self._clock()
-                async with self.slots.slot(tenant_id) as held:
-                    label = tier or UNKNOWN_TIER
-                    SLOT_WAIT.labels(label).observe(self._clock() - waited)
-                    current = CURRENT_SEARCH.set(SearchShare(held, label, self._clock))
-                    try:
-                        yield
-                    finally:
-                        CURRENT_SEARCH.reset(current)
+                ticket = SlotTicket(
+                    self.slots,
+                    tenant_id,
+                    tier or UNKNOWN_TIER,
+                    self._clock,
+                    lambda refusal: self._logged_refusal(tenant_id, tier, kind, refusal),
+                )
+                pending = PENDING_SEARCH.set(ticket)
+                try:
+                    yield
+                finally:
+                    PENDING_SEARCH.reset(pending)
             else:
                 yield
         finally:
             self.shares.leave(tenant_id, kind)
 
+    @asynccontextmanager
+    async def share(self, tenant_id: str, kind: Kind) -> AsyncIterator[None]:
+        """``admit``, and for a search one of the process's slots for the whole body
+        (waiting for its turn; the search may step aside between its phases: ``phases.py``)."""
+        async with self.admit(tenant_id, kind), search_slot():
+            yield
+
     def _refused(
         self, tenant_id: str, tier: str | None, kind: Kind, refusal: TenantLimited
     ) -> None:
         REFUSALS.labels(kind.value, tier or UNKNOWN_TIER, refusal.reason).inc()
+        self._logged_refusal(tenant_id, tier, kind, refusal)
+
+    def _logged_refusal(
+        self, tenant_id: str, tier: str | None, kind: Kind, refusal: TenantLimited
+    ) -> None:
         now = self._clock()
         key = (tenant_id, kind)
         last = self._logged.get(key)

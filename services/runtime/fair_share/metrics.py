@@ -13,7 +13,8 @@ UNKNOWN_TIER: Final = "unknown"
 REFUSALS = Counter(
     "kb_fair_share_refusals",
     "Requests answered 429 because their tenant was beyond its share of this process, by "
-    "kind (search, publish), the tenant's tier and reason (concurrency, rate)",
+    "kind (search, publish), the tenant's tier and reason (concurrency, rate; slot_wait: a "
+    "search found no search slot within KB_FAIR_SEARCH_SLOT_WAIT_SECONDS)",
     ["kind", "tier", "reason"],
 )
 SLOT_WAIT = Histogram(

@@ -1,5 +1,8 @@
 """The ASGI middleware ``services/app.py`` puts inside tenant authentication: it finds the
-route a request is for, and holds a search's or a publish's fair share around it.
+route a request is for, and holds a search's or a publish's fair share around it. A search's
+slot is not taken here: the search takes it once it is ready to read and gives it back
+before its answer is written (``phases.search_slot``), so neither a wait for a read replica
+nor a client that does not read its answer keeps a slot from other tenants.
 
 Placed inside the body-size limit and before anything parses the body: a refused request
 costs its key check (and its tenant's tier, read once a minute), never a JSON parse or a
@@ -31,8 +34,9 @@ LIMITED_RESPONSE: Final[dict[str, Any]] = {
     "description": (
         "The tenant is beyond its share of this server (its tier's limits): "
         "`TENANT_CONCURRENCY_LIMITED`, too many of its requests of this kind in progress; "
-        "`TENANT_RATE_LIMITED`, more of them a second than its rate allows. Retry after "
-        "the seconds in `Retry-After`."
+        "`TENANT_RATE_LIMITED`, more of them a second than its rate allows; "
+        "`SEARCH_SLOT_WAIT_TIMEOUT`, a search found none of the server's search slots free "
+        "in time. Retry after the seconds in `Retry-After`."
     ),
     "headers": {
         "Retry-After": {
@@ -81,7 +85,7 @@ class FairShareMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            async with self.fair_share.share(tenant_id, limited.kind):
+            async with self.fair_share.admit(tenant_id, limited.kind):
                 await self.app(scope, receive, send)
         except TenantLimited as refusal:
             # The route template labels the refusal's HTTP metrics, as if routed.

@@ -70,6 +70,10 @@ class FairShareSettings(BaseSettings):
     # on, at least one -- a hybrid search keeps two cores busy (its two lists run at once,
     # the query model uses two threads).
     search_global_concurrency: int | None = Field(default=None, ge=0)
+    # How long an admitted search waits for a slot (each time: a search that stepped aside
+    # between its phases waits again) before it is answered 429 SEARCH_SLOT_WAIT_TIMEOUT with
+    # Retry-After: a queue of searches nobody will wait for only delays the ones behind it.
+    search_slot_wait_seconds: float = Field(default=5.0, gt=0, le=600)
     search_concurrency: int = Field(default=32, ge=0)
     search_rate: float = Field(default=0.0, ge=0)
     search_burst: int | None = Field(default=None, ge=1)

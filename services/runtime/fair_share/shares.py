@@ -41,6 +41,12 @@ class TenantConcurrencyLimited(TenantLimited, code="TENANT_CONCURRENCY_LIMITED")
     reason = "concurrency"
 
 
+class SearchSlotWaitTimeout(TenantLimited, code="SEARCH_SLOT_WAIT_TIMEOUT"):
+    """An admitted search found no search slot within KB_FAIR_SEARCH_SLOT_WAIT_SECONDS."""
+
+    reason = "slot_wait"
+
+
 @dataclass
 class _TenantState:
     in_flight: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))

@@ -16,6 +16,10 @@ once running it does not step aside for the busier tenant (which has more search
 fewer). Tenants as busy as each other never step aside for one another: between them the
 turns above decide.
 
+A wait for a slot lasts at most ``wait_seconds`` (KB_FAIR_SEARCH_SLOT_WAIT_SECONDS), then
+the search is refused (``SearchSlotWaitTimeout``, 429): nobody is left to read an answer
+that took longer, and every search queued behind it would wait for it too.
+
 Why slots at all: a search's work is done by PostgreSQL and the query embedding, on the
 same few cores for every tenant. Capping one tenant's requests in flight does not keep its
 admitted searches from taking those cores; running few searches at once and choosing who
@@ -27,9 +31,12 @@ One event loop owns this: no lock.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+
+from services.runtime.fair_share.shares import SearchSlotWaitTimeout
 
 
 class HeldSlot:
@@ -50,10 +57,11 @@ class HeldSlot:
 
 
 class SearchSlots:
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, *, wait_seconds: float | None = None) -> None:
         if slots < 1:
             raise ValueError("at least one slot")
         self.slots = slots
+        self.wait_seconds = wait_seconds  # None: wait as long as it takes
         self._running: dict[str, int] = {}
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
         # When each tenant with searches running or waiting was last given a slot (a count
@@ -85,22 +93,34 @@ class SearchSlots:
                 self._release(tenant_id)
 
     async def _wait(self, tenant_id: str, *, first: bool) -> None:
-        """Wait in the tenant's line (``first``: at its head) until a slot is handed over."""
+        """Wait in the tenant's line (``first``: at its head) until a slot is handed over,
+        at most ``wait_seconds``."""
         granted = asyncio.get_running_loop().create_future()
         queue = self._waiting.setdefault(tenant_id, deque())
         if first:
             queue.appendleft(granted)
         else:
             queue.append(granted)
+        deadline = asyncio.timeout(self.wait_seconds)
         try:
-            await granted
-        except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():
-                # Granted in the same moment the waiter went away: hand the slot on.
-                self._release(tenant_id)
-            else:
-                self._forget(tenant_id, granted)
-            raise
+            async with deadline:
+                try:
+                    await granted
+                except asyncio.CancelledError:
+                    if granted.done() and not granted.cancelled():
+                        # Granted in the same moment the waiter went away: hand it on.
+                        self._release(tenant_id)
+                    else:
+                        self._forget(tenant_id, granted)
+                    raise
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise SearchSlotWaitTimeout(
+                f"no search slot of this server was free within {self.wait_seconds:g} s; "
+                "retry after the time in Retry-After",
+                retry_after_seconds=max(1, math.ceil(self.wait_seconds or 1)),
+            ) from None
 
     async def _step_aside(self, held: HeldSlot) -> bool:
         tenant_id = held.tenant_id

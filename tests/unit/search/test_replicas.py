@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from services.runtime.errors import ValidationFailed
+from services.search.primary_position import PrimaryPosition, SearchTokenAhead
 from services.search.replicas import (
     PRIMARY,
     ReplicaRotation,
@@ -220,3 +221,107 @@ async def test_an_idle_primary_past_a_wal_switch_keeps_its_replica_in_rotation()
     # The primary's token at that moment is answered by the replica at once.
     target = await rot.choose(after=parse_token("0/4000028"))
     assert target.name == "r"
+
+
+# --- a token the primary has not written (security review, issue 41) ----------------------
+
+
+class GatedPool(FakePool):
+    """A primary whose position reads wait until ``go`` is set (``asked`` is set by each)."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def fetchval(self, query: str, *args: Any, timeout: float | None = None) -> int:  # noqa: ASYNC109
+        self.asked.set()
+        await self.go.wait()
+        return await super().fetchval(query, *args, timeout=timeout)
+
+
+async def test_a_token_past_the_primary_is_refused_without_waiting() -> None:
+    primary = FakePool(500)
+    rot = rotation(primary, {"r": FakePool(100)}, max_lag=3600, wait=30.0)
+    await rot.check()
+    reads = primary.reads
+    with pytest.raises(SearchTokenAhead) as refused:
+        await rot.choose(after=parse_token("FFFFFFFF/FFFFFFFF"))
+    assert refused.value.code == "SEARCH_TOKEN_AHEAD"
+    assert refused.value.http_status == 422
+    assert primary.reads == reads + 1  # read once more before refusing
+    # At or below what the primary had: no read.
+    await rot.primary.check_written(500)
+    assert primary.reads == reads + 1
+
+
+async def test_a_token_minted_after_the_last_read_is_not_refused() -> None:
+    primary = FakePool(500)
+    replica = FakePool(700)
+    rot = rotation(primary, {"r": replica}, max_lag=3600)
+    await rot.check()
+    primary.position = 800  # written since the check
+    target = await rot.choose(after=790)
+    assert target.name == PRIMARY  # no replica has it and no wait: the primary answers
+    assert rot.primary.position == 800
+
+
+async def test_searches_refused_at_once_share_one_read_started_after_they_came() -> None:
+    primary = GatedPool(500)
+    position = PrimaryPosition(primary, timeout_seconds=30)  # type: ignore[arg-type]
+    checks = [asyncio.create_task(position.check_written(10_000)) for _ in range(5)]
+    await primary.asked.wait()
+    primary.asked.clear()
+    late = asyncio.create_task(position.check_written(10_000))  # after the read started
+    primary.go.set()
+    for check in checks:
+        with pytest.raises(SearchTokenAhead):
+            await check
+    with pytest.raises(SearchTokenAhead):
+        await late
+    assert primary.reads == 2  # one for the five, one started after the late one came
+
+
+async def test_an_unreadable_primary_refuses_nothing() -> None:
+    primary = FakePool(500)
+    primary.down = True
+    position = PrimaryPosition(primary, timeout_seconds=30)  # type: ignore[arg-type]
+    await position.check_written(10_000)  # not known to be ahead: not refused
+
+
+# --- the lag check when the primary cannot be read ------------------------------------------
+
+
+async def test_a_round_without_the_primary_bounds_the_replicas_lag_by_the_last_good_one() -> None:
+    clock = Clock()
+    primary = FakePool(100)
+    replica = FakePool(100)
+    rot = rotation(primary, {"r": replica}, clock=clock, max_lag=1.0)
+    await rot.check()
+    assert rot.views()[0].in_rotation
+    primary.down = True
+    clock.now = 0.6
+    await rot.check()  # does not raise
+    view = rot.views()[0]
+    assert view.in_rotation  # a blip within the limit
+    assert view.lag_seconds == pytest.approx(0.6)
+    clock.now = 1.5
+    await rot.check()
+    view = rot.views()[0]
+    assert not view.in_rotation
+    assert view.lag_seconds == pytest.approx(1.5)
+    assert (await rot.choose()).name == PRIMARY
+    primary.down = False
+    clock.now = 2.0
+    await rot.check()
+    assert rot.views()[0].in_rotation
+
+
+async def test_a_primary_never_read_keeps_every_replica_out() -> None:
+    primary = FakePool(100)
+    primary.down = True
+    rot = rotation(primary, {"r": FakePool(100)})
+    await rot.check()
+    view = rot.views()[0]
+    assert not view.in_rotation
+    assert view.lag_seconds is None

@@ -1,0 +1,474 @@
+"""Search slots, far tokens and replicas (security review, issue 41): a search holds one of
+the process's slots only while it reads -- never while it waits for a replica to replay its
+`after` token, nor while its answer is written -- a token the primary has not written is
+refused, a wait for a slot is bounded, the replicas' lag check never trusts a replica it
+cannot judge, and a status read on a replica carries a token at or past what it can see."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from starlette.types import Message
+
+from services.app import create_app
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.port import Vectors
+from services.publisher.settings import PublisherSettings
+from services.publisher.store_pg import PgPublisherStore
+from services.runtime.fair_share.settings import FairShareSettings
+from services.search.connections import open_search_pool
+from services.search.index_pg import PgSearchIndex
+from services.search.replicas import ReplicaRotation, parse_token
+from services.search.searcher import Generation, Searcher
+from services.search.serving import GenerationSearch
+from services.search.statements import SearchSettings
+from tests.support.api import BASE_URL, UNTHROTTLED, ApiTenant, add_tenant
+from tests.support.replica import ReplicaPair, caught_up, running_replica
+from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
+from tests.support.stack import Stack, create_test_database, drop_test_database, ensure_template
+
+pytestmark = pytest.mark.integration
+
+REPLICA = "replica"
+QUERY = {"query": "refund clause", "principals": ["group:all"], "mode": "keyword"}
+# A guard against a hang, never a measure: everything below finishes in well under a second
+# when it works.
+HANG = 60.0
+
+
+# --- servers --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def replica_pair(stack: Stack) -> Iterator[ReplicaPair]:
+    with running_replica(stack) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+async def database(replica_pair: ReplicaPair) -> AsyncIterator[str]:
+    template = await ensure_template(replica_pair.primary)
+    name = await create_test_database(replica_pair.primary, template)
+    try:
+        yield replica_pair.primary.database_url(name)
+    finally:
+        await drop_test_database(replica_pair.primary, name)
+
+
+@pytest.fixture
+async def urls(
+    integration_only: None, replica_pair: ReplicaPair, database: str
+) -> AsyncIterator[tuple[str, str]]:
+    replica_url = replica_pair.replica_url(database)
+    # A replica just started may first replay what the primary wrote while it was down.
+    await caught_up(database, replica_url, timeout_s=300)
+    try:
+        yield database, replica_url
+    finally:
+        replica = await asyncpg.connect(replica_url)
+        try:
+            await replica.execute("SELECT pg_wal_replay_resume()")
+        finally:
+            await replica.close()
+
+
+@pytest.fixture
+async def pools(urls: tuple[str, str]) -> AsyncIterator[tuple[Any, Any]]:
+    primary_url, replica_url = urls
+    primary = await open_search_pool(SearchSettings(database_url=primary_url))
+    try:
+        replica = await open_search_pool(SearchSettings(database_url=replica_url))
+        try:
+            yield primary, replica
+        finally:
+            await replica.close()
+    finally:
+        await primary.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE_URL)
+
+
+async def _searchable_tenant(conn: asyncpg.Connection[Any], embedder: HashingEmbedder) -> ApiTenant:
+    tenant = await add_tenant(conn)
+    document_id = await add_document(conn, tenant.tenant_id)
+    await add_version(
+        conn, tenant.tenant_id, document_id, 1, [ChunkSpec("refund clause one")], embedder
+    )
+    await point_search_at(conn, tenant.tenant_id, document_id, 1, embedder.model)
+    return tenant
+
+
+# --- a token ahead of the primary ----------------------------------------------------------
+
+
+async def test_a_far_token_is_refused_and_never_holds_up_another_tenants_search(
+    urls: tuple[str, str], pools: tuple[Any, Any]
+) -> None:
+    """One slot; an attacker loops searches with a token the primary never wrote. Before the
+    fix each of them waited the whole after-wait inside the slot, and the other tenant's
+    searches queued behind them (about the after-wait each)."""
+    primary_url, replica_url = urls
+    primary_pool, replica_pool = pools
+    embedder = HashingEmbedder(64)
+    after_wait = 5.0
+    rotation = ReplicaRotation(
+        primary_pool,
+        [(REPLICA, replica_pool)],
+        max_lag_seconds=3600,
+        after_wait_seconds=after_wait,
+        check_seconds=0.05,
+    )
+    await rotation.check()
+    settings = SearchSettings(database_url=primary_url)
+    search = GenerationSearch(
+        primary_pool, settings, embedder, lambda g: embedder, rotation=rotation
+    )
+    app = create_app(
+        PublisherSettings(database_url=primary_url),
+        store=PgPublisherStore(primary_pool),
+        searcher=search,
+        auth_settings=UNTHROTTLED,
+        fair_share_settings=FairShareSettings(search_global_concurrency=1),
+    )
+    primary = await asyncpg.connect(primary_url)
+    try:
+        attacker = await _searchable_tenant(primary, embedder)
+        victim = await _searchable_tenant(primary, embedder)
+        await caught_up(primary_url, replica_url)
+        done, answered = asyncio.Event(), asyncio.Event()
+        answers: list[httpx.Response] = []
+
+        async with _client(app) as client:
+
+            async def attack(token: str) -> None:
+                while not done.is_set():
+                    answers.append(
+                        await client.post(
+                            attacker.path("/search"),
+                            json={**QUERY, "after": [token]},
+                            headers=attacker.headers,
+                        )
+                    )
+                    answered.set()
+
+            attackers = [
+                asyncio.create_task(attack(token))
+                for token in ("FFFFFFFF/FFFFFFFF", "1/0", "FFFFFFFF/FFFFFFFF")
+            ]
+            try:
+                await answered.wait()  # the attack is under way before the victim comes
+                took: list[float] = []
+                for _ in range(6):
+                    started = time.monotonic()
+                    response = await client.post(
+                        victim.path("/search"), json=QUERY, headers=victim.headers
+                    )
+                    took.append(time.monotonic() - started)
+                    assert response.status_code == 200, response.text
+            finally:
+                done.set()
+                await asyncio.gather(*attackers)
+        # The issue's bound: six small searches within one after-wait, generous for a loaded
+        # two-core machine; queued behind the attack every other one took the whole after-wait
+        # (15 s in all).
+        assert sum(took) < after_wait, took
+        assert {a.status_code for a in answers} == {422}, answers[0].text
+        problem = answers[0].json()
+        assert problem["errorCode"] == "SEARCH_TOKEN_AHEAD"
+        assert answers[0].headers["content-type"] == "application/problem+json"
+        # A token the primary has just written is not ahead: answered, not refused, though
+        # minted after the rotation last read the primary.
+        fresh = await primary.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+        async with _client(app) as client:
+            response = await client.post(
+                victim.path("/search"), json={**QUERY, "after": [fresh]}, headers=victim.headers
+            )
+        assert response.status_code == 200, response.text
+    finally:
+        await primary.close()
+        await search.aclose()
+
+
+# --- the slot and the answer -----------------------------------------------------------------
+
+
+def _search_scope(tenant: ApiTenant, body: bytes) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": tenant.path("/search"),
+        "raw_path": tenant.path("/search").encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"publisher.test"),
+            (b"authorization", f"Bearer {tenant.key}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("publisher.test", 80),
+        "state": {},
+    }
+
+
+async def test_a_client_that_never_reads_its_answer_does_not_hold_a_slot(
+    module_database: str, integration_only: None
+) -> None:
+    """One slot. A client's connection stops reading: the server's write of the answer
+    blocks (as uvicorn's does once the socket's buffers are full). Another tenant's search
+    is answered meanwhile."""
+    pool = await open_search_pool(SearchSettings(database_url=module_database))
+    embedder = HashingEmbedder(64)
+    index = PgSearchIndex(
+        pool, Generation(embedder.model, 64), SearchSettings(database_url=module_database)
+    )
+    app = create_app(
+        PublisherSettings(database_url=module_database),
+        store=PgPublisherStore(pool),
+        searcher=Searcher(embedder, index),
+        auth_settings=UNTHROTTLED,
+        fair_share_settings=FairShareSettings(search_global_concurrency=1),
+    )
+    conn = await asyncpg.connect(module_database)
+    try:
+        stalled = await _searchable_tenant(conn, embedder)
+        other = await _searchable_tenant(conn, embedder)
+        body = httpx.Request("POST", "/", json=QUERY).content
+        writing, reads = asyncio.Event(), asyncio.Event()
+        sent = False
+
+        async def receive() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # the client never closes either
+            raise AssertionError("unreachable")
+
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                writing.set()
+                await reads.wait()  # the client does not read
+
+        async with _client(app) as client:
+            stuck = asyncio.create_task(app(_search_scope(stalled, body), receive, send))
+            async with asyncio.timeout(HANG):
+                await writing.wait()
+                response = await client.post(
+                    other.path("/search"), json=QUERY, headers=other.headers
+                )
+            assert response.status_code == 200, response.text
+            assert app.state.fair_share.slots.in_use == 0
+            reads.set()
+            await stuck
+    finally:
+        await conn.close()
+        await pool.close()
+
+
+class HeldEmbedder(HashingEmbedder):
+    """Embeds once ``release`` is set; ``entered`` is set when a query waits."""
+
+    def __init__(self, dimension: int) -> None:
+        super().__init__(dimension)
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        self.entered.set()
+        await self.release.wait()
+        return await super().embed(texts)
+
+
+async def test_a_search_that_waits_too_long_for_a_slot_is_answered_429(
+    module_database: str, integration_only: None
+) -> None:
+    pool = await open_search_pool(SearchSettings(database_url=module_database))
+    embedder = HeldEmbedder(64)
+    index = PgSearchIndex(
+        pool, Generation(embedder.model, 64), SearchSettings(database_url=module_database)
+    )
+    searcher = Searcher(embedder, index, query_embed_timeout_seconds=HANG)
+    fair = FairShareSettings.model_validate(
+        {"search_global_concurrency": 1, "search_slot_wait_seconds": 0.2}
+    )
+    app = create_app(
+        PublisherSettings(database_url=module_database),
+        store=PgPublisherStore(pool),
+        searcher=searcher,
+        auth_settings=UNTHROTTLED,
+        fair_share_settings=fair,
+    )
+    conn = await asyncpg.connect(module_database)
+    try:
+        holder = await _searchable_tenant(conn, embedder)
+        waiter = await _searchable_tenant(conn, embedder)
+        async with _client(app) as client:
+            held = asyncio.create_task(
+                client.post(
+                    holder.path("/search"),
+                    json={**QUERY, "mode": "vector"},
+                    headers=holder.headers,
+                )
+            )
+            async with asyncio.timeout(HANG):
+                await embedder.entered.wait()  # its slot taken, its embedding held
+                refused = await client.post(
+                    waiter.path("/search"), json=QUERY, headers=waiter.headers
+                )
+            embedder.release.set()
+            assert (await held).status_code == 200
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["errorCode"] == "SEARCH_SLOT_WAIT_TIMEOUT"
+        fair_share = app.state.fair_share
+        assert fair_share.slots.in_use == 0
+        assert fair_share.slots.waiting() == 0
+        assert fair_share.shares.tracked() == 0
+    finally:
+        await conn.close()
+        await pool.close()
+
+
+# --- the replicas' lag check -------------------------------------------------------------
+
+
+async def test_a_lag_check_whose_primary_read_fails_or_hangs_trusts_no_replica(
+    module_database: str, integration_only: None
+) -> None:
+    """The "replica" is a second pool on the primary (it answers its insert position): what
+    is under test is the primary's side of the check."""
+    settings = SearchSettings(database_url=module_database, db_pool_max_size=1)
+    replica_pool = await open_search_pool(SearchSettings(database_url=module_database))
+    try:
+        for failure in ("hangs", "fails"):
+            primary_pool = await open_search_pool(settings, min_size=1)
+            clock = Clock()
+            rotation = ReplicaRotation(
+                primary_pool,
+                [(REPLICA, replica_pool)],
+                max_lag_seconds=1.0,
+                after_wait_seconds=0,
+                check_seconds=0.1,
+                clock=clock,
+            )
+            held = None
+            try:
+                await rotation.check()
+                assert [v.in_rotation for v in rotation.views()] == [True]
+                if failure == "hangs":  # every connection of the primary's pool busy
+                    held = await primary_pool.acquire()
+                else:
+                    await primary_pool.close()
+                # Within the lag limit of the last good check: the replica stays.
+                clock.now = 0.5
+                async with asyncio.timeout(HANG):
+                    await rotation.check()
+                assert [v.in_rotation for v in rotation.views()] == [True], failure
+                # Past it, the primary still unreadable: its lag is unknown, so it leaves.
+                clock.now = 1.6
+                async with asyncio.timeout(HANG):
+                    await rotation.check()
+                (view,) = rotation.views()
+                assert not view.in_rotation, failure
+                assert view.lag_seconds is None or view.lag_seconds > 1.0
+            finally:
+                if held is not None:
+                    await primary_pool.release(held)
+                await primary_pool.close()
+    finally:
+        await replica_pool.close()
+
+
+# --- the status token on a replica ----------------------------------------------------------
+
+
+async def test_a_status_read_on_a_replica_carries_a_token_past_all_it_received(
+    urls: tuple[str, str], pools: tuple[Any, Any]
+) -> None:
+    """A replica makes a replayed commit visible before ``pg_last_wal_replay_lsn()`` moves
+    past it: a token from the replay position alone can name a point before a commit the
+    read saw. Every commit the replica can show was received first, so the token is the
+    larger of the received and replayed positions. Shown with the replay paused behind WAL
+    the replica has received."""
+    primary_url, replica_url = urls
+    primary_pool, replica_pool = pools
+    embedder = HashingEmbedder(64)
+    rotation = ReplicaRotation(
+        primary_pool,
+        [(REPLICA, replica_pool)],
+        max_lag_seconds=3600,
+        after_wait_seconds=0,
+        check_seconds=0.05,
+    )
+    await rotation.check()
+    app = create_app(
+        PublisherSettings(database_url=primary_url),
+        store=PgPublisherStore(primary_pool, status_replicas=rotation),
+        searcher=Searcher(embedder, _NoIndex(embedder)),
+    )
+    primary = await asyncpg.connect(primary_url)
+    replica = await asyncpg.connect(replica_url)
+    try:
+        tenant = await _searchable_tenant(primary, embedder)
+        document_id = await primary.fetchval(
+            "SELECT document_id FROM document WHERE tenant_id = $1", tenant.tenant_id
+        )
+        await caught_up(primary_url, replica_url)
+        await replica.execute("SELECT pg_wal_replay_pause()")
+        async with asyncio.timeout(HANG):
+            # Polled: a standby signals neither a receipt nor that its pause took effect.
+            while True:
+                await add_tenant(primary)  # WAL for the replica to receive
+                written = await primary.fetchval("SELECT pg_current_wal_flush_lsn()::text")
+                while True:
+                    received = await replica.fetchval("SELECT pg_last_wal_receive_lsn()::text")
+                    if received is not None and parse_token(received) >= parse_token(written):
+                        break
+                    await asyncio.sleep(0.01)
+                replayed = await replica.fetchval("SELECT pg_last_wal_replay_lsn()::text")
+                if parse_token(replayed) < parse_token(received):
+                    break  # paused behind WAL it has received: the state under test
+        async with _client(app) as client:
+            response = await client.get(
+                tenant.path(f"/documents/{document_id}"), headers=tenant.headers
+            )
+        assert response.status_code == 200, response.text
+        status = response.json()
+        assert status["searchVersion"] == 1
+        # Received before the read: the token is at or past it (the replayed position is not).
+        assert parse_token(status["searchToken"]) >= parse_token(received)
+    finally:
+        await primary.close()
+        await replica.close()
+
+
+class _NoIndex:
+    """The status test searches nothing."""
+
+    def __init__(self, embedder: HashingEmbedder) -> None:
+        self.generation = Generation(embedder.model, embedder.dimension)
+
+    async def candidates(self, request: Any, vector: Any) -> Any:
+        raise AssertionError("not searched")
