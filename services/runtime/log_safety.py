@@ -78,8 +78,8 @@ class AlreadyLogged(logging.Filter):
 def _exc_info(value: Any) -> ExcInfo | None:
     if isinstance(value, BaseException):
         return (type(value), value, value.__traceback__)
-    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], BaseException):
-        return value
+    if isinstance(value, tuple):  # (None, None, None): logged outside any exception
+        return value if len(value) == 3 and isinstance(value[1], BaseException) else None
     if value:
         current = sys.exc_info()
         return None if current[1] is None else current
@@ -87,8 +87,8 @@ def _exc_info(value: Any) -> ExcInfo | None:
 
 
 class SafeExceptions:
-    """``exc_info`` (and ``stack_info``) replaced by an ``exception`` without locals: a list
-    of stacks (JSON), or the traceback's text (console)."""
+    """``exc_info`` replaced by an ``exception`` without locals: a list of stacks (JSON), or
+    the traceback's text (console). The exception is marked logged (:class:`AlreadyLogged`)."""
 
     def __init__(self, *, structured: bool = True) -> None:
         self._structured = structured

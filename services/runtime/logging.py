@@ -1,8 +1,8 @@
 """structlog JSON logs. The event name is the action (``task.claimed``, ``lease.lost``);
 ids travel as fields, never inside the event name.
 
-Ours and the standard library's lines alike hold no secret, no frame's locals and at most
-``MAX_LINE_BYTES`` (services/runtime/log_safety.py)."""
+Ours and the standard library's lines alike hold no secret, no frame's locals and a bounded
+number of bytes (services/runtime/log_safety.py)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,8 @@ from typing import Any
 import structlog
 from structlog.typing import Processor
 
-from services.runtime.log_safety import (
-    MAX_LINE_BYTES,
-    AlreadyLogged,
-    BoundedRenderer,
-    Redacted,
-    SafeExceptions,
-)
+from services.runtime.log_safety import AlreadyLogged, BoundedRenderer, Redacted, SafeExceptions
 from services.runtime.redaction import environment_secrets
-
-__all__ = ["MAX_LINE_BYTES", "configure_logging", "get_logger"]
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -33,10 +25,10 @@ _LEVELS = {
 
 
 def configure_logging(level: str = "info", fmt: str = "json", *, service: str = "kb") -> None:
-    json = fmt == "json"
+    structured = fmt == "json"
     renderer = BoundedRenderer(
         structlog.processors.JSONRenderer()
-        if json
+        if structured
         # Its default exception formatter shows locals; it never sees an exception anyway.
         else structlog.dev.ConsoleRenderer(
             colors=False, exception_formatter=structlog.dev.plain_traceback
@@ -44,7 +36,7 @@ def configure_logging(level: str = "info", fmt: str = "json", *, service: str = 
     )
     # The environment's secrets, read once: masked in every line (KB_* keys, the DSN's
     # password).
-    safe: list[Processor] = [SafeExceptions(structured=json), Redacted(environment_secrets())]
+    safe: list[Processor] = [SafeExceptions(structured=structured), Redacted(environment_secrets())]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

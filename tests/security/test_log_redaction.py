@@ -206,6 +206,7 @@ async def test_failures_log_no_key_no_locals_and_a_bounded_amount(
         await wait_ready(root, process, log)
         started_at = log.stat().st_size
         failed = await _provoke(root, tenant, conn)
+    assert process.returncode == 0, "the server did not stop gracefully"
 
     problems = _problems(log.read_bytes(), started_at, failed, tenant.key)
     assert not problems, "\n".join(problems)
