@@ -20,7 +20,7 @@ from tests.support.stack import REPO_ROOT
 
 KB = [sys.executable, "-m", "services.cli"]
 EAGER = (
-    "import services.devstack.cli, services.indexer.cli, services.publisher.cli, "
+    "import kbtools.devstack.cli, services.indexer.cli, services.publisher.cli, "
     "services.relay.cli, services.runtime.commands.cli"
 )
 COMMANDS: dict[str, list[str]] = {

@@ -32,8 +32,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from services.demo.processes import DemoProcesses
-from services.demo.stack import free_port
+from kbtools.demo.processes import DemoProcesses
+from kbtools.demo.stack import free_port
 
 BENCH_DB = "kb_bench_generation_space"
 TENANT = "space"

@@ -42,8 +42,8 @@ import asyncpg
 import httpx
 from aiokafka import AIOKafkaConsumer
 
-from services.demo.processes import DemoProcesses
-from services.demo.stack import free_port
+from kbtools.demo.processes import DemoProcesses
+from kbtools.demo.stack import free_port
 from services.embedding.onnx_local import MODEL_NAME
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import index_hints_topic

@@ -45,7 +45,7 @@ from bench.search_scale_corpus import DIMENSION, build_corpus, build_queries
 from bench.search_scale_load import corpus_identity, load, reusable
 from bench.search_scale_measure import request_for
 from bench.search_scale_timing import percentile
-from services.devstack.replicas import caught_up
+from kbtools.devstack.replicas import caught_up
 from services.embedding.onnx_local import MODEL_NAME
 from services.runtime.logging import configure_logging
 from services.search.connections import open_search_pool

@@ -23,7 +23,7 @@ class LazyCommand(NamedTuple):
 
 COMMANDS: dict[str, LazyCommand] = {
     "dev": LazyCommand(
-        "services.devstack.cli",
+        "kbtools.devstack.cli",
         "app",
         "Run the embedded PostgreSQL + pgvector and a local Kafka broker.",
     ),
@@ -52,12 +52,12 @@ COMMANDS: dict[str, LazyCommand] = {
     ),
     "serve": LazyCommand("services.serve", "serve", "Run the HTTP API (publishing and search)."),
     "chaos": LazyCommand(
-        "services.chaos.cli",
+        "kbtools.chaos.cli",
         "chaos_app",
         "Run the system under many faults at once and check every invariant.",
     ),
     "demo": LazyCommand(
-        "services.demo.cli",
+        "kbtools.demo.cli",
         "demo",
         "Tell the refund-policy story on the embedded default and leave the services running.",
     ),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from services.demo.provider import create_provider_app
+from kbtools.demo.provider import create_provider_app
 from services.embedding.hashing import HashingEmbedder
 
 

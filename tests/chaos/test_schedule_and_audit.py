@@ -6,11 +6,11 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from services.chaos.checker import Checker, KafkaRecord
-from services.chaos.load import minimal_pdf
-from services.chaos.schedule import FaultKind, plan
-from services.chaos.searcher import SearchRecord
-from services.chaos.topology import ChaosStack
+from kbtools.chaos.checker import Checker, KafkaRecord
+from kbtools.chaos.load import minimal_pdf
+from kbtools.chaos.schedule import FaultKind, plan
+from kbtools.chaos.searcher import SearchRecord
+from kbtools.chaos.topology import ChaosStack
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED
 

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.devstack.process import pid_alive
+from kbtools.devstack.process import pid_alive
 from tests.support.api import free_port
 from tests.support.stack import REPO_ROOT
 

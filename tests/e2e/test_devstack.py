@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from services.devstack.kafka import LocalKafka
-from services.devstack.process import cmdline, pid_alive, read_pid
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.kafka import LocalKafka
+from kbtools.devstack.process import cmdline, pid_alive, read_pid
+from kbtools.devstack.settings import DevStackSettings
 from services.runtime.pg.migrations import load_migrations
 from tests.support.stack import REPO_ROOT
 
@@ -166,7 +166,7 @@ def test_missing_java_and_maven_give_one_clear_message(
 def test_storage_format_takes_a_cluster_id_that_starts_with_a_dash(tmp_path: Path) -> None:
     """A random KRaft cluster id is base64url: one in 64 starts with "-", which the storage
     tool's parser once took for an option (a red CI run)."""
-    from services.devstack.kafka import find_java
+    from kbtools.devstack.kafka import find_java
 
     kafka = LocalKafka(
         DevStackSettings(

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.devstack.kafka import LocalKafka
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.kafka import LocalKafka
+from kbtools.devstack.settings import DevStackSettings
 from tests.e2e.test_searchable import kb, started, wait_ready
 from tests.support.api import free_port
 

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from services.devstack.replicas import slot_can_feed
+from kbtools.devstack.replicas import slot_can_feed
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from services.devstack.kafka import LocalKafka
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.kafka import LocalKafka
+from kbtools.devstack.settings import DevStackSettings
 from services.runtime.settings import RuntimeSettings
 from tests.support.kafka import TopicReader, publish, relay_settings, relay_topics, running_relay
 

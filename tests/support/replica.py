@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.devstack.postgres import EmbeddedPostgres
-from services.devstack.replicas import EmbeddedReplica
-from services.devstack.replicas import caught_up as replica_caught_up
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.postgres import EmbeddedPostgres
+from kbtools.devstack.replicas import EmbeddedReplica
+from kbtools.devstack.replicas import caught_up as replica_caught_up
+from kbtools.devstack.settings import DevStackSettings
 from tests.support.stack import REPO_ROOT, Stack
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import asyncpg
 
-from services.devstack.kafka import LocalKafka
-from services.devstack.postgres import EmbeddedPostgres
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.kafka import LocalKafka
+from kbtools.devstack.postgres import EmbeddedPostgres
+from kbtools.devstack.settings import DevStackSettings
 from services.runtime.pg.migrations import apply_migrations, load_migrations
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

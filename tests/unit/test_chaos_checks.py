@@ -7,19 +7,19 @@ import json
 import random
 from pathlib import Path
 
-from services.chaos.answers import ChunkSets, check_answers, text_digest
-from services.chaos.faults import completed_since, exited_at_start, logged_before_kill
-from services.chaos.logs import lease_figures, search_reads
-from services.chaos.ports import RESERVED, ephemeral_range, listen_port
-from services.chaos.rerun import ServedVersion, compare
-from services.chaos.result import (
+from kbtools.chaos.answers import ChunkSets, check_answers, text_digest
+from kbtools.chaos.faults import completed_since, exited_at_start, logged_before_kill
+from kbtools.chaos.logs import lease_figures, search_reads
+from kbtools.chaos.ports import RESERVED, ephemeral_range, listen_port
+from kbtools.chaos.rerun import ServedVersion, compare
+from kbtools.chaos.result import (
     HIT_IN_ITS_VERSION,
     ONE_GENERATION,
     READ_YOUR_SWITCH,
     RERUN_SAME_CHUNKS,
     CheckResult,
 )
-from services.chaos.searcher import Answer, Hit, Promise
+from kbtools.chaos.searcher import Answer, Hit, Promise
 
 DOC = "6f1c0e4e-0000-4000-8000-000000000001"
 FIRST, SECOND = "hashing-v1-384", "hashing-v1-256"

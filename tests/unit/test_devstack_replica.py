@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.devstack.replicas import EmbeddedReplica
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.replicas import EmbeddedReplica
+from kbtools.devstack.settings import DevStackSettings
 
 
 def test_the_replica_is_started_pointing_at_the_primarys_current_port(tmp_path: Path) -> None:

@@ -2,9 +2,9 @@
 
 Its "Where to find it" table is how a reader gets from a rule to the code that keeps it;
 a file renamed or moved without the page following sends them nowhere. Every backticked
-path under ``services/``, ``migrations/``, ``schemas/`` or ``tests/`` must name a file or
-folder of the repository (a glob such as ``schemas/*.avsc`` must match at least one), in
-the table and in the rest of the page; and every relative link must reach a file. Names
+path under ``services/``, ``kbtools/``, ``migrations/``, ``schemas/`` or ``tests/`` must name
+a file or folder of the repository (a glob such as ``schemas/*.avsc`` must match at least
+one), in the table and in the rest of the page; and every relative link must reach a file. Names
 written relative to a room (``queue/worker.py`` under "The indexer") are not checked: the
 paragraph they stand in says which room.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from tests.support.stack import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "architecture.md"
-CHECKED_ROOTS = ("services", "migrations", "schemas", "tests")
+CHECKED_ROOTS = ("services", "kbtools", "migrations", "schemas", "tests")
 TABLE = "## Where to find it"
 
 _PATH = re.compile(r"`((?:" + "|".join(CHECKED_ROOTS) + r")/[^`\s]*)`")

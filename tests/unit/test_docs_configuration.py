@@ -1,12 +1,13 @@
 """docs/configuration.md documents every setting, and names no ``KB_`` variable that is none.
 
-The settings models are found, not listed: every subclass of pydantic-settings' ``BaseSettings``
-defined in a module of the ``services`` package, so a new model is held to the page the day
-it is written. Each field's environment variables are computed as pydantic-settings reads
-them: its alias names when it has an alias, else ``env_prefix`` + the field name, matched
-case-insensitively (written upper-case). A model that reads the environment through a
-source of its own must have that source's names taught to this test (``CUSTOM_SOURCES``):
-otherwise the test fails rather than guess.
+The settings models are found, not listed: every subclass of pydantic-settings'
+``BaseSettings`` defined in a module of the ``services`` package or of the tools'
+(``kbtools``), so a new model is held to the page the day it is written. Each field's
+environment variables are computed as pydantic-settings reads them: its alias names when it
+has an alias, else ``env_prefix`` + the field name, matched case-insensitively (written
+upper-case). A model that reads the environment through a source of its own must have that
+source's names taught to this test (``CUSTOM_SOURCES``): otherwise the test fails rather
+than guess.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pydantic import AliasChoices, AliasPath, BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
+import kbtools
 import services
 from services.embedding.profiles import PROFILE_PREFIX
 from services.embedding.settings import ENV_PREFIX, EmbeddingSettings
@@ -42,9 +44,12 @@ Model = type[BaseSettings]
 
 
 def settings_models() -> dict[str, Model]:
-    """Every ``BaseSettings`` subclass defined in ``services``, by its dotted path."""
+    """Every ``BaseSettings`` subclass defined in ``services`` or ``kbtools``, by its dotted
+    path."""
     found: dict[str, Model] = {}
-    for info in pkgutil.walk_packages(services.__path__, "services."):
+    packages = pkgutil.walk_packages(services.__path__, "services.")
+    tools = pkgutil.walk_packages(kbtools.__path__, "kbtools.")
+    for info in [*packages, *tools]:
         module = importlib.import_module(info.name)
         for value in vars(module).values():
             if (

@@ -1,16 +1,24 @@
-"""Import rules: the floors of ``services`` (docs/architecture.md#layers), where ``bench``
-stands, and no import cycle in either.
+"""Import rules: the floors of ``services`` (docs/architecture.md#layers), where the tools
+(``kbtools``) and ``bench`` stand, and no import cycle in any of them.
 
 A part of ``services`` may import its own modules and the parts on the floors below its own;
 never a part above, and never a sibling on its own floor (no service imports another). Only
-the top floor, where the processes and the HTTP app are composed, imports sideways.
+the top floor, where the processes and the HTTP app are composed (``app``, ``serve``,
+``cli``), imports sideways.
+
+``kbtools`` (``kb dev``, ``kb demo``, ``kb chaos``) stands beside the product, as a user of
+it: it may import itself and any module of ``services``; not ``tests`` nor ``bench``. Nothing
+in ``services`` imports it, lazily or for the type checker either. The one link from the
+product to the tools is by name: ``services/cli.py`` names each tool's command module in a
+``LazyCommand`` (``LAZILY_NAMED_TOOLS``), which ``kb`` imports only when that command runs.
 
 ``bench`` stands above all of it, as a user of the code: it may import ``bench``, any module
-of ``services`` and ``tests.support`` (the helpers tests and benchmarks share: running
-pipelines, an embedding provider process, task rows); no other part of ``tests`` (fixtures,
-fakes, test modules), which are the tests' own. Nothing in ``services`` or ``tests.support``
-imports ``bench``, nor does any test but the bench's own (``tests/unit/bench/``): the
-product and its tests never depend on a measurement.
+of ``services`` or ``kbtools`` and ``tests.support`` (the helpers tests and benchmarks
+share: running pipelines, an embedding provider process, task rows); no other part of
+``tests`` (fixtures, fakes, test modules), which are the tests' own. Nothing in
+``services``, ``kbtools`` or ``tests.support`` imports ``bench``, nor does any test but the
+bench's own (``tests/unit/bench/``): the product, its tools and its tests never depend on a
+measurement.
 
 Checked on the source, by parsing every module's imports -- lazy ones inside functions and
 ``TYPE_CHECKING`` blocks included -- so that no code path can break the rule.
@@ -35,9 +43,12 @@ FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"embedding"}),  # embedding providers, tokens, batching
     frozenset({"publisher", "relay", "indexer", "search"}),  # the services
     frozenset({"operator"}),  # the operator page reads every service's tables
-    frozenset({"app", "serve", "cli", "demo", "devstack", "chaos"}),  # processes composed
+    frozenset({"app", "serve", "cli"}),  # processes and the HTTP app composed
 )
 TOP_FLOOR = len(FLOORS) - 1
+
+# The development tools' package, beside services (see the module's docstring).
+TOOLS = "kbtools"
 
 
 @dataclass(frozen=True)
@@ -186,8 +197,8 @@ def _within(module: str, package: str) -> bool:
 
 def bench_violations(root: Path) -> list[Violation]:
     """Breaches of where ``bench`` stands: bench importing a part of ``tests`` other than
-    ``tests.support``, and ``services`` or a test other than the bench's own importing
-    ``bench``."""
+    ``tests.support``, and ``services``, ``kbtools`` or a test other than the bench's own
+    importing ``bench``."""
     found: list[Violation] = []
     for module in modules(root, "bench"):
         where = str(module.path.relative_to(root))
@@ -200,7 +211,7 @@ def bench_violations(root: Path) -> list[Violation]:
             ):
                 why = f"bench imports from tests only {BENCH_MAY_IMPORT_FROM_TESTS}"
                 found.append(Violation(where, line, imported, why))
-    for package in ("services", "tests"):
+    for package in ("services", TOOLS, "tests"):
         if not (root / package).is_dir():
             continue
         for module in modules(root, package):
@@ -210,6 +221,55 @@ def bench_violations(root: Path) -> list[Violation]:
             for line, imported in module.imports:
                 if _within(imported, "bench"):
                     found.append(Violation(where, line, imported, f"{package} imports bench"))
+    return found
+
+
+# The modules of the tools the composition names for `kb` (services/cli.py's LazyCommand):
+# the one link from the product to the tools, made only when such a command runs.
+COMPOSITION = "services/cli.py"
+LAZILY_NAMED_TOOLS = frozenset({f"{TOOLS}.devstack.cli", f"{TOOLS}.demo.cli", f"{TOOLS}.chaos.cli"})
+TOOLS_MAY_NOT_IMPORT = ("tests", "bench")
+
+
+def _lazily_named(tree: ast.AST) -> list[tuple[int, str]]:
+    """The modules named by a ``LazyCommand("<module>", ...)`` in the tree."""
+    return [
+        (node.lineno, node.args[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "LazyCommand"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]
+
+
+def tool_violations(root: Path) -> list[Violation]:
+    """Breaches of where the tools stand: ``services`` importing them (an import anywhere,
+    ``services/cli.py`` included), a module of the tools named by a ``LazyCommand`` other
+    than ``LAZILY_NAMED_TOOLS`` in ``services/cli.py``, and the tools importing ``tests`` or
+    ``bench``."""
+    found: list[Violation] = []
+    for module in modules(root):
+        where = str(module.path.relative_to(root))
+        for line, imported in module.imports:
+            if _within(imported, TOOLS):
+                found.append(Violation(where, line, imported, "services imports the tools"))
+        tree = ast.parse(module.path.read_text(encoding="utf-8"), filename=str(module.path))
+        for line, named in _lazily_named(tree):
+            if not _within(named, TOOLS):
+                continue
+            if where != COMPOSITION or named not in LAZILY_NAMED_TOOLS:
+                why = f"names a module of the tools other than {COMPOSITION}'s kb commands"
+                found.append(Violation(where, line, named, why))
+    if (root / TOOLS).is_dir():
+        for module in modules(root, TOOLS):
+            where = str(module.path.relative_to(root))
+            for line, imported in module.imports:
+                if any(_within(imported, package) for package in TOOLS_MAY_NOT_IMPORT):
+                    why = f"the tools import only {TOOLS} and services of this repository"
+                    found.append(Violation(where, line, imported, why))
     return found
 
 
@@ -270,7 +330,7 @@ def test_every_part_of_services_has_a_floor() -> None:
     assert sorted(p for p in parts if _floor(p) is None) == []
 
 
-@pytest.mark.parametrize("package", ["services", "bench"])
+@pytest.mark.parametrize("package", ["services", "kbtools", "bench"])
 def test_every_package_is_a_regular_package(package: str) -> None:
     """A folder of modules without ``__init__.py`` is a namespace package: it imports, but
     tools (mypy, the packaging, this test's module names) treat it differently."""
@@ -338,8 +398,7 @@ def _plant_clean_tree(root: Path) -> None:
     _plant(root, "services/search/ok.py", "import services.embedding.port\n")
     _plant(root, "services/embedding/ok.py", "from services.index.ann import f\n")
     _plant(root, "services/operator/ok.py", "from services.relay import outbox_pg\n")
-    _plant(root, "services/cli.py", "from services.indexer import cli\nimport services.demo\n")
-    _plant(root, "services/demo/ok.py", "from services.devstack import kafka\n")
+    _plant(root, "services/cli.py", "from services.indexer import cli\nimport services.app\n")
 
 
 @pytest.mark.parametrize(
@@ -351,11 +410,11 @@ def _plant_clean_tree(root: Path) -> None:
         ("services/indexer/x.py", "from services import search\n", "search", "sideways"),
         ("services/search/x.py", "from services.indexer import sink\n", "indexer", "sideways"),
         ("services/indexer/x.py", "from services.app import create_app\n", "app", "upward"),
-        ("services/publisher/x.py", "import services.demo.story\n", "demo", "upward"),
+        ("services/publisher/x.py", "import services.serve\n", "serve", "upward"),
         ("services/runtime/x.py", "from services.operator import routes\n", "operator", "upward"),
         ("services/index/x.py", "from services.embedding import port\n", "embedding", "upward"),
         ("services/embedding/x.py", "from services.search import searcher\n", "search", "upward"),
-        ("services/operator/x.py", "from services.devstack import kafka\n", "devstack", "upward"),
+        ("services/operator/x.py", "from services.cli import COMMANDS\n", "cli", "upward"),
         ("services/indexer/x.py", "from services.newpart import y\n", "newpart", "no floor"),
         # Lazy, inside a function: still a dependency.
         (
@@ -472,3 +531,142 @@ def test_the_checker_finds_a_planted_bench_violation(
     assert found, f"{relative} was not caught"
     assert all(why in v.why for v in found)
     assert {v.module for v in found} == {relative}
+
+
+# -- the tools (kbtools): development tools beside the product --------------------------
+
+
+def test_the_tools_stand_beside_services() -> None:
+    assert [str(v) for v in tool_violations(REPO_ROOT)] == []
+
+
+def test_no_import_cycle_in_the_tools() -> None:
+    assert import_cycles(REPO_ROOT, TOOLS) == []
+
+
+def test_the_lazily_named_tools_are_kb_commands() -> None:
+    """Each allowed link is a ``kb`` command today: the list holds no stale name."""
+    from services.cli import COMMANDS
+
+    named = {spec.module for spec in COMMANDS.values() if _within(spec.module, TOOLS)}
+    assert named == LAZILY_NAMED_TOOLS
+
+
+def _plant_clean_tools(root: Path) -> None:
+    _plant_clean_tree(root)
+    _plant(root, "bench/__init__.py", "")
+    _plant(root, "tests/__init__.py", "")
+    _plant(root, "tests/support/__init__.py", "")
+    _plant(root, f"{TOOLS}/__init__.py", "")
+    for tool in ("chaos", "demo", "devstack"):
+        _plant(root, f"{TOOLS}/{tool}/__init__.py", "")
+    # Allowed: the tools importing any floor of services and each other; the composition
+    # naming a tool's command module for `kb`, imported only when that command runs;
+    # tests.support and bench importing the tools.
+    _plant(
+        root,
+        f"{TOOLS}/chaos/ok.py",
+        f"from {TOOLS}.demo.client import Tenant\nfrom {TOOLS}.devstack import kafka\n"
+        "from services.indexer.wiring import x\nimport services.cli\n"
+        "from services.runtime.pg import db\n",
+    )
+    _plant(
+        root,
+        "services/cli.py",
+        "from services.indexer import cli\nimport services.app\n"
+        + "".join(
+            f"c{n} = LazyCommand({module!r}, 'app', 'Summary.')\n"
+            for n, module in enumerate(sorted(LAZILY_NAMED_TOOLS))
+        ),
+    )
+    _plant(root, "tests/support/ok.py", f"from {TOOLS}.devstack.settings import Settings\n")
+    _plant(root, "bench/ok.py", f"from {TOOLS}.demo.processes import DemoProcesses\n")
+
+
+@pytest.mark.parametrize(
+    ("relative", "source", "why"),
+    [
+        (
+            "services/publisher/x.py",
+            f"from {TOOLS}.demo.client import Tenant\n",
+            "services imports the tools",
+        ),
+        ("services/runtime/x.py", f"import {TOOLS}\n", "services imports the tools"),
+        # The composition too: it names a tool's module for `kb`, never imports one.
+        ("services/cli.py", f"import {TOOLS}.demo.cli\n", "services imports the tools"),
+        (
+            "services/serve.py",
+            f"from {TOOLS}.devstack.settings import DevStackSettings\n",
+            "services imports the tools",
+        ),
+        # Lazy, inside a function, or for the type checker only: still a dependency.
+        (
+            "services/indexer/x.py",
+            f"def f():\n    from {TOOLS}.devstack import kafka\n",
+            "services imports the tools",
+        ),
+        (
+            "services/search/x.py",
+            f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import {TOOLS}.chaos\n",
+            "services imports the tools",
+        ),
+        (
+            "services/operator/x.py",
+            f"import importlib\nm = importlib.import_module('{TOOLS}.chaos.runner')\n",
+            "services imports the tools",
+        ),
+        # A command named lazily anywhere but the composition's `kb`, or a module of the
+        # tools that is not one of the allowed command modules.
+        (
+            "services/serve.py",
+            f"c = LazyCommand('{TOOLS}.chaos.cli', 'chaos_app', 'Chaos.')\n",
+            "names a module of the tools",
+        ),
+        (
+            "services/cli.py",
+            f"c = LazyCommand('{TOOLS}.chaos.runner', 'run', 'Run.')\n",
+            "names a module of the tools",
+        ),
+        # The tools use the product; they do not reach into its tests or the benchmarks.
+        (
+            f"{TOOLS}/demo/x.py",
+            "from tests.support.stack import REPO_ROOT\n",
+            "the tools import only",
+        ),
+        (f"{TOOLS}/chaos/x.py", "def f():\n    import bench.latency\n", "the tools import only"),
+    ],
+)
+def test_the_checker_finds_a_planted_tools_violation(
+    tmp_path: Path, relative: str, source: str, why: str
+) -> None:
+    _plant_clean_tools(tmp_path)
+    assert tool_violations(tmp_path) == []
+    _plant(tmp_path, relative, source)
+    found = tool_violations(tmp_path)
+    assert found, f"{relative} was not caught"
+    assert all(why in v.why for v in found), [str(v) for v in found]
+    assert {v.module for v in found} == {relative}
+
+
+def test_the_cycle_finder_finds_a_planted_cycle_in_the_tools(tmp_path: Path) -> None:
+    _plant_clean_tools(tmp_path)
+    assert import_cycles(tmp_path, TOOLS) == []
+    _plant(tmp_path, f"{TOOLS}/demo/stack.py", f"from {TOOLS}.demo.processes import P\n")
+    _plant(tmp_path, f"{TOOLS}/demo/processes.py", f"from {TOOLS}.devstack import process\n")
+    assert import_cycles(tmp_path, TOOLS) == []
+    # Across two tools, closed by a lazy import: still a cycle.
+    _plant(
+        tmp_path,
+        f"{TOOLS}/devstack/process.py",
+        f"def f():\n    from {TOOLS}.demo import stack\n",
+    )
+    assert import_cycles(tmp_path, TOOLS) == [
+        [f"{TOOLS}.demo.processes", f"{TOOLS}.demo.stack", f"{TOOLS}.devstack.process"]
+    ]
+
+
+def test_bench_stands_above_the_tools_too(tmp_path: Path) -> None:
+    _plant_clean_tools(tmp_path)
+    assert bench_violations(tmp_path) == []
+    _plant(tmp_path, f"{TOOLS}/demo/x.py", "from bench.latency import run\n")
+    assert {v.module for v in bench_violations(tmp_path)} == {f"{TOOLS}/demo/x.py"}

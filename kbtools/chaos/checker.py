@@ -13,12 +13,12 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from services.chaos.answers import ChunkSets, check_answers, documents_of
-from services.chaos.converge import POINTERS_SQL
-from services.chaos.logs import lease_figures, search_reads
-from services.chaos.result import KEEP, CheckResult
-from services.chaos.searcher import SearchRecord
-from services.chaos.topology import TIERS, ChaosStack
+from kbtools.chaos.answers import ChunkSets, check_answers, documents_of
+from kbtools.chaos.converge import POINTERS_SQL
+from kbtools.chaos.logs import lease_figures, search_reads
+from kbtools.chaos.result import KEEP, CheckResult
+from kbtools.chaos.searcher import SearchRecord
+from kbtools.chaos.topology import TIERS, ChaosStack
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import (
     DOCUMENT_SEARCH_VERSION_SWITCHED,

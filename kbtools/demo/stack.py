@@ -10,10 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from services.demo.client import ApiClient, Tenant
-from services.demo.console import Console, Step
-from services.demo.processes import DemoProcesses
-from services.devstack.process import run_tool
+from kbtools.demo.client import ApiClient, Tenant
+from kbtools.demo.console import Console, Step
+from kbtools.demo.processes import DemoProcesses
+from kbtools.devstack.process import run_tool
 
 MODEL = "all-MiniLM-L6-v2-onnx-int8"
 TENANTS = (("acme", "standard"), ("globex", "premium"))
@@ -127,7 +127,7 @@ class DemoStack:
         client = ApiClient(self.api_url)
         step.log = self.log("provider")
         port = str(self.values["provider_port"])
-        procs.start("provider", ["services.demo.provider", "--port", port], dict(self.env))
+        procs.start("provider", ["kbtools.demo.provider", "--port", port], dict(self.env))
         step.until("the embedding provider", lambda: client.healthy(f"{self.provider_url}/healthz"))
         step.log = self.log("api")
         procs.start(

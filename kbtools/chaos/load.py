@@ -14,8 +14,8 @@ from typing import Any
 import docx
 import httpx
 
-from services.chaos.topology import ChaosStack
-from services.demo.client import Tenant
+from kbtools.chaos.topology import ChaosStack
+from kbtools.demo.client import Tenant
 
 GROUPS = ("group:red", "group:blue")
 OUTSIDER = "group:outsider"

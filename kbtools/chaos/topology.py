@@ -16,15 +16,15 @@ from pathlib import Path
 
 import httpx
 
-from services.chaos.ports import listen_port
-from services.chaos.schedule import INDEXERS, RELAYS
-from services.demo.client import Tenant
-from services.demo.processes import DemoProcesses
-from services.devstack.kafka import LocalKafka
-from services.devstack.postgres import EmbeddedPostgres
-from services.devstack.process import run_tool
-from services.devstack.replicas import EmbeddedReplica
-from services.devstack.settings import DevStackSettings
+from kbtools.chaos.ports import listen_port
+from kbtools.chaos.schedule import INDEXERS, RELAYS
+from kbtools.demo.client import Tenant
+from kbtools.demo.processes import DemoProcesses
+from kbtools.devstack.kafka import LocalKafka
+from kbtools.devstack.postgres import EmbeddedPostgres
+from kbtools.devstack.process import run_tool
+from kbtools.devstack.replicas import EmbeddedReplica
+from kbtools.devstack.settings import DevStackSettings
 
 MODEL = "hashing-v1-384"
 TIERS = ("standard", "premium")
@@ -154,7 +154,7 @@ class ChaosStack:
             port = str(self.provider_port)
             # A remote provider's latency keeps tasks in flight long enough to be struck.
             return [
-                "services.demo.provider", "--port", port, "--embedder", "hashing",
+                "kbtools.demo.provider", "--port", port, "--embedder", "hashing",
                 "--latency", "0.3",
             ]  # fmt: skip
         if name == "api":

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.devstack.process import cmdline, pid_alive, spawn_detached, terminate
+from kbtools.devstack.process import cmdline, pid_alive, spawn_detached, terminate
 
 
 @dataclass

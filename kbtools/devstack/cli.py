@@ -12,16 +12,16 @@ from typing import Annotated
 
 import typer
 
-from services.devstack.kafka import LocalKafka
-from services.devstack.postgres import EmbeddedPostgres, ServiceStatus
-from services.devstack.replicas import (
+from kbtools.devstack.kafka import LocalKafka
+from kbtools.devstack.postgres import EmbeddedPostgres, ServiceStatus
+from kbtools.devstack.replicas import (
     EmbeddedReplica,
     describe,
     present_replicas,
     replica_lags,
     replicas,
 )
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.settings import DevStackSettings
 
 app = typer.Typer(
     help="Run the embedded PostgreSQL + pgvector and a local Kafka broker.", no_args_is_help=True

@@ -27,9 +27,9 @@ def demo(
 
     Publish, search, a rate-limited provider, a corrupt PDF, ACL and tenant walls, and an
     indexer killed mid-task; prints the operator page's URL at the end."""
-    from services.demo.console import Console
-    from services.demo.processes import DemoProcesses
-    from services.demo.story import Demo
+    from kbtools.demo.console import Console
+    from kbtools.demo.processes import DemoProcesses
+    from kbtools.demo.story import Demo
 
     home = Path(home_dir)
     if home.exists() and not home.is_dir():

@@ -15,8 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
-from services.devstack.postgres import ServiceStatus
-from services.devstack.process import (
+from kbtools.devstack.postgres import ServiceStatus
+from kbtools.devstack.process import (
     cmdline,
     pid_alive,
     port_open,
@@ -25,7 +25,7 @@ from services.devstack.process import (
     spawn_detached,
     terminate,
 )
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.settings import DevStackSettings
 from services.runtime.errors import ConfigError, DependencyUnavailable, MissingTool
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import asyncpg
 
-from services.devstack.postgres import EmbeddedPostgres, ServiceStatus
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.postgres import EmbeddedPostgres, ServiceStatus
+from kbtools.devstack.settings import DevStackSettings
 
 
 class EmbeddedReplica(EmbeddedPostgres):

@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from services.demo.client import DOCX, MARKDOWN, ApiClient, Tenant
-from services.demo.console import Console, Step, StepFailed
-from services.demo.documents import handbook_text, refund_policy_docx
-from services.demo.stack import DemoStack
+from kbtools.demo.client import DOCX, MARKDOWN, ApiClient, Tenant
+from kbtools.demo.console import Console, Step, StepFailed
+from kbtools.demo.documents import handbook_text, refund_policy_docx
+from kbtools.demo.stack import DemoStack
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 QUESTION = "how long do customers have to return an item"

@@ -10,16 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.chaos.checker import Checker
-from services.chaos.converge import converge, replica_caught_up, settle
-from services.chaos.faults import FaultDriver, logged_before_kill
-from services.chaos.load import LoadDriver
-from services.chaos.report import evidence, table
-from services.chaos.rerun import RerunEvidence, prepare, reread, sample_size
-from services.chaos.result import RECOVERS, CheckResult
-from services.chaos.schedule import plan
-from services.chaos.searcher import Searcher
-from services.chaos.topology import ChaosStack
+from kbtools.chaos.checker import Checker
+from kbtools.chaos.converge import converge, replica_caught_up, settle
+from kbtools.chaos.faults import FaultDriver, logged_before_kill
+from kbtools.chaos.load import LoadDriver
+from kbtools.chaos.report import evidence, table
+from kbtools.chaos.rerun import RerunEvidence, prepare, reread, sample_size
+from kbtools.chaos.result import RECOVERS, CheckResult
+from kbtools.chaos.schedule import plan
+from kbtools.chaos.searcher import Searcher
+from kbtools.chaos.topology import ChaosStack
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def _restart_dead(stack: ChaosStack) -> list[tuple[str, str]]:
 
 def _rerun(stack: ChaosStack, seed: int, count: int) -> RerunEvidence:
     """A seeded sample of served versions damaged, repaired by re-running their SUCCEEDED
-    tasks as an operator does, and read again (services/chaos/rerun.py)."""
+    tasks as an operator does, and read again (kbtools/chaos/rerun.py)."""
     before, reruns_before = asyncio.run(prepare(stack.database_url, seed, count))
     status, output = stack.kb_status("index", "check", "--repair", "--timeout", "180")
     after, reruns_after = asyncio.run(reread(stack.database_url, list(before)))

@@ -41,7 +41,7 @@ def run_command(
 ) -> None:
     """Start PostgreSQL, Kafka and every kb process, publish documents while killing and
     stopping them on a seeded schedule, then check the invariants. Exit 1 on a violation."""
-    from services.chaos.runner import ChaosOptions, run
+    from kbtools.chaos.runner import ChaosOptions, run
 
     options = ChaosOptions(
         seed=seed,

@@ -5,7 +5,7 @@ the client's timeout, a malformed body), for a while.
 
 The demo's indexers reach the model through it, so the story can show a provider answering
 429 with Retry-After while search keeps serving the previous version. It is a real HTTP
-server on 127.0.0.1 (``python -m services.demo.provider --port P``), not a mock.
+server on 127.0.0.1 (``python -m kbtools.demo.provider --port P``), not a mock.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from services.chaos.load import GROUPS, OUTSIDER, WORDS, Published
-from services.chaos.topology import ChaosStack
-from services.demo.client import Tenant
+from kbtools.chaos.load import GROUPS, OUTSIDER, WORDS, Published
+from kbtools.chaos.topology import ChaosStack
+from kbtools.demo.client import Tenant
 
 TOKEN_SHARE = 0.25  # of the searches, those that follow a document's status with its token
 

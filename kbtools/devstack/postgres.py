@@ -19,8 +19,8 @@ from pathlib import Path
 
 import asyncpg
 
-from services.devstack.process import pid_alive, port_open, read_pid, run_tool
-from services.devstack.settings import DevStackSettings
+from kbtools.devstack.process import pid_alive, port_open, read_pid, run_tool
+from kbtools.devstack.settings import DevStackSettings
 from services.runtime.errors import ConfigError, DependencyUnavailable, MissingTool
 
 SYSTEM_USER = "embedded_postgres"
@@ -97,7 +97,7 @@ class ServiceStatus:
 
 
 class EmbeddedPostgres:
-    """The primary (``kb dev up``); ``services.devstack.replicas`` runs its standbys with the
+    """The primary (``kb dev up``); ``kbtools.devstack.replicas`` runs its standbys with the
     same code, another data dir and port."""
 
     name = "postgres"

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from services.chaos.topology import ChaosStack
+from kbtools.chaos.topology import ChaosStack
 
 # Each document's served version beside the newest version whose task succeeded, for the
 # served model (newest; a task of no named generation builds the served one) and for any
