@@ -7,6 +7,9 @@ cannot judge, and a status read on a replica carries a token at or past what it 
 from __future__ import annotations
 
 import asyncio
+import json
+import select
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -19,6 +22,7 @@ from starlette.types import Message
 from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.port import Vectors
+from services.embedding.settings import EmbeddingSettings, HashingConfig
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
 from services.runtime.fair_share.settings import FairShareSettings
@@ -28,7 +32,7 @@ from services.search.replicas import ReplicaRotation, parse_token
 from services.search.searcher import Generation, Searcher
 from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
-from tests.support.api import BASE_URL, UNTHROTTLED, ApiTenant, add_tenant
+from tests.support.api import BASE_URL, UNTHROTTLED, ApiTenant, add_tenant, live_app
 from tests.support.replica import ReplicaPair, caught_up, running_replica
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
 from tests.support.stack import Stack, create_test_database, drop_test_database, ensure_template
@@ -205,6 +209,39 @@ async def test_a_far_token_is_refused_and_never_holds_up_another_tenants_search(
         await search.aclose()
 
 
+async def test_without_replicas_a_far_token_is_refused_alike(
+    module_database: str, integration_only: None
+) -> None:
+    pool = await open_search_pool(SearchSettings(database_url=module_database))
+    embedder = HashingEmbedder(64)
+    settings = SearchSettings(database_url=module_database)
+    search = GenerationSearch(pool, settings, embedder, lambda g: embedder)
+    app = create_app(
+        PublisherSettings(database_url=module_database),
+        store=PgPublisherStore(pool),
+        searcher=search,
+        auth_settings=UNTHROTTLED,
+    )
+    conn = await asyncpg.connect(module_database)
+    try:
+        tenant = await _searchable_tenant(conn, embedder)
+        fresh = await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+        async with _client(app) as client:
+            far, now = [
+                await client.post(
+                    tenant.path("/search"), json={**QUERY, "after": [token]}, headers=tenant.headers
+                )
+                for token in ("FFFFFFFF/FFFFFFFF", fresh)
+            ]
+        assert far.status_code == 422, far.text
+        assert far.json()["errorCode"] == "SEARCH_TOKEN_AHEAD"
+        assert now.status_code == 200, now.text
+    finally:
+        await conn.close()
+        await search.aclose()
+        await pool.close()
+
+
 # --- the slot and the answer -----------------------------------------------------------------
 
 
@@ -235,8 +272,9 @@ async def test_a_client_that_never_reads_its_answer_does_not_hold_a_slot(
     module_database: str, integration_only: None
 ) -> None:
     """One slot. A client's connection stops reading: the server's write of the answer
-    blocks (as uvicorn's does once the socket's buffers are full). Another tenant's search
-    is answered meanwhile."""
+    blocks (as an ASGI server's send may wait for the client: uvicorn's does for an answer
+    sent in pieces once the socket's buffers are full). Another tenant's search is answered
+    meanwhile."""
     pool = await open_search_pool(SearchSettings(database_url=module_database))
     embedder = HashingEmbedder(64)
     index = PgSearchIndex(
@@ -284,6 +322,63 @@ async def test_a_client_that_never_reads_its_answer_does_not_hold_a_slot(
     finally:
         await conn.close()
         await pool.close()
+
+
+async def test_a_raw_connection_that_never_reads_does_not_hold_a_slot(
+    module_database: str, integration_only: None
+) -> None:
+    """The same over a real socket, the app served by uvicorn as `kb serve` serves it: one
+    slot; a client sends a search whose answer is far larger than the sockets' buffers and
+    never reads it. Another tenant's search is answered while the first answer is stuck.
+    (uvicorn takes a one-piece answer into its own buffer without waiting for the client, so
+    this held before the slot was given back early too; the test above, whose server waits
+    as a server may, is the one the early release is for.)"""
+    settings = PublisherSettings(database_url=module_database)
+    app = create_app(
+        settings,
+        search_settings=SearchSettings(database_url=module_database),
+        embedding_settings=EmbeddingSettings(provider=HashingConfig(kind="hashing", dimensions=64)),
+        auth_settings=UNTHROTTLED,
+        fair_share_settings=FairShareSettings(search_global_concurrency=1),
+    )
+    embedder = HashingEmbedder(64)
+    conn = await asyncpg.connect(module_database)
+    try:
+        big = await add_tenant(conn)
+        document_id = await add_document(conn, big.tenant_id)
+        # About 8 MB of answer: past the kernel's buffers on both ends and uvicorn's own.
+        text = "refund clause " + "the customer may return the item " * 2500
+        chunks = [ChunkSpec(f"{n} {text}") for n in range(100)]
+        await add_version(conn, big.tenant_id, document_id, 1, chunks, embedder)
+        await point_search_at(conn, big.tenant_id, document_id, 1, embedder.model)
+        other = await _searchable_tenant(conn, embedder)
+    finally:
+        await conn.close()
+    body = json.dumps({**QUERY, "topK": 100}).encode()
+    request = (
+        f"POST {big.path('/search')} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {big.key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with live_app(app, settings) as url:
+        port = int(url.rsplit(":", 1)[1])
+        stalled = socket.socket()
+        try:
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.connect(("127.0.0.1", port))
+            stalled.sendall(request)
+            # The answer has started to arrive (peeked at, never read): the server is
+            # writing it, and stays stuck in the write.
+            readable, _, _ = await asyncio.to_thread(select.select, [stalled], [], [], HANG)
+            assert readable, "the search was not answered"
+            assert stalled.recv(12, socket.MSG_PEEK) == b"HTTP/1.1 200"
+            async with httpx.AsyncClient(base_url=url, timeout=HANG) as client:
+                response = await client.post(
+                    other.path("/search"), json=QUERY, headers=other.headers
+                )
+            assert response.status_code == 200, response.text
+        finally:
+            stalled.close()
 
 
 class HeldEmbedder(HashingEmbedder):
