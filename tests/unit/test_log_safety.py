@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 import structlog
 from fastapi.security import HTTPAuthorizationCredentials
+from structlog.testing import capture_logs
 
 from services.runtime.log_safety import MAX_FRAMES, MAX_LINE_BYTES, MAX_VALUE_CHARS
 from services.runtime.logging import configure_logging, get_logger
 from services.runtime.redaction import redact
+from services.runtime.web.http_problem import refuse_unread
 
 KEY = "kb.acme.Zx8pQ2vN5mK7tR1wY4uB6cE9fH3jL0sDgA-_xyzabc"
 SECRET_PART = KEY.rsplit(".", 1)[-1]
@@ -207,3 +209,42 @@ def test_redaction_masks_our_credentials_by_shape() -> None:
     assert "kb.acme.***" in text
     assert "kbop.***" in text
     assert "kb.acme.v2" in text  # too short to be a key: left alone
+
+
+async def test_a_client_hanging_up_on_a_refused_upload_is_one_short_line() -> None:
+    """A refused upload's body is read and dropped (refuse_unread); a client that hangs up
+    meanwhile is logged like any other hang-up, and still counted with the refusal."""
+    chunks: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b"x" * 1000, "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    messages = iter(chunks)
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/tenants/acme/documents"}
+    with capture_logs() as logs:
+        await refuse_unread(
+            {**scope, "headers": []},
+            receive,
+            send,
+            status=503,
+            code="UPLOADS_BUSY",
+            message="busy",
+            retry_after_seconds=1,
+        )
+    assert logs == [
+        {
+            "event": "request.client_disconnected",
+            "log_level": "info",
+            "method": "POST",
+            "path": "/v1/tenants/acme/documents",
+        }
+    ]
+    assert sent[0]["status"] == 503

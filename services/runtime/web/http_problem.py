@@ -179,7 +179,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         # FastAPI answers a body it could not read 400, whatever the reason: a client that
         # hung up is told nothing (it is gone), but the log says what happened.
         if isinstance(exc.__cause__, ClientDisconnect):
-            _client_disconnected(request)
+            _client_disconnected(request.method, request.url.path)
         return http_exception_response(exc, request.url.path)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -206,7 +206,7 @@ def install_problem_handlers(app: FastAPI) -> None:
             # Expected (a client gives up mid-upload): one short line, and the server's own
             # "Exception in ASGI application" for it is dropped (services/runtime/log_safety.py).
             mark_logged(exc)
-            _client_disconnected(request)
+            _client_disconnected(request.method, request.url.path)
             return http_exception_response(
                 StarletteHTTPException(400, "the client disconnected"), request.url.path
             )
@@ -220,8 +220,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, on_unexpected)
 
 
-def _client_disconnected(request: Request) -> None:
-    log.info("request.client_disconnected", method=request.method, path=request.url.path)
+def _client_disconnected(method: str, path: str) -> None:
+    log.info("request.client_disconnected", method=method, path=path)
 
 
 async def refuse_unread(
@@ -240,10 +240,13 @@ async def refuse_unread(
     ``100 Continue`` is answered at once and never sends it."""
     if not _expects_continue(scope):
         try:
-            await _discard_body(receive)
+            disconnected = await _discard_body(receive)
         except StarletteHTTPException as error:  # too large, or stalled
             await http_exception_response(error, scope["path"])(scope, receive, send)
             return
+        if disconnected:
+            # Answered all the same (nobody reads it): the refusal is counted as one.
+            _client_disconnected(scope["method"], scope["path"])
     await problem_response(
         status,
         code,
@@ -260,8 +263,11 @@ def _expects_continue(scope: Scope) -> bool:
     )
 
 
-async def _discard_body(receive: Receive) -> None:
+async def _discard_body(receive: Receive) -> bool:
+    """Whether the client hung up before the end of its body."""
     while True:
         message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return
+        if message["type"] != "http.request":
+            return True
+        if not message.get("more_body", False):
+            return False
