@@ -1,8 +1,13 @@
 """One attempt at one leased task: index it under a heartbeat, then record the result.
 
-The indexing work runs while a heartbeat renews the lease every lease/3. A lost lease (a
-heartbeat, complete or fail that the fence refuses) stops the heartbeat, cancels the work
-and writes nothing: the new owner carries on.
+The heartbeat renews the lease every lease/3 from the claim until the result is recorded:
+while the indexing work runs, and on while its completion waits in the group queue and
+commits (completions.py: behind groups moving large documents that can take longer than a
+lease) or its fail is written. A lost lease (a heartbeat, complete or fail that the fence
+refuses) stops the heartbeat, cancels the work and writes nothing: the new owner carries
+on. Once the work is done there is nothing to cancel: a completion still queued is
+withdrawn by the queue when a heartbeat is refused, and one committing gets its own
+fence's answer.
 
 Every failure of an attempt -- in the indexing work or in ``complete`` (the sink's write
 runs in its transaction) -- goes through the retry policy and the fenced ``fail``.
@@ -21,8 +26,9 @@ import enum
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome, TaskQueue
 from services.indexer.queue.task import (
@@ -81,6 +87,16 @@ class AttemptFailure:
         return cls(ErrorCode.INTERNAL_ERROR, f"{type(error).__name__}: {error}")
 
 
+@dataclass
+class _LeaseState:
+    """Our own view of the lease (``monotonic`` time): it runs out at ``deadline`` without a
+    confirmed beat; the next beat is due at ``next_beat_at``."""
+
+    deadline: float
+    next_beat_at: float
+    lost: bool = False
+
+
 @dataclass(frozen=True)
 class IndexedAttempt:
     """An indexing run that ended, before its result is written."""
@@ -90,11 +106,8 @@ class IndexedAttempt:
     failure: AttemptFailure | None
     lost: bool
     log_context: dict[str, object]  # the task's log fields, built once per task
-
-
-@dataclass
-class _LeaseState:
-    lost: bool = False
+    # The lease as the heartbeat left it: recording the result beats on from there.
+    lease_state: _LeaseState | None = None
 
 
 class TaskAttempts:
@@ -137,47 +150,51 @@ class TaskAttempts:
         context = self._context(lease)
         log.info("task.claimed", **context)
         self._emit(WorkerEvent("claimed", lease.task_id, str(lease.lease_attempt)))
-        state = _LeaseState()
         claimed_at = self.monotonic()
+        interval = self.lease_seconds / 3
+        state = _LeaseState(claimed_at + self.lease_seconds, claimed_at + interval)
         work: asyncio.Task[IndexingOutcome] = asyncio.create_task(self.indexer.index(lease))
-        # The heartbeat task starts at the first beat: most short tasks never need one.
-        beats: list[asyncio.Task[None]] = []
-        first_beat = asyncio.get_running_loop().call_later(
-            self.lease_seconds / 3,
-            lambda: beats.append(
-                asyncio.create_task(self._heartbeat(lease, work, state, claimed_at))
-            ),
-        )
         outcome: IndexingOutcome | None = None
         failure: AttemptFailure | None = None
+        async with self._beating(lease, state, interval, on_lost=work.cancel):
+            try:
+                outcome = await work
+            except asyncio.CancelledError:
+                if not state.lost:
+                    log.warning("task.abandoned", **context)
+                    self._emit(WorkerEvent("cancelled", lease.task_id))
+                    raise
+            except Exception as error:
+                if not isinstance(error, KbError):
+                    # A bug: its traceback is logged.
+                    log.exception("task.crashed", **context)
+                failure = AttemptFailure.of(error)
+        return IndexedAttempt(lease, outcome, failure, state.lost, context, state)
+
+    @contextlib.asynccontextmanager
+    async def _beating(
+        self, lease: Lease, state: _LeaseState, first_in: float, *, on_lost: Callable[[], Any]
+    ) -> AsyncIterator[None]:
+        """Heartbeats while the body runs, the first in ``first_in`` seconds. The heartbeat
+        task starts at the first beat: most short tasks never need one."""
+        beats: list[asyncio.Task[None]] = []
+        first_beat = asyncio.get_running_loop().call_later(
+            max(0.0, first_in),
+            lambda: beats.append(asyncio.create_task(self._heartbeat(lease, state, on_lost))),
+        )
         try:
-            outcome = await work
-        except asyncio.CancelledError:
-            if not state.lost:
-                log.warning("task.abandoned", **context)
-                self._emit(WorkerEvent("cancelled", lease.task_id))
-                raise
-        except Exception as error:
-            if not isinstance(error, KbError):
-                # A bug: its traceback is logged.
-                log.exception("task.crashed", **context)
-            failure = AttemptFailure.of(error)
+            yield
         finally:
             first_beat.cancel()
             for beat in beats:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
-        return IndexedAttempt(lease, outcome, failure, state.lost, context)
 
     async def _heartbeat(
-        self,
-        lease: Lease,
-        work: asyncio.Task[IndexingOutcome],
-        state: _LeaseState,
-        claimed_at: float,
+        self, lease: Lease, state: _LeaseState, on_lost: Callable[[], Any]
     ) -> None:
-        """Beat now, then every lease/3 (started at the first beat, lease/3 after the claim).
+        """Beat now, then every lease/3.
 
         Our own view of the lease: it runs out ``lease_seconds`` after the last beat was
         *sent* (the claim, at first) -- the database extended it at some point during the
@@ -186,14 +203,13 @@ class TaskAttempts:
         does not answer within lease/3 counts as a failed one (the queue's own timeout is
         shorter still)."""
         interval = self.lease_seconds / 3
-        deadline = claimed_at + self.lease_seconds
         current = lease
         while True:
             sent_at = self.monotonic()
             try:
                 async with asyncio.timeout(interval):
                     current = await self.queue.heartbeat(current, lease_seconds=self.lease_seconds)
-                deadline = sent_at + self.lease_seconds
+                state.deadline = sent_at + self.lease_seconds
                 self._emit(
                     WorkerEvent("heartbeat", lease.task_id, seconds=self.monotonic() - sent_at)
                 )
@@ -205,24 +221,39 @@ class TaskAttempts:
                 # the lease runs out; give up at once on anything else.
                 transient = isinstance(error, TimeoutError) or error.retriable
                 log.warning("lease.heartbeat_failed", task_id=str(lease.task_id), error=str(error))
-                if not transient or self.monotonic() >= deadline:
+                if not transient or self.monotonic() >= state.deadline:
                     state.lost = True
             except Exception:
                 log.exception("lease.heartbeat_crashed", task_id=str(lease.task_id))
                 state.lost = True
             if state.lost:
-                work.cancel()
+                on_lost()
                 return
+            state.next_beat_at = self.monotonic() + interval
             await asyncio.sleep(interval)
 
     # --- the result -------------------------------------------------------------------------
 
     async def record(self, attempt: IndexedAttempt) -> RunOnceResult:
         """Write the attempt's result: complete (with the sink's write in its transaction)
-        or the retry policy's fail; both fenced, so a lost lease writes nothing."""
-        lease, context = attempt.lease, attempt.log_context
+        or the retry policy's fail; both fenced, so a lost lease writes nothing. The lease
+        is kept beating until the write returns: a completion may wait in the group queue
+        longer than a lease."""
+        lease = attempt.lease
         if attempt.lost:
             return self._lost(lease)
+        state = attempt.lease_state
+        if state is None:
+            now = self.monotonic()
+            state = _LeaseState(now + self.lease_seconds, now + self.lease_seconds / 3)
+        # Nothing to cancel once the work is done: the write's own fence decides, and the
+        # queue withdraws a completion still queued when a beat is refused.
+        first_in = min(self.lease_seconds / 3, state.next_beat_at - self.monotonic())
+        async with self._beating(lease, state, first_in, on_lost=_nothing):
+            return await self._record(attempt)
+
+    async def _record(self, attempt: IndexedAttempt) -> RunOnceResult:
+        lease, context = attempt.lease, attempt.log_context
         failure = attempt.failure
         unknown_outcome = False
         if failure is None:
@@ -335,6 +366,10 @@ class TaskAttempts:
             "lease_attempt": lease.lease_attempt,
             "owner": self.owner,
         }
+
+
+def _nothing() -> None:
+    pass
 
 
 def _succeeded_by(task: IndexTask, lease: Lease) -> bool:

@@ -28,6 +28,12 @@ the writes of the tasks whose fence held in one statement per kind (the sink's
 together.py), a dozen statements for the group instead of a dozen a task. Otherwise, or
 when that fails, as above: one task after the other.
 
+A completion keeps its task's lease until it returns (attempt.py heartbeats on while it
+waits here): ``fenced`` tells the queue's heartbeat that this process's own open group
+transaction holds the task's row (its fence passed; no takeover can come before it ends, and
+a beat would only wait for it), and ``withdraw`` drops a completion still waiting whose
+lease a heartbeat found lost.
+
 A group holds at most one completion per document (a second waits for the next group), and
 its tasks are written in (tenant, document, version) order: the pointer rows and the
 outbox's per-document advisory locks are taken in one order by every group, so two groups
@@ -67,6 +73,8 @@ class _Completion:
     write: InTransaction
     done: asyncio.Future[None]
     error: BaseException | None = field(default=None)
+    taken: bool = False  # in a group: no longer withdrawn
+    fenced: bool = False  # its fence held in a group transaction still open
 
     @property
     def order(self) -> tuple[str, str, int]:
@@ -104,10 +112,14 @@ class GroupCommitter:
         self._queue: deque[_Completion] = deque()
         self._committing_groups = committing_groups
         self._committers: set[asyncio.Task[None]] = set()
+        # The completions not returned yet, by lease (task, generation).
+        self._pending: dict[tuple[uuid.UUID, int], _Completion] = {}
 
     async def complete(self, lease: Lease, write: InTransaction) -> None:
         """Returns once the task's completion committed; raises what kept it from it."""
         completion = _Completion(lease, write, asyncio.get_running_loop().create_future())
+        key = _key(lease)
+        self._pending[key] = completion
         self._queue.append(completion)
         # done(), not a done-callback: a committer that has just found the queue empty is
         # done at once, but its callbacks run a turn later, and a completion queued meanwhile
@@ -115,7 +127,27 @@ class GroupCommitter:
         self._committers = {committer for committer in self._committers if not committer.done()}
         if len(self._committers) < self._committing_groups:
             self._committers.add(asyncio.create_task(self._commit_groups()))
-        await completion.done
+        try:
+            await completion.done
+        finally:
+            if self._pending.get(key) is completion:
+                del self._pending[key]
+
+    def fenced(self, lease: Lease) -> bool:
+        """Whether the lease's completion passed its fence in a group transaction still
+        open: the task's row is locked by it until it ends."""
+        completion = self._pending.get(_key(lease))
+        return completion is not None and completion.fenced
+
+    def withdraw(self, lease: Lease, error: Exception) -> bool:
+        """Fails the lease's completion with ``error`` if it still waits for a group (its
+        lease is lost: its fence would refuse it); whether it did. One already in a group
+        gets its fence's answer."""
+        completion = self._pending.get(_key(lease))
+        if completion is None or completion.taken or completion.done.done():
+            return False
+        completion.done.set_exception(error)
+        return True
 
     async def _commit_groups(self) -> None:
         while self._queue:
@@ -152,11 +184,18 @@ class GroupCommitter:
                 later.append(completion)
                 continue
             documents.add(document)
+            completion.taken = True
             group.append(completion)
         self._queue.extendleft(reversed(later))
         return sorted(group, key=lambda c: c.order)
 
     async def _commit(self, group: list[_Completion]) -> None:
+        try:
+            await self._commit_group(group)
+        finally:
+            _unfence(group)  # its transaction is over, committed or not
+
+    async def _commit_group(self, group: list[_Completion]) -> None:
         with translate_db_errors():
             async with self._pool.acquire() as conn:
                 if len(group) == 1:
@@ -177,6 +216,7 @@ class GroupCommitter:
                 # One write failed and took the group's transaction with it: nothing of the
                 # group was written. Again, each task in a savepoint of its own, so the failure
                 # stays with its task.
+                _unfence(group)
                 for completion in group:
                     completion.error = None
                 await self._commit_isolated(conn, group)
@@ -189,6 +229,7 @@ class GroupCommitter:
         async with conn.transaction():
             for completion in group:
                 if await self._fence(conn, completion.lease):
+                    completion.fenced = True
                     await completion.write(conn)
                 else:
                     completion.error = self._lost(completion.lease)
@@ -204,6 +245,7 @@ class GroupCommitter:
             writes = []
             for completion in group:
                 if completion.lease.task_id in held:
+                    completion.fenced = True
                     writes.append(completion.write)
                 else:
                     completion.error = self._lost(completion.lease)
@@ -223,12 +265,14 @@ class GroupCommitter:
                             await self._fenced_write(conn, completion)
                 except Exception as error:
                     completion.error = error
+                    completion.fenced = False  # its savepoint, row lock included, is gone
                     if conn.is_closed():
                         raise
 
     async def _fenced_write(self, conn: Transaction, completion: _Completion) -> None:
         if not await self._fence(conn, completion.lease):
             raise self._lost(completion.lease)
+        completion.fenced = True
         await completion.write(conn)
 
     @staticmethod
@@ -242,6 +286,15 @@ class GroupCommitter:
                 completion.done.set_exception(completion.error)
             else:
                 completion.done.cancel()
+
+
+def _key(lease: Lease) -> tuple[uuid.UUID, int]:
+    return (lease.task_id, lease.lease_attempt)
+
+
+def _unfence(group: list[_Completion]) -> None:
+    for completion in group:
+        completion.fenced = False
 
 
 def _writable_together(group: list[_Completion]) -> bool:

