@@ -140,8 +140,10 @@ async def check_upload_off_loop(upload: Upload, max_upload_bytes: int) -> str:
 
 
 def check_title(title: str) -> str:
-    """The title as stored: NFC, trimmed; 422 when blank, too long or holding characters
-    that hide or reorder text (controls, zero-width, bidi overrides)."""
+    """The title as stored: NFC, trimmed; 422 when blank, too long or holding a character
+    that hides or reorders text (``services.runtime.tenancy.hidden_characters``: controls,
+    format characters, bidi marks, line and paragraph separators, surrogates,
+    noncharacters, every default-ignorable code point, U+2800)."""
     return clean_text(title, what="title", max_length=MAX_TITLE_LENGTH, code="TITLE_INVALID")
 
 

@@ -4,16 +4,27 @@ Stored and compared in NFC, so two spellings of one string (a precomposed "é" a
 combining accent) are one title, one principal. Characters that hide or reorder text are
 refused by the rule principals are held to everywhere
 (:mod:`services.runtime.tenancy.hidden_characters`): controls, format characters (zero-width,
-bidi marks and overrides, soft hyphen, tags...), line and paragraph separators, variation
-selectors and the other default-ignorable code points, noncharacters, lone surrogates.
+bidi marks, embeddings, overrides and isolates, soft hyphen, tags...), line and paragraph
+separators, lone surrogates, noncharacters, variation selectors and every other
+default-ignorable code point, and U+2800 BRAILLE PATTERN BLANK. The API's descriptions of
+titles and principals say so in :data:`REFUSED_CHARACTERS`.
 """
 
 from __future__ import annotations
 
 import unicodedata
+from typing import Final
 
 from services.runtime.errors import ValidationFailed
 from services.runtime.tenancy.hidden_characters import hidden_character
+
+# The rule in the API's own words (the title's and the ACL's descriptions in openapi.json).
+REFUSED_CHARACTERS: Final = (
+    "characters that hide or reorder text are refused: controls, format characters "
+    "(zero-width, bidi marks, embeddings, overrides and isolates, soft hyphen, tags), line "
+    "and paragraph separators, lone surrogates, noncharacters, every default-ignorable code "
+    "point (variation selectors, Hangul fillers, ...) and U+2800 BRAILLE PATTERN BLANK"
+)
 
 
 def nfc(text: str) -> str:

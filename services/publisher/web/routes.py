@@ -19,6 +19,7 @@ from fastapi.security import HTTPBearer
 
 from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload, VersionCreated
 from services.publisher.metrics import PublisherMetrics
+from services.publisher.text import REFUSED_CHARACTERS
 from services.publisher.web.links import AFTER_INDEX_TASK, AFTER_PUBLISH, AFTER_STATUS, AFTER_UPLOAD
 from services.publisher.web.wire import (
     MAX_INT32,
@@ -161,8 +162,7 @@ async def create_document(
             min_length=1,
             max_length=MAX_TITLE_LENGTH,
             description=(
-                "Stored in Unicode NFC; control, zero-width and bidi-control characters "
-                "are refused."
+                f"Stored in Unicode NFC, trimmed; {REFUSED_CHARACTERS} (`TITLE_INVALID`)."
             ),
         ),
     ],

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
 from services.publisher.domain import MAX_PRINCIPAL_LENGTH, IndexStatus
+from services.publisher.text import REFUSED_CHARACTERS
 from services.runtime.indexing.tasks import TaskStatus
 
 MAX_INT32: Final = 2_147_483_647
@@ -38,7 +39,7 @@ class ReadAcl(ApiModel):
         max_length=MAX_PRINCIPALS,
         description=(
             "Principals allowed to read the published version (replaces the ACL). Compared "
-            "in Unicode NFC; control, zero-width and bidi-control characters are refused."
+            f"in Unicode NFC; {REFUSED_CHARACTERS}."
         ),
     )
 
