@@ -19,6 +19,7 @@ from fastapi.security import HTTPBearer
 
 from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload, VersionCreated
 from services.publisher.metrics import PublisherMetrics
+from services.publisher.strict_form import StrictFormRoute
 from services.publisher.text import REFUSED_CHARACTERS
 from services.publisher.web.links import AFTER_INDEX_TASK, AFTER_PUBLISH, AFTER_STATUS, AFTER_UPLOAD
 from services.publisher.web.wire import (
@@ -89,9 +90,13 @@ def _authenticated(request: Request, tenant_id: TenantId) -> None:
     require_scope(request, tenant_id, Scope.PUBLISH)
 
 
+# The uploads' multipart bodies are read strictly (services/publisher/strict_form.py): a
+# text part not in UTF-8 or a file part without a filename is 400 BAD_REQUEST, like any
+# multipart the parser cannot read.
 tenant_router = APIRouter(
     prefix="/v1/tenants/{tenantId}",
     dependencies=[Security(bearer), Depends(_authenticated)],
+    route_class=StrictFormRoute,
 )
 
 
