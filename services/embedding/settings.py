@@ -184,6 +184,9 @@ class EmbeddingSettings(BaseSettings):
     rate_query_max_wait_seconds: float = Field(default=1.0, ge=0, le=3600)
     # The pause after a 429 that names no Retry-After.
     rate_default_pause_seconds: float = Field(default=1.0, gt=0, le=3600)
+    # The longest pause a 429 imposes on every process; a longer Retry-After opens the
+    # breaker instead, which probes after its open time (one answer cannot stop the fleet).
+    rate_max_pause_seconds: float = Field(default=300.0, gt=0, le=86_400)
     # Consecutive provider failures (unavailable, timeout, malformed) that open the breaker.
     breaker_failure_threshold: int = Field(default=5, ge=1, le=10_000)
     # How long it stays open; doubled after each failed probe, up to the max. The max bounds
@@ -194,6 +197,14 @@ class EmbeddingSettings(BaseSettings):
     breaker_probe_seconds: float = Field(default=60.0, gt=0, le=86_400)
     # How old the process's copy of the shared state may be (breaker, pause).
     guard_refresh_seconds: float = Field(default=0.5, ge=0, le=60)
+
+    @field_validator("rate_max_pause_seconds")
+    @classmethod
+    def _max_pause_not_below_default(cls, value: float, info: ValidationInfo) -> float:
+        pause = info.data.get("rate_default_pause_seconds")
+        if pause is not None and value < pause:
+            raise ValueError(f"must be at least KB_EMBEDDING_RATE_DEFAULT_PAUSE_SECONDS ({pause})")
+        return value
 
     @field_validator("breaker_max_open_seconds")
     @classmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 import uuid
 from datetime import datetime
 from typing import Any
@@ -25,14 +26,22 @@ import asyncpg
 import numpy as np
 import pytest
 
+from services.embedding.factory import build_embedder
+from services.embedding.guard.breaker import BreakerState
+from services.embedding.guard.factory import guarded
+from services.embedding.guard.quota import Purpose
+from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.index.generation import IndexGeneration
 from services.indexer.ports import IndexingOutcome, InTransaction
 from services.indexer.queue.attempt import RunOnceResult, TaskAttempts, WorkerEvent
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease, RetryPolicy
+from services.indexer.queue.worker import Worker
 from services.indexer.sink.pgvector import PgVectorSink
 from tests.support import versions
+from tests.support.embedding_provider import EmbeddingProvider, served_provider
 from tests.support.paused import PausedWrite
+from tests.support.pipeline import running_pipeline
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
@@ -114,3 +123,53 @@ async def test_a_completion_queued_longer_than_its_lease_keeps_the_lease(
     )
     assert row is not None
     assert (row["status"], row["attempts"], row["lease_owner"]) == ("SUCCEEDED", 1, "w1")
+
+
+A_YEAR = 365 * 24 * 3600
+
+
+async def test_a_year_long_retry_after_opens_the_breaker_and_the_indexer_recovers(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    with served_provider(EmbeddingProvider(dimension=32)) as served:
+        settings = EmbeddingSettings(
+            provider=OpenAIConfig(base_url=served.base_url, model="edges", dimensions=32),
+            breaker_open_seconds=0.5,
+            breaker_max_open_seconds=0.5,
+            guard_refresh_seconds=0,
+        )
+        embedder, guard = guarded(
+            settings, build_embedder(settings), pool, purpose=Purpose.INDEX, owner="w-edges"
+        )
+        assert guard is not None
+        throttled = await create_task(pool, content=b"A note the provider throttles.\n")
+        # One answer: 429, come back in a year.
+        served.control.inject("rate_limit", retry_after=str(A_YEAR), times=1)
+        async with running_pipeline(pool, embedder=embedder) as indexer:
+            worker = Worker(
+                PgTaskQueue(pool), indexer, tier="standard", owner="w-edges", gate=guard
+            )
+            assert await worker.run_once() is RunOnceResult.FAILED
+            view = await guard.view()
+            # Nobody is paused for a year: the breaker opened instead, and it probes.
+            assert not view.paused or view.seconds_until(view.paused_until) <= 300
+            assert view.state is BreakerState.OPEN
+            assert view.breaker.last_failure_code == "EMBEDDING_RATE_LIMITED"
+            fresh = await create_task(pool, content=b"A note published after the throttle.\n")
+            # The provider answers again (its fault was one answer): once the breaker's
+            # open time is up a claim probes, succeeds, and both tasks are indexed -- the
+            # throttled one too, not parked until its Retry-After.
+            deadline = time.monotonic() + 60
+            while await _statuses(pool, throttled.task_id, fresh.task_id) != ["SUCCEEDED"] * 2:
+                assert time.monotonic() < deadline, await guard.view()
+                if await worker.run_once() is RunOnceResult.IDLE:
+                    await asyncio.sleep(0.1)  # the open time and a backoff passing
+            assert (await guard.view()).state is BreakerState.CLOSED
+
+
+async def _statuses(pool: asyncpg.Pool[Any], *task_ids: uuid.UUID) -> list[str]:
+    rows = await pool.fetch(
+        "SELECT task_id, status FROM index_task WHERE task_id = ANY($1::uuid[])", list(task_ids)
+    )
+    by_id = {row["task_id"]: row["status"] for row in rows}
+    return [by_id[task_id] for task_id in task_ids]

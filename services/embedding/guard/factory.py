@@ -47,6 +47,7 @@ def guard_timing(settings: EmbeddingSettings) -> GuardTiming:
         query_max_wait_seconds=settings.rate_query_max_wait_seconds,
         default_pause_seconds=settings.rate_default_pause_seconds,
         refresh_seconds=settings.guard_refresh_seconds,
+        max_pause_seconds=settings.rate_max_pause_seconds,
     )
 
 

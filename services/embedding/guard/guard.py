@@ -9,6 +9,12 @@ sleep until the send time, or fail EMBEDDING_RATE_LIMITED when that is too far) 
 towards opening the breaker; an answer closes it). ``GuardedEmbedder`` does the last two
 around any ``Embedder``.
 
+The shared pause is capped (``max_pause_seconds``): one 429 must not stop every indexer's
+claims and every hybrid search for as long as it asks -- a Retry-After of a year would,
+until someone edited the row. A Retry-After beyond the cap opens the breaker instead (a
+failed probe's 429 reopens it), which probes after its open time as for an outage: a
+provider that recovers is used again on its own.
+
 The breaker and the pause are read from a copy of the shared state at most
 ``refresh_seconds`` old: a request that finds the breaker closed costs no round trip for
 it, and a success writes only when the copy shows something to reset. The limiter costs
@@ -21,7 +27,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from services.embedding.guard.breaker import BREAKER_FAILURE_CODES, BreakerPolicy, BreakerState
@@ -30,6 +36,7 @@ from services.embedding.guard.metrics import (
     BREAKER_STATE,
     LIMITER_WAIT,
     REQUESTS,
+    RETRY_AFTER_CAPPED,
     SHORT_CIRCUITED,
     result_of,
 )
@@ -65,6 +72,7 @@ class GuardTiming:
     query_max_wait_seconds: float = 1.0  # a query's
     default_pause_seconds: float = 1.0  # after a 429 without Retry-After
     refresh_seconds: float = 0.5  # the oldest copy of the shared state used
+    max_pause_seconds: float = 300.0  # the longest shared pause; a longer Retry-After opens
 
 
 class ProviderGuard:
@@ -237,21 +245,29 @@ class ProviderGuard:
 
     async def after_request(
         self, *, owner: str, error: IndexingFailed | None, purpose: Purpose
-    ) -> None:
-        """What the request's outcome tells every process: a 429 pauses the provider, a
-        provider failure counts towards the breaker (a failed probe reopens it), any answer
-        closes it. A failure to write this down is logged, never raised: the request's own
-        outcome matters more to the caller."""
+    ) -> IndexingFailed | None:
+        """What the request's outcome tells every process: a 429 pauses the provider (one
+        asking for more than ``max_pause_seconds`` opens the breaker instead), a provider
+        failure counts towards the breaker (a failed probe reopens it), any answer closes
+        it. Returns the error to raise in place of ``error``, if any: a Retry-After beyond
+        the cap is not waited for by the task either. A failure to write this down is
+        logged, never raised: the request's own outcome matters more to the caller."""
         probe = _PROBE.get()
         _PROBE.set(None)
         if probe is not None:
             self._probe_in_flight = False
         REQUESTS.labels(self.provider, purpose, result_of(error)).inc()
+        instead: IndexingFailed | None = None
         try:
             if error is not None and error.code in BREAKER_FAILURE_CODES:
                 await self._failed(error.code, probe)
-                return
+                return None
             if error is not None and error.code == ErrorCode.EMBEDDING_RATE_LIMITED:
+                if not self._pausable(error.retry_after_seconds):
+                    # Set first: the task must not wait a year because the write failed.
+                    instead = self._capped(error, None)
+                    instead = self._capped(error, await self._tripped(error, probe))
+                    return instead
                 await self._paused(error.retry_after_seconds)
             cached = self._view
             if probe is not None or cached is None or not cached.breaker.pristine:
@@ -266,6 +282,45 @@ class ProviderGuard:
                 error_code=trouble.code,
                 error=str(trouble),
             )
+        return instead
+
+    def _pausable(self, retry_after: float | None) -> bool:
+        # NaN compares false with everything: "not <=" is beyond the cap.
+        return retry_after is None or retry_after <= self._timing.max_pause_seconds
+
+    async def _tripped(self, error: IndexingFailed, probe: str | None) -> ProviderView:
+        """A Retry-After beyond the cap: the breaker opens at once (a probe's reopens for
+        twice as long), whatever the count of failures."""
+        at_once = replace(self._policy, failure_threshold=1)
+        view = self._remember(
+            await self._store.record_failure(
+                self.provider, code=error.code, probe_owner=probe, policy=at_once
+            )
+        )
+        RETRY_AFTER_CAPPED.labels(self.provider).inc()
+        _log.warning(
+            "embedding.retry_after_capped",
+            provider=self.provider,
+            retry_after_seconds=error.retry_after_seconds,
+            max_pause_seconds=self._timing.max_pause_seconds,
+            breaker_state=str(view.state),
+            open_until=view.open_until.isoformat() if view.open_until else None,
+            probe_failed=probe is not None,
+        )
+        return view
+
+    def _capped(self, error: IndexingFailed, view: ProviderView | None) -> IndexingFailed:
+        """``error`` with a Retry-After its task may wait for: until the breaker's probe
+        (the cap when the breaker could not be read)."""
+        wait = self._timing.max_pause_seconds
+        if view is not None and view.state is BreakerState.OPEN:
+            wait = self._left(view, view.open_until)
+        return IndexingFailed(
+            error.code,
+            f"{error.message} (a Retry-After beyond the {self._timing.max_pause_seconds:g} s "
+            "any pause may last: the breaker opened instead)",
+            retry_after_seconds=wait,
+        )
 
     async def _failed(self, code: str, probe: str | None) -> None:
         before = self._view.state if self._view is not None else None
@@ -286,6 +341,7 @@ class ProviderGuard:
 
     async def _paused(self, retry_after: float | None) -> None:
         seconds = self._timing.default_pause_seconds if retry_after is None else retry_after
+        seconds = min(seconds, self._timing.max_pause_seconds)
         view = self._remember(
             await self._store.pause(self.provider, seconds=seconds, plan=self._plan)
         )

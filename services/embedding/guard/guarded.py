@@ -33,7 +33,8 @@ class GuardedEmbedder(PassedThroughIdentity):
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """One request of ``inner``, when the guard lets it go. Raises what ``inner``
-        raises, or the guard's EMBEDDING_UNAVAILABLE / EMBEDDING_RATE_LIMITED (not sent).
+        raises (a Retry-After beyond the guard's cap replaced by the breaker's time), or the
+        guard's EMBEDDING_UNAVAILABLE / EMBEDDING_RATE_LIMITED (not sent).
         A refused input (``InputRefused``) is the provider answering, not failing."""
         # Counting is a tokenizer pass over every text: only when a token rate charges it.
         metered = self.guard.meters_tokens
@@ -42,7 +43,11 @@ class GuardedEmbedder(PassedThroughIdentity):
         try:
             vectors = await self.inner.embed(texts)
         except IndexingFailed as error:
-            await self.guard.after_request(owner=self.owner, error=error, purpose=self.purpose)
+            instead = await self.guard.after_request(
+                owner=self.owner, error=error, purpose=self.purpose
+            )
+            if instead is not None:
+                raise instead from error
             raise
         except (Exception, asyncio.CancelledError):
             # Cancelled, or a bug: nothing the provider said, nothing to tell the others.

@@ -29,6 +29,13 @@ BREAKER_STATE = Gauge(
     ["provider"],
 )
 
+RETRY_AFTER_CAPPED = Counter(
+    "kb_embedding_retry_after_capped",
+    "429 answers whose Retry-After was beyond KB_EMBEDDING_RATE_MAX_PAUSE_SECONDS: the shared"
+    " breaker opened instead of a pause that long",
+    ["provider"],
+)
+
 BREAKER_GAUGE: Final[dict[BreakerState, int]] = {
     BreakerState.CLOSED: 0,
     BreakerState.HALF_OPEN: 1,
