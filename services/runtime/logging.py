@@ -83,6 +83,13 @@ def _route_library_logs(level: int, renderer: Any, safe: list[Processor]) -> Non
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # A library that configured its own loggers (uvicorn's default config gives `uvicorn`
+    # a handler of its own and stops it propagating) would write around the safety chain:
+    # every named logger goes through the root's one handler.
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger):
+            logger.handlers.clear()
+            logger.propagate = True
     for name in _QUIET_UNLESS_DEBUG:
         logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.CRITICAL)
     # A line per request or per parser token: what we log of them is our own event.
