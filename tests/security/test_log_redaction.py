@@ -130,6 +130,17 @@ async def _uploads_answered(client: httpx.AsyncClient) -> int:
     )
 
 
+async def _bulk_answers_by_status(client: httpx.AsyncClient) -> dict[str, int]:
+    text = (await client.get("/metrics")).text
+    return {
+        sample.labels["status"]: int(sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "kb_http_requests"
+        for sample in family.samples
+        if sample.name == "kb_http_requests_total" and sample.labels["route"].endswith("/bulk")
+    }
+
+
 async def _until_uploads_answered(client: httpx.AsyncClient, count: int) -> None:
     """Another process's progress: polling its metrics is the only signal there is."""
     async with asyncio.timeout(WAIT):
@@ -175,6 +186,8 @@ async def _provoke(root: str, tenant: ApiTenant, conn: asyncpg.Connection[Any]) 
         # The server notices a hang-up on its own time: the pool must not be closed under
         # the key check of an upload it has not got to yet.
         await _until_uploads_answered(client, 2 + HANG_UPS)
+        # A hang-up is the client's doing: no upload route counts it as the server failing.
+        assert await _bulk_answers_by_status(client) == {"400": HANG_UPS_PER_PATH}
 
         closed = await client.post(tenant.path("/test-only/close-pool"))
         assert closed.status_code == 200, closed.text
