@@ -1,0 +1,152 @@
+"""Floors inside the parts of ``services`` (docs/architecture.md#layers): the rooms of a
+package, bottom up.
+
+A room is a module or a sub-package directly inside a package named in ``ROOMS``. A module
+in a room may import its own room and the rooms on floors below; never a room above, never
+a sibling on its own floor. A package's floors name every room it has, so a new room must
+say where it stands. Imports are read as in ``test_import_rules.py``: lazy ones and
+``TYPE_CHECKING`` blocks included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.stack import REPO_ROOT
+from tests.unit.test_import_rules import Violation, modules
+
+# Package -> its rooms, bottom up.
+ROOMS: dict[str, tuple[frozenset[str], ...]] = {}
+
+
+def _rooms_of(root: Path, package: str) -> set[str]:
+    folder = root.joinpath(*package.split("."))
+    return {
+        path.stem if path.is_file() else path.name
+        for path in folder.iterdir()
+        if (path.suffix == ".py" and path.name != "__init__.py")
+        or (path.is_dir() and (path / "__init__.py").exists())
+    }
+
+
+def _room(module: str, package: str) -> str | None:
+    """The room of ``package`` that ``module`` is in; None outside it or for the package
+    itself."""
+    prefix = package + "."
+    if not module.startswith(prefix):
+        return None
+    return module.removeprefix(prefix).split(".")[0]
+
+
+def room_violations(root: Path, rooms: dict[str, tuple[frozenset[str], ...]]) -> list[Violation]:
+    found: list[Violation] = []
+    for package, floors in rooms.items():
+        level = {room: floor for floor, names in enumerate(floors) for room in names}
+        existing = _rooms_of(root, package)
+        for missing in sorted(existing - level.keys()):
+            found.append(Violation(package, 0, missing, f"{package}.{missing} has no floor"))
+        for module in modules(root):
+            importer = _room(module.name, package)
+            if importer is None or importer not in level:
+                continue
+            where = str(module.path.relative_to(root))
+            for line, imported in module.imports:
+                target = _room(imported, package)
+                # `from package import name` also names package.name, a module only when
+                # such a room exists.
+                if target is None or target == importer or target not in existing:
+                    continue
+                if target not in level:
+                    continue  # reported once above, as a room without a floor
+                if level[target] > level[importer]:
+                    why = f"upward inside {package}"
+                elif level[target] == level[importer]:
+                    why = f"sideways inside {package}"
+                else:
+                    continue
+                found.append(Violation(where, line, imported, why))
+    return found
+
+
+def test_every_room_import_goes_down_its_floors() -> None:
+    assert [str(v) for v in room_violations(REPO_ROOT, ROOMS)] == []
+
+
+def test_every_declared_floor_names_a_room_that_exists() -> None:
+    stale = [
+        f"{package}.{room}"
+        for package, floors in ROOMS.items()
+        for names in floors
+        for room in sorted(names)
+        if room not in _rooms_of(REPO_ROOT, package)
+    ]
+    assert stale == []
+
+
+# -- the checker itself, on planted trees -------------------------------------------------
+
+PLANTED: dict[str, tuple[frozenset[str], ...]] = {
+    "services.svc": (
+        frozenset({"ports", "task"}),
+        frozenset({"queue", "sink"}),
+        frozenset({"wiring"}),
+    ),
+    "services.svc.queue": (frozenset({"store"}), frozenset({"worker"})),
+}
+
+
+def _plant(root: Path, relative: str, source: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source, encoding="utf-8")
+
+
+def _plant_clean(root: Path) -> None:
+    for package in ("services", "services/svc", "services/svc/queue", "services/svc/sink"):
+        _plant(root, f"{package}/__init__.py", "")
+    _plant(root, "services/svc/ports.py", "from services.runtime import errors\n")
+    _plant(root, "services/svc/task.py", "import dataclasses\n")
+    _plant(root, "services/svc/queue/store.py", "from services.svc.task import Lease\n")
+    _plant(
+        root, "services/svc/queue/worker.py", "from .store import Store\nfrom ..ports import P\n"
+    )
+    _plant(root, "services/svc/sink/__init__.py", "from services.svc import ports\n")
+    _plant(root, "services/svc/wiring.py", "from services.svc.queue.worker import W\n")
+
+
+@pytest.mark.parametrize(
+    ("relative", "source", "why"),
+    [
+        ("services/svc/ports.py", "from services.svc.queue.store import S\n", "upward"),
+        ("services/svc/task.py", "from services.svc import wiring\n", "upward"),
+        ("services/svc/ports.py", "from services.svc.task import Lease\n", "sideways"),
+        ("services/svc/sink/x.py", "from ..queue import store\n", "sideways"),
+        (
+            "services/svc/queue/worker.py",
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from services.svc import sink\n",
+            "sideways",
+        ),
+        ("services/svc/queue/store.py", "def f():\n    from .worker import W\n", "upward"),
+    ],
+)
+def test_the_checker_finds_a_planted_back_edge(
+    tmp_path: Path, relative: str, source: str, why: str
+) -> None:
+    _plant_clean(tmp_path)
+    assert room_violations(tmp_path, PLANTED) == []
+    _plant(tmp_path, relative, source)
+    found = room_violations(tmp_path, PLANTED)
+    assert found, f"{relative} was not caught"
+    assert all(why in v.why for v in found)
+    assert {v.module for v in found} == {relative}
+
+
+def test_the_checker_finds_a_room_without_a_floor(tmp_path: Path) -> None:
+    _plant_clean(tmp_path)
+    _plant(tmp_path, "services/svc/newroom.py", "")
+    assert [v.why for v in room_violations(tmp_path, PLANTED)] == [
+        "services.svc.newroom has no floor"
+    ]
