@@ -32,6 +32,7 @@ from services.embedding.guard.factory import guarded
 from services.embedding.guard.quota import Purpose
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.index.generation import IndexGeneration
+from services.indexer.maintenance.generations_retire import PgRetirement
 from services.indexer.ports import IndexingOutcome, InTransaction
 from services.indexer.queue.attempt import RunOnceResult, TaskAttempts, WorkerEvent
 from services.indexer.queue.store_pg import PgTaskQueue
@@ -40,6 +41,14 @@ from services.indexer.queue.worker import Worker
 from services.indexer.sink.pgvector import PgVectorSink
 from tests.support import versions
 from tests.support.embedding_provider import EmbeddingProvider, served_provider
+from tests.support.generations import (
+    NEW_MODEL,
+    NEW_STRATEGY,
+    add_document,
+    new_generation,
+    register_default,
+)
+from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.paused import PausedWrite
 from tests.support.pipeline import running_pipeline
 from tests.support.tasks import create_task
@@ -173,3 +182,44 @@ async def _statuses(pool: asyncpg.Pool[Any], *task_ids: uuid.UUID) -> list[str]:
     )
     by_id = {row["task_id"]: row["status"] for row in rows}
     return [by_id[task_id] for task_id in task_ids]
+
+
+async def test_a_retire_meeting_a_committing_backfill_waits_for_it(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    await register_default(pool)
+    doc = await add_document(pool, "acme")
+    retired = await new_generation(pool, ["acme"])  # the tenant's backfill is enqueued
+    queue = PgTaskQueue(pool)
+    (lease,) = await queue.claim("standard", "w1", lease_seconds=60, limit=1)
+    assert lease.generation_id == retired
+    sink = PgVectorSink(pool)
+    generation = IndexGeneration(NEW_MODEL, 4, NEW_STRATEGY)
+    await sink.ensure_generation(generation)
+    chunks = versions.make_chunks(doc.document_id, 1, ["the backfilled text"], NEW_STRATEGY)
+    vectors = np.full((len(chunks), 4), 0.5, dtype=np.float32)
+    # The completion's fence holds its task row; its write (the tenant's rows next) waits.
+    paused = PausedWrite(
+        sink.writer(lease, generation, chunks, vectors, search_generation_id=retired),
+        before_write=True,
+    )
+    completing = asyncio.create_task(queue.complete(lease, in_transaction=paused))
+    retiring: asyncio.Task[Any] | None = None
+    try:
+        await paused.reached.wait()
+        retiring = asyncio.create_task(PgRetirement(pool).retire(retired))
+        await wait_until_blocked_on_a_lock(pool)  # the retire, on the completion's rows
+    finally:
+        paused.release.set()
+        results = await asyncio.gather(
+            completing, *([retiring] if retiring else []), return_exceptions=True
+        )
+    completed, outcome = results
+    assert completed is None, completed
+    assert not isinstance(outcome, BaseException), outcome
+    # The completion committed first; the retire found the task finished and went on.
+    assert outcome.tasks_ended == 0
+    state = await pool.fetchval(
+        "SELECT state FROM search_generation WHERE generation_id = $1", retired
+    )
+    assert state == "RETIRED"

@@ -370,13 +370,30 @@ UPDATE tenant_search_generation
 -- name: tenant_exists
 SELECT EXISTS (SELECT 1 FROM tenant WHERE tenant_id = $1)
 
+-- name: lock_unfinished_tasks
+-- $1 generation. Its tasks not finished, locked (retire), in the one lock order of task
+-- rows: (tenant_id in byte order, document_id, version_number, task_id), before any tenant
+-- row, as a completion locks them (queue/queries.sql: complete_task). A completion holding
+-- one of them is waited for: it commits (the task is SUCCEEDED, left out once the lock is
+-- ours) or rolls back; either way no tenant row of ours is in its way.
+-- How many: the ids stay in the database.
+SELECT count(*)
+  FROM (SELECT task_id
+          FROM index_task
+         WHERE generation_id = $1
+           AND status IN ('PENDING', 'RUNNING', 'RETRY_WAIT')
+         ORDER BY tenant_id COLLATE "C", document_id, version_number, task_id
+           FOR UPDATE) AS locked
+
 -- name: serving_rows_of_generation
--- $1 generation: its tenant rows, locked (retire): a switch to it holds them FOR UPDATE
--- until it commits, so a tenant that starts serving it meanwhile is seen here.
+-- $1 generation: its tenant rows, locked (retire) after its task rows (lock_unfinished_tasks)
+-- and in tenant order (byte order, the order a completion group takes its tenants in): a
+-- switch to it holds them FOR UPDATE until it commits, so a tenant that starts serving it
+-- meanwhile is seen here.
 SELECT tenant_id, serving
   FROM tenant_search_generation
  WHERE generation_id = $1
- ORDER BY tenant_id
+ ORDER BY tenant_id COLLATE "C"
    FOR UPDATE
 
 -- name: start_retiring
@@ -395,7 +412,7 @@ DELETE FROM tenant_search_generation WHERE generation_id = $1 AND NOT serving
 -- name: end_unfinished_tasks
 -- $1 generation, $2 error code, $3 message, $4 now. Its tasks not finished end DEAD: no
 -- worker claims them any more, and a running one's completion is fenced out (its task is no
--- longer RUNNING under its lease).
+-- longer RUNNING under its lease). Their rows are locked already (lock_unfinished_tasks).
 UPDATE index_task
    SET status = 'DEAD',
        error_code = $2,

@@ -64,11 +64,13 @@ class PgRetirement:
         one else uses the model, and marks it RETIRED."""
         with translate_db_errors():
             async with self._pool.acquire() as conn, conn.transaction():
-                # Lock order, the same as every other writer's: the tenant rows, the tasks,
-                # then the generation's row. A completion holds its task row, then its
-                # tenant's serving row and the generation's row FOR SHARE; a switch its
-                # tenant's rows, then the generation's row FOR SHARE. Taking the generation's
-                # row first would wait for them while they wait for us.
+                # Lock order, the same as every other writer's: the task rows (in the one
+                # order of complete_task), the tenant rows, then the generation's row. A
+                # completion holds its task rows, then its tenant's rows and the
+                # generation's row FOR SHARE; a switch its tenant's rows, then the
+                # generation's row FOR SHARE. Taking the tenant rows before the task rows
+                # would wait for a committing backfill while it waits for us (a deadlock),
+                # and the generation's row first for any of them.
                 await conn.fetchval(QUERIES["lock_generations"])
                 row = await conn.fetchrow(QUERIES["read_generation"], generation_id)
                 if row is None:
@@ -83,6 +85,7 @@ class PgRetirement:
                         f"{generation.describe()} is the default (the indexers' KB_EMBEDDING_*): "
                         "it serves every tenant without a generation of its own"
                     )
+                await conn.fetchval(QUERIES["lock_unfinished_tasks"], generation_id)
                 tenants = await conn.fetch(QUERIES["serving_rows_of_generation"], generation_id)
                 serving = [r["tenant_id"] for r in tenants if r["serving"]]
                 if serving:

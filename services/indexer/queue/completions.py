@@ -35,8 +35,9 @@ a beat would only wait for it), and ``withdraw`` drops a completion still waitin
 lease a heartbeat found lost.
 
 A group holds at most one completion per document (a second waits for the next group), and
-its tasks are written in (tenant, document, version) order: the pointer rows and the
-outbox's per-document advisory locks are taken in one order by every group, so two groups
+its tasks are written in (tenant, document, version) order: the task rows (complete_task
+locks them in this order, and so does `kb index generations retire`), the pointer rows and
+the outbox's per-document advisory locks are taken in one order by every group, so two groups
 committing at once (of this process or another) wait for each other instead of
 deadlocking. Two versions of one document in two groups committing at once are written
 one after the other (the second waits for the first's pointer lock), and the pointer only

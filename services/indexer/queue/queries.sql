@@ -247,9 +247,29 @@ RETURNING lease_until
 -- transaction: the row lock taken here is held until commit, so the sink's writes that
 -- follow in the same transaction cannot race a takeover. Each task's fence on its own:
 -- the tasks that come back are completed and their rows locked until commit; a task that
--- does not is fenced out and nothing else of it is written. No other transaction waits on
--- two of these rows (each task is in one group; heartbeats and fails lock one row and
--- nothing else), so the order the rows are locked in does not matter.
+-- does not is fenced out and nothing else of it is written.
+--
+-- The one lock order of task rows (docs/architecture.md#index-generations): (tenant_id in
+-- byte order, document_id, version_number, task_id), the order a group writes its tasks in
+-- (completions.py sorts a group so; a group holds one task per document), and every row
+-- before any tenant_search_generation row (the sink's lock_completion_generation comes
+-- after). `kb index generations retire` locks the tasks it ends in the same order and
+-- before the tenant rows (maintenance/generations.sql: lock_unfinished_tasks), so a retire
+-- meeting a committing backfill waits for it instead of deadlocking. FOR UPDATE locks the
+-- rows as they leave the sort (the plan's LockRows node sits above it); a row changed
+-- while we waited is checked again and left out when its fence no longer holds.
+WITH fenced AS (
+    SELECT t.task_id
+      FROM index_task t
+      JOIN unnest($1::uuid[], $2::text[], $3::integer[]) AS f (task_id, owner, attempts)
+        ON t.task_id = f.task_id
+     WHERE t.status = 'RUNNING'
+       AND t.lease_owner = f.owner
+       AND t.attempts = f.attempts
+       AND t.lease_until > coalesce($4::timestamptz, now())
+     ORDER BY t.tenant_id COLLATE "C", t.document_id, t.version_number, t.task_id
+       FOR UPDATE OF t
+)
 UPDATE index_task t
    SET status = 'SUCCEEDED',
        lease_until = NULL,
@@ -257,12 +277,8 @@ UPDATE index_task t
        error_message = NULL,
        updated_at = coalesce($4::timestamptz, now()),
        finished_at = coalesce($4::timestamptz, now())
-  FROM unnest($1::uuid[], $2::text[], $3::integer[]) AS f (task_id, owner, attempts)
+  FROM fenced f
  WHERE t.task_id = f.task_id
-   AND t.status = 'RUNNING'
-   AND t.lease_owner = f.owner
-   AND t.attempts = f.attempts
-   AND t.lease_until > coalesce($4::timestamptz, now())
 RETURNING t.task_id
 
 -- name: fail_task
