@@ -30,20 +30,25 @@ from services.embedding.factory import build_embedder
 from services.embedding.guard.breaker import BreakerState
 from services.embedding.guard.factory import guarded
 from services.embedding.guard.quota import Purpose
+from services.embedding.hashing import HashingEmbedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.index.generation import IndexGeneration
 from services.indexer.maintenance.generations_retire import PgRetirement
+from services.indexer.pipeline.version_indexer import chunking_strategy, index_generation
 from services.indexer.ports import IndexingOutcome, InTransaction
 from services.indexer.queue.attempt import RunOnceResult, TaskAttempts, WorkerEvent
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.task import Lease, RetryPolicy
 from services.indexer.queue.worker import Worker
 from services.indexer.sink.pgvector import PgVectorSink
+from services.runtime.commands.cli_support import exit_code
+from services.runtime.errors import ConfigError
 from tests.support import versions
 from tests.support.embedding_provider import EmbeddingProvider, served_provider
 from tests.support.generations import (
     NEW_MODEL,
     NEW_STRATEGY,
+    OLD_MODEL,
     add_document,
     new_generation,
     register_default,
@@ -223,3 +228,33 @@ async def test_a_retire_meeting_a_committing_backfill_waits_for_it(
         "SELECT state FROM search_generation WHERE generation_id = $1", retired
     )
     assert state == "RETIRED"
+
+
+async def test_an_indexer_with_another_model_refuses_while_tenants_search_the_default(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    default = await register_default(pool)  # hashing-v1-3
+    await add_document(pool, "acme")  # searched through the default: no generation of its own
+    await add_document(pool, "globex")
+    embedder = HashingEmbedder(dimension=8)  # KB_EMBEDDING_* now names hashing-v1-8
+    generation = index_generation(embedder, chunking_strategy(embedder, max_tokens=256))
+    sink = PgVectorSink(pool)
+    with pytest.raises(ConfigError) as caught:
+        await sink.register_default(generation, chunk_max_tokens=256, chunk_overlap_tokens=0)
+    message = str(caught.value)
+    assert exit_code(caught.value) == 2
+    for named in (OLD_MODEL, "hashing-v1-8", "2 tenants", "acme", "globex"):
+        assert named in message
+    assert "kb index generations create" in message
+    assert "kb index generations switch" in message
+    defaults = await pool.fetch("SELECT generation_id FROM search_generation WHERE is_default")
+    assert [row["generation_id"] for row in defaults] == [default]
+    assert await pool.fetchval("SELECT count(*) FROM search_generation") == 1
+    # Once every tenant with documents has a generation of its own (`create` pins it to
+    # the default), the new default moves nobody's search: the start goes ahead.
+    await new_generation(pool, ["acme", "globex"])
+    registered = await sink.register_default(
+        generation, chunk_max_tokens=256, chunk_overlap_tokens=0
+    )
+    assert registered.embedding_model == "hashing-v1-8"
+    assert registered.is_default

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from services.index.generation import IndexGeneration, chunking_settings
 from services.index.generations import DEFAULT_PROFILE, SearchGeneration
 from services.indexer.queue.task import Lease
+from services.indexer.sink.default_change import refuse_moving_searches
 from services.runtime.errors import ConfigError
 from services.runtime.logging import get_logger
 from services.runtime.pg.coalesce import Coalesced
@@ -58,7 +59,9 @@ async def register_default(
 ) -> SearchGeneration:
     """The search generation of the indexer's configuration (profile ``default``), made the
     default: found or created, its chunking settings recorded if not yet known. One
-    transaction under the exclusive advisory lock: concurrent starts register it once."""
+    transaction under the exclusive advisory lock: concurrent starts register it once.
+    Refused (ConfigError) when it would move searches to another model
+    (default_change.py)."""
     settings = chunking_settings(generation.chunking_strategy)
     key = (
         DEFAULT_PROFILE,
@@ -70,6 +73,9 @@ async def register_default(
     with translate_db_errors():
         async with conn.transaction():
             await conn.fetchval(QUERIES["lock_search_generations"])
+            await refuse_moving_searches(
+                conn, model=generation.embedding_model, dimension=generation.dimension
+            )
             row = await conn.fetchrow(QUERIES["find_live_search_generation"], *key)
             if row is None:
                 row = await conn.fetchrow(QUERIES["insert_search_generation"], *key, now)

@@ -20,6 +20,22 @@ SELECT *
    AND chunk_overlap_tokens = $5
    AND state <> 'RETIRED'
 
+-- name: default_search_generation
+-- The default as it is before this start registers its own (default_change.py).
+SELECT * FROM search_generation WHERE is_default
+
+-- name: tenants_searching_the_default
+-- $1 how many to name. The tenants without a generation of their own (no
+-- tenant_search_generation row: the default serves them) that have a search pointer, in
+-- tenant order, each with the count of them all (default_change.py). One probe of each
+-- table's tenant_id-led key per tenant.
+SELECT t.tenant_id, count(*) OVER () AS total
+  FROM tenant t
+ WHERE NOT EXISTS (SELECT 1 FROM tenant_search_generation g WHERE g.tenant_id = t.tenant_id)
+   AND EXISTS (SELECT 1 FROM document_search_version p WHERE p.tenant_id = t.tenant_id)
+ ORDER BY t.tenant_id
+ LIMIT $1
+
 -- name: insert_search_generation
 -- $1 profile, $2 model, $3 dimension, $4 chunk tokens, $5 overlap, $6 now. Not the default
 -- yet: make_default_search_generation makes it so once the old default has let go (the
