@@ -139,6 +139,51 @@ async def test_a_completion_queued_longer_than_its_lease_keeps_the_lease(
     assert (row["status"], row["attempts"], row["lease_owner"]) == ("SUCCEEDED", 1, "w1")
 
 
+async def test_a_refused_heartbeat_withdraws_a_queued_completion(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    lease_seconds = 3.0
+    queue = PgTaskQueue(pool, committing_groups=1)
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    for _ in range(2):
+        await create_task(pool)
+    held, queued = await queue.claim("standard", "w1", lease_seconds=lease_seconds, limit=2)
+    paused = PausedWrite(write_for(sink, held))
+    events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    attempts = TaskAttempts(
+        queue,
+        Writes({held.task_id: paused, queued.task_id: write_for(sink, queued)}),
+        owner="w1",
+        lease_seconds=lease_seconds,
+        policy=RetryPolicy(),
+        rng=random.Random(41),
+        emit=events.put_nowait,
+    )
+    first = asyncio.create_task(attempts.process(held))
+    try:
+        await paused.reached.wait()
+        second = asyncio.create_task(attempts.process(queued))
+        # Another worker took the queued task over: its next beat is refused, and the
+        # completion goes at once, without waiting for the group ahead of it.
+        await pool.execute(
+            "UPDATE index_task SET lease_owner = 'rescuer', attempts = attempts + 1"
+            " WHERE task_id = $1",
+            queued.task_id,
+        )
+        async with asyncio.timeout(10 * lease_seconds):
+            assert await second is RunOnceResult.LOST_LEASE
+        assert not first.done()
+    finally:
+        paused.release.set()
+    assert await first is RunOnceResult.SUCCEEDED
+    row = await pool.fetchrow(
+        "SELECT status, lease_owner FROM index_task WHERE task_id = $1", queued.task_id
+    )
+    assert row is not None
+    assert (row["status"], row["lease_owner"]) == ("RUNNING", "rescuer")  # untouched
+
+
 A_YEAR = 365 * 24 * 3600
 
 
