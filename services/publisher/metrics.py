@@ -4,17 +4,7 @@ or task ids."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Any, Final
-
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from starlette.types import Message, Receive, Scope, Send
-
-from services.publisher.web.middleware import HttpMiddleware
-
-_KNOWN_METHODS: Final = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
-UNMATCHED_ROUTE: Final = "<unmatched>"
 
 
 class PublisherMetrics:
@@ -52,36 +42,3 @@ class PublisherMetrics:
             buckets=(1e3, 1e4, 1e5, 1e6, 5e6, 1e7, 2.5e7, 1e8),
             registry=self.registry,
         )
-
-
-@dataclass(eq=False)
-class MetricsMiddleware(HttpMiddleware):
-    """Counts every answer, including those given before routing (401, 413, 404)."""
-
-    metrics: PublisherMetrics
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
-        status = 500
-
-        async def send_with_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_status)
-        finally:
-            method = scope["method"] if scope["method"] in _KNOWN_METHODS else "OTHER"
-            route = _route_template(scope)
-            self.metrics.requests.labels(method, route, str(status)).inc()
-            self.metrics.request_seconds.labels(method, route).observe(
-                time.perf_counter() - started
-            )
-
-
-def _route_template(scope: Scope) -> str:
-    route: Any = scope.get("route")
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else UNMATCHED_ROUTE

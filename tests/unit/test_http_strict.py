@@ -19,8 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
-from services.publisher.bulk.routes import _items
 from services.publisher.settings import PublisherSettings
+from services.publisher.web.bulk_routes import _items
 from services.runtime.commands.cli_support import load_settings
 from services.runtime.errors import ConfigError
 from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key

@@ -15,14 +15,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.publisher.bulk.domain import BulkPublisher, BulkStore
-from services.publisher.bulk.routes import bulk_router
 from services.publisher.domain import Publisher
-from services.publisher.metrics import MetricsMiddleware, PublisherMetrics
+from services.publisher.metrics import PublisherMetrics
 from services.publisher.ports import PublisherStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.web.body_limit import BodyLimitMiddleware
+from services.publisher.web.bulk_routes import bulk_router
 from services.publisher.web.ops_routes import ops_router
 from services.publisher.web.readiness import ReadinessProbe
+from services.publisher.web.request_metrics import MetricsMiddleware
 from services.publisher.web.routes import bearer, tenant_router
 from services.publisher.web.upload_budget import UploadBudget, UploadBudgetMiddleware
 from services.runtime.auth.settings import AuthSettings
