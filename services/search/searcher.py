@@ -35,6 +35,7 @@ from services.runtime.indexing.index_failures import (
     redact,
 )
 from services.runtime.logging import get_logger
+from services.runtime.pg.records import copied
 from services.runtime.tenancy.principals import normalise_principals
 from services.search.metrics import TIMEOUT_REASON, count_degraded
 
@@ -134,8 +135,8 @@ class Generation:
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One chunk in one ranked list (rank 1 is the best)."""
+class FoundChunk:
+    """A chunk as search shows it: its document's version, its place in it, its text."""
 
     document_id: uuid.UUID
     title: str
@@ -143,6 +144,12 @@ class Candidate:
     chunk_id: str
     heading_path: tuple[str, ...]
     text: str
+
+
+@dataclass(frozen=True)
+class Candidate(FoundChunk):
+    """One chunk in one ranked list (rank 1 is the best)."""
+
     rank: int
     score: float
     # Keyword list: the share of the query's (rarity-weighted) words the chunk holds.
@@ -162,13 +169,7 @@ class Candidates:
 
 
 @dataclass(frozen=True)
-class SearchHit:
-    document_id: uuid.UUID
-    title: str
-    version_number: int
-    chunk_id: str
-    heading_path: tuple[str, ...]
-    text: str
+class SearchHit(FoundChunk):
     score: float
 
 
@@ -252,18 +253,7 @@ def rank_results(
     else:
         ranked = candidates.vector if request.mode is SearchMode.VECTOR else candidates.keyword
         fused = [(c, c.score) for c in sorted(ranked, key=lambda c: c.rank)]
-    return tuple(
-        SearchHit(
-            document_id=c.document_id,
-            title=c.title,
-            version_number=c.version_number,
-            chunk_id=c.chunk_id,
-            heading_path=c.heading_path,
-            text=c.text,
-            score=score,
-        )
-        for c, score in fused[: request.top_k]
-    )
+    return tuple(copied(SearchHit, c, score=score) for c, score in fused[: request.top_k])
 
 
 # --- the use case --------------------------------------------------------------------------
