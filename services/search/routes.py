@@ -16,8 +16,7 @@ from fastapi import APIRouter, Depends, Path, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
-from pydantic.alias_generators import to_camel
+from pydantic import AfterValidator, Field, StringConstraints
 
 from services.runtime.auth.keys import Scope
 from services.runtime.auth.tokens import MAX_TOKEN_CHARS
@@ -31,6 +30,7 @@ from services.runtime.tenancy.tenant_auth import (
     search_principals,
 )
 from services.runtime.web.http_problem import PROBLEM_RESPONSE, problem_response
+from services.runtime.web.wire import ApiModel
 from services.search.replicas import TOKEN_PATTERN, parse_token
 from services.search.searcher import (
     DEFAULT_TOP_K,
@@ -83,17 +83,7 @@ Heading = Annotated[
 ]
 
 
-class SearchModel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        from_attributes=True,
-    )
-
-
-class SearchFilterBody(SearchModel):
+class SearchFilterBody(ApiModel):
     document_ids: list[uuid.UUID] | None = Field(
         default=None,
         max_length=MAX_FILTER_DOCUMENTS,
@@ -107,7 +97,7 @@ class SearchFilterBody(SearchModel):
     )
 
 
-class SearchBody(SearchModel):
+class SearchBody(ApiModel):
     query: QueryText
     top_k: int = Field(default=DEFAULT_TOP_K, ge=MIN_TOP_K, le=MAX_TOP_K, strict=True)
     principals: list[Principal] | None = Field(
@@ -140,7 +130,7 @@ class SearchBody(SearchModel):
     )
 
 
-class SearchHitBody(SearchModel):
+class SearchHitBody(ApiModel):
     document_id: uuid.UUID
     title: str
     version_number: int
@@ -150,7 +140,7 @@ class SearchHitBody(SearchModel):
     score: float
 
 
-class GenerationBody(SearchModel):
+class GenerationBody(ApiModel):
     embedding_model: str
     dimension: int
     generation_id: int | None = Field(
@@ -160,7 +150,7 @@ class GenerationBody(SearchModel):
     )
 
 
-class SearchResponse(SearchModel):
+class SearchResponse(ApiModel):
     results: list[SearchHitBody]
     generation: GenerationBody
     took_ms: float

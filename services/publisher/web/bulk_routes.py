@@ -33,7 +33,7 @@ from services.publisher.bulk.form import read_form
 from services.publisher.domain import MAX_TITLE_LENGTH, Upload
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.web.links import AFTER_BULK
-from services.publisher.web.wire import ApiModel, ReadAcl
+from services.publisher.web.wire import ReadAcl
 from services.runtime.auth.keys import Scope
 from services.runtime.errors import BadInput, DependencyUnavailable, KbError
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE
@@ -42,6 +42,7 @@ from services.runtime.tenancy.tenant_auth import require_scope
 from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
 from services.runtime.web.http_problem import PROBLEM_RESPONSE
 from services.runtime.web.http_strict import strict_json_loads
+from services.runtime.web.wire import ApiModel
 
 log = get_logger(__name__)
 

@@ -9,26 +9,16 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
-from pydantic.alias_generators import to_camel
+from pydantic import Field, StringConstraints
 
 from services.publisher.domain import MAX_PRINCIPAL_LENGTH, IndexStatus
 from services.publisher.text import REFUSED_CHARACTERS
 from services.runtime.indexing.tasks import TaskStatus
+from services.runtime.web.wire import ApiModel
 
 MAX_INT32: Final = 2_147_483_647
 MAX_INT64: Final = 9_223_372_036_854_775_807
 MAX_PRINCIPALS: Final = 1000
-
-
-class ApiModel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        from_attributes=True,
-    )
 
 
 Principal = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PRINCIPAL_LENGTH)]

@@ -1,1 +1,2 @@
-"""The HTTP contract every app shares: problem details and request strictness."""
+"""The HTTP contract every app shares: problem details, request strictness and the base of
+the wire models."""
