@@ -28,8 +28,9 @@ import pytest
 
 from services.embedding.factory import build_embedder
 from services.embedding.guard.breaker import BreakerState
-from services.embedding.guard.factory import guarded
+from services.embedding.guard.factory import build_guard, guarded, quota_plan
 from services.embedding.guard.quota import Purpose
+from services.embedding.guard.store_pg import PgProviderStateStore
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.index.generation import IndexGeneration
@@ -224,6 +225,42 @@ async def test_a_year_long_retry_after_opens_the_breaker_and_the_indexer_recover
                 if await worker.run_once() is RunOnceResult.IDLE:
                     await asyncio.sleep(0.1)  # the open time and a backoff passing
             assert (await guard.view()).state is BreakerState.CLOSED
+
+
+async def test_a_year_long_pause_already_shared_is_cut_to_the_cap(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    settings = EmbeddingSettings(
+        provider=OpenAIConfig(base_url="http://127.0.0.1:9/v1", model="legacy", dimensions=8),
+        rate_requests_per_second=1.0,
+        guard_refresh_seconds=0,
+    )
+    store = PgProviderStateStore(pool)
+    guard = build_guard(settings, store, "w-edges")
+    await guard.before_request(tokens=1, purpose=Purpose.INDEX, owner="w-edges")  # buckets
+    # What a process without the cap left behind: a year's pause, its buckets owing it.
+    await store.pause(guard.provider, seconds=A_YEAR, plan=quota_plan(settings))
+    assert await pool.fetchval(
+        "SELECT min(tat) > now() + interval '300 days' FROM embedding_quota_bucket"
+        " WHERE provider = $1",
+        guard.provider,
+    )
+    allowance = await guard.claim_allowance("w-edges")
+    assert allowance.reason == "paused"
+    assert allowance.retry_in_seconds is not None
+    assert allowance.retry_in_seconds <= 300
+    paused_for = await pool.fetchval(
+        "SELECT extract(epoch FROM paused_until - now()) FROM embedding_provider_state"
+        " WHERE provider = $1",
+        guard.provider,
+    )
+    owed_for = await pool.fetchval(
+        "SELECT extract(epoch FROM max(tat) - now()) FROM embedding_quota_bucket"
+        " WHERE provider = $1",
+        guard.provider,
+    )
+    assert paused_for <= 300
+    assert owed_for <= 300 + 60  # the pause and at most a burst's tolerance after it
 
 
 async def _statuses(pool: asyncpg.Pool[Any], *task_ids: uuid.UUID) -> list[str]:

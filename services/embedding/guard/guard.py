@@ -13,7 +13,8 @@ The shared pause is capped (``max_pause_seconds``): one 429 must not stop every 
 claims and every hybrid search for as long as it asks -- a Retry-After of a year would,
 until someone edited the row. A Retry-After beyond the cap opens the breaker instead (a
 failed probe's 429 reopens it), which probes after its open time as for an outage: a
-provider that recovers is used again on its own.
+provider that recovers is used again on its own. A longer pause found in the shared state
+(written before the cap, or under a larger one) is cut to the cap when read.
 
 The breaker and the pause are read from a copy of the shared state at most
 ``refresh_seconds`` old: a request that finds the breaker closed costs no round trip for
@@ -112,8 +113,22 @@ class ProviderGuard:
     # --- the shared state, as this process sees it --------------------------------------------
 
     async def view(self) -> ProviderView:
-        """The provider's shared state, read now (and the breaker gauge set from it)."""
-        return self._remember(await self._store.view(self.provider))
+        """The provider's shared state, read now (and the breaker gauge set from it). A
+        pause longer than the cap (written before it existed, or under a larger one) is cut
+        to it: nobody has to edit the row."""
+        view = await self._store.view(self.provider)
+        cap = self._timing.max_pause_seconds
+        if view.seconds_until(view.paused_until) > cap:
+            was = view.paused_until
+            view = await self._store.cap_pause(self.provider, max_seconds=cap, plan=self._plan)
+            _log.warning(
+                "embedding.pause_capped",
+                provider=self.provider,
+                was_paused_until=was.isoformat() if was else None,
+                paused_until=view.paused_until.isoformat() if view.paused_until else None,
+                max_pause_seconds=cap,
+            )
+        return self._remember(view)
 
     async def _current(self) -> ProviderView:
         """The copy, read again when older than ``refresh_seconds`` (once for everyone)."""

@@ -103,6 +103,14 @@ class ProviderStateStore(Protocol):
         it was), and every bucket the plan knows moved past it (``quota.paused_tats``)."""
         ...
 
+    async def cap_pause(
+        self, provider: str, *, max_seconds: float, plan: QuotaPlan
+    ) -> ProviderView:
+        """``paused_until`` no later than ``now + max_seconds`` (a pause written before the
+        cap existed, or under a larger one), and the buckets the plan knows owing no more
+        than that (``quota.capped_tats``)."""
+        ...
+
     async def take_probe(self, provider: str, *, owner: str, policy: BreakerPolicy) -> ProbeTaken:
         """``Breaker.take_probe`` for ``owner``: at most one caller wins a probe."""
         ...

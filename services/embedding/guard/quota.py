@@ -130,6 +130,19 @@ def paused_tats(
     return moved
 
 
+def capped_tats(
+    tats: Mapping[str, datetime], paused_until: datetime, plan: QuotaPlan
+) -> dict[str, datetime]:
+    """A pause cut short to ``paused_until`` (``ProviderStateStore.cap_pause``): the buckets
+    the plan knows owe no more than ``paused_until + tau``; the others are left alone."""
+    cut: dict[str, datetime] = {}
+    for name, tat in tats.items():
+        bucket = plan.bucket(name)
+        if bucket is not None and tat > paused_until + bucket.tolerance():
+            cut[name] = paused_until + bucket.tolerance()
+    return cut
+
+
 @dataclass(frozen=True)
 class QuotaPlan:
     """The buckets of one provider, from the settings. A rate left ``None`` is no bucket;

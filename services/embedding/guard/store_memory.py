@@ -15,6 +15,7 @@ from services.embedding.guard.quota import (
     Charge,
     QuotaPlan,
     Reservation,
+    capped_tats,
     paused_tats,
     reserve,
 )
@@ -76,6 +77,19 @@ class InMemoryProviderStateStore:
                 row.paused_until = until
                 row.updated_at = now
             row.tats.update(paused_tats(row.tats, row.paused_until, plan))
+            return self._view(provider, now)
+
+    async def cap_pause(
+        self, provider: str, *, max_seconds: float, plan: QuotaPlan
+    ) -> ProviderView:
+        async with self._lock:
+            now = self._now()
+            row = self._row(provider)
+            until = now + timedelta(seconds=max_seconds)
+            if row.paused_until is not None and row.paused_until > until:
+                row.paused_until = until
+                row.updated_at = now
+            row.tats.update(capped_tats(row.tats, until, plan))
             return self._view(provider, now)
 
     async def take_probe(self, provider: str, *, owner: str, policy: BreakerPolicy) -> ProbeTaken:

@@ -23,6 +23,7 @@ from services.embedding.guard.quota import (
     Charge,
     QuotaPlan,
     Reservation,
+    capped_tats,
     paused_tats,
     reserve,
 )
@@ -99,6 +100,22 @@ class PgProviderStateStore:
                 tats = await self._lock(conn, QUERIES["lock_all_buckets"], provider, None)
                 await _write_tats(conn, provider, paused_tats(tats, until, plan))
         return ProviderView(provider, now, until, _breaker(row), updated_at)
+
+    async def cap_pause(
+        self, provider: str, *, max_seconds: float, plan: QuotaPlan
+    ) -> ProviderView:
+        with translate_db_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                row = await self._lock_provider(conn, provider)
+                now: datetime = row["now"]
+                until = now + timedelta(seconds=max_seconds)
+                paused_until, updated_at = row["paused_until"], row["updated_at"]
+                if paused_until is not None and paused_until > until:
+                    await conn.execute(QUERIES["write_pause"], provider, until, now)
+                    paused_until, updated_at = until, now
+                tats = await self._lock(conn, QUERIES["lock_all_buckets"], provider, None)
+                await _write_tats(conn, provider, capped_tats(tats, until, plan))
+        return ProviderView(provider, now, paused_until, _breaker(row), updated_at)
 
     async def take_probe(self, provider: str, *, owner: str, policy: BreakerPolicy) -> ProbeTaken:
         with translate_db_errors():

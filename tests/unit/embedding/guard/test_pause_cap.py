@@ -12,6 +12,7 @@ from services.embedding.guard.breaker import BreakerPolicy, BreakerState
 from services.embedding.guard.factory import guard_timing
 from services.embedding.guard.guard import ClaimAllowance, Purpose
 from services.embedding.guard.guarded import GuardedEmbedder
+from services.embedding.guard.quota import QuotaPlan
 from services.embedding.settings import load_embedding_settings
 from services.runtime.errors import ConfigError, DependencyUnavailable
 from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
@@ -117,3 +118,20 @@ def test_the_cap_is_a_setting_and_not_below_the_default_pause(
     monkeypatch.setenv("KB_EMBEDDING_RATE_DEFAULT_PAUSE_SECONDS", "120")
     with pytest.raises(ConfigError, match="KB_EMBEDDING_RATE_MAX_PAUSE_SECONDS"):
         load_embedding_settings()
+
+
+async def test_a_pause_beyond_the_cap_already_shared_is_cut_to_it() -> None:
+    world = World()
+    plan = QuotaPlan(requests_per_second=1.0)
+    # What a process without the cap left behind: a year's pause, its buckets owing it.
+    await world.store.pause(world.provider, seconds=A_YEAR, plan=plan)
+    guard = world.guard(plan=plan, policy=POLICY, max_pause_seconds=300)
+    assert await guard.claim_allowance("w") == ClaimAllowance(0, 300.0, "paused")
+    assert (await world.store.view(world.provider)).seconds_until(
+        (await world.store.view(world.provider)).paused_until
+    ) == pytest.approx(300)
+    world.clock.advance(302)
+    assert await guard.claim_allowance("w") == ClaimAllowance(None)
+    # The buckets were cut too: a request goes at once.
+    await guard.before_request(tokens=1, purpose=Purpose.INDEX, owner="w")
+    assert world.sleeps == []
