@@ -32,14 +32,7 @@ async def apply_served_acl(conn: Any, tenant_id: str, document_ids: Sequence[uui
 
 async def apply_served_acls(conn: Any, documents: Sequence[TenantDocument]) -> None:
     """``apply_served_acl`` for documents of several tenants, in one statement."""
-    if not documents:
-        return
-    with translate_db_errors():
-        await conn.execute(
-            QUERIES["apply_served_acl"],
-            [tenant_id for tenant_id, _ in documents],
-            [document_id for _, document_id in documents],
-        )
+    await _run_for_documents(conn, "apply_served_acl", documents)
 
 
 async def lock_first_pointer(conn: Any, tenant_id: str, document_ids: Sequence[uuid.UUID]) -> None:
@@ -52,11 +45,16 @@ async def lock_first_pointer(conn: Any, tenant_id: str, document_ids: Sequence[u
 async def lock_first_pointers(conn: Any, documents: Sequence[TenantDocument]) -> None:
     """``lock_first_pointer`` for documents of several tenants, in (tenant, document)
     order."""
+    await _run_for_documents(conn, "lock_first_pointer", documents)
+
+
+async def _run_for_documents(conn: Any, query: str, documents: Sequence[TenantDocument]) -> None:
+    """One statement for all ``documents``: their tenants and their ids as two arrays."""
     if not documents:
         return
     with translate_db_errors():
         await conn.execute(
-            QUERIES["lock_first_pointer"],
+            QUERIES[query],
             [tenant_id for tenant_id, _ in documents],
             [document_id for _, document_id in documents],
         )
