@@ -14,6 +14,7 @@ import asyncpg
 from services.runtime.auth.keys import PrincipalSource, Scope
 from services.runtime.errors import BadInput, NotFound
 from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.records import from_row
 from services.runtime.pg.sql import queries_beside
 
 QUERIES = queries_beside(__file__, "keys.sql")
@@ -195,16 +196,7 @@ class PgKeyStore:
         with translate_db_errors():
             await self._require_tenant(tenant_id)
             rows = await self._conn.fetch(QUERIES["list_verification_keys"], tenant_id)
-        return [
-            VerificationKeyListing(
-                kid=row["kid"],
-                algorithm=row["algorithm"],
-                audience=row["audience"],
-                issuer=row["issuer"],
-                created_at=row["created_at"],
-            )
-            for row in rows
-        ]
+        return [from_row(VerificationKeyListing, row) for row in rows]
 
     async def remove_verification_key(self, tenant_id: str, kid: str) -> None:
         with translate_db_errors():
