@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from pydantic import SecretStr, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from services.embedding.settings import (
     _PROVIDERS,
@@ -130,16 +129,7 @@ def _profile_settings() -> type[EmbeddingSettings]:
     profile variables with EmbeddingSettings')."""
 
     class ProfileSettings(EmbeddingSettings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings,)
+        reads_environment = False
 
     return ProfileSettings
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -146,6 +146,14 @@ class _FlatProviderSource(PydanticBaseSettingsSource):
         return {"provider": fields}
 
 
+# A ceiling and the floor it may not go below; the floor is declared first, so a validator
+# of the ceiling sees it validated.
+_CEILINGS: Final = {
+    "rate_max_pause_seconds": "rate_default_pause_seconds",
+    "breaker_max_open_seconds": "breaker_open_seconds",
+}
+
+
 class EmbeddingSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, frozen=True, extra="ignore", populate_by_name=True
@@ -198,20 +206,17 @@ class EmbeddingSettings(BaseSettings):
     # How old the process's copy of the shared state may be (breaker, pause).
     guard_refresh_seconds: float = Field(default=0.5, ge=0, le=60)
 
-    @field_validator("rate_max_pause_seconds")
-    @classmethod
-    def _max_pause_not_below_default(cls, value: float, info: ValidationInfo) -> float:
-        pause = info.data.get("rate_default_pause_seconds")
-        if pause is not None and value < pause:
-            raise ValueError(f"must be at least KB_EMBEDDING_RATE_DEFAULT_PAUSE_SECONDS ({pause})")
-        return value
+    # The process's KB_EMBEDDING_* variables are the default profile's: another profile
+    # (profiles.py) is read from the values it is given alone.
+    reads_environment: ClassVar[bool] = True
 
-    @field_validator("breaker_max_open_seconds")
+    @field_validator(*_CEILINGS)
     @classmethod
-    def _max_open_not_below_open(cls, value: float, info: ValidationInfo) -> float:
-        opened = info.data.get("breaker_open_seconds")
-        if opened is not None and value < opened:
-            raise ValueError(f"must be at least KB_EMBEDDING_BREAKER_OPEN_SECONDS ({opened})")
+    def _ceiling_not_below_floor(cls, value: float, info: ValidationInfo) -> float:
+        floor_name = _CEILINGS[str(info.field_name)]
+        floor = info.data.get(floor_name)
+        if floor is not None and value < floor:
+            raise ValueError(f"must be at least {ENV_PREFIX}{floor_name.upper()} ({floor})")
         return value
 
     @classmethod
@@ -223,6 +228,8 @@ class EmbeddingSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        if not cls.reads_environment:
+            return (init_settings,)
         return init_settings, _FlatProviderSource(settings_cls, os.environ), env_settings
 
 

@@ -53,6 +53,31 @@ def test_a_profile_reads_only_its_own_variables() -> None:
     assert isinstance(load_profile("local_two", HOSTED).provider, HashingConfig)
 
 
+def test_a_profile_ignores_the_processs_own_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The process's KB_EMBEDDING_* are the default profile's, never another profile's.
+    monkeypatch.setenv("KB_EMBEDDING_PROVIDER", "hashing")
+    monkeypatch.setenv("KB_EMBEDDING_BATCH_SIZE", "5")
+    monkeypatch.setenv("KB_EMBEDDING_RATE_TOKENS_PER_MINUTE", "1000")
+    hosted = load_profile("hosted", HOSTED)
+    assert isinstance(hosted.provider, OpenAIConfig)
+    assert (hosted.batch_size, hosted.rate_tokens_per_minute) == (32, None)
+    assert load_profile("default", HOSTED).batch_size == 5
+
+
+def test_a_profiles_ceiling_below_its_floor_is_named() -> None:
+    bad = {
+        **HOSTED,
+        "KB_EMBEDDING_PROFILE_HOSTED_BREAKER_OPEN_SECONDS": "60",
+        "KB_EMBEDDING_PROFILE_HOSTED_BREAKER_MAX_OPEN_SECONDS": "30",
+    }
+    with pytest.raises(ConfigError) as raised:
+        load_profile("hosted", bad)
+    assert raised.value.message == (
+        "invalid embedding profile 'hosted': KB_EMBEDDING_PROFILE_HOSTED_BREAKER_MAX_OPEN_SECONDS:"
+        " Value error, must be at least KB_EMBEDDING_BREAKER_OPEN_SECONDS (60.0)"
+    )
+
+
 def test_an_unknown_profile_names_the_configured_ones() -> None:
     with pytest.raises(ConfigError, match=r"KB_EMBEDDING_PROFILE_NOPE_PROVIDER.*hosted"):
         load_profile("nope", HOSTED)

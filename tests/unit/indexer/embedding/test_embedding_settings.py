@@ -124,3 +124,24 @@ def test_a_missing_required_openai_setting_is_named(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ConfigError, match="KB_EMBEDDING_MODEL: Field required") as caught:
         load_embedding_settings()
     assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "floor"),
+    [
+        ("KB_EMBEDDING_RATE_MAX_PAUSE_SECONDS", "KB_EMBEDDING_RATE_DEFAULT_PAUSE_SECONDS"),
+        ("KB_EMBEDDING_BREAKER_MAX_OPEN_SECONDS", "KB_EMBEDDING_BREAKER_OPEN_SECONDS"),
+    ],
+)
+def test_a_ceiling_below_its_floor_names_both(
+    monkeypatch: pytest.MonkeyPatch, ceiling: str, floor: str
+) -> None:
+    monkeypatch.setenv(floor, "120")
+    monkeypatch.setenv(ceiling, "120")
+    load_embedding_settings()  # equal is allowed
+    monkeypatch.setenv(ceiling, "60")
+    with pytest.raises(ConfigError) as caught:
+        load_embedding_settings()
+    assert caught.value.message == (
+        f"invalid embedding settings: {ceiling}: Value error, must be at least {floor} (120.0)"
+    )
