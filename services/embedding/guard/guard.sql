@@ -12,21 +12,29 @@
 -- Nothing else runs inside these transactions: no network, no sleeping. The caller sleeps
 -- until its send time after the commit.
 
+-- name: provider_states
+-- $1 now. Every provider's row with `now`: each column a ProviderView is read from
+-- (store_pg.py). view_provider, lock_provider and list_providers include it, so that the
+-- three read the row alike.
+SELECT provider,
+       coalesce($1::timestamptz, statement_timestamp()) AS now,
+       paused_until,
+       breaker_state,
+       consecutive_failures,
+       opened_at,
+       open_until,
+       probe_owner,
+       probe_until,
+       last_failure_code,
+       last_success_at,
+       updated_at
+  FROM embedding_provider_state;
+
 -- name: view_provider
--- $1 provider, $2 now. One row even for a provider never seen (its columns NULL).
-SELECT coalesce($2::timestamptz, statement_timestamp()) AS now,
-       state.paused_until,
-       state.breaker_state,
-       state.consecutive_failures,
-       state.opened_at,
-       state.open_until,
-       state.probe_owner,
-       state.probe_until,
-       state.last_failure_code,
-       state.last_success_at,
-       state.updated_at
-  FROM (SELECT $1::text AS provider) AS asked
-  LEFT JOIN embedding_provider_state AS state USING (provider);
+-- $1 now, $2 provider. One row even for a provider never seen (its columns NULL, `now` not:
+-- the right join keeps the provider asked for).
+-- include: provider_states
+ RIGHT JOIN (SELECT $2::text AS provider) AS asked USING (provider);
 
 -- name: ensure_provider
 -- $1 provider, $2 now. Autocommitted, or first in a transaction that locks nothing before.
@@ -44,22 +52,11 @@ SELECT $1, wanted.bucket, coalesce($3::timestamptz, statement_timestamp())
 ON CONFLICT (provider, bucket) DO NOTHING;
 
 -- name: lock_provider
--- $1 provider, $2 now. The row, locked until the transaction ends. `now` is read as the
+-- $1 now, $2 provider. The row, locked until the transaction ends. `now` is read as the
 -- statement starts: a wait for the lock makes it that much early, which no breaker
 -- decision is sensitive to (milliseconds against seconds).
-SELECT coalesce($2::timestamptz, statement_timestamp()) AS now,
-       paused_until,
-       breaker_state,
-       consecutive_failures,
-       opened_at,
-       open_until,
-       probe_owner,
-       probe_until,
-       last_failure_code,
-       last_success_at,
-       updated_at
-  FROM embedding_provider_state
- WHERE provider = $1
+-- include: provider_states
+ WHERE provider = $2
    FOR UPDATE;
 
 -- name: lock_buckets
@@ -122,17 +119,5 @@ UPDATE embedding_provider_state
 
 -- name: list_providers
 -- $1 now. Every provider any process has used, for the operator page and `kb tasks list`.
-SELECT provider,
-       coalesce($1::timestamptz, statement_timestamp()) AS now,
-       paused_until,
-       breaker_state,
-       consecutive_failures,
-       opened_at,
-       open_until,
-       probe_owner,
-       probe_until,
-       last_failure_code,
-       last_success_at,
-       updated_at
-  FROM embedding_provider_state
+-- include: provider_states
  ORDER BY provider;

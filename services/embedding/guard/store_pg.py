@@ -44,7 +44,7 @@ class PgProviderStateStore:
 
     async def view(self, provider: str) -> ProviderView:
         with translate_db_errors():
-            row = await self._pool.fetchrow(QUERIES["view_provider"], provider, self._clock.now())
+            row = await self._pool.fetchrow(QUERIES["view_provider"], self._clock.now(), provider)
         assert row is not None
         return _view(provider, row)
 
@@ -173,7 +173,7 @@ class PgProviderStateStore:
     async def _lock_provider(self, conn: Transaction, provider: str) -> Mapping[str, Any]:
         # First in its transaction: the insert holds no key out of order (guard.sql).
         await conn.execute(QUERIES["ensure_provider"], provider, self._clock.now())
-        row = await conn.fetchrow(QUERIES["lock_provider"], provider, self._clock.now())
+        row = await conn.fetchrow(QUERIES["lock_provider"], self._clock.now(), provider)
         assert row is not None
         row_: Mapping[str, Any] = row
         return row_
