@@ -52,8 +52,8 @@ from services.indexer.pipeline.parsing import ParseLimits, parse_document
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.version_indexer import chunking_strategy
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
+from services.indexer.retry import RetryPolicy
 from services.runtime.logging import configure_logging
 from services.runtime.pg.db import create_pool, skip_session_reset
 from services.runtime.settings import RuntimeSettings

@@ -30,7 +30,8 @@ from bench.search_data import PublishedRows, chunk_row
 from services.embedding.batching import embed_batched
 from services.embedding.port import Embedder, Vectors
 from services.embedding.tokens import TokenizerSpec, load_token_counter
-from services.indexer.pipeline.chunking import Chunk, chunk_sections
+from services.indexer.chunk import Chunk
+from services.indexer.pipeline.chunking import chunk_sections
 from services.indexer.pipeline.parsing import parse_document
 from services.indexer.pipeline.version_indexer import chunking_strategy
 from services.indexer.settings import IndexerSettings

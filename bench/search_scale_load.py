@@ -36,8 +36,8 @@ from bench.search_scale_corpus import (
     vector_batches,
 )
 from services.index.ann import ann_index_name, build_ann_index_sql
-from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
 from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
+from services.indexer.sink.tenant_graphs import PgTenantGraphs
 from services.runtime.pg.migrations import apply_migrations
 from services.runtime.tenancy.tenant_auth import hash_api_key
 

@@ -43,10 +43,10 @@ from pgvector import Vector
 
 from bench.databases import drop_database, recreate_database
 from services.index.generation import IndexGeneration
-from services.indexer.pipeline.chunking import Chunk, chunk_id_of
+from services.indexer.chunk import Chunk, chunk_id_of
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import Lease
 from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.task import Lease
 from services.runtime.pg.db import create_pool, skip_session_reset
 from services.runtime.pg.migrations import apply_migrations
 from services.runtime.settings import RuntimeSettings

@@ -30,8 +30,8 @@ import asyncpg
 from bench.databases import drop_database, recreate_database
 from services.indexer.ports import IndexingOutcome
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import Lease
 from services.indexer.queue.worker import Worker
+from services.indexer.task import Lease
 from services.runtime.logging import configure_logging
 from services.runtime.pg.db import create_pool, skip_session_reset
 from services.runtime.pg.migrations import apply_migrations

@@ -223,7 +223,7 @@ def requeue(
     if not who or len(who) > 200:
         raise BadInput("--by must be 1 to 200 characters")
 
-    from services.indexer.queue.task import InvalidTransition
+    from services.indexer.task import InvalidTransition
 
     async def _work(pool: asyncpg.Pool[Any]) -> dict[str, Any]:
         try:

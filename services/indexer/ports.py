@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from services.embedding.guard.guard import ClaimAllowance as ClaimAllowance
-from services.indexer.queue.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
+from services.indexer.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
 from services.runtime.pg.clock import Clock as Clock
 from services.runtime.pg.clock import DatabaseClock as DatabaseClock
 from services.runtime.pg.transaction import Transaction as Transaction

@@ -81,7 +81,7 @@ class IndexerSettings(RuntimeSettings):
     # or the build crawls (a PostgreSQL size: 512MB, 1GB, ...).
     indexer_index_build_memory: str = Field(default="1GB", pattern=r"^[0-9]+ ?(kB|MB|GB|TB)$")
     # A tenant whose current versions hold at least this many chunks of the model gets an
-    # HNSW graph of its own (services/indexer/maintenance/tenant_graphs.py); 0: none. Below
+    # HNSW graph of its own (services/indexer/sink/tenant_graphs.py); 0: none. Below
     # KB_SEARCH_EXACT_MAX_CHUNKS search ranks every readable chunk anyway.
     indexer_tenant_graph_min_chunks: int = Field(default=5_000, ge=0)
     # How often `kb indexer run` looks for tenants that have grown past it.

@@ -21,7 +21,6 @@ from services.embedding.settings import load_embedding_settings
 from services.index.generation import IndexGeneration
 from services.indexer.gc.collector import GarbageCollector
 from services.indexer.gc.settings import GcSettings
-from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
 from services.indexer.metrics import HintMetrics, QueueGaugeSampler, WorkerMetrics
 from services.indexer.pipeline.generation_build import pipeline_builder
 from services.indexer.pipeline.generations import GenerationPipelines
@@ -36,11 +35,12 @@ from services.indexer.pipeline.version_indexer import (
 from services.indexer.ports import ClaimGate, DocumentVersionIndexer
 from services.indexer.queue.hints import HintConsumer
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.retry import RetryPolicy
 from services.indexer.settings import IndexerSettings
 from services.indexer.sink.generations import TaskGenerations
 from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.sink.tenant_graphs import PgTenantGraphs
 from services.runtime.commands.cli_options import serve_metrics
 from services.runtime.commands.cli_support import load_settings, run_async
 from services.runtime.identity import owner_id

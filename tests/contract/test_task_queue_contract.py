@@ -13,13 +13,8 @@ import pytest
 
 from services.indexer.ports import TaskQueue
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import (
-    ErrorCode,
-    FailureDecision,
-    InvalidTransition,
-    RetryPolicy,
-    TaskStatus,
-)
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import ErrorCode, FailureDecision, InvalidTransition, TaskStatus
 from services.runtime.errors import LeaseLost, NotFound
 from tests.fakes.task_queue import InMemoryTaskQueue
 from tests.support.clock import ManualClock

@@ -1,8 +1,8 @@
 """An in-memory ``TaskQueue`` for unit tests of the worker. It applies the transitions of
-:mod:`services.indexer.queue.task` (the provider failure time budget included: ``fail``
-settles it as ``fail_task`` does in SQL, with this queue's clock) and the claim order of
-``services/indexer/queue/queries.sql`` (expired leases first, then rounds across tenants),
-and passes the same contract suite as
+:mod:`services.indexer.task` and :mod:`services.indexer.retry` (the provider failure time
+budget included: ``fail`` settles it as ``fail_task`` does in SQL, with this queue's clock)
+and the claim order of ``services/indexer/queue/queries.sql`` (expired leases first, then
+rounds across tenants), and passes the same contract suite as
 ``PgTaskQueue`` (tests/contract/test_task_queue_contract.py).
 
 Single event loop, no awaits inside a state change: each method is atomic, as each SQL
@@ -18,15 +18,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from services.indexer import task as model
 from services.indexer.ports import InTransaction
-from services.indexer.queue import task as model
-from services.indexer.queue.task import (
-    FailureDecision,
-    IndexTask,
-    Lease,
-    RequeueRecord,
-    TaskStatus,
-)
+from services.indexer.task import FailureDecision, IndexTask, Lease, RequeueRecord, TaskStatus
 from services.runtime.errors import LeaseLost, NotFound
 from services.runtime.pg.clock import Clock, DatabaseClock
 

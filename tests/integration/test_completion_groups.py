@@ -15,8 +15,8 @@ import pytest
 from services.index.generation import IndexGeneration
 from services.indexer.ports import InTransaction
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import Lease, TaskStatus
 from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.task import Lease, TaskStatus
 from services.runtime.errors import LeaseLost
 from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED
 from services.runtime.pg.transaction import Transaction

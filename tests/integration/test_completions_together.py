@@ -18,9 +18,9 @@ import pytest
 
 from services.index.generation import CODE_MARK, IndexGeneration
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import Lease
 from services.indexer.sink.pgvector import PgVectorSink, VersionWrite
 from services.indexer.sink.write import INDEX_COLUMNS
+from services.indexer.task import Lease
 from services.runtime.errors import LeaseLost
 from tests.support import versions
 from tests.support.tasks import CreatedTask, create_task

@@ -31,9 +31,9 @@ from services.indexer.pipeline.version_indexer import (
     index_generation,
 )
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import Lease
 from services.indexer.sink.generations import TaskGenerations
 from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.task import Lease
 from tests.support.documents import make_large_text
 from tests.support.tasks import CreatedTask, create_task
 from tests.support.versions import publish_version

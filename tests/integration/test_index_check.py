@@ -18,8 +18,8 @@ from semchunk.semchunk import chunk as semchunk_chunk
 
 from services.indexer.pipeline import chunking, chunking_code
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.retry import RetryPolicy
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, add_tenant, publish, publisher_harness, upload
 from tests.support.cli import kb, kb_async

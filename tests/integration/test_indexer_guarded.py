@@ -25,8 +25,8 @@ from services.embedding.guard.quota import Purpose
 from services.embedding.port import Embedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import ErrorCode
 from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
+from services.indexer.task import ErrorCode
 from tests.support.embedding_provider import EmbeddingProvider, ServedProvider, served_provider
 from tests.support.pipeline import running_pipeline
 from tests.support.tasks import create_task

@@ -25,8 +25,9 @@ from services.embedding.port import Embedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.indexer.pipeline.version_indexer import PipelineIndexer
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import ErrorCode, RetryPolicy, TaskStatus
 from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import ErrorCode, TaskStatus
 from tests.integration.test_pipeline_stream_pg import staged
 from tests.support.clock import ManualClock
 from tests.support.embedding_provider import EmbeddingProvider, ServedProvider, served_provider

@@ -21,8 +21,9 @@ from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
 from services.indexer.ports import DocumentVersionIndexer
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease, RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, add_tenant, publish, publisher_harness, upload
 from tests.support.clock import ManualClock

@@ -25,10 +25,11 @@ from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
 from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import Lease, RetryPolicy, TaskStatus
 from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.retry import RetryPolicy
 from services.indexer.sink.pgvector import PgVectorSink
 from services.indexer.sink.stream import StagedChunksMissing
+from services.indexer.task import Lease, TaskStatus
 from services.runtime.errors import LeaseLost
 from services.runtime.indexing.media_types import MARKDOWN
 from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED

@@ -13,12 +13,7 @@ import pytest
 
 from services.indexer.maintenance.index_check_pg import RERUN_REASON
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import (
-    ErrorCode,
-    FailureDecision,
-    InvalidTransition,
-    TaskStatus,
-)
+from services.indexer.task import ErrorCode, FailureDecision, InvalidTransition, TaskStatus
 from tests.support.clock import ManualClock
 from tests.support.tasks import create_task
 

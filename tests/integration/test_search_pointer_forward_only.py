@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from services.index.generation import IndexGeneration
-from services.indexer.pipeline.chunking import Chunk
+from services.indexer.chunk import Chunk
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import TaskStatus
 from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.task import TaskStatus
 from services.runtime.pg.db import create_pool
 from services.runtime.pg.migrations import apply_migrations, load_migrations
 from services.runtime.settings import RuntimeSettings

@@ -21,11 +21,11 @@ import pytest
 
 from services.index.ann import model_predicate, partition_ann_index_name, vector_expression
 from services.index.generation import IndexGeneration
+from services.indexer.chunk import Chunk
 from services.indexer.gc.collector import GarbageCollector, GcRound
-from services.indexer.pipeline.chunking import Chunk
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import Lease, TaskStatus
 from services.indexer.sink.pgvector import QUERIES, PgVectorSink
+from services.indexer.task import Lease, TaskStatus
 from services.runtime.errors import ConfigError, DatabaseBusy, LeaseLost
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id

@@ -16,8 +16,9 @@ import asyncpg
 import pytest
 
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import ErrorCode, Lease, RetryPolicy, TaskStatus
+from services.indexer.retry import RetryPolicy
 from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.task import ErrorCode, Lease, TaskStatus
 from services.runtime.indexing.media_types import MARKDOWN
 from tests.integration.test_pipeline_stream_pg import (
     LEASE,

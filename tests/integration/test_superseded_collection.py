@@ -24,16 +24,17 @@ import pytest
 
 from services.embedding.hashing import HashingEmbedder
 from services.index.generation import CODE_MARK, IndexGeneration
+from services.indexer.chunk import Chunk
 from services.indexer.gc.collector import QUERIES, GarbageCollector, GcRound
 from services.indexer.maintenance.index_check_pg import PgIndexCheck
-from services.indexer.pipeline.chunking import Chunk
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
 from services.indexer.pipeline.version_indexer import PipelineIndexer, chunking_strategy
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import Lease, RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.retry import RetryPolicy
 from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.task import Lease
 from services.runtime.indexing.media_types import MARKDOWN
 from services.runtime.pg.db import create_pool
 from services.runtime.pg.transaction import Transaction

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import TaskStatus
+from services.indexer.task import TaskStatus
 from services.runtime.errors import DatabaseUnavailable, LeaseLost
 from services.runtime.messaging.outbox import OutboxEvent, add_event, aggregate_key
 from services.runtime.pg.db import create_pool

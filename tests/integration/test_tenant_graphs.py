@@ -1,4 +1,4 @@
-"""A large tenant's own HNSW graph (services/indexer/maintenance/tenant_graphs.py): built for
+"""A large tenant's own HNSW graph (services/indexer/sink/tenant_graphs.py): built for
 tenants past the size, once, rebuilt when left INVALID, by one process at a time; search walks it
 with its own ef_search (real PostgreSQL, migrations/0014's partitions)."""
 
@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from services.index.ann import partition_ann_index_name, tenant_ann_index_name
-from services.indexer.maintenance.tenant_graphs import QUERIES as GRAPH_QUERIES
-from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
+from services.indexer.sink.tenant_graphs import QUERIES as GRAPH_QUERIES
+from services.indexer.sink.tenant_graphs import PgTenantGraphs
 from services.runtime.settings import RuntimeSettings
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, SearchMode, SearchRequest

@@ -16,8 +16,8 @@ import pytest
 
 from services.indexer.maintenance.generations_pg import PgGenerations
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import RetryPolicy
 from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.retry import RetryPolicy
 from services.runtime.settings import RuntimeSettings
 from services.runtime.tenancy.served_acl import apply_served_acl, lock_first_pointer
 from tests.support.api import ApiTenant, add_tenant, publish, upload

@@ -14,8 +14,9 @@ import pytest
 
 from services.indexer.ports import IndexingOutcome, Transaction
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease, RetryPolicy, TaskStatus
 from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import ErrorCode, IndexingFailed, Lease, TaskStatus
 from services.runtime.pg.db import create_pool, translate_db_errors
 from services.runtime.settings import RuntimeSettings
 from tests.support.clock import ManualClock

@@ -39,9 +39,10 @@ from services.indexer.pipeline.version_indexer import chunking_strategy, index_g
 from services.indexer.ports import IndexingOutcome, InTransaction
 from services.indexer.queue.attempt import RunOnceResult, TaskAttempts, WorkerEvent
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.queue.task import Lease, RetryPolicy
 from services.indexer.queue.worker import Worker
+from services.indexer.retry import RetryPolicy
 from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.task import Lease
 from services.runtime.commands.cli_support import exit_code
 from services.runtime.errors import ConfigError
 from tests.support import versions

@@ -12,7 +12,7 @@ import os
 
 from services.indexer.cli import load_settings
 from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome
-from services.indexer.queue.task import Lease
+from services.indexer.task import Lease
 from services.indexer.wiring import run_workers
 from services.runtime.commands.cli_support import fail
 from services.runtime.errors import KbError

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from services.indexer.pipeline.chunking import Chunk, chunk_id_of
+from services.indexer.chunk import Chunk, chunk_id_of
 from services.runtime.indexing.media_types import MARKDOWN
 from tests.support.tasks import CreatedTask
 

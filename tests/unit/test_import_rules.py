@@ -113,7 +113,7 @@ def modules(root: Path, package: str = "services") -> Iterator[Module]:
 
 
 def _part(module: str) -> str | None:
-    """The part of ``services`` a module belongs to (``services.indexer.queue.task`` ->
+    """The part of ``services`` a module belongs to (``services.indexer.queue.worker`` ->
     ``indexer``); None for the package itself and for anything outside it."""
     parts = module.split(".")
     if len(parts) >= 2 and parts[0] == "services":
@@ -160,7 +160,9 @@ DRIVERS = frozenset({"asyncpg", "aiokafka", "httpx", "onnxruntime"})
 DRIVER_FREE = (
     "services/publisher/domain.py",
     "services/relay/relay.py",
-    "services/indexer/queue/task.py",
+    "services/indexer/task.py",
+    "services/indexer/retry.py",
+    "services/indexer/chunk.py",
     "services/indexer/queue/attempt.py",
     "services/indexer/queue/worker.py",
     "services/indexer/pipeline/version_indexer.py",

@@ -211,8 +211,8 @@ def tenant_graphs(
     threshold = min_chunks if min_chunks is not None else settings.indexer_tenant_graph_min_chunks
 
     async def _work(pool: asyncpg.Pool[Any]) -> bool:
-        from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
         from services.indexer.sink.pgvector import PgVectorSink
+        from services.indexer.sink.tenant_graphs import PgTenantGraphs
 
         graphs = PgTenantGraphs(
             pool, min_chunks=threshold, index_build_memory=settings.indexer_index_build_memory

@@ -213,7 +213,7 @@ class PgGenerations:
         enough to have one (``min_chunks`` served chunks, whatever their model), built now
         while the generation holds nothing of theirs: the tenants built, or None when
         another process held the model's tenant-graphs lock."""
-        from services.indexer.maintenance.tenant_graphs import PgTenantGraphs
+        from services.indexer.sink.tenant_graphs import PgTenantGraphs
 
         graphs = PgTenantGraphs(
             self._pool, min_chunks=min_chunks, index_build_memory=self._build_memory

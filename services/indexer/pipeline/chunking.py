@@ -15,7 +15,6 @@ chunks with the same ids, so re-running a task writes the same rows.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -26,12 +25,12 @@ from semchunk.semchunk import chunk as semchunk_chunk
 
 from services.embedding.tokens import TokenCounter, TokenizerSpec
 from services.index.generation import CODE_MARK
+from services.indexer.chunk import Chunk, chunk_id_of, embedding_input_of
 from services.indexer.pipeline.chunking_code import ChunkingCode, chunking_code, code_digest
-from services.indexer.pipeline.parsing.section import Section
+from services.indexer.pipeline.section import Section
 from services.runtime.errors import ConfigError
 
-HEADING_SEPARATOR: Final = " > "
-# Between the sections of a pack, as between the blocks of one section (parsing/section.py).
+# Between the sections of a pack, as between the blocks of one section (section.py).
 SECTION_SEPARATOR: Final = "\n\n"
 # The heading prefix may take at most this share of a chunk; deeper paths lose their
 # outermost headings first (the innermost says most about the text).
@@ -75,50 +74,6 @@ class ChunkingStrategy:
             f"{self.name}:max={self.max_tokens}:overlap={self.overlap_tokens}"
             f":tok={self.tokenizer.name}{CODE_MARK}{code_digest(self.code)}"
         )
-
-
-def embedding_input_of(heading_path: tuple[str, ...], text: str) -> str:
-    if not heading_path:
-        return text
-    return HEADING_SEPARATOR.join(heading_path) + "\n\n" + text
-
-
-@dataclass(frozen=True)
-class Chunk:
-    chunk_id: str
-    ordinal: int  # 0.. in document order
-    heading_path: tuple[str, ...]
-    text: str  # the passage shown to users
-    content_digest: bytes  # sha256 of embedding_input
-
-    @property
-    def embedding_input(self) -> str:
-        return embedding_input_of(self.heading_path, self.text)
-
-
-def chunk_id_of(
-    *,
-    document_id: uuid.UUID,
-    version_number: int,
-    strategy_id: str,
-    ordinal: int,
-    heading_path: tuple[str, ...],
-    content_digest: bytes,
-) -> str:
-    # JSON keeps the fields apart unambiguously (no separator can occur inside one).
-    key = json.dumps(
-        [
-            str(document_id),
-            version_number,
-            strategy_id,
-            ordinal,
-            list(heading_path),
-            content_digest.hex(),
-        ],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
 
 
 class _Memo:

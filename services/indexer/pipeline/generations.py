@@ -25,12 +25,12 @@ from services.indexer import metrics
 from services.indexer.pipeline.chunking import ChunkingStrategy
 from services.indexer.pipeline.slices import BatchEmbedder, IndexSink
 from services.indexer.ports import InTransaction
-from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
+from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.errors import KbError
 from services.runtime.logging import get_logger
 
 if TYPE_CHECKING:
-    from services.indexer.pipeline.chunking import Chunk
+    from services.indexer.chunk import Chunk
 
 log = get_logger(__name__)
 

@@ -22,9 +22,9 @@ import numpy as np
 
 from services.embedding.port import Vectors
 from services.index.generation import IndexGeneration
-from services.indexer.pipeline.chunking import Chunk
+from services.indexer.chunk import Chunk
 from services.indexer.ports import InTransaction
-from services.indexer.queue.task import Lease
+from services.indexer.task import Lease
 from services.runtime.logging import get_logger
 
 log = get_logger(__name__)

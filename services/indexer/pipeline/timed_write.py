@@ -15,7 +15,7 @@ from typing import Any
 
 from services.indexer import metrics
 from services.indexer.ports import InTransaction, WritableTogether, writable_together
-from services.indexer.queue.task import Lease
+from services.indexer.task import Lease
 from services.runtime.pg.transaction import Transaction
 
 

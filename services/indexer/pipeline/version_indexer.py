@@ -34,7 +34,7 @@ from services.indexer.pipeline.parsing.stream import DEFAULT_SLICE_CHUNKS, Docum
 from services.indexer.pipeline.slices import DocumentRun, IndexSink
 from services.indexer.pipeline.timed_write import timed
 from services.indexer.ports import ClaimGate, IndexingOutcome, StoredVersion, VersionSource
-from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
+from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.indexing.media_types import normalise_media_type
 from services.runtime.logging import get_logger
 

@@ -31,14 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome, TaskQueue
-from services.indexer.queue.task import (
-    ErrorCode,
-    IndexingFailed,
-    IndexTask,
-    Lease,
-    RetryPolicy,
-    TaskStatus,
-)
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import ErrorCode, IndexingFailed, IndexTask, Lease, TaskStatus
 from services.runtime.backoff import Backoff
 from services.runtime.errors import DatabaseUnavailable, KbError, LeaseLost
 from services.runtime.logging import get_logger

@@ -56,7 +56,7 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from services.indexer.ports import InTransaction, writable_together
-from services.indexer.queue.task import Lease
+from services.indexer.task import Lease
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.transaction import Transaction
 

@@ -21,7 +21,7 @@ import asyncpg
 
 from services.indexer.ports import InTransaction
 from services.indexer.queue.completions import GroupCommitter
-from services.indexer.queue.task import (
+from services.indexer.task import (
     FailureDecision,
     IndexTask,
     InvalidTransition,

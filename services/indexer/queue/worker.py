@@ -31,7 +31,8 @@ from services.indexer.ports import ClaimAllowance, ClaimGate, DocumentVersionInd
 from services.indexer.queue.attempt import IndexedAttempt, TaskAttempts
 from services.indexer.queue.attempt import RunOnceResult as RunOnceResult
 from services.indexer.queue.attempt import WorkerEvent as WorkerEvent
-from services.indexer.queue.task import ErrorCode, Lease, RetryPolicy
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import ErrorCode, Lease
 from services.runtime.backoff import Backoff
 from services.runtime.errors import ConfigError, KbError
 from services.runtime.identity import owner_id

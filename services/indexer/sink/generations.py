@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from services.index.generation import IndexGeneration, chunking_settings
 from services.index.generations import DEFAULT_PROFILE, SearchGeneration
-from services.indexer.queue.task import Lease
 from services.indexer.sink.default_change import refuse_moving_searches
+from services.indexer.task import Lease
 from services.runtime.errors import ConfigError
 from services.runtime.logging import get_logger
 from services.runtime.pg.coalesce import Coalesced

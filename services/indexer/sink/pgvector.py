@@ -46,7 +46,6 @@ from services.index.ann import (
 from services.index.generation import IndexGeneration, RegisteredGeneration
 from services.index.generations import SearchGeneration
 from services.indexer.ports import Clock, DatabaseClock, InTransaction
-from services.indexer.queue.task import Lease
 from services.indexer.sink.generations import (
     register_default,
 )
@@ -58,6 +57,7 @@ from services.indexer.sink.write import (
     log,
     prepare_write,
 )
+from services.indexer.task import Lease
 from services.runtime.errors import ConfigError, DatabaseBusy
 from services.runtime.messaging.avro import SchemaRegistry, default_registry
 from services.runtime.pg.db import translate_db_errors
@@ -65,7 +65,7 @@ from services.runtime.pg.sql import queries_beside
 from services.runtime.pg.transaction import Transaction
 
 if TYPE_CHECKING:
-    from services.indexer.pipeline.chunking import Chunk
+    from services.indexer.chunk import Chunk
 
 QUERIES = queries_beside(__file__, "sink.sql")
 

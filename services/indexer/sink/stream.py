@@ -24,8 +24,8 @@ import numpy.typing as npt
 from pgvector import Vector
 
 from services.indexer.ports import Clock
-from services.indexer.queue.task import Lease
 from services.indexer.sink.version import version_chunks
+from services.indexer.task import Lease
 from services.runtime.errors import KbError, LeaseLost
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.sql import queries_beside
@@ -33,7 +33,7 @@ from services.runtime.pg.transaction import Transaction
 
 if TYPE_CHECKING:
     from services.index.generation import IndexGeneration
-    from services.indexer.pipeline.chunking import Chunk
+    from services.indexer.chunk import Chunk
 
 QUERIES = queries_beside(__file__, "sink.sql")
 

@@ -35,7 +35,6 @@ from itertools import chain
 from typing import Any
 
 from services.indexer.gc.collector import mark_documents
-from services.indexer.queue.task import Lease
 from services.indexer.sink.generations import (
     CompletionTarget,
     TargetKey,
@@ -53,6 +52,7 @@ from services.indexer.sink.write import (
     log_replaced,
     switched_event,
 )
+from services.indexer.task import Lease
 from services.runtime.messaging.avro import SchemaRegistry
 from services.runtime.messaging.outbox import add_events
 from services.runtime.pg.db import translate_db_errors

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from services.index.generation import chunking_settings
-from services.indexer.queue.task import Lease
+from services.indexer.task import Lease
 from services.runtime.pg.sql import queries_beside
 
 if TYPE_CHECKING:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy.typing as npt
 
 from services.index.generation import IndexGeneration
-from services.indexer.queue.task import Lease
 from services.indexer.sink.stream import CHUNK_RECORD_COLUMNS, chunk_records
 from services.indexer.sink.version import ServedPointer, version_chunks
+from services.indexer.task import Lease
 from services.runtime.logging import get_logger
 from services.runtime.messaging.avro import SchemaRegistry
 from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED, event_id
@@ -25,7 +25,7 @@ from services.runtime.messaging.outbox import OutboxEvent, aggregate_key
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from services.indexer.pipeline.chunking import Chunk
+    from services.indexer.chunk import Chunk
 
 log = get_logger(__name__)
 

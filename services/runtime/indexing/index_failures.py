@@ -1,6 +1,6 @@
 """Why an indexing attempt failed: the stable codes, which of them another attempt may cure,
 and the error that carries one. Shared vocabulary: the embedding providers and search raise
-these, the indexer's retry policy (``services.indexer.queue.task``) keys on them, the
+these, the indexer's retry policy (``services.indexer.retry``) keys on them, the
 operator reads them. See docs/architecture.md#retries-and-failure-codes.
 """
 

@@ -14,18 +14,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.embedding.tokens import TokenizerSpec, approximate_tokens, load_token_counter
+from services.indexer.chunk import Chunk, chunk_id_of, embedding_input_of
 from services.indexer.pipeline.chunking import (
     SECTION_SEPARATOR,
-    Chunk,
     ChunkingStrategy,
     _split,
-    chunk_id_of,
     chunk_sections,
-    embedding_input_of,
 )
 from services.indexer.pipeline.chunking_code import CHUNKER_VERSION
 from services.indexer.pipeline.parsing import Section, parse_document
-from services.indexer.pipeline.parsing.section import normalise_heading, normalise_text
+from services.indexer.pipeline.section import normalise_heading, normalise_text
 from services.runtime.errors import ConfigError
 from services.runtime.indexing.media_types import HTML, MARKDOWN
 from tests.support.documents import make_large_text, make_markdown

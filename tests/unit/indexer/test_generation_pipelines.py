@@ -21,7 +21,7 @@ from services.indexer.pipeline.generations import (
     GenerationPipelines,
 )
 from services.indexer.pipeline.version_indexer import chunking_strategy
-from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
+from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.errors import ConfigError
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from services.embedding.tokens import TokenizerSpec
 from services.index.generation import IndexGeneration
-from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy
+from services.indexer.chunk import Chunk
+from services.indexer.pipeline.chunking import ChunkingStrategy
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.version_indexer import (
     PipelineIndexer,
@@ -23,7 +24,7 @@ from services.indexer.pipeline.version_indexer import (
     index_generation,
 )
 from services.indexer.ports import StoredVersion
-from services.indexer.queue.task import ErrorCode, IndexingFailed, Lease
+from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.errors import ConfigError
 from services.runtime.pg.transaction import Transaction
 

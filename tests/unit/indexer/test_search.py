@@ -11,7 +11,7 @@ import pytest
 
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.port import Vectors
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.errors import KbError
 from services.search.searcher import (
     HYBRID_KEYWORD_WEIGHT,

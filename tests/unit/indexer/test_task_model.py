@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.indexer.queue import task as model
-from services.indexer.queue.task import (
+from services.indexer import task as model
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import (
     PROVIDER_FAILURE_CODES,
     RETRYABLE_CODES,
     TERMINAL_CODES,
@@ -19,7 +20,6 @@ from services.indexer.queue.task import (
     IndexingFailed,
     IndexTask,
     InvalidTransition,
-    RetryPolicy,
     TaskStatus,
     redact,
 )

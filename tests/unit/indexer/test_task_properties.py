@@ -13,15 +13,15 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.indexer.queue import task as model
-from services.indexer.queue.task import (
+from services.indexer import task as model
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import (
     PROVIDER_FAILURE_CODES,
     TRANSITIONS,
     ErrorCode,
     IndexTask,
     InvalidTransition,
     Lease,
-    RetryPolicy,
     TaskStatus,
 )
 from services.runtime.errors import LeaseLost

@@ -12,15 +12,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from services.indexer.ports import ClaimAllowance, IndexingOutcome
-from services.indexer.queue.task import (
-    ErrorCode,
-    IndexingFailed,
-    IndexTask,
-    Lease,
-    RetryPolicy,
-    TaskStatus,
-)
 from services.indexer.queue.worker import RunOnceResult, Worker, WorkerEvent
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import ErrorCode, IndexingFailed, IndexTask, Lease, TaskStatus
 from services.runtime.errors import ConfigError, DatabaseBusy, DatabaseUnavailable
 from services.runtime.pg.db import DatabaseError
 from tests.fakes.task_queue import InMemoryTaskQueue, InMemoryTransaction

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.indexer.pipeline.parsing.limits import ParseLimits, near_memory_limit
-from services.indexer.pipeline.parsing.section import Section
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.pipeline.section import Section
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.indexing import media_types
 
 __all__ = ["ParseLimits", "Section", "parse_document"]

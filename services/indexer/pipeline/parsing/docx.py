@@ -18,8 +18,8 @@ from docx import Document
 from docx.enum.style import WD_STYLE_TYPE
 from docx.table import Table
 
-from services.indexer.pipeline.parsing.section import Section, SectionBuilder
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.pipeline.section import Section, SectionBuilder
+from services.indexer.task import ErrorCode, IndexingFailed
 
 if TYPE_CHECKING:
     from services.indexer.pipeline.parsing.limits import ParseLimits

@@ -15,9 +15,9 @@ from typing import Any
 
 from selectolax.lexbor import LexborHTMLParser
 
-from services.indexer.pipeline.parsing.section import Section, SectionBuilder
 from services.indexer.pipeline.parsing.text import decode
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.pipeline.section import Section, SectionBuilder
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.errors import UnsupportedMediaType
 from services.runtime.indexing.text_encodings import html_encoding
 

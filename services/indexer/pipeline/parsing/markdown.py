@@ -15,8 +15,8 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from selectolax.lexbor import LexborHTMLParser
 
-from services.indexer.pipeline.parsing.section import Section, SectionBuilder
 from services.indexer.pipeline.parsing.text import decode_text
+from services.indexer.pipeline.section import Section, SectionBuilder
 
 # YAML front matter is metadata; left in, its closing ``---`` would make a setext heading.
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n.*?\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)

@@ -18,8 +18,8 @@ from typing import Any
 from pypdf import PdfReader
 from pypdf.errors import LimitReachedError
 
-from services.indexer.pipeline.parsing.section import Section, SectionBuilder, normalise_text
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.pipeline.section import Section, SectionBuilder, normalise_text
+from services.indexer.task import ErrorCode, IndexingFailed
 
 
 @dataclass(frozen=True)

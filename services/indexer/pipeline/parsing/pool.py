@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Final
 
-from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy
+from services.indexer.chunk import Chunk
+from services.indexer.pipeline.chunking import ChunkingStrategy
 from services.indexer.pipeline.parsing import ParseLimits
 from services.indexer.pipeline.parsing.limits import NEAR_LIMIT, peak_address_space
 from services.indexer.pipeline.parsing.stream import (
@@ -45,7 +46,7 @@ from services.indexer.pipeline.parsing.stream import (
     send,
     stream_in_worker,
 )
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.indexing import media_types
 from services.runtime.logging import get_logger
 from services.runtime.native_memory import release_freed_memory

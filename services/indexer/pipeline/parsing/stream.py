@@ -22,10 +22,11 @@ from multiprocessing.connection import Connection
 from typing import Any, Final, cast
 
 from services.embedding.tokens import load_token_counter
-from services.indexer.pipeline.chunking import Chunk, ChunkingStrategy, iter_chunks
+from services.indexer.chunk import Chunk
+from services.indexer.pipeline.chunking import ChunkingStrategy, iter_chunks
 from services.indexer.pipeline.parsing import ParseLimits, Section, parse_document
 from services.indexer.pipeline.parsing.limits import memory_limit
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 
 # Chunks per message from a worker: a slice is a few hundred KB pickled.
 DEFAULT_SLICE_CHUNKS: Final = 256

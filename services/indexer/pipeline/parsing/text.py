@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from services.indexer.pipeline.parsing.section import Section, SectionBuilder
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.pipeline.section import Section, SectionBuilder
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.errors import UnsupportedMediaType
 
 # The byte-order marks and encodings are the publisher's too: what it accepts as text is what

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.embedding import HashingEmbedder, Vectors, embed_batched, plan_batches
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from tests.support.pipeline import RecordingEmbedder
 
 

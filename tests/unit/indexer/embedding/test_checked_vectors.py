@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from services.embedding import HashingEmbedder, checked_vectors
 from services.embedding.port import MIN_VECTOR_NORM
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 
 
 def test_unit_and_small_but_real_vectors_pass() -> None:

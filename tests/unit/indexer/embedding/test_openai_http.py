@@ -17,12 +17,12 @@ from pydantic import SecretStr
 from services.embedding import HashingEmbedder, embed_batched
 from services.embedding.openai_http import OpenAIHttpEmbedder
 from services.embedding.port import InputRefused
-from services.indexer.queue.task import (
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import (
     TASK_TYPE_INDEX_VERSION,
     ErrorCode,
     IndexingFailed,
     Lease,
-    RetryPolicy,
     TaskStatus,
 )
 from tests.support.embedding_provider import IN_PROCESS_URL, EmbeddingProvider, Limits

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from services.embedding.openai_wire import encoded_vector, parse_embeddings, retry_after_seconds
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 

@@ -10,7 +10,7 @@ import pytest
 
 from services.embedding import HashingEmbedder, embed_batched
 from services.embedding.openai_http import OpenAIHttpEmbedder
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from tests.support.embedding_provider import EmbeddingProvider, ServedProvider, served_provider
 
 

@@ -9,7 +9,7 @@ from docx.enum.style import WD_STYLE_TYPE
 
 from services.indexer.pipeline.parsing import ParseLimits, parse_document
 from services.indexer.pipeline.parsing import docx as docx_parser
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.indexing.media_types import DOCX
 from tests.support.documents import (
     SAMPLE,

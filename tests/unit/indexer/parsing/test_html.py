@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from services.indexer.pipeline.parsing import parse_document
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.indexing.media_types import HTML
 from tests.support.documents import SAMPLE, expected_sections, make_html
 

@@ -9,7 +9,7 @@ import codecs
 import pytest
 
 from services.indexer.pipeline.parsing import parse_document
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.indexing.index_failures import TERMINAL_CODES
 from services.runtime.indexing.media_types import HTML, TEXT
 from services.runtime.indexing.text_encodings import TEXT_CODECS

@@ -5,7 +5,7 @@ from collections.abc import Callable
 import pytest
 
 from services.indexer.pipeline.parsing import parse_document
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.indexing.media_types import PDF
 from tests.support.documents import (
     SAMPLE,

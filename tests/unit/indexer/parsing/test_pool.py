@@ -18,7 +18,7 @@ from services.embedding.tokens import TokenizerSpec, approximate_tokens
 from services.indexer.pipeline.chunking import ChunkingStrategy, chunk_sections
 from services.indexer.pipeline.parsing import ParseLimits, parse_document
 from services.indexer.pipeline.parsing.pool import ParsePool
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.indexing.media_types import DOCX, MARKDOWN, PDF
 from tests.support.documents import (
     SAMPLE,

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.indexer.pipeline.parsing import parse_document
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.indexing import media_types
 from tests.support.documents import make_docx, make_html, make_markdown, make_pdf
 

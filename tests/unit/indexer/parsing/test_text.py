@@ -5,7 +5,7 @@ import codecs
 import pytest
 
 from services.indexer.pipeline.parsing import Section, parse_document
-from services.indexer.queue.task import ErrorCode, IndexingFailed
+from services.indexer.task import ErrorCode, IndexingFailed
 from services.runtime.indexing.media_types import TEXT
 from tests.support.documents import make_text
 
@@ -71,8 +71,8 @@ def test_invisible_characters_do_not_split_words() -> None:
 def test_a_long_text_normalised_in_blocks_is_the_whole_text_normalised(seed: int) -> None:
     import random
 
-    from services.indexer.pipeline.parsing.section import normalise_text
     from services.indexer.pipeline.parsing.text import _blocks
+    from services.indexer.pipeline.section import normalise_text
 
     rng = random.Random(seed)
     pieces = ["word", " ", "\n", "\n\n", "\r\n", "\r", "\t", "  \n \n", "\x0b", "\u200b", "é"]
@@ -89,7 +89,7 @@ def test_each_line_has_its_runs_of_any_unicode_space_made_one_and_its_ends_strip
     import random
     import re
 
-    from services.indexer.pipeline.parsing.section import normalise_text
+    from services.indexer.pipeline.section import normalise_text
 
     def by_the_rule(text: str) -> str:
         text = re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", " ", re.sub("\r\n?", "\n", text))

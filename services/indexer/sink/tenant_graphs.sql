@@ -1,4 +1,4 @@
--- A large tenant's own HNSW graph (services/indexer/maintenance/tenant_graphs.py).
+-- A large tenant's own HNSW graph (services/indexer/sink/tenant_graphs.py).
 
 -- name: large_tenants
 -- Tenants whose current search versions of model $1 hold at least $2 chunks (the chunk
