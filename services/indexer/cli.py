@@ -12,13 +12,12 @@ import getpass
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from services.indexer.settings import IndexerSettings
+from services.indexer.pool import load_settings, with_pool
 from services.runtime.commands import cli_support
 from services.runtime.commands.cli_options import metrics_port_option
 from services.runtime.errors import BadInput, NotFound
@@ -32,13 +31,7 @@ indexer_app = typer.Typer(
 )
 tasks_app = typer.Typer(help="Inspect index tasks and requeue DEAD ones.", no_args_is_help=True)
 
-T = TypeVar("T")
 _TIER = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-
-
-def load_settings(**overrides: Any) -> IndexerSettings:
-    """The environment's settings; a bad one is a ConfigError that never shows its value."""
-    return cli_support.load_settings(IndexerSettings, **overrides)
 
 
 def _tier(value: str) -> str:
@@ -69,21 +62,6 @@ def _os_user() -> str:
         return getpass.getuser()
     except (OSError, KeyError):  # no USER and no passwd entry (some containers)
         raise BadInput("cannot tell who you are: say it with --by") from None
-
-
-def with_pool(
-    settings: IndexerSettings, size: int, work: Callable[[asyncpg.Pool[Any]], Awaitable[T]]
-) -> T:
-    from services.indexer.wiring import open_pool
-
-    async def _run() -> T:
-        pool = await open_pool(settings, size)
-        try:
-            return await work(pool)
-        finally:
-            await pool.close()
-
-    return cli_support.run_async(_run())
 
 
 @indexer_app.command("run")

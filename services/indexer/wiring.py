@@ -21,8 +21,8 @@ from services.embedding.settings import load_embedding_settings
 from services.index.generation import IndexGeneration
 from services.indexer.gc.collector import GarbageCollector
 from services.indexer.gc.settings import GcSettings
+from services.indexer.generations.build import pipeline_builder
 from services.indexer.metrics import HintMetrics, QueueGaugeSampler, WorkerMetrics
-from services.indexer.pipeline.generation_build import pipeline_builder
 from services.indexer.pipeline.generations import GenerationPipelines
 from services.indexer.pipeline.parsing import ParseLimits
 from services.indexer.pipeline.parsing.pool import ParsePool
@@ -32,6 +32,7 @@ from services.indexer.pipeline.version_indexer import (
     chunking_strategy,
     index_generation,
 )
+from services.indexer.pool import open_pool
 from services.indexer.ports import ClaimGate, DocumentVersionIndexer
 from services.indexer.queue.hints import HintConsumer
 from services.indexer.queue.store_pg import PgTaskQueue
@@ -45,7 +46,6 @@ from services.runtime.commands.cli_options import serve_metrics
 from services.runtime.commands.cli_support import load_settings, run_async
 from services.runtime.identity import owner_id
 from services.runtime.logging import get_logger
-from services.runtime.pg.db import create_pool_without_session_reset
 from services.runtime.signals import run_until_signalled, unless_stopped
 
 log = get_logger(__name__)
@@ -53,10 +53,6 @@ T = TypeVar("T")
 
 # Tests wrap the pipeline (a crash test's hanging indexer); production passes nothing.
 WrapIndexer = Callable[[DocumentVersionIndexer], DocumentVersionIndexer]
-
-
-async def open_pool(settings: IndexerSettings, size: int) -> asyncpg.Pool[Any]:
-    return await create_pool_without_session_reset(settings, min_size=1, max_size=size)
 
 
 @contextlib.asynccontextmanager

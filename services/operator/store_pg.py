@@ -15,8 +15,8 @@ import asyncpg
 
 from services.embedding.guard.ports import ProviderView
 from services.embedding.guard.store_pg import PgProviderStateStore
-from services.indexer.maintenance.generations import GenerationStatus
-from services.indexer.maintenance.generations_pg import PgGenerations
+from services.indexer.generations.model import GenerationStatus
+from services.indexer.generations.store_pg import PgGenerations
 from services.runtime.indexing.search_lag import QUERIES as search_lag_queries
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.sql import queries_beside

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.maintenance.generations_queries import QUERIES as SWITCH_QUERIES
+from services.indexer.generations.queries import QUERIES as SWITCH_QUERIES
 from services.indexer.sink.generations import QUERIES as SINK_QUERIES
 from tests.support.api import add_tenant
 from tests.support.locks import wait_until_blocked_on_a_lock

@@ -21,7 +21,7 @@ import structlog
 from services.embedding.hashing import HashingEmbedder
 from services.index.generations import SearchGeneration
 from services.indexer.gc.collector import GarbageCollector, GcRound
-from services.indexer.pipeline.generation_build import pipeline_builder
+from services.indexer.generations.build import pipeline_builder
 from services.indexer.pipeline.generations import GenerationPipelines
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource

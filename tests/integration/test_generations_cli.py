@@ -16,13 +16,9 @@ import pytest
 
 from services.index.ann import ann_index_name, tenant_ann_index_name
 from services.index.generations import SearchGeneration
-from services.indexer.maintenance.generations import (
-    GENERATION_RETIRED,
-    GenerationSpec,
-    SwitchRefused,
-)
-from services.indexer.maintenance.generations_pg import PgGenerations
-from services.indexer.maintenance.generations_retire import PgRetirement
+from services.indexer.generations.model import GENERATION_RETIRED, GenerationSpec, SwitchRefused
+from services.indexer.generations.retire import PgRetirement
+from services.indexer.generations.store_pg import PgGenerations
 from services.runtime.errors import BadInput, DatabaseBusy, NotFound
 from tests.support.cli import kb
 from tests.support.generations import (

@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.indexer.maintenance.generations_pg import PgGenerations
+from services.indexer.generations.store_pg import PgGenerations
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.retry import RetryPolicy

@@ -34,7 +34,7 @@ from services.embedding.guard.store_pg import PgProviderStateStore
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.index.generation import IndexGeneration
-from services.indexer.maintenance.generations_retire import PgRetirement
+from services.indexer.generations.retire import PgRetirement
 from services.indexer.pipeline.version_indexer import chunking_strategy, index_generation
 from services.indexer.ports import IndexingOutcome, InTransaction
 from services.indexer.queue.attempt import RunOnceResult, TaskAttempts, WorkerEvent

@@ -11,8 +11,8 @@ from typing import Any
 
 import asyncpg
 
-from services.indexer.maintenance.generations import GenerationSpec
-from services.indexer.maintenance.generations_pg import PgGenerations
+from services.indexer.generations.model import GenerationSpec
+from services.indexer.generations.store_pg import PgGenerations
 from tests.support.tasks import ensure_tenant
 
 OLD_MODEL = "hashing-v1-3"

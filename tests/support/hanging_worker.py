@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import os
 
-from services.indexer.cli import load_settings
+from services.indexer.pool import load_settings
 from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome
 from services.indexer.task import Lease
 from services.indexer.wiring import run_workers

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from services.indexer.maintenance.generations import (
+from services.indexer.generations.model import (
     GenerationSpec,
     MissingDocument,
     Progress,

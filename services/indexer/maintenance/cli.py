@@ -5,7 +5,7 @@ check run after its task finished still finds it); stderr: the summary. Exit 0 w
 drifted (or every drift was repaired and no other appeared), 1 when a drift is left or its
 repair could not be verified, 2 on bad input.
 
-generations -- `kb index generations ...` (generations_cli.py).
+generations -- `kb index generations ...` (services/indexer/generations/cli.py).
 
 gc -- stderr: the chunks collected. Exit 0.
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from services.indexer.maintenance.generations_cli import generations_app
+from services.indexer.generations.cli import generations_app
 from services.runtime.commands import cli_support
 from services.runtime.errors import BadInput
 
@@ -78,7 +78,7 @@ def check(
     the published version, or chunked by older code than the indexers run. Exit 1 on drift
     (each document named on stdout). --repair counts a drift repaired only when the check
     run after its task finished no longer finds it."""
-    from services.indexer.cli import load_settings
+    from services.indexer.pool import load_settings
 
     settings = load_settings()
     wanted = _tenant(tenant)
@@ -101,7 +101,7 @@ def check(
         ]
         return await _verify(checker, wanted, checked, outcomes, timeout)
 
-    from services.indexer.cli import with_pool
+    from services.indexer.pool import with_pool
 
     if not with_pool(settings, 1, _work):
         raise typer.Exit(cli_support.EXIT_FAILURE)
@@ -161,8 +161,8 @@ def gc(
     marked by a completion, in batches of KB_INDEX_GC_BATCH_ROWS, keeping
     KB_INDEX_KEEP_PREVIOUS versions below each generation's served one. stderr: the
     chunks collected."""
-    from services.indexer.cli import load_settings
     from services.indexer.gc.settings import GcSettings
+    from services.indexer.pool import load_settings
     from services.runtime.logging import configure_logging
 
     settings = load_settings()
@@ -185,7 +185,7 @@ def gc(
             if done.documents == 0:
                 return clean, chunks
 
-    from services.indexer.cli import with_pool
+    from services.indexer.pool import with_pool
 
     clean, chunks = with_pool(settings, 1, _work)
     typer.echo(f"index gc: {chunks} chunks collected, {clean} documents clean", err=True)
@@ -203,7 +203,7 @@ def tenant_graphs(
     """Build the HNSW graph of each tenant large enough to have its own, for every
     registered model, now (`kb indexer run` does it every
     KB_INDEXER_TENANT_GRAPH_CHECK_SECONDS): after a bulk load, say."""
-    from services.indexer.cli import load_settings
+    from services.indexer.pool import load_settings
     from services.runtime.logging import configure_logging
 
     settings = load_settings()
@@ -233,7 +233,7 @@ def tenant_graphs(
             typer.echo(f"tenant graphs of {model}: {len(built)} built", err=True)
         return done
 
-    from services.indexer.cli import with_pool
+    from services.indexer.pool import with_pool
 
     if not with_pool(settings, 1, _work):
         raise typer.Exit(cli_support.EXIT_FAILURE)

@@ -254,7 +254,7 @@ RETURNING lease_until
 -- (completions.py sorts a group so; a group holds one task per document), and every row
 -- before any tenant_search_generation row (the sink's lock_completion_generation comes
 -- after). `kb index generations retire` locks the tasks it ends in the same order and
--- before the tenant rows (maintenance/generations.sql: lock_unfinished_tasks), so a retire
+-- before the tenant rows (generations/generations.sql: lock_unfinished_tasks), so a retire
 -- meeting a committing backfill waits for it instead of deadlocking. FOR UPDATE locks the
 -- rows as they leave the sort (the plan's LockRows node sits above it); a row changed
 -- while we waited is checked again and left out when its fence no longer holds.

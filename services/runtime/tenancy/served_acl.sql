@@ -2,7 +2,7 @@
 -- document's search pointer serves (document_version_acl, migration 0024), said once for the
 -- transactions that move a pointer or publish the served version's ACL, which run it through
 -- served_acl.py: the sink's switch (services/indexer/sink/pgvector.py), `kb index generations
--- switch` (services/indexer/maintenance/generations_switch.py) and the publish
+-- switch` (services/indexer/generations/switch.py) and the publish
 -- (services/publisher/store_pg.py).
 
 -- name: apply_served_acl

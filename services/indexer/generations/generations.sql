@@ -1,5 +1,5 @@
 -- `kb index generations create|list|status|switch|retire`
--- (services/indexer/maintenance/generations_pg.py, docs/operations.md "Changing the
+-- (services/indexer/generations/store_pg.py, docs/operations.md "Changing the
 -- embedding model"). Every time-dependent statement takes `now` as its last parameter.
 
 -- name: lock_generations
@@ -506,7 +506,7 @@ SELECT c.relname AS index_name, c.relkind = 'I' AS partitioned
 
 -- name: set_local_lock_timeout
 -- Transaction-level (SET LOCAL): how long the DROP INDEX of a model's partitioned ANN index
--- may wait for knowledge_chunk's lock before it gives up (generations_retire.py).
+-- may wait for knowledge_chunk's lock before it gives up (retire.py).
 SELECT set_config('lock_timeout', $1::text, true)
 
 -- name: finish_retiring

@@ -17,7 +17,7 @@ import asyncpg
 
 from services.index.generation import IndexGeneration
 from services.index.generations import SearchGeneration
-from services.indexer.maintenance.generations import (
+from services.indexer.generations.model import (
     RETIRE_BATCH,
     CreateOutcome,
     GenerationSpec,
@@ -28,7 +28,7 @@ from services.indexer.maintenance.generations import (
     SwitchOutcome,
     same_chunks,
 )
-from services.indexer.maintenance.generations_queries import (
+from services.indexer.generations.queries import (
     QUERIES,
     default_generation,
     find_generation,
@@ -295,16 +295,16 @@ class PgGenerations:
     # --- switch --------------------------------------------------------------------------
 
     async def switch(self, tenant_id: str, generation_id: int, *, force: bool) -> SwitchOutcome:
-        """`kb index generations switch` (generations_switch.py)."""
-        from services.indexer.maintenance.generations_switch import PgSwitch
+        """`kb index generations switch` (switch.py)."""
+        from services.indexer.generations.switch import PgSwitch
 
         return await PgSwitch(self._pool, now=self._now).switch(
             tenant_id, generation_id, force=force
         )
 
     async def retire(self, generation_id: int) -> RetireOutcome:
-        """`kb index generations retire` (generations_retire.py)."""
-        from services.indexer.maintenance.generations_retire import PgRetirement
+        """`kb index generations retire` (retire.py)."""
+        from services.indexer.generations.retire import PgRetirement
 
         return await PgRetirement(self._pool, now=self._now, batch_size=self._batch).retire(
             generation_id

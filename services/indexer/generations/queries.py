@@ -1,6 +1,6 @@
 """The named queries of `kb index generations` (generations.sql), loaded once for the store
-(generations_pg.py), the switch (generations_switch.py) and the retirement
-(generations_retire.py), and the lookups they share."""
+(store_pg.py), the switch (switch.py) and the retirement
+(retire.py), and the lookups they share."""
 
 from __future__ import annotations
 

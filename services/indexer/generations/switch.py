@@ -8,17 +8,13 @@ from typing import Any
 
 import asyncpg
 
-from services.indexer.maintenance.generations import (
+from services.indexer.generations.model import (
     MISSING_SHOWN,
     MissingDocument,
     SwitchOutcome,
     SwitchRefused,
 )
-from services.indexer.maintenance.generations_queries import (
-    QUERIES,
-    default_generation,
-    find_generation,
-)
+from services.indexer.generations.queries import QUERIES, default_generation, find_generation
 from services.runtime.errors import BadInput, NotFound
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from services.indexer.maintenance.generations import (
+from services.indexer.generations.model import (
     GenerationSpec,
     GenerationStatus,
     SwitchRefused,
@@ -26,7 +26,7 @@ from services.runtime.errors import BadInput
 if TYPE_CHECKING:
     import asyncpg
 
-    from services.indexer.maintenance.generations_pg import PgGenerations
+    from services.indexer.generations.store_pg import PgGenerations
     from services.indexer.settings import IndexerSettings
 
 generations_app = typer.Typer(
@@ -37,8 +37,8 @@ generations_app = typer.Typer(
 
 
 def _run(settings: IndexerSettings, work: Any) -> Any:
-    from services.indexer.cli import with_pool
-    from services.indexer.maintenance.generations_pg import PgGenerations
+    from services.indexer.generations.store_pg import PgGenerations
+    from services.indexer.pool import with_pool
 
     async def _work(pool: asyncpg.Pool[Any]) -> Any:
         store = PgGenerations(pool, index_build_memory=settings.indexer_index_build_memory)
@@ -50,7 +50,7 @@ def _run(settings: IndexerSettings, work: Any) -> Any:
 def _settings() -> IndexerSettings:
     """The indexer's settings, with logs configured (they go to stderr: stdout is the
     answer)."""
-    from services.indexer.cli import load_settings
+    from services.indexer.pool import load_settings
     from services.runtime.logging import configure_logging
 
     settings = load_settings()

@@ -1,8 +1,8 @@
 """`kb index generations`: what the operator asks for and what each command reports.
 
 The decisions that need no database live here (is the request well formed, how a refused
-switch is told, how progress is counted); ``generations_pg`` carries them out in PostgreSQL
-and ``generations_cli`` prints them. See docs/operations.md, "Changing the embedding model".
+switch is told, how progress is counted); ``store_pg`` carries them out in PostgreSQL
+and ``cli`` prints them. See docs/operations.md, "Changing the embedding model".
 """
 
 from __future__ import annotations

@@ -19,13 +19,13 @@ import asyncpg
 
 from services.index.ann import ann_index_name
 from services.index.generations import SearchGeneration
-from services.indexer.maintenance.generations import (
+from services.indexer.generations.model import (
     GENERATION_RETIRED,
     MISSING_SHOWN,
     RETIRE_BATCH,
     RetireOutcome,
 )
-from services.indexer.maintenance.generations_queries import QUERIES, rows_of
+from services.indexer.generations.queries import QUERIES, rows_of
 from services.runtime.errors import BadInput, DatabaseBusy, NotFound
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors

@@ -1,5 +1,5 @@
 """How the indexer builds a search generation's pipeline when a task of it first arrives
-(generations.py): the embedder of its provider profile with its model and dimension
+(pipeline/generations.py): the embedder of its provider profile with its model and dimension
 (services.embedding.profiles), guarded as the default's is for a remote provider, its
 chunking, its model's index generation and ANN index, and its chunking settings recorded.
 """
