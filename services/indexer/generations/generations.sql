@@ -88,27 +88,21 @@ SELECT t.tenant_id, $2, true, coalesce($3::timestamptz, now()), coalesce($3::tim
 ON CONFLICT (tenant_id, generation_id) DO NOTHING
 RETURNING tenant_id
 
--- name: copy_pointers
--- $1 tenants just pinned, $2 the default generation, $3 its model, $4 its chunking settings.
--- What each pinned tenant's documents hold in the default generation: their search pointers
--- of its model and chunk settings (whatever code chunked). Completions since the indexers
--- registered the default wrote rows already; forward only, as they are.
-INSERT INTO document_generation_version AS g (tenant_id, document_id, generation_id,
-                                              version_number, chunking_strategy, chunk_count,
-                                              task_id, built_at)
-SELECT s.tenant_id, s.document_id, $2, s.version_number, s.chunking_strategy,
-       coalesce(s.chunk_count, 0), s.task_id, s.switched_at
+-- name: served_pointers
+-- $1 a tenant just pinned, $2 its model, $3 its chunking settings, $4 the last document read
+-- (NULL: from the first), $5 how many. What the tenant's documents hold in the default
+-- generation: their search pointers of its model and chunk settings (whatever code chunked),
+-- a page at a time in document order; recorded by the sink's one upsert
+-- (services/indexer/sink/generations.sql: upsert_document_generation_version).
+SELECT s.document_id, s.version_number, s.chunking_strategy,
+       coalesce(s.chunk_count, 0) AS chunk_count, s.task_id, s.switched_at
   FROM document_search_version s
- WHERE s.tenant_id = ANY ($1::text[])
-   AND s.embedding_model = $3
-   AND split_part(s.chunking_strategy, ':code=', 1) = $4
-ON CONFLICT (tenant_id, document_id, generation_id) DO UPDATE
-   SET version_number = EXCLUDED.version_number,
-       chunking_strategy = EXCLUDED.chunking_strategy,
-       chunk_count = EXCLUDED.chunk_count,
-       task_id = EXCLUDED.task_id,
-       built_at = EXCLUDED.built_at
- WHERE g.version_number < EXCLUDED.version_number
+ WHERE s.tenant_id = $1
+   AND s.embedding_model = $2
+   AND split_part(s.chunking_strategy, ':code=', 1) = $3
+   AND ($4::uuid IS NULL OR s.document_id > $4)
+ ORDER BY s.document_id
+ LIMIT $5
 
 -- name: add_tenant_rows
 -- $1 tenants (NULL: every tenant), $2 the generation, $3 now. Built in it from now on (every

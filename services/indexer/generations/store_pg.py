@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 
@@ -34,6 +34,7 @@ from services.indexer.generations.queries import (
     find_generation,
     rows_of,
 )
+from services.indexer.sink.generations import record_served_pointers
 from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
 from services.indexer.sink.pgvector import ensure_ann_index as build_model_ann_index
 from services.runtime.errors import BadInput, NotFound
@@ -41,6 +42,10 @@ from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
 
 log = get_logger(__name__)
+
+
+# Pointers recorded per statement when create pins a tenant: bounded memory, few round trips.
+COPY_PAGE: Final = 5_000
 
 
 class PgGenerations:
@@ -117,13 +122,7 @@ class PgGenerations:
         only = [tenant]
         pinned = await conn.fetch(QUERIES["pin_tenants"], only, default.generation_id, self._now)
         if pinned:
-            await conn.execute(
-                QUERIES["copy_pointers"],
-                only,
-                default.generation_id,
-                default.embedding_model,
-                default.chunking_settings,
-            )
+            await _copy_served_pointers(conn, tenant, default)
         added = await conn.fetch(QUERIES["add_tenant_rows"], only, generation_id, self._now)
         enqueued = await conn.execute(
             QUERIES["enqueue_backfill"], only, generation_id, max_attempts, self._now
@@ -309,6 +308,25 @@ class PgGenerations:
         return await PgRetirement(self._pool, now=self._now, batch_size=self._batch).retire(
             generation_id
         )
+
+
+async def _copy_served_pointers(conn: Any, tenant: str, default: SearchGeneration) -> None:
+    """What a just pinned tenant's documents hold in the default generation, from their
+    search pointers of its model and chunk settings; a page at a time, so a large tenant's
+    pointers never sit in memory at once. Completions since the indexers registered the
+    default wrote records already: the sink's one upsert keeps them (forward only, a record
+    at the pointer's version as its completion wrote it)."""
+    after = None
+    while page := await conn.fetch(
+        QUERIES["served_pointers"],
+        tenant,
+        default.embedding_model,
+        default.chunking_settings,
+        after,
+        COPY_PAGE,
+    ):
+        await record_served_pointers(conn, tenant, default.generation_id, page)
+        after = page[-1]["document_id"]
 
 
 async def _require_tenants(conn: Any, wanted: list[str]) -> None:

@@ -240,22 +240,61 @@ async def record_versions(
     versions: Sequence[tuple[Lease, int, IndexGeneration, int]],
     now: datetime | None,
 ) -> None:
-    """Each completed version recorded in its target generation (forward only): a (lease,
-    the target generation's id, its index generation, its chunk count) each, in the order
-    given ((tenant, document) order: one row per document and generation)."""
+    """Each completed version recorded in its target generation (forward only; the same
+    version rewritten: the completion built it): a (lease, the target generation's id, its
+    index generation, its chunk count) each, in the order given ((tenant, document) order:
+    one row per document and generation)."""
     if not versions:
         return
+    await _upsert_records(
+        conn,
+        [lease.tenant_id for lease, _, _, _ in versions],
+        [lease.document_id for lease, _, _, _ in versions],
+        [lease.version_number for lease, _, _, _ in versions],
+        [generation.chunking_strategy for _, _, generation, _ in versions],
+        [count for _, _, _, count in versions],
+        [generation_id for _, generation_id, _, _ in versions],
+        [lease.task_id for lease, _, _, _ in versions],
+        now=now,
+        built_at=None,
+        built_here=True,
+    )
+
+
+async def record_served_pointers(
+    conn: Transaction, tenant_id: str, generation_id: int, pointers: Sequence[Mapping[str, Any]]
+) -> None:
+    """A pinned tenant's served pointers (``document_id``, ``version_number``,
+    ``chunking_strategy``, ``chunk_count``, ``task_id``, ``switched_at`` each) recorded in
+    the generation that serves them: a record moves forward or is added, one at the
+    pointer's version stays as its completion wrote it."""
+    if not pointers:
+        return
+    await _upsert_records(
+        conn,
+        [tenant_id] * len(pointers),
+        [p["document_id"] for p in pointers],
+        [p["version_number"] for p in pointers],
+        [p["chunking_strategy"] for p in pointers],
+        [p["chunk_count"] for p in pointers],
+        [generation_id] * len(pointers),
+        [p["task_id"] for p in pointers],
+        now=None,
+        built_at=[p["switched_at"] for p in pointers],
+        built_here=False,
+    )
+
+
+async def _upsert_records(
+    conn: Transaction,
+    *columns: Sequence[Any],
+    now: datetime | None,
+    built_at: Sequence[datetime] | None,
+    built_here: bool,
+) -> None:
     with translate_db_errors():
         await conn.execute(
-            QUERIES["upsert_document_generation_version"],
-            [lease.tenant_id for lease, _, _, _ in versions],
-            [lease.document_id for lease, _, _, _ in versions],
-            [lease.version_number for lease, _, _, _ in versions],
-            [generation.chunking_strategy for _, _, generation, _ in versions],
-            [count for _, _, _, count in versions],
-            [generation_id for _, generation_id, _, _ in versions],
-            [lease.task_id for lease, _, _, _ in versions],
-            now,
+            QUERIES["upsert_document_generation_version"], *columns, now, built_at, built_here
         )
 
 

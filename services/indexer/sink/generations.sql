@@ -146,24 +146,30 @@ SELECT k.tenant_id, k.generation_id, k.named,
  ORDER BY k.n
 
 -- name: upsert_document_generation_version
--- $1 tenants, $2 documents, $3 versions, $4 strategies, $5 chunk counts, $6 generations,
--- $7 tasks, one element per completion (several for a group written together, together.py,
--- in (tenant, document) order: the order every group locks them in; at most one per
--- document), $8 now. Every completion records what its generation now holds of the
--- document, in the fenced transaction after its chunks: the switch reads it (is the served version complete
--- in the target?) and rewrites the pointers from it. Forward only, as the pointer: an older
--- version finishing late leaves the row alone (the WHERE); the same version is rewritten (a
--- re-run replaced its chunk set). Concurrent completions of the document in the generation
--- serialise on the row (ON CONFLICT locks it; a first insert waits on the unique index).
+-- What a generation holds of a document: the one statement that writes it, for both its
+-- writers. $1 tenants, $2 documents, $3 versions, $4 strategies, $5 chunk counts,
+-- $6 generations, $7 tasks, one element per document and generation, in (tenant, document)
+-- order: the order every group locks them in; $8 now; $9 when each was built (NULL: now);
+-- $10 whether the writer built the version (true) or copies a served pointer (false).
+-- Forward only, as the pointer: an older version finishing late leaves the row alone (the
+-- WHERE). The same version differs by writer (tests/integration/test_generation_record.py):
+-- - a fenced completion (record_versions, several for a group written together, together.py)
+--   built it: a re-run replaced the version's chunk set, so the row is rewritten. The switch
+--   reads the row (is the served version complete in the target?) and rewrites the pointers
+--   from it. Concurrent completions of the document in the generation serialise on the row
+--   (ON CONFLICT locks it; a first insert waits on the unique index);
+-- - `kb index generations create` copies a pinned tenant's served pointers into the default
+--   generation (services/indexer/generations/store_pg.py): a pointer only mirrors what a
+--   completion recorded, so a row at the pointer's version stays as the completion wrote it.
 INSERT INTO document_generation_version AS d (tenant_id, document_id, version_number,
                                               chunking_strategy, chunk_count, generation_id,
                                               task_id, built_at)
 SELECT w.tenant_id, w.document_id, w.version_number, w.chunking_strategy, w.chunk_count,
-       w.generation_id, w.task_id, coalesce($8::timestamptz, now())
+       w.generation_id, w.task_id, coalesce(w.built_at, $8::timestamptz, now())
   FROM unnest($1::text[], $2::uuid[], $3::integer[], $4::text[], $5::integer[],
-              $6::integer[], $7::uuid[])
+              $6::integer[], $7::uuid[], $9::timestamptz[])
        WITH ORDINALITY AS w (tenant_id, document_id, version_number, chunking_strategy,
-                             chunk_count, generation_id, task_id, n)
+                             chunk_count, generation_id, task_id, built_at, n)
  ORDER BY w.n
 ON CONFLICT (tenant_id, document_id, generation_id) DO UPDATE
    SET version_number = EXCLUDED.version_number,
@@ -171,7 +177,8 @@ ON CONFLICT (tenant_id, document_id, generation_id) DO UPDATE
        chunk_count = EXCLUDED.chunk_count,
        task_id = EXCLUDED.task_id,
        built_at = EXCLUDED.built_at
- WHERE d.version_number <= EXCLUDED.version_number
+ WHERE d.version_number < EXCLUDED.version_number
+    OR (d.version_number = EXCLUDED.version_number AND $10::boolean)
 
 -- name: discard_task_stream
 -- $1 task. A streamed task whose generation was retired while it ran: its staged slices
