@@ -23,7 +23,7 @@ from services.indexer.gc.collector import GarbageCollector
 from services.indexer.gc.settings import GcSettings
 from services.indexer.generations.build import pipeline_builder
 from services.indexer.metrics import HintMetrics, QueueGaugeSampler, WorkerMetrics
-from services.indexer.pipeline.generations import GenerationPipelines
+from services.indexer.pipeline.generations import GenerationPipelines, tenant_share_of
 from services.indexer.pipeline.parsing import ParseLimits
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
@@ -114,11 +114,7 @@ async def pipeline_indexer(
                 batch_linger_seconds=embedding.batch_linger_seconds,
                 max_requests_in_flight=embedding.max_requests_in_flight,
                 embedder_ready=warming,
-                tenant_share=(
-                    guard.tenant_share
-                    if guard is not None and embedding.rate_tenant_share is not None
-                    else None
-                ),
+                tenant_share=tenant_share_of(guard, embedding),
                 search=default,
             )
             indexer.claim_gate = guard

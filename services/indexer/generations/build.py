@@ -20,6 +20,7 @@ from services.indexer.pipeline.generations import (
     BuildPipeline,
     BuiltPipeline,
     GenerationPipeline,
+    tenant_share_of,
 )
 from services.indexer.pipeline.version_indexer import chunking_strategy
 from services.indexer.sink.generations import record_chunking_settings
@@ -52,11 +53,7 @@ def pipeline_builder(pool: asyncpg.Pool[Any], sink: PgVectorSink, *, owner: str)
                     linger_seconds=embedding.batch_linger_seconds,
                     max_requests_in_flight=embedding.max_requests_in_flight,
                 ),
-                tenant_share=(
-                    guard.tenant_share
-                    if guard is not None and embedding.rate_tenant_share is not None
-                    else None
-                ),
+                tenant_share=tenant_share_of(guard, embedding),
                 search=search,
             )
             await sink.ensure_generation(pipeline.generation)

@@ -30,6 +30,8 @@ from services.runtime.errors import KbError
 from services.runtime.logging import get_logger
 
 if TYPE_CHECKING:
+    from services.embedding.guard.guard import ProviderGuard
+    from services.embedding.settings import EmbeddingSettings
     from services.indexer.chunk import Chunk
 
 log = get_logger(__name__)
@@ -117,6 +119,16 @@ class BoundSink:
             lease, generation, chunk_count, search_generation_id=self._id
         )
         return write
+
+
+def tenant_share_of(
+    guard: ProviderGuard | None, embedding: EmbeddingSettings
+) -> TenantShare | None:
+    """A tenant's share of a remote provider's quota, when its guard keeps shares
+    (KB_EMBEDDING_RATE_TENANT_SHARE set); None: the tenants' requests share it as they come."""
+    if guard is None or embedding.rate_tenant_share is None:
+        return None
+    return guard.tenant_share
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class PgTenantGraphs:
         return await self._ensure(
             model,
             dimension,
-            lambda conn: conn.fetch(QUERIES["large_tenants"], model, self._min_chunks),
+            lambda conn: conn.fetch(QUERIES["large_tenants"], model, self._min_chunks, None),
         )
 
     async def ensure_for_new_model(
@@ -70,7 +70,7 @@ class PgTenantGraphs:
         return await self._ensure(
             model,
             dimension,
-            lambda conn: conn.fetch(QUERIES["large_tenants_served"], self._min_chunks, tenants),
+            lambda conn: conn.fetch(QUERIES["large_tenants"], None, self._min_chunks, tenants),
         )
 
     async def _ensure(

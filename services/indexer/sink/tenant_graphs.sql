@@ -1,35 +1,21 @@
 -- A large tenant's own HNSW graph (services/indexer/sink/tenant_graphs.py).
 
 -- name: large_tenants
--- Tenants whose current search versions of model $1 hold at least $2 chunks (the chunk
--- counts each switch writes on the pointer), the largest first, with the partition of
--- knowledge_chunk that holds them. A full pass over the pointers (one row per document):
--- run every few minutes, not per request.
+-- $1 model (NULL: any), $2 chunks, $3 tenants (NULL: every tenant). Tenants whose current
+-- search versions (of model $1) hold at least $2 chunks (the chunk counts each switch writes
+-- on the pointer), the largest first, with the partition of knowledge_chunk that holds them.
+-- With a model: the tenants of a served model, every few minutes. Without: the tenants a new
+-- generation (`kb index generations create`) gives a graph of their own before its backfill
+-- starts, while it has no chunk yet (an empty partial index, then kept as the backfill
+-- inserts), once per create. A full pass over the pointers (one row per document): never
+-- per request.
 SELECT s.tenant_id, s.chunks, p.relname AS partition
   FROM (SELECT tenant_id, sum(coalesce(chunk_count, 0)) AS chunks
           FROM document_search_version
-         WHERE embedding_model = $1
+         WHERE ($1::text IS NULL OR embedding_model = $1)
+           AND ($3::text[] IS NULL OR tenant_id = ANY ($3::text[]))
          GROUP BY tenant_id
         HAVING sum(coalesce(chunk_count, 0)) >= $2) s
- CROSS JOIN LATERAL (
-        SELECT c.relname
-          FROM pg_class c
-         WHERE c.oid = (SELECT k.tableoid FROM knowledge_chunk k
-                         WHERE k.tenant_id = s.tenant_id LIMIT 1)) p
- ORDER BY s.chunks DESC, s.tenant_id
-
--- name: large_tenants_served
--- $1 chunks, $2 tenants (NULL: every tenant). Tenants whose current search versions hold at
--- least $1 chunks, whatever their model: the tenants a new generation (`kb index
--- generations create`) gives a graph of their own before its backfill starts, while it has
--- no chunk yet (an empty partial index, then kept as the backfill inserts). Same plan as
--- large_tenants: a full pass over the pointers, once per create.
-SELECT s.tenant_id, s.chunks, p.relname AS partition
-  FROM (SELECT tenant_id, sum(coalesce(chunk_count, 0)) AS chunks
-          FROM document_search_version
-         WHERE ($2::text[] IS NULL OR tenant_id = ANY ($2::text[]))
-         GROUP BY tenant_id
-        HAVING sum(coalesce(chunk_count, 0)) >= $1) s
  CROSS JOIN LATERAL (
         SELECT c.relname
           FROM pg_class c
