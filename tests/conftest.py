@@ -10,6 +10,7 @@ import pytest
 
 from services.runtime.pg.db import create_pool
 from services.runtime.settings import RuntimeSettings
+from tests.support.replica import ReplicaPair, running_replica
 from tests.support.stack import (
     DatabaseSupply,
     Stack,
@@ -79,6 +80,14 @@ def integration_only(request: pytest.FixtureRequest) -> None:
 def stack() -> Iterator[Stack]:
     with running_stack() as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def replica_pair(stack: Stack) -> Iterator[ReplicaPair]:
+    """A streaming replica of the test primary, one per session: every module that searches
+    on a replica shares it (two would start two servers on one data directory)."""
+    with running_replica(stack) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -26,10 +26,9 @@ from services.search.replicas import PRIMARY, ReplicaRotation, parse_token, repl
 from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, ApiTenant, add_tenant
-from tests.support.replica import ReplicaPair, caught_up, running_replica
+from tests.support.replica import ReplicaPair, caught_up
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
 from tests.support.stack import (
-    Stack,
     create_test_database,
     drop_test_database,
     ensure_template,
@@ -40,12 +39,6 @@ pytestmark = pytest.mark.integration
 VERSIONS = 7
 CHUNKS = 3
 REPLICA = "replica"
-
-
-@pytest.fixture(scope="session")
-def replica_pair(stack: Stack) -> Iterator[ReplicaPair]:
-    with running_replica(stack) as pair:
-        yield pair
 
 
 @pytest.fixture(scope="session")

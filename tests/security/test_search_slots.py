@@ -11,7 +11,7 @@ import json
 import select
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -33,9 +33,9 @@ from services.search.searcher import Generation, Searcher
 from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, UNTHROTTLED, ApiTenant, add_tenant, live_app
-from tests.support.replica import ReplicaPair, caught_up, running_replica
+from tests.support.replica import ReplicaPair, caught_up
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
-from tests.support.stack import Stack, create_test_database, drop_test_database, ensure_template
+from tests.support.stack import create_test_database, drop_test_database, ensure_template
 
 pytestmark = pytest.mark.integration
 
@@ -47,12 +47,6 @@ HANG = 60.0
 
 
 # --- servers --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def replica_pair(stack: Stack) -> Iterator[ReplicaPair]:
-    with running_replica(stack) as pair:
-        yield pair
 
 
 @pytest.fixture(scope="module")
