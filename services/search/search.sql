@@ -37,7 +37,7 @@ SELECT CASE WHEN EXISTS (
                              AND a.principal = ANY ($2::text[]))) r
           WHERE r.running > $5)
        THEN 'ann' ELSE 'exact' END AS path,
-       -- The tenant's own graph (services/indexer/maintenance/tenant_graphs.py), valid: the planner
+       -- The tenant's own graph (services/indexer/sink/tenant_graphs.py), valid: the planner
        -- walks it rather than its partition's (the smaller index).
        EXISTS (
          SELECT 1
