@@ -245,3 +245,65 @@ def _refused_with_charset(content: bytes, charset: str) -> str:
     with pytest.raises(UnsupportedMediaType) as caught:
         check_content(TEXT, content, charset=charset)
     return caught.value.message
+
+
+# --- WHATWG's windows-125x: bytes Python leaves undefined are C1 controls --------------------
+
+# Python's cp1252 raises on these; WHATWG's windows-1252 (which iso-8859-1, latin1 and
+# us-ascii name) decodes each as the C1 control of the same number, as browsers do.
+CP1252_HOLES = [0x81, 0x8D, 0x8F, 0x90, 0x9D]
+
+
+def _latin1_page(byte: int, label: str = "iso-8859-1") -> bytes:
+    body = "café " * 40
+    return f'<meta charset="{label}"><p>{body}</p>'.encode("cp1252") + bytes([byte])
+
+
+@pytest.mark.parametrize("byte", CP1252_HOLES)
+def test_an_iso_8859_1_page_with_an_undefined_cp1252_byte_is_read_as_whatwg_does(
+    byte: int,
+) -> None:
+    page = _latin1_page(byte)
+    codec, skip = html_encoding(page)
+    assert codec == "cp1252"
+    expected = page[:-1].decode("cp1252") + chr(byte)
+    assert decode_all(page, codec, skip=skip) == expected
+    assert "".join(decoded_pieces(page, codec, skip=skip)) == expected
+    check_content(HTML, page)  # one control character among hundreds: text
+
+
+@pytest.mark.parametrize("byte", [0x81, 0x8D, 0x8E, 0x8F, 0x90, 0x9D, 0x9E])
+def test_an_iso_8859_9_page_with_an_undefined_cp1254_byte_is_read_as_whatwg_does(
+    byte: int,
+) -> None:
+    page = _latin1_page(byte, "iso-8859-9")
+    codec, skip = html_encoding(page)
+    assert codec == "cp1254"
+    assert decode_all(page, codec, skip=skip).endswith(chr(byte))
+    assert "".join(decoded_pieces(page, codec, skip=skip)).endswith(chr(byte))
+    check_content(HTML, page)
+
+
+def test_the_c1_controls_of_windows_125x_still_count_as_binary() -> None:
+    page = b'<meta charset="latin1">' + bytes(CP1252_HOLES) * 40
+    assert "control characters" in _refused(HTML, page)
+
+
+def test_whatwg_windows_125x_in_slices_is_whatwg_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(text_encodings, "DECODE_SLICE", 7)
+    data = ("Grüße \u20ac ".encode("cp1252") + bytes(CP1252_HOLES)) * 20
+    assert "".join(decoded_pieces(data, "cp1252", skip=3)) == decode_all(data, "cp1252", skip=3)
+
+
+@pytest.mark.parametrize(
+    ("codec", "byte"),
+    [("cp1253", 0xAA), ("cp1253", 0xFF), ("cp1255", 0xCA), ("cp1257", 0xA1), ("cp874", 0xDB)],
+)
+def test_bytes_whatwg_leaves_undefined_stay_errors(codec: str, byte: int) -> None:
+    # Only 0x80-0x9F are C1 controls in WHATWG's tables; its other holes are errors there too.
+    data = b"text " + bytes([byte])
+    with pytest.raises(UnicodeDecodeError) as at_once:
+        decode_all(data, codec, skip=1)
+    assert at_once.value.start == 4  # counted from skip
+    with pytest.raises(UnicodeDecodeError):
+        list(decoded_pieces(data, codec))

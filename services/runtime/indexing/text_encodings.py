@@ -9,6 +9,8 @@ once inflated an upload a thousandfold. So a label is looked up here and only he
 - else the labels of the WHATWG Encoding Standard (what HTML may name), mapped to the Python
   codec that decodes them; the labels of its "replacement" encoding and anything else are
   refused, not ignored (a page that names an encoding we do not read is not guessed at);
+  windows-874 and windows-125x are read as WHATWG defines them (bytes Python leaves
+  undefined in 0x80-0x9F are C1 controls), not as Python's stricter cp125x;
 - HTML's own rules on top: a page that names UTF-16 or UTF-32 in ASCII is not UTF-16 or
   UTF-32 but UTF-8, and ``x-user-defined`` is windows-1252;
 - without either, UTF-8.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from services.runtime.errors import UnsupportedMediaType
@@ -97,6 +99,39 @@ WHATWG_LABELS: Final[dict[str, str]] = {
 # The codecs text is ever decoded with: the labels' and the byte-order marks'.
 TEXT_CODECS: Final = frozenset(WHATWG_LABELS.values()) | {codec for _, codec in TEXT_BOMS}
 
+# WHATWG's windows-874 and windows-125x (which ``iso-8859-1``, ``latin1``, ``us-ascii`` and
+# ``iso-8859-9`` name too) decode each byte 0x80-0x9F that Microsoft left unassigned as the
+# C1 control of the same number (0x81 is U+0081), as browsers always have; Python's cp125x
+# raise on them, which refused pages that were read before. These codecs are read through
+# tables built once from Python's with those holes filled; their other holes (cp1253's
+# 0xAA, cp874's 0xDB) are holes in WHATWG's tables too and stay errors.
+_UNDEFINED: Final = "\ufffe"  # what charmap_decode reads as "no character"
+
+
+def _whatwg_table(codec: str) -> str:
+    characters = []
+    for byte in range(256):
+        try:
+            characters.append(bytes([byte]).decode(codec))
+        except UnicodeDecodeError:
+            characters.append(chr(byte) if 0x80 <= byte <= 0x9F else _UNDEFINED)
+    return "".join(characters)
+
+
+_WHATWG_TABLES: Final[dict[str, str]] = {
+    codec: _whatwg_table(codec) for codec in ("cp874", *(f"cp{page}" for page in range(1250, 1259)))
+}
+
+
+def _table_decode(content: bytes | memoryview, codec: str, table: str) -> str:
+    try:
+        return codecs.charmap_decode(content, "strict", table)[0]
+    except UnicodeDecodeError as error:  # named "charmap": name the codec instead
+        raise UnicodeDecodeError(
+            codec, error.object, error.start, error.end, error.reason
+        ) from None
+
+
 # Only the start of a page is searched for its declaration, as browsers do.
 _PRESCAN_BYTES: Final = 4096
 # Labels are ASCII letters, digits and ``_.:-``; a longer run than any label is cut (and then
@@ -170,24 +205,36 @@ def _checked(codec: str) -> str:
     return codec
 
 
+def _slice_decoder(codec: str) -> Callable[[bytes, bool], str]:
+    """Decodes consecutive slices (the second argument: the last one)."""
+    table = _WHATWG_TABLES.get(codec)
+    if table is None:
+        return codecs.getincrementaldecoder(codec)(errors="strict").decode
+    # A table decodes byte by byte: a slice needs nothing of the one before.
+    return lambda piece, _final: _table_decode(piece, codec, table)
+
+
 def decoded_pieces(content: bytes, codec: str, *, skip: int = 0) -> Iterator[str]:
     """``content[skip:]`` decoded strictly in slices. Raises UnicodeDecodeError on bytes
     that are not ``codec`` text, and UnsupportedMediaType for a codec not in TEXT_CODECS
     (never looked up) or text longer than its bytes (no codec here does that)."""
-    decoder = codecs.getincrementaldecoder(_checked(codec))(errors="strict")
+    decode = _slice_decoder(_checked(codec))
     consumed = produced = 0
     for start in range(skip, len(content), DECODE_SLICE):
         piece = content[start : start + DECODE_SLICE]
-        text = decoder.decode(piece)
+        text = decode(piece, False)
         consumed += len(piece)
         produced += len(text)
         if produced > consumed:
             raise mismatch(f"{codec} decoded to more characters than bytes")
         yield text
-    yield decoder.decode(b"", final=True)
+    yield decode(b"", True)
 
 
 def decode_all(content: bytes, codec: str, *, skip: int = 0) -> str:
     """``content[skip:]`` decoded strictly at once, for readers that need the whole text.
     Raises as ``decoded_pieces`` does; its UnicodeDecodeError counts from ``skip``."""
-    return content[skip:].decode(_checked(codec))
+    table = _WHATWG_TABLES.get(_checked(codec))
+    if table is not None:
+        return _table_decode(memoryview(content)[skip:], codec, table)
+    return content[skip:].decode(codec)
