@@ -233,18 +233,50 @@ def test_cycling_through_the_64s_of_one_48_is_throttled_as_one() -> None:
         burst=3, per_minute=6.0, max_addresses=10_000, network_multiple=4, clock=clock
     )
     tried = 0
-    for n in range(10_000):
+    for n in range(100):  # each /64 tries until it is refused, then the next one
         host = f"2001:db8:7:{n:x}::1"
-        if throttle.retry_after(host) is not None:
-            break
-        throttle.record_failure(host)
-        tried += 1
-    # The /48 as a whole had network_multiple bursts: not 10,000 /64s times 3 tries.
-    assert tried == 3 * 4
-    assert throttle.retry_after("2001:db8:7:ffff::1") is not None  # a fresh /64 of it
+        while throttle.retry_after(host) is None:
+            throttle.record_failure(host)
+            tried += 1
+    # The /48 as a whole had network_multiple bursts; after them each fresh /64 had one
+    # try (a clean /64 is never refused for its neighbours): not 100 /64s times 3 tries.
+    assert tried == 3 * 4 + (100 - 4)
+    assert throttle.retry_after("2001:db8:7:1::1") is not None  # one that failed
+    assert throttle.retry_after("2001:db8:7:ffff::1") is None  # a fresh /64 of it
     assert throttle.retry_after("2001:db8:8::1") is None  # another /48
     assert throttle.retry_after("192.0.2.1") is None
-    assert len(throttle) <= 3 * 4 + 1
+    assert len(throttle) <= 100 + 1
+
+
+async def test_a_customer_is_not_locked_out_by_its_neighbours_in_one_48() -> None:
+    """One customer sending wrong keys from the /64s of a /48 spends the /48's count; another
+    customer's /64 in it still authenticates, while a /64 that failed is refused."""
+    store = MemoryPublisherStore()
+    key = new_api_key("acme")
+    store.add_tenant("acme", "standard", hash_api_key(key))
+    app = create_app(
+        PublisherSettings(),
+        store=store,
+        auth_settings=AuthSettings(
+            failed_auth_burst=2,
+            failed_auth_per_minute=1.0,
+            failed_auth_ipv6_network_multiple=2,
+        ),
+    )
+    wrong = {"Authorization": f"Bearer kb.acme.{'A' * 43}"}
+    good = {"Authorization": f"Bearer {key}"}
+
+    async def get(host: str, headers: dict[str, str]) -> int:
+        transport = httpx.ASGITransport(app=app, client=(host, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://a.test") as client:
+            return (await client.get(TASK, headers=headers)).status_code
+
+    for n in range(2):  # two /64s, two wrong keys each: the /48's four
+        assert [await get(f"2001:db8:9:{n}::1", wrong) for _ in range(2)] == [401, 401]
+    assert await get("2001:db8:9:0::1", good) == 429  # a /64 that failed
+    assert await get("2001:db8:9:5::1", wrong) == 401  # a fresh one: one try
+    assert await get("2001:db8:9:5::1", good) == 429  # and then none
+    assert [await get("2001:db8:9:77::1", good) for _ in range(5)] == [404] * 5  # clean
 
 
 def test_addresses_cycled_through_do_not_evict_a_throttled_one() -> None:

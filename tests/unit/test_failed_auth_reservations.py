@@ -1,6 +1,7 @@
 """The failed-key throttle's reservations (services/runtime/auth/throttle.py): a try is held
 while a key is looked up, given back when it was good, spent when it was wrong; a request
-finding every try held waits rather than being refused; a held bucket is never forgotten."""
+finding every try held waits rather than being refused; a held bucket is never forgotten; an
+IPv6 /48's count holds back only its /64s that failed themselves."""
 
 from __future__ import annotations
 
@@ -85,3 +86,59 @@ def test_an_ipv4_mapped_address_is_its_ipv4_address() -> None:
     assert throttle.keys("::ffff:192.0.2.7") == ("192.0.2.7",)
     assert throttle.keys("2001:db8:1:2:3::9") == ("2001:db8:1:2::/64", "2001:db8:1::/48")
     assert throttle.keys("") == ("unknown",)
+
+
+# --- the IPv6 network's count: only for a /64 that failed itself -----------------------------
+
+NEIGHBOUR = "2001:db8:7:{:x}::1"  # /64s of one /48
+
+
+def _empty_the_48(throttle: FailedAuthThrottle, burst: int, multiple: int) -> None:
+    """One customer's /64s send wrong keys until the /48's count is spent."""
+    for n in range(multiple):
+        for _ in range(burst):
+            throttle.record_failure(NEIGHBOUR.format(n))
+    assert throttle.retry_after(NEIGHBOUR.format(0)) is not None
+
+
+async def test_a_clean_64_is_not_refused_for_its_48_while_one_that_failed_is() -> None:
+    throttle = _throttle(Clock(), burst=2, network_multiple=2)
+    _empty_the_48(throttle, burst=2, multiple=2)
+    clean = "2001:db8:7:abcd::5"
+    for _ in range(5):  # another customer's valid keys, again and again
+        assert throttle.retry_after(clean) is None
+        good = await throttle.reserve(clean)
+        assert isinstance(good, Reservation)
+        good.release()
+    # A /64 that failed once itself has the /48's count against it from then on, even with
+    # tries of its own left.
+    tried = "2001:db8:7:beef::5"
+    bad = await throttle.reserve(tried)
+    assert isinstance(bad, Reservation)
+    assert not bad.failed()  # one of its own two tries left
+    refused = await throttle.reserve(tried)
+    assert isinstance(refused, Refused)
+    assert refused.retry_after == pytest.approx(5.0)  # the /48 earns a try back every 5 s
+    assert throttle.retry_after(clean) is None  # still not its neighbours' doing
+
+
+async def test_a_fresh_64_of_a_spent_48_has_one_lookup_at_a_time() -> None:
+    # Concurrent wrong keys from a fresh /64 get one try, not a burst: the others wait for
+    # it, and are refused when it fails; a good key's requests just take turns.
+    throttle = _throttle(Clock(), burst=3, network_multiple=2)
+    _empty_the_48(throttle, burst=3, multiple=2)
+    for host, good in (("2001:db8:7:100::1", False), ("2001:db8:7:200::1", True)):
+        first = await throttle.reserve(host)
+        assert isinstance(first, Reservation)
+        second = asyncio.create_task(throttle.reserve(host))
+        await asyncio.sleep(0)  # one turn of the loop: the task runs until it waits
+        assert throttle.waiting == 1
+        assert not second.done()
+        if good:
+            first.release()
+            then = await second
+            assert isinstance(then, Reservation)
+            then.release()
+        else:
+            first.failed()
+            assert isinstance(await second, Refused)

@@ -12,8 +12,11 @@ The client is the request's peer as uvicorn reports it (the forwarded client onl
 ``KB_HTTP_TRUSTED_PROXIES``): an IPv4 address, or an IPv6 address's ``/ipv6_prefix`` (/64,
 the block one host is usually given). Because one attacker may hold a whole IPv6 /48 (65,536
 /64s), each IPv6 client is also counted in its ``/ipv6_network_prefix``, whose bucket holds
-``network_multiple`` times a client's: cycling through the /64s of one /48 buys that many
-bursts, not one per /64.
+``network_multiple`` times a client's. That count holds back only a client that has failed
+itself (its own bucket holds failures): a clean /64 is never refused for its neighbours, so
+one customer cannot lock the rest of its /48 out. Once the network's tries are spent, a
+fresh /64 has one lookup at a time until its first failure, and is refused after it: cycling
+through the /64s of one /48 buys ``network_multiple`` bursts, then one try per fresh /64.
 
 Memory is bounded: at most ``max_addresses`` buckets with failures in them. When a new one
 would go beyond that, the bucket that would be full again (and so forgotten anyway) soonest
@@ -173,15 +176,37 @@ class FailedAuthThrottle:
         self._buckets[key] = bucket
         return bucket
 
+    def _held_against(self, keys: tuple[str, ...], now: float) -> list[_Bucket | None]:
+        """The buckets of ``keys`` that can hold the client back: its own, and its network's
+        only once it has failed itself (a clean client is not answerable for neighbours)."""
+        client = self._bucket(keys[0], now)
+        if client is None or client.tokens >= client.capacity:
+            return [client]
+        return [client, *(self._bucket(key, now) for key in keys[1:])]
+
     def retry_after(self, host: str) -> float | None:
         """Seconds until ``host`` may try again, or ``None`` when it may now."""
-        now = self._clock()
         waits = [
             (1.0 - bucket.tokens) / bucket.rate
-            for key in self.keys(host)
-            if (bucket := self._bucket(key, now)) is not None and bucket.tokens < 1.0
+            for bucket in self._held_against(self.keys(host), self._clock())
+            if bucket is not None and bucket.tokens < 1.0
         ]
         return max(waits) if waits else None
+
+    def _busy(self, keys: tuple[str, ...], now: float) -> _Bucket | None:
+        """The bucket whose running lookups hold every try ``keys[0]`` may use now."""
+        held = self._held_against(keys, now)
+        busy = next((b for b in held if b is not None and b.tokens - b.pending < 1.0), None)
+        if busy is not None or len(held) == len(keys):
+            return busy
+        # A clean client while its network's tries are all spent or held: one lookup at a
+        # time, so that concurrent keys from a fresh /64 are one try, not a burst.
+        client = held[0]
+        for key in keys[1:]:
+            network = self._bucket(key, now)
+            if network is not None and network.tokens - network.pending < 1.0:
+                return client if client is not None and client.pending else None
+        return None
 
     async def reserve(self, host: str) -> Reservation | Refused:
         """A try for ``host``'s next lookup, or :class:`Refused` when it has none left.
@@ -192,9 +217,9 @@ class FailedAuthThrottle:
             if wait is not None:
                 return Refused(wait)
             now = self._clock()
-            buckets = [self._bucket(key, now) for key in keys]
-            busy = next((b for b in buckets if b is not None and b.tokens - b.pending < 1.0), None)
+            busy = self._busy(keys, now)
             if busy is None:
+                buckets = [self._bucket(key, now) for key in keys]
                 for key, bucket in zip(keys, buckets, strict=True):
                     (bucket or self._new_bucket(key, keys, now)).pending += 1
                 return Reservation(self, keys)
