@@ -17,7 +17,10 @@ write that fails is rare (a timeout, a constraint): the group's transaction is r
 and the group runs again with a savepoint per task, whose failure rolls back that task's
 rows only; it gets its own error, the other tasks commit. Savepoints cost two round trips a
 task, which for a short document is a good share of its completion, so they are paid only
-then. A
+then. The group's transaction may have held its rows longer than a lease before it failed
+(heartbeats skip a row it holds, see below): the fallback first renews the leases of the
+tasks whose fence held in it (``renew``, fenced by owner and generation, which no takeover
+can have passed), so a slow failure does not cost the others their lease. A
 COMMIT that fails, or a connection lost mid-group, fails every task not failed already with
 that error: the caller reads each task's row back to learn whether the COMMIT landed, as
 for a completion of its own.
@@ -64,6 +67,9 @@ from services.runtime.pg.transaction import Transaction
 Fence = Callable[[Transaction, Lease], Awaitable[bool]]
 # The fenced UPDATE of several tasks in one statement: the ids of those whose fence held.
 FenceAll = Callable[[Transaction, Sequence[Lease]], Awaitable[set[uuid.UUID]]]
+# Locks the group's rows still ours and renews the leases of those given (their fence held
+# in a group transaction rolled back since): the ids of the rows it locked.
+Renew = Callable[[Transaction, Sequence[Lease], set[uuid.UUID]], Awaitable[set[uuid.UUID]]]
 LostLease = Callable[[Lease], Exception]
 PooledConnection: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
 
@@ -97,6 +103,7 @@ class GroupCommitter:
         on_group: Callable[[int], None] | None = None,
         fence_all: FenceAll | None = None,
         committing_groups: int = 1,
+        renew: Renew | None = None,
     ) -> None:
         if max_group < 1:
             raise ValueError("max_group must be >= 1")
@@ -105,6 +112,7 @@ class GroupCommitter:
         self._pool = pool
         self._fence = fence
         self._fence_all = fence_all
+        self._renew = renew
         # Groups written as one set of statements (for tests and the bench's report).
         self.written_as_set = 0
         self._lost = lost
@@ -217,10 +225,11 @@ class GroupCommitter:
                 # One write failed and took the group's transaction with it: nothing of the
                 # group was written. Again, each task in a savepoint of its own, so the failure
                 # stays with its task.
+                held = {c.lease.task_id for c in group if c.fenced}
                 _unfence(group)
                 for completion in group:
                     completion.error = None
-                await self._commit_isolated(conn, group)
+                await self._commit_isolated(conn, group, held)
 
     async def _commit_together(self, conn: PooledConnection, group: list[_Completion]) -> None:
         """The group in one transaction without savepoints (two statements a task fewer): a
@@ -255,8 +264,19 @@ class GroupCommitter:
                 assert first is not None
                 await first.together(conn, writes)
 
-    async def _commit_isolated(self, conn: PooledConnection, group: list[_Completion]) -> None:
+    async def _commit_isolated(
+        self, conn: PooledConnection, group: list[_Completion], held: set[uuid.UUID]
+    ) -> None:
+        """The group again, each task in a savepoint of its own. ``held``: the tasks whose
+        fence held in the transaction that failed, their leases renewed first."""
         async with conn.transaction():
+            locked: set[uuid.UUID] = set()
+            if held and self._renew is not None:
+                with translate_db_errors():
+                    locked = await self._renew(conn, [c.lease for c in group], held)
+                for completion in group:
+                    # Rows this transaction holds: heartbeats leave them alone again.
+                    completion.fenced = completion.lease.task_id in locked
             for completion in group:
                 try:
                     with translate_db_errors():
@@ -266,7 +286,9 @@ class GroupCommitter:
                             await self._fenced_write(conn, completion)
                 except Exception as error:
                     completion.error = error
-                    completion.fenced = False  # its savepoint, row lock included, is gone
+                    # Its savepoint, row lock included, is gone, unless the renewal took the
+                    # row before it.
+                    completion.fenced = completion.lease.task_id in locked
                     if conn.is_closed():
                         raise
 

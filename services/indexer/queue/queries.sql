@@ -281,6 +281,50 @@ UPDATE index_task t
  WHERE t.task_id = f.task_id
 RETURNING t.task_id
 
+-- name: renew_held_leases
+-- $1 tasks, $2 owners, $3 lease attempts, one element per task of a completion group; $4
+-- the tasks whose fence held in the group's transaction that just rolled back; $5 now.
+-- Run first in the transaction that writes the group again task by task (completions.py):
+-- the tasks that come back are the rows it now holds.
+--
+-- While the group's transaction held a fenced task's row, the heartbeat left its lease
+-- alone (a beat would only have waited for the lock), so a long group may have outlived
+-- it; without this the fallback's own fence (complete_task: an unexpired lease) would
+-- refuse every such task and it would be done again. Renewing them needs no unexpired
+-- lease: no takeover could come while our transaction held the row, and one since it
+-- ended bumps `attempts` (claim_tasks), which this fence checks -- RUNNING under our owner
+-- and generation means no one else has had the task. A task whose fence did not hold
+-- ($4) is locked but not renewed: its lease, expired or not, is for its own fence to
+-- judge. A lease is renewed from now for as long as it was last granted (the claim and the
+-- heartbeat set lease_until and updated_at together), never shortened.
+--
+-- Locks: every row of the group still ours, in the one lock order of task rows
+-- (complete_task), before the fallback's fences relock them one by one in that order: the
+-- fallback takes its task rows in that order too, and never a row after a pointer or an
+-- outbox lock. The rows stay locked until the fallback ends, its savepoints' rollbacks
+-- included, so no takeover can come before its fences run.
+WITH mine AS (
+    SELECT t.task_id, t.task_id = ANY($4::uuid[]) AS held
+      FROM index_task t
+      JOIN unnest($1::uuid[], $2::text[], $3::integer[]) AS f (task_id, owner, attempts)
+        ON t.task_id = f.task_id
+     WHERE t.status = 'RUNNING'
+       AND t.lease_owner = f.owner
+       AND t.attempts = f.attempts
+     ORDER BY t.tenant_id COLLATE "C", t.document_id, t.version_number, t.task_id
+       FOR UPDATE OF t
+)
+UPDATE index_task t
+   SET lease_until = CASE WHEN m.held
+                          THEN greatest(t.lease_until, coalesce($5::timestamptz, now())
+                                                       + (t.lease_until - t.updated_at))
+                          ELSE t.lease_until END,
+       updated_at = CASE WHEN m.held THEN coalesce($5::timestamptz, now())
+                         ELSE t.updated_at END
+  FROM mine m
+ WHERE t.task_id = m.task_id
+RETURNING t.task_id
+
 -- name: fail_task
 -- $1 task, $2 owner, $3 lease generation: the fence. $4 RETRY_WAIT or DEAD as the retry
 -- policy decided from the error code, $5 delay seconds, $6 code, $7 message, $8 now,

@@ -70,6 +70,7 @@ class PgTaskQueue:
             on_group=on_completion_group,
             fence_all=self._fences_hold,
             committing_groups=committing_groups,
+            renew=self._renew_held,
         )
 
     async def claim(
@@ -142,6 +143,21 @@ class PgTaskQueue:
             [lease.task_id for lease in leases],
             [lease.owner for lease in leases],
             [lease.lease_attempt for lease in leases],
+            self._clock.now(),
+        )
+        return {row["task_id"] for row in rows}
+
+    async def _renew_held(
+        self, conn: Transaction, leases: Sequence[Lease], held: set[uuid.UUID]
+    ) -> set[uuid.UUID]:
+        """Locks the rows of ``leases`` still ours and renews the leases of ``held``: the
+        rows it locked (queries.sql: renew_held_leases)."""
+        rows = await conn.fetch(
+            QUERIES["renew_held_leases"],
+            [lease.task_id for lease in leases],
+            [lease.owner for lease in leases],
+            [lease.lease_attempt for lease in leases],
+            list(held),
             self._clock.now(),
         )
         return {row["task_id"] for row in rows}

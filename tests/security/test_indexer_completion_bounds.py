@@ -1,0 +1,151 @@
+"""Issue 41 item 5's follow-ups, on real PostgreSQL: what a finished task's lease does while
+its completion waits and commits.
+
+- a completion group that fails after a commit longer than a lease (one write raising at
+  the end of it) is written again task by task, and the tasks whose fence held in it still
+  end SUCCEEDED on their first attempt: the fallback renews the leases the failed group's
+  transaction kept from their heartbeats;
+- a committer that never commits does not keep the leases of the completions queued behind
+  it forever: after the maximum completion wait the attempt stops beating, its completion
+  is withdrawn, and another worker takes the task over once the lease lapses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import numpy as np
+import pytest
+
+from services.index.generation import IndexGeneration
+from services.indexer.ports import IndexingOutcome, InTransaction
+from services.indexer.queue.attempt import RunOnceResult, TaskAttempts, WorkerEvent
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.retry import RetryPolicy
+from services.indexer.sink.pgvector import PgVectorSink
+from services.indexer.task import Lease
+from services.runtime.errors import DatabaseBusy
+from services.runtime.pg.transaction import Transaction
+from tests.support import versions
+from tests.support.tasks import create_task
+
+pytestmark = pytest.mark.integration
+
+DIMENSION = 8
+GENERATION = IndexGeneration("test-bounds-8", DIMENSION, "heading-semchunk-v1:max=256")
+LEASE_SECONDS = 3.0
+
+
+def write_for(sink: PgVectorSink, lease: Lease) -> InTransaction:
+    chunks = versions.make_chunks(
+        lease.document_id,
+        lease.version_number,
+        [f"text of {lease.document_id}"],
+        GENERATION.chunking_strategy,
+    )
+    vectors = np.full((len(chunks), DIMENSION), 1 / np.sqrt(DIMENSION), dtype=np.float32)
+    return sink.writer(lease, GENERATION, chunks, vectors)
+
+
+class Writes:
+    """An indexer whose every task is done at once, its write the one given for it."""
+
+    def __init__(self, writes: dict[uuid.UUID, InTransaction]) -> None:
+        self.writes = writes
+
+    async def index(self, lease: Lease) -> IndexingOutcome:
+        return IndexingOutcome(write=self.writes[lease.task_id])
+
+
+class SlowThenBroken:
+    """A write that holds its group's transaction open until ``release``, then fails as a
+    statement timeout would; written again (the group's fallback), it fails at once."""
+
+    def __init__(self, write: InTransaction) -> None:
+        self._write = write
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, conn: Transaction) -> None:
+        await self._write(conn)
+        self.reached.set()
+        await self.release.wait()
+        raise DatabaseBusy("QueryCanceledError: canceling statement due to statement timeout")
+
+
+async def database_clock_passes(
+    pool: asyncpg.Pool[Any], until: datetime, events: asyncio.Queue[WorkerEvent], tick: float
+) -> None:
+    """Returns once the database's clock is past ``until``: looked at after each worker
+    event, or each ``tick`` without one (the lease's time passing is what is waited for)."""
+    while not await pool.fetchval("SELECT now() > $1::timestamptz", until):
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(tick):
+                await events.get()
+
+
+def in_write_order(leases: list[Lease]) -> list[Lease]:
+    # The order a group writes its tasks in (completions.py).
+    return sorted(
+        leases, key=lambda lease: (lease.tenant_id, str(lease.document_id), lease.version_number)
+    )
+
+
+async def task_row(pool: asyncpg.Pool[Any], lease: Lease) -> tuple[str, int, str]:
+    row = await pool.fetchrow(
+        "SELECT status, attempts, lease_owner FROM index_task WHERE task_id = $1", lease.task_id
+    )
+    assert row is not None
+    return row["status"], row["attempts"], row["lease_owner"]
+
+
+async def test_a_group_failing_after_a_commit_longer_than_a_lease_keeps_the_others_leases(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    groups: list[int] = []
+    queue = PgTaskQueue(pool, committing_groups=1, on_completion_group=groups.append)
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    for _ in range(3):
+        await create_task(pool)
+    leases = await queue.claim("standard", "w1", lease_seconds=LEASE_SECONDS, limit=3)
+    # The last write of the group is the slow one that fails: the two before it passed
+    # their fence in the group's transaction, and their heartbeats then leave them alone.
+    *good, slow = in_write_order(leases)
+    broken = SlowThenBroken(write_for(sink, slow))
+    writes: dict[uuid.UUID, InTransaction] = {
+        lease.task_id: write_for(sink, lease) for lease in good
+    }
+    writes[slow.task_id] = broken
+    events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    attempts = TaskAttempts(
+        queue,
+        Writes(writes),
+        owner="w1",
+        lease_seconds=LEASE_SECONDS,
+        policy=RetryPolicy(),
+        rng=random.Random(41),
+        emit=events.put_nowait,
+    )
+    running = [asyncio.create_task(attempts.process(lease)) for lease in (*good, slow)]
+    try:
+        await broken.reached.wait()  # the group is committing, its first two fenced
+        assert groups == [3]
+        # The group's transaction outlives every lease of the claim.
+        await database_clock_passes(
+            pool, max(lease.lease_until for lease in leases), events, LEASE_SECONDS / 3
+        )
+    finally:
+        broken.release.set()
+        results = await asyncio.gather(*running, return_exceptions=True)
+    assert results == [RunOnceResult.SUCCEEDED, RunOnceResult.SUCCEEDED, RunOnceResult.FAILED]
+    for lease in good:
+        assert await task_row(pool, lease) == ("SUCCEEDED", 1, "w1")
+    # The broken one's failure is recorded under its lease, to be retried.
+    assert await task_row(pool, slow) == ("RETRY_WAIT", 1, "w1")
