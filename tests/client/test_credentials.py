@@ -10,7 +10,7 @@ import traceback
 import uuid
 
 import pytest
-from kb_client import ApiKey, AsyncKbClient, KbClient, KbClientError, RetryPolicy
+from kb_client import ApiKey, AsyncKbClient, KbClient, KbClientError, ProblemError, RetryPolicy
 from kb_client.models import SearchBody
 
 from tests.support.api import ApiTenant, free_port
@@ -42,12 +42,12 @@ async def test_no_credential_in_reprs_logs_or_errors(
         shown += [repr(kb), str(kb), repr(kb._key), str(ApiKey(tenant.key))]
         shown.append(repr(await kb.search("refund", principals=READ)))
         # A principal token that does not verify: 401, and the token is not in the error.
-        with pytest.raises(KbClientError) as forged:
+        with pytest.raises(ProblemError) as forged:
             await kb.search("refund", principal_token=TOKEN)
         shown.append(_shown(forged.value))
         shown.append(repr(SearchBody(query="q", principal_token=TOKEN)))
     async with AsyncKbClient(server, wrong) as kb:
-        with pytest.raises(KbClientError) as refused:
+        with pytest.raises(ProblemError) as refused:
             await kb.search("refund", principals=READ)
         shown.append(_shown(refused.value))
     policy = RetryPolicy(max_attempts=2, base_delay=0.01)
