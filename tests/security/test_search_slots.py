@@ -28,7 +28,7 @@ from services.publisher.store_pg import PgPublisherStore
 from services.runtime.fair_share.settings import FairShareSettings
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
-from services.search.replicas import ReplicaRotation, parse_token
+from services.search.replicas import ReplicaRotation, format_token, parse_token
 from services.search.searcher import Generation, Searcher
 from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
@@ -96,6 +96,17 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+# How far past the primary's insert position a token is "ahead" without being the largest
+# one: no test cluster writes a TiB of WAL while a test runs (the clusters are persistent, so
+# a fixed position such as 1/0 would one day be behind).
+AHEAD_BY = 1 << 40
+
+
+async def _ahead(conn: asyncpg.Connection[Any]) -> str:
+    written = parse_token(await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
+    return format_token(min(written + AHEAD_BY, (1 << 64) - 1))
 
 
 def _client(app: Any) -> httpx.AsyncClient:
@@ -167,7 +178,7 @@ async def test_a_far_token_is_refused_and_never_holds_up_another_tenants_search(
 
             attackers = [
                 asyncio.create_task(attack(token))
-                for token in ("FFFFFFFF/FFFFFFFF", "1/0", "FFFFFFFF/FFFFFFFF")
+                for token in ("FFFFFFFF/FFFFFFFF", await _ahead(primary), "FFFFFFFF/FFFFFFFF")
             ]
             try:
                 await answered.wait()  # the attack is under way before the victim comes
