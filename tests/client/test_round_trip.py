@@ -11,6 +11,7 @@ import pytest
 from kb_client import (
     AsyncKbClient,
     BulkItem,
+    IndexingFailed,
     IndexStatus,
     KbClient,
     SearchMode,
@@ -19,6 +20,7 @@ from kb_client import (
 from kb_client._core import token_position
 
 from tests.support.api import ApiTenant
+from tests.support.documents import make_corrupt_pdf
 from tests.support.stack import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -101,3 +103,15 @@ async def test_the_sync_client_does_the_same(server: str, indexer: None, tenant:
     document_id, found, version = await asyncio.to_thread(run)
     assert found == [document_id]
     assert version == 2
+
+
+async def test_a_wait_for_a_version_that_fails_raises_its_code(
+    server: str, indexer: None, tenant: ApiTenant
+) -> None:
+    async with AsyncKbClient(server, tenant.key) as kb:
+        with pytest.raises(IndexingFailed) as caught:
+            await kb.publish_file(
+                make_corrupt_pdf(), filename="broken.pdf", read=READ, timeout=WAIT
+            )
+    assert caught.value.code == "DOCUMENT_PARSE_FAILED"
+    assert caught.value.version == 1

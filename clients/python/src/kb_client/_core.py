@@ -79,7 +79,11 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         backoff = random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
-        return max(backoff, retry_after or 0.0)
+        if retry_after is None:
+            return backoff
+        # Jitter after the server's time too: clients told the same Retry-After would
+        # otherwise all come back in the same instant.
+        return max(backoff, retry_after + random.uniform(0, self.base_delay))
 
 
 NO_RETRIES = RetryPolicy(max_attempts=1)
@@ -226,13 +230,12 @@ class Published:
     status: DocumentStatusResponse = field(repr=False)
 
 
-def searchable_token(status: DocumentStatusResponse, version: int) -> tuple[bool, str | None]:
-    """Whether ``version`` is searchable in ``status`` (and its token); raises when it never
-    will be."""
+def is_searchable(status: DocumentStatusResponse, version: int) -> bool:
+    """Whether search serves ``version`` or a later one (a search ordered after it sees no
+    older one); raises when ``version`` never will be served."""
     served = status.search_version
     if served is not None and served >= version:
-        # A later version served counts too: searches ordered after it see no older one.
-        return True, status.search_token
+        return True
     published = status.published_version
     if published is not None and published > version:
         raise VersionSuperseded(
@@ -242,7 +245,7 @@ def searchable_token(status: DocumentStatusResponse, version: int) -> tuple[bool
         raise IndexingFailed(
             str(status.document_id), version, status.failure.error_code, status.failure.message
         )
-    return False, None
+    return False
 
 
 def pause_for(

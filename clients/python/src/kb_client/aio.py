@@ -20,10 +20,10 @@ from kb_client._core import (
     Published,
     RetryPolicy,
     final_error,
+    is_searchable,
     parse,
     pause_for,
     poll_delay,
-    searchable_token,
     title_of,
 )
 from kb_client._requests import ClientBase, log
@@ -157,13 +157,17 @@ class AsyncKbClient(ClientBase):
         """Until ``version`` (or a later one) is what search serves: its ``searchToken``,
         remembered for this client's searches. Raises ``IndexingFailed`` when it failed,
         ``DeadlineExceeded`` after ``timeout`` seconds."""
+        return (await self._searchable(document_id, version, timeout)).search_token
+
+    async def _searchable(
+        self, document_id: uuid.UUID | str, version: int, timeout: float
+    ) -> DocumentStatusResponse:
         deadline = time.monotonic() + timeout
         attempt = 0
         while True:
             status = await self.document_status(document_id)
-            done, token = searchable_token(status, version)
-            if done:
-                return token
+            if is_searchable(status, version):
+                return status
             pause = poll_delay(attempt)
             if time.monotonic() + pause > deadline:
                 raise DeadlineExceeded(
@@ -183,13 +187,9 @@ class AsyncKbClient(ClientBase):
         timeout: float = 120.0,
     ) -> Published:
         published = await self.publish(document_id, version, revision=revision, read=read)
-        token = await self.wait_searchable(document_id, version, timeout)
+        status = await self._searchable(document_id, version, timeout)
         return Published(
-            published.document_id,
-            version,
-            published.revision,
-            token,
-            await self.document_status(document_id),
+            published.document_id, version, published.revision, status.search_token, status
         )
 
     async def publish_file(

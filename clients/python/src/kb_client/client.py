@@ -19,10 +19,10 @@ from kb_client._core import (
     Published,
     RetryPolicy,
     final_error,
+    is_searchable,
     parse,
     pause_for,
     poll_delay,
-    searchable_token,
     title_of,
 )
 from kb_client._requests import ClientBase, log
@@ -154,13 +154,17 @@ class KbClient(ClientBase):
         """Until ``version`` (or a later one) is what search serves: its ``searchToken``,
         remembered for this client's searches. Raises ``IndexingFailed`` when it failed,
         ``DeadlineExceeded`` after ``timeout`` seconds."""
+        return self._searchable(document_id, version, timeout).search_token
+
+    def _searchable(
+        self, document_id: uuid.UUID | str, version: int, timeout: float
+    ) -> DocumentStatusResponse:
         deadline = time.monotonic() + timeout
         attempt = 0
         while True:
             status = self.document_status(document_id)
-            done, token = searchable_token(status, version)
-            if done:
-                return token
+            if is_searchable(status, version):
+                return status
             pause = poll_delay(attempt)
             if time.monotonic() + pause > deadline:
                 raise DeadlineExceeded(
@@ -180,13 +184,9 @@ class KbClient(ClientBase):
         timeout: float = 120.0,
     ) -> Published:
         published = self.publish(document_id, version, revision=revision, read=read)
-        token = self.wait_searchable(document_id, version, timeout)
+        status = self._searchable(document_id, version, timeout)
         return Published(
-            published.document_id,
-            version,
-            published.revision,
-            token,
-            self.document_status(document_id),
+            published.document_id, version, published.revision, status.search_token, status
         )
 
     def publish_file(
