@@ -60,6 +60,12 @@ class IndexerSettings(RuntimeSettings):
     # Groups of completions committing at once, each on a connection of its own
     # (services/indexer/queue/completions.py).
     indexer_committing_groups: int = Field(default=2, ge=1, le=8)
+    # How long a finished task keeps its lease while its result waits to be written (queued
+    # behind other groups, or committing). Past it the heartbeat stops and the lease lapses:
+    # a completion still queued is withdrawn and the task is done again by whoever takes it
+    # over; a group finds a connection within it or fails. A wedged committer then holds
+    # no lease for ever. Unset: four leases; not below one (the lease lasts that long anyway).
+    indexer_completion_max_wait_seconds: float | None = Field(default=None, gt=0)
     # An idle loop polls at most this far apart even when no Kafka hint arrives.
     indexer_poll_seconds: float = Field(default=5.0, gt=0)
     indexer_idle_backoff_min_seconds: float = Field(default=0.05, gt=0)
@@ -116,6 +122,20 @@ class IndexerSettings(RuntimeSettings):
     indexer_metrics_host: str = "127.0.0.1"
     # How often the process refreshes its queue gauges (one query for all slots).
     indexer_metrics_interval_seconds: float = Field(default=5.0, gt=0)
+
+    @property
+    def completion_max_wait_seconds(self) -> float:
+        """``indexer_completion_max_wait_seconds``, or four leases when unset."""
+        if self.indexer_completion_max_wait_seconds is not None:
+            return self.indexer_completion_max_wait_seconds
+        return 4 * self.indexer_lease_seconds
+
+    @model_validator(mode="after")
+    def _completion_wait_not_below_a_lease(self) -> IndexerSettings:
+        wait = self.indexer_completion_max_wait_seconds
+        if wait is not None and wait < self.indexer_lease_seconds:
+            raise ValueError("indexer_completion_max_wait_seconds must be >= indexer_lease_seconds")
+        return self
 
     @model_validator(mode="after")
     def _cap_not_below_base(self) -> IndexerSettings:

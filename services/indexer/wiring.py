@@ -177,6 +177,7 @@ def build_worker(
             pool,
             heartbeat_pool=heartbeat_pool,
             committing_groups=settings.indexer_committing_groups,
+            completion_max_wait_seconds=settings.completion_max_wait_seconds,
         ),
         indexer,
         tier=tier,
@@ -195,6 +196,7 @@ def build_worker(
         grace_period_seconds=settings.indexer_grace_period_seconds,
         observer=observer,
         gate=gate,
+        completion_max_wait_seconds=settings.completion_max_wait_seconds,
     )
 
 

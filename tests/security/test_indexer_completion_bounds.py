@@ -7,7 +7,8 @@ its completion waits and commits.
   transaction kept from their heartbeats;
 - a committer that never commits does not keep the leases of the completions queued behind
   it forever: after the maximum completion wait the attempt stops beating, its completion
-  is withdrawn, and another worker takes the task over once the lease lapses.
+  is withdrawn, and another worker takes the task over once the lease lapses; a group that
+  finds no connection within the wait fails its tasks instead of waiting on.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ from services.indexer.retry import RetryPolicy
 from services.indexer.sink.pgvector import PgVectorSink
 from services.indexer.task import Lease
 from services.runtime.errors import DatabaseBusy
+from services.runtime.pg.db import create_pool
 from services.runtime.pg.transaction import Transaction
+from services.runtime.settings import RuntimeSettings
 from tests.support import versions
+from tests.support.paused import PausedWrite
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
@@ -149,3 +153,72 @@ async def test_a_group_failing_after_a_commit_longer_than_a_lease_keeps_the_othe
         assert await task_row(pool, lease) == ("SUCCEEDED", 1, "w1")
     # The broken one's failure is recorded under its lease, to be retried.
     assert await task_row(pool, slow) == ("RETRY_WAIT", 1, "w1")
+
+
+async def test_a_committer_that_never_commits_lets_the_queued_leases_go(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    max_wait = LEASE_SECONDS
+    # One group commits at a time, and the first never does while the test runs.
+    queue = PgTaskQueue(pool, committing_groups=1, completion_max_wait_seconds=max_wait)
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    for _ in range(2):
+        await create_task(pool)
+    held, queued = await queue.claim("standard", "w1", lease_seconds=LEASE_SECONDS, limit=2)
+    paused = PausedWrite(write_for(sink, held))
+    events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+    attempts = TaskAttempts(
+        queue,
+        Writes({held.task_id: paused, queued.task_id: write_for(sink, queued)}),
+        owner="w1",
+        lease_seconds=LEASE_SECONDS,
+        policy=RetryPolicy(),
+        rng=random.Random(41),
+        emit=events.put_nowait,
+        completion_max_wait_seconds=max_wait,
+    )
+    first = asyncio.create_task(attempts.process(held))
+    try:
+        await paused.reached.wait()
+        second = asyncio.create_task(attempts.process(queued))
+        # Past the wait the queued completion is withdrawn: the attempt gives the task up.
+        # (A bound only so that a regression fails instead of hanging: the wait is 3 s.)
+        async with asyncio.timeout(20 * max_wait):
+            assert await second is RunOnceResult.LOST_LEASE
+        assert not first.done()
+        # Its lease is no longer renewed: once it lapses another worker takes the task over.
+        lease_until = await pool.fetchval(
+            "SELECT lease_until FROM index_task WHERE task_id = $1", queued.task_id
+        )
+        await database_clock_passes(pool, lease_until, events, LEASE_SECONDS / 3)
+        rescued = await queue.claim("standard", "rescuer", lease_seconds=LEASE_SECONDS, limit=2)
+        # The task whose group is committing keeps its row locked: not taken over.
+        assert [(lease.task_id, lease.lease_attempt) for lease in rescued] == [(queued.task_id, 2)]
+    finally:
+        paused.release.set()
+    # Its fence passed before the wait ran out: the commit decides, and it landed.
+    assert await first is RunOnceResult.SUCCEEDED
+    assert await task_row(pool, held) == ("SUCCEEDED", 1, "w1")
+    assert await task_row(pool, queued) == ("RUNNING", 2, "rescuer")
+
+
+async def test_a_group_that_finds_no_connection_fails_within_the_wait(
+    pool: asyncpg.Pool[Any], settings: RuntimeSettings
+) -> None:
+    starved = await create_pool(settings, min_size=1, max_size=1)
+    try:
+        queue = PgTaskQueue(starved, completion_max_wait_seconds=LEASE_SECONDS)
+        sink = PgVectorSink(pool)
+        await sink.ensure_generation(GENERATION)
+        await create_task(pool)
+        (lease,) = await queue.claim("standard", "w1", lease_seconds=LEASE_SECONDS, limit=1)
+        async with starved.acquire():  # the pool's one connection, kept busy
+            with pytest.raises(DatabaseBusy):
+                # A bound only so that a regression fails instead of hanging.
+                async with asyncio.timeout(20 * LEASE_SECONDS):
+                    await queue.complete(lease, in_transaction=write_for(sink, lease))
+        # Nothing was written: the task is still ours, to be failed and retried.
+        assert await task_row(pool, lease) == ("RUNNING", 1, "w1")
+    finally:
+        await starved.close()

@@ -3,7 +3,11 @@
 The heartbeat renews the lease every lease/3 from the claim until the result is recorded:
 while the indexing work runs, and on while its completion waits in the group queue and
 commits (completions.py: behind groups moving large documents that can take longer than a
-lease) or its fail is written. A lost lease (a heartbeat, complete or fail that the fence
+lease) or its fail is written -- but for at most ``completion_max_wait_seconds`` once the
+work is done: a wedged committer (its pool starved, a lock wait with no statement timeout)
+must not keep the task from every other worker. Past it the beats stop and the lease lapses:
+the queue withdraws a completion still queued by then, and one committing gets its fence's
+answer. A lost lease (a heartbeat, complete or fail that the fence
 refuses) stops the heartbeat, cancels the work and writes nothing: the new owner carries
 on. Once the work is done there is nothing to cancel: a completion still queued is
 withdrawn by the queue when a heartbeat is refused, and one committing gets its own
@@ -120,11 +124,18 @@ class TaskAttempts:
         rng: random.Random,
         emit: Emit,
         monotonic: Callable[[], float] = time.monotonic,
+        completion_max_wait_seconds: float | None = None,
     ) -> None:
         self.queue = queue
         self.indexer = indexer
         self.owner = owner
         self.lease_seconds = lease_seconds
+        # How long a finished task's lease is kept beating while its result is written.
+        self.completion_max_wait_seconds = (
+            4 * lease_seconds
+            if completion_max_wait_seconds is None
+            else completion_max_wait_seconds
+        )
         self.policy = policy
         self._rng = rng
         self._emit = emit
@@ -167,14 +178,23 @@ class TaskAttempts:
 
     @contextlib.asynccontextmanager
     async def _beating(
-        self, lease: Lease, state: _LeaseState, first_in: float, *, on_lost: Callable[[], Any]
+        self,
+        lease: Lease,
+        state: _LeaseState,
+        first_in: float,
+        *,
+        on_lost: Callable[[], Any],
+        until: float | None = None,
     ) -> AsyncIterator[None]:
-        """Heartbeats while the body runs, the first in ``first_in`` seconds. The heartbeat
-        task starts at the first beat: most short tasks never need one."""
+        """Heartbeats while the body runs, the first in ``first_in`` seconds, none sent at
+        or after ``until`` (our monotonic time) if given. The heartbeat task starts at the
+        first beat: most short tasks never need one."""
         beats: list[asyncio.Task[None]] = []
         first_beat = asyncio.get_running_loop().call_later(
             max(0.0, first_in),
-            lambda: beats.append(asyncio.create_task(self._heartbeat(lease, state, on_lost))),
+            lambda: beats.append(
+                asyncio.create_task(self._heartbeat(lease, state, on_lost, until))
+            ),
         )
         try:
             yield
@@ -186,7 +206,11 @@ class TaskAttempts:
                     await beat
 
     async def _heartbeat(
-        self, lease: Lease, state: _LeaseState, on_lost: Callable[[], Any]
+        self,
+        lease: Lease,
+        state: _LeaseState,
+        on_lost: Callable[[], Any],
+        until: float | None = None,
     ) -> None:
         """Beat now, then every lease/3.
 
@@ -200,6 +224,17 @@ class TaskAttempts:
         current = lease
         while True:
             sent_at = self.monotonic()
+            if until is not None and sent_at >= until:
+                # The result has waited too long to be written: the lease is let go.
+                log.warning(
+                    "lease.released",
+                    task_id=str(lease.task_id),
+                    lease_attempt=lease.lease_attempt,
+                    owner=self.owner,
+                    reason="completion_max_wait",
+                    max_wait_seconds=self.completion_max_wait_seconds,
+                )
+                return
             try:
                 async with asyncio.timeout(interval):
                     current = await self.queue.heartbeat(current, lease_seconds=self.lease_seconds)
@@ -223,16 +258,17 @@ class TaskAttempts:
             if state.lost:
                 on_lost()
                 return
-            state.next_beat_at = self.monotonic() + interval
-            await asyncio.sleep(interval)
+            now = self.monotonic()
+            state.next_beat_at = now + interval
+            await asyncio.sleep(interval if until is None else max(0.0, min(interval, until - now)))
 
     # --- the result -------------------------------------------------------------------------
 
     async def record(self, attempt: IndexedAttempt) -> RunOnceResult:
         """Write the attempt's result: complete (with the sink's write in its transaction)
         or the retry policy's fail; both fenced, so a lost lease writes nothing. The lease
-        is kept beating until the write returns: a completion may wait in the group queue
-        longer than a lease."""
+        is kept beating until the write returns (a completion may wait in the group queue
+        longer than a lease), for at most ``completion_max_wait_seconds``."""
         lease = attempt.lease
         if attempt.lost:
             return self._lost(lease)
@@ -242,8 +278,10 @@ class TaskAttempts:
             state = _LeaseState(now + self.lease_seconds, now + self.lease_seconds / 3)
         # Nothing to cancel once the work is done: the write's own fence decides, and the
         # queue withdraws a completion still queued when a beat is refused.
-        first_in = min(self.lease_seconds / 3, state.next_beat_at - self.monotonic())
-        async with self._beating(lease, state, first_in, on_lost=_nothing):
+        now = self.monotonic()
+        first_in = min(self.lease_seconds / 3, state.next_beat_at - now)
+        until = now + self.completion_max_wait_seconds
+        async with self._beating(lease, state, first_in, on_lost=_nothing, until=until):
             return await self._record(attempt)
 
     async def _record(self, attempt: IndexedAttempt) -> RunOnceResult:

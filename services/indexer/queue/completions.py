@@ -35,7 +35,11 @@ A completion keeps its task's lease until it returns (attempt.py heartbeats on w
 waits here): ``fenced`` tells the queue's heartbeat that this process's own open group
 transaction holds the task's row (its fence passed; no takeover can come before it ends, and
 a beat would only wait for it), and ``withdraw`` drops a completion still waiting whose
-lease a heartbeat found lost.
+lease a heartbeat found lost. That keeping is bounded by ``max_wait_seconds``: the attempt
+stops beating after it, and a completion still waiting for a group by then is withdrawn
+(``LeaseLost``: its lease is left to lapse and another worker does the task again); a group
+that finds no connection within it fails its tasks (``DatabaseBusy``, nothing written)
+instead of waiting on, its pool starved. One already committing gets its fence's answer.
 
 A group holds at most one completion per document (a second waits for the next group), and
 its tasks are written in (tenant, document, version) order: the task rows (complete_task
@@ -50,9 +54,10 @@ ever moves forward, whichever commits first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -60,6 +65,8 @@ import asyncpg
 
 from services.indexer.ports import InTransaction, writable_together
 from services.indexer.task import Lease
+from services.runtime.errors import DatabaseBusy, LeaseLost
+from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.transaction import Transaction
 
@@ -72,6 +79,8 @@ FenceAll = Callable[[Transaction, Sequence[Lease]], Awaitable[set[uuid.UUID]]]
 Renew = Callable[[Transaction, Sequence[Lease], set[uuid.UUID]], Awaitable[set[uuid.UUID]]]
 LostLease = Callable[[Lease], Exception]
 PooledConnection: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
+
+log = get_logger(__name__)
 
 
 @dataclass(eq=False)
@@ -104,6 +113,7 @@ class GroupCommitter:
         fence_all: FenceAll | None = None,
         committing_groups: int = 1,
         renew: Renew | None = None,
+        max_wait_seconds: float | None = None,
     ) -> None:
         if max_group < 1:
             raise ValueError("max_group must be >= 1")
@@ -113,6 +123,7 @@ class GroupCommitter:
         self._fence = fence
         self._fence_all = fence_all
         self._renew = renew
+        self.max_wait_seconds = max_wait_seconds
         # Groups written as one set of statements (for tests and the bench's report).
         self.written_as_set = 0
         self._lost = lost
@@ -130,6 +141,11 @@ class GroupCommitter:
         key = _key(lease)
         self._pending[key] = completion
         self._queue.append(completion)
+        overdue = None
+        if self.max_wait_seconds is not None:
+            overdue = asyncio.get_running_loop().call_later(
+                self.max_wait_seconds, self._withdraw_overdue, completion
+            )
         # done(), not a done-callback: a committer that has just found the queue empty is
         # done at once, but its callbacks run a turn later, and a completion queued meanwhile
         # must not count on it.
@@ -139,6 +155,8 @@ class GroupCommitter:
         try:
             await completion.done
         finally:
+            if overdue is not None:
+                overdue.cancel()
             if self._pending.get(key) is completion:
                 del self._pending[key]
 
@@ -157,6 +175,21 @@ class GroupCommitter:
             return False
         completion.done.set_exception(error)
         return True
+
+    def _withdraw_overdue(self, completion: _Completion) -> None:
+        lease = completion.lease
+        error = LeaseLost(
+            f"task {lease.task_id}: completion waited {self.max_wait_seconds}s for a group;"
+            " withdrawn, its lease left to lapse"
+        )
+        if self.withdraw(lease, error):
+            log.warning(
+                "completion.withdrawn",
+                task_id=str(lease.task_id),
+                lease_attempt=lease.lease_attempt,
+                reason="max_wait",
+                max_wait_seconds=self.max_wait_seconds,
+            )
 
     async def _commit_groups(self) -> None:
         while self._queue:
@@ -204,9 +237,24 @@ class GroupCommitter:
         finally:
             _unfence(group)  # its transaction is over, committed or not
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[PooledConnection]:
+        """A connection of the pool, waited for at most ``max_wait_seconds``: a starved pool
+        fails the group (nothing was sent) rather than holding its tasks' leases on."""
+        try:
+            conn = await self._pool.acquire(timeout=self.max_wait_seconds)
+        except TimeoutError as error:
+            raise DatabaseBusy(
+                f"no connection for a completion group within {self.max_wait_seconds}s"
+            ) from error
+        try:
+            yield conn
+        finally:
+            await self._pool.release(conn)
+
     async def _commit_group(self, group: list[_Completion]) -> None:
         with translate_db_errors():
-            async with self._pool.acquire() as conn:
+            async with self._connection() as conn:
                 if len(group) == 1:
                     # Alone, the transaction is the task's own: no savepoint needed.
                     async with conn.transaction():

@@ -55,6 +55,7 @@ class PgTaskQueue:
         max_completion_group: int = 32,
         committing_groups: int = 1,
         on_completion_group: Callable[[int], None] | None = None,
+        completion_max_wait_seconds: float | None = None,
     ) -> None:
         self._pool = pool
         self._heartbeat_pool = heartbeat_pool or pool
@@ -71,6 +72,7 @@ class PgTaskQueue:
             fence_all=self._fences_hold,
             committing_groups=committing_groups,
             renew=self._renew_held,
+            max_wait_seconds=completion_max_wait_seconds,
         )
 
     async def claim(

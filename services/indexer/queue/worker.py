@@ -59,6 +59,7 @@ class Worker:
         observer: Callable[[WorkerEvent], None] | None = None,
         rng: random.Random | None = None,
         gate: ClaimGate | None = None,
+        completion_max_wait_seconds: float | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -84,6 +85,7 @@ class Worker:
             policy=policy or RetryPolicy(),
             rng=self._rng,
             emit=self._emit,
+            completion_max_wait_seconds=completion_max_wait_seconds,
         )
         self.gate = gate
         self._gated_by: str | None = None  # the reason of the gate's last refusal, logged once
