@@ -4,6 +4,7 @@ rows, and the largest entry it may be asked to hold fits (real PostgreSQL)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -55,9 +56,37 @@ async def _corpus(harness: SearchHarness, conn: asyncpg.Connection[Any]) -> str:
     partition: str = await conn.fetchval(
         "SELECT tableoid::regclass::text FROM knowledge_chunk WHERE tenant_id = 'acme' LIMIT 1"
     )
-    await conn.execute(f"VACUUM (ANALYZE) {partition}")
+    await _vacuum_until_all_visible(conn, partition)
     await conn.execute("ANALYZE")
     return partition
+
+
+async def _vacuum_until_all_visible(conn: asyncpg.Connection[Any], partition: str) -> None:
+    """VACUUM until every page of ``partition`` is all-visible. A streaming replica of the
+    test cluster (started by other tests, `hot_standby_feedback=on`) holds the horizon back
+    until its next feedback, and VACUUM cannot mark rows newer than the horizon visible to
+    all: the planner would then rightly prefer the heap to an index-only scan."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        await conn.execute(f"VACUUM (ANALYZE) {partition}")
+        row = await conn.fetchrow(
+            "SELECT relpages, relallvisible FROM pg_class WHERE oid = $1::regclass",
+            partition,
+        )
+        assert row is not None
+        pages, visible = row["relpages"], row["relallvisible"]
+        if visible >= pages:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            slots = await conn.fetch(
+                "SELECT slot_name, active, xmin FROM pg_replication_slots WHERE xmin IS NOT NULL"
+            )
+            raise AssertionError(
+                f"VACUUM left {pages - visible} of {pages} pages of {partition} not all-visible;"
+                f" a replication slot holding the horizon back? {[dict(s) for s in slots]}"
+                " (a stopped replica's slot does: drop it, or start the replica)"
+            )
+        await asyncio.sleep(0.2)
 
 
 @dataclass
