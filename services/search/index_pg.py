@@ -286,6 +286,7 @@ def _candidates(rows: list[asyncpg.Record]) -> Candidates:
         candidate = Candidate(
             document_id=row["document_id"],
             title=row["title"],
+            media_type=row["media_type"],
             version_number=row["version_number"],
             chunk_id=row["chunk_id"],
             heading_path=tuple(row["heading_path"]),

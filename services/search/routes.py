@@ -138,6 +138,10 @@ class SearchHitBody(ApiModel):
     heading_path: list[str]
     text: str
     score: float
+    media_type: str = Field(
+        description="The media type the hit's document version was uploaded as (e.g. "
+        '"text/markdown", "text/html", "application/pdf").'
+    )
 
 
 class GenerationBody(ApiModel):

@@ -144,6 +144,9 @@ class FoundChunk:
     chunk_id: str
     heading_path: tuple[str, ...]
     text: str
+    # The version's stored upload's media type (text/markdown, application/pdf, ...): what
+    # a retriever names as the hit's source format (issue 45).
+    media_type: str = field(kw_only=True)
 
 
 @dataclass(frozen=True)

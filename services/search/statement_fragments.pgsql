@@ -20,7 +20,8 @@
 -- statement assembled from them is prepared there instead.
 
 -- name: search_vector_candidates
--- The vector list, with each document's title. $1 tenant, $2 principals, $3 document ids
+-- The vector list, with each document's title and its version's media type (the stored
+-- upload's: read here, for the list's $5 rows only, by primary key). $1 tenant, $2 principals, $3 document ids
 -- filter (NULL: all), $4 heading path prefix (NULL: all), $5 depth, $6 query vector. In
 -- hybrid search it runs beside search_keyword_candidates, on another connection in the same
 -- snapshot (index_pg: export_snapshot): one snapshot for both lists. The list is the vector
@@ -31,9 +32,13 @@ WITH vector_list AS (
 SELECT 'vector' AS list,
        row_number() OVER (ORDER BY v.distance, v.document_id, v.chunk_id) AS rank,
        (1 - v.distance)::float8 AS score, NULL::float8 AS coverage,
-       v.document_id, d.title, v.version_number, v.chunk_id, v.heading_path, v.text
+       v.document_id, d.title, dv.media_type, v.version_number, v.chunk_id, v.heading_path,
+       v.text
   FROM vector_list v
   JOIN document d ON d.tenant_id = $1 AND d.document_id = v.document_id
+  JOIN document_version dv
+    ON dv.tenant_id = $1 AND dv.document_id = v.document_id
+   AND dv.version_number = v.version_number
  ORDER BY rank;
 
 -- name: vector_list_ann
@@ -264,9 +269,13 @@ keyword_list AS (
 SELECT 'keyword' AS list,
        row_number() OVER (ORDER BY k.rank DESC, k.document_id, k.chunk_id) AS rank,
        k.rank::float8 AS score, k.coverage::float8 AS coverage,
-       k.document_id, d.title, k.version_number, k.chunk_id, k.heading_path, k.text
+       k.document_id, d.title, dv.media_type, k.version_number, k.chunk_id, k.heading_path,
+       k.text
   FROM keyword_list k
   JOIN document d ON d.tenant_id = $1 AND d.document_id = k.document_id
+  JOIN document_version dv
+    ON dv.tenant_id = $1 AND dv.document_id = k.document_id
+   AND dv.version_number = k.version_number
  ORDER BY rank;
 
 -- name: keyword_any_word_candidates

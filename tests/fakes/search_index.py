@@ -13,7 +13,18 @@ DIMENSION = 8
 
 
 def candidate(chunk: str, rank: int, score: float, coverage: float | None = None) -> Candidate:
-    return Candidate(DOC, "Title", 1, chunk, ("H",), f"text {chunk}", rank, score, coverage)
+    return Candidate(
+        DOC,
+        "Title",
+        1,
+        chunk,
+        ("H",),
+        f"text {chunk}",
+        rank,
+        score,
+        coverage,
+        media_type="text/plain",
+    )
 
 
 class FakeIndex:

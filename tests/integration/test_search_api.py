@@ -102,6 +102,8 @@ async def test_finds_the_matching_chunk_with_its_document(
     assert top["documentId"] == str(document_id)
     assert top["title"] == "Refund policy"
     assert top["versionNumber"] == 1
+    # The stored upload's media type (issue 45: a retriever's metadata names it).
+    assert top["mediaType"] == "text/plain"
     assert top["headingPath"] == ["Refund policy", "Exceptions"]
     assert top["text"] == "Shipping costs are not refunded."
     assert isinstance(top["chunkId"], str)
@@ -153,27 +155,35 @@ async def test_another_tenants_acl_for_the_same_document_id_grants_nothing(
 ) -> None:
     # Document ids are unique per tenant only: globex's ACL row for the same id must not
     # open acme's document (nor its pointer stand for acme's).
+    # Each hit's media type is its own tenant's version's, once per chunk: never the
+    # other tenant's version of the same id beside it.
     shared = uuid.uuid4()
-    for tenant, read, title in (
-        (globex, ("group:x",), "Globex refunds"),
-        (acme, ("group:y",), "Acme refunds"),
+    for tenant, read, title, media_type in (
+        (globex, ("group:x",), "Globex refunds", "text/html"),
+        (acme, ("group:y",), "Acme refunds", "text/markdown"),
     ):
         await add_document(conn, tenant.tenant_id, title=title, read=read, document_id=shared)
-        await add_version(conn, tenant.tenant_id, shared, 1, REFUND, api.embedder)
+        await add_version(
+            conn, tenant.tenant_id, shared, 1, REFUND, api.embedder, media_type=media_type
+        )
         await point_search_at(conn, tenant.tenant_id, shared, 1, api.embedder.model)
 
-    async def titles(tenant: ApiTenant, principal: str) -> set[str]:
+    async def found(tenant: ApiTenant, principal: str) -> list[tuple[str, str, str]]:
         body = (
             await api.search(
                 tenant, {"query": "refund", "principals": [principal], "mode": mode, "topK": 100}
             )
         ).json()
-        return {r["title"] for r in body["results"]}
+        return [(r["title"], r["mediaType"], r["chunkId"]) for r in body["results"]]
 
-    assert await titles(acme, "group:x") == set()
-    assert await titles(globex, "group:y") == set()
-    assert await titles(acme, "group:y") == {"Acme refunds"}
-    assert await titles(globex, "group:x") == {"Globex refunds"}
+    def titles(hits: list[tuple[str, str, str]]) -> set[tuple[str, str]]:
+        assert len({chunk for _, _, chunk in hits}) == len(hits)
+        return {(title, media_type) for title, media_type, _ in hits}
+
+    assert titles(await found(acme, "group:x")) == set()
+    assert titles(await found(globex, "group:y")) == set()
+    assert titles(await found(acme, "group:y")) == {("Acme refunds", "text/markdown")}
+    assert titles(await found(globex, "group:x")) == {("Globex refunds", "text/html")}
 
 
 ACL_PRINCIPAL = "group:Admins"

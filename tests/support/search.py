@@ -80,19 +80,21 @@ async def add_version(
     *,
     vectors: np.ndarray[Any, Any] | None = None,
     strategy: str = STRATEGY,
+    media_type: str = "text/plain",
 ) -> list[str]:
     """A published version and its chunks in the index (not yet searchable: no pointer)."""
     content = "\n".join(c.text for c in chunks).encode()
     await conn.execute(
         "INSERT INTO document_version (tenant_id, document_id, version_number, content,"
         " media_type, sha256, size_bytes, status)"
-        " VALUES ($1, $2, $3, $4, 'text/plain', $5, $6, 'PUBLISHED')",
+        " VALUES ($1, $2, $3, $4, $7, $5, $6, 'PUBLISHED')",
         tenant_id,
         document_id,
         version,
         content,
         hashlib.sha256(content).digest(),
         len(content),
+        media_type,
     )
     await conn.execute(
         "UPDATE document SET latest_version = greatest(latest_version, $3)"

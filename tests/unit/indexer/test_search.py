@@ -32,7 +32,9 @@ DOC = uuid.UUID("00000000-0000-0000-0000-00000000000d")
 
 
 def candidate(chunk: str, rank: int, score: float = 0.0, doc: uuid.UUID = DOC) -> Candidate:
-    return Candidate(doc, "Title", 1, chunk, ("H",), f"text {chunk}", rank, score)
+    return Candidate(
+        doc, "Title", 1, chunk, ("H",), f"text {chunk}", rank, score, media_type="text/plain"
+    )
 
 
 def test_rrf_matches_a_hand_computed_example() -> None:

@@ -156,7 +156,11 @@ keyword_list AS (
 SELECT 'keyword' AS list,
        row_number() OVER (ORDER BY k.rank DESC, k.document_id, k.chunk_id) AS rank,
        k.rank::float8 AS score, k.coverage::float8 AS coverage,
-       k.document_id, d.title, k.version_number, k.chunk_id, k.heading_path, k.text
+       k.document_id, d.title, dv.media_type, k.version_number, k.chunk_id, k.heading_path,
+       k.text
   FROM keyword_list k
   JOIN document d ON d.tenant_id = $1 AND d.document_id = k.document_id
+  JOIN document_version dv
+    ON dv.tenant_id = $1 AND dv.document_id = k.document_id
+   AND dv.version_number = k.version_number
  ORDER BY rank

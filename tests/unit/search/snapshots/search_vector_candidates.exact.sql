@@ -1,4 +1,5 @@
--- The vector list, with each document's title. $1 tenant, $2 principals, $3 document ids
+-- The vector list, with each document's title and its version's media type (the stored
+-- upload's: read here, for the list's $5 rows only, by primary key). $1 tenant, $2 principals, $3 document ids
 -- filter (NULL: all), $4 heading path prefix (NULL: all), $5 depth, $6 query vector. In
 -- hybrid search it runs beside search_keyword_candidates, on another connection in the same
 -- snapshot (index_pg: export_snapshot): one snapshot for both lists. The list is the vector
@@ -77,7 +78,11 @@ WITH vector_list AS (
 SELECT 'vector' AS list,
        row_number() OVER (ORDER BY v.distance, v.document_id, v.chunk_id) AS rank,
        (1 - v.distance)::float8 AS score, NULL::float8 AS coverage,
-       v.document_id, d.title, v.version_number, v.chunk_id, v.heading_path, v.text
+       v.document_id, d.title, dv.media_type, v.version_number, v.chunk_id, v.heading_path,
+       v.text
   FROM vector_list v
   JOIN document d ON d.tenant_id = $1 AND d.document_id = v.document_id
+  JOIN document_version dv
+    ON dv.tenant_id = $1 AND dv.document_id = v.document_id
+   AND dv.version_number = v.version_number
  ORDER BY rank
