@@ -27,7 +27,15 @@ pytestmark = pytest.mark.integration
 WAIT = 120.0
 QUERY = "warranty repairs"
 HR, ALL = "group:hr", "group:all"
-METADATA = {"document_id", "version", "title", "heading_path", "chunk_id", "score"}
+METADATA = {
+    "document_id",
+    "version",
+    "title",
+    "heading_path",
+    "chunk_id",
+    "score",
+    "media_type",
+}
 
 
 async def _publish(server: str, tenant: ApiTenant) -> tuple[Published, Published]:
@@ -105,6 +113,7 @@ async def test_langchain_invoke_and_ainvoke(
     assert set(first.metadata) == METADATA
     assert first.metadata["version"] == 1
     assert first.metadata["heading_path"] == ["Warranty", "Repairs"]
+    assert first.metadata["media_type"] == "text/markdown"
     assert first.id == first.metadata["chunk_id"]
     assert "Warranty repairs" in first.page_content
 
@@ -135,6 +144,7 @@ async def test_llamaindex_retrieve_and_aretrieve(
     assert first.score == first.node.metadata["score"]
     assert first.node.node_id == first.node.metadata["chunk_id"]
     assert first.node.metadata["heading_path"] == ["Warranty", "Repairs"]
+    assert first.node.metadata["media_type"] == "text/markdown"
     assert "Warranty repairs" in first.node.get_content()
 
     async with AsyncKbClient(server, tenant.key) as kb:

@@ -20,7 +20,7 @@ from kb_client import (
 from kb_client._core import token_position
 
 from tests.support.api import ApiTenant
-from tests.support.documents import make_corrupt_pdf
+from tests.support.documents import DocSection, make_corrupt_pdf, make_html
 from tests.support.stack import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -103,6 +103,31 @@ async def test_the_sync_client_does_the_same(server: str, indexer: None, tenant:
     document_id, found, version = await asyncio.to_thread(run)
     assert found == [document_id]
     assert version == 2
+
+
+async def test_each_hit_names_its_versions_media_type(
+    server: str, indexer: None, tenant: ApiTenant
+) -> None:
+    # Issue 45: a retriever's metadata names the media type of the hit's version, the one
+    # its upload was stored with.
+    page = make_html(
+        (DocSection(1, "Lantern care", ("Lantern wicks are trimmed every week.",)),),
+        noise=False,
+    )
+    async with AsyncKbClient(server, tenant.key) as kb:
+        markdown = await kb.publish_file(
+            b"# Lantern oil\n\nLantern oil is stored in the cellar.\n",
+            filename="oil.md",
+            read=READ,
+            timeout=WAIT,
+        )
+        html = await kb.publish_file(page, filename="care.html", read=READ, timeout=WAIT)
+        for mode in SearchMode:
+            found = await kb.search("lantern", principals=READ, mode=mode, top_k=10)
+            assert {(h.document_id, h.media_type) for h in found.results} == {
+                (markdown.document_id, "text/markdown"),
+                (html.document_id, "text/html"),
+            }, mode
 
 
 async def test_a_wait_for_a_version_that_fails_raises_its_code(

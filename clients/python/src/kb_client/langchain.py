@@ -27,7 +27,7 @@ from kb_client.retrieval import SearchOptions, hit_metadata
 
 class KbRetriever(BaseRetriever):
     """Search results as LangChain ``Document`` s (metadata: document_id, version, title,
-    heading_path, chunk_id, score). Give ``client`` for ``invoke``, ``async_client`` for
+    heading_path, chunk_id, score, media_type). Give ``client`` for ``invoke``, ``async_client`` for
     ``ainvoke`` (without it, ``ainvoke`` runs the sync client in a thread)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)

@@ -22,7 +22,8 @@ from kb_client.retrieval import SearchOptions, hit_metadata
 
 class KbLlamaRetriever(BaseRetriever):
     """Search results as LlamaIndex ``NodeWithScore`` s (a ``TextNode`` per chunk, its id
-    the chunk id; metadata: document_id, version, title, heading_path, chunk_id, score).
+    the chunk id; metadata: document_id, version, title, heading_path, chunk_id, score,
+    media_type).
     ``retrieve`` takes only the query: ``for_principals`` / ``for_principal_token`` give a
     retriever for one caller, sharing the client."""
 

@@ -157,6 +157,7 @@ class SearchHitBody(ApiModel):
     heading_path: list[str]
     text: str
     score: float
+    media_type: str
 
 
 class GenerationBody(ApiModel):

@@ -49,8 +49,7 @@ class SearchOptions:
 
 
 def hit_metadata(hit: SearchHitBody) -> dict[str, Any]:
-    """The metadata each framework's document or node carries. (The search answer names no
-    media type yet; see docs/client.md.)"""
+    """The metadata each framework's document or node carries."""
     return {
         "document_id": str(hit.document_id),
         "version": hit.version_number,
@@ -58,4 +57,5 @@ def hit_metadata(hit: SearchHitBody) -> dict[str, Any]:
         "heading_path": list(hit.heading_path),
         "chunk_id": hit.chunk_id,
         "score": hit.score,
+        "media_type": hit.media_type,
     }
