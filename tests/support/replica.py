@@ -11,12 +11,15 @@ ports), stopped at the end. A server that cannot start fails the tests; they nev
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import asyncpg
 
 from kbtools.devstack.postgres import EmbeddedPostgres
 from kbtools.devstack.replicas import EmbeddedReplica
@@ -63,11 +66,25 @@ def running_replica(stack: Stack) -> Iterator[ReplicaPair]:
             started.append(replica)
         url = replica.up().url
         assert url
+        # A run killed while a test held replay paused leaves a running replica paused: its
+        # databases would never appear. Pausing is a test's own step, never a starting state.
+        _resume_replay(url)
         yield ReplicaPair(primary_stack, url)
     finally:
         if os.environ.get("KB_TEST_KEEP_STACK") != "1":
             for server in reversed(started):
                 server.down()
+
+
+def _resume_replay(replica_url: str) -> None:
+    async def resume() -> None:
+        conn = await asyncpg.connect(replica_url)
+        try:
+            await conn.execute("SELECT pg_wal_replay_resume()")
+        finally:
+            await conn.close()
+
+    asyncio.run(resume())
 
 
 async def caught_up(primary_url: str, replica_url: str, timeout_s: float = 10.0) -> None:
