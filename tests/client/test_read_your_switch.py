@@ -17,8 +17,7 @@ from kb_client import AsyncKbClient, SearchMode
 from services.search.statements import SearchSettings
 from tests.client.conftest import indexing, serving
 from tests.support.api import ApiTenant, add_tenant
-from tests.support.replica import ReplicaPair, caught_up
-from tests.support.stack import create_test_database, drop_test_database, ensure_template
+from tests.support.replica import ReplicaPair, caught_up, replica_database
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +27,8 @@ WAIT = 120.0
 
 @pytest.fixture(scope="module")
 async def primary(replica_pair: ReplicaPair) -> AsyncIterator[str]:
-    template = await ensure_template(replica_pair.primary)
-    name = await create_test_database(replica_pair.primary, template)
-    try:
-        yield replica_pair.primary.database_url(name)
-    finally:
-        await drop_test_database(replica_pair.primary, name)
+    async with replica_database(replica_pair) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

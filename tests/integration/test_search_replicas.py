@@ -22,39 +22,34 @@ from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
 from services.publisher.web.api import create_app as create_publisher_app
 from services.search.connections import open_search_pool
-from services.search.replicas import PRIMARY, ReplicaRotation, parse_token, replica_name
+from services.search.replicas import PRIMARY, parse_token, replica_name
 from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, ApiTenant, add_tenant
-from tests.support.replica import ReplicaPair, caught_up
-from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
-from tests.support.stack import (
-    create_test_database,
-    drop_test_database,
-    ensure_template,
+from tests.support.clock import SecondsClock
+from tests.support.replica import (
+    REPLICA,
+    ReplicaPair,
+    caught_up,
+    caught_up_urls,
+    one_replica_rotation,
+    replica_database,
+    search_pools,
 )
+from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
 
 pytestmark = pytest.mark.integration
 
 VERSIONS = 7
 CHUNKS = 3
-REPLICA = "replica"
-
-
-@pytest.fixture(scope="session")
-async def replica_template(replica_pair: ReplicaPair) -> str:
-    return await ensure_template(replica_pair.primary)
 
 
 @pytest.fixture(scope="module")
-async def database(replica_pair: ReplicaPair, replica_template: str) -> AsyncIterator[str]:
+async def database(replica_pair: ReplicaPair) -> AsyncIterator[str]:
     """One database for the module's tests (creating one takes seconds here); each test
     has tenants of its own in it."""
-    name = await create_test_database(replica_pair.primary, replica_template)
-    try:
-        yield replica_pair.primary.database_url(name)
-    finally:
-        await drop_test_database(replica_pair.primary, name)
+    async with replica_database(replica_pair) as url:
+        yield url
 
 
 @pytest.fixture
@@ -62,39 +57,14 @@ async def urls(
     integration_only: None, replica_pair: ReplicaPair, database: str
 ) -> AsyncIterator[tuple[str, str]]:
     """The module's database on the primary and on the replica, the replica caught up."""
-    replica_url = replica_pair.replica_url(database)
-    await caught_up(database, replica_url)
-    try:
-        yield database, replica_url
-    finally:
-        # Never leave the replica paused for the next test.
-        replica = await asyncpg.connect(replica_url)
-        try:
-            await replica.execute("SELECT pg_wal_replay_resume()")
-        finally:
-            await replica.close()
+    async with caught_up_urls(replica_pair, database) as both:
+        yield both
 
 
 @pytest.fixture
 async def pools(urls: tuple[str, str]) -> AsyncIterator[tuple[Any, Any]]:
-    primary_url, replica_url = urls
-    primary = await open_search_pool(SearchSettings(database_url=primary_url))
-    try:
-        replica = await open_search_pool(SearchSettings(database_url=replica_url))
-        try:
-            yield primary, replica
-        finally:
-            await replica.close()
-    finally:
-        await primary.close()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+    async with search_pools(*urls) as both:
+        yield both
 
 
 async def _pause(replica: asyncpg.Connection[Any], paused: bool) -> None:
@@ -112,13 +82,7 @@ async def test_a_switch_token_never_answers_from_the_old_version(
     settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
     # A lag limit nobody reaches: the paused replica stays in rotation, so only the token
     # keeps a search off it.
-    rotation = ReplicaRotation(
-        primary_pool,
-        [(REPLICA, replica_pool)],
-        max_lag_seconds=3600,
-        after_wait_seconds=0.2,
-        check_seconds=0.05,
-    )
+    rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=0.2)
     await rotation.check()
     assert [view.in_rotation for view in rotation.views()] == [True]
     search = GenerationSearch(
@@ -171,13 +135,7 @@ async def test_a_token_is_answered_by_the_replica_once_it_replayed_it(
 ) -> None:
     primary_url, replica_url = urls
     primary_pool, replica_pool = pools
-    rotation = ReplicaRotation(
-        primary_pool,
-        [(REPLICA, replica_pool)],
-        max_lag_seconds=3600,
-        after_wait_seconds=5.0,
-        check_seconds=0.05,
-    )
+    rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=5.0)
     await rotation.check()
     primary = await asyncpg.connect(primary_url)
     replica = await asyncpg.connect(replica_url)
@@ -186,13 +144,7 @@ async def test_a_token_is_answered_by_the_replica_once_it_replayed_it(
         await add_tenant(primary)
         token = await primary.fetchval("SELECT pg_current_wal_insert_lsn()::text")
         # Paused: the replica has not replayed the token; a wait of 0 reads the primary.
-        quick = ReplicaRotation(
-            primary_pool,
-            [(REPLICA, replica_pool)],
-            max_lag_seconds=3600,
-            after_wait_seconds=0,
-            check_seconds=0.05,
-        )
+        quick = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=0)
         await quick.check()
         assert (await quick.choose(parse_token(token))).name == PRIMARY
         # Resumed while a search waits: the replica answers it.
@@ -211,10 +163,10 @@ async def test_a_paused_replica_leaves_the_rotation_and_comes_back(
 ) -> None:
     primary_url, replica_url = urls
     primary_pool, replica_pool = pools
-    clock = Clock()
-    rotation = ReplicaRotation(
+    clock = SecondsClock()
+    rotation = one_replica_rotation(
         primary_pool,
-        [(REPLICA, replica_pool)],
+        replica_pool,
         max_lag_seconds=1.0,
         after_wait_seconds=0,
         check_seconds=0.5,
@@ -264,13 +216,7 @@ async def test_a_search_the_replica_fails_is_answered_by_the_primary(
     embedder = HashingEmbedder(64)
     settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
     gone = await open_search_pool(SearchSettings(database_url=replica_url))
-    rotation = ReplicaRotation(
-        primary_pool,
-        [(REPLICA, gone)],
-        max_lag_seconds=3600,
-        after_wait_seconds=0,
-        check_seconds=0.05,
-    )
+    rotation = one_replica_rotation(primary_pool, gone, after_wait_seconds=0)
     await rotation.check()
     await gone.close()  # in rotation, and gone before the next check
     search = GenerationSearch(
@@ -303,13 +249,7 @@ async def test_a_status_is_read_on_the_replica_and_on_the_primary_when_it_lags(
     embedder = HashingEmbedder(64)
     # A lag limit nobody reaches: the paused replica stays in rotation, so only the
     # fallback keeps a status of a document it lacks from being a 404.
-    rotation = ReplicaRotation(
-        primary_pool,
-        [(REPLICA, replica_pool)],
-        max_lag_seconds=3600,
-        after_wait_seconds=0,
-        check_seconds=0.05,
-    )
+    rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=0)
     await rotation.check()
     app = create_publisher_app(
         PublisherSettings(database_url=primary_url),

@@ -28,18 +28,24 @@ from services.publisher.store_pg import PgPublisherStore
 from services.runtime.fair_share.settings import FairShareSettings
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
-from services.search.replicas import ReplicaRotation, format_token, parse_token
+from services.search.replicas import format_token, parse_token
 from services.search.searcher import Generation, Searcher
 from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, UNTHROTTLED, ApiTenant, add_tenant, live_app
-from tests.support.replica import ReplicaPair, caught_up
+from tests.support.clock import SecondsClock
+from tests.support.replica import (
+    ReplicaPair,
+    caught_up,
+    caught_up_urls,
+    one_replica_rotation,
+    replica_database,
+    search_pools,
+)
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
-from tests.support.stack import create_test_database, drop_test_database, ensure_template
 
 pytestmark = pytest.mark.integration
 
-REPLICA = "replica"
 QUERY = {"query": "refund clause", "principals": ["group:all"], "mode": "keyword"}
 # A guard against a hang, never a measure: everything below finishes in well under a second
 # when it works.
@@ -51,51 +57,23 @@ HANG = 60.0
 
 @pytest.fixture(scope="module")
 async def database(replica_pair: ReplicaPair) -> AsyncIterator[str]:
-    template = await ensure_template(replica_pair.primary)
-    name = await create_test_database(replica_pair.primary, template)
-    try:
-        yield replica_pair.primary.database_url(name)
-    finally:
-        await drop_test_database(replica_pair.primary, name)
+    async with replica_database(replica_pair) as url:
+        yield url
 
 
 @pytest.fixture
 async def urls(
     integration_only: None, replica_pair: ReplicaPair, database: str
 ) -> AsyncIterator[tuple[str, str]]:
-    replica_url = replica_pair.replica_url(database)
     # A replica just started may first replay what the primary wrote while it was down.
-    await caught_up(database, replica_url, timeout_s=300)
-    try:
-        yield database, replica_url
-    finally:
-        replica = await asyncpg.connect(replica_url)
-        try:
-            await replica.execute("SELECT pg_wal_replay_resume()")
-        finally:
-            await replica.close()
+    async with caught_up_urls(replica_pair, database, timeout_s=300) as both:
+        yield both
 
 
 @pytest.fixture
 async def pools(urls: tuple[str, str]) -> AsyncIterator[tuple[Any, Any]]:
-    primary_url, replica_url = urls
-    primary = await open_search_pool(SearchSettings(database_url=primary_url))
-    try:
-        replica = await open_search_pool(SearchSettings(database_url=replica_url))
-        try:
-            yield primary, replica
-        finally:
-            await replica.close()
-    finally:
-        await primary.close()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+    async with search_pools(*urls) as both:
+        yield both
 
 
 # How far past the primary's insert position a token is "ahead" without being the largest
@@ -136,13 +114,7 @@ async def test_a_far_token_is_refused_and_never_holds_up_another_tenants_search(
     primary_pool, replica_pool = pools
     embedder = HashingEmbedder(64)
     after_wait = 5.0
-    rotation = ReplicaRotation(
-        primary_pool,
-        [(REPLICA, replica_pool)],
-        max_lag_seconds=3600,
-        after_wait_seconds=after_wait,
-        check_seconds=0.05,
-    )
+    rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=after_wait)
     await rotation.check()
     settings = SearchSettings(database_url=primary_url)
     search = GenerationSearch(
@@ -464,10 +436,10 @@ async def test_a_lag_check_whose_primary_read_fails_or_hangs_trusts_no_replica(
     try:
         for failure in ("hangs", "fails"):
             primary_pool = await open_search_pool(settings, min_size=1)
-            clock = Clock()
-            rotation = ReplicaRotation(
+            clock = SecondsClock()
+            rotation = one_replica_rotation(
                 primary_pool,
-                [(REPLICA, replica_pool)],
+                replica_pool,
                 max_lag_seconds=1.0,
                 after_wait_seconds=0,
                 check_seconds=0.1,
@@ -515,13 +487,7 @@ async def test_a_status_read_on_a_replica_carries_a_token_past_all_it_received(
     primary_url, replica_url = urls
     primary_pool, replica_pool = pools
     embedder = HashingEmbedder(64)
-    rotation = ReplicaRotation(
-        primary_pool,
-        [(REPLICA, replica_pool)],
-        max_lag_seconds=3600,
-        after_wait_seconds=0,
-        check_seconds=0.05,
-    )
+    rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=0)
     await rotation.check()
     app = create_app(
         PublisherSettings(database_url=primary_url),

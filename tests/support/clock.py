@@ -21,3 +21,13 @@ class ManualClock:
 
     def set(self, when: datetime) -> None:
         self._now = when
+
+
+class SecondsClock:
+    """A monotonic clock in seconds (as ``time.monotonic``) that moves only when ``now`` is set."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now

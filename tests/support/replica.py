@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -25,7 +27,19 @@ from kbtools.devstack.postgres import EmbeddedPostgres
 from kbtools.devstack.replicas import EmbeddedReplica
 from kbtools.devstack.replicas import caught_up as replica_caught_up
 from kbtools.devstack.settings import DevStackSettings
-from tests.support.stack import REPO_ROOT, Stack
+from services.search.connections import open_search_pool
+from services.search.replicas import ReplicaRotation
+from services.search.statements import SearchSettings
+from tests.support.stack import (
+    REPO_ROOT,
+    Stack,
+    create_test_database,
+    drop_test_database,
+    ensure_template,
+)
+
+# The name the tests give their one replica in a rotation.
+REPLICA = "replica"
 
 
 @dataclass(frozen=True)
@@ -90,3 +104,68 @@ def _resume_replay(replica_url: str) -> None:
 async def caught_up(primary_url: str, replica_url: str, timeout_s: float = 10.0) -> None:
     """Returns once the replica has replayed what the primary had written when called."""
     await replica_caught_up(primary_url, replica_url, timeout_s=timeout_s)
+
+
+@asynccontextmanager
+async def replica_database(pair: ReplicaPair) -> AsyncIterator[str]:
+    """A database of its own on the primary (a module's: creating one takes seconds here),
+    dropped at the end."""
+    template = await ensure_template(pair.primary)
+    name = await create_test_database(pair.primary, template)
+    try:
+        yield pair.primary.database_url(name)
+    finally:
+        await drop_test_database(pair.primary, name)
+
+
+@asynccontextmanager
+async def caught_up_urls(
+    pair: ReplicaPair, database: str, timeout_s: float = 10.0
+) -> AsyncIterator[tuple[str, str]]:
+    """The database on the primary and on the replica, the replica caught up; its replay is
+    resumed at the end, so no test leaves it paused for the next."""
+    replica_url = pair.replica_url(database)
+    await caught_up(database, replica_url, timeout_s=timeout_s)
+    try:
+        yield database, replica_url
+    finally:
+        replica = await asyncpg.connect(replica_url)
+        try:
+            await replica.execute("SELECT pg_wal_replay_resume()")
+        finally:
+            await replica.close()
+
+
+@asynccontextmanager
+async def search_pools(primary_url: str, replica_url: str) -> AsyncIterator[tuple[Any, Any]]:
+    """Search pools on the primary and on the replica."""
+    primary = await open_search_pool(SearchSettings(database_url=primary_url))
+    try:
+        replica = await open_search_pool(SearchSettings(database_url=replica_url))
+        try:
+            yield primary, replica
+        finally:
+            await replica.close()
+    finally:
+        await primary.close()
+
+
+def one_replica_rotation(
+    primary: Any,
+    replica: Any,
+    *,
+    after_wait_seconds: float,
+    max_lag_seconds: float = 3600,
+    check_seconds: float = 0.05,
+    clock: Callable[[], float] = time.monotonic,
+) -> ReplicaRotation:
+    """A rotation of the one replica; by default its lag limit is one nobody reaches, so a
+    paused replica stays in it."""
+    return ReplicaRotation(
+        primary,
+        [(REPLICA, replica)],
+        max_lag_seconds=max_lag_seconds,
+        after_wait_seconds=after_wait_seconds,
+        check_seconds=check_seconds,
+        clock=clock,
+    )
