@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, File, Form, Path, Request, Security, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, Security, UploadFile
 from fastapi.security import HTTPBearer
 
 from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload, VersionCreated
@@ -24,6 +24,8 @@ from services.publisher.text import REFUSED_CHARACTERS
 from services.publisher.web.links import AFTER_INDEX_TASK, AFTER_PUBLISH, AFTER_STATUS, AFTER_UPLOAD
 from services.publisher.web.wire import (
     MAX_INT32,
+    MAX_INT64,
+    DeleteResponse,
     DocumentStatusResponse,
     IndexTaskResponse,
     PublishRequest,
@@ -245,6 +247,44 @@ async def document_status(
     status = await _publisher(request).document_status(tenant_id, document_id)
     _metrics(request).status_reads.labels(status.read_from).inc()
     return DocumentStatusResponse.model_validate(status)
+
+
+@tenant_router.delete(
+    "/documents/{documentId}",
+    response_model=DeleteResponse,
+    responses=_problems(404, 409),
+    summary="Delete a document: it leaves search at once, for good",
+    description=(
+        "In one transaction the document leaves search (on every server that has replayed "
+        "the answer's `searchToken`), its ACL stops applying, its unfinished index tasks end "
+        "(`DOCUMENT_DELETED`) and a `DocumentDeleted` event is written. Deleting a deleted "
+        "document answers 200 with what its delete did, whatever the revision. A deleted "
+        "document takes no new version or publish (409 `DOCUMENT_DELETED`). A stale "
+        "revision: 409 `REVISION_CONFLICT` with `currentRevision`."
+    ),
+)
+async def delete_document(
+    request: Request,
+    tenant_id: TenantId,
+    document_id: DocumentId,
+    # A query parameter, not a body: a DELETE's body has no defined meaning (RFC 9110,
+    # 9.3.5) and some clients and proxies drop it. The name and meaning are publish's.
+    revision: Annotated[
+        int,
+        Query(ge=1, le=MAX_INT64, description="The document revision you last read."),
+    ],
+) -> DeleteResponse:
+    async with _counted(request, "delete_document"):
+        result = await _publisher(request).delete_document(
+            tenant_id, document_id, expected_revision=revision
+        )
+    log.info(
+        "document.deleted" if result.changed else "document.delete_repeated",
+        tenant_id=tenant_id,
+        document_id=str(document_id),
+        revision=result.revision,
+    )
+    return DeleteResponse.model_validate(result)
 
 
 @tenant_router.get(

@@ -1,0 +1,412 @@
+"""Deleting a document (docs/architecture.md#document-lifecycle), on real PostgreSQL: one
+transaction takes it out of search (the pointer moves forward to a tombstone), drops its
+served ACL, ends its unfinished tasks and writes a DocumentDeleted event; a completion
+after it writes nothing (DOCUMENT_DELETED); the delete is idempotent, refuses a stale
+revision, shows in the status and is final (a publish afterwards is refused)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.indexer.ports import IndexingOutcome
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.retry import RetryPolicy
+from services.indexer.task import Lease
+from services.runtime.messaging.avro import default_registry
+from services.runtime.settings import RuntimeSettings
+from tests.support.api import ApiTenant, add_tenant, publish, upload
+from tests.support.pipeline import running_pipeline
+from tests.support.search import SearchHarness, search_harness
+
+pytestmark = pytest.mark.integration
+
+TEXT = b"Refunds: customers may return goods within thirty days for a full refund."
+QUERY = "refund return goods thirty days"
+
+
+@pytest.fixture
+async def api(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
+    async with search_harness(settings) as harness:
+        yield harness
+
+
+@pytest.fixture
+async def acme(conn: asyncpg.Connection[Any]) -> ApiTenant:
+    return await add_tenant(conn, "acme", "standard")
+
+
+def worker(pool: asyncpg.Pool[Any], indexer: Any) -> Worker:
+    return Worker(
+        PgTaskQueue(pool),
+        indexer,
+        tier="standard",
+        owner="it-document-delete",
+        policy=RetryPolicy(jitter=0),
+    )
+
+
+async def published(
+    api: SearchHarness, tenant: ApiTenant, content: bytes = TEXT
+) -> tuple[str, int]:
+    """A new document with version 1 published; its id and revision."""
+    response = await upload(api.client, tenant, content)
+    assert response.status_code == 201, response.text
+    document_id = response.json()["documentId"]
+    response = await publish(api.client, tenant, document_id, 1, 1, read=["group:all"])
+    assert response.status_code == 202, response.text
+    return document_id, response.json()["revision"]
+
+
+async def delete(api: SearchHarness, tenant: ApiTenant, document_id: str, revision: Any) -> Any:
+    return await api.client.delete(
+        tenant.path(f"/documents/{document_id}"),
+        params={"revision": revision},
+        headers=tenant.headers,
+    )
+
+
+async def found(api: SearchHarness, tenant: ApiTenant, after: list[str] | None = None) -> set[str]:
+    """The documents a search returns, in every mode."""
+    documents: set[str] = set()
+    for mode in ("hybrid", "vector", "keyword"):
+        body: dict[str, Any] = {"query": QUERY, "principals": ["group:all"], "mode": mode}
+        if after is not None:
+            body["after"] = after
+        response = await api.search(tenant, body)
+        assert response.status_code == 200, response.text
+        documents |= {r["documentId"] for r in response.json()["results"]}
+    return documents
+
+
+async def status(api: SearchHarness, tenant: ApiTenant, document_id: str) -> Any:
+    response = await api.client.get(
+        tenant.path(f"/documents/{document_id}"), headers=tenant.headers
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_a_delete_takes_the_document_out_of_search_in_one_transaction(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    document_id, revision = await published(api, acme)
+    other_id, _ = await published(api, acme, TEXT + b" Other shop.")
+    async with running_pipeline(pool) as indexer:
+        assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
+        assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
+    assert await found(api, acme) == {document_id, other_id}
+    doc = uuid.UUID(document_id)
+    chunks = await conn.fetchval("SELECT count(*) FROM knowledge_chunk WHERE document_id = $1", doc)
+    assert chunks > 0
+
+    response = await delete(api, acme, document_id, revision)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["documentId"] == document_id
+    assert body["revision"] == revision + 1
+    assert body["deletedAt"] is not None
+    assert body["searchToken"]
+
+    # Gone from every search mode at once; the other document stays.
+    assert await found(api, acme) == {other_id}
+    assert await found(api, acme, after=[body["searchToken"]]) == {other_id}
+    pointer = await conn.fetchrow(
+        "SELECT * FROM document_search_version WHERE document_id = $1", doc
+    )
+    assert pointer is not None
+    assert pointer["deleted_at"] is not None
+    assert (pointer["version_number"], pointer["chunking_strategy"], pointer["chunk_count"]) == (
+        1,
+        None,
+        0,
+    )
+    # Its ACL no longer applies: no served ACL row is left to match a principal.
+    assert await conn.fetchval("SELECT count(*) FROM document_acl WHERE document_id = $1", doc) == 0
+    row = await conn.fetchrow(
+        "SELECT revision, deleted_at FROM document WHERE document_id = $1", doc
+    )
+    assert row is not None
+    assert row["revision"] == revision + 1
+    assert row["deleted_at"] == pointer["deleted_at"]  # one transaction, one now()
+
+    events = await conn.fetch(
+        "SELECT event_type, payload FROM outbox WHERE aggregate_key = $1 ORDER BY position",
+        f"acme/{document_id}",
+    )
+    assert [e["event_type"] for e in events][-1] == "DocumentDeleted"
+    decoded = default_registry().decode(bytes(events[-1]["payload"])).record
+    assert decoded["documentId"] == doc
+    assert decoded["revision"] == revision + 1
+    assert decoded["previousSearchVersion"] == 1
+    assert decoded["cancelledTasks"] == 0
+    assert "title" not in decoded  # ids and numbers only: no content reaches Kafka
+
+
+async def test_a_delete_ends_the_documents_unfinished_tasks(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    document_id, revision = await published(api, acme)
+    task_id = await conn.fetchval(
+        "SELECT task_id FROM index_task WHERE document_id = $1", uuid.UUID(document_id)
+    )
+    response = await delete(api, acme, document_id, revision)
+    assert response.status_code == 200, response.text
+    task = await conn.fetchrow("SELECT * FROM index_task WHERE task_id = $1", task_id)
+    assert task is not None
+    assert (task["status"], task["error_code"]) == ("DEAD", "DOCUMENT_DELETED")
+    assert task["finished_at"] is not None
+    # A never-served document gets its first pointer as a tombstone.
+    pointer = await conn.fetchrow(
+        "SELECT * FROM document_search_version WHERE document_id = $1", uuid.UUID(document_id)
+    )
+    assert pointer is not None
+    assert pointer["deleted_at"] is not None
+    decoded = (
+        default_registry()
+        .decode(
+            bytes(
+                await conn.fetchval(
+                    "SELECT payload FROM outbox WHERE event_type = 'DocumentDeleted'"
+                    " AND aggregate_key = $1",
+                    f"acme/{document_id}",
+                )
+            )
+        )
+        .record
+    )
+    assert decoded["cancelledTasks"] == 1
+    assert decoded["previousSearchVersion"] is None
+    # Nothing is left to claim.
+    async with running_pipeline(pool) as indexer:
+        assert await worker(pool, indexer).run_once() is RunOnceResult.IDLE
+    # The task's view says why, with its fixed text.
+    response = await api.client.get(acme.path(f"/index-tasks/{task_id}"), headers=acme.headers)
+    assert response.status_code == 200
+    assert response.json()["errorCode"] == "DOCUMENT_DELETED"
+
+
+async def test_deleting_again_answers_the_same_and_writes_nothing(
+    api: SearchHarness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    document_id, revision = await published(api, acme)
+    first = await delete(api, acme, document_id, revision)
+    assert first.status_code == 200, first.text
+    outbox = await conn.fetchval("SELECT count(*) FROM outbox")
+    # A retry carries the revision the client had (now stale) or the new one: same answer.
+    for again_revision in (revision, revision + 1, 999):
+        again = await delete(api, acme, document_id, again_revision)
+        assert again.status_code == 200, again.text
+        body, was = again.json(), first.json()
+        assert (body["revision"], body["deletedAt"]) == (was["revision"], was["deletedAt"])
+    assert await conn.fetchval("SELECT count(*) FROM outbox") == outbox
+    assert (
+        await conn.fetchval(
+            "SELECT revision FROM document WHERE document_id = $1", uuid.UUID(document_id)
+        )
+        == revision + 1
+    )
+
+
+async def test_a_stale_revision_is_refused_and_changes_nothing(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    document_id, revision = await published(api, acme)
+    async with running_pipeline(pool) as indexer:
+        assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
+    before = await conn.fetch(
+        "SELECT * FROM document_search_version WHERE document_id = $1", uuid.UUID(document_id)
+    )
+    response = await delete(api, acme, document_id, revision - 1)
+    assert response.status_code == 409
+    assert response.headers["content-type"].startswith("application/problem+json")
+    problem = response.json()
+    assert problem["errorCode"] == "REVISION_CONFLICT"
+    assert problem["currentRevision"] == revision
+    assert await found(api, acme) == {document_id}
+    after = await conn.fetch(
+        "SELECT * FROM document_search_version WHERE document_id = $1", uuid.UUID(document_id)
+    )
+    assert after == before
+    assert (
+        await conn.fetchval("SELECT count(*) FROM outbox WHERE event_type = 'DocumentDeleted'") == 0
+    )
+
+
+@pytest.mark.parametrize("revision", ["0", "x", "-1", "9223372036854775808"])
+async def test_a_bad_revision_is_refused(
+    api: SearchHarness, acme: ApiTenant, revision: str
+) -> None:
+    document_id, _ = await published(api, acme)
+    response = await delete(api, acme, document_id, revision)
+    assert response.status_code in (400, 422), response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    missing = await api.client.delete(acme.path(f"/documents/{document_id}"), headers=acme.headers)
+    assert missing.status_code in (400, 422)
+    assert (await status(api, acme, document_id))["indexStatus"] != "DELETED"
+
+
+async def test_an_unknown_document_is_404(api: SearchHarness, acme: ApiTenant) -> None:
+    response = await delete(api, acme, str(uuid.uuid4()), 1)
+    assert response.status_code == 404
+    assert response.json()["errorCode"] == "DOCUMENT_NOT_FOUND"
+
+
+async def test_the_status_says_deleted_with_when(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any]
+) -> None:
+    document_id, revision = await published(api, acme)
+    async with running_pipeline(pool) as indexer:
+        assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
+    assert (await status(api, acme, document_id))["indexStatus"] == "SEARCHABLE"
+    deleted = (await delete(api, acme, document_id, revision)).json()
+    seen = await status(api, acme, document_id)
+    assert seen["indexStatus"] == "DELETED"
+    assert seen["deletedAt"] == deleted["deletedAt"]
+    assert seen["revision"] == deleted["revision"]
+    assert seen["searchVersion"] is None
+    assert seen["failure"] is None
+    assert seen["searchToken"]
+
+
+async def test_a_deleted_document_takes_no_new_version_or_publish(
+    api: SearchHarness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    document_id, revision = await published(api, acme)
+    deleted = (await delete(api, acme, document_id, revision)).json()
+    tasks = await conn.fetchval("SELECT count(*) FROM index_task")
+    response = await publish(api.client, acme, document_id, 1, deleted["revision"])
+    assert response.status_code == 409
+    assert response.json()["errorCode"] == "DOCUMENT_DELETED"
+    response = await upload(api.client, acme, b"A new text.", document_id=document_id)
+    assert response.status_code == 409
+    assert response.json()["errorCode"] == "DOCUMENT_DELETED"
+    assert await conn.fetchval("SELECT count(*) FROM index_task") == tasks
+    assert (
+        await conn.fetchval(
+            "SELECT latest_version FROM document WHERE document_id = $1", uuid.UUID(document_id)
+        )
+        == 1
+    )
+
+
+class GatedIndexer:
+    """The real pipeline, holding its result until ``release``: the task is RUNNING under
+    its lease, its chunks computed, when ``reached`` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def index(self, lease: Lease) -> IndexingOutcome:
+        outcome: IndexingOutcome = await self.inner.index(lease)
+        self.reached.set()
+        await self.release.wait()
+        return outcome
+
+
+async def test_a_task_running_when_the_delete_commits_writes_nothing(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    document_id, revision = await published(api, acme)
+    doc = uuid.UUID(document_id)
+    async with running_pipeline(pool) as indexer:
+        gated = GatedIndexer(indexer)
+        run = asyncio.create_task(worker(pool, gated).run_once())
+        await gated.reached.wait()
+        assert await conn.fetchval("SELECT status FROM index_task WHERE document_id = $1", doc) == (
+            "RUNNING"
+        )
+        response = await delete(api, acme, document_id, revision)
+        assert response.status_code == 200, response.text
+        gated.release.set()
+        # The delete ended the task: its completion's fence refuses it, as a lost lease's.
+        assert await run is RunOnceResult.LOST_LEASE
+    assert (
+        await conn.fetchval("SELECT count(*) FROM knowledge_chunk WHERE document_id = $1", doc) == 0
+    )
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM document_generation_version WHERE document_id = $1", doc
+        )
+        == 0
+    )
+    task = await conn.fetchrow(
+        "SELECT status, error_code FROM index_task WHERE document_id = $1", doc
+    )
+    assert task is not None
+    assert (task["status"], task["error_code"]) == ("DEAD", "DOCUMENT_DELETED")
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM outbox WHERE event_type = 'DocumentSearchVersionSwitched'"
+        )
+        == 0
+    )
+    assert (await status(api, acme, document_id))["indexStatus"] == "DELETED"
+    assert await found(api, acme) == set()
+
+
+async def test_a_task_run_after_the_delete_is_fenced_by_the_tombstone(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    """An operator's requeue (or a repair's re-run) after the delete: the task runs, and its
+    completion finds the tombstone: nothing written, DEAD with DOCUMENT_DELETED, no retry."""
+    document_id, revision = await published(api, acme)
+    doc = uuid.UUID(document_id)
+    task_id = await conn.fetchval("SELECT task_id FROM index_task WHERE document_id = $1", doc)
+    assert (await delete(api, acme, document_id, revision)).status_code == 200
+    queue = PgTaskQueue(pool)
+    await queue.requeue(task_id, by="it", reset_attempts=True, budget=8)
+    async with running_pipeline(pool) as indexer:
+        assert await worker(pool, indexer).run_once() is RunOnceResult.FAILED
+        # Terminal: nothing left to claim, no retry.
+        assert await worker(pool, indexer).run_once() is RunOnceResult.IDLE
+    task = await conn.fetchrow("SELECT * FROM index_task WHERE task_id = $1", task_id)
+    assert task is not None
+    assert (task["status"], task["error_code"]) == ("DEAD", "DOCUMENT_DELETED")
+    assert (
+        await conn.fetchval("SELECT count(*) FROM knowledge_chunk WHERE document_id = $1", doc) == 0
+    )
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM document_generation_version WHERE document_id = $1", doc
+        )
+        == 0
+    )
+    pointer = await conn.fetchrow(
+        "SELECT * FROM document_search_version WHERE document_id = $1", doc
+    )
+    assert pointer is not None
+    assert pointer["deleted_at"] is not None
+    assert pointer["chunking_strategy"] is None
+    assert await found(api, acme) == set()
+
+
+async def test_the_tombstone_is_final_for_every_writer(
+    api: SearchHarness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    """Migration 0030's triggers: no UPDATE or DELETE of a tombstone, no clearing of the
+    document's deletion, whoever tries (a script, a switch, a restore tool)."""
+    document_id, revision = await published(api, acme)
+    assert (await delete(api, acme, document_id, revision)).status_code == 200
+    doc = uuid.UUID(document_id)
+    for statement in (
+        "UPDATE document_search_version SET deleted_at = NULL WHERE document_id = $1",
+        "UPDATE document_search_version SET chunking_strategy = 'x', chunk_count = 1"
+        " WHERE document_id = $1",
+        "DELETE FROM document_search_version WHERE document_id = $1",
+    ):
+        with pytest.raises(asyncpg.CheckViolationError, match="tombstone"):
+            await conn.execute(statement, doc)
+    with pytest.raises(asyncpg.CheckViolationError, match="final"):
+        await conn.execute("UPDATE document SET deleted_at = NULL WHERE document_id = $1", doc)
