@@ -7,6 +7,7 @@ revision, shows in the status and is final (a publish afterwards is refused)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,7 +22,7 @@ from services.indexer.retry import RetryPolicy
 from services.indexer.task import Lease
 from services.runtime.messaging.avro import default_registry
 from services.runtime.settings import RuntimeSettings
-from tests.support.api import ApiTenant, add_tenant, publish, upload
+from tests.support.api import ApiTenant, Harness, add_tenant, publish, publisher_harness, upload
 from tests.support.pipeline import running_pipeline
 from tests.support.search import SearchHarness, search_harness
 
@@ -34,6 +35,13 @@ QUERY = "refund return goods thirty days"
 @pytest.fixture
 async def api(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
     async with search_harness(settings) as harness:
+        yield harness
+
+
+@pytest.fixture
+async def bulk_api(settings: RuntimeSettings) -> AsyncIterator[Harness]:
+    """The publisher's app with bulk publishing wired (search_harness has none)."""
+    async with publisher_harness(settings) as harness:
         yield harness
 
 
@@ -53,7 +61,7 @@ def worker(pool: asyncpg.Pool[Any], indexer: Any) -> Worker:
 
 
 async def published(
-    api: SearchHarness, tenant: ApiTenant, content: bytes = TEXT
+    api: SearchHarness | Harness, tenant: ApiTenant, content: bytes = TEXT
 ) -> tuple[str, int]:
     """A new document with version 1 published; its id and revision."""
     response = await upload(api.client, tenant, content)
@@ -64,7 +72,9 @@ async def published(
     return document_id, response.json()["revision"]
 
 
-async def delete(api: SearchHarness, tenant: ApiTenant, document_id: str, revision: Any) -> Any:
+async def delete(
+    api: SearchHarness | Harness, tenant: ApiTenant, document_id: str, revision: Any
+) -> Any:
     return await api.client.delete(
         tenant.path(f"/documents/{document_id}"),
         params={"revision": revision},
@@ -410,3 +420,95 @@ async def test_the_tombstone_is_final_for_every_writer(
             await conn.execute(statement, doc)
     with pytest.raises(asyncpg.CheckViolationError, match="final"):
         await conn.execute("UPDATE document SET deleted_at = NULL WHERE document_id = $1", doc)
+
+
+async def bulk(api: Harness, tenant: ApiTenant, items: list[Any], files: list[bytes]) -> Any:
+    parts: list[Any] = [("items", (None, json.dumps(items).encode(), "application/json"))]
+    parts += [("file", (f"f{n}.txt", content, "text/plain")) for n, content in enumerate(files)]
+    return await api.client.post(
+        tenant.path("/documents/bulk"), files=parts, headers=tenant.headers
+    )
+
+
+async def test_bulk_delete_items_are_deleted_and_refused_alone(
+    bulk_api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    api = bulk_api
+    kept_id, _ = await published(api, acme)
+    gone_id, gone_revision = await published(api, acme)
+    stale_id, stale_revision = await published(api, acme)
+    response = await bulk(
+        api,
+        acme,
+        [
+            {"documentId": gone_id, "delete": True, "revision": gone_revision},
+            {"title": "New", "acl": {"read": ["group:all"]}},
+            {"documentId": stale_id, "delete": True, "revision": stale_revision - 1},
+            {"documentId": str(uuid.uuid4()), "delete": True, "revision": 1},
+            {"documentId": kept_id, "acl": {"read": ["group:all"]}},
+        ],
+        [b"A new document.", b"A new version."],
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["published"], body["deleted"], body["refused"]) == (2, 1, 2)
+    results = body["results"]
+    assert results[0]["status"] == 200
+    assert results[0]["documentId"] == gone_id
+    assert results[0]["revision"] == gone_revision + 1
+    assert results[0]["deletedAt"] is not None
+    assert (results[2]["status"], results[2]["errorCode"]) == (409, "REVISION_CONFLICT")
+    assert (results[3]["status"], results[3]["errorCode"]) == (404, "DOCUMENT_NOT_FOUND")
+    assert results[1]["status"] == results[4]["status"] == 202
+    deleted = {
+        str(row["document_id"])
+        for row in await conn.fetch("SELECT document_id FROM document WHERE deleted_at IS NOT NULL")
+    }
+    assert deleted == {gone_id}
+    assert (
+        await conn.fetchval("SELECT count(*) FROM outbox WHERE event_type = 'DocumentDeleted'") == 1
+    )
+    # A publish item naming a deleted document is refused alone, as the single call is.
+    again = await bulk(
+        api, acme, [{"documentId": gone_id, "acl": {"read": ["group:all"]}}], [b"Back?"]
+    )
+    assert again.status_code == 200, again.text
+    assert again.json()["results"][0]["errorCode"] == "DOCUMENT_DELETED"
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"documentId": "00000000-0000-0000-0000-000000000001", "delete": True},
+        {"delete": True, "revision": 1},
+        {
+            "documentId": "00000000-0000-0000-0000-000000000001",
+            "delete": True,
+            "revision": 1,
+            "acl": {"read": []},
+        },
+        {"documentId": "00000000-0000-0000-0000-000000000001", "delete": True, "revision": "1"},
+        {"title": "T", "acl": {"read": []}, "revision": 1},
+    ],
+)
+async def test_an_unreadable_delete_item_refuses_the_request(
+    bulk_api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any], item: dict[str, Any]
+) -> None:
+    api = bulk_api
+    files = [] if item.get("delete") else [b"text"]
+    response = await bulk(api, acme, [item], files)
+    assert response.status_code == 400, response.text
+    assert response.json()["errorCode"] == "BULK_INVALID"
+    assert await conn.fetchval("SELECT count(*) FROM document") == 0
+
+
+async def test_a_delete_item_takes_no_file(
+    bulk_api: Harness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    api = bulk_api
+    document_id, revision = await published(api, acme)
+    item = {"documentId": document_id, "delete": True, "revision": revision}
+    response = await bulk(api, acme, [item], [b"a file for nobody"])
+    assert response.status_code == 400, response.text
+    assert response.json()["errorCode"] == "BULK_INVALID"
+    assert await conn.fetchval("SELECT count(*) FROM document WHERE deleted_at IS NOT NULL") == 0
