@@ -20,9 +20,15 @@ from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.retry import RetryPolicy
 from services.indexer.task import Lease
+from services.relay.outbox_pg import PgOutboxSource, create_relay_pool
+from services.relay.ports import ReplayFilter
+from services.relay.replay import replay
+from services.relay.sink_kafka import KafkaSink
 from services.runtime.messaging.avro import default_registry
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import ApiTenant, Harness, add_tenant, publish, publisher_harness, upload
+from tests.support.cli import kb
+from tests.support.kafka import TopicReader, relay_settings, relay_topics, running_relay
 from tests.support.pipeline import running_pipeline
 from tests.support.search import SearchHarness, search_harness
 
@@ -512,3 +518,98 @@ async def test_a_delete_item_takes_no_file(
     assert response.status_code == 400, response.text
     assert response.json()["errorCode"] == "BULK_INVALID"
     assert await conn.fetchval("SELECT count(*) FROM document WHERE deleted_at IS NOT NULL") == 0
+
+
+async def test_the_event_reaches_kafka_and_a_replay_resurrects_nothing(
+    api: SearchHarness,
+    acme: ApiTenant,
+    settings: RuntimeSettings,
+    pool: asyncpg.Pool[Any],
+    conn: asyncpg.Connection[Any],
+) -> None:
+    document_id, revision = await published(api, acme)
+    async with running_pipeline(pool) as indexer:
+        assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
+    deleted = await delete(api, acme, document_id, revision)
+    assert deleted.status_code == 200, deleted.text
+    event_id = await conn.fetchval(
+        "SELECT event_id FROM outbox WHERE event_type = 'DocumentDeleted' AND aggregate_key = $1",
+        f"acme/{document_id}",
+    )
+    s = relay_settings(settings)
+    async with TopicReader(s.kafka_bootstrap_servers, relay_topics(s)) as reader:
+        async with running_relay(s):
+            await reader.read_event_ids([event_id])
+        message = next(m for m in reader.messages if m.event_id == event_id)
+        assert message.topic == s.topic("kb.document-events")
+        assert message.key == f"acme/{document_id}"
+        assert message.headers["event_type"] == "DocumentDeleted"
+        record = default_registry().decode(message.value).record
+        assert record["documentId"] == uuid.UUID(document_id)
+        assert record["revision"] == revision + 1
+        assert TEXT.decode() not in message.value.decode("utf-8", "replace")
+
+        # Every event of the document again (its publish, its task, its switch, its
+        # delete): Kafka gets them, the database is not moved back by any of them.
+        relay_pool = await create_relay_pool(s)
+        sink = KafkaSink(s, client_id="it-delete-replay")
+        try:
+            await sink.start()
+            result = await replay(PgOutboxSource(relay_pool), sink, ReplayFilter(tenant_id="acme"))
+        finally:
+            await sink.stop()
+            await relay_pool.close()
+        assert result.sent >= 4
+    async with running_pipeline(pool) as indexer:
+        assert await worker(pool, indexer).run_once() is RunOnceResult.IDLE
+    assert (await status(api, acme, document_id))["indexStatus"] == "DELETED"
+    assert await found(api, acme) == set()
+
+
+async def test_kb_documents_delete(
+    api: SearchHarness, acme: ApiTenant, service_env: dict[str, str], conn: asyncpg.Connection[Any]
+) -> None:
+    document_id, revision = await published(api, acme)
+    stale = kb(service_env, "documents", "delete", "acme", document_id, "--revision", "1")
+    assert stale.returncode == 1
+    assert "REVISION_CONFLICT" in stale.stderr
+    result = kb(
+        service_env, "documents", "delete", "acme", document_id, "--revision", str(revision)
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["documentId"] == document_id
+    assert answer["revision"] == revision + 1
+    assert answer["searchToken"]
+    assert (await status(api, acme, document_id))["indexStatus"] == "DELETED"
+    # Again: the same answer, nothing written.
+    again = kb(service_env, "documents", "delete", "acme", document_id, "--revision", "1")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["deletedAt"] == answer["deletedAt"]
+    assert (
+        await conn.fetchval("SELECT count(*) FROM outbox WHERE event_type = 'DocumentDeleted'") == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["acme", "not-a-uuid", "--revision", "2"], "DOCUMENT_ID_INVALID"),
+        (["Acme Corp", str(uuid.uuid4()), "--revision", "2"], "TENANT_NAME_INVALID"),
+        (["acme", str(uuid.uuid4()), "--revision", "2"], "DOCUMENT_NOT_FOUND"),
+        (["acme", str(uuid.uuid4()), "--revision", "0"], "--revision"),
+        (["acme", str(uuid.uuid4())], "--revision"),
+    ],
+)
+async def test_kb_documents_delete_exits_2_on_bad_input(
+    acme: ApiTenant,
+    service_env: dict[str, str],
+    conn: asyncpg.Connection[Any],
+    args: list[str],
+    said: str,
+) -> None:
+    result = kb(service_env, "documents", "delete", *args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert said in result.stderr
+    assert result.stdout == ""
+    assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
