@@ -228,6 +228,15 @@ async def test_deleting_again_answers_the_same_and_writes_nothing(
         )
         == revision + 1
     )
+    registry = api.app.state.metrics.registry
+
+    def counted(result: str) -> float | None:
+        return registry.get_sample_value(  # type: ignore[no-any-return]
+            "kb_publisher_operations_total",
+            {"operation": "delete_document", "result": result},
+        )
+
+    assert (counted("ok"), counted("unchanged")) == (1, 3)
 
 
 async def test_a_stale_revision_is_refused_and_changes_nothing(

@@ -274,10 +274,15 @@ async def delete_document(
         Query(ge=1, le=MAX_INT64, description="The document revision you last read."),
     ],
 ) -> DeleteResponse:
-    async with _counted(request, "delete_document"):
+    metrics = _metrics(request)
+    try:
         result = await _publisher(request).delete_document(
             tenant_id, document_id, expected_revision=revision
         )
+    except KbError as error:
+        metrics.operations.labels("delete_document", error.code).inc()
+        raise
+    metrics.operations.labels("delete_document", "ok" if result.changed else "unchanged").inc()
     log.info(
         "document.deleted" if result.changed else "document.delete_repeated",
         tenant_id=tenant_id,
