@@ -13,12 +13,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import numpy as np
 import pytest
 
+from services.index.generation import IndexGeneration
 from services.indexer.ports import IndexingOutcome
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.retry import RetryPolicy
+from services.indexer.sink.pgvector import PgVectorSink
 from services.indexer.task import Lease
 from services.relay.outbox_pg import PgOutboxSource, create_relay_pool
 from services.relay.ports import ReplayFilter
@@ -26,6 +29,7 @@ from services.relay.replay import replay
 from services.relay.sink_kafka import KafkaSink
 from services.runtime.messaging.avro import default_registry
 from services.runtime.settings import RuntimeSettings
+from tests.support import versions
 from tests.support.api import (
     ApiTenant,
     Harness,
@@ -37,8 +41,10 @@ from tests.support.api import (
 )
 from tests.support.cli import kb
 from tests.support.kafka import TopicReader, relay_settings, relay_topics, running_relay
+from tests.support.locks import wait_until_blocked_on_a_lock
+from tests.support.paused import PausedWrite
 from tests.support.pipeline import running_pipeline
-from tests.support.search import SearchHarness, search_harness
+from tests.support.search import STRATEGY, SearchHarness, search_harness
 
 pytestmark = pytest.mark.integration
 
@@ -631,3 +637,52 @@ async def test_kb_documents_delete_exits_2_on_bad_input(
     assert said in result.stderr
     assert result.stdout == ""
     assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+async def test_a_delete_waits_for_a_completion_holding_its_fence_then_takes_it_out(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    """The other order of the race: the completion's fence passed and its write is done but
+    not committed when the delete comes. The delete waits for the task row (the lock order
+    of a publish), the completion commits SUCCEEDED, and the delete then moves the pointer
+    the completion switched forward to a tombstone: the document is out of search."""
+    document_id, revision = await published(api, acme)
+    doc = uuid.UUID(document_id)
+    generation = IndexGeneration("test-delete-8", 8, STRATEGY)
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(generation)
+    queue = PgTaskQueue(pool)
+    (lease,) = await queue.claim("standard", "it-writer", lease_seconds=60)
+    chunks = versions.make_chunks(doc, 1, ["refund within thirty days"], STRATEGY)
+    vectors = np.ones((1, 8), dtype=np.float32) / np.sqrt(8)
+    paused = PausedWrite(sink.writer(lease, generation, chunks, vectors))
+    completing = asyncio.create_task(queue.complete(lease, in_transaction=paused))
+    await paused.reached.wait()
+    deleting = asyncio.create_task(delete(api, acme, document_id, revision))
+    await wait_until_blocked_on_a_lock(conn)
+    assert not deleting.done()
+    paused.release.set()
+    await completing
+    response = await deleting
+    assert response.status_code == 200, response.text
+    task = await conn.fetchrow(
+        "SELECT status, error_code FROM index_task WHERE document_id = $1", doc
+    )
+    assert task is not None
+    assert (task["status"], task["error_code"]) == ("SUCCEEDED", None)
+    pointer = await conn.fetchrow(
+        "SELECT version_number, chunking_strategy, deleted_at FROM document_search_version"
+        " WHERE document_id = $1",
+        doc,
+    )
+    assert pointer is not None
+    assert pointer["deleted_at"] is not None
+    assert pointer["chunking_strategy"] is None
+    payload = await conn.fetchval(
+        "SELECT payload FROM outbox WHERE event_type = 'DocumentDeleted' AND aggregate_key = $1",
+        f"acme/{document_id}",
+    )
+    record = default_registry().decode(bytes(payload)).record
+    # The completion's switch came first: the delete saw the version it served.
+    assert (record["previousSearchVersion"], record["cancelledTasks"]) == (1, 0)
+    assert await found(api, acme) == set()
