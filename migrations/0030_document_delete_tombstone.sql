@@ -64,7 +64,34 @@ CREATE TRIGGER document_search_version_tombstone_is_final
     WHEN (OLD.deleted_at IS NOT NULL)
     EXECUTE FUNCTION document_search_version_tombstone_is_final();
 
--- 3. What the delete's transaction writes as the API's role (migration 0029's wall): the
+-- 3. A running task's staged slices (knowledge_chunk_stream, migration 0013) go with it: a
+-- task that ends DEAD takes them along (queue/queries.sql: fail_task), and no later attempt
+-- of a task the delete ended will run to delete them. The table has no tenant column, so no
+-- row security: rather than open it to the API's role, the delete calls this function,
+-- which runs as the table's owner and deletes only the slices of the given tasks of the
+-- given tenant that a delete ended (DEAD, DOCUMENT_DELETED), and, behind the wall, only for
+-- the wall's own tenant. A slice being staged holds its task row (sink.sql:
+-- lock_stream_lease, FOR SHARE), which the delete's FOR UPDATE waits for: every slice
+-- committed before the delete ended the task is seen here, and none can come after.
+CREATE FUNCTION discard_deleted_tasks_staging(tenant text, task_ids uuid[]) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    WITH gone AS (
+        DELETE FROM knowledge_chunk_stream s
+         USING index_task t
+         WHERE t.task_id = ANY (task_ids)
+           AND t.tenant_id = tenant
+           AND coalesce(nullif(current_setting('kb.tenant_id', true), ''), tenant) = tenant
+           AND t.status = 'DEAD'
+           AND t.error_code = 'DOCUMENT_DELETED'
+           AND s.task_id = t.task_id
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone
+$$;
+REVOKE ALL ON FUNCTION discard_deleted_tasks_staging(text, uuid[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION discard_deleted_tasks_staging(text, uuid[]) TO kb_tenant_api;
+
+-- 4. What the delete's transaction writes as the API's role (migration 0029's wall): the
 -- tombstone of a document never served (an INSERT, whose trigger raises the high-water mark,
 -- migration 0021), and the end of the document's unfinished tasks (only the columns a
 -- task's end sets).

@@ -191,6 +191,12 @@ UPDATE index_task t
    AND t.task_id = l.task_id
 RETURNING t.task_id
 
+-- name: discard_deleted_tasks_staging
+-- $1 tenant, $2 the tasks cancel_document_tasks ended: the slices a running one had staged
+-- (knowledge_chunk_stream) go with it, through migration 0030's function (the table is not
+-- the API role's to read). How many rows went.
+SELECT discard_deleted_tasks_staging($1, $2::uuid[])
+
 -- name: tombstone_search_pointer
 -- $1 tenant, $2 document, $3 the document's latest version, $4 now. The pointer moves
 -- forward to a tombstone (migration 0030): no strategy, no chunks, deleted_at set, at the

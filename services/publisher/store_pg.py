@@ -208,6 +208,12 @@ class PgPublishTransaction:
                 "the document was deleted",
                 now,
             )
+            if cancelled:
+                await self._conn.fetchval(
+                    QUERIES["discard_deleted_tasks_staging"],
+                    tenant_id,
+                    [row["task_id"] for row in cancelled],
+                )
             previous = await self._conn.fetchrow(
                 QUERIES["tombstone_search_pointer"],
                 tenant_id,

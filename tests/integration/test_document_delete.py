@@ -686,3 +686,36 @@ async def test_a_delete_waits_for_a_completion_holding_its_fence_then_takes_it_o
     # The completion's switch came first: the delete saw the version it served.
     assert (record["previousSearchVersion"], record["cancelledTasks"]) == (1, 0)
     assert await found(api, acme) == set()
+
+
+async def test_a_running_streamed_task_s_staged_slices_go_with_the_delete(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    """A large document is staged slice by slice before its completion moves the slices in;
+    the delete ends the task, and its staged slices (their text included) go in the same
+    transaction: no later attempt would ever delete them."""
+    content = b"\n\n".join(TEXT + f" Clause {n}.".encode() for n in range(40))
+    document_id, revision = await published(api, acme, content)
+    task_id = await conn.fetchval(
+        "SELECT task_id FROM index_task WHERE document_id = $1", uuid.UUID(document_id)
+    )
+    async with running_pipeline(
+        pool, max_tokens=16, slice_chunks=2, stream_above_chunks=0
+    ) as indexer:
+        gated = GatedIndexer(indexer)
+        run = asyncio.create_task(worker(pool, gated).run_once())
+        await gated.reached.wait()
+        staged = "SELECT count(*) FROM knowledge_chunk_stream WHERE task_id = $1"
+        assert await conn.fetchval(staged, task_id) > 0
+        response = await delete(api, acme, document_id, revision)
+        assert response.status_code == 200, response.text
+        assert await conn.fetchval(staged, task_id) == 0
+        gated.release.set()
+        assert await run is RunOnceResult.LOST_LEASE
+    assert await conn.fetchval(staged, task_id) == 0
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM knowledge_chunk WHERE document_id = $1", uuid.UUID(document_id)
+        )
+        == 0
+    )
