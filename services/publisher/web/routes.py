@@ -21,7 +21,13 @@ from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload, Versi
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.strict_form import StrictFormRoute
 from services.publisher.text import REFUSED_CHARACTERS
-from services.publisher.web.links import AFTER_INDEX_TASK, AFTER_PUBLISH, AFTER_STATUS, AFTER_UPLOAD
+from services.publisher.web.links import (
+    AFTER_DELETE,
+    AFTER_INDEX_TASK,
+    AFTER_PUBLISH,
+    AFTER_STATUS,
+    AFTER_UPLOAD,
+)
 from services.publisher.web.wire import (
     MAX_INT32,
     MAX_INT64,
@@ -184,7 +190,7 @@ async def create_document(
     "/documents/{documentId}/versions",
     status_code=201,
     response_model=VersionCreatedResponse,
-    responses={**_upload_problems(404), 201: AFTER_UPLOAD},
+    responses={**_upload_problems(404, 409), 201: AFTER_UPLOAD},
     summary="Upload a new version of a document (as a draft)",
 )
 async def add_version(
@@ -252,7 +258,7 @@ async def document_status(
 @tenant_router.delete(
     "/documents/{documentId}",
     response_model=DeleteResponse,
-    responses=_problems(404, 409),
+    responses={**_problems(404, 409), 200: AFTER_DELETE},
     summary="Delete a document: it leaves search at once, for good",
     description=(
         "In one transaction the document leaves search (on every server that has replayed "
