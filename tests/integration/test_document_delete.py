@@ -719,3 +719,48 @@ async def test_a_running_streamed_task_s_staged_slices_go_with_the_delete(
         )
         == 0
     )
+
+
+async def test_a_repair_re_run_after_the_delete_writes_nothing(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    """`kb index check --repair` re-runs a SUCCEEDED task (rerun_succeeded); after a delete
+    the re-run reaches the sink and is refused there: the chunks the document had are not
+    rewritten, the tombstone stays, the task ends DEAD with DOCUMENT_DELETED."""
+    document_id, revision = await published(api, acme)
+    doc = uuid.UUID(document_id)
+    async with running_pipeline(pool) as indexer:
+        assert await worker(pool, indexer).run_once() is RunOnceResult.SUCCEEDED
+        task_id = await conn.fetchval("SELECT task_id FROM index_task WHERE document_id = $1", doc)
+        assert (await delete(api, acme, document_id, revision)).status_code == 200
+        chunks = await conn.fetch(
+            "SELECT chunk_id, xmin::text FROM knowledge_chunk WHERE document_id = $1 ORDER BY 1",
+            doc,
+        )
+        queue = PgTaskQueue(pool)
+        rerun = await queue.rerun_succeeded(
+            task_id, by="it-repair", budget=8, reason=("CHUNKS_MISSING", "it")
+        )
+        assert rerun is not None
+        assert await worker(pool, indexer).run_once() is RunOnceResult.FAILED
+        assert await worker(pool, indexer).run_once() is RunOnceResult.IDLE
+    task = await conn.fetchrow(
+        "SELECT status, error_code FROM index_task WHERE task_id = $1", task_id
+    )
+    assert task is not None
+    assert (task["status"], task["error_code"]) == ("DEAD", "DOCUMENT_DELETED")
+    # Not one chunk rewritten (same rows, same writing transactions).
+    assert (
+        await conn.fetch(
+            "SELECT chunk_id, xmin::text FROM knowledge_chunk WHERE document_id = $1 ORDER BY 1",
+            doc,
+        )
+        == chunks
+    )
+    pointer = await conn.fetchrow(
+        "SELECT chunking_strategy, deleted_at FROM document_search_version WHERE document_id = $1",
+        doc,
+    )
+    assert pointer is not None
+    assert (pointer["chunking_strategy"], pointer["deleted_at"] is not None) == (None, True)
+    assert await found(api, acme) == set()
