@@ -47,6 +47,11 @@ COMMANDS: dict[str, LazyCommand] = {
     ),
     "relay": LazyCommand("services.relay.cli", "app", "Carry committed outbox rows to Kafka."),
     "tenants": LazyCommand("services.publisher.cli", "tenants_app", "Tenants and their API keys."),
+    "documents": LazyCommand(
+        "services.publisher.documents_cli",
+        "documents_app",
+        "A tenant's documents: delete one.",
+    ),
     "operators": LazyCommand(
         "services.operator.cli", "operators_app", "Operator keys for the /ui page."
     ),

@@ -16,6 +16,7 @@ from typing import Any, Final
 from services.publisher.failures import tenant_failure_message
 from services.publisher.ports import (
     PRIMARY,
+    DocumentDeletion,
     DocumentHeader,
     DocumentStatusRecord,
     LockedDocument,
@@ -48,6 +49,7 @@ from services.runtime.indexing.tasks import (
 )
 from services.runtime.messaging.avro import SchemaRegistry, default_registry
 from services.runtime.messaging.events import (
+    DOCUMENT_DELETED,
     DOCUMENT_VERSION_PUBLISHED,
     INDEX_TASK_CREATED,
     event_id,
@@ -86,6 +88,16 @@ def version_not_found(document_id: uuid.UUID, version_number: int) -> NotFound:
     )
 
 
+def document_deleted(document_id: uuid.UUID) -> Conflict:
+    """A change to a deleted document: a delete is final (docs/architecture.md#document-
+    lifecycle); publish the content again as a new document."""
+    return Conflict(
+        f"document {document_id} was deleted; a deleted document takes no new version or "
+        "publish: upload the content as a new document",
+        code="DOCUMENT_DELETED",
+    )
+
+
 def index_task_not_found(task_id: uuid.UUID) -> NotFound:
     return NotFound(f"no index task {task_id} in this tenant", code="INDEX_TASK_NOT_FOUND")
 
@@ -95,6 +107,7 @@ class IndexStatus(enum.StrEnum):
     INDEXING = "INDEXING"
     SEARCHABLE = "SEARCHABLE"
     FAILED = "FAILED"
+    DELETED = "DELETED"
 
 
 # --- uploads ------------------------------------------------------------------------------
@@ -177,6 +190,18 @@ class PublishOutcome:
     changed: bool
 
 
+@dataclass(frozen=True)
+class DeleteOutcome:
+    document_id: uuid.UUID
+    revision: int  # the revision the delete committed
+    deleted_at: datetime
+    # A WAL position past the delete's commit: a search naming it in `after` never returns
+    # the document, on any server (docs/scaling.md#read-your-switch).
+    search_token: str
+    # False when the document was deleted already (a retry): nothing was written.
+    changed: bool
+
+
 def _occurred_at(now: datetime | None) -> datetime:
     return now if now is not None else datetime.now(UTC)
 
@@ -237,7 +262,14 @@ def derive_status(record: DocumentStatusRecord) -> DocumentStatus:
     task = record.task
     failure: Failure | None = None
     lag_since: datetime | None = None
-    if record.published_version is None:
+    served: dict[str, Any] = {}
+    if record.deleted_at is not None:
+        # Nothing of it is served (its pointer is a tombstone: its version serves no chunk),
+        # whatever its tasks did. The search token stays: it is past the delete's commit.
+        status = IndexStatus.DELETED
+        task = None
+        served = {"search_version": None, "search_switched_at": None}
+    elif record.published_version is None:
         status = IndexStatus.NOT_PUBLISHED
     elif record.search_version == record.published_version:
         status = IndexStatus.SEARCHABLE
@@ -260,6 +292,7 @@ def derive_status(record: DocumentStatusRecord) -> DocumentStatus:
         index_task_id=task.task_id if task is not None else None,
         failure=failure,
         search_lag_since=lag_since,
+        **served,
     )
 
 
@@ -332,6 +365,33 @@ def _event(
     payload = registry.encode(event_type, record)
     return PendingEvent(
         id_, event_type, document.tenant_id, document.tier, document.document_id, payload
+    )
+
+
+def deletion_event(
+    registry: SchemaRegistry,
+    document: LockedDocument,
+    deletion: DocumentDeletion,
+    occurred_at: datetime,
+) -> PendingEvent:
+    """The delete's outbox event: ids and numbers, never content or a title (an event stays
+    in Kafka until the topic's retention, whatever is erased later). One per document: a
+    document is deleted once, and a retried transaction writes the same id."""
+    id_ = event_id(DOCUMENT_DELETED, document.tenant_id, document.document_id)
+    record = {
+        "eventId": id_,
+        "tenantId": document.tenant_id,
+        "tier": document.tier,
+        "documentId": document.document_id,
+        "versionNumber": document.latest_version,
+        "revision": deletion.revision,
+        "previousSearchVersion": deletion.previous_search_version,
+        "cancelledTasks": deletion.cancelled_tasks,
+        "occurredAt": occurred_at,
+    }
+    payload = registry.encode(DOCUMENT_DELETED, record)
+    return PendingEvent(
+        id_, DOCUMENT_DELETED, document.tenant_id, document.tier, document.document_id, payload
     )
 
 
@@ -447,6 +507,8 @@ class Publisher:
         document = await tx.lock_document(tenant_id, document_id)
         if document is None:
             raise document_not_found(document_id)
+        if document.deleted_at is not None:
+            raise document_deleted(document_id)
         version = await tx.get_version(tenant_id, document_id, version_number)
         if version is None:
             raise version_not_found(document_id, version_number)
@@ -498,6 +560,40 @@ class Publisher:
             await tx.add_event(event)
         return PublishOutcome(document_id, version_number, revision, task.task_id, changed=True)
 
+    async def delete_document(
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        *,
+        expected_revision: int,
+        now: datetime | None = None,
+    ) -> DeleteOutcome:
+        """Delete the document, in one transaction (docs/architecture.md#document-lifecycle):
+        it leaves search (its pointer moves forward to a tombstone), its served ACL goes,
+        its unfinished index tasks end (DEAD, DOCUMENT_DELETED) and a DocumentDeleted event
+        is added. The document row is locked first, as by a publish: a publish and a delete
+        of one document run one after the other, and the second sees the first's revision.
+
+        A document deleted already answers what its delete did, whatever the revision (a
+        retry after a lost answer carries the revision the delete bumped), and writes
+        nothing. The search token is read after the commit, so it covers it."""
+        async with self._store.transaction(tenant_id) as tx:
+            document = await tx.lock_document(tenant_id, document_id)
+            if document is None:
+                raise document_not_found(document_id)
+            if document.deleted_at is not None:
+                revision, deleted_at, changed = document.revision, document.deleted_at, False
+            else:
+                if expected_revision != document.revision:
+                    raise RevisionConflict(expected_revision, document.revision)
+                deletion = await tx.delete_document(document, now)
+                await tx.add_event(
+                    deletion_event(self._registry, document, deletion, _occurred_at(now))
+                )
+                revision, deleted_at, changed = deletion.revision, deletion.deleted_at, True
+        token = await self._store.primary_search_token()
+        return DeleteOutcome(document_id, revision, deleted_at, token, changed)
+
     async def document_status(self, tenant_id: str, document_id: uuid.UUID) -> DocumentStatus:
         record = await self._store.document_status(tenant_id, document_id)
         if record is None:
@@ -523,6 +619,8 @@ async def _add_version_in(
     document = await tx.lock_document(tenant_id, document_id)
     if document is None:
         raise document_not_found(document_id)
+    if document.deleted_at is not None:
+        raise document_deleted(document_id)
     version_number = document.latest_version + 1
     await tx.insert_version(
         _new_version(tenant_id, document_id, version_number, content, media_type), now

@@ -24,6 +24,7 @@ TENANT_MESSAGES: Final = {
     ),
     "EMBEDDING_MODEL_CHANGED": "The embedding model changed while indexing.",
     "LEASE_ATTEMPTS_EXHAUSTED": "Indexing was interrupted too many times.",
+    "DOCUMENT_DELETED": "The document was deleted; its indexing was stopped.",
 }
 INTERNAL_FAILURE_MESSAGE: Final = "Indexing failed; an operator can see the details."
 

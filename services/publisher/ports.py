@@ -31,6 +31,20 @@ class LockedDocument:
     revision: int
     latest_version: int
     published_version: int | None
+    # When the document was deleted (None: it is not): every change but a repeated delete
+    # is refused then.
+    deleted_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class DocumentDeletion:
+    """What a delete's transaction did: the revision it committed, when, the version search
+    served until then (None: none) and the index tasks it ended."""
+
+    revision: int
+    deleted_at: datetime
+    previous_search_version: int | None
+    cancelled_tasks: int
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,7 @@ class DocumentHeader:
     published_at: datetime | None
     search_version: int | None
     search_switched_at: datetime | None
+    deleted_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -159,6 +174,16 @@ class PublishTransaction(Protocol):
 
     async def add_event(self, event: PendingEvent) -> None: ...
 
+    async def delete_document(
+        self, document: LockedDocument, now: datetime | None
+    ) -> DocumentDeletion:
+        """The delete's writes, ``document`` locked by this transaction and not deleted yet:
+        its unfinished index tasks ended (DEAD, DOCUMENT_DELETED), its search pointer moved
+        forward to a tombstone, its served ACL dropped, the document marked deleted with its
+        revision bumped (docs/architecture.md#document-lifecycle). The caller adds the
+        event."""
+        ...
+
 
 class PublisherStore(TenantCredentials, Protocol):
     """The publisher's storage; it also answers the key checks of tenant authentication
@@ -175,6 +200,11 @@ class PublisherStore(TenantCredentials, Protocol):
     ) -> DocumentStatusRecord | None: ...
 
     async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None: ...
+
+    async def primary_search_token(self) -> str:
+        """A WAL position of the primary read now: called after a commit, it is past that
+        commit, and a search naming it in ``after`` sees what the commit did."""
+        ...
 
     async def readiness_problems(self) -> list[str]:
         """Why the service cannot serve now (empty when ready), for the operators' log."""

@@ -12,8 +12,10 @@
 -- completion waiting for this row (issue 29). The publish never changes the document's key,
 -- and its UPDATEs of the row take no stronger lock than this one. The tenant row is only read
 -- (its tier), never locked.
+-- deleted_at: set once the document is deleted (delete_document below); every change but a
+-- repeated delete is refused then (DOCUMENT_DELETED).
 SELECT d.tenant_id, d.document_id, t.tier, d.title, d.revision, d.latest_version,
-       d.published_version
+       d.published_version, d.deleted_at
   FROM document d
   JOIN tenant t ON t.tenant_id = d.tenant_id
  WHERE d.tenant_id = $1
@@ -130,7 +132,8 @@ SELECT version_number
 -- past the end of the switch's commit record: a server that has replayed it serves this
 -- search_version or a later one. Conservative (later than the commit), never early.
 SELECT d.document_id, d.title, d.revision, d.latest_version, d.published_version,
-       d.published_at, s.version_number AS search_version, s.switched_at AS search_switched_at,
+       d.published_at, d.deleted_at, s.version_number AS search_version,
+       s.switched_at AS search_switched_at,
        CASE WHEN s.version_number IS NULL THEN NULL
             WHEN pg_is_in_recovery()
                  THEN greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())
@@ -155,6 +158,98 @@ SELECT d.document_id, d.title, d.revision, d.latest_version, d.published_version
         AND t.generation_id IS NULL
  WHERE d.tenant_id = $1
    AND d.document_id = $2
+
+-- name: cancel_document_tasks
+-- $1 tenant, $2 document, $3 error message, $4 now. A delete ends the document's unfinished
+-- index tasks (every version, every generation): DEAD with DOCUMENT_DELETED, lease cleared.
+-- No worker claims them again, and a running one is fenced out as by a lost lease: its
+-- heartbeat, complete and fail all require RUNNING under its lease. Lock order: after the
+-- document row (lock_document), before the pointer row (tombstone_search_pointer), the order
+-- a publish takes them in; the task rows in (version, task) order, the order completions
+-- lock a document's task rows in. A completion holding one of them (its fence passed) is
+-- waited for: it commits SUCCEEDED (then the FOR UPDATE's re-check leaves it out, and the
+-- tombstone below comes after its switch) or rolls back. How many ended: the event says.
+WITH locked AS (
+    SELECT task_id
+      FROM index_task
+     WHERE tenant_id = $1
+       AND document_id = $2
+       AND status IN ('PENDING', 'RUNNING', 'RETRY_WAIT')
+     ORDER BY version_number, task_id
+       FOR UPDATE
+)
+UPDATE index_task t
+   SET status = 'DEAD',
+       error_code = 'DOCUMENT_DELETED',
+       error_message = $3,
+       lease_owner = NULL,
+       lease_until = NULL,
+       finished_at = coalesce($4::timestamptz, now()),
+       updated_at = coalesce($4::timestamptz, now())
+  FROM locked l
+ WHERE t.tenant_id = $1
+   AND t.task_id = l.task_id
+RETURNING t.task_id
+
+-- name: discard_deleted_tasks_staging
+-- $1 tenant, $2 the tasks cancel_document_tasks ended: the slices a running one had staged
+-- (knowledge_chunk_stream) go with it, through migration 0030's function (the table is not
+-- the API role's to read). How many rows went.
+SELECT discard_deleted_tasks_staging($1, $2::uuid[])
+
+-- name: tombstone_search_pointer
+-- $1 tenant, $2 document, $3 the document's latest version, $4 now. The pointer moves
+-- forward to a tombstone (migration 0030): no strategy, no chunks, deleted_at set, at the
+-- latest version or the one it names if that is higher (never back: migrations 0006, 0021).
+-- Search joins the pointer's strategy to the chunks' (search.sql: current_search_version), so
+-- from this commit on no search statement returns the document, on the primary or on any
+-- replica that has replayed the commit. A document never served gets its first pointer as a
+-- tombstone (embedding_model '': it names no generation; the insert raises its high-water
+-- mark), so a late completion finds a pointer to refuse on either way
+-- (services/indexer/sink/together.py). The row is locked until commit (the upsert), after the
+-- task rows: the order of a publish and a completion. `old` (PostgreSQL 18 RETURNING): the
+-- version served until now, NULL when none was.
+INSERT INTO document_search_version AS s (tenant_id, document_id, version_number,
+                                          embedding_model, chunking_strategy, chunk_count,
+                                          task_id, switched_at, deleted_at)
+VALUES ($1, $2, $3, '', NULL, 0, NULL, coalesce($4::timestamptz, now()),
+        coalesce($4::timestamptz, now()))
+ON CONFLICT (tenant_id, document_id) DO UPDATE
+   SET version_number = greatest(s.version_number, EXCLUDED.version_number),
+       chunking_strategy = NULL,
+       chunk_count = 0,
+       task_id = NULL,
+       switched_at = EXCLUDED.switched_at,
+       deleted_at = EXCLUDED.deleted_at
+ WHERE s.deleted_at IS NULL
+RETURNING old.version_number AS previous_version
+
+-- name: delete_served_acl
+-- $1 tenant, $2 document: the served ACL goes with the pointer's tombstone. Nothing of the
+-- document is served any more, and no principal is left that search would match it for.
+-- The versions' own ACLs (document_version_acl) stay: they are the record of what each
+-- version was published with, and nothing serves them again (the tombstone is final).
+DELETE FROM document_acl
+ WHERE tenant_id = $1
+   AND document_id = $2
+
+-- name: mark_document_deleted
+-- $1 tenant, $2 document, $3 now. The document's revision bumped and its deletion time
+-- set, once (the WHERE, and migration 0030's trigger against any other writer).
+UPDATE document
+   SET deleted_at = coalesce($3::timestamptz, now()),
+       revision = revision + 1,
+       updated_at = coalesce($3::timestamptz, now())
+ WHERE tenant_id = $1
+   AND document_id = $2
+   AND deleted_at IS NULL
+RETURNING revision, deleted_at
+
+-- name: primary_search_token
+-- A WAL position of the primary, read after the delete committed: past the delete's commit
+-- record (a commit returns once its record is in the WAL). A search passing it in `after` is answered
+-- only by a server that has replayed the tombstone (docs/scaling.md#read-your-switch).
+SELECT pg_current_wal_insert_lsn()::text
 
 -- name: index_task
 SELECT task_id, tenant_id, document_id, version_number, task_type, tier, status, attempts,

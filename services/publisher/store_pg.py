@@ -14,6 +14,7 @@ import asyncpg
 
 from services.publisher.ports import (
     PRIMARY,
+    DocumentDeletion,
     DocumentStatusRecord,
     LockedDocument,
     NewVersion,
@@ -192,6 +193,49 @@ class PgPublishTransaction:
     ) -> uuid.UUID | None:
         return await find_index_task(self._conn, tenant_id, document_id, version_number, task_type)
 
+    async def delete_document(
+        self, document: LockedDocument, now: datetime | None
+    ) -> DocumentDeletion:
+        """In the lock order of a publish (queries.sql: lock_search_pointer): the document row
+        (locked by the caller), the task rows, the pointer row, the served ACL rows; the
+        caller's event takes the outbox's lock last."""
+        tenant_id, document_id = document.tenant_id, document.document_id
+        with translate_db_errors():
+            cancelled = await self._conn.fetch(
+                QUERIES["cancel_document_tasks"],
+                tenant_id,
+                document_id,
+                "the document was deleted",
+                now,
+            )
+            if cancelled:
+                await self._conn.fetchval(
+                    QUERIES["discard_deleted_tasks_staging"],
+                    tenant_id,
+                    [row["task_id"] for row in cancelled],
+                )
+            previous = await self._conn.fetchrow(
+                QUERIES["tombstone_search_pointer"],
+                tenant_id,
+                document_id,
+                document.latest_version,
+                now,
+            )
+            await self._conn.execute(QUERIES["delete_served_acl"], tenant_id, document_id)
+            marked = await self._conn.fetchrow(
+                QUERIES["mark_document_deleted"], tenant_id, document_id, now
+            )
+        # The document row is ours (lock_document) and was not deleted: the pointer cannot be
+        # a tombstone already, nor the mark refused.
+        assert previous is not None
+        assert marked is not None
+        return DocumentDeletion(
+            revision=marked["revision"],
+            deleted_at=marked["deleted_at"],
+            previous_search_version=previous["previous_version"],
+            cancelled_tasks=len(cancelled),
+        )
+
     async def add_event(self, event: PendingEvent) -> None:
         await add_event(
             self._conn,
@@ -304,6 +348,12 @@ class PgPublisherStore:
             async with self._connection() as conn, self._tenant_read(conn, tenant_id):
                 row = await conn.fetchrow(QUERIES["index_task"], tenant_id, task_id)
         return index_task_from_row(row) if row is not None else None
+
+    async def primary_search_token(self) -> str:
+        with translate_db_errors():
+            async with self._connection() as conn:
+                token: str = await conn.fetchval(QUERIES["primary_search_token"])
+        return token
 
     async def readiness_problems(self) -> list[str]:
         # A probe must answer quickly: an unreachable database or a full pool is "not

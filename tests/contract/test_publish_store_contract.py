@@ -222,3 +222,40 @@ async def test_a_failed_transaction_leaves_nothing(subject: Subject) -> None:
             await tx.insert_document("acme", document_id, "t", None)
             raise Boom
     assert await subject.store.document_status("acme", document_id) is None
+
+
+async def test_delete_is_final_idempotent_and_ends_the_tasks(subject: Subject) -> None:
+    publisher, probe = subject.publisher, subject.probe
+    created = await publisher.create_document("acme", "Title", _upload())
+    published = await publisher.publish(
+        "acme", created.document_id, 1, expected_revision=1, read_principals=["a"]
+    )
+    with pytest.raises(NotFound):
+        await publisher.delete_document("globex", created.document_id, expected_revision=2)
+    with pytest.raises(RevisionConflict):
+        await publisher.delete_document("acme", created.document_id, expected_revision=1)
+    assert await probe.event_types() == ["IndexTaskCreated", "DocumentVersionPublished"]
+
+    deleted = await publisher.delete_document("acme", created.document_id, expected_revision=2)
+    assert (deleted.revision, deleted.changed) == (3, True)
+    assert deleted.search_token
+    again = await publisher.delete_document("acme", created.document_id, expected_revision=2)
+    assert (again.revision, again.deleted_at, again.changed) == (3, deleted.deleted_at, False)
+    assert (await probe.event_types())[2:] == ["DocumentDeleted"]
+
+    task = await publisher.index_task("acme", published.index_task_id)
+    assert (task.status, task.error_code) == ("DEAD", "DOCUMENT_DELETED")
+    status = await publisher.document_status("acme", created.document_id)
+    assert (status.index_status, status.deleted_at) == ("DELETED", deleted.deleted_at)
+    assert (status.failure, status.index_task_id, status.search_version) == (None, None, None)
+
+    for change in (
+        publisher.publish(
+            "acme", created.document_id, 1, expected_revision=3, read_principals=["b"]
+        ),
+        publisher.add_version("acme", created.document_id, _upload(b"v2")),
+    ):
+        with pytest.raises(Conflict) as refused:
+            await change
+        assert refused.value.code == "DOCUMENT_DELETED"
+    assert len(await probe.event_types()) == 3

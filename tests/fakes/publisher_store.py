@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 from services.publisher.ports import (
+    DocumentDeletion,
     DocumentStatusRecord,
     LockedDocument,
     NewVersion,
@@ -45,6 +46,7 @@ class _Document:
     latest_version: int
     published_version: int | None = None
     published_at: datetime | None = None
+    deleted_at: datetime | None = None
 
 
 @dataclass
@@ -89,6 +91,7 @@ class MemoryPublishTransaction:
             revision=doc.revision,
             latest_version=doc.latest_version,
             published_version=doc.published_version,
+            deleted_at=doc.deleted_at,
         )
 
     async def get_version(
@@ -196,6 +199,40 @@ class MemoryPublishTransaction:
                 return task.task_id
         return None
 
+    async def delete_document(
+        self, document: LockedDocument, now: datetime | None
+    ) -> DocumentDeletion:
+        key = (document.tenant_id, document.document_id)
+        at = _now(now)
+        cancelled = 0
+        for task_id, task in list(self._state.tasks.items()):
+            if (task.tenant_id, task.document_id) == key and task.status in (
+                TaskStatus.PENDING,
+                TaskStatus.RUNNING,
+                TaskStatus.RETRY_WAIT,
+            ):
+                self._state.tasks[task_id] = replace(
+                    task,
+                    status=TaskStatus.DEAD,
+                    error_code="DOCUMENT_DELETED",
+                    error_message="the document was deleted",
+                    lease_owner=None,
+                    lease_until=None,
+                    finished_at=at,
+                    updated_at=at,
+                )
+                cancelled += 1
+        served = self._state.search.pop(key, None)
+        doc = self._state.documents[key]
+        doc.deleted_at = at
+        doc.revision += 1
+        return DocumentDeletion(
+            revision=doc.revision,
+            deleted_at=at,
+            previous_search_version=served[0] if served else None,
+            cancelled_tasks=cancelled,
+        )
+
     async def add_event(self, event: PendingEvent) -> None:
         if any(e.event_id == event.event_id for e in self._state.outbox):
             raise Conflict("event id exists", code="UNIQUE_VIOLATION")
@@ -250,6 +287,7 @@ class MemoryPublisherStore:
             latest_version=doc.latest_version,
             published_version=doc.published_version,
             published_at=doc.published_at,
+            deleted_at=doc.deleted_at,
             search_version=search[0] if search else None,
             search_switched_at=search[1] if search else None,
             task=task,
@@ -260,6 +298,9 @@ class MemoryPublisherStore:
     async def index_task(self, tenant_id: str, task_id: uuid.UUID) -> IndexTaskRecord | None:
         task = self._state.tasks.get(task_id)
         return task if task is not None and task.tenant_id == tenant_id else None
+
+    async def primary_search_token(self) -> str:
+        return "0/0"  # the fake has no WAL: every change is seen "after the start"
 
     async def readiness_problems(self) -> list[str]:
         return []

@@ -130,6 +130,78 @@ async def test_a_switch_token_never_answers_from_the_old_version(
         await search.aclose()
 
 
+async def test_a_delete_token_never_answers_with_the_document_on_any_server(
+    urls: tuple[str, str], pools: tuple[Any, Any]
+) -> None:
+    """docs/architecture.md#document-lifecycle: the delete's searchToken is past its commit;
+    a search naming it is answered only where the tombstone is replayed -- the primary while
+    the replica is paused, the replica once it replayed it -- never with the document."""
+    primary_url, replica_url = urls
+    primary_pool, replica_pool = pools
+    embedder = HashingEmbedder(64)
+    settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
+    rotation = ReplicaRotation(
+        primary_pool,
+        [(REPLICA, replica_pool)],
+        max_lag_seconds=3600,
+        after_wait_seconds=0.2,
+        check_seconds=0.05,
+    )
+    await rotation.check()
+    search = GenerationSearch(
+        primary_pool, settings, embedder, lambda g: embedder, rotation=rotation
+    )
+    app = create_app(
+        PublisherSettings(database_url=primary_url),
+        store=PgPublisherStore(primary_pool),
+        searcher=search,
+    )
+    primary = await asyncpg.connect(primary_url)
+    replica = await asyncpg.connect(replica_url)
+    try:
+        tenant = await add_tenant(primary)
+        document_id = await add_document(primary, tenant.tenant_id)
+        chunks = [ChunkSpec(f"refund clause {n} of version 1") for n in range(CHUNKS)]
+        await add_version(primary, tenant.tenant_id, document_id, 1, chunks, embedder)
+        await point_search_at(primary, tenant.tenant_id, document_id, 1, embedder.model)
+        revision = await primary.fetchval(
+            "SELECT revision FROM document WHERE document_id = $1", document_id
+        )
+        await caught_up(primary_url, replica_url)
+        await _pause(replica, True)
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+            assert await _search(client, tenant, []) == {1}
+            response = await client.delete(
+                tenant.path(f"/documents/{document_id}"),
+                params={"revision": revision},
+                headers=tenant.headers,
+            )
+            assert response.status_code == 200, response.text
+            token = response.json()["searchToken"]
+            # The paused replica has not replayed the delete: without the token a search read
+            # there still finds the document (what the token is for)...
+            assert await _search_on(search, tenant.tenant_id) == {1}
+            # ...with it, the search waits, then is answered by the primary: nothing.
+            assert await _search(client, tenant, [token]) == set()
+            # A status read after the delete carries a token as safe as the delete's.
+            status = await _status(client, tenant, document_id)
+            assert status["indexStatus"] == "DELETED"
+            assert await _search(client, tenant, [status["searchToken"]]) == set()
+
+            await _pause(replica, False)
+            await caught_up(primary_url, replica_url)
+            assert await _search_on(search, tenant.tenant_id) == set()
+            target = await rotation.choose(parse_token(token))
+            assert target.name == REPLICA
+            assert await _search(client, tenant, [token]) == set()
+    finally:
+        await primary.close()
+        await replica.close()
+        await search.aclose()
+
+
 async def test_a_token_is_answered_by_the_replica_once_it_replayed_it(
     urls: tuple[str, str], pools: tuple[Any, Any]
 ) -> None:

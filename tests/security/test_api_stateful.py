@@ -62,6 +62,7 @@ REACHED = frozenset(
         "POST /v1/tenants/{tenantId}/documents/{documentId}/versions/{versionNumber}/publish",
         "POST /v1/tenants/{tenantId}/documents/bulk",
         "GET /v1/tenants/{tenantId}/documents/{documentId}",
+        "DELETE /v1/tenants/{tenantId}/documents/{documentId}",
         "GET /v1/tenants/{tenantId}/index-tasks/{taskId}",
         "POST /v1/tenants/{tenantId}/search",
     }

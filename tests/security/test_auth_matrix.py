@@ -71,6 +71,15 @@ async def _status(world: World, caller: Caller) -> httpx.Response:
     )
 
 
+async def _delete(world: World, caller: Caller) -> httpx.Response:
+    # Revision 999 is stale: with the right key this answers 409 and deletes nothing.
+    return await world.client.delete(
+        caller.path(f"/documents/{_document(world)}"),
+        params={"revision": 999},
+        headers=caller.headers,
+    )
+
+
 async def _index_task(world: World, caller: Caller) -> httpx.Response:
     return await world.client.get(
         caller.path(f"/index-tasks/{uuid.uuid4()}"), headers=caller.headers
@@ -122,6 +131,13 @@ ENDPOINTS = {
         Scope.PUBLISH,
         _status,
         frozenset({200}),
+    ),
+    "delete_document": Endpoint(
+        "DELETE",
+        "/v1/tenants/{tenantId}/documents/{documentId}",
+        Scope.PUBLISH,
+        _delete,
+        frozenset({409}),
     ),
     "index_task": Endpoint(
         "GET",

@@ -134,7 +134,7 @@ _SNAPSHOT_QUERIES = {
     "tenant_api_key": "SELECT key_id, tenant_id, revoked_at FROM tenant_api_key",
     "document": (
         "SELECT tenant_id, document_id, title, revision, latest_version, published_version,"
-        " published_at FROM document"
+        " published_at, deleted_at FROM document"
     ),
     "document_version": (
         "SELECT tenant_id, document_id, version_number, sha256, status, published_at"

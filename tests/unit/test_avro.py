@@ -24,7 +24,12 @@ from services.runtime.messaging.avro import (
     schemas_dir,
 )
 
-EVENT_TYPES = ["IndexTaskCreated", "DocumentVersionPublished", "DocumentSearchVersionSwitched"]
+EVENT_TYPES = [
+    "IndexTaskCreated",
+    "DocumentVersionPublished",
+    "DocumentSearchVersionSwitched",
+    "DocumentDeleted",
+]
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
@@ -54,6 +59,11 @@ def _sample(event_type: str) -> dict[str, Any]:
             "embeddingModel": "local-hash-256",
             "chunkCount": 7,
             "taskId": uuid.uuid4(),
+        },
+        "DocumentDeleted": {
+            "revision": 4,
+            "previousSearchVersion": 1,
+            "cancelledTasks": 2,
         },
     }
     return {**common, **specific[event_type]}

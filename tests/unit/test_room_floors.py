@@ -28,7 +28,7 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"store_pg", "metrics"}),
         frozenset({"bulk", "keys"}),
         frozenset({"web"}),
-        frozenset({"cli"}),
+        frozenset({"cli", "documents_cli"}),
     ),
     "services.publisher.bulk": (frozenset({"domain", "form"}), frozenset({"store_pg"})),
     "services.publisher.keys": (

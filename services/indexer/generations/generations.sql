@@ -141,6 +141,9 @@ SELECT gen_random_uuid(), d.tenant_id, d.document_id, w.version_number, 'INDEX_V
                        FROM unnest(ARRAY[s.version_number, d.published_version]) AS v (version_number)
                       WHERE v.version_number IS NOT NULL) w
  WHERE ($1::text[] IS NULL OR d.tenant_id = ANY ($1::text[]))
+   -- A deleted document is built into no generation (docs/architecture.md#document-
+   -- lifecycle); its tombstone would refuse the task's completion anyway.
+   AND d.deleted_at IS NULL
    AND NOT EXISTS (SELECT 1
                      FROM document_generation_version g
                     WHERE g.tenant_id = d.tenant_id
@@ -247,13 +250,15 @@ SELECT generation_id, serving
 -- name: missing_documents
 -- $1 tenant, $2 target generation, $3 limit. The tenant's searchable documents whose served
 -- version the target does not hold (no row, or an older version): a switch would make them
--- unsearchable or take them back in time. Read under lock_tenant_generations.
+-- unsearchable or take them back in time. Read under lock_tenant_generations. A deleted
+-- document's tombstone serves nothing and is never rewritten: it is missing from none.
 SELECT s.document_id, s.version_number AS served_version, g.version_number AS built_version
   FROM document_search_version s
   LEFT JOIN document_generation_version g
          ON g.tenant_id = s.tenant_id AND g.document_id = s.document_id
         AND g.generation_id = $2
  WHERE s.tenant_id = $1
+   AND s.deleted_at IS NULL
    AND (g.version_number IS NULL OR g.version_number < s.version_number)
  ORDER BY s.document_id
  LIMIT $3
@@ -265,14 +270,18 @@ SELECT count(*)
          ON g.tenant_id = s.tenant_id AND g.document_id = s.document_id
         AND g.generation_id = $2
  WHERE s.tenant_id = $1
+   AND s.deleted_at IS NULL
    AND (g.version_number IS NULL OR g.version_number < s.version_number)
 
 -- name: drop_missing_pointers
 -- $1 tenant, $2 target generation (--force): the pointers of the documents the target does
 -- not hold go; those documents are not searchable until the target's task completes (its
 -- sink then inserts the pointer, at a version not below the document's high-water mark).
+-- A tombstone is never dropped (migration 0030's trigger would refuse it): the document
+-- stays deleted whatever the target holds.
 DELETE FROM document_search_version s
  WHERE s.tenant_id = $1
+   AND s.deleted_at IS NULL
    AND NOT EXISTS (SELECT 1
                      FROM document_generation_version g
                     WHERE g.tenant_id = s.tenant_id
@@ -305,6 +314,9 @@ WITH rewritten AS (
                               ELSE s.switched_at END
       FROM document_generation_version g
      WHERE s.tenant_id = $1
+       -- A tombstone is left as it is: a deleted document is served by no generation
+       -- (migration 0030's trigger refuses any rewrite of it).
+       AND s.deleted_at IS NULL
        AND g.tenant_id = s.tenant_id
        AND g.document_id = s.document_id
        AND g.generation_id = $2

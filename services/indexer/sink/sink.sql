@@ -14,8 +14,11 @@
 -- index instead. The rows are locked in (tenant, document) order, the order every group
 -- takes them in: FOR UPDATE locks the rows as they leave the sort (the plan's LockRows node
 -- sits above it).
+-- deleted_at: the pointer is a tombstone (the document was deleted, migration 0030): the
+-- write refuses to go on (together.py: DOCUMENT_DELETED), whatever its version. Read under
+-- the row lock, so a delete that committed while this waited is seen.
 SELECT s.tenant_id, s.document_id, s.version_number, s.embedding_model, s.chunking_strategy,
-       s.chunk_count
+       s.chunk_count, s.deleted_at
   FROM document_search_version s
  WHERE (s.tenant_id, s.document_id) IN (SELECT k.tenant_id, k.document_id
                                            FROM unnest($1::text[], $2::uuid[])

@@ -52,7 +52,7 @@ from services.indexer.sink.write import (
     log_replaced,
     switched_event,
 )
-from services.indexer.task import Lease
+from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.messaging.avro import SchemaRegistry
 from services.runtime.messaging.outbox import add_events
 from services.runtime.pg.db import translate_db_errors
@@ -125,6 +125,7 @@ async def write_together(
         (row["tenant_id"], row["document_id"]): from_row(ServedPointer, row) for row in rows
     }
     placed = [_Placed(p.write, p.target, pointers.get(p.key)) for p in placed]
+    _refuse_deleted(placed)
     await _replace_chunks(conn, placed)
     await record_versions(
         conn,
@@ -136,6 +137,27 @@ async def write_together(
         now,
     )
     await _switch(conn, [p for p in placed if p.switches], registry, now)
+
+
+def _refuse_deleted(placed: list[_Placed]) -> None:
+    """The tombstone fences a completion as a lease does (docs/architecture.md#document-
+    lifecycle): a write whose document was deleted writes nothing -- no chunk, no
+    generation record, no pointer, no event -- and its task ends DEAD with
+    DOCUMENT_DELETED (a terminal code: no retry). The delete ended the tasks it found, so
+    this is the wall for a task run after it: an operator's requeue, a repair's re-run, a
+    backfill. Raised before the first write: the group's transaction rolls back and the
+    queue writes each task on its own (completions.py), so the failure stays with its task.
+    Every generation's write is refused, not only the serving one's: a deleted document is
+    built into none."""
+    for p in placed:
+        if p.served is not None and p.served.deleted_at is not None:
+            lease = p.write.lease
+            log.info("completion.refused_deleted", **lease.log_fields())
+            raise IndexingFailed(
+                ErrorCode.DOCUMENT_DELETED,
+                f"document {lease.document_id} was deleted at {p.served.deleted_at.isoformat()}; "
+                "its completion writes nothing",
+            )
 
 
 async def _targets(conn: Transaction, writes: list[ChunkWrite]) -> list[_Placed]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from services.index.generation import chunking_settings
@@ -40,6 +41,8 @@ class ServedPointer:
     embedding_model: str
     chunking_strategy: str | None
     chunk_count: int | None
+    # Set: the pointer is a tombstone, the document was deleted (migration 0030).
+    deleted_at: datetime | None = None
 
     def replaces(self, lease: Lease, generation: IndexGeneration) -> bool:
         """Whether a write of ``generation`` at ``lease``'s version replaces the chunk set

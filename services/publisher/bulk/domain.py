@@ -42,12 +42,14 @@ PUBLISHED_REVISION = 2
 @dataclass(frozen=True)
 class BulkItem:
     """One item of a bulk call: a new document (``title``) or a new version of an existing
-    one (``document_id``), with the read ACL it is published with."""
+    one (``document_id``), with the read ACL it is published with; or the delete of
+    ``document_id`` at ``delete_revision`` (no upload)."""
 
-    upload: Upload
+    upload: Upload | None
     read_principals: list[str]
     title: str | None = None
     document_id: uuid.UUID | None = None
+    delete_revision: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,20 @@ class ItemPublished:
 
 
 @dataclass(frozen=True)
+class ItemDeleted:
+    index: int
+    document_id: uuid.UUID
+    revision: int
+    deleted_at: datetime
+
+
+@dataclass(frozen=True)
 class ItemRefused:
     index: int
     error: KbError
 
 
-ItemResult = ItemPublished | ItemRefused
+ItemResult = ItemPublished | ItemDeleted | ItemRefused
 
 
 @dataclass(frozen=True)
@@ -119,7 +129,7 @@ class BulkPublisher:
         documents: list[tuple[int, NewPublishedDocument]] = []
         for index, item in enumerate(items):
             if item.document_id is not None:
-                continue
+                continue  # a new version or a delete: below, in order
             try:
                 documents.append((index, await self._new_document(item)))
             except KbError as error:
@@ -139,11 +149,28 @@ class BulkPublisher:
                     index, document.document_id, 1, PUBLISHED_REVISION, document.index_task_id
                 )
         for index, item in enumerate(items):
-            if item.document_id is not None:
+            if item.delete_revision is not None:
+                results[index] = await self._delete(index, tenant_id, item, now)
+            elif item.document_id is not None:
                 results[index] = await self._new_version(index, tenant_id, item, now)
         return [results[index] for index in range(len(items))]
 
+    async def _delete(
+        self, index: int, tenant_id: str, item: BulkItem, now: datetime | None
+    ) -> ItemResult:
+        """What the single DELETE does, in its own transaction: refused alone."""
+        assert item.document_id is not None
+        assert item.delete_revision is not None
+        try:
+            deleted = await self._publisher.delete_document(
+                tenant_id, item.document_id, expected_revision=item.delete_revision, now=now
+            )
+        except KbError as error:
+            return ItemRefused(index, error)
+        return ItemDeleted(index, item.document_id, deleted.revision, deleted.deleted_at)
+
     async def _new_document(self, item: BulkItem) -> NewPublishedDocument:
+        assert item.upload is not None
         title = check_title(item.title or "")
         media_type = await check_upload_off_loop(item.upload, self._max_upload_bytes)
         principals = check_principals(item.read_principals)
@@ -162,6 +189,7 @@ class BulkPublisher:
         self, index: int, tenant_id: str, item: BulkItem, now: datetime | None
     ) -> ItemResult:
         assert item.document_id is not None
+        assert item.upload is not None
         try:
             published = await self._publisher.add_and_publish(
                 tenant_id,

@@ -1,9 +1,10 @@
 """``POST /v1/tenants/{tenantId}/documents/bulk``: many documents or versions published in
 one multipart request.
 
-The request: an ``items`` part (JSON: a list of ``{"title", "acl"}`` for a new document or
-``{"documentId", "acl"}`` for a new version of one) and, in the same order, one ``file``
-part per item, whose content type is the version's media type. The whole body is bounded by
+The request: an ``items`` part (JSON: a list of ``{"title", "acl"}`` for a new document,
+``{"documentId", "acl"}`` for a new version of one, or ``{"documentId", "delete": true,
+"revision"}`` for a delete) and, in the same order, one ``file`` part per item that is not a
+delete, whose content type is the version's media type. The whole body is bounded by
 the upload limit and counts against the upload budget like any upload.
 
 The answer is 200 with one result per item, in order: its document, version, revision and
@@ -16,6 +17,7 @@ than items, too many items) is refused whole with 400/422 and changes nothing.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Path, Request, Security
@@ -25,6 +27,7 @@ from starlette.datastructures import UploadFile
 from services.publisher.bulk.domain import (
     BulkItem,
     BulkPublisher,
+    ItemDeleted,
     ItemPublished,
     ItemRefused,
     ItemResult,
@@ -33,7 +36,7 @@ from services.publisher.bulk.form import read_form
 from services.publisher.domain import MAX_TITLE_LENGTH, Upload
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.web.links import AFTER_BULK
-from services.publisher.web.wire import ReadAcl
+from services.publisher.web.wire import MAX_INT64, ReadAcl
 from services.runtime.auth.keys import Scope
 from services.runtime.errors import BadInput, DependencyUnavailable, KbError
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE
@@ -60,24 +63,40 @@ class BulkItemRequest(ApiModel):
         description="A new document's title (leave out with documentId).",
     )
     document_id: uuid.UUID | None = Field(
-        default=None, description="Publish the file as a new version of this document."
+        default=None,
+        description="Publish the file as a new version of this document (or delete it).",
     )
-    acl: ReadAcl
+    acl: ReadAcl | None = Field(default=None, description="Required unless `delete`.")
+    delete: bool = Field(
+        default=False,
+        description="Delete `documentId` as DELETE /documents/{documentId} does; no file part.",
+    )
+    revision: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_INT64,
+        strict=True,
+        description="With `delete`: the document revision you last read.",
+    )
 
 
 class BulkItemResult(ApiModel):
     index: int
-    status: int = Field(description="202 when published, else the item's problem status.")
+    status: int = Field(
+        description="202 when published, 200 when deleted, else the item's problem status."
+    )
     document_id: uuid.UUID | None = None
     version_number: int | None = None
     revision: int | None = None
     index_task_id: uuid.UUID | None = None
+    deleted_at: datetime | None = None
     error_code: str | None = None
     detail: str | None = None
 
 
 class BulkResponse(ApiModel):
     published: int
+    deleted: int = 0
     refused: int
     results: list[BulkItemResult]
 
@@ -129,6 +148,8 @@ async def publish_many(request: Request, tenant_id: TenantId) -> BulkResponse:
         await form.close()
     answer = [_result(result) for result in results]
     published = sum(1 for result in results if isinstance(result, ItemPublished))
+    deleted = sum(1 for result in results if isinstance(result, ItemDeleted))
+    refused = len(results) - published - deleted
     metrics.operations.labels("bulk_publish", "ok").inc()
     for result in results:
         if isinstance(result, ItemRefused):
@@ -137,9 +158,10 @@ async def publish_many(request: Request, tenant_id: TenantId) -> BulkResponse:
         "documents.bulk_published",
         tenant_id=tenant_id,
         published=published,
-        refused=len(results) - published,
+        deleted=deleted,
+        refused=refused,
     )
-    return BulkResponse(published=published, refused=len(results) - published, results=answer)
+    return BulkResponse(published=published, deleted=deleted, refused=refused, results=answer)
 
 
 def _items(manifests: list[Any], files: list[Any]) -> list[BulkItem]:
@@ -159,30 +181,35 @@ def _items(manifests: list[Any], files: list[Any]) -> list[BulkItem]:
         raise BadInput("'items' must be a non-empty JSON list", code="BULK_INVALID")
     if len(raw) > MAX_BULK_ITEMS:
         raise BadInput(f"at most {MAX_BULK_ITEMS} items per request", code="BULK_INVALID")
+    manifests_read = [_manifest(index, entry) for index, entry in enumerate(raw)]
+    uploads = [m for m in manifests_read if not m.delete]
     # read_form refuses a file part without a filename, so every file part is an upload.
-    if len(files) != len(raw) or not all(isinstance(f, UploadFile) for f in files):
+    # A delete item takes no file: the files are the other items', in their order.
+    if len(files) != len(uploads) or not all(isinstance(f, UploadFile) for f in files):
         raise BadInput(
-            f"{len(raw)} items need {len(raw)} 'file' parts, in order; got {len(files)}",
+            f"{len(uploads)} items that are not deletes need {len(uploads)} 'file' parts, "
+            f"in order; got {len(files)}",
             code="BULK_INVALID",
         )
+    file_of = iter(files)
     items = []
-    for index, (entry, file) in enumerate(zip(raw, files, strict=True)):
-        try:
-            manifest = BulkItemRequest.model_validate(entry)
-        except ValidationError as error:
-            first = error.errors(include_input=False, include_url=False)[0]
-            where = ".".join(str(part) for part in first["loc"])
-            raise BadInput(f"item {index}: {where}: {first['msg']}", code="BULK_INVALID") from None
-        if (manifest.title is None) == (manifest.document_id is None):
-            raise BadInput(
-                f"item {index}: give a title (a new document) or a documentId (a new version)",
-                code="BULK_INVALID",
+    for manifest in manifests_read:
+        if manifest.delete:
+            items.append(
+                BulkItem(
+                    upload=None,
+                    read_principals=[],
+                    document_id=manifest.document_id,
+                    delete_revision=manifest.revision,
+                )
             )
-        content = file.file.read()
+            continue
+        file = next(file_of)
+        assert manifest.acl is not None
         items.append(
             BulkItem(
                 upload=Upload(
-                    content=content,
+                    content=file.file.read(),
                     declared_media_type=file.content_type,
                     filename=file.filename,
                 ),
@@ -194,7 +221,48 @@ def _items(manifests: list[Any], files: list[Any]) -> list[BulkItem]:
     return items
 
 
+def _manifest(index: int, entry: Any) -> BulkItemRequest:
+    """One item's manifest, or BadInput naming what makes it unreadable."""
+    try:
+        manifest = BulkItemRequest.model_validate(entry)
+    except ValidationError as error:
+        first = error.errors(include_input=False, include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise BadInput(f"item {index}: {where}: {first['msg']}", code="BULK_INVALID") from None
+    if manifest.delete:
+        if (
+            manifest.document_id is None
+            or manifest.revision is None
+            or manifest.title is not None
+            or manifest.acl is not None
+        ):
+            raise BadInput(
+                f"item {index}: a delete names a documentId and a revision, and nothing else",
+                code="BULK_INVALID",
+            )
+        return manifest
+    if (manifest.title is None) == (manifest.document_id is None):
+        raise BadInput(
+            f"item {index}: give a title (a new document) or a documentId (a new version)",
+            code="BULK_INVALID",
+        )
+    if manifest.acl is None or manifest.revision is not None:
+        raise BadInput(
+            f"item {index}: a publish item needs an acl, and takes no revision",
+            code="BULK_INVALID",
+        )
+    return manifest
+
+
 def _result(result: ItemResult) -> BulkItemResult:
+    if isinstance(result, ItemDeleted):
+        return BulkItemResult(
+            index=result.index,
+            status=200,
+            document_id=result.document_id,
+            revision=result.revision,
+            deleted_at=result.deleted_at,
+        )
     if isinstance(result, ItemPublished):
         return BulkItemResult(
             index=result.index,
@@ -219,15 +287,16 @@ _OPENAPI_BODY: Final[dict[str, Any]] = {
             "multipart/form-data": {
                 "schema": {
                     "type": "object",
-                    "required": ["items", "file"],
+                    "required": ["items"],
                     "properties": {
                         "items": {
                             "type": "string",
                             "description": (
-                                "JSON list, one entry per file in order: "
+                                "JSON list, one entry per item in order: "
                                 '{"title": ..., "acl": {"read": [...]}} for a new document, '
                                 '{"documentId": ..., "acl": {"read": [...]}} for a new '
-                                "version of one."
+                                'version of one, {"documentId": ..., "delete": true, '
+                                '"revision": ...} for a delete (which takes no file part).'
                             ),
                         },
                         "file": {

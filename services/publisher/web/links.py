@@ -76,6 +76,18 @@ AFTER_STATUS: Final = links(
     ),
     IndexTask=_index_task("$response.body#/indexTaskId"),
     AddVersion=_add_version("$response.body#/documentId"),
+    Delete=_link(
+        "delete_document",
+        "Delete the document at its current revision.",
+        documentId="$response.body#/documentId",
+        revision="$response.body#/revision",
+    ),
+)
+
+AFTER_DELETE: Final = links(
+    DocumentStatus=_status("$response.body#/documentId"),
+    # Refused (409 DOCUMENT_DELETED): a delete is final.
+    AddVersion=_add_version("$response.body#/documentId"),
 )
 
 AFTER_INDEX_TASK: Final = links(DocumentStatus=_status("$response.body#/documentId"))

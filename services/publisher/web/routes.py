@@ -14,16 +14,24 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, File, Form, Path, Request, Security, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, Security, UploadFile
 from fastapi.security import HTTPBearer
 
 from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload, VersionCreated
 from services.publisher.metrics import PublisherMetrics
 from services.publisher.strict_form import StrictFormRoute
 from services.publisher.text import REFUSED_CHARACTERS
-from services.publisher.web.links import AFTER_INDEX_TASK, AFTER_PUBLISH, AFTER_STATUS, AFTER_UPLOAD
+from services.publisher.web.links import (
+    AFTER_DELETE,
+    AFTER_INDEX_TASK,
+    AFTER_PUBLISH,
+    AFTER_STATUS,
+    AFTER_UPLOAD,
+)
 from services.publisher.web.wire import (
     MAX_INT32,
+    MAX_INT64,
+    DeleteResponse,
     DocumentStatusResponse,
     IndexTaskResponse,
     PublishRequest,
@@ -182,7 +190,7 @@ async def create_document(
     "/documents/{documentId}/versions",
     status_code=201,
     response_model=VersionCreatedResponse,
-    responses={**_upload_problems(404), 201: AFTER_UPLOAD},
+    responses={**_upload_problems(404, 409), 201: AFTER_UPLOAD},
     summary="Upload a new version of a document (as a draft)",
 )
 async def add_version(
@@ -245,6 +253,49 @@ async def document_status(
     status = await _publisher(request).document_status(tenant_id, document_id)
     _metrics(request).status_reads.labels(status.read_from).inc()
     return DocumentStatusResponse.model_validate(status)
+
+
+@tenant_router.delete(
+    "/documents/{documentId}",
+    response_model=DeleteResponse,
+    responses={**_problems(404, 409), 200: AFTER_DELETE},
+    summary="Delete a document: it leaves search at once, for good",
+    description=(
+        "In one transaction the document leaves search (on every server that has replayed "
+        "the answer's `searchToken`), its ACL stops applying, its unfinished index tasks end "
+        "(`DOCUMENT_DELETED`) and a `DocumentDeleted` event is written. Deleting a deleted "
+        "document answers 200 with what its delete did, whatever the revision. A deleted "
+        "document takes no new version or publish (409 `DOCUMENT_DELETED`). A stale "
+        "revision: 409 `REVISION_CONFLICT` with `currentRevision`."
+    ),
+)
+async def delete_document(
+    request: Request,
+    tenant_id: TenantId,
+    document_id: DocumentId,
+    # A query parameter, not a body: a DELETE's body has no defined meaning (RFC 9110,
+    # 9.3.5) and some clients and proxies drop it. The name and meaning are publish's.
+    revision: Annotated[
+        int,
+        Query(ge=1, le=MAX_INT64, description="The document revision you last read."),
+    ],
+) -> DeleteResponse:
+    metrics = _metrics(request)
+    try:
+        result = await _publisher(request).delete_document(
+            tenant_id, document_id, expected_revision=revision
+        )
+    except KbError as error:
+        metrics.operations.labels("delete_document", error.code).inc()
+        raise
+    metrics.operations.labels("delete_document", "ok" if result.changed else "unchanged").inc()
+    log.info(
+        "document.deleted" if result.changed else "document.delete_repeated",
+        tenant_id=tenant_id,
+        document_id=str(document_id),
+        revision=result.revision,
+    )
+    return DeleteResponse.model_validate(result)
 
 
 @tenant_router.get(

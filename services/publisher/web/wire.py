@@ -73,6 +73,10 @@ class DocumentStatusResponse(ApiModel):
     index_status: IndexStatus
     index_task_id: uuid.UUID | None
     failure: FailureResponse | None
+    deleted_at: datetime | None = Field(
+        default=None,
+        description="When the document was deleted (`indexStatus` DELETED); null if it is not.",
+    )
     search_lag_since: datetime | None = Field(
         description="Since when search serves another version than the published one."
     )
@@ -82,6 +86,16 @@ class DocumentStatusResponse(ApiModel):
         "searchable; null while no version is served. Pass it in a search's `after` to be "
         "answered only by a database (a read replica, or the primary) that serves "
         "`searchVersion` or a later version (docs/scaling.md#read-your-switch).",
+    )
+
+
+class DeleteResponse(ApiModel):
+    document_id: uuid.UUID
+    revision: int = Field(description="The revision the delete committed.")
+    deleted_at: datetime
+    search_token: str = Field(
+        description="A WAL position past the delete's commit. Pass it in a search's `after`: "
+        "no server answering it returns the document (docs/scaling.md#read-your-switch)."
     )
 
 

@@ -39,6 +39,10 @@ class ErrorCode:
     # The task's search generation was retired before it finished (`kb index generations
     # retire` ends its unfinished tasks with it, then deletes them).
     GENERATION_RETIRED: ClassVar[str] = "GENERATION_RETIRED"
+    # The task's document was deleted (docs/architecture.md#document-lifecycle): the delete
+    # ends its unfinished tasks with it, and a completion that finds the search pointer a
+    # tombstone writes nothing and ends with it. A delete is final: no attempt can cure it.
+    DOCUMENT_DELETED: ClassVar[str] = "DOCUMENT_DELETED"
 
 
 TERMINAL_CODES: Final[frozenset[str]] = frozenset(
@@ -55,6 +59,7 @@ TERMINAL_CODES: Final[frozenset[str]] = frozenset(
         ErrorCode.DOCUMENT_VERSION_MISSING,
         ErrorCode.INTERNAL_ERROR,
         ErrorCode.GENERATION_RETIRED,
+        ErrorCode.DOCUMENT_DELETED,
     }
 )
 

@@ -12,9 +12,15 @@ from typing import Final
 INDEX_TASK_CREATED: Final = "IndexTaskCreated"
 DOCUMENT_VERSION_PUBLISHED: Final = "DocumentVersionPublished"
 DOCUMENT_SEARCH_VERSION_SWITCHED: Final = "DocumentSearchVersionSwitched"
+DOCUMENT_DELETED: Final = "DocumentDeleted"
 
 EVENT_TYPES: Final = frozenset(
-    {INDEX_TASK_CREATED, DOCUMENT_VERSION_PUBLISHED, DOCUMENT_SEARCH_VERSION_SWITCHED}
+    {
+        INDEX_TASK_CREATED,
+        DOCUMENT_VERSION_PUBLISHED,
+        DOCUMENT_SEARCH_VERSION_SWITCHED,
+        DOCUMENT_DELETED,
+    }
 )
 
 # uuid5 namespace of event ids: the same business change always gets the same event id, so

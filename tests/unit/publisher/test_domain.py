@@ -32,6 +32,7 @@ from services.runtime.indexing.media_types import SUPPORTED_MEDIA_TYPES
 from services.runtime.indexing.tasks import IndexTaskRecord, TaskStatus
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import (
+    DOCUMENT_DELETED,
     DOCUMENT_SEARCH_VERSION_SWITCHED,
     DOCUMENT_VERSION_PUBLISHED,
     INDEX_TASK_CREATED,
@@ -119,6 +120,7 @@ def test_the_event_type_names_are_the_schemas() -> None:
         INDEX_TASK_CREATED,
         DOCUMENT_VERSION_PUBLISHED,
         DOCUMENT_SEARCH_VERSION_SWITCHED,
+        DOCUMENT_DELETED,
     }
 
 
@@ -158,6 +160,7 @@ def _record(
         published_at=NOW if published else None,
         search_version=search,
         search_switched_at=NOW - timedelta(days=1) if search else None,
+        deleted_at=None,
         task=task,
     )
 

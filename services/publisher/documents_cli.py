@@ -1,0 +1,81 @@
+"""`kb documents delete`: a document taken out of search for good, as the API's DELETE does
+(docs/architecture.md#document-lifecycle), for an operator acting on a tenant's request.
+
+Imports of drivers happen inside the command: `kb --help` does not pay for them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import typer
+
+from services.runtime.errors import BadInput
+
+documents_app = typer.Typer(help="A tenant's documents: delete one.", no_args_is_help=True)
+
+
+@documents_app.command("delete")
+def delete_document(
+    tenant: str = typer.Argument(help="The tenant id."),
+    document: str = typer.Argument(help="The document id (a UUID)."),
+    revision: int = typer.Option(
+        ...,
+        "--revision",
+        min=1,
+        help="The document revision you last read (its status's `revision`): a stale one "
+        "is refused (REVISION_CONFLICT, exit 1).",
+    ),
+) -> None:
+    """Delete a document: it leaves search at once, its ACL stops applying, its unfinished
+    index tasks end (DOCUMENT_DELETED), a DocumentDeleted event is written. Deleting a
+    deleted document prints what its delete did. Prints the answer as JSON: documentId,
+    revision, deletedAt, searchToken."""
+    from services.publisher.domain import Publisher
+    from services.publisher.settings import PublisherSettings
+    from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
+    from services.runtime.commands.cli_support import load_settings, run_async
+    from services.runtime.logging import configure_logging, get_logger
+    from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
+    from services.runtime.tenancy.tenant_wall import walls_the_publisher
+
+    if not re.fullmatch(TENANT_ID_PATTERN, tenant):
+        raise BadInput(f"tenant id {tenant!r} is invalid", code="TENANT_NAME_INVALID")
+    try:
+        document_id = uuid.UUID(document)
+    except ValueError:
+        raise BadInput(
+            f"document id {document!r} is not a UUID", code="DOCUMENT_ID_INVALID"
+        ) from None
+    settings = load_settings(PublisherSettings)
+    configure_logging(settings.log_level, settings.log_format, service="kb-documents")
+
+    async def _run() -> dict[str, str | int]:
+        pool = await open_publisher_pool(settings, min_size=1, max_size=2)
+        try:
+            store = PgPublisherStore(
+                pool, row_security=walls_the_publisher(settings.db_row_security)
+            )
+            publisher = Publisher(store, max_upload_bytes=settings.publisher_max_upload_bytes)
+            result = await publisher.delete_document(
+                tenant, document_id, expected_revision=revision
+            )
+        finally:
+            await pool.close()
+        get_logger(__name__).info(
+            "document.deleted" if result.changed else "document.delete_repeated",
+            tenant_id=tenant,
+            document_id=str(document_id),
+            revision=result.revision,
+            by="cli",
+        )
+        return {
+            "documentId": str(result.document_id),
+            "revision": result.revision,
+            "deletedAt": result.deleted_at.isoformat(),
+            "searchToken": result.search_token,
+        }
+
+    typer.echo(json.dumps(run_async(_run())))
