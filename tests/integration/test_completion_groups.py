@@ -9,7 +9,6 @@ import uuid
 from typing import Any
 
 import asyncpg
-import numpy as np
 import pytest
 
 from services.index.generation import IndexGeneration
@@ -21,6 +20,7 @@ from services.runtime.errors import LeaseLost
 from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED
 from services.runtime.pg.transaction import Transaction
 from tests.support import versions
+from tests.support.completions import uniform_write
 from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.paused import PausedWrite
 from tests.support.tasks import create_task
@@ -44,14 +44,7 @@ async def claimed(pool: asyncpg.Pool[Any], queue: PgTaskQueue, count: int) -> li
 
 
 def write_for(sink: PgVectorSink, lease: Lease) -> InTransaction:
-    chunks = versions.make_chunks(
-        lease.document_id,
-        lease.version_number,
-        [f"text of {lease.document_id}"],
-        GENERATION.chunking_strategy,
-    )
-    vectors = np.full((len(chunks), DIMENSION), 1 / np.sqrt(DIMENSION), dtype=np.float32)
-    return sink.writer(lease, GENERATION, chunks, vectors)
+    return uniform_write(sink, GENERATION, lease)
 
 
 async def indexed(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> tuple[int, bool, int]:

@@ -14,29 +14,28 @@ its completion waits and commits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
 import uuid
-from datetime import datetime
 from typing import Any
 
 import asyncpg
-import numpy as np
 import pytest
 
 from services.index.generation import IndexGeneration
-from services.indexer.ports import IndexingOutcome, InTransaction
-from services.indexer.queue.attempt import RunOnceResult, TaskAttempts, WorkerEvent
+from services.indexer.ports import InTransaction
+from services.indexer.queue.attempt import RunOnceResult, WorkerEvent
 from services.indexer.queue.store_pg import PgTaskQueue
-from services.indexer.retry import RetryPolicy
 from services.indexer.sink.pgvector import PgVectorSink
 from services.indexer.task import Lease
 from services.runtime.errors import DatabaseBusy
 from services.runtime.pg.db import create_pool
 from services.runtime.pg.transaction import Transaction
 from services.runtime.settings import RuntimeSettings
-from tests.support import versions
-from tests.support.paused import PausedWrite
+from tests.support.completions import (
+    attempts_of,
+    database_clock_passes,
+    held_and_queued,
+    uniform_write,
+)
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
@@ -47,24 +46,7 @@ LEASE_SECONDS = 3.0
 
 
 def write_for(sink: PgVectorSink, lease: Lease) -> InTransaction:
-    chunks = versions.make_chunks(
-        lease.document_id,
-        lease.version_number,
-        [f"text of {lease.document_id}"],
-        GENERATION.chunking_strategy,
-    )
-    vectors = np.full((len(chunks), DIMENSION), 1 / np.sqrt(DIMENSION), dtype=np.float32)
-    return sink.writer(lease, GENERATION, chunks, vectors)
-
-
-class Writes:
-    """An indexer whose every task is done at once, its write the one given for it."""
-
-    def __init__(self, writes: dict[uuid.UUID, InTransaction]) -> None:
-        self.writes = writes
-
-    async def index(self, lease: Lease) -> IndexingOutcome:
-        return IndexingOutcome(write=self.writes[lease.task_id])
+    return uniform_write(sink, GENERATION, lease)
 
 
 class SlowThenBroken:
@@ -81,17 +63,6 @@ class SlowThenBroken:
         self.reached.set()
         await self.release.wait()
         raise DatabaseBusy("QueryCanceledError: canceling statement due to statement timeout")
-
-
-async def database_clock_passes(
-    pool: asyncpg.Pool[Any], until: datetime, events: asyncio.Queue[WorkerEvent], tick: float
-) -> None:
-    """Returns once the database's clock is past ``until``: looked at after each worker
-    event, or each ``tick`` without one (the lease's time passing is what is waited for)."""
-    while not await pool.fetchval("SELECT now() > $1::timestamptz", until):
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(tick):
-                await events.get()
 
 
 def in_write_order(leases: list[Lease]) -> list[Lease]:
@@ -128,15 +99,7 @@ async def test_a_group_failing_after_a_commit_longer_than_a_lease_keeps_the_othe
     }
     writes[slow.task_id] = broken
     events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
-    attempts = TaskAttempts(
-        queue,
-        Writes(writes),
-        owner="w1",
-        lease_seconds=LEASE_SECONDS,
-        policy=RetryPolicy(),
-        rng=random.Random(41),
-        emit=events.put_nowait,
-    )
+    attempts = attempts_of(queue, writes, events, lease_seconds=LEASE_SECONDS)
     running = [asyncio.create_task(attempts.process(lease)) for lease in (*good, slow)]
     try:
         await broken.reached.wait()  # the group is committing, its first two fenced
@@ -161,22 +124,8 @@ async def test_a_committer_that_never_commits_lets_the_queued_leases_go(
     max_wait = LEASE_SECONDS
     # One group commits at a time, and the first never does while the test runs.
     queue = PgTaskQueue(pool, committing_groups=1, completion_max_wait_seconds=max_wait)
-    sink = PgVectorSink(pool)
-    await sink.ensure_generation(GENERATION)
-    for _ in range(2):
-        await create_task(pool)
-    held, queued = await queue.claim("standard", "w1", lease_seconds=LEASE_SECONDS, limit=2)
-    paused = PausedWrite(write_for(sink, held))
-    events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
-    attempts = TaskAttempts(
-        queue,
-        Writes({held.task_id: paused, queued.task_id: write_for(sink, queued)}),
-        owner="w1",
-        lease_seconds=LEASE_SECONDS,
-        policy=RetryPolicy(),
-        rng=random.Random(41),
-        emit=events.put_nowait,
-        completion_max_wait_seconds=max_wait,
+    held, queued, paused, events, attempts = await held_and_queued(
+        pool, queue, GENERATION, lease_seconds=LEASE_SECONDS, completion_max_wait_seconds=max_wait
     )
     first = asyncio.create_task(attempts.process(held))
     try:

@@ -15,11 +15,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
 import time
 import uuid
-from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -36,16 +33,14 @@ from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.index.generation import IndexGeneration
 from services.indexer.generations.retire import PgRetirement
 from services.indexer.pipeline.version_indexer import chunking_strategy, index_generation
-from services.indexer.ports import IndexingOutcome, InTransaction
-from services.indexer.queue.attempt import RunOnceResult, TaskAttempts, WorkerEvent
+from services.indexer.queue.attempt import RunOnceResult
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.worker import Worker
-from services.indexer.retry import RetryPolicy
 from services.indexer.sink.pgvector import PgVectorSink
-from services.indexer.task import Lease
 from services.runtime.commands.cli_support import exit_code
 from services.runtime.errors import ConfigError
 from tests.support import versions
+from tests.support.completions import database_clock_passes, held_and_queued
 from tests.support.embedding_provider import EmbeddingProvider, served_provider
 from tests.support.generations import (
     NEW_MODEL,
@@ -66,59 +61,14 @@ DIMENSION = 8
 GENERATION = IndexGeneration("test-edges-8", DIMENSION, "heading-semchunk-v1:max=256")
 
 
-def write_for(sink: PgVectorSink, lease: Lease) -> InTransaction:
-    chunks = versions.make_chunks(
-        lease.document_id,
-        lease.version_number,
-        [f"text of {lease.document_id}"],
-        GENERATION.chunking_strategy,
-    )
-    vectors = np.full((len(chunks), DIMENSION), 1 / np.sqrt(DIMENSION), dtype=np.float32)
-    return sink.writer(lease, GENERATION, chunks, vectors)
-
-
-class Writes:
-    """An indexer whose every task is done at once, its write the one given for it."""
-
-    def __init__(self, writes: dict[uuid.UUID, InTransaction]) -> None:
-        self.writes = writes
-
-    async def index(self, lease: Lease) -> IndexingOutcome:
-        return IndexingOutcome(write=self.writes[lease.task_id])
-
-
-async def database_clock_passes(
-    pool: asyncpg.Pool[Any], until: datetime, events: asyncio.Queue[WorkerEvent], tick: float
-) -> None:
-    """Returns once the database's clock is past ``until``: looked at after each worker
-    event, or each ``tick`` without one (the lease's time passing is what is waited for)."""
-    while not await pool.fetchval("SELECT now() > $1::timestamptz", until):
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(tick):
-                await events.get()
-
-
 async def test_a_completion_queued_longer_than_its_lease_keeps_the_lease(
     pool: asyncpg.Pool[Any],
 ) -> None:
     lease_seconds = 3.0
     # One group commits at a time: the second completion waits behind the first.
     queue = PgTaskQueue(pool, committing_groups=1)
-    sink = PgVectorSink(pool)
-    await sink.ensure_generation(GENERATION)
-    for _ in range(2):
-        await create_task(pool)
-    held, queued = await queue.claim("standard", "w1", lease_seconds=lease_seconds, limit=2)
-    paused = PausedWrite(write_for(sink, held))
-    events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
-    attempts = TaskAttempts(
-        queue,
-        Writes({held.task_id: paused, queued.task_id: write_for(sink, queued)}),
-        owner="w1",
-        lease_seconds=lease_seconds,
-        policy=RetryPolicy(),
-        rng=random.Random(41),
-        emit=events.put_nowait,
+    held, queued, paused, events, attempts = await held_and_queued(
+        pool, queue, GENERATION, lease_seconds=lease_seconds
     )
     first = asyncio.create_task(attempts.process(held))
     second: asyncio.Task[RunOnceResult] | None = None
@@ -146,21 +96,8 @@ async def test_a_refused_heartbeat_withdraws_a_queued_completion(
 ) -> None:
     lease_seconds = 3.0
     queue = PgTaskQueue(pool, committing_groups=1)
-    sink = PgVectorSink(pool)
-    await sink.ensure_generation(GENERATION)
-    for _ in range(2):
-        await create_task(pool)
-    held, queued = await queue.claim("standard", "w1", lease_seconds=lease_seconds, limit=2)
-    paused = PausedWrite(write_for(sink, held))
-    events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
-    attempts = TaskAttempts(
-        queue,
-        Writes({held.task_id: paused, queued.task_id: write_for(sink, queued)}),
-        owner="w1",
-        lease_seconds=lease_seconds,
-        policy=RetryPolicy(),
-        rng=random.Random(41),
-        emit=events.put_nowait,
+    held, queued, paused, _, attempts = await held_and_queued(
+        pool, queue, GENERATION, lease_seconds=lease_seconds
     )
     first = asyncio.create_task(attempts.process(held))
     try:
