@@ -140,13 +140,7 @@ async def test_a_delete_token_never_answers_with_the_document_on_any_server(
     primary_pool, replica_pool = pools
     embedder = HashingEmbedder(64)
     settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
-    rotation = ReplicaRotation(
-        primary_pool,
-        [(REPLICA, replica_pool)],
-        max_lag_seconds=3600,
-        after_wait_seconds=0.2,
-        check_seconds=0.05,
-    )
+    rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=0.2)
     await rotation.check()
     search = GenerationSearch(
         primary_pool, settings, embedder, lambda g: embedder, rotation=rotation
