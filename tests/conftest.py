@@ -14,6 +14,9 @@ from tests.support.replica import ReplicaPair, running_replica
 from tests.support.stack import (
     DatabaseSupply,
     Stack,
+    connected,
+    create_test_database,
+    drop_test_database,
     ensure_template,
     running_stack,
 )
@@ -104,6 +107,17 @@ async def database_supply(stack: Stack, template_database: str) -> AsyncIterator
         await supply.close()
 
 
+@pytest.fixture(scope="module")
+async def module_database(stack: Stack, template_database: str) -> AsyncIterator[str]:
+    """A migrated database shared by the tests of one module (the client and security
+    suites': their many small requests share the set-up)."""
+    name = await create_test_database(stack, template_database)
+    try:
+        yield stack.database_url(name)
+    finally:
+        await drop_test_database(stack, name)
+
+
 @pytest.fixture
 async def database_url(
     integration_only: None, stack: Stack, database_supply: DatabaseSupply
@@ -153,8 +167,5 @@ async def pool(settings: RuntimeSettings) -> AsyncIterator[asyncpg.Pool[Any]]:
 
 @pytest.fixture
 async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection[Any]]:
-    connection = await asyncpg.connect(database_url)
-    try:
+    async with connected(database_url) as connection:
         yield connection
-    finally:
-        await connection.close()

@@ -27,7 +27,6 @@ from services.runtime.settings import RuntimeSettings
 from services.search.statements import SearchSettings
 from tests.support.api import UNTHROTTLED, ApiTenant, add_tenant, live_app
 from tests.support.pipeline import running_pipeline
-from tests.support.stack import Stack, create_test_database, drop_test_database
 
 DIMENSION = 64
 # `kb indexer run`'s poll, shortened: the worker finds a new task this often.
@@ -81,15 +80,6 @@ async def indexing(database_url: str) -> AsyncIterator[None]:
                 await task
     finally:
         await pool.close()
-
-
-@pytest.fixture(scope="module")
-async def module_database(stack: Stack, template_database: str) -> AsyncIterator[str]:
-    name = await create_test_database(stack, template_database)
-    try:
-        yield stack.database_url(name)
-    finally:
-        await drop_test_database(stack, name)
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,6 @@ import pytest
 
 from tests.security.world import World, world_app, world_data_in
 from tests.support.api import UNTHROTTLED
-from tests.support.stack import Stack, create_test_database, drop_test_database
-
-
-@pytest.fixture(scope="module")
-async def module_database(stack: Stack, template_database: str) -> AsyncIterator[str]:
-    name = await create_test_database(stack, template_database)
-    try:
-        yield stack.database_url(name)
-    finally:
-        await drop_test_database(stack, name)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from services.runtime.messaging.outbox import aggregate_key
 from tests.security.world import Caller, World
 from tests.support.api import snapshot
 from tests.support.locks import wait_until_blocked_on_a_lock
+from tests.support.stack import connected
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +29,8 @@ OUTBOX_LOCK_SEED = 4_206_902_611
 
 @pytest.fixture
 async def conn(module_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
-    connection = await asyncpg.connect(module_database)
-    try:
+    async with connected(module_database) as connection:
         yield connection
-    finally:
-        await connection.close()
 
 
 def publisher(world: World) -> Caller:

@@ -17,6 +17,7 @@ import pytest
 from tests.security.test_auth_matrix import assert_no_leak
 from tests.security.world import QUERY, Caller, World
 from tests.support.api import snapshot
+from tests.support.stack import connected
 
 pytestmark = pytest.mark.integration
 
@@ -57,11 +58,8 @@ VISIBLE = ["Caf\u00e9", "R\u00fcckerstattung \u2013 2026", "\u65e5\u672c\u8a9e",
 
 @pytest.fixture
 async def conn(module_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
-    connection = await asyncpg.connect(module_database)
-    try:
+    async with connected(module_database) as connection:
         yield connection
-    finally:
-        await connection.close()
 
 
 def _refused(response: httpx.Response, code: str, ch: str = "") -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.security.world import Caller, World
 from tests.support.api import snapshot
+from tests.support.stack import connected
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +36,8 @@ NOT_UTF8 = {
 
 @pytest.fixture
 async def conn(module_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
-    connection = await asyncpg.connect(module_database)
-    try:
+    async with connected(module_database) as connection:
         yield connection
-    finally:
-        await connection.close()
 
 
 def publisher(world: World) -> Caller:

@@ -12,10 +12,11 @@ import asyncio
 import hashlib
 import os
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -175,3 +176,13 @@ def _testcontainers_stack() -> Iterator[Stack]:
     ):
         admin_url = postgres.get_connection_url()
         yield Stack(admin_url, kafka.get_bootstrap_server())
+
+
+@asynccontextmanager
+async def connected(database_url: str) -> AsyncIterator[asyncpg.Connection[Any]]:
+    """A connection to the database, closed at the end."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        yield connection
+    finally:
+        await connection.close()
