@@ -38,20 +38,13 @@ from services.runtime.auth.throttle import FailedAuthThrottle
 from services.runtime.auth.tokens import PrincipalTokenInvalid, verify_principal_token
 from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 from tests.fakes.publisher_store import MemoryPublisherStore
-from tests.support.api import add_tenant, free_port
+from tests.support.api import add_tenant, app_with_key, free_port
 from tests.support.cli import kb_async
+from tests.support.clock import SecondsClock
 from tests.support.operator import OPERATOR_TOKEN, hidden, operator_settings
 
 SECRET = "a-shared-secret-of-at-least-32-bytes!!"
 TASK = "/v1/tenants/acme/index-tasks/00000000-0000-0000-0000-000000000000"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # --- principal tokens with duplicate keys ----------------------------------------------------
@@ -194,13 +187,7 @@ async def test_valid_keys_are_never_refused_for_their_concurrency() -> None:
     beyond the burst wait for a try and get it back when the key is good."""
     progress = asyncio.Event()
     store = BlockingStore(progress)
-    key = new_api_key("acme")
-    store.add_tenant("acme", "standard", hash_api_key(key))
-    app = create_app(
-        PublisherSettings(),
-        store=store,
-        auth_settings=AuthSettings(failed_auth_burst=2, failed_auth_per_minute=1.0),
-    )
+    app, key = app_with_key(store, AuthSettings(failed_auth_burst=2, failed_auth_per_minute=1.0))
     transport = httpx.ASGITransport(app=app, client=("192.0.2.8", 40000))
     good = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(transport=transport, base_url="http://publisher.test") as client:
@@ -213,7 +200,7 @@ async def test_valid_keys_are_never_refused_for_their_concurrency() -> None:
 
 
 def test_ipv6_clients_are_counted_per_the_configured_prefix() -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     throttle = FailedAuthThrottle(
         burst=2, per_minute=1.0, max_addresses=100, ipv6_prefix=56, clock=clock
     )
@@ -228,7 +215,7 @@ def test_ipv6_clients_are_counted_per_the_configured_prefix() -> None:
 
 
 def test_cycling_through_the_64s_of_one_48_is_throttled_as_one() -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     throttle = FailedAuthThrottle(
         burst=3, per_minute=6.0, max_addresses=10_000, network_multiple=4, clock=clock
     )
@@ -252,12 +239,9 @@ async def test_a_customer_is_not_locked_out_by_its_neighbours_in_one_48() -> Non
     """One customer sending wrong keys from the /64s of a /48 spends the /48's count; another
     customer's /64 in it still authenticates, while a /64 that failed is refused."""
     store = MemoryPublisherStore()
-    key = new_api_key("acme")
-    store.add_tenant("acme", "standard", hash_api_key(key))
-    app = create_app(
-        PublisherSettings(),
-        store=store,
-        auth_settings=AuthSettings(
+    app, key = app_with_key(
+        store,
+        AuthSettings(
             failed_auth_burst=2,
             failed_auth_per_minute=1.0,
             failed_auth_ipv6_network_multiple=2,
@@ -280,7 +264,7 @@ async def test_a_customer_is_not_locked_out_by_its_neighbours_in_one_48() -> Non
 
 
 def test_addresses_cycled_through_do_not_evict_a_throttled_one() -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     throttle = FailedAuthThrottle(burst=3, per_minute=6.0, max_addresses=100, clock=clock)
     for _ in range(3):
         throttle.record_failure("192.0.2.66")

@@ -15,7 +15,6 @@ from structlog.testing import capture_logs
 from services.app import create_app as create_composed_app
 from services.embedding.hashing import HashingEmbedder
 from services.publisher.settings import PublisherSettings
-from services.publisher.web.api import create_app
 from services.runtime.auth.keys import ApiKeyGrant
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.throttle import FailedAuthThrottle, client_address
@@ -23,21 +22,15 @@ from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 from services.search.searcher import Searcher
 from tests.fakes.publisher_store import MemoryPublisherStore
 from tests.fakes.search_index import DIMENSION, FakeIndex
+from tests.support.api import app_with_key
+from tests.support.clock import SecondsClock
 
 BURST = 3
 PER_MINUTE = 6.0  # one more try every 10 s
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_bucket_empties_refills_and_is_forgotten_when_full() -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     throttle = FailedAuthThrottle(burst=BURST, per_minute=PER_MINUTE, max_addresses=10, clock=clock)
     emptied = []
     for _ in range(BURST):
@@ -57,7 +50,7 @@ def test_a_bucket_empties_refills_and_is_forgotten_when_full() -> None:
 
 
 def test_memory_is_bounded_by_the_addresses_tracked() -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     throttle = FailedAuthThrottle(burst=1, per_minute=1.0, max_addresses=100, clock=clock)
     for i in range(10_000):
         throttle.record_failure(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
@@ -98,12 +91,8 @@ def _client(app: Any, host: str) -> httpx.AsyncClient:
 
 async def test_an_address_with_too_many_failures_gets_429_before_its_key_is_checked() -> None:
     store = CountingStore()
-    key = new_api_key("acme")
-    store.add_tenant("acme", "standard", hash_api_key(key))
-    app = create_app(
-        PublisherSettings(),
-        store=store,
-        auth_settings=AuthSettings(failed_auth_burst=BURST, failed_auth_per_minute=PER_MINUTE),
+    app, key = app_with_key(
+        store, AuthSettings(failed_auth_burst=BURST, failed_auth_per_minute=PER_MINUTE)
     )
     path = "/v1/tenants/acme/index-tasks/00000000-0000-0000-0000-000000000000"
     good = {"Authorization": f"Bearer {key}"}
@@ -139,13 +128,7 @@ async def test_an_address_with_too_many_failures_gets_429_before_its_key_is_chec
 
 async def test_a_valid_key_never_fills_the_bucket() -> None:
     store = CountingStore()
-    key = new_api_key("acme")
-    store.add_tenant("acme", "standard", hash_api_key(key))
-    app = create_app(
-        PublisherSettings(),
-        store=store,
-        auth_settings=AuthSettings(failed_auth_burst=1, failed_auth_per_minute=1.0),
-    )
+    app, key = app_with_key(store, AuthSettings(failed_auth_burst=1, failed_auth_per_minute=1.0))
     path = "/v1/tenants/acme/index-tasks/00000000-0000-0000-0000-000000000000"
     async with _client(app, "192.0.2.7") as client:
         for _ in range(20):

@@ -206,3 +206,11 @@ def live_app(app: FastAPI, settings: PublisherSettings) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def app_with_key(store: Any, auth_settings: AuthSettings) -> tuple[FastAPI, str]:
+    """The publisher's app on ``store`` (an in-memory one) with auth ``auth_settings``, and a
+    good API key of its tenant ``acme``."""
+    key = new_api_key("acme")
+    store.add_tenant("acme", "standard", hash_api_key(key))
+    return create_app(PublisherSettings(), store=store, auth_settings=auth_settings), key

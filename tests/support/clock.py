@@ -26,8 +26,8 @@ class ManualClock:
 class SecondsClock:
     """A monotonic clock in seconds (as ``time.monotonic``) that moves only when ``now`` is set."""
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
 
     def __call__(self) -> float:
         return self.now

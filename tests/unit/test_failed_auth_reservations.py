@@ -10,23 +10,16 @@ import asyncio
 import pytest
 
 from services.runtime.auth.throttle import FailedAuthThrottle, Refused, Reservation
+from tests.support.clock import SecondsClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _throttle(clock: Clock, **overrides: int) -> FailedAuthThrottle:
+def _throttle(clock: SecondsClock, **overrides: int) -> FailedAuthThrottle:
     values = {"burst": 2, "max_addresses": 10, **overrides}
     return FailedAuthThrottle(per_minute=6.0, clock=clock, **values)
 
 
 async def test_a_released_try_is_given_back_and_a_failed_one_spent() -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     throttle = _throttle(clock)
     good = await throttle.reserve("10.0.0.1")
     assert isinstance(good, Reservation)
@@ -45,7 +38,7 @@ async def test_a_released_try_is_given_back_and_a_failed_one_spent() -> None:
 
 
 async def test_a_request_waits_while_its_tries_are_held_and_goes_on_when_one_is_back() -> None:
-    throttle = _throttle(Clock(), burst=1)
+    throttle = _throttle(SecondsClock(1000.0), burst=1)
     held = await throttle.reserve("10.0.0.2")
     assert isinstance(held, Reservation)
     waiting = asyncio.create_task(throttle.reserve("10.0.0.2"))
@@ -57,7 +50,7 @@ async def test_a_request_waits_while_its_tries_are_held_and_goes_on_when_one_is_
 
 
 async def test_a_waiting_request_is_refused_when_the_held_try_fails() -> None:
-    throttle = _throttle(Clock(), burst=1)
+    throttle = _throttle(SecondsClock(1000.0), burst=1)
     held = await throttle.reserve("10.0.0.3")
     assert isinstance(held, Reservation)
     waiting = asyncio.create_task(throttle.reserve("10.0.0.3"))
@@ -68,7 +61,7 @@ async def test_a_waiting_request_is_refused_when_the_held_try_fails() -> None:
 
 
 async def test_a_bucket_with_a_lookup_running_is_never_forgotten() -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     throttle = _throttle(clock, burst=3, max_addresses=5)
     throttle.record_failure("10.0.0.4")
     held = await throttle.reserve("10.0.0.4")
@@ -82,7 +75,7 @@ async def test_a_bucket_with_a_lookup_running_is_never_forgotten() -> None:
 
 
 def test_an_ipv4_mapped_address_is_its_ipv4_address() -> None:
-    throttle = _throttle(Clock())
+    throttle = _throttle(SecondsClock(1000.0))
     assert throttle.keys("::ffff:192.0.2.7") == ("192.0.2.7",)
     assert throttle.keys("2001:db8:1:2:3::9") == ("2001:db8:1:2::/64", "2001:db8:1::/48")
     assert throttle.keys("") == ("unknown",)
@@ -102,7 +95,7 @@ def _empty_the_48(throttle: FailedAuthThrottle, burst: int, multiple: int) -> No
 
 
 async def test_a_clean_64_is_not_refused_for_its_48_while_one_that_failed_is() -> None:
-    throttle = _throttle(Clock(), burst=2, network_multiple=2)
+    throttle = _throttle(SecondsClock(1000.0), burst=2, network_multiple=2)
     _empty_the_48(throttle, burst=2, multiple=2)
     clean = "2001:db8:7:abcd::5"
     for _ in range(5):  # another customer's valid keys, again and again
@@ -125,7 +118,7 @@ async def test_a_clean_64_is_not_refused_for_its_48_while_one_that_failed_is() -
 async def test_a_fresh_64_of_a_spent_48_has_one_lookup_at_a_time() -> None:
     # Concurrent wrong keys from a fresh /64 get one try, not a burst: the others wait for
     # it, and are refused when it fails; a good key's requests just take turns.
-    throttle = _throttle(Clock(), burst=3, network_multiple=2)
+    throttle = _throttle(SecondsClock(1000.0), burst=3, network_multiple=2)
     _empty_the_48(throttle, burst=3, multiple=2)
     for host, good in (("2001:db8:7:100::1", False), ("2001:db8:7:200::1", True)):
         first = await throttle.reserve(host)
