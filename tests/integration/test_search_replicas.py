@@ -36,7 +36,13 @@ from tests.support.replica import (
     replica_database,
     search_pools,
 )
-from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
+from tests.support.search import (
+    ChunkSpec,
+    add_document,
+    add_version,
+    generation_search_app,
+    point_search_at,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -85,14 +91,7 @@ async def test_a_switch_token_never_answers_from_the_old_version(
     rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=0.2)
     await rotation.check()
     assert [view.in_rotation for view in rotation.views()] == [True]
-    search = GenerationSearch(
-        primary_pool, settings, embedder, lambda g: embedder, rotation=rotation
-    )
-    app = create_app(
-        PublisherSettings(database_url=primary_url),
-        store=PgPublisherStore(primary_pool),
-        searcher=search,
-    )
+    app, search = generation_search_app(primary_pool, settings, embedder, rotation=rotation)
     primary = await asyncpg.connect(primary_url)
     replica = await asyncpg.connect(replica_url)
     try:
@@ -142,14 +141,7 @@ async def test_a_delete_token_never_answers_with_the_document_on_any_server(
     settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
     rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=0.2)
     await rotation.check()
-    search = GenerationSearch(
-        primary_pool, settings, embedder, lambda g: embedder, rotation=rotation
-    )
-    app = create_app(
-        PublisherSettings(database_url=primary_url),
-        store=PgPublisherStore(primary_pool),
-        searcher=search,
-    )
+    app, search = generation_search_app(primary_pool, settings, embedder, rotation=rotation)
     primary = await asyncpg.connect(primary_url)
     replica = await asyncpg.connect(replica_url)
     try:

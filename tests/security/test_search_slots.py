@@ -30,7 +30,6 @@ from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
 from services.search.replicas import format_token, parse_token
 from services.search.searcher import Generation, Searcher
-from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, UNTHROTTLED, ApiTenant, add_tenant, live_app
 from tests.support.clock import SecondsClock
@@ -42,7 +41,13 @@ from tests.support.replica import (
     replica_database,
     search_pools,
 )
-from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
+from tests.support.search import (
+    ChunkSpec,
+    add_document,
+    add_version,
+    generation_search_app,
+    point_search_at,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -117,13 +122,11 @@ async def test_a_far_token_is_refused_and_never_holds_up_another_tenants_search(
     rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=after_wait)
     await rotation.check()
     settings = SearchSettings(database_url=primary_url)
-    search = GenerationSearch(
-        primary_pool, settings, embedder, lambda g: embedder, rotation=rotation
-    )
-    app = create_app(
-        PublisherSettings(database_url=primary_url),
-        store=PgPublisherStore(primary_pool),
-        searcher=search,
+    app, search = generation_search_app(
+        primary_pool,
+        settings,
+        embedder,
+        rotation=rotation,
         auth_settings=UNTHROTTLED,
         fair_share_settings=FairShareSettings(search_global_concurrency=1),
     )
@@ -192,13 +195,7 @@ async def test_without_replicas_a_far_token_is_refused_alike(
     pool = await open_search_pool(SearchSettings(database_url=module_database))
     embedder = HashingEmbedder(64)
     settings = SearchSettings(database_url=module_database)
-    search = GenerationSearch(pool, settings, embedder, lambda g: embedder)
-    app = create_app(
-        PublisherSettings(database_url=module_database),
-        store=PgPublisherStore(pool),
-        searcher=search,
-        auth_settings=UNTHROTTLED,
-    )
+    app, search = generation_search_app(pool, settings, embedder, auth_settings=UNTHROTTLED)
     conn = await asyncpg.connect(module_database)
     try:
         tenant = await _searchable_tenant(conn, embedder)

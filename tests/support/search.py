@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
+from services.embedding.port import Embedder
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
 from services.publisher.settings import PublisherSettings
@@ -25,7 +26,9 @@ from services.publisher.store_pg import PgPublisherStore
 from services.runtime.settings import RuntimeSettings
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
+from services.search.replicas import ReplicaRotation
 from services.search.searcher import Generation, Searcher
+from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings, VectorPath
 from tests.support.api import BASE_URL, UNTHROTTLED
 
@@ -226,3 +229,24 @@ async def search_harness(
             yield SearchHarness(app, client, pool, embedder, searcher)
     finally:
         await pool.close()
+
+
+def generation_search_app(
+    pool: asyncpg.Pool[Any],
+    settings: SearchSettings,
+    embedder: Embedder,
+    *,
+    rotation: ReplicaRotation | None = None,
+    **app_options: Any,
+) -> tuple[FastAPI, GenerationSearch]:
+    """The composed app over ``settings.database_url``, searching it through a
+    GenerationSearch of the one embedder (on the replicas of ``rotation`` if given);
+    ``app_options`` go to create_app. The caller closes the search."""
+    search = GenerationSearch(pool, settings, embedder, lambda g: embedder, rotation=rotation)
+    app = create_app(
+        PublisherSettings(database_url=settings.database_url),
+        store=PgPublisherStore(pool),
+        searcher=search,
+        **app_options,
+    )
+    return app, search
