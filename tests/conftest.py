@@ -10,7 +10,13 @@ import pytest
 
 from services.runtime.pg.db import create_pool
 from services.runtime.settings import RuntimeSettings
-from tests.support.replica import ReplicaPair, running_replica
+from tests.support.replica import (
+    ReplicaPair,
+    caught_up_urls,
+    running_replica,
+    search_pools,
+)
+from tests.support.replica import replica_database as replica_database_of
 from tests.support.stack import (
     DatabaseSupply,
     Stack,
@@ -91,6 +97,32 @@ def replica_pair(stack: Stack) -> Iterator[ReplicaPair]:
     on a replica shares it (two would start two servers on one data directory)."""
     with running_replica(stack) as pair:
         yield pair
+
+
+@pytest.fixture(scope="module")
+async def replica_database(replica_pair: ReplicaPair) -> AsyncIterator[str]:
+    """One database on the replicated primary for a module's tests (creating one takes
+    seconds here); each test has tenants of its own in it."""
+    async with replica_database_of(replica_pair) as url:
+        yield url
+
+
+@pytest.fixture
+async def replica_urls(
+    integration_only: None, replica_pair: ReplicaPair, replica_database: str
+) -> AsyncIterator[tuple[str, str]]:
+    """The module's replicated database on the primary and on the replica, the replica
+    caught up (one just started may first replay what the primary wrote while it was down),
+    its replay resumed after the test."""
+    async with caught_up_urls(replica_pair, replica_database, timeout_s=300) as urls:
+        yield urls
+
+
+@pytest.fixture
+async def replica_pools(replica_urls: tuple[str, str]) -> AsyncIterator[tuple[Any, Any]]:
+    """Search pools on the primary and on the replica."""
+    async with search_pools(*replica_urls) as pools:
+        yield pools
 
 
 @pytest.fixture(scope="session")

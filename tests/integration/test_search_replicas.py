@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -29,12 +28,8 @@ from tests.support.api import BASE_URL, ApiTenant, add_tenant
 from tests.support.clock import SecondsClock
 from tests.support.replica import (
     REPLICA,
-    ReplicaPair,
     caught_up,
-    caught_up_urls,
     one_replica_rotation,
-    replica_database,
-    search_pools,
 )
 from tests.support.search import (
     ChunkSpec,
@@ -50,29 +45,6 @@ VERSIONS = 7
 CHUNKS = 3
 
 
-@pytest.fixture(scope="module")
-async def database(replica_pair: ReplicaPair) -> AsyncIterator[str]:
-    """One database for the module's tests (creating one takes seconds here); each test
-    has tenants of its own in it."""
-    async with replica_database(replica_pair) as url:
-        yield url
-
-
-@pytest.fixture
-async def urls(
-    integration_only: None, replica_pair: ReplicaPair, database: str
-) -> AsyncIterator[tuple[str, str]]:
-    """The module's database on the primary and on the replica, the replica caught up."""
-    async with caught_up_urls(replica_pair, database) as both:
-        yield both
-
-
-@pytest.fixture
-async def pools(urls: tuple[str, str]) -> AsyncIterator[tuple[Any, Any]]:
-    async with search_pools(*urls) as both:
-        yield both
-
-
 async def _pause(replica: asyncpg.Connection[Any], paused: bool) -> None:
     await replica.execute(
         "SELECT pg_wal_replay_pause()" if paused else "SELECT pg_wal_replay_resume()"
@@ -80,10 +52,10 @@ async def _pause(replica: asyncpg.Connection[Any], paused: bool) -> None:
 
 
 async def test_a_switch_token_never_answers_from_the_old_version(
-    urls: tuple[str, str], pools: tuple[Any, Any]
+    replica_urls: tuple[str, str], replica_pools: tuple[Any, Any]
 ) -> None:
-    primary_url, replica_url = urls
-    primary_pool, replica_pool = pools
+    primary_url, replica_url = replica_urls
+    primary_pool, replica_pool = replica_pools
     embedder = HashingEmbedder(64)
     settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
     # A lag limit nobody reaches: the paused replica stays in rotation, so only the token
@@ -130,13 +102,13 @@ async def test_a_switch_token_never_answers_from_the_old_version(
 
 
 async def test_a_delete_token_never_answers_with_the_document_on_any_server(
-    urls: tuple[str, str], pools: tuple[Any, Any]
+    replica_urls: tuple[str, str], replica_pools: tuple[Any, Any]
 ) -> None:
     """docs/architecture.md#document-lifecycle: the delete's searchToken is past its commit;
     a search naming it is answered only where the tombstone is replayed -- the primary while
     the replica is paused, the replica once it replayed it -- never with the document."""
-    primary_url, replica_url = urls
-    primary_pool, replica_pool = pools
+    primary_url, replica_url = replica_urls
+    primary_pool, replica_pool = replica_pools
     embedder = HashingEmbedder(64)
     settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
     rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=0.2)
@@ -189,10 +161,10 @@ async def test_a_delete_token_never_answers_with_the_document_on_any_server(
 
 
 async def test_a_token_is_answered_by_the_replica_once_it_replayed_it(
-    urls: tuple[str, str], pools: tuple[Any, Any]
+    replica_urls: tuple[str, str], replica_pools: tuple[Any, Any]
 ) -> None:
-    primary_url, replica_url = urls
-    primary_pool, replica_pool = pools
+    primary_url, replica_url = replica_urls
+    primary_pool, replica_pool = replica_pools
     rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=5.0)
     await rotation.check()
     primary = await asyncpg.connect(primary_url)
@@ -217,10 +189,10 @@ async def test_a_token_is_answered_by_the_replica_once_it_replayed_it(
 
 
 async def test_a_paused_replica_leaves_the_rotation_and_comes_back(
-    urls: tuple[str, str], pools: tuple[Any, Any]
+    replica_urls: tuple[str, str], replica_pools: tuple[Any, Any]
 ) -> None:
-    primary_url, replica_url = urls
-    primary_pool, replica_pool = pools
+    primary_url, replica_url = replica_urls
+    primary_pool, replica_pool = replica_pools
     clock = SecondsClock()
     rotation = one_replica_rotation(
         primary_pool,
@@ -267,10 +239,10 @@ async def test_a_paused_replica_leaves_the_rotation_and_comes_back(
 
 
 async def test_a_search_the_replica_fails_is_answered_by_the_primary(
-    urls: tuple[str, str], pools: tuple[Any, Any]
+    replica_urls: tuple[str, str], replica_pools: tuple[Any, Any]
 ) -> None:
-    primary_url, replica_url = urls
-    primary_pool, _ = pools
+    primary_url, replica_url = replica_urls
+    primary_pool, _ = replica_pools
     embedder = HashingEmbedder(64)
     settings = SearchSettings(database_url=primary_url, search_exact_max_chunks=10_000_000)
     gone = await open_search_pool(SearchSettings(database_url=replica_url))
@@ -300,10 +272,10 @@ async def test_a_search_the_replica_fails_is_answered_by_the_primary(
 
 
 async def test_a_status_is_read_on_the_replica_and_on_the_primary_when_it_lags(
-    urls: tuple[str, str], pools: tuple[Any, Any]
+    replica_urls: tuple[str, str], replica_pools: tuple[Any, Any]
 ) -> None:
-    primary_url, replica_url = urls
-    primary_pool, replica_pool = pools
+    primary_url, replica_url = replica_urls
+    primary_pool, replica_pool = replica_pools
     embedder = HashingEmbedder(64)
     # A lag limit nobody reaches: the paused replica stays in rotation, so only the
     # fallback keeps a status of a document it lacks from being a 404.
@@ -364,10 +336,10 @@ async def test_a_status_is_read_on_the_replica_and_on_the_primary_when_it_lags(
 
 
 async def test_the_served_app_reads_status_on_its_search_replicas(
-    urls: tuple[str, str],
+    replica_urls: tuple[str, str],
 ) -> None:
     """The wiring of services/app.py: KB_SEARCH_DATABASE_URLS reaches the status reads."""
-    primary_url, replica_url = urls
+    primary_url, replica_url = replica_urls
     app = create_app(
         PublisherSettings(database_url=primary_url),
         search_settings=SearchSettings(

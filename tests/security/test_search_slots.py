@@ -11,7 +11,7 @@ import json
 import select
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -34,12 +34,8 @@ from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, UNTHROTTLED, ApiTenant, add_tenant, live_app
 from tests.support.clock import SecondsClock
 from tests.support.replica import (
-    ReplicaPair,
     caught_up,
-    caught_up_urls,
     one_replica_rotation,
-    replica_database,
-    search_pools,
 )
 from tests.support.search import (
     ChunkSpec,
@@ -58,27 +54,6 @@ HANG = 60.0
 
 
 # --- servers --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-async def database(replica_pair: ReplicaPair) -> AsyncIterator[str]:
-    async with replica_database(replica_pair) as url:
-        yield url
-
-
-@pytest.fixture
-async def urls(
-    integration_only: None, replica_pair: ReplicaPair, database: str
-) -> AsyncIterator[tuple[str, str]]:
-    # A replica just started may first replay what the primary wrote while it was down.
-    async with caught_up_urls(replica_pair, database, timeout_s=300) as both:
-        yield both
-
-
-@pytest.fixture
-async def pools(urls: tuple[str, str]) -> AsyncIterator[tuple[Any, Any]]:
-    async with search_pools(*urls) as both:
-        yield both
 
 
 # How far past the primary's insert position a token is "ahead" without being the largest
@@ -110,13 +85,13 @@ async def _searchable_tenant(conn: asyncpg.Connection[Any], embedder: HashingEmb
 
 
 async def test_a_far_token_is_refused_and_never_holds_up_another_tenants_search(
-    urls: tuple[str, str], pools: tuple[Any, Any]
+    replica_urls: tuple[str, str], replica_pools: tuple[Any, Any]
 ) -> None:
     """One slot; an attacker loops searches with a token the primary never wrote. Before the
     fix each of them waited the whole after-wait inside the slot, and the other tenant's
     searches queued behind them (about the after-wait each)."""
-    primary_url, replica_url = urls
-    primary_pool, replica_pool = pools
+    primary_url, replica_url = replica_urls
+    primary_pool, replica_pool = replica_pools
     embedder = HashingEmbedder(64)
     after_wait = 5.0
     rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=after_wait)
@@ -474,15 +449,15 @@ async def test_a_lag_check_whose_primary_read_fails_or_hangs_trusts_no_replica(
 
 
 async def test_a_status_read_on_a_replica_carries_a_token_past_all_it_received(
-    urls: tuple[str, str], pools: tuple[Any, Any]
+    replica_urls: tuple[str, str], replica_pools: tuple[Any, Any]
 ) -> None:
     """A replica makes a replayed commit visible before ``pg_last_wal_replay_lsn()`` moves
     past it: a token from the replay position alone can name a point before a commit the
     read saw. Every commit the replica can show was received first, so the token is the
     larger of the received and replayed positions. Shown with the replay paused behind WAL
     the replica has received."""
-    primary_url, replica_url = urls
-    primary_pool, replica_pool = pools
+    primary_url, replica_url = replica_urls
+    primary_pool, replica_pool = replica_pools
     embedder = HashingEmbedder(64)
     rotation = one_replica_rotation(primary_pool, replica_pool, after_wait_seconds=0)
     await rotation.check()
