@@ -26,11 +26,7 @@ from services.search.serving import GenerationSearch
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, ApiTenant, add_tenant
 from tests.support.clock import SecondsClock
-from tests.support.replica import (
-    REPLICA,
-    caught_up,
-    one_replica_rotation,
-)
+from tests.support.replica import REPLICA, caught_up, one_replica_rotation
 from tests.support.search import (
     ChunkSpec,
     add_document,

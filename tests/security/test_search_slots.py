@@ -33,10 +33,7 @@ from services.search.searcher import Generation, Searcher
 from services.search.statements import SearchSettings
 from tests.support.api import BASE_URL, UNTHROTTLED, ApiTenant, add_tenant, live_app
 from tests.support.clock import SecondsClock
-from tests.support.replica import (
-    caught_up,
-    one_replica_rotation,
-)
+from tests.support.replica import caught_up, one_replica_rotation
 from tests.support.search import (
     ChunkSpec,
     add_document,
