@@ -110,6 +110,7 @@ def _calls(client: ClientBase) -> dict[str, Call]:
         "publish_version": client._publish(doc, 2, 1, ["group:all"]),
         "publish_many": client._publish_many([BulkItem(b"x", ["group:all"], title="t")]),
         "document_status": client._status(doc),
+        "delete_document": client._delete(doc, 3),
         "index_task": client._index_task(task),
         "search": client._search(
             "q",
@@ -139,6 +140,8 @@ def test_each_call_goes_where_the_document_says(document: dict[str, Any]) -> Non
         pattern = "^" + re.sub(r"\{[^}]+\}", "[^/]+", template) + "$"
         assert call.method == method, operation_id
         assert re.match(pattern, call.path), (operation_id, call.path, template)
+        query = {p["name"] for p in operation.get("parameters", []) if p["in"] == "query"}
+        assert set(call.params or {}) == query, operation_id
         content = operation.get("requestBody", {}).get("content", {})
         if "multipart/form-data" in content:
             sent = set(call.data or {}) | {name for name, _ in call.files or []}

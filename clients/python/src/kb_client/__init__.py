@@ -1,12 +1,13 @@
 """kb-client: kb-pipeline's tenant API, typed, sync and async."""
 
-from kb_client._core import ApiKey, BulkItem, Published, RetryPolicy
+from kb_client._core import ApiKey, BulkDelete, BulkItem, Published, RetryPolicy
 from kb_client.aio import AsyncKbClient
 from kb_client.client import KbClient
 from kb_client.errors import (
     BadRequest,
     Conflict,
     DeadlineExceeded,
+    DocumentDeleted,
     Forbidden,
     IndexingFailed,
     KbClientError,
@@ -26,6 +27,7 @@ from kb_client.errors import (
 from kb_client.models import (
     BulkResponse,
     Degraded,
+    DeleteResponse,
     DocumentStatusResponse,
     IndexStatus,
     IndexTaskResponse,
@@ -41,11 +43,14 @@ __all__ = [
     "ApiKey",
     "AsyncKbClient",
     "BadRequest",
+    "BulkDelete",
     "BulkItem",
     "BulkResponse",
     "Conflict",
     "DeadlineExceeded",
     "Degraded",
+    "DeleteResponse",
+    "DocumentDeleted",
     "DocumentStatusResponse",
     "Forbidden",
     "IndexStatus",

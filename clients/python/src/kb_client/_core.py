@@ -19,6 +19,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from kb_client.errors import (
+    DocumentDeleted,
     IndexingFailed,
     KbClientError,
     ProblemError,
@@ -59,8 +60,9 @@ class ApiKey:
 class Retry(enum.Enum):
     """Which failures a call may be sent again after."""
 
-    # Reads, searches and publish (the server answers a repeated publish of the same
-    # version with the same ACL with the same task and changes nothing).
+    # Reads, searches, publish and delete (the server answers a repeated publish of the
+    # same version with the same ACL with the same task, and a repeated delete with what the
+    # first did, whatever its revision; neither changes anything).
     SAFE = "safe"
     # Uploads: a second send may create a second version; only a 429 (refused before any
     # work) is retried.
@@ -96,6 +98,7 @@ class Call:
     path: str
     retry: Retry
     json: Any = None
+    params: Mapping[str, str] | None = None
     data: Mapping[str, str] | None = None
     files: Sequence[tuple[str, tuple[str, bytes, str]]] | None = None
 
@@ -220,6 +223,18 @@ class BulkItem:
 
 
 @dataclass(frozen=True)
+class BulkDelete:
+    """One delete in a bulk request: ``document_id`` at ``revision`` (the revision last
+    read), as ``delete_document`` does; it sends no file."""
+
+    document_id: uuid.UUID | str
+    revision: int
+
+    def entry(self) -> dict[str, Any]:
+        return {"documentId": str(self.document_id), "delete": True, "revision": int(self.revision)}
+
+
+@dataclass(frozen=True)
 class Published:
     """A version that has become searchable, and the token that makes searches see it."""
 
@@ -233,6 +248,13 @@ class Published:
 def is_searchable(status: DocumentStatusResponse, version: int) -> bool:
     """Whether search serves ``version`` or a later one (a search ordered after it sees no
     older one); raises when ``version`` never will be served."""
+    if status.index_status is IndexStatus.DELETED:
+        # Final: nothing of it is ever served again, so a wait would only run to its timeout.
+        raise DocumentDeleted(
+            status=409,
+            code="DOCUMENT_DELETED",
+            detail=f"document {status.document_id} was deleted at {status.deleted_at}",
+        )
     served = status.search_version
     if served is not None and served >= version:
         return True

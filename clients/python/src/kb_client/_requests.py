@@ -12,6 +12,7 @@ import httpx
 
 from kb_client._core import (
     ApiKey,
+    BulkDelete,
     BulkItem,
     Call,
     FileInput,
@@ -33,6 +34,7 @@ OPERATIONS = {
     "publish_version": "publish",
     "publish_many": "publish_many",
     "document_status": "document_status",
+    "delete_document": "delete_document",
     "index_task": "index_task",
     "search": "search",
 }
@@ -101,13 +103,24 @@ class ClientBase:
             json=body.model_dump(mode="json", by_alias=True),
         )
 
-    def _publish_many(self, items: Sequence[BulkItem]) -> Call:
+    def _publish_many(self, items: Sequence[BulkItem | BulkDelete]) -> Call:
+        # One file part per upload, in the items' order; a delete has none.
+        uploads = [i for i in items if isinstance(i, BulkItem)]
         return Call(
             "POST",
             self._path("/documents/bulk"),
             Retry.REFUSED_ONLY,
             data={"items": json.dumps([item.entry() for item in items])},
-            files=[("file", file_part(i.file, i.filename, i.media_type)) for i in items],
+            files=[("file", file_part(i.file, i.filename, i.media_type)) for i in uploads],
+        )
+
+    def _delete(self, document_id: uuid.UUID | str, revision: int) -> Call:
+        # The revision is a query parameter: a DELETE's body has no defined meaning.
+        return Call(
+            "DELETE",
+            self._path(f"/documents/{_id(document_id)}"),
+            Retry.SAFE,
+            params={"revision": str(int(revision))},
         )
 
     def _status(self, document_id: uuid.UUID | str) -> Call:

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from kb_client._core import (
     ApiKey,
+    BulkDelete,
     BulkItem,
     Call,
     FileInput,
@@ -30,6 +31,7 @@ from kb_client._requests import ClientBase, log
 from kb_client.errors import DeadlineExceeded, ProblemError
 from kb_client.models import (
     BulkResponse,
+    DeleteResponse,
     DocumentStatusResponse,
     IndexTaskResponse,
     PublishResponse,
@@ -114,13 +116,23 @@ class AsyncKbClient(ClientBase):
             self._publish(document_id, version, revision, read), PublishResponse
         )
 
-    async def publish_many(self, items: Sequence[BulkItem]) -> BulkResponse:
+    async def publish_many(self, items: Sequence[BulkItem | BulkDelete]) -> BulkResponse:
         return await self._send(self._publish_many(items), BulkResponse)
 
     async def document_status(self, document_id: uuid.UUID | str) -> DocumentStatusResponse:
         status = await self._send(self._status(document_id), DocumentStatusResponse)
         self.tokens.remember(status.search_token)
         return status
+
+    async def delete_document(
+        self, document_id: uuid.UUID | str, *, revision: int
+    ) -> DeleteResponse:
+        """Take the document out of search, for good (its revision as last read). A repeat
+        answers what the delete did. The answer's ``searchToken`` is remembered: this
+        client's next searches never return the document, on any replica."""
+        deleted = await self._send(self._delete(document_id, revision), DeleteResponse)
+        self.tokens.remember(deleted.search_token)
+        return deleted
 
     async def index_task(self, task_id: uuid.UUID | str) -> IndexTaskResponse:
         return await self._send(self._index_task(task_id), IndexTaskResponse)
@@ -156,7 +168,8 @@ class AsyncKbClient(ClientBase):
     ) -> str | None:
         """Until ``version`` (or a later one) is what search serves: its ``searchToken``,
         remembered for this client's searches. Raises ``IndexingFailed`` when it failed,
-        ``DeadlineExceeded`` after ``timeout`` seconds."""
+        ``DocumentDeleted`` when the document is deleted, ``DeadlineExceeded`` after
+        ``timeout`` seconds."""
         return (await self._searchable(document_id, version, timeout)).search_token
 
     async def _searchable(
@@ -230,7 +243,12 @@ class AsyncKbClient(ClientBase):
         while True:
             try:
                 response = await self._http.request(
-                    call.method, call.path, json=call.json, data=call.data, files=call.files
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    json=call.json,
+                    data=call.data,
+                    files=call.files,
                 )
                 return parse(response, model)
             except (ProblemError, httpx.TransportError) as error:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from kb_client._core import (
     ApiKey,
+    BulkDelete,
     BulkItem,
     Call,
     FileInput,
@@ -29,6 +30,7 @@ from kb_client._requests import ClientBase, log
 from kb_client.errors import DeadlineExceeded, ProblemError
 from kb_client.models import (
     BulkResponse,
+    DeleteResponse,
     DocumentStatusResponse,
     IndexTaskResponse,
     PublishResponse,
@@ -111,13 +113,21 @@ class KbClient(ClientBase):
     ) -> PublishResponse:
         return self._send(self._publish(document_id, version, revision, read), PublishResponse)
 
-    def publish_many(self, items: Sequence[BulkItem]) -> BulkResponse:
+    def publish_many(self, items: Sequence[BulkItem | BulkDelete]) -> BulkResponse:
         return self._send(self._publish_many(items), BulkResponse)
 
     def document_status(self, document_id: uuid.UUID | str) -> DocumentStatusResponse:
         status = self._send(self._status(document_id), DocumentStatusResponse)
         self.tokens.remember(status.search_token)
         return status
+
+    def delete_document(self, document_id: uuid.UUID | str, *, revision: int) -> DeleteResponse:
+        """Take the document out of search, for good (its revision as last read). A repeat
+        answers what the delete did. The answer's ``searchToken`` is remembered: this
+        client's next searches never return the document, on any replica."""
+        deleted = self._send(self._delete(document_id, revision), DeleteResponse)
+        self.tokens.remember(deleted.search_token)
+        return deleted
 
     def index_task(self, task_id: uuid.UUID | str) -> IndexTaskResponse:
         return self._send(self._index_task(task_id), IndexTaskResponse)
@@ -153,7 +163,8 @@ class KbClient(ClientBase):
     ) -> str | None:
         """Until ``version`` (or a later one) is what search serves: its ``searchToken``,
         remembered for this client's searches. Raises ``IndexingFailed`` when it failed,
-        ``DeadlineExceeded`` after ``timeout`` seconds."""
+        ``DocumentDeleted`` when the document is deleted, ``DeadlineExceeded`` after
+        ``timeout`` seconds."""
         return self._searchable(document_id, version, timeout).search_token
 
     def _searchable(
@@ -225,7 +236,12 @@ class KbClient(ClientBase):
         while True:
             try:
                 response = self._http.request(
-                    call.method, call.path, json=call.json, data=call.data, files=call.files
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    json=call.json,
+                    data=call.data,
+                    files=call.files,
                 )
                 return parse(response, model)
             except (ProblemError, httpx.TransportError) as error:

@@ -74,6 +74,12 @@ class RevisionConflict(Conflict):
         return value if isinstance(value, int) else None
 
 
+class DocumentDeleted(Conflict):
+    """409 DOCUMENT_DELETED: the document was deleted, for good; it takes no new version or
+    publish (upload the content as a new document). Also raised by a wait on a deleted
+    document, which would otherwise never end."""
+
+
 class PayloadTooLarge(ProblemError):
     """413."""
 
@@ -110,7 +116,10 @@ _BY_STATUS: dict[int, type[ProblemError]] = {
     429: RateLimited,
     503: ServiceUnavailable,
 }
-_BY_CODE: dict[str, type[ProblemError]] = {"REVISION_CONFLICT": RevisionConflict}
+_BY_CODE: dict[str, type[ProblemError]] = {
+    "REVISION_CONFLICT": RevisionConflict,
+    "DOCUMENT_DELETED": DocumentDeleted,
+}
 
 
 def problem_class(status: int, code: str) -> type[ProblemError]:

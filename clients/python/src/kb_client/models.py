@@ -27,6 +27,7 @@ class IndexStatus(enum.StrEnum):
     INDEXING = "INDEXING"
     SEARCHABLE = "SEARCHABLE"
     FAILED = "FAILED"
+    DELETED = "DELETED"
 
 
 class TaskStatus(enum.StrEnum):
@@ -110,8 +111,17 @@ class DocumentStatusResponse(ApiModel):
     index_status: IndexStatus
     index_task_id: uuid.UUID | None
     failure: FailureResponse | None
+    deleted_at: datetime | None = None
     search_lag_since: datetime | None
     search_token: str | None = None
+
+
+class DeleteResponse(ApiModel):
+    document_id: uuid.UUID
+    revision: int
+    deleted_at: datetime
+    # Past the delete's commit: a search passing it never returns the document.
+    search_token: str
 
 
 class IndexTaskResponse(ApiModel):
@@ -139,12 +149,14 @@ class BulkItemResult(ApiModel):
     version_number: int | None = None
     revision: int | None = None
     index_task_id: uuid.UUID | None = None
+    deleted_at: datetime | None = None
     error_code: str | None = None
     detail: str | None = None
 
 
 class BulkResponse(ApiModel):
     published: int
+    deleted: int = 0
     refused: int
     results: list[BulkItemResult]
 
@@ -202,6 +214,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
         PublishResponse,
         FailureResponse,
         DocumentStatusResponse,
+        DeleteResponse,
         IndexTaskResponse,
         BulkItemResult,
         BulkResponse,
