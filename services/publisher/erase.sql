@@ -3,16 +3,9 @@
 -- and removes at most $3 rows: a large document is erased in many small transactions that
 -- hold no lock a publish or a search waits for (row locks on the erased document's own
 -- rows only; searches read their snapshot). Every statement is idempotent: a re-run after a
--- crash does again only what is left.
-
--- name: erasure_in_progress
--- $1 tenant, $2 document: the audit row, locked against a second erase of the document
--- running at once (the other waits, then finds it finished). NULL: no erase was started.
-SELECT requested_at, erased_at
-  FROM document_erasure
- WHERE tenant_id = $1
-   AND document_id = $2
-   FOR UPDATE
+-- crash does again only what is left, and two erases of one document running at once only
+-- wait for each other's row locks (a row the other removed is skipped, a payload the other
+-- rewrote is rewritten to the same bytes).
 
 -- name: erase_staged_slices
 -- $1 tenant, $2 document, $3 batch rows. Slices staged by any task of the document
