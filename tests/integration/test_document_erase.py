@@ -352,3 +352,55 @@ async def test_kb_documents_erase_exits_2_on_bad_input(
     assert said in result.stderr
     assert result.stdout == ""
     assert await conn.fetchval("SELECT count(*) FROM document_erasure") == 0
+
+
+async def test_erase_implies_delete_in_the_audit_rows_transaction(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    document_id, revision = await indexed(api, acme, pool, marked_text())
+    response = await erase(api, acme, document_id)
+    assert response.status_code == 200, response.text
+    row = await conn.fetchrow(
+        "SELECT d.deleted_at, d.revision, e.requested_at FROM document d"
+        " JOIN document_erasure e USING (tenant_id, document_id) WHERE d.document_id = $1",
+        uuid.UUID(document_id),
+    )
+    assert row is not None
+    assert row["deleted_at"] == row["requested_at"]  # one transaction, one now()
+    assert row["revision"] == revision + 1
+    assert await found(api, acme) == set()
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM outbox WHERE event_type = 'DocumentDeleted'"
+            " AND aggregate_key = $1",
+            f"acme/{document_id}",
+        )
+        == 1
+    )
+
+
+async def test_a_versions_content_may_only_be_emptied_by_an_erase(
+    api: SearchHarness, acme: ApiTenant, conn: asyncpg.Connection[Any]
+) -> None:
+    """Migration 0031 keeps 0003's immutability but for one change: emptying the content of
+    a document that has an erasure row. Any other change, or emptying it without the row,
+    is refused, whoever runs it."""
+    document_id, _ = await published(api, acme)
+    doc = uuid.UUID(document_id)
+    empty = "UPDATE document_version SET content = ''::bytea WHERE document_id = $1"
+    with pytest.raises(asyncpg.IntegrityConstraintViolationError):
+        await conn.execute(empty, doc)
+    await conn.execute(
+        "INSERT INTO document_erasure (tenant_id, document_id, requested_by, requested_at)"
+        " VALUES ('acme', $1, 'cli', now())",
+        doc,
+    )
+    with pytest.raises(asyncpg.IntegrityConstraintViolationError):
+        await conn.execute(
+            "UPDATE document_version SET content = 'other'::bytea WHERE document_id = $1", doc
+        )
+    await conn.execute(empty, doc)
+    assert (
+        await conn.fetchval("SELECT content FROM document_version WHERE document_id = $1", doc)
+        == b""
+    )
