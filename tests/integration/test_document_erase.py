@@ -6,6 +6,7 @@ bounded batches while another document is searched and published; the CLI; the e
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import uuid
@@ -16,6 +17,7 @@ import asyncpg
 import pytest
 
 from kbtools.devstack.postgres import pginstall_dir
+from services.publisher.erase_pg import QUERIES as ERASE_QUERIES
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.publisher.ports import ErasureRequest
 from services.runtime.auth.keys import Scope
@@ -404,3 +406,33 @@ async def test_a_versions_content_may_only_be_emptied_by_an_erase(
         await conn.fetchval("SELECT content FROM document_version WHERE document_id = $1", doc)
         == b""
     )
+
+
+async def test_a_batch_held_open_blocks_no_publish_or_search_of_another_document(
+    api: SearchHarness, acme: ApiTenant, pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    """The worst a batch can do is hold its rows until it commits. With a chunk batch and a
+    content batch of the erased document held open (uncommitted, in another connection),
+    another document is searched, uploaded and published at once: nothing they touch is
+    locked by the batch. (An erase's document is deleted before its batches run.)"""
+    document_id, _ = await indexed(api, acme, pool, marked_text(40), max_tokens=16)
+    other_id, _ = await published(api, acme)
+    async with running_pipeline(pool) as indexer:
+        assert (await worker(pool, indexer).run_once()).name == "SUCCEEDED"
+    doc = uuid.UUID(document_id)
+    await conn.execute(
+        "INSERT INTO document_erasure (tenant_id, document_id, requested_by, requested_at)"
+        " VALUES ('acme', $1, 'cli', now())",
+        doc,
+    )
+    async with pool.acquire() as held, held.transaction():
+        await held.execute(ERASE_QUERIES["erase_chunks"], "acme", doc, 5)
+        await held.execute(ERASE_QUERIES["erase_version_content"], "acme", doc, 5)
+        # Blocked, they would wait for the batch's commit, which comes only after them.
+        async with asyncio.timeout(30):
+            assert await found(api, acme) == {other_id}
+            response = await upload(api.client, acme, b"Shipping takes five days.")
+            assert response.status_code == 201, response.text
+            new_id = response.json()["documentId"]
+            response = await publish(api.client, acme, new_id, 1, 1, read=["group:all"])
+            assert response.status_code == 202, response.text
