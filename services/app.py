@@ -22,7 +22,7 @@ from services.operator.context import OperatorContext, build_operator_context
 from services.operator.routes import mount_operator
 from services.operator.settings import OperatorSettings
 from services.publisher.bulk.domain import BulkStore
-from services.publisher.ports import PublisherStore, StatusReplicas
+from services.publisher.ports import ErasureStore, PublisherStore, StatusReplicas
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
 from services.publisher.web.api import create_app as create_publisher_app
@@ -56,6 +56,7 @@ def create_app(
     *,
     store: PublisherStore | None = None,
     bulk_store: BulkStore | None = None,
+    erasure_store: ErasureStore | None = None,
     searcher: SearchService | None = None,
     search_settings: SearchSettings | None = None,
     embedding_settings: EmbeddingSettings | None = None,
@@ -72,7 +73,11 @@ def create_app(
     (for their fair share) are read through ``tenant_tiers``, else on the search pool the
     lifespan opens; without either every tenant has the flat ``KB_FAIR_*`` limits."""
     app = create_publisher_app(
-        settings, store=store, bulk_store=bulk_store, auth_settings=auth_settings
+        settings,
+        store=store,
+        bulk_store=bulk_store,
+        erasure_store=erasure_store,
+        auth_settings=auth_settings,
     )
     app.title = "kb-pipeline"
     app.state.searcher = searcher

@@ -50,7 +50,7 @@ COMMANDS: dict[str, LazyCommand] = {
     "documents": LazyCommand(
         "services.publisher.documents_cli",
         "documents_app",
-        "A tenant's documents: delete one.",
+        "A tenant's documents: delete or erase one.",
     ),
     "operators": LazyCommand(
         "services.operator.cli", "operators_app", "Operator keys for the /ui page."

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -19,6 +20,8 @@ from services.publisher.ports import (
     DocumentDeletion,
     DocumentHeader,
     DocumentStatusRecord,
+    ErasureRequest,
+    ErasureStore,
     LockedDocument,
     NewVersion,
     PendingEvent,
@@ -30,6 +33,7 @@ from services.publisher.text import clean_text, nfc
 from services.runtime.errors import (
     BadInput,
     Conflict,
+    KbError,
     NotFound,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -202,6 +206,23 @@ class DeleteOutcome:
     changed: bool
 
 
+@dataclass(frozen=True)
+class EraseOutcome:
+    document_id: uuid.UUID
+    deleted_at: datetime
+    requested_at: datetime  # when the erase was first asked for (the audit row's)
+    erased_at: datetime
+    # A WAL position past the erase's commits: a search naming it in `after` never returns
+    # the document, on any server.
+    search_token: str
+    # False when the document was erased already (a repeat): nothing was written.
+    changed: bool
+
+
+class EraseUnavailable(KbError, code="ERASE_UNAVAILABLE"):
+    """A publisher built without an erasure store was asked to erase (a wiring bug: 500)."""
+
+
 def _occurred_at(now: datetime | None) -> datetime:
     return now if now is not None else datetime.now(UTC)
 
@@ -228,6 +249,7 @@ class DocumentStatus(DocumentHeader):
     # A search naming it in `after` sees search_version or a later one, on any replica.
     search_token: str | None = None
     read_from: str = PRIMARY  # the server that answered (a replica's name, or PRIMARY)
+    erased_at: datetime | None = None  # when its erase finished (status stays DELETED)
 
 
 @dataclass(frozen=True)
@@ -405,8 +427,13 @@ class Publisher:
         *,
         max_upload_bytes: int,
         registry: SchemaRegistry | None = None,
+        erasure: ErasureStore | None = None,
+        erase_batch_rows: int = 1000,
     ) -> None:
         self._store = store
+        # The erase's batches (services/publisher/erase_pg.py); None: erase is not served.
+        self._erasure = erasure
+        self._erase_batch_rows = erase_batch_rows
         self._max_upload_bytes = max_upload_bytes
         self._registry = registry or default_registry()
 
@@ -593,6 +620,49 @@ class Publisher:
                 revision, deleted_at, changed = deletion.revision, deletion.deleted_at, True
         token = await self._store.primary_search_token()
         return DeleteOutcome(document_id, revision, deleted_at, token, changed)
+
+    async def erase_document(
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        request: ErasureRequest,
+        *,
+        now: datetime | None = None,
+        between_batches: Callable[[str], Awaitable[None]] | None = None,
+    ) -> EraseOutcome:
+        """Erase the document's content (docs/architecture.md#document-lifecycle). Erase
+        implies delete: one transaction deletes a live document (as ``delete_document``
+        does, whatever its revision: an erase is an admin's order, not an edit) and writes
+        the audit row in progress; then the erasure store removes the content in bounded
+        batches, each its own short transaction, and sets ``erased_at``. Erasing an erased
+        document writes nothing and answers what its erase did; one left in progress (a
+        crash) is finished."""
+        if self._erasure is None:
+            raise EraseUnavailable("this publisher has no erasure store wired")
+        async with self._store.transaction(tenant_id) as tx:
+            document = await tx.lock_document(tenant_id, document_id)
+            if document is None:
+                raise document_not_found(document_id)
+            deleted_at = document.deleted_at
+            if deleted_at is None:
+                deletion = await tx.delete_document(document, now)
+                await tx.add_event(
+                    deletion_event(self._registry, document, deletion, _occurred_at(now))
+                )
+                deleted_at = deletion.deleted_at
+            record = await tx.start_erasure(tenant_id, document_id, request, now)
+        erased_at, changed = record.erased_at, False
+        if erased_at is None:
+            erased_at = await self._erasure.erase_content(
+                tenant_id,
+                document_id,
+                batch_rows=self._erase_batch_rows,
+                now=now,
+                between_batches=between_batches,
+            )
+            changed = True
+        token = await self._store.primary_search_token()
+        return EraseOutcome(document_id, deleted_at, record.requested_at, erased_at, token, changed)
 
     async def document_status(self, tenant_id: str, document_id: uuid.UUID) -> DocumentStatus:
         record = await self._store.document_status(tenant_id, document_id)

@@ -8,6 +8,7 @@ the adapter puts it in the WHERE clause: no query can wander into another tenant
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -101,6 +102,47 @@ class DocumentStatusRecord(DocumentHeader):
     search_token: str | None = None
     # The server that answered: PRIMARY, or a read replica's name (docs/scaling.md).
     read_from: str = PRIMARY
+    # When its erase finished (docs/architecture.md#document-lifecycle); None: not erased,
+    # or its erase is still in progress.
+    erased_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ErasureRequest:
+    """Who asked for an erase: an admin API key (``key_id``), or an operator's command
+    (``requested_by`` "cli", no key)."""
+
+    requested_by: str
+    key_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class ErasureRecord:
+    """The erase's audit row: when it was asked for and, once finished, when it was."""
+
+    requested_at: datetime
+    erased_at: datetime | None
+
+
+class ErasureStore(Protocol):
+    """The erase's content removal, in bounded batches of short transactions, as the tables'
+    owner (it removes chunks, staged slices and rewrites outbox rows, which the API's tenant
+    role may not write): services/publisher/erase_pg.py."""
+
+    async def erase_content(
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        *,
+        batch_rows: int,
+        now: datetime | None = None,
+        between_batches: Callable[[str], Awaitable[None]] | None = None,
+    ) -> datetime:
+        """Remove what is left of the document's content, batch by batch, each batch its own
+        transaction; then set the audit row's ``erased_at`` and return it. Every step is
+        idempotent: a run that stopped halfway is finished by the next. ``between_batches``
+        (tests) is awaited after each committed batch with the step's name."""
+        ...
 
 
 class StatusReplicas(Protocol):
@@ -182,6 +224,17 @@ class PublishTransaction(Protocol):
         forward to a tombstone, its served ACL dropped, the document marked deleted with its
         revision bumped (docs/architecture.md#document-lifecycle). The caller adds the
         event."""
+        ...
+
+    async def start_erasure(
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        request: ErasureRequest,
+        now: datetime | None,
+    ) -> ErasureRecord:
+        """The erase's audit row, in progress, unless the document has one (a re-run): the
+        row there is (docs/architecture.md#document-lifecycle)."""
         ...
 
 

@@ -132,7 +132,7 @@ SELECT version_number
 -- past the end of the switch's commit record: a server that has replayed it serves this
 -- search_version or a later one. Conservative (later than the commit), never early.
 SELECT d.document_id, d.title, d.revision, d.latest_version, d.published_version,
-       d.published_at, d.deleted_at, s.version_number AS search_version,
+       d.published_at, d.deleted_at, e.erased_at, s.version_number AS search_version,
        s.switched_at AS search_switched_at,
        CASE WHEN s.version_number IS NULL THEN NULL
             WHEN pg_is_in_recovery()
@@ -150,6 +150,8 @@ SELECT d.document_id, d.title, d.revision, d.latest_version, d.published_version
   FROM document d
   LEFT JOIN document_search_version s
          ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
+  LEFT JOIN document_erasure e
+         ON e.tenant_id = d.tenant_id AND e.document_id = d.document_id
   LEFT JOIN index_task t
          ON t.tenant_id = d.tenant_id
         AND t.document_id = d.document_id
@@ -273,3 +275,22 @@ RETURNING tenant_id
 -- The first key of a new tenant: an admin key, as every key was before scopes.
 INSERT INTO tenant_api_key (key_id, tenant_id, key_hash, name, scopes, principal_source)
 VALUES ($1, $2, $3, 'initial', ARRAY['admin'], 'caller')
+
+-- name: start_erasure
+-- $1 tenant, $2 document, $3 key id (NULL: the CLI), $4 requested_by, $5 now. The erase's
+-- audit row (migration 0031), in progress, written in the transaction that deleted the
+-- document (or found it deleted). A re-run finds the row there and gets it back unchanged:
+-- the first request's time and key stay the record.
+WITH added AS (
+    INSERT INTO document_erasure (tenant_id, document_id, key_id, requested_by, requested_at)
+    VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()))
+    ON CONFLICT (tenant_id, document_id) DO NOTHING
+    RETURNING requested_at, erased_at
+)
+SELECT requested_at, erased_at FROM added
+UNION ALL
+SELECT requested_at, erased_at
+  FROM document_erasure
+ WHERE tenant_id = $1
+   AND document_id = $2
+   AND NOT EXISTS (SELECT 1 FROM added)

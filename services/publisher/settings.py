@@ -46,6 +46,11 @@ class PublisherSettings(RuntimeSettings):
     # uvicorn (h11): the largest request head (request line + headers).
     publisher_max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=MIB)
 
+    # An erase removes a document's content in batches of at most this many rows, each its
+    # own short transaction (docs/architecture.md#document-lifecycle): a large document's
+    # erase holds no lock a publish or a search waits for.
+    publisher_erase_batch_rows: int = Field(default=1000, ge=1, le=100_000)
+
     @property
     def max_request_bytes(self) -> int:
         return self.publisher_max_upload_bytes + self.publisher_max_request_overhead_bytes

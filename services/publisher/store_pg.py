@@ -16,6 +16,8 @@ from services.publisher.ports import (
     PRIMARY,
     DocumentDeletion,
     DocumentStatusRecord,
+    ErasureRecord,
+    ErasureRequest,
     LockedDocument,
     NewVersion,
     PendingEvent,
@@ -235,6 +237,25 @@ class PgPublishTransaction:
             previous_search_version=previous["previous_version"],
             cancelled_tasks=len(cancelled),
         )
+
+    async def start_erasure(
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        request: ErasureRequest,
+        now: datetime | None,
+    ) -> ErasureRecord:
+        with translate_db_errors():
+            row = await self._conn.fetchrow(
+                QUERIES["start_erasure"],
+                tenant_id,
+                document_id,
+                request.key_id,
+                request.requested_by,
+                now,
+            )
+        assert row is not None  # inserted, or there already
+        return ErasureRecord(requested_at=row["requested_at"], erased_at=row["erased_at"])
 
     async def add_event(self, event: PendingEvent) -> None:
         await add_event(

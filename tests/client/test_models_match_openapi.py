@@ -111,6 +111,7 @@ def _calls(client: ClientBase) -> dict[str, Call]:
         "publish_many": client._publish_many([BulkItem(b"x", ["group:all"], title="t")]),
         "document_status": client._status(doc),
         "delete_document": client._delete(doc, 3),
+        "erase_document": client._erase(doc),
         "index_task": client._index_task(task),
         "search": client._search(
             "q",

@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from services.publisher.ports import (
     DocumentDeletion,
     DocumentStatusRecord,
+    ErasureRecord,
+    ErasureRequest,
     LockedDocument,
     NewVersion,
     PendingEvent,
@@ -69,6 +71,7 @@ class _State:
     tasks: dict[uuid.UUID, IndexTaskRecord] = field(default_factory=dict)
     search: dict[DocumentKey, tuple[int, datetime]] = field(default_factory=dict)
     outbox: list[PendingEvent] = field(default_factory=list)
+    erasures: dict[DocumentKey, ErasureRecord] = field(default_factory=dict)
 
 
 def _now(now: datetime | None) -> datetime:
@@ -231,6 +234,17 @@ class MemoryPublishTransaction:
             deleted_at=at,
             previous_search_version=served[0] if served else None,
             cancelled_tasks=cancelled,
+        )
+
+    async def start_erasure(
+        self,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        request: ErasureRequest,
+        now: datetime | None,
+    ) -> ErasureRecord:
+        return self._state.erasures.setdefault(
+            (tenant_id, document_id), ErasureRecord(requested_at=_now(now), erased_at=None)
         )
 
     async def add_event(self, event: PendingEvent) -> None:

@@ -63,6 +63,7 @@ REACHED = frozenset(
         "POST /v1/tenants/{tenantId}/documents/bulk",
         "GET /v1/tenants/{tenantId}/documents/{documentId}",
         "DELETE /v1/tenants/{tenantId}/documents/{documentId}",
+        "POST /v1/tenants/{tenantId}/documents/{documentId}/erase",
         "GET /v1/tenants/{tenantId}/index-tasks/{taskId}",
         "POST /v1/tenants/{tenantId}/search",
     }

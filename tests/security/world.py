@@ -27,6 +27,7 @@ from services.embedding.hashing import HashingEmbedder
 from services.operator.auth import digest, new_operator_key
 from services.operator.context import build_operator_context
 from services.publisher.bulk.store_pg import PgBulkStore
+from services.publisher.erase_pg import PgErasureStore
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore
@@ -284,6 +285,7 @@ async def world_app(
             publisher_settings,
             store=PgPublisherStore(pool),
             bulk_store=PgBulkStore(pool),
+            erasure_store=PgErasureStore(pool),
             searcher=Searcher(embedder, index),
             # The client below speaks plain HTTP: a Secure cookie would never come back.
             operator=build_operator_context(

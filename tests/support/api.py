@@ -15,6 +15,7 @@ import httpx
 from fastapi import FastAPI
 
 from services.publisher.bulk.store_pg import PgBulkStore
+from services.publisher.erase_pg import PgErasureStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore, PgTenantStore, open_publisher_pool
 from services.publisher.web.api import create_app
@@ -82,6 +83,7 @@ async def publisher_harness(
             publisher_settings,
             store=PgPublisherStore(pool),
             bulk_store=PgBulkStore(pool),
+            erasure_store=PgErasureStore(pool),
             auth_settings=auth_settings,
         )
         transport = httpx.ASGITransport(app=app)

@@ -21,6 +21,7 @@ from services.embedding.hashing import HashingEmbedder
 from services.embedding.port import Embedder
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
+from services.publisher.erase_pg import PgErasureStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
 from services.runtime.settings import RuntimeSettings
@@ -221,6 +222,7 @@ async def search_harness(
         app = create_app(
             publisher_settings,
             store=PgPublisherStore(pool),
+            erasure_store=PgErasureStore(pool),
             searcher=searcher,
             auth_settings=UNTHROTTLED,
         )

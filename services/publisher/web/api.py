@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from services.publisher.bulk.domain import BulkPublisher, BulkStore
 from services.publisher.domain import Publisher
 from services.publisher.metrics import PublisherMetrics
-from services.publisher.ports import PublisherStore
+from services.publisher.ports import ErasureStore, PublisherStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.web.body_limit import BodyLimitMiddleware
 from services.publisher.web.bulk_routes import bulk_router
@@ -43,10 +43,12 @@ def create_app(
     *,
     store: PublisherStore | None = None,
     bulk_store: BulkStore | None = None,
+    erasure_store: ErasureStore | None = None,
     auth_settings: AuthSettings | None = None,
 ) -> FastAPI:
     """The publisher app. Without ``store`` it opens its own pool in its lifespan; a given
-    ``store`` comes with its ``bulk_store`` (without one, bulk publishing answers 503).
+    ``store`` comes with its ``bulk_store`` (without one, bulk publishing answers 503) and its
+    ``erasure_store`` (without one, an erase answers 500 ERASE_UNAVAILABLE).
     ``auth_settings``: principal tokens and failed-key throttling (default ``KB_AUTH_*``)."""
     settings = settings or PublisherSettings()
 
@@ -56,6 +58,7 @@ def create_app(
             yield
             return
         from services.publisher.bulk.store_pg import PgBulkStore
+        from services.publisher.erase_pg import PgErasureStore
         from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
 
         pool = await open_publisher_pool(settings)
@@ -72,6 +75,7 @@ def create_app(
                 acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,
                 row_security=walls_the_publisher(settings.db_row_security),
             ),
+            PgErasureStore(pool),
         )
         log.info("publisher.started")
         try:
@@ -97,7 +101,7 @@ def create_app(
     app.state.publisher = None
     app.state.bulk_publisher = None
     if store is not None:
-        _use_store(app, store, bulk_store)
+        _use_store(app, store, bulk_store, erasure_store)
     app.state.metrics = PublisherMetrics()
     app.state.upload_budget = UploadBudget(settings.publisher_max_inflight_upload_bytes)
     app.state.readiness = ReadinessProbe(
@@ -130,10 +134,20 @@ def create_app(
     return app
 
 
-def _use_store(app: FastAPI, store: PublisherStore, bulk_store: BulkStore | None) -> None:
+def _use_store(
+    app: FastAPI,
+    store: PublisherStore,
+    bulk_store: BulkStore | None,
+    erasure_store: ErasureStore | None = None,
+) -> None:
     settings: PublisherSettings = app.state.settings
     app.state.store = store
-    app.state.publisher = Publisher(store, max_upload_bytes=settings.publisher_max_upload_bytes)
+    app.state.publisher = Publisher(
+        store,
+        max_upload_bytes=settings.publisher_max_upload_bytes,
+        erasure=erasure_store,
+        erase_batch_rows=settings.publisher_erase_batch_rows,
+    )
     if bulk_store is not None:
         app.state.bulk_publisher = BulkPublisher(
             app.state.publisher,

@@ -90,6 +90,8 @@ AFTER_DELETE: Final = links(
     AddVersion=_add_version("$response.body#/documentId"),
 )
 
+AFTER_ERASE: Final = links(DocumentStatus=_status("$response.body#/documentId"))
+
 AFTER_INDEX_TASK: Final = links(DocumentStatus=_status("$response.body#/documentId"))
 
 # The first item's; a fuzzer gets the others by sending one item at a time.

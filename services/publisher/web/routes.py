@@ -19,10 +19,12 @@ from fastapi.security import HTTPBearer
 
 from services.publisher.domain import MAX_TITLE_LENGTH, Publisher, Upload, VersionCreated
 from services.publisher.metrics import PublisherMetrics
+from services.publisher.ports import ErasureRequest
 from services.publisher.strict_form import StrictFormRoute
 from services.publisher.text import REFUSED_CHARACTERS
 from services.publisher.web.links import (
     AFTER_DELETE,
+    AFTER_ERASE,
     AFTER_INDEX_TASK,
     AFTER_PUBLISH,
     AFTER_STATUS,
@@ -33,6 +35,7 @@ from services.publisher.web.wire import (
     MAX_INT64,
     DeleteResponse,
     DocumentStatusResponse,
+    EraseResponse,
     IndexTaskResponse,
     PublishRequest,
     PublishResponse,
@@ -296,6 +299,46 @@ async def delete_document(
         revision=result.revision,
     )
     return DeleteResponse.model_validate(result)
+
+
+@tenant_router.post(
+    "/documents/{documentId}/erase",
+    response_model=EraseResponse,
+    responses={**_problems(404), 200: AFTER_ERASE},
+    summary="Erase a document's content for good (an admin key only)",
+    description=(
+        "Erase implies delete: a live document is first deleted (as by DELETE, whatever its "
+        "revision), then everything the system holds of its content goes: every version's "
+        "bytes, every chunk and embedding in every generation, staged slices, the versions' "
+        "ACLs, the index tasks' error texts, the titles and principals of its outbox events. "
+        "What remains: an audit row (tenant, document, when, which key), the tombstone and "
+        "ids. Large documents are erased in bounded batches, each a short transaction. "
+        "Idempotent: erasing an erased document answers what its erase did; an erase that "
+        "stopped halfway is finished. Needs the `admin` scope (403 `KEY_SCOPE_INSUFFICIENT`)."
+    ),
+)
+async def erase_document(
+    request: Request, tenant_id: TenantId, document_id: DocumentId
+) -> EraseResponse:
+    caller = require_scope(request, tenant_id, Scope.ADMIN)
+    metrics = _metrics(request)
+    try:
+        result = await _publisher(request).erase_document(
+            tenant_id,
+            document_id,
+            ErasureRequest(requested_by="api", key_id=caller.grant.key_id),
+        )
+    except KbError as error:
+        metrics.operations.labels("erase_document", error.code).inc()
+        raise
+    metrics.operations.labels("erase_document", "ok" if result.changed else "unchanged").inc()
+    log.info(
+        "document.erased" if result.changed else "document.erase_repeated",
+        tenant_id=tenant_id,
+        document_id=str(document_id),
+        key_id=str(caller.grant.key_id),
+    )
+    return EraseResponse.model_validate(result)
 
 
 @tenant_router.get(

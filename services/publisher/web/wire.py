@@ -77,6 +77,11 @@ class DocumentStatusResponse(ApiModel):
         default=None,
         description="When the document was deleted (`indexStatus` DELETED); null if it is not.",
     )
+    erased_at: datetime | None = Field(
+        default=None,
+        description="When its content was erased (`indexStatus` stays DELETED); null if it "
+        "was not, or its erase is still in progress.",
+    )
     search_lag_since: datetime | None = Field(
         description="Since when search serves another version than the published one."
     )
@@ -95,6 +100,19 @@ class DeleteResponse(ApiModel):
     deleted_at: datetime
     search_token: str = Field(
         description="A WAL position past the delete's commit. Pass it in a search's `after`: "
+        "no server answering it returns the document (docs/scaling.md#read-your-switch)."
+    )
+
+
+class EraseResponse(ApiModel):
+    document_id: uuid.UUID
+    deleted_at: datetime = Field(
+        description="When the document was deleted (by this erase, if it was live)."
+    )
+    requested_at: datetime = Field(description="When its erase was first asked for.")
+    erased_at: datetime = Field(description="When its content was gone.")
+    search_token: str = Field(
+        description="A WAL position past the erase's commits. Pass it in a search's `after`: "
         "no server answering it returns the document (docs/scaling.md#read-your-switch)."
     )
 

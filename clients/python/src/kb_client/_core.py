@@ -60,9 +60,10 @@ class ApiKey:
 class Retry(enum.Enum):
     """Which failures a call may be sent again after."""
 
-    # Reads, searches, publish and delete (the server answers a repeated publish of the
-    # same version with the same ACL with the same task, and a repeated delete with what the
-    # first did, whatever its revision; neither changes anything).
+    # Reads, searches, publish, delete and erase (the server answers a repeated publish of
+    # the same version with the same ACL with the same task, a repeated delete with what the
+    # first did, whatever its revision, and a repeated erase with what it did, finishing one
+    # that stopped halfway; none changes anything more).
     SAFE = "safe"
     # Uploads: a second send may create a second version; only a 429 (refused before any
     # work) is retried.

@@ -35,6 +35,7 @@ OPERATIONS = {
     "publish_many": "publish_many",
     "document_status": "document_status",
     "delete_document": "delete_document",
+    "erase_document": "erase_document",
     "index_task": "index_task",
     "search": "search",
 }
@@ -122,6 +123,10 @@ class ClientBase:
             Retry.SAFE,
             params={"revision": str(int(revision))},
         )
+
+    def _erase(self, document_id: uuid.UUID | str) -> Call:
+        # Safe to send again: a repeat answers what the erase did, or finishes it.
+        return Call("POST", self._path(f"/documents/{_id(document_id)}/erase"), Retry.SAFE)
 
     def _status(self, document_id: uuid.UUID | str) -> Call:
         return Call("GET", self._path(f"/documents/{_id(document_id)}"), Retry.SAFE)

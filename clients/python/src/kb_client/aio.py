@@ -33,6 +33,7 @@ from kb_client.models import (
     BulkResponse,
     DeleteResponse,
     DocumentStatusResponse,
+    EraseResponse,
     IndexTaskResponse,
     PublishResponse,
     SearchMode,
@@ -133,6 +134,15 @@ class AsyncKbClient(ClientBase):
         deleted = await self._send(self._delete(document_id, revision), DeleteResponse)
         self.tokens.remember(deleted.search_token)
         return deleted
+
+    async def erase_document(self, document_id: uuid.UUID | str) -> EraseResponse:
+        """Erase the document's content for good (an ``admin`` key only: 403 otherwise); a
+        live document is deleted first. A repeat answers what the erase did, or finishes
+        one that stopped halfway. The answer's ``searchToken`` is remembered, as a
+        delete's."""
+        erased = await self._send(self._erase(document_id), EraseResponse)
+        self.tokens.remember(erased.search_token)
+        return erased
 
     async def index_task(self, task_id: uuid.UUID | str) -> IndexTaskResponse:
         return await self._send(self._index_task(task_id), IndexTaskResponse)

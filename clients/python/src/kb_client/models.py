@@ -112,6 +112,8 @@ class DocumentStatusResponse(ApiModel):
     index_task_id: uuid.UUID | None
     failure: FailureResponse | None
     deleted_at: datetime | None = None
+    # When its content was erased (index_status stays DELETED); None: not, or in progress.
+    erased_at: datetime | None = None
     search_lag_since: datetime | None
     search_token: str | None = None
 
@@ -121,6 +123,15 @@ class DeleteResponse(ApiModel):
     revision: int
     deleted_at: datetime
     # Past the delete's commit: a search passing it never returns the document.
+    search_token: str
+
+
+class EraseResponse(ApiModel):
+    document_id: uuid.UUID
+    deleted_at: datetime
+    requested_at: datetime
+    erased_at: datetime
+    # Past the erase's commits: a search passing it never returns the document.
     search_token: str
 
 
@@ -215,6 +226,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
         FailureResponse,
         DocumentStatusResponse,
         DeleteResponse,
+        EraseResponse,
         IndexTaskResponse,
         BulkItemResult,
         BulkResponse,
