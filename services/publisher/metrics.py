@@ -4,7 +4,12 @@ or task ids."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from services.runtime.errors import KbError
 
 
 class PublisherMetrics:
@@ -42,3 +47,13 @@ class PublisherMetrics:
             buckets=(1e3, 1e4, 1e5, 1e6, 5e6, 1e7, 2.5e7, 1e8),
             registry=self.registry,
         )
+
+    @contextmanager
+    def counting_errors(self, operation: str) -> Iterator[None]:
+        """Counts a typed error of ``operation`` by its code, and lets it go on; the
+        caller counts the outcome it knows (``ok``, ``unchanged``)."""
+        try:
+            yield
+        except KbError as error:
+            self.operations.labels(operation, error.code).inc()
+            raise

@@ -38,7 +38,7 @@ from services.publisher.metrics import PublisherMetrics
 from services.publisher.web.links import AFTER_BULK
 from services.publisher.web.wire import MAX_INT64, ReadAcl
 from services.runtime.auth.keys import Scope
-from services.runtime.errors import BadInput, DependencyUnavailable, KbError
+from services.runtime.errors import BadInput, DependencyUnavailable
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE
 from services.runtime.logging import get_logger
 from services.runtime.tenancy.tenant_auth import require_scope
@@ -133,17 +133,12 @@ async def publish_many(request: Request, tenant_id: TenantId) -> BulkResponse:
     bulk: BulkPublisher | None = request.app.state.bulk_publisher
     if bulk is None:
         raise DependencyUnavailable("bulk publishing is not configured on this app")
-    try:
+    with metrics.counting_errors("bulk_publish"):
         form = await read_form(request, max_files=MAX_BULK_ITEMS, max_fields=MAX_BULK_ITEMS + 1)
-    except KbError as error:
-        metrics.operations.labels("bulk_publish", error.code).inc()
-        raise
     try:
-        items = _items(form.getlist("items"), form.getlist("file"))
-        results = await bulk.publish_many(tenant_id, items)
-    except KbError as error:
-        metrics.operations.labels("bulk_publish", error.code).inc()
-        raise
+        with metrics.counting_errors("bulk_publish"):
+            items = _items(form.getlist("items"), form.getlist("file"))
+            results = await bulk.publish_many(tenant_id, items)
     finally:
         await form.close()
     answer = [_result(result) for result in results]

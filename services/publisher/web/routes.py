@@ -42,7 +42,6 @@ from services.publisher.web.wire import (
     VersionCreatedResponse,
 )
 from services.runtime.auth.keys import Scope
-from services.runtime.errors import KbError
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE
 from services.runtime.logging import get_logger
 from services.runtime.tenancy.tenant_auth import require_scope
@@ -153,11 +152,8 @@ async def _store_upload(
 @asynccontextmanager
 async def _counted(request: Request, operation: str) -> AsyncIterator[None]:
     metrics = _metrics(request)
-    try:
+    with metrics.counting_errors(operation):
         yield
-    except KbError as error:
-        metrics.operations.labels(operation, error.code).inc()
-        raise
     metrics.operations.labels(operation, "ok").inc()
 
 
@@ -221,7 +217,7 @@ async def publish_version(
     body: PublishRequest,
 ) -> PublishResponse:
     metrics = _metrics(request)
-    try:
+    with metrics.counting_errors("publish"):
         result = await _publisher(request).publish(
             tenant_id,
             document_id,
@@ -229,9 +225,6 @@ async def publish_version(
             expected_revision=body.revision,
             read_principals=list(body.acl.read),
         )
-    except KbError as error:
-        metrics.operations.labels("publish", error.code).inc()
-        raise
     metrics.operations.labels("publish", "ok" if result.changed else "unchanged").inc()
     log.info(
         "version.published" if result.changed else "version.publish_repeated",
@@ -284,13 +277,10 @@ async def delete_document(
     ],
 ) -> DeleteResponse:
     metrics = _metrics(request)
-    try:
+    with metrics.counting_errors("delete_document"):
         result = await _publisher(request).delete_document(
             tenant_id, document_id, expected_revision=revision
         )
-    except KbError as error:
-        metrics.operations.labels("delete_document", error.code).inc()
-        raise
     metrics.operations.labels("delete_document", "ok" if result.changed else "unchanged").inc()
     log.info(
         "document.deleted" if result.changed else "document.delete_repeated",
@@ -322,15 +312,12 @@ async def erase_document(
 ) -> EraseResponse:
     caller = require_scope(request, tenant_id, Scope.ADMIN)
     metrics = _metrics(request)
-    try:
+    with metrics.counting_errors("erase_document"):
         result = await _publisher(request).erase_document(
             tenant_id,
             document_id,
             ErasureRequest(requested_by="api", key_id=caller.grant.key_id),
         )
-    except KbError as error:
-        metrics.operations.labels("erase_document", error.code).inc()
-        raise
     metrics.operations.labels("erase_document", "ok" if result.changed else "unchanged").inc()
     log.info(
         "document.erased" if result.changed else "document.erase_repeated",
