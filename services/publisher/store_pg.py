@@ -272,6 +272,10 @@ class PgPublishTransaction:
 
 
 class PgPublisherStore:
+    # What ``transaction`` yields: the ingest consumer's store yields its own kind
+    # (services/publisher/ingest/store_pg.py), the same transaction with more statements.
+    transaction_class: type[PgPublishTransaction] = PgPublishTransaction
+
     def __init__(
         self,
         pool: asyncpg.Pool[Any],
@@ -306,7 +310,7 @@ class PgPublisherStore:
                 tenant_transaction(conn, tenant_id, row_security=self._row_security),
             ):
                 # The pool's proxy forwards every call to the connection it wraps.
-                yield PgPublishTransaction(cast("asyncpg.Connection[Any]", conn))
+                yield self.transaction_class(cast("asyncpg.Connection[Any]", conn))
 
     async def api_key(
         self, tenant_id: str, key_hash: bytes, now: datetime | None = None

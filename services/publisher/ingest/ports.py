@@ -1,0 +1,79 @@
+"""What the ingest consumer needs from storage and from Kafka, as Protocols."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from services.publisher.ingest.signing import IngestKey
+from services.publisher.ports import PublisherStore, PublishTransaction
+
+
+@dataclass(frozen=True)
+class CommandAnswer:
+    """What a command did, as recorded with it: a redelivered command answers the same."""
+
+    command_id: uuid.UUID
+    command_type: str
+    document_id: uuid.UUID | None
+    version_number: int | None = None
+    revision: int | None = None
+    task_id: uuid.UUID | None = None
+    # False when the command was applied before (a redelivery): nothing was written now.
+    changed: bool = True
+
+
+@dataclass(frozen=True)
+class IngestRecord:
+    """One record of an ingest topic, as read (the value unread, the headers raw)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes] = field(default_factory=dict)
+
+
+class IngestTransaction(PublishTransaction, Protocol):
+    async def claim_command(
+        self, tenant_id: str, command_id: uuid.UUID, command_type: str, now: datetime | None
+    ) -> bool:
+        """Record the command id (its answer still empty); False when it is recorded
+        already. A concurrent transaction claiming the same id waits for this one."""
+        ...
+
+    async def command_answer(
+        self, tenant_id: str, command_id: uuid.UUID
+    ) -> CommandAnswer | None: ...
+
+    async def record_answer(self, tenant_id: str, answer: CommandAnswer) -> None: ...
+
+    async def document_for_key(self, tenant_id: str, document_key: str) -> uuid.UUID | None: ...
+
+    async def map_key(
+        self, tenant_id: str, document_key: str, document_id: uuid.UUID, now: datetime | None
+    ) -> None:
+        """Map the producer's key to the document; ``DocumentKeyTaken`` when the document
+        has another key."""
+        ...
+
+
+class IngestStore(PublisherStore, Protocol):
+    def ingest_transaction(self, tenant_id: str) -> AbstractAsyncContextManager[IngestTransaction]:
+        """A tenant's transaction (behind the wall) that can also record commands."""
+        ...
+
+    async def ingest_key(self, tenant_id: str, key_id: str) -> IngestKey | None:
+        """The tenant's ingest key of that id, unless revoked."""
+        ...
+
+
+class DeadLetters(Protocol):
+    async def send(self, record: IngestRecord, code: str, detail: str) -> None:
+        """Write ``record`` (its bytes, key and headers) to the tier's dead-letter topic
+        with the problem code, and wait for the broker's acknowledgement."""
+        ...
