@@ -8,9 +8,10 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import os
 import re
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -22,13 +23,19 @@ from services.runtime.errors import BadInput
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
 
-    from services.publisher.ingest.consumer_kafka import IngestLoop, KafkaDeadLetters
+    from services.publisher.ingest.consumer_kafka import KafkaDeadLetters
     from services.publisher.ingest.settings import IngestSettings
 
 app = typer.Typer(help="Apply producers' signed commands from Kafka.", no_args_is_help=True)
 ingest_keys_app = typer.Typer(
     help="The Ed25519 keys a tenant's producers sign ingest commands with.", no_args_is_help=True
 )
+
+# TEST ONLY: when set to a file path, `kb ingest run` writes how many records its first
+# batch applied to that file and then hangs *before* committing their offsets, so a test can
+# kill -9 it exactly between the commands' transactions and the offset commit. Never set it
+# in production.
+TEST_ONLY_HANG_BEFORE_COMMIT = "KB_INGEST_TEST_ONLY_HANG_BEFORE_COMMIT"
 
 TIER_OPTION = typer.Option(..., "--tier", help="The tier whose ingest topic to consume.")
 TIER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -79,12 +86,6 @@ def replay_dead(tier: str = TIER_OPTION) -> None:
     typer.echo(f"replayed={done}")
 
 
-@dataclass
-class _Parts:
-    loop: IngestLoop
-    consumer: AIOKafkaConsumer
-
-
 async def _consume(
     settings: IngestSettings, tier: str, stop: asyncio.Event, *, replay: bool
 ) -> int:
@@ -129,6 +130,7 @@ async def _consume(
                 ),
                 batch_size=settings.ingest_batch_size,
                 poll_timeout_seconds=settings.ingest_poll_timeout_seconds,
+                before_commit=_hang_before_commit(),
             )
             get_logger(__name__).info("ingest.started", tier=tier, group=group, replay=replay)
             if not replay:
@@ -136,6 +138,20 @@ async def _consume(
             return await loop.run(stop, until_end=await _ends(consumer, stop))
         finally:
             await consumer.stop()
+
+
+def _hang_before_commit() -> Callable[[int], Awaitable[None]] | None:
+    path = os.environ.get(TEST_ONLY_HANG_BEFORE_COMMIT)
+    if not path:
+        return None
+
+    async def hang(done: int) -> None:
+        partial = Path(path).with_suffix(".partial")
+        partial.write_text(str(done))
+        partial.rename(path)
+        await asyncio.Event().wait()  # until killed
+
+    return hang
 
 
 async def _ends(consumer: AIOKafkaConsumer, stop: asyncio.Event) -> dict[Any, int]:

@@ -112,6 +112,7 @@ class IngestLoop:
         backoff: Backoff,
         batch_size: int,
         poll_timeout_seconds: float,
+        before_commit: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self._consumer = consumer
         self._handle = handle
@@ -120,6 +121,8 @@ class IngestLoop:
         self._backoff = backoff
         self._batch_size = batch_size
         self._poll_ms = int(poll_timeout_seconds * 1000)
+        # Tests: awaited with the batch's count of done records, before their commit.
+        self._before_commit = before_commit
 
     async def run(
         self, stop: asyncio.Event, *, until_end: dict[TopicPartition, int] | None = None
@@ -143,6 +146,8 @@ class IngestLoop:
             )
             offsets = {tp: end for tp, end, _ in ends if end is not None}
             done += sum(count for _, _, count in ends)
+            if self._before_commit is not None and offsets:
+                await self._before_commit(done)
             await self._commit(offsets)
             await self._measure_lag()
         return done
