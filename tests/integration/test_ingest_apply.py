@@ -9,6 +9,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.retry import RetryPolicy
 from services.publisher.domain import Publisher, RevisionConflict, Upload
 from services.publisher.erase_pg import PgErasureStore
 from services.publisher.ingest.apply import DocumentKeyUnknown, IngestApplier
@@ -22,6 +25,7 @@ from tests.support.ingest import (
     publish_command,
     readers_command,
 )
+from tests.support.pipeline import running_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -197,3 +201,34 @@ async def test_a_refused_command_leaves_nothing_not_even_its_id(
     with pytest.raises(DocumentKeyUnknown):
         await _apply(applier, readers_command(tenant, "never-published", ["u:ann"]))
     assert await _counts(conn) == (0, 0, 0, 0, 0)
+
+
+async def test_the_switch_event_names_the_command_that_published_the_version(
+    parts: tuple[IngestApplier, Publisher],
+    tenant: str,
+    conn: asyncpg.Connection[Any],
+    pool: asyncpg.Pool[Any],
+) -> None:
+    applier, publisher = parts
+    command_id = uuid.uuid4()
+    answer = await _apply(
+        applier, publish_command(tenant, "page-1", b"words to index", command_id=command_id)
+    )
+    # Readers set afterwards name the same task: the switch still names the publish.
+    await _apply(applier, readers_command(tenant, "page-1", ["u:ann"]))
+    # A version published over HTTP names no command.
+    created = await publisher.create_document(tenant, "Plain", Upload(b"plain", "text/plain", "p"))
+    await publisher.publish(
+        tenant, created.document_id, 1, expected_revision=1, read_principals=["u:ann"]
+    )
+    async with running_pipeline(pool) as indexer:
+        work = Worker(
+            PgTaskQueue(pool), indexer, tier="standard", owner="it-ingest", policy=RetryPolicy()
+        )
+        assert await work.run_once() is RunOnceResult.SUCCEEDED
+        assert await work.run_once() is RunOnceResult.SUCCEEDED
+    switched = {
+        e["documentId"]: e["commandId"]
+        for e in await _events(conn, "DocumentSearchVersionSwitched")
+    }
+    assert switched == {answer.document_id: command_id, created.document_id: None}
