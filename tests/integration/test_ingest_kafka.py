@@ -21,6 +21,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from services.publisher.ingest.cli import TEST_ONLY_HANG_BEFORE_COMMIT
+from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import ingest_dead_topic, ingest_topic
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import add_tenant
@@ -81,7 +82,7 @@ async def until(
 ) -> None:
     """Poll ``sql`` until it answers ``expected`` (the outcome of another process)."""
     async with asyncio.timeout(seconds):
-        while await conn.fetchval(sql) != expected:
+        while await conn.fetchval(sql) != expected:  # noqa: ASYNC110
             await asyncio.sleep(0.1)
 
 
@@ -219,7 +220,7 @@ async def test_a_consumer_killed_before_its_offset_commit_loses_and_duplicates_n
         {**env, TEST_ONLY_HANG_BEFORE_COMMIT: str(hang), "KB_INGEST_BATCH_SIZE": "7"}
     ) as doomed:
         async with asyncio.timeout(60):
-            while not hang.exists():
+            while not hang.exists():  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         applied_before_kill = int(hang.read_text())
         assert applied_before_kill > 0
@@ -242,10 +243,9 @@ async def test_a_consumer_killed_before_its_offset_commit_loses_and_duplicates_n
         (page, 4, 4) for page in pages
     }
     named = await conn.fetch(
-        "SELECT payload FROM outbox WHERE event_type IN ('DocumentVersionPublished', 'DocumentDeleted')"
+        "SELECT payload FROM outbox "
+        "WHERE event_type IN ('DocumentVersionPublished', 'DocumentDeleted')"
     )
-    from services.runtime.messaging.avro import default_registry
-
     command_ids = [
         default_registry().decode(bytes(r["payload"])).record["commandId"] for r in named
     ]
