@@ -14,6 +14,7 @@ from datetime import datetime
 
 from services.publisher.domain import (
     Publisher,
+    PublishOutcome,
     RevisionConflict,
     Upload,
     add_version_in,
@@ -147,13 +148,7 @@ class IngestApplier:
         outcome = await self._publisher.publish_in(
             tx, tenant, document_id, version, expected, principals, now, command.command_id
         )
-        return _answer(
-            command,
-            document_id,
-            version_number=outcome.version_number,
-            revision=outcome.revision,
-            task_id=outcome.index_task_id,
-        )
+        return _published(command, outcome)
 
     async def _set_readers(
         self,
@@ -178,13 +173,7 @@ class IngestApplier:
             now,
             command.command_id,
         )
-        return _answer(
-            command,
-            document_id,
-            version_number=outcome.version_number,
-            revision=outcome.revision,
-            task_id=outcome.index_task_id,
-        )
+        return _published(command, outcome)
 
     async def _erase(self, command: EraseDocument, now: datetime | None) -> CommandAnswer:
         """An erase runs in batches of their own transactions, never in one: it is
@@ -222,6 +211,16 @@ async def _check_revision(
         raise document_not_found(document_id)
     if expected is not None and expected != document.revision:
         raise RevisionConflict(expected, document.revision)
+
+
+def _published(command: Command, outcome: PublishOutcome) -> CommandAnswer:
+    return _answer(
+        command,
+        outcome.document_id,
+        version_number=outcome.version_number,
+        revision=outcome.revision,
+        task_id=outcome.index_task_id,
+    )
 
 
 def _answer(

@@ -187,7 +187,7 @@ async def _processing(settings: IngestSettings, tier: str) -> AsyncIterator[Any]
     from services.publisher.erase_pg import PgErasureStore
     from services.publisher.ingest.apply import IngestApplier
     from services.publisher.ingest.consumer_kafka import KafkaDeadLetters
-    from services.publisher.ingest.process import RecordProcessor
+    from services.publisher.ingest.process import IngestLimits, RecordProcessor
     from services.publisher.ingest.store_pg import PgIngestStore
     from services.publisher.store_pg import open_publisher_pool
     from services.runtime.tenancy.tenant_wall import walls_the_publisher
@@ -213,9 +213,11 @@ async def _processing(settings: IngestSettings, tier: str) -> AsyncIterator[Any]
             IngestApplier(publisher, store, max_upload_bytes=settings.publisher_max_upload_bytes),
             dead_letters,
             _metrics(),
-            max_command_bytes=settings.ingest_max_command_bytes,
-            max_inline_bytes=settings.ingest_max_inline_bytes,
-            tenant_in_flight=settings.ingest_tenant_in_flight,
+            IngestLimits(
+                settings.ingest_max_command_bytes,
+                settings.ingest_max_inline_bytes,
+                settings.ingest_tenant_in_flight,
+            ),
         )
         yield processor.handle
     finally:

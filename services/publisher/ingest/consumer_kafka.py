@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -98,31 +99,20 @@ class KafkaDeadLetters:
             raise KafkaUnavailable(f"the dead letter was not acknowledged: {error!r}") from error
 
 
+@dataclass
 class IngestLoop:
     """Reads a batch, hands each partition's records to ``handle`` in offset order (the
     partitions side by side), commits what is done."""
 
-    def __init__(
-        self,
-        consumer: AIOKafkaConsumer,
-        handle: Handler,
-        *,
-        tier: str,
-        metrics: IngestMetrics,
-        backoff: Backoff,
-        batch_size: int,
-        poll_timeout_seconds: float,
-        before_commit: Callable[[int], Awaitable[None]] | None = None,
-    ) -> None:
-        self._consumer = consumer
-        self._handle = handle
-        self._tier = tier
-        self._metrics = metrics
-        self._backoff = backoff
-        self._batch_size = batch_size
-        self._poll_ms = int(poll_timeout_seconds * 1000)
-        # Tests: awaited with the batch's count of done records, before their commit.
-        self._before_commit = before_commit
+    consumer: AIOKafkaConsumer
+    handle: Handler
+    tier: str
+    metrics: IngestMetrics
+    backoff: Backoff
+    batch_size: int
+    poll_timeout_seconds: float
+    # Tests: awaited with the count of records done so far, before a batch's commit.
+    before_commit: Callable[[int], Awaitable[None]] | None = None
 
     async def run(
         self, stop: asyncio.Event, *, until_end: dict[TopicPartition, int] | None = None
@@ -133,8 +123,8 @@ class IngestLoop:
         while not stop.is_set():
             if until_end is not None and await self._reached(until_end):
                 break
-            batches = await self._consumer.getmany(
-                timeout_ms=self._poll_ms, max_records=self._batch_size
+            batches = await self.consumer.getmany(
+                timeout_ms=int(self.poll_timeout_seconds * 1000), max_records=self.batch_size
             )
             if until_end is not None:
                 batches = {
@@ -146,8 +136,8 @@ class IngestLoop:
             )
             offsets = {tp: end for tp, end, _ in ends if end is not None}
             done += sum(count for _, _, count in ends)
-            if self._before_commit is not None and offsets:
-                await self._before_commit(done)
+            if self.before_commit is not None and offsets:
+                await self.before_commit(done)
             await self._commit(offsets)
             await self._measure_lag()
         return done
@@ -162,7 +152,7 @@ class IngestLoop:
             if not await self._until_done(to_record(message), stop):
                 # Stopped while the record kept failing: it and the rest of the batch are
                 # read again (from the commit) by whoever runs the partition next.
-                self._consumer.seek(tp, message.offset)
+                self.consumer.seek(tp, message.offset)
                 break
             next_offset, count = message.offset + 1, count + 1
         return tp, next_offset, count
@@ -171,22 +161,16 @@ class IngestLoop:
         failures = 0
         while True:
             try:
-                await self._handle(record)
+                await self.handle(record)
                 return True
             except KbError as error:
                 if not error.retriable:
                     raise
                 failures += 1
-                log.warning(
-                    "ingest.retrying",
-                    tier=self._tier,
-                    code=error.code,
-                    partition=record.partition,
-                    offset=record.offset,
-                    failures=failures,
-                )
+                fields = record.log_fields(tier=self.tier, code=error.code, failures=failures)
+                log.warning("ingest.retrying", **fields)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._backoff.delay(failures))
+                await asyncio.wait_for(stop.wait(), self.backoff.delay(failures))
             if stop.is_set():
                 return False
 
@@ -194,22 +178,22 @@ class IngestLoop:
         if not offsets:
             return
         try:
-            await self._consumer.commit(offsets)
+            await self.consumer.commit(offsets)
         except CommitFailedError as error:
             # The group moved the partitions elsewhere meanwhile: the new owner reads them
             # again from the last commit, and finds the commands applied (their records).
-            log.warning("ingest.commit_failed", tier=self._tier, error=str(error))
+            log.warning("ingest.commit_failed", tier=self.tier, error=str(error))
 
     async def _reached(self, until_end: dict[TopicPartition, int]) -> bool:
         for tp, end in until_end.items():
-            if tp in self._consumer.assignment() and await self._consumer.position(tp) < end:
+            if tp in self.consumer.assignment() and await self.consumer.position(tp) < end:
                 return False
         return True
 
     async def _measure_lag(self) -> None:
         lag = 0
-        for tp in self._consumer.assignment():
-            high = self._consumer.highwater(tp)
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
             if high is not None:
-                lag += max(0, high - await self._consumer.position(tp))
-        self._metrics.lag.labels(self._tier).set(lag)
+                lag += max(0, high - await self.consumer.position(tp))
+        self.metrics.lag.labels(self.tier).set(lag)

@@ -25,6 +25,10 @@ class CommandAnswer:
     # False when the command was applied before (a redelivery): nothing was written now.
     changed: bool = True
 
+    def stored(self) -> tuple[object, ...]:
+        """What ``ingest_command`` keeps of it, in its columns' order (ingest.sql)."""
+        return (self.command_id, self.document_id, self.version_number, self.revision, self.task_id)
+
 
 @dataclass(frozen=True)
 class IngestRecord:
@@ -36,6 +40,10 @@ class IngestRecord:
     key: bytes | None
     value: bytes | None
     headers: dict[str, bytes] = field(default_factory=dict)
+
+    def log_fields(self, **more: object) -> dict[str, object]:
+        """Where the record was read, for a log line, with ``more``."""
+        return {"partition": self.partition, "offset": self.offset, **more}
 
 
 class IngestTransaction(PublishTransaction, Protocol):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.publisher.ingest.apply import IngestApplier
 from services.publisher.ingest.commands import CommandTooLarge, CommandUndecodable, decode_command
@@ -36,31 +36,28 @@ class Handled:
     dead_letter_code: str | None = None
 
 
+@dataclass(frozen=True)
+class IngestLimits:
+    max_command_bytes: int
+    max_inline_bytes: int
+    # Fairness: a tenant's commands hold at most this many transactions at once, so a
+    # tenant flooding several partitions leaves the others' partitions their turn.
+    tenant_in_flight: int
+
+
+@dataclass
 class RecordProcessor:
-    def __init__(
-        self,
-        tier: str,
-        store: IngestStore,
-        applier: IngestApplier,
-        dead_letters: DeadLetters,
-        metrics: IngestMetrics,
-        *,
-        max_command_bytes: int,
-        max_inline_bytes: int,
-        tenant_in_flight: int,
-    ) -> None:
-        self._tier = tier
-        self._store = store
-        self._applier = applier
-        self._dead_letters = dead_letters
-        self._metrics = metrics
-        self._max_command_bytes = max_command_bytes
-        self._max_inline_bytes = max_inline_bytes
-        # Fairness: a tenant's commands hold at most this many transactions at once, so a
-        # tenant flooding several partitions leaves the others' partitions their turn.
-        self._slots: collections.defaultdict[str, asyncio.Semaphore] = collections.defaultdict(
-            lambda: asyncio.Semaphore(tenant_in_flight)
-        )
+    tier: str
+    store: IngestStore
+    applier: IngestApplier
+    dead_letters: DeadLetters
+    metrics: IngestMetrics
+    limits: IngestLimits
+    _slots: collections.defaultdict[str, asyncio.Semaphore] = field(init=False)
+
+    def __post_init__(self) -> None:
+        cap = self.limits.tenant_in_flight
+        self._slots = collections.defaultdict(lambda: asyncio.Semaphore(cap))
 
     async def handle(self, record: IngestRecord) -> Handled:
         command_type = UNKNOWN_TYPE
@@ -68,35 +65,29 @@ class RecordProcessor:
             value = record.value
             if value is None:
                 raise CommandUndecodable("the record has no value")
-            if len(value) > self._max_command_bytes:
-                raise CommandTooLarge(
-                    f"the record has {len(value)} bytes; the limit is {self._max_command_bytes}"
-                )
-            command = decode_command(value, max_inline_bytes=self._max_inline_bytes)
+            limit = self.limits.max_command_bytes
+            if len(value) > limit:
+                raise CommandTooLarge(f"the record has {len(value)} bytes; the limit is {limit}")
+            command = decode_command(value, max_inline_bytes=self.limits.max_inline_bytes)
             command_type = command.command_type
             await self._verify(command.tenant_id, record, value)
             async with self._slots[command.tenant_id]:
-                answer = await self._applier.apply(command)
+                answer = await self.applier.apply(command)
         except KbError as error:
             if error.retriable:
-                self._metrics.retries.labels(self._tier, error.code).inc()
+                self.metrics.retries.labels(self.tier, error.code).inc()
                 raise
-            await self._dead_letters.send(record, error.code, str(error))
-            self._metrics.dead_letters.labels(self._tier, error.code).inc()
-            self._metrics.commands.labels(self._tier, command_type, error.code).inc()
-            log.warning(
-                "ingest.dead_lettered",
-                tier=self._tier,
-                code=error.code,
-                partition=record.partition,
-                offset=record.offset,
-            )
+            await self.dead_letters.send(record, error.code, str(error))
+            self.metrics.dead_letters.labels(self.tier, error.code).inc()
+            self.metrics.commands.labels(self.tier, command_type, error.code).inc()
+            fields = record.log_fields(tier=self.tier, code=error.code)
+            log.warning("ingest.dead_lettered", **fields)
             return Handled(dead_letter_code=error.code)
         result = "applied" if answer.changed else "repeated"
-        self._metrics.commands.labels(self._tier, command_type, result).inc()
+        self.metrics.commands.labels(self.tier, command_type, result).inc()
         log.info(
             "ingest.applied" if answer.changed else "ingest.repeated",
-            tier=self._tier,
+            tier=self.tier,
             tenant_id=command.tenant_id,
             command_id=str(answer.command_id),
             command_type=command_type,
@@ -108,5 +99,5 @@ class RecordProcessor:
         raw_key_id = record.headers.get(KEY_ID_HEADER, b"").decode("utf-8", "replace")
         key = None
         if re.fullmatch(KEY_ID_PATTERN, raw_key_id):
-            key = await self._store.ingest_key(tenant_id, raw_key_id)
+            key = await self.store.ingest_key(tenant_id, raw_key_id)
         verify(key, value, record.headers.get(SIGNATURE_HEADER))

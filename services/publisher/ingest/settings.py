@@ -23,9 +23,10 @@ class IngestSettings(PublisherSettings):
     # record is never skipped.
     ingest_backoff_initial_seconds: float = Field(default=0.2, gt=0)
     ingest_backoff_max_seconds: float = Field(default=10.0, gt=0)
-    # Optional Prometheus listener of `kb ingest run` (no port: none).
-    ingest_metrics_port: int | None = Field(default=None, ge=1, le=65535)
-    ingest_metrics_host: str = "127.0.0.1"
-    # The tier's ingest and dead-letter topics are created on start where the broker allows.
+    # The tier's ingest and dead-letter topics are created on start where the broker
+    # allows, with this many partitions (a tier's consumers share at most that many).
     ingest_create_topics: bool = True
     ingest_topic_partitions: int = Field(default=6, ge=1)
+    # Optional Prometheus listener of `kb ingest run` (no port: none), loopback by default.
+    ingest_metrics_host: str = "127.0.0.1"
+    ingest_metrics_port: int | None = Field(default=None, ge=1, le=65535)

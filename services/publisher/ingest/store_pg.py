@@ -42,15 +42,7 @@ class PgIngestTransaction(PgPublishTransaction):
 
     async def record_answer(self, tenant_id: str, answer: CommandAnswer) -> None:
         with translate_db_errors():
-            await self._conn.execute(
-                QUERIES["record_answer"],
-                tenant_id,
-                answer.command_id,
-                answer.document_id,
-                answer.version_number,
-                answer.revision,
-                answer.task_id,
-            )
+            await self._conn.execute(QUERIES["record_answer"], tenant_id, *answer.stored())
 
     async def document_for_key(self, tenant_id: str, document_key: str) -> uuid.UUID | None:
         with translate_db_errors():
