@@ -20,13 +20,22 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from services.publisher.domain import Publisher, Upload
 from services.publisher.ingest.cli import TEST_ONLY_HANG_BEFORE_COMMIT
+from services.publisher.store_pg import PgPublisherStore
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import ingest_dead_topic, ingest_topic
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import add_tenant
 from tests.support.cli import kb_async
-from tests.support.ingest import Signer, delete_command, publish_command, send
+from tests.support.ingest import (
+    Signer,
+    delete_command,
+    erase_command,
+    publish_command,
+    readers_command,
+    send,
+)
 from tests.support.kafka import TopicReader, create_topics
 from tests.support.stack import REPO_ROOT
 
@@ -260,3 +269,57 @@ async def test_a_consumer_killed_before_its_offset_commit_loses_and_duplicates_n
         )
         assert text == f"{page} version 3"
     assert os.environ.get(TEST_ONLY_HANG_BEFORE_COMMIT) is None
+
+
+async def test_every_command_kind_applies_through_the_broker(
+    settings: RuntimeSettings,
+    env: dict[str, str],
+    conn: asyncpg.Connection[Any],
+    pool: asyncpg.Pool[Any],
+    producer: AIOKafkaProducer,
+) -> None:
+    topic = ingest_topic(TIER, settings.kafka_topic_prefix)
+    acme = await Signer((await add_tenant(conn, "acme")).tenant_id).register(conn)
+    # A large file goes by reference: uploaded through the API's path first.
+    store = PgPublisherStore(pool)
+    upload = await Publisher(store, max_upload_bytes=1 << 20).create_document(
+        "acme", "Big", Upload(b"big content", "text/plain", "big.txt")
+    )
+    commands = [
+        ("page", publish_command("acme", "page", b"v1", read=["group:a"])),
+        ("page", readers_command("acme", "page", ["group:b"])),
+        ("big", publish_command("acme", "big", None, upload=(upload.document_id, 1))),
+        ("gone", publish_command("acme", "gone", b"to delete")),
+        ("gone", delete_command("acme", "gone")),
+        ("secret", publish_command("acme", "secret", b"to erase")),
+        ("secret", erase_command("acme", "secret")),
+    ]
+    for key, value in commands:
+        await send(producer, topic, acme, "acme", key, value)
+    async with ingesting(env):
+        await until(conn, APPLIED, len(commands))
+    kinds = await conn.fetch(
+        "SELECT command_type, count(*) AS n FROM ingest_command GROUP BY 1 ORDER BY 1"
+    )
+    assert {r["command_type"]: r["n"] for r in kinds} == {
+        "DeleteDocument": 1,
+        "EraseDocument": 1,
+        "PublishDocument": 4,
+        "SetDocumentReaders": 1,
+    }
+    acl = await conn.fetchval(
+        "SELECT array_agg(a.principal) FROM document_version_acl a "
+        "JOIN ingest_document_key k USING (tenant_id, document_id) WHERE k.document_key = 'page'"
+    )
+    assert acl == ["group:b"]
+    big = await conn.fetchval(
+        "SELECT published_version FROM document WHERE document_id = $1", upload.document_id
+    )
+    assert big == 1
+    states = await conn.fetch(
+        "SELECT k.document_key, d.deleted_at IS NOT NULL, e.erased_at IS NOT NULL "
+        "FROM ingest_document_key k JOIN document d USING (tenant_id, document_id) "
+        "LEFT JOIN document_erasure e USING (tenant_id, document_id) "
+        "WHERE k.document_key IN ('gone', 'secret') ORDER BY 1"
+    )
+    assert [tuple(r) for r in states] == [("gone", True, False), ("secret", True, True)]
