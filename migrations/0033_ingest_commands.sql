@@ -30,11 +30,15 @@ CREATE TABLE ingest_command (
     version_number  integer,
     revision        bigint,
     task_id         uuid,
+    -- When the producer's record reached Kafka (its timestamp; NULL: unknown), and when the
+    -- command was applied: the operator page's delay per tenant.
+    sent_at         timestamptz,
     applied_at      timestamptz NOT NULL,
     PRIMARY KEY (tenant_id, command_id)
 );
 CREATE INDEX ingest_command_task ON ingest_command (tenant_id, task_id)
     WHERE task_id IS NOT NULL;
+CREATE INDEX ingest_command_applied ON ingest_command (tenant_id, applied_at);
 
 -- The Ed25519 public keys a tenant's producers sign their commands with
 -- (docs/security.md#publish-by-event). A key works until revoked_at.

@@ -323,3 +323,8 @@ async def test_every_command_kind_applies_through_the_broker(
         "WHERE k.document_key IN ('gone', 'secret') ORDER BY 1"
     )
     assert [tuple(r) for r in states] == [("gone", True, False), ("secret", True, True)]
+    # Each command keeps when its record reached Kafka: the operator page's delay.
+    unstamped = await conn.fetchval(
+        "SELECT count(*) FROM ingest_command WHERE sent_at IS NULL OR sent_at > applied_at"
+    )
+    assert unstamped == 0

@@ -51,17 +51,20 @@ class IngestApplier:
         self._store = store
         self._max_upload_bytes = max_upload_bytes
 
-    async def apply(self, command: Command, *, now: datetime | None = None) -> CommandAnswer:
+    async def apply(
+        self, command: Command, *, now: datetime | None = None, sent_at: datetime | None = None
+    ) -> CommandAnswer:
         """Apply ``command`` unless it was applied before; what it did, either way. A
-        refusal (a typed error) leaves nothing behind, the command id unrecorded."""
+        refusal (a typed error) leaves nothing behind, the command id unrecorded.
+        ``sent_at``: when its record reached Kafka, kept with it for the operator page."""
         if isinstance(command, EraseDocument):
-            return await self._erase(command, now)
+            return await self._erase(command, now, sent_at)
         media_type = None
         if isinstance(command, PublishDocument) and command.content is not None:
             upload = Upload(command.content, command.media_type, command.filename)
             media_type = await check_upload_off_loop(upload, self._max_upload_bytes)
         async with self._store.ingest_transaction(command.tenant_id) as tx:
-            earlier = await self._claim(tx, command, now)
+            earlier = await self._claim(tx, command, now, sent_at)
             if earlier is not None:
                 return earlier
             answer = await self._apply_in(tx, command, media_type, now)
@@ -69,13 +72,16 @@ class IngestApplier:
         return answer
 
     async def _claim(
-        self, tx: IngestTransaction, command: Command, now: datetime | None
+        self,
+        tx: IngestTransaction,
+        command: Command,
+        now: datetime | None,
+        sent_at: datetime | None,
     ) -> CommandAnswer | None:
         """None once the command is ours to apply; its earlier answer when it was applied."""
-        tenant, command_id = command.tenant_id, command.command_id
-        if await tx.claim_command(tenant, command_id, command.command_type, now):
+        if await tx.claim_command(command, now, sent_at):
             return None
-        earlier = await tx.command_answer(tenant, command_id)
+        earlier = await tx.command_answer(command.tenant_id, command.command_id)
         assert earlier is not None  # claimed by a committed transaction
         return dataclasses.replace(earlier, changed=False)
 
@@ -175,7 +181,9 @@ class IngestApplier:
         )
         return _published(command, outcome)
 
-    async def _erase(self, command: EraseDocument, now: datetime | None) -> CommandAnswer:
+    async def _erase(
+        self, command: EraseDocument, now: datetime | None, sent_at: datetime | None
+    ) -> CommandAnswer:
         """An erase runs in batches of their own transactions, never in one: it is
         idempotent itself (an erased document answers what its erase did, one left halfway
         is finished), so it runs first and the command is recorded after it; a redelivery
@@ -196,7 +204,7 @@ class IngestApplier:
         )
         answer = _answer(command, document_id)
         async with self._store.ingest_transaction(tenant) as tx:
-            earlier = await self._claim(tx, command, now)
+            earlier = await self._claim(tx, command, now, sent_at)
             if earlier is not None:
                 return earlier
             await tx.record_answer(tenant, answer)

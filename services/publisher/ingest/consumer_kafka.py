@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -46,8 +47,17 @@ Handler = Callable[[IngestRecord], Awaitable[Handled]]
 
 def to_record(message: Any) -> IngestRecord:
     headers = {k: v for k, v in (message.headers or ()) if isinstance(v, bytes)}
+    sent_at = None
+    if message.timestamp is not None and message.timestamp >= 0:
+        sent_at = datetime.fromtimestamp(message.timestamp / 1000, UTC)
     return IngestRecord(
-        message.topic, message.partition, message.offset, message.key, message.value, headers
+        message.topic,
+        message.partition,
+        message.offset,
+        message.key,
+        message.value,
+        headers,
+        sent_at,
     )
 
 

@@ -2,11 +2,12 @@
 -- transaction behind the wall (migration 0033). Every statement names its tenant.
 
 -- name: claim_command
--- $1 tenant, $2 command id, $3 command type, $4 now (NULL: the database's). Nothing returned:
+-- $1 tenant, $2 command id, $3 command type, $4 now (NULL: the database's), $5 when the
+-- record reached Kafka (NULL: unknown). Nothing returned:
 -- the command was applied before. A concurrent copy waits here on the key until the first
 -- transaction ends, then inserts (it rolled back) or returns nothing (it committed).
-INSERT INTO ingest_command (tenant_id, command_id, command_type, applied_at)
-VALUES ($1, $2, $3, coalesce($4::timestamptz, now()))
+INSERT INTO ingest_command (tenant_id, command_id, command_type, applied_at, sent_at)
+VALUES ($1, $2, $3, coalesce($4::timestamptz, now()), $5)
 ON CONFLICT (tenant_id, command_id) DO NOTHING
 RETURNING command_id
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from services.publisher.ingest.commands import Command
 from services.publisher.ingest.signing import IngestKey
 from services.publisher.ports import PublisherStore, PublishTransaction
 
@@ -40,6 +41,7 @@ class IngestRecord:
     key: bytes | None
     value: bytes | None
     headers: dict[str, bytes] = field(default_factory=dict)
+    sent_at: datetime | None = None  # the record's Kafka timestamp
 
     def log_fields(self, **more: object) -> dict[str, object]:
         """Where the record was read, for a log line, with ``more``."""
@@ -48,10 +50,11 @@ class IngestRecord:
 
 class IngestTransaction(PublishTransaction, Protocol):
     async def claim_command(
-        self, tenant_id: str, command_id: uuid.UUID, command_type: str, now: datetime | None
+        self, command: Command, now: datetime | None, sent_at: datetime | None
     ) -> bool:
-        """Record the command id (its answer still empty); False when it is recorded
-        already. A concurrent transaction claiming the same id waits for this one."""
+        """Record the command's id in its tenant (its answer still empty); False when it is
+        recorded already. A concurrent transaction claiming the same id waits for this one.
+        ``sent_at``: when its record reached Kafka."""
         ...
 
     async def command_answer(

@@ -72,7 +72,7 @@ class RecordProcessor:
             command_type = command.command_type
             await self._verify(command.tenant_id, record, value)
             async with self._slots[command.tenant_id]:
-                answer = await self.applier.apply(command)
+                answer = await self.applier.apply(command, sent_at=record.sent_at)
         except KbError as error:
             if error.retriable:
                 self.metrics.retries.labels(self.tier, error.code).inc()

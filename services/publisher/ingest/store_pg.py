@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import asyncpg
 
+from services.publisher.ingest.commands import Command
 from services.publisher.ingest.ports import CommandAnswer
 from services.publisher.ingest.signing import IngestKey
 from services.publisher.store_pg import PgPublisherStore, PgPublishTransaction
@@ -27,12 +28,11 @@ class DocumentKeyTaken(Conflict, code="INGEST_DOCUMENT_KEY_TAKEN"):
 
 class PgIngestTransaction(PgPublishTransaction):
     async def claim_command(
-        self, tenant_id: str, command_id: uuid.UUID, command_type: str, now: datetime | None
+        self, command: Command, now: datetime | None, sent_at: datetime | None
     ) -> bool:
+        key = (command.tenant_id, command.command_id, command.command_type)
         with translate_db_errors():
-            claimed = await self._conn.fetchval(
-                QUERIES["claim_command"], tenant_id, command_id, command_type, now
-            )
+            claimed = await self._conn.fetchval(QUERIES["claim_command"], *key, now, sent_at)
         return claimed is not None
 
     async def command_answer(self, tenant_id: str, command_id: uuid.UUID) -> CommandAnswer | None:

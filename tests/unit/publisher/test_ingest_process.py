@@ -49,7 +49,7 @@ class Applier:
         async with self._changed:
             await self._changed.wait_for(lambda: len(self.entered) >= count)
 
-    async def apply(self, command: Command) -> CommandAnswer:
+    async def apply(self, command: Command, sent_at: Any = None) -> CommandAnswer:
         tenant = command.tenant_id
         async with self._changed:
             self.entered.append(command.command_id)
