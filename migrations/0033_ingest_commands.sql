@@ -7,6 +7,7 @@ SET LOCAL lock_timeout = '10s';
 -- A producer names its documents by its own key (a CMS page id, a ticket number); the first
 -- publish of a key creates the document and this row, so a producer never stores our id.
 -- One document per key and one key per document: a second key cannot take over a document.
+-- A publish of a key whose document was deleted maps the key to a new document.
 CREATE TABLE ingest_document_key (
     tenant_id     text        NOT NULL,
     document_key  text        NOT NULL CHECK (length(document_key) BETWEEN 1 AND 512),
@@ -66,7 +67,7 @@ CREATE POLICY tenant_wall ON ingest_command AS PERMISSIVE FOR ALL TO kb_tenant_a
 CREATE POLICY tenant_wall ON tenant_ingest_key AS PERMISSIVE FOR ALL TO kb_tenant_api
     USING (tenant_id = current_setting('kb.tenant_id', true))
     WITH CHECK (tenant_id = current_setting('kb.tenant_id', true));
-GRANT SELECT, INSERT ON ingest_document_key TO kb_tenant_api;
+GRANT SELECT, INSERT, DELETE ON ingest_document_key TO kb_tenant_api;
 GRANT SELECT, INSERT, UPDATE ON ingest_command TO kb_tenant_api;
 GRANT SELECT ON tenant_ingest_key TO kb_tenant_api;
 

@@ -17,6 +17,7 @@ from services.publisher.erase_pg import PgErasureStore
 from services.publisher.ingest.apply import DocumentKeyUnknown, IngestApplier
 from services.publisher.ingest.commands import CommandInvalid, decode_command
 from services.publisher.ingest.store_pg import DocumentKeyTaken, PgIngestStore
+from services.runtime.errors import Conflict
 from services.runtime.messaging.avro import default_registry
 from tests.support.api import add_tenant
 from tests.support.ingest import (
@@ -232,3 +233,21 @@ async def test_the_switch_event_names_the_command_that_published_the_version(
         for e in await _events(conn, "DocumentSearchVersionSwitched")
     }
     assert switched == {answer.document_id: command_id, created.document_id: None}
+
+
+async def test_a_key_published_after_its_delete_gets_a_new_document(
+    parts: tuple[IngestApplier, Publisher], tenant: str, conn: asyncpg.Connection[Any]
+) -> None:
+    applier, _ = parts
+    first = await _apply(applier, publish_command(tenant, "page-1", b"before"))
+    await _apply(applier, delete_command(tenant, "page-1"))
+    # Readers of a deleted document are refused, as over HTTP.
+    with pytest.raises(Conflict):
+        await _apply(applier, readers_command(tenant, "page-1", ["u:ann"]))
+    again = await _apply(applier, publish_command(tenant, "page-1", b"after"))
+    assert again.document_id != first.document_id
+    assert again.version_number == 1
+    mapped = await conn.fetchval(
+        "SELECT document_id FROM ingest_document_key WHERE document_key = 'page-1'"
+    )
+    assert mapped == again.document_id

@@ -118,6 +118,11 @@ class IngestApplier:
         tenant = command.tenant_id
         principals = check_principals(list(command.read_principals))
         expected = command.expected_revision
+        if document_id is not None and await _deleted(tx, tenant, document_id):
+            # The producer's document came back after its delete (a page restored, a ticket
+            # reopened): a deleted document takes no version, so the key gets a new one.
+            await tx.forget_key(tenant, command.document_key)
+            document_id = None
         if command.upload is not None:
             version = command.upload.version_number
             if document_id is None:
@@ -209,6 +214,11 @@ class IngestApplier:
                 return earlier
             await tx.record_answer(tenant, answer)
         return answer
+
+
+async def _deleted(tx: IngestTransaction, tenant_id: str, document_id: uuid.UUID) -> bool:
+    document = await tx.lock_document(tenant_id, document_id)
+    return document is not None and document.deleted_at is not None
 
 
 async def _check_revision(

@@ -32,6 +32,10 @@ VALUES ($1, $2, $3, coalesce($4::timestamptz, now()))
 ON CONFLICT (tenant_id, document_id) DO NOTHING
 RETURNING document_id
 
+-- name: forget_key
+-- A key whose document was deleted, before a publish maps it to a new document.
+DELETE FROM ingest_document_key WHERE tenant_id = $1 AND document_key = $2
+
 -- name: find_ingest_key
 -- $1 tenant, $2 key id, $3 now (NULL: the database's).
 SELECT key_id, public_key

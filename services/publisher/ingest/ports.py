@@ -65,6 +65,10 @@ class IngestTransaction(PublishTransaction, Protocol):
 
     async def document_for_key(self, tenant_id: str, document_key: str) -> uuid.UUID | None: ...
 
+    async def forget_key(self, tenant_id: str, document_key: str) -> None:
+        """Drop the key's mapping (its document was deleted: the key maps anew)."""
+        ...
+
     async def map_key(
         self, tenant_id: str, document_key: str, document_id: uuid.UUID, now: datetime | None
     ) -> None:

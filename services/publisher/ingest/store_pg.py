@@ -51,6 +51,10 @@ class PgIngestTransaction(PgPublishTransaction):
             )
         return found
 
+    async def forget_key(self, tenant_id: str, document_key: str) -> None:
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["forget_key"], tenant_id, document_key)
+
     async def map_key(
         self, tenant_id: str, document_key: str, document_id: uuid.UUID, now: datetime | None
     ) -> None:
