@@ -53,8 +53,9 @@ CREATE TABLE tenant_ingest_key (
 );
 
 -- The ingest consumer applies a command as the tenant's role, behind the wall (migration
--- 0029): it writes what a publish writes, plus the key map and the command record; it
--- reads its tenant's ingest keys, never writes them (`kb tenants ingest-keys`, the owner).
+-- 0029): it writes what a publish writes, plus the key map and the command record, and
+-- reads its tenant's ingest keys. An admin key registers and revokes them through the API,
+-- as the same role (`kb tenants ingest-keys` runs as the owner).
 ALTER TABLE ingest_document_key ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ingest_command ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tenant_ingest_key ENABLE ROW LEVEL SECURITY;
@@ -69,7 +70,7 @@ CREATE POLICY tenant_wall ON tenant_ingest_key AS PERMISSIVE FOR ALL TO kb_tenan
     WITH CHECK (tenant_id = current_setting('kb.tenant_id', true));
 GRANT SELECT, INSERT, DELETE ON ingest_document_key TO kb_tenant_api;
 GRANT SELECT, INSERT, UPDATE ON ingest_command TO kb_tenant_api;
-GRANT SELECT ON tenant_ingest_key TO kb_tenant_api;
+GRANT SELECT, INSERT, UPDATE ON tenant_ingest_key TO kb_tenant_api;
 
 -- An erase may now be asked for by an ingest command (its audit row says so; no key).
 ALTER TABLE document_erasure

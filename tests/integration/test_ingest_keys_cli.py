@@ -1,5 +1,5 @@
-"""`kb tenants ingest-keys add|list|revoke` as an operator runs them: a revoked key no longer
-verifies a command (docs/security.md#publish-by-event)."""
+"""`kb tenants ingest-keys add|list|revoke` as an operator runs them, and the admin API's
+routes: a revoked key no longer verifies a command (docs/security.md#publish-by-event)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from services.publisher.ingest.signing import public_bytes
 from services.publisher.ingest.store_pg import PgIngestStore
-from tests.support.api import add_tenant
+from services.runtime.settings import RuntimeSettings
+from tests.support.api import add_tenant, publisher_harness
 from tests.support.cli import kb
 
 pytestmark = pytest.mark.integration
@@ -64,3 +65,30 @@ async def test_a_bad_key_exits_2_and_stores_nothing(
     assert result.returncode == 2
     assert "INGEST_KEY_INVALID" in result.stderr
     assert await conn.fetchval("SELECT count(*) FROM tenant_ingest_key") == 0
+
+
+async def test_an_admin_key_registers_and_revokes_an_ingest_key_over_http(
+    settings: RuntimeSettings, conn: asyncpg.Connection[Any], pool: asyncpg.Pool[Any]
+) -> None:
+    acme = await add_tenant(conn, "acme")
+    raw = public_bytes(Ed25519PrivateKey.generate())
+    body = {"keyId": "k1", "publicKey": base64.urlsafe_b64encode(raw).decode().rstrip("=")}
+    async with publisher_harness(settings) as api:
+        added = await api.client.post(acme.path("/ingest-keys"), json=body, headers=acme.headers)
+        assert added.status_code == 201, added.text
+        assert added.json()["keyId"] == "k1"
+        again = await api.client.post(acme.path("/ingest-keys"), json=body, headers=acme.headers)
+        assert again.status_code == 409
+        assert again.json()["errorCode"] == "INGEST_KEY_EXISTS"
+        store = PgIngestStore(pool)
+        key = await store.ingest_key("acme", "k1")
+        assert key is not None
+        assert key.public_key == raw
+
+        revoked = await api.client.delete(acme.path("/ingest-keys/k1"), headers=acme.headers)
+        assert revoked.status_code == 200, revoked.text
+        assert revoked.json()["revokedAt"] is not None
+        assert await store.ingest_key("acme", "k1") is None
+        gone = await api.client.delete(acme.path("/ingest-keys/k1"), headers=acme.headers)
+        assert gone.status_code == 404
+        assert gone.json()["errorCode"] == "INGEST_KEY_NOT_FOUND"

@@ -49,7 +49,16 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
     ),
     "services.publisher.web": (
         frozenset({"middleware", "links", "wire", "readiness"}),
-        frozenset({"body_limit", "request_metrics", "routes", "bulk_routes", "ops_routes"}),
+        frozenset(
+            {
+                "body_limit",
+                "request_metrics",
+                "routes",
+                "bulk_routes",
+                "ops_routes",
+                "ingest_key_routes",
+            }
+        ),
         frozenset({"upload_budget"}),
         frozenset({"api"}),
         frozenset({"openapi", "server"}),

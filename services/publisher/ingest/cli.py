@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import os
 import re
@@ -228,16 +227,6 @@ async def _processing(settings: IngestSettings, tier: str) -> AsyncIterator[Any]
 # --- kb tenants ingest-keys ---------------------------------------------------------------
 
 
-def _public_key(value: str) -> bytes:
-    from services.publisher.ingest.signing import IngestKeyInvalid, check_public_key
-
-    try:
-        raw = base64.b64decode(value + "=" * (-len(value) % 4), altchars=b"-_", validate=False)
-    except (binascii.Error, ValueError):
-        raise IngestKeyInvalid("--public-key is not base64") from None
-    return check_public_key(raw)
-
-
 @ingest_keys_app.command("add")
 def add_key(
     tenant: str = TENANT_ARG,
@@ -247,14 +236,15 @@ def add_key(
     ),
 ) -> None:
     """Register a public key the tenant's producers sign commands with."""
-    from services.publisher.ingest.signing import check_key_id
+    from services.publisher.ingest.signing import check_key_id, decode_public_key
     from services.publisher.ingest.store_pg import PgIngestKeys
 
     check_tenant(tenant)
-    raw = _public_key(public_key)
+    raw = decode_public_key(public_key)
     check_key_id(key_id)
     created = run_with_connection(lambda conn: PgIngestKeys(conn).add(tenant, key_id, raw))
     if created is None:
+        # Exit 2 (the operator picks another id), where the API answers 409.
         raise BadInput(f"tenant {tenant!r} has a key {key_id!r} already", code="INGEST_KEY_EXISTS")
     typer.echo(f"added {key_id}")
 
@@ -275,11 +265,11 @@ def revoke_key(
     tenant: str = TENANT_ARG, key_id: str = typer.Argument(help="The key's id.")
 ) -> None:
     """Revoke a key at once: commands signed with it go to the dead-letter topic."""
+    from services.publisher.ingest.signing import IngestKeyNotFound
     from services.publisher.ingest.store_pg import PgIngestKeys
-    from services.runtime.errors import NotFound
 
     check_tenant(tenant)
     revoked = run_with_connection(lambda conn: PgIngestKeys(conn).revoke(tenant, key_id))
     if revoked is None:
-        raise NotFound(f"tenant {tenant!r} has no live key {key_id!r}", code="INGEST_KEY_NOT_FOUND")
+        raise IngestKeyNotFound(f"tenant {tenant!r} has no live key {key_id!r}")
     typer.echo(f"revoked {key_id}")

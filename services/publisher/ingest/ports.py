@@ -87,6 +87,20 @@ class IngestStore(PublisherStore, Protocol):
         ...
 
 
+class IngestKeyRegistry(Protocol):
+    """A tenant's ingest keys as its admin key manages them (the API: behind the wall)."""
+
+    async def add_ingest_key(
+        self, tenant_id: str, key_id: str, public_key: bytes
+    ) -> datetime | None:
+        """When the key was added; None when the tenant has a key of that id already."""
+        ...
+
+    async def revoke_ingest_key(self, tenant_id: str, key_id: str) -> datetime | None:
+        """When the key was revoked; None when the tenant has no live key of that id."""
+        ...
+
+
 class DeadLetters(Protocol):
     async def send(self, record: IngestRecord, code: str, detail: str) -> None:
         """Write ``record`` (its bytes, key and headers) to the tier's dead-letter topic

@@ -20,7 +20,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from services.runtime.errors import BadInput, Forbidden
+from services.runtime.errors import BadInput, Conflict, Forbidden, NotFound
 
 SIGNATURE_HEADER: Final = "kb-signature"
 KEY_ID_HEADER: Final = "kb-key-id"
@@ -36,6 +36,24 @@ class SignatureInvalid(Forbidden, code="INGEST_SIGNATURE_INVALID"):
 
 class IngestKeyInvalid(BadInput, code="INGEST_KEY_INVALID"):
     """A public key that cannot be registered: not 32 raw bytes of an Ed25519 key."""
+
+
+class IngestKeyExists(Conflict, code="INGEST_KEY_EXISTS"):
+    """The tenant has a key of that id already (revoked or not: ids are not reused)."""
+
+
+class IngestKeyNotFound(NotFound, code="INGEST_KEY_NOT_FOUND"):
+    """The tenant has no live key of that id."""
+
+
+def decode_public_key(value: str) -> bytes:
+    """A public key as an operator or the API hands it: base64 (standard or URL-safe, padded
+    or not) of the 32 raw bytes."""
+    try:
+        raw = base64.b64decode(value + "=" * (-len(value) % 4), altchars=b"-_", validate=False)
+    except (binascii.Error, ValueError):
+        raise IngestKeyInvalid("the public key is not base64") from None
+    return check_public_key(raw)
 
 
 @dataclass(frozen=True)
@@ -57,7 +75,10 @@ def check_public_key(raw: bytes) -> bytes:
         raise IngestKeyInvalid(
             f"an Ed25519 public key has {PUBLIC_KEY_BYTES} bytes, not {len(raw)}"
         )
-    Ed25519PublicKey.from_public_bytes(raw)
+    try:
+        Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError:
+        raise IngestKeyInvalid("not an Ed25519 public key") from None
     return raw
 
 

@@ -27,6 +27,10 @@ class DocumentKeyTaken(Conflict, code="INGEST_DOCUMENT_KEY_TAKEN"):
 
 
 class PgIngestTransaction(PgPublishTransaction):
+    @property
+    def connection(self) -> asyncpg.Connection[Any]:
+        return self._conn
+
     async def claim_command(
         self, command: Command, now: datetime | None, sent_at: datetime | None
     ) -> bool:
@@ -75,6 +79,16 @@ class PgIngestStore(PgPublisherStore):
     async def ingest_transaction(self, tenant_id: str) -> AsyncIterator[PgIngestTransaction]:
         async with self.transaction(tenant_id) as tx:
             yield cast("PgIngestTransaction", tx)
+
+    async def add_ingest_key(
+        self, tenant_id: str, key_id: str, public_key: bytes
+    ) -> datetime | None:
+        async with self.ingest_transaction(tenant_id) as tx:
+            return await PgIngestKeys(tx.connection).add(tenant_id, key_id, public_key)
+
+    async def revoke_ingest_key(self, tenant_id: str, key_id: str) -> datetime | None:
+        async with self.ingest_transaction(tenant_id) as tx:
+            return await PgIngestKeys(tx.connection).revoke(tenant_id, key_id)
 
     async def ingest_key(
         self, tenant_id: str, key_id: str, now: datetime | None = None
