@@ -531,11 +531,7 @@ class Publisher:
         now: datetime | None,
     ) -> PublishOutcome:
         """``publish``'s work inside ``tx``."""
-        document = await tx.lock_document(tenant_id, document_id)
-        if document is None:
-            raise document_not_found(document_id)
-        if document.deleted_at is not None:
-            raise document_deleted(document_id)
+        document = await _lock_live_document(tx, tenant_id, document_id)
         version = await tx.get_version(tenant_id, document_id, version_number)
         if version is None:
             raise version_not_found(document_id, version_number)
@@ -605,9 +601,7 @@ class Publisher:
         retry after a lost answer carries the revision the delete bumped), and writes
         nothing. The search token is read after the commit, so it covers it."""
         async with self._store.transaction(tenant_id) as tx:
-            document = await tx.lock_document(tenant_id, document_id)
-            if document is None:
-                raise document_not_found(document_id)
+            document = await _lock_document(tx, tenant_id, document_id)
             if document.deleted_at is not None:
                 revision, deleted_at, changed = document.revision, document.deleted_at, False
             else:
@@ -640,9 +634,7 @@ class Publisher:
         if self._erasure is None:
             raise EraseUnavailable("this publisher has no erasure store wired")
         async with self._store.transaction(tenant_id) as tx:
-            document = await tx.lock_document(tenant_id, document_id)
-            if document is None:
-                raise document_not_found(document_id)
+            document = await _lock_document(tx, tenant_id, document_id)
             deleted_at = document.deleted_at
             if deleted_at is None:
                 deletion = await tx.delete_document(document, now)
@@ -677,6 +669,26 @@ class Publisher:
         return tenant_task_view(task)
 
 
+async def _lock_document(
+    tx: PublishTransaction, tenant_id: str, document_id: uuid.UUID
+) -> LockedDocument:
+    """The document's row, locked for the transaction (one change of a document at a time)."""
+    document = await tx.lock_document(tenant_id, document_id)
+    if document is None:
+        raise document_not_found(document_id)
+    return document
+
+
+async def _lock_live_document(
+    tx: PublishTransaction, tenant_id: str, document_id: uuid.UUID
+) -> LockedDocument:
+    """The document's row, locked; a deleted document takes no new version nor publish."""
+    document = await _lock_document(tx, tenant_id, document_id)
+    if document.deleted_at is not None:
+        raise document_deleted(document_id)
+    return document
+
+
 async def _add_version_in(
     tx: PublishTransaction,
     tenant_id: str,
@@ -686,11 +698,7 @@ async def _add_version_in(
     now: datetime | None,
 ) -> VersionCreated:
     """``add_version``'s work inside ``tx``: the next version, a DRAFT."""
-    document = await tx.lock_document(tenant_id, document_id)
-    if document is None:
-        raise document_not_found(document_id)
-    if document.deleted_at is not None:
-        raise document_deleted(document_id)
+    document = await _lock_live_document(tx, tenant_id, document_id)
     version_number = document.latest_version + 1
     await tx.insert_version(
         _new_version(tenant_id, document_id, version_number, content, media_type), now

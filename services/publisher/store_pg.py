@@ -116,11 +116,9 @@ class PgPublishTransaction:
     async def record_new_version(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
     ) -> int:
-        with translate_db_errors():
-            revision: int = await self._conn.fetchval(
-                QUERIES["record_new_version"], tenant_id, document_id, version_number, now
-            )
-        return revision
+        return await self._bump_revision(
+            "record_new_version", tenant_id, document_id, version_number, now
+        )
 
     async def mark_version_published(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
@@ -133,9 +131,22 @@ class PgPublishTransaction:
     async def set_published_version(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
     ) -> int:
+        return await self._bump_revision(
+            "set_published_version", tenant_id, document_id, version_number, now
+        )
+
+    async def _bump_revision(
+        self,
+        query: str,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        version_number: int,
+        now: datetime | None,
+    ) -> int:
+        """Run a statement that moves the document to a new revision; that revision."""
         with translate_db_errors():
             revision: int = await self._conn.fetchval(
-                QUERIES["set_published_version"], tenant_id, document_id, version_number, now
+                QUERIES[query], tenant_id, document_id, version_number, now
             )
         return revision
 
