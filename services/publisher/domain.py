@@ -49,6 +49,7 @@ from services.runtime.indexing.tasks import (
     TASK_TYPE_INDEX_VERSION,
     IndexTaskRecord,
     NewIndexTask,
+    TaskProgress,
     TaskStatus,
 )
 from services.runtime.messaging.avro import SchemaRegistry, default_registry
@@ -253,26 +254,21 @@ class DocumentStatus(DocumentHeader):
 
 
 @dataclass(frozen=True)
-class TenantTaskView:
-    """An index task as its tenant sees it: the state and a stable code with a fixed
-    message. Not the lease owner (host:pid) nor the stored error text: operators read those
-    with `kb tasks show` and in the logs."""
+class TenantTaskKey:
+    """What a task is of, as its tenant names it (the tenant is the caller)."""
 
     task_id: uuid.UUID
     document_id: uuid.UUID
     version_number: int
     task_type: str
     tier: str
-    status: TaskStatus
-    attempts: int
-    max_attempts: int
-    lease_until: datetime | None
-    next_attempt_at: datetime
-    error_code: str | None
-    error_message: str | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class TenantTaskView(TaskProgress, TenantTaskKey):
+    """An index task as its tenant sees it: the state and a stable code with a fixed
+    message. Not the lease owner (host:pid) nor the stored error text: operators read those
+    with `kb tasks show` and in the logs."""
 
 
 def tenant_task_view(task: IndexTaskRecord) -> TenantTaskView:
