@@ -17,6 +17,7 @@ than items, too many items) is refused whole with 400/422 and changes nothing.
 from __future__ import annotations
 
 import uuid
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, Final
 
@@ -249,24 +250,13 @@ def _manifest(index: int, entry: Any) -> BulkItemRequest:
     return manifest
 
 
+# The status of an item that succeeded, by what it did (its fields are the answer's).
+_DONE_STATUS: Final[dict[type[ItemResult], int]] = {ItemPublished: 202, ItemDeleted: 200}
+
+
 def _result(result: ItemResult) -> BulkItemResult:
-    if isinstance(result, ItemDeleted):
-        return BulkItemResult(
-            index=result.index,
-            status=200,
-            document_id=result.document_id,
-            revision=result.revision,
-            deleted_at=result.deleted_at,
-        )
-    if isinstance(result, ItemPublished):
-        return BulkItemResult(
-            index=result.index,
-            status=202,
-            document_id=result.document_id,
-            version_number=result.version_number,
-            revision=result.revision,
-            index_task_id=result.index_task_id,
-        )
+    if not isinstance(result, ItemRefused):
+        return BulkItemResult(status=_DONE_STATUS[type(result)], **asdict(result))
     error = result.error
     # A server-side failure of one item is not the client's to read: its code only.
     detail = error.message if error.http_status < 500 else "the item could not be published"
