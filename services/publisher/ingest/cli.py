@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -168,15 +169,12 @@ async def _ends(consumer: AIOKafkaConsumer, stop: asyncio.Event) -> dict[Any, in
     return ends
 
 
-_METRICS: list[Any] = []
-
-
+@functools.cache
 def _metrics() -> Any:
+    """The process's counters, registered once (a replay and a run share the names)."""
     from services.publisher.ingest.metrics import IngestMetrics
 
-    if not _METRICS:
-        _METRICS.append(IngestMetrics())
-    return _METRICS[0]
+    return IngestMetrics()
 
 
 @contextlib.asynccontextmanager
