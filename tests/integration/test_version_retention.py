@@ -360,6 +360,30 @@ async def test_a_publish_during_a_pass_is_not_blocked_and_stays_whole(
     assert superseded
 
 
+async def test_chunks_another_deleter_holds_are_skipped_and_the_content_waits_for_them(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    """A chunk row locked by someone else (the collector of superseded chunks deleting the
+    same version) is not waited for: the pass goes on, and the version keeps its bytes until
+    a later pass finds none of its chunks left. (Were it waited for, the pass would hang.)"""
+    docs = await corpus(pool)
+    late = await db_time(pool, DAYS + 1)
+    async with pool.acquire() as holder, holder.transaction():
+        await holder.execute(
+            "SELECT 1 FROM knowledge_chunk WHERE document_id = $1 AND version_number = 1"
+            " LIMIT 1 FOR UPDATE",
+            docs.served.document_id,
+        )
+        first = await retention(pool).collect(now=late)
+    assert first.versions == 1  # the deleted document's v1
+    waiting = (await versions(pool, docs.served.document_id))[1]
+    assert (waiting.content_removed, waiting.chunks) == (False, 1)
+    assert intact(waiting)
+
+    assert await retention(pool).collect(now=late) == RetentionPass(1, waiting.size_bytes, 1)
+    assert emptied((await versions(pool, docs.served.document_id))[1])
+
+
 _KILLED_PASS = """
 import asyncio, sys
 from datetime import datetime

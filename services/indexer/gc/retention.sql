@@ -63,6 +63,9 @@ SELECT t.task_id
 -- generation (the chunk table holds them all), unless the version got an unfinished task
 -- since it was taken. A version's chunks may take several batches; its content goes only
 -- once none is left (remove_retained_content). The version of every row deleted comes back.
+-- SKIP LOCKED: rows the collector of superseded chunks (gc.sql) is deleting at the same time
+-- are left to it, never waited for, so the two never wait for each other in a cycle; the
+-- version keeps its content until a later batch finds none of its chunks left.
 WITH kept AS (
     SELECT k.tenant_id, k.document_id, k.version_number
       FROM unnest($1::text[], $2::uuid[], $3::integer[])
@@ -78,6 +81,7 @@ victim AS (
       JOIN kept k ON c.tenant_id = k.tenant_id AND c.document_id = k.document_id
                  AND c.version_number = k.version_number
      LIMIT $4::integer
+       FOR UPDATE OF c SKIP LOCKED
 )
 DELETE FROM knowledge_chunk c
  WHERE (c.tenant_id, c.document_id, c.version_number, c.embedding_model, c.chunk_id)
