@@ -9,7 +9,7 @@ Each batch is one short transaction over at most ``batch_versions`` versions and
 of its chunks left, so a collector stopped anywhere (killed, a lost connection) leaves every
 version either whole, or with part of its unserved chunks gone and its content still there:
 the next pass finishes it. Every `kb indexer run` runs it beside the collector of superseded
-chunks (``RetentionCollector.run``), and `kb index gc --retention` runs one pass by hand.
+chunks (``RetentionCollector.run``), and `kb index retention` runs one pass by hand.
 """
 
 from __future__ import annotations

@@ -199,6 +199,7 @@ def retention() -> None:
     KB_RETENTION_INTERVAL_SECONDS): the bytes and chunks of versions superseded for
     KB_RETENTION_SUPERSEDED_DAYS by the database's clock (0: keep forever), never a served,
     published or in-flight version's. stderr: what was removed."""
+    from services.indexer.gc.retention import RetentionCollector, RetentionPass
     from services.indexer.gc.settings import RetentionSettings
     from services.indexer.pool import load_settings, with_pool
     from services.runtime.logging import configure_logging
@@ -207,9 +208,7 @@ def retention() -> None:
     retaining = cli_support.load_settings(RetentionSettings)
     configure_logging(settings.log_level, settings.log_format, service="indexer")
 
-    async def _work(pool: asyncpg.Pool[Any]) -> Any:
-        from services.indexer.gc.retention import RetentionCollector
-
+    async def _work(pool: asyncpg.Pool[Any]) -> RetentionPass:
         return await RetentionCollector(pool, retaining).collect()
 
     done = with_pool(settings, 1, _work)
