@@ -384,6 +384,56 @@ async def test_chunks_another_deleter_holds_are_skipped_and_the_content_waits_fo
     assert emptied((await versions(pool, docs.served.document_id))[1])
 
 
+async def test_an_erase_and_a_delete_during_a_pass_finish_and_leave_no_content(
+    pool: asyncpg.Pool[Any], settings: RuntimeSettings, conn: asyncpg.Connection[Any]
+) -> None:
+    """A pass holds the deleted document's v1 (its task is held here, so the pass waits
+    inside that batch); an erase of that document runs meanwhile and waits for the version
+    row, and a delete of the racing document commits without waiting. Once the pass goes on,
+    both finish: the erased document holds no content and no chunk, whichever emptied v1."""
+    tenant = await add_tenant(conn, "acme")
+    docs = await corpus(pool)
+    late = await db_time(pool, DAYS + 1)
+    async with publisher_harness(settings) as harness:
+        client = harness.client
+        async with pool.acquire() as holder, holder.transaction():
+            await holder.execute(
+                "SELECT 1 FROM index_task WHERE task_id = $1 FOR UPDATE", docs.deleted.task_id
+            )
+            passing = asyncio.create_task(retention(pool, batch_versions=1).collect(now=late))
+            await wait_until_blocked_on_a_lock(pool)
+            erasing = asyncio.create_task(
+                client.post(
+                    tenant.path(f"/documents/{docs.deleted.document_id}/erase"),
+                    headers=tenant.headers,
+                )
+            )
+            await wait_until_blocked_on_a_lock(pool, backends=2)
+            status = await client.get(
+                tenant.path(f"/documents/{docs.racing.document_id}"), headers=tenant.headers
+            )
+            gone = await client.delete(
+                tenant.path(f"/documents/{docs.racing.document_id}"),
+                params={"revision": status.json()["revision"]},
+                headers=tenant.headers,
+            )
+            assert gone.status_code == 200, gone.text
+        erased = await erasing
+        done = await passing
+    assert erased.status_code == 200, erased.text
+    assert erased.json()["erasedAt"] is not None
+    assert done.versions in (2, 3)  # with or without the deleted document's v1 (the erase's)
+    assert emptied((await versions(pool, docs.served.document_id))[1])
+    left = await versions(pool, docs.deleted.document_id)
+    assert [(v.content, v.chunks) for v in left.values()] == [(b"", 0), (b"", 0)]
+    # The racing document's v1 task was running: the delete ended it (DEAD), so the pass's
+    # later batches found v1 superseded and finished, and emptied it; v2, the document's
+    # last published version (its tombstone's), stays.
+    racing = await versions(pool, docs.racing.document_id)
+    assert emptied(racing[1])
+    assert intact(racing[2])
+
+
 _KILLED_PASS = """
 import asyncio, sys
 from datetime import datetime
