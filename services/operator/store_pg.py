@@ -169,6 +169,19 @@ class PgOperatorStore:
             "chunks": Page(chunks, chunk_offset, limit, int(chunk_total)),
         }
 
+    # --- deletes, erasures, retention -------------------------------------------------------
+
+    async def lifecycle_totals(self, retention_days: int) -> dict[str, Any]:
+        [totals] = await self._fetch("lifecycle_totals", self._now, retention_days)
+        return totals
+
+    async def lifecycle(self, limit: int) -> dict[str, list[dict[str, Any]]]:
+        """The latest deletes, erasures (the audit rows) and versions retention emptied."""
+        return {
+            name: await self._fetch(f"recent_{name}", limit)
+            for name in ("deletes", "erasures", "retention")
+        }
+
     # --- dead letters ----------------------------------------------------------------------
 
     async def dead_tasks(

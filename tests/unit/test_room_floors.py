@@ -101,7 +101,7 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"cli"}),
         frozenset({"maintenance"}),
     ),
-    "services.indexer.gc": (frozenset({"settings"}), frozenset({"collector"})),
+    "services.indexer.gc": (frozenset({"settings"}), frozenset({"collector", "retention"})),
     "services.indexer.queue": (
         frozenset({"attempt", "completions", "hints"}),
         frozenset({"store_pg", "worker", "hints_kafka"}),
