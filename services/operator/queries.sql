@@ -89,10 +89,20 @@ SELECT date_trunc('minute', s.switched_at) AS minute,
    AND v.published_at IS NOT NULL
 
 -- name: tenants_page
--- $1 after tenant_id (keyset), $2 limit.
+-- $1 after tenant_id (keyset), $2 limit, $3 now (NULL: the database's). The ingest columns:
+-- commands applied in the last 15 minutes, and the slowest of their delays from Kafka to
+-- applied (docs/architecture.md#publish-by-event): a tenant whose commands wait.
 SELECT t.tenant_id, t.tier,
-       (SELECT count(*) FROM document d WHERE d.tenant_id = t.tenant_id) AS documents
+       (SELECT count(*) FROM document d WHERE d.tenant_id = t.tenant_id) AS documents,
+       i.commands AS ingest_commands, i.max_delay_seconds AS ingest_max_delay_seconds
   FROM tenant t
+  LEFT JOIN LATERAL (
+       SELECT count(*) AS commands,
+              max(extract(epoch FROM c.applied_at - c.sent_at))::float8 AS max_delay_seconds
+         FROM ingest_command c
+        WHERE c.tenant_id = t.tenant_id
+          AND c.applied_at >= coalesce($3::timestamptz, now()) - interval '15 minutes') AS i
+    ON true
  WHERE $1::text IS NULL OR t.tenant_id > $1
  ORDER BY t.tenant_id
  LIMIT $2

@@ -147,7 +147,7 @@ class PgOperatorStore:
     # --- tenants and documents -------------------------------------------------------------
 
     async def tenants(self, after: str | None, limit: int) -> list[dict[str, Any]]:
-        return await self._fetch("tenants_page", after, limit)
+        return await self._fetch("tenants_page", after, limit, self._now)
 
     async def documents(self, tenant_id: str, offset: int, limit: int) -> Page:
         rows = await self._fetch("documents_page", tenant_id, offset, limit, self._now)
