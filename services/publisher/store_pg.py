@@ -267,6 +267,7 @@ class PgPublishTransaction:
                 aggregate_key=aggregate_key(event.tenant_id, event.document_id),
                 payload=event.payload,
                 event_id=event.event_id,
+                traceparent=event.traceparent,
             ),
         )
 

@@ -98,6 +98,7 @@ async def test_schema_has_every_table_and_key_of_the_design(
             "tier",
             "generation_id",
             "priority",
+            "traceparent",
         },
         "outbox": {
             "position",
@@ -109,6 +110,7 @@ async def test_schema_has_every_table_and_key_of_the_design(
             "aggregate_key",
             "payload",
             "created_at",
+            "traceparent",
         },
         "knowledge_chunk": {
             "tenant_id",

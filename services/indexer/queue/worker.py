@@ -31,6 +31,7 @@ from services.indexer.ports import ClaimAllowance, ClaimGate, DocumentVersionInd
 from services.indexer.queue.attempt import IndexedAttempt, TaskAttempts
 from services.indexer.queue.attempt import RunOnceResult as RunOnceResult
 from services.indexer.queue.attempt import WorkerEvent as WorkerEvent
+from services.indexer.queue.attempt_span import HintContexts, now_ns
 from services.indexer.retry import RetryPolicy
 from services.indexer.task import ErrorCode, Lease
 from services.runtime.backoff import Backoff
@@ -91,6 +92,8 @@ class Worker:
         self._gated_by: str | None = None  # the reason of the gate's last refusal, logged once
         self._wake = asyncio.Event()
         self._wake_waiter: asyncio.Task[bool] | None = None
+        # The trace contexts of the hints read (hints.py): an attempt links to its task's.
+        self.hint_contexts = HintContexts()
 
     # --- one task ---------------------------------------------------------------------------
 
@@ -100,13 +103,16 @@ class Worker:
         limit, _ = await self._allowed(1)
         if limit == 0:
             return RunOnceResult.IDLE
+        claim_started = now_ns()
         leases = await self.queue.claim(
             self.tier, self.owner, lease_seconds=self.lease_seconds, limit=1
         )
         if not leases:
             self._emit(WorkerEvent("idle"))
             return RunOnceResult.IDLE
-        return await self.process(leases[0])
+        return await self.attempts.process(
+            leases[0], claim_started_ns=claim_started, hint=self._hint(leases[0])
+        )
 
     async def process(self, lease: Lease) -> RunOnceResult:
         """Index a claimed task under its lease and record the result (fenced)."""
@@ -157,6 +163,7 @@ class Worker:
                     if free == 0:
                         claim_again_at = time.monotonic() + gate_pause
                         continue
+                    claim_started = now_ns()
                     try:
                         leases = await self.queue.claim(
                             self.tier, self.owner, lease_seconds=self.lease_seconds, limit=free
@@ -171,7 +178,10 @@ class Worker:
                         continue
                     failed_claims = 0
                     for lease in leases:
-                        slots.add(asyncio.create_task(self.attempts.index(lease)))
+                        indexing = self.attempts.index(
+                            lease, claim_started_ns=claim_started, hint=self._hint(lease)
+                        )
+                        slots.add(asyncio.create_task(indexing))
                     claimed = len(leases)
                 if claimed:
                     idle_delay = self.idle_backoff_min_seconds
@@ -233,6 +243,9 @@ class Worker:
             self._gated_by = reason
         self._emit(WorkerEvent("gated", detail=reason, seconds=pause))
         return 0, pause
+
+    def _hint(self, lease: Lease) -> bytes | None:
+        return self.hint_contexts.take(str(lease.task_id))
 
     def _claim_backoff(self, failures: int) -> float:
         """Pause after the ``failures``-th failed claim in a row."""

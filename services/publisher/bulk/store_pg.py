@@ -67,6 +67,7 @@ class PgBulkStore:
                     [d.index_task_id for d in documents],
                     DEFAULT_MAX_ATTEMPTS,
                     now,
+                    [d.traceparent for d in documents],
                 )
                 # The dual write, as a single publish does (services.runtime.indexing.tasks).
                 await enqueue_generation_tasks(
@@ -75,6 +76,7 @@ class PgBulkStore:
                     tier=tier,
                     versions=[(d.document_id, 1) for d in documents],
                     now=now,
+                    traceparents=[d.traceparent for d in documents],
                 )
                 if acl:
                     await conn.execute(
@@ -91,4 +93,5 @@ class PgBulkStore:
                     [e.tier for e in events],
                     [aggregate_key(e.tenant_id, e.document_id) for e in events],
                     [e.payload for e in events],
+                    [e.traceparent for e in events],
                 )
