@@ -212,8 +212,8 @@ class HintConsumer:
             return SkipReason.OTHER_TIER
         traceparent = message.headers.get(TRACEPARENT)
         task_id = decoded.record.get("taskId")
-        if self._contexts is not None and traceparent is not None and isinstance(task_id, str):
-            self._contexts.remember(task_id, traceparent)
+        if self._contexts is not None and traceparent is not None and task_id is not None:
+            self._contexts.remember(str(task_id), traceparent)
         return None
 
     def _reconnect_delay(self, failures: int) -> float:

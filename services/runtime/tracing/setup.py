@@ -48,10 +48,12 @@ def tracing_config(environ: Mapping[str, str] = os.environ) -> TracingConfig:
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"
     )
-    if disabled or exporter == "none" or not (endpoint or exporter == "otlp"):
+    if disabled:
         return TracingConfig(enabled=False)
-    if exporter not in ("", "otlp"):
+    if exporter not in ("", "otlp", "none"):
         raise ConfigError(f"OTEL_TRACES_EXPORTER must be otlp or none, not {exporter!r}")
+    if exporter == "none" or not (endpoint or exporter == "otlp"):
+        return TracingConfig(enabled=False)
     protocol = (
         environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
