@@ -4,6 +4,7 @@ conventions name them; the publisher's and search's spans are its children."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Final
 
 from services.runtime.tracing.setup import tracing_on
@@ -19,6 +20,10 @@ def trace_http_app(app: Any) -> None:
     principal tokens."""
     if not tracing_on():
         return
+    # The stable HTTP semantic conventions (http.request.method, url.path, ...), not the
+    # instrumentation's older default, unless the operator chose otherwise. Read once, when
+    # the first app is instrumented.
+    os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
     FastAPIInstrumentor.instrument_app(

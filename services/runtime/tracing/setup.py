@@ -33,6 +33,33 @@ from services.runtime.errors import ConfigError
 
 PROTOCOLS: Final = ("http/protobuf", "grpc")
 
+# The standard variables a process's tracing reads (here, or in the SDK and its exporters):
+# not KB_ settings, documented in docs/configuration.md#tracing-opentelemetry.
+ENV_NAMES: Final = frozenset(
+    {
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+        "OTEL_SERVICE_NAME",
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "OTEL_BSP_SCHEDULE_DELAY",
+        "OTEL_BSP_MAX_QUEUE_SIZE",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        "OTEL_BSP_EXPORT_TIMEOUT",
+        "OTEL_SEMCONV_STABILITY_OPT_IN",
+    }
+)
+
 
 @dataclass(frozen=True)
 class TracingConfig:

@@ -180,10 +180,11 @@ async def test_an_attempt_continues_the_publish_trace_with_its_steps_as_children
     assert claim.start_time == attempt.start_time  # the claim began the attempt
     # What the attempt writes continues from its span: the lease it indexes carries it.
     ((lease, current),) = indexer.seen
-    assert span_context_of(lease.traceparent) is not None
-    assert span_context_of(lease.traceparent).span_id == span_id(attempt)  # type: ignore[union-attr]
-    assert current is not None
-    assert span_context_of(current).span_id != span_id(attempt)
+    carried, inside = span_context_of(lease.traceparent), span_context_of(current)
+    assert carried is not None
+    assert carried.span_id == span_id(attempt)
+    assert inside is not None  # the parse's own span, the attempt's child
+    assert inside.span_id != span_id(attempt)
 
 
 async def test_every_attempt_of_a_task_is_in_the_same_trace() -> None:
