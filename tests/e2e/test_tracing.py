@@ -259,15 +259,18 @@ async def test_a_task_taken_over_after_a_kill_shows_both_attempts_in_one_trace(
     publish = _publish_span(spans, document_id)
     assert publish is not None
     trace = receiver.in_trace(publish.trace_id)
+    # Generation 1 (killed) and 2 (the takeover) at least; on a slow machine the takeover
+    # may itself lose its 2 s lease and a third generation finish the task: all in this trace.
     claims = sorted(s.attributes["kb.lease_attempt"] for s in _named(trace, "kb.index.claim"))
-    assert claims == [1, 2]
-    (second,) = _named(trace, "kb.index.attempt")  # the killed one never ended
-    assert second.attributes["kb.lease_attempt"] == 2
-    assert second.parent_span_id == publish.span_id
+    assert claims == list(range(1, len(claims) + 1))
+    assert len(claims) >= 2
+    attempts = _named(trace, "kb.index.attempt")  # the killed one never ended: not there
+    assert sorted(a.attributes["kb.lease_attempt"] for a in attempts) == claims[1:]
+    assert all(a.parent_span_id == publish.span_id for a in attempts)
+    assert "SUCCEEDED" in {a.attributes["kb.attempt.result"] for a in attempts}
     (first_claim,) = _named(trace, "kb.index.claim", **{"kb.lease_attempt": 1})
-    assert first_claim.parent_span_id != second.span_id  # under the first attempt's span
-    owners = {s.attributes["kb.indexer.owner"] for s in _named(trace, "kb.index.attempt")}
-    assert len(owners) == 1
+    # Under the killed attempt's span, which never reached the receiver.
+    assert first_claim.parent_span_id not in {a.span_id for a in attempts}
     _assert_no_content(receiver.spans, key)
 
 

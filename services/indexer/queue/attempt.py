@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome, TaskQueue
-from services.indexer.queue.attempt_span import AttemptSpan
+from services.indexer.queue.attempt_span import AttemptSpan, Claimed
 from services.indexer.retry import RetryPolicy
 from services.indexer.task import ErrorCode, IndexingFailed, IndexTask, Lease, TaskStatus
 from services.runtime.backoff import Backoff
@@ -146,25 +146,18 @@ class TaskAttempts:
         # Our own view of lease time (injectable: tests simulate slow round trips).
         self.monotonic = monotonic
 
-    async def process(
-        self, lease: Lease, *, claim_started_ns: int | None = None, hint: bytes | None = None
-    ) -> RunOnceResult:
+    async def process(self, lease: Lease, claimed: Claimed | None = None) -> RunOnceResult:
         """Index a claimed task under its lease and record the result (fenced)."""
-        return await self.record(
-            await self.index(lease, claim_started_ns=claim_started_ns, hint=hint)
-        )
+        return await self.record(await self.index(lease, claimed))
 
     # --- the work under the lease -------------------------------------------------------
 
-    async def index(
-        self, lease: Lease, *, claim_started_ns: int | None = None, hint: bytes | None = None
-    ) -> IndexedAttempt:
+    async def index(self, lease: Lease, claimed: Claimed | None = None) -> IndexedAttempt:
         """The indexing work under the lease, heartbeating at lease/3, in the attempt's span
-        (``claim_started_ns``: when the claim that took it began; ``hint``: the trace
-        context of the Kafka hint that named it). Cancelled from outside (the grace period
-        ran out), it writes nothing and re-raises: the lease expires and another worker
-        takes the task over."""
-        span = AttemptSpan(lease, self.owner, claim_started_ns=claim_started_ns, hint=hint)
+        (``claimed``: how its claim went). Cancelled from outside (the grace period ran
+        out), it writes nothing and re-raises: the lease expires and another worker takes
+        the task over."""
+        span = AttemptSpan(lease, self.owner, claimed)
         try:
             with span.current():
                 indexed = await self._index(span.lease)

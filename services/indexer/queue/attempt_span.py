@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Final
 
 from opentelemetry import trace
@@ -55,19 +55,23 @@ class HintContexts:
         return self._by_task.pop(task_id, None)
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """How an attempt began: when its claim did (ns since the epoch), and the trace context
+    of the Kafka hint that named its task, if one did."""
+
+    started_ns: int
+    hint: bytes | None = None
+
+
 class AttemptSpan:
     """Started at the claim, ended when the attempt's result is written (or it is given
     up). ``lease`` is the claimed lease carrying this span's context: what the attempt
     writes (the switch's event) continues from it."""
 
-    def __init__(
-        self,
-        lease: Lease,
-        owner: str,
-        *,
-        claim_started_ns: int | None = None,
-        hint: bytes | None = None,
-    ) -> None:
+    def __init__(self, lease: Lease, owner: str, claimed: Claimed | None) -> None:
+        hint = claimed.hint if claimed is not None else None
+        started = claimed.started_ns if claimed is not None else time.time_ns()
         attributes = {
             **document_attributes(lease.tenant_id, lease.document_id, lease.version_number),
             TASK_ID: str(lease.task_id),
@@ -81,17 +85,17 @@ class AttemptSpan:
             lease.traceparent,
             attributes=attributes,
             links=links_to(hint),
-            start_time=claim_started_ns,
+            start_time=started,
         )
         own = traceparent_of(self.span.get_span_context())
         self.lease = replace(lease, traceparent=own or lease.traceparent)
-        if claim_started_ns is not None:
+        if claimed is not None:
             # The claim took the task before anyone knew which: its span, afterwards.
             claim = start_span(
                 "kb.index.claim",
                 own,
                 attributes={TASK_ID: str(lease.task_id), LEASE_ATTEMPT: lease.lease_attempt},
-                start_time=claim_started_ns,
+                start_time=started,
             )
             claim.end()
 
@@ -113,5 +117,6 @@ class AttemptSpan:
         self.span.end()
 
 
-def now_ns() -> int:
-    return time.time_ns()
+def claimed_now(hint: bytes | None = None) -> Claimed:
+    """A claim beginning now."""
+    return Claimed(time.time_ns(), hint)

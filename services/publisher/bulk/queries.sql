@@ -47,16 +47,3 @@ INSERT INTO document_version_acl (tenant_id, document_id, version_number, princi
                                   permission)
 SELECT $1, document_id, 1, principal, 'READ'
   FROM unnest($2::uuid[], $3::text[]) AS a (document_id, principal)
-
--- name: insert_events_of_new_documents
--- $1 event ids, $2 types, $3 tenants, $4 tiers, $5 aggregate keys, $6 payloads, $7
--- traceparents, in the order to deliver them (each document's task event, then its published event). Without
--- outbox.sql's per-key advisory lock: no other transaction can add an event for a document
--- that does not exist yet, so positions follow this order and commit order alike.
-INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payload, traceparent)
-SELECT event_id, event_type, tenant_id, tier, aggregate_key, payload, traceparent
-  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
-              $7::text[])
-       WITH ORDINALITY AS e (event_id, event_type, tenant_id, tier, aggregate_key, payload,
-                             traceparent, n)
- ORDER BY n

@@ -89,6 +89,18 @@ async def add_events(conn: Transaction, events: Sequence[OutboxEvent]) -> list[S
         await conn.execute(
             _QUERIES["lock_event_keys"], sorted({event.aggregate_key for event in events})
         )
+    return await add_events_of_new_aggregates(conn, events)
+
+
+async def add_events_of_new_aggregates(
+    conn: Transaction, events: Sequence[OutboxEvent]
+) -> list[StoredEvent]:
+    """``add_events`` without the per-key locks, for aggregates created in this very
+    transaction (a bulk publish's new documents): no other transaction can add an event
+    for them, so positions follow the order given and commit order alike."""
+    if not events:
+        return []
+    with translate_db_errors():
         rows = await conn.fetch(
             _QUERIES["insert_events"],
             [event.event_id for event in events],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Final
+from typing import Final, TypedDict, Unpack
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -66,57 +66,46 @@ def links_to(*traceparents: str | bytes | None) -> list[Link]:
     return [Link(context) for context in contexts if context is not None]
 
 
-@contextmanager
-def span_under(
-    name: str,
-    traceparent: str | bytes | None,
-    *,
-    kind: SpanKind = SpanKind.INTERNAL,
-    attributes: Mapping[str, AttributeValue] | None = None,
-    links: Sequence[Link] = (),
-    root: bool = False,
-) -> Iterator[Span]:
-    """A current span, the child of the span ``traceparent`` names (of the current span
-    when it names none; of none when ``root``: a trace of its own), ended on exit; an
-    exception escaping it marks it failed, by its type alone (``mark_failed``)."""
-    with tracer().start_as_current_span(
+class SpanOptions(TypedDict, total=False):
+    kind: SpanKind  # INTERNAL unless said
+    attributes: Mapping[str, AttributeValue]
+    links: Sequence[Link]
+    start_time: int  # ns since the epoch; now unless said
+    root: bool  # a trace of its own: no parent at all
+
+
+def start_span(name: str, traceparent: str | bytes | None, **options: Unpack[SpanOptions]) -> Span:
+    """A span, the child of the span ``traceparent`` names (of the current span when it
+    names none; of none when ``root``), neither current nor ended: for a span whose end is
+    elsewhere (an attempt, ended when its result is written). Exceptions are never
+    recorded by the SDK (their messages may quote a document): ``mark_failed``."""
+    return tracer().start_span(
         name,
-        context=_parent(traceparent, root=root),
-        kind=kind,
-        attributes=attributes,
-        links=links,
+        context=Context() if options.get("root") else context_of(traceparent),
+        kind=options.get("kind", SpanKind.INTERNAL),
+        attributes=options.get("attributes"),
+        links=options.get("links", ()),
+        start_time=options.get("start_time"),
         record_exception=False,
         set_status_on_exception=False,
-    ) as span:
+    )
+
+
+@contextmanager
+def span_under(
+    name: str, traceparent: str | bytes | None, **options: Unpack[SpanOptions]
+) -> Iterator[Span]:
+    """``start_span``'s span as the current one, ended on exit; an exception escaping it
+    marks it failed, by its code or type alone (``mark_failed``)."""
+    span = start_span(name, traceparent, **options)
+    with trace.use_span(
+        span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+    ):
         try:
             yield span
         except BaseException as error:
             mark_failed(span, error)
             raise
-
-
-def start_span(
-    name: str,
-    traceparent: str | bytes | None,
-    *,
-    kind: SpanKind = SpanKind.INTERNAL,
-    attributes: Mapping[str, AttributeValue] | None = None,
-    links: Sequence[Link] = (),
-    start_time: int | None = None,
-    root: bool = False,
-) -> Span:
-    """``span_under``'s span, not made current and not ended: for a span whose end is
-    elsewhere (an attempt, ended when its result is written)."""
-    return tracer().start_span(
-        name,
-        context=_parent(traceparent, root=root),
-        kind=kind,
-        attributes=attributes,
-        links=links,
-        start_time=start_time,
-        record_exception=False,
-        set_status_on_exception=False,
-    )
 
 
 def mark_failed(span: Span, error: BaseException) -> None:
@@ -125,10 +114,6 @@ def mark_failed(span: Span, error: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR))
     code = getattr(error, "code", None)
     span.set_attribute("error.type", code if isinstance(code, str) else type(error).__name__)
-
-
-def _parent(traceparent: str | bytes | None, *, root: bool) -> Context | None:
-    return Context() if root else context_of(traceparent)
 
 
 class SpansUnder:
