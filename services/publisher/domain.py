@@ -541,7 +541,6 @@ class Publisher:
         now: datetime | None,
     ) -> PublishOutcome:
         """``publish``'s work inside ``tx``."""
-        annotate({VERSION_NUMBER: version_number})
         document = await tx.lock_document(tenant_id, document_id)
         if document is None:
             raise document_not_found(document_id)
@@ -550,6 +549,7 @@ class Publisher:
         version = await tx.get_version(tenant_id, document_id, version_number)
         if version is None:
             raise version_not_found(document_id, version_number)
+        annotate({VERSION_NUMBER: version_number})
         # The version's ACL, compared as stored now: NFC (rows written before NFC
         # normalisation included). An ACL-only change re-publishes the version.
         current_acl = frozenset(
