@@ -6,6 +6,7 @@ relay's producer spans and the header they put on a message."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -15,6 +16,8 @@ import pytest
 import structlog
 from opentelemetry.trace import SpanKind
 
+from services.embedding.hashing import HashingEmbedder
+from services.embedding.port import Vectors
 from services.indexer.ports import IndexingOutcome
 from services.indexer.queue.attempt import RunOnceResult
 from services.indexer.queue.hints import HintConsumer, HintMessage
@@ -24,6 +27,7 @@ from services.relay.ports import OutboxRecord
 from services.relay.send_spans import SendSpans
 from services.relay.sink_kafka import headers_for
 from services.runtime.errors import ConfigError, DatabaseBusy
+from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import INDEX_TASK_CREATED
 from services.runtime.tracing.logs import add_trace_ids
@@ -34,9 +38,12 @@ from services.runtime.tracing.propagation import (
 )
 from services.runtime.tracing.setup import tracing_config
 from services.runtime.tracing.spans import span_under, tracer
+from services.search.searcher import Searcher, SearchMode, SearchRequest
+from tests.fakes.search_index import DIMENSION, FakeIndex
 from tests.fakes.task_queue import InMemoryTaskQueue, InMemoryTransaction
 from tests.support.clock import ManualClock
 from tests.support.tracing import (
+    every_recorded_text,
     linked_span_ids,
     named,
     one,
@@ -302,3 +309,34 @@ def test_a_relay_that_does_not_trace_still_passes_the_stored_context_on() -> Non
     assert spans.start(_record(TRACEPARENT), "kb.document-events") == TRACEPARENT
     spans.end([SimpleNamespace(partition=0, offset=0)])
     assert "traceparent" not in dict(headers_for(_record(None), replay=False))
+
+
+class _ProviderDown(HashingEmbedder):
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        raise IndexingFailed(ErrorCode.EMBEDDING_UNAVAILABLE, f"provider says no to {texts[0]}")
+
+
+@pytest.mark.parametrize("embedder", [HashingEmbedder(DIMENSION), _ProviderDown(DIMENSION)])
+async def test_a_search_has_its_steps_as_spans_and_never_its_query_or_principals(
+    embedder: HashingEmbedder,
+) -> None:
+    query, principal = "whisper-falcon-9931 refund", "group:night-shift"
+    request = SearchRequest("acme", query, (principal,), 5, SearchMode.HYBRID)
+    with traced() as exported:
+        result = await Searcher(embedder, FakeIndex()).search(request)
+        spans = exported.get_finished_spans()
+    search = one(spans, "kb.search")
+    assert search.attributes is not None
+    assert search.attributes["kb.tenant_id"] == "acme"
+    embed = one(spans, "kb.search.embed_query")
+    assert parent_id(embed) == span_id(search)
+    assert parent_id(one(spans, "kb.search.fuse")) == span_id(search)
+    if result.degraded is not None:
+        assert search.attributes["kb.search.degraded"] == "keyword-only"
+        assert embed.attributes is not None
+        assert embed.attributes["error.type"] == ErrorCode.EMBEDDING_UNAVAILABLE
+    else:
+        assert "kb.search.degraded" not in search.attributes
+    recorded = every_recorded_text(spans)
+    for secret in (query, "whisper-falcon", principal, "provider says no"):
+        assert secret not in recorded
