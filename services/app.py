@@ -34,6 +34,7 @@ from services.runtime.fair_share.settings import FairShareSettings, Kind
 from services.runtime.fair_share.tiers import PgTenantTiers, TenantTiers
 from services.runtime.indexing.search_lag import run_search_lag_sampler
 from services.runtime.logging import get_logger
+from services.runtime.tracing.http import trace_http_app
 from services.runtime.web.http_strict import StrictHeadersMiddleware, StrictJsonMiddleware
 from services.search.routes import search_router
 from services.search.searcher import SearchService
@@ -117,6 +118,7 @@ def create_app(
                     app.state.searcher = None
 
     app.router.lifespan_context = lifespan
+    trace_http_app(app)
     return app
 
 

@@ -30,6 +30,7 @@ def serve(
     from services.publisher.web.server import GracefulServer
     from services.runtime.commands.cli_support import load_settings
     from services.runtime.logging import configure_logging
+    from services.runtime.tracing.setup import configure_tracing
     from services.runtime.web.http_strict import HttpSettings
 
     settings = load_settings(PublisherSettings)
@@ -37,6 +38,7 @@ def serve(
     # Read before serving: a bad KB_OPERATOR_* (a short token) stops the start, exit 2.
     operator_settings = load_settings(OperatorSettings)
     configure_logging(settings.log_level, settings.log_format, service="kb-api")
+    configure_tracing("kb-api")
     serve_metrics(metrics_port, "127.0.0.1")
     app = create_app(settings, operator_settings=operator_settings)
     config = server_config(app, host=host, port=port, settings=settings, http=http_settings)

@@ -85,11 +85,13 @@ def run(
 ) -> None:
     """Claim and index tasks until SIGTERM; then finish running ones within the grace period."""
     from services.runtime.logging import configure_logging
+    from services.runtime.tracing.setup import configure_tracing
 
     settings = load_settings()
     tier = _tier(tier)
     slots = concurrency or settings.indexer_concurrency
     configure_logging(settings.log_level, settings.log_format, service="indexer")
+    configure_tracing("kb-indexer")
     from services.indexer.wiring import run_workers
 
     run_workers(settings, tier, slots, hints=False if no_hints else None, metrics_port=metrics_port)

@@ -107,6 +107,10 @@ class Lease:
     # The search generation the task builds; None: the tenant's serving one, resolved by
     # the indexer (services.indexer.pipeline.generations).
     generation_id: int | None = None
+    # The trace the attempt continues: the publish's (the task row's, migration 0034) at
+    # the claim; the attempt's own span once it runs (queue/attempt_span.py), so that what
+    # the attempt writes (the switch's event) continues from it. None: not traced.
+    traceparent: str | None = None
 
     def log_fields(self) -> dict[str, Any]:
         """The task and the version it indexes, as log lines name them."""
@@ -224,6 +228,8 @@ def lease_of(task: IndexTask) -> Lease:
         owner=task.lease_owner,
         lease_attempt=task.attempts,
         lease_until=task.lease_until,
+        # The model's task carries no trace: the claim's row does (queue/queries.sql).
+        traceparent=None,
     )
 
 

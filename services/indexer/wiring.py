@@ -316,6 +316,7 @@ def run_workers(
                     wake=worker.wake,
                     connect=lambda: KafkaHintSource.connect(settings, tier),
                     on_change=hint_metrics,
+                    contexts=worker.hint_contexts,
                 )
                 jobs.append(consumer.run(stop))
             else:

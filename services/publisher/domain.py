@@ -61,6 +61,12 @@ from services.runtime.messaging.events import (
 )
 from services.runtime.pg.records import copied
 from services.runtime.tenancy.principals import normalise_principal
+from services.runtime.tracing.spans import (
+    VERSION_NUMBER,
+    annotate,
+    document_attributes,
+    span_under,
+)
 
 MAX_TITLE_LENGTH: Final = 500
 MAX_PRINCIPAL_LENGTH: Final = 200
@@ -475,19 +481,20 @@ class Publisher:
         locked from one to the other, so no other publish can come between them."""
         principals = check_principals(read_principals)
         media_type = await check_upload_off_loop(upload, self._max_upload_bytes)
-        async with self._store.transaction(tenant_id) as tx:
-            created = await add_version_in(
-                tx, tenant_id, document_id, upload.content, media_type, now
-            )
-            return await self.publish_in(
-                tx,
-                tenant_id,
-                document_id,
-                created.version_number,
-                created.revision,
-                principals,
-                now,
-            )
+        with span_under("kb.publish", None, attributes=document_attributes(tenant_id, document_id)):
+            async with self._store.transaction(tenant_id) as tx:
+                created = await add_version_in(
+                    tx, tenant_id, document_id, upload.content, media_type, now
+                )
+                return await self.publish_in(
+                    tx,
+                    tenant_id,
+                    document_id,
+                    created.version_number,
+                    created.revision,
+                    principals,
+                    now,
+                )
 
     async def publish(
         self,
@@ -512,10 +519,13 @@ class Publisher:
         revision and adds no event.
         """
         principals = check_principals(read_principals)
-        async with self._store.transaction(tenant_id) as tx:
-            return await self.publish_in(
-                tx, tenant_id, document_id, version_number, expected_revision, principals, now
-            )
+        # The span is current in the transaction: the task and outbox rows store it
+        # (docs/operations.md#tracing).
+        with span_under("kb.publish", None, attributes=document_attributes(tenant_id, document_id)):
+            async with self._store.transaction(tenant_id) as tx:
+                return await self.publish_in(
+                    tx, tenant_id, document_id, version_number, expected_revision, principals, now
+                )
 
     async def publish_in(
         self,
@@ -535,6 +545,7 @@ class Publisher:
         version = await tx.get_version(tenant_id, document_id, version_number)
         if version is None:
             raise version_not_found(document_id, version_number)
+        annotate({VERSION_NUMBER: version_number})
         # The version's ACL, compared as stored now: NFC (rows written before NFC
         # normalisation included). An ACL-only change re-publishes the version.
         current_acl = frozenset(

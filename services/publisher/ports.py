@@ -77,6 +77,9 @@ class PendingEvent:
     tier: str
     document_id: uuid.UUID  # the aggregate: its key is "<tenant>/<document>"
     payload: bytes
+    # The trace its delivery continues; None: the transaction's current span
+    # (services.runtime.messaging.outbox.traceparent_of_event).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

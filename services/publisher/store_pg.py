@@ -67,6 +67,19 @@ def _task_of_status_row(row: asyncpg.Record) -> IndexTaskRecord:
     )
 
 
+def outbox_event(event: PendingEvent) -> OutboxEvent:
+    """The outbox's row of ``event``: its aggregate key names the document."""
+    return OutboxEvent(
+        event_type=event.event_type,
+        tenant_id=event.tenant_id,
+        tier=event.tier,
+        aggregate_key=aggregate_key(event.tenant_id, event.document_id),
+        payload=event.payload,
+        event_id=event.event_id,
+        traceparent=event.traceparent,
+    )
+
+
 class PgPublishTransaction:
     def __init__(self, conn: asyncpg.Connection[Any]) -> None:
         self._conn = conn
@@ -269,17 +282,7 @@ class PgPublishTransaction:
         return ErasureRecord(requested_at=row["requested_at"], erased_at=row["erased_at"])
 
     async def add_event(self, event: PendingEvent) -> None:
-        await add_event(
-            self._conn,
-            OutboxEvent(
-                event_type=event.event_type,
-                tenant_id=event.tenant_id,
-                tier=event.tier,
-                aggregate_key=aggregate_key(event.tenant_id, event.document_id),
-                payload=event.payload,
-                event_id=event.event_id,
-            ),
-        )
+        await add_event(self._conn, outbox_event(event))
 
 
 # Mutable (read_status_on) and compared by identity, as the plain class it was.

@@ -27,6 +27,7 @@ from services.runtime.errors import BadInput, DependencyUnavailable
 from services.runtime.indexing.search_lag import run_search_lag_sampler
 from services.runtime.logging import configure_logging, get_logger
 from services.runtime.signals import run_until_signalled
+from services.runtime.tracing.setup import configure_tracing
 
 app = typer.Typer(help="Carry committed outbox rows to Kafka.", no_args_is_help=True)
 log = get_logger(__name__)
@@ -57,6 +58,7 @@ def run(
     """Run the relay until SIGTERM/SIGINT (several instances may run at once)."""
     settings = load_settings(RelaySettings)
     configure_logging(settings.log_level, settings.log_format, service="relay")
+    configure_tracing("kb-relay")
     port = metrics_port if metrics_port is not None else settings.relay_metrics_port
     serve_metrics(port, settings.relay_metrics_host)
     pause_path = os.environ.get(TEST_ONLY_PAUSE_AFTER_ACK)

@@ -29,6 +29,8 @@ class OutboxRecord:
     # A WAL position read after the row's transaction committed (relay queries.sql): sent as
     # the search_token header of DocumentSearchVersionSwitched. None: not read (fakes).
     search_token: str | None = None
+    # The writer's W3C trace context (migration 0034): the send continues its trace.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

@@ -183,12 +183,12 @@ WITH w AS MATERIALIZED (
 -- to this statement), so at or past their commit records.
 SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position, b.window_start,
        r.position, r.event_id, r.event_type, r.tenant_id, r.tier, r.aggregate_key,
-       r.payload, r.created_at, pg_current_wal_insert_lsn()::text AS search_token
+       r.payload, r.created_at, r.traceparent, pg_current_wal_insert_lsn()::text AS search_token
   FROM w
  CROSS JOIN bounds AS b
   LEFT JOIN LATERAL (
         (SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
-                o.payload, o.created_at
+                o.payload, o.created_at, o.traceparent
            FROM unnest($4::text[]::xid8[]) AS late(txid)
           CROSS JOIN LATERAL (
                 SELECT *
@@ -203,7 +203,7 @@ SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position, b.win
           LIMIT $5)
         UNION ALL
         (SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
-                o.payload, o.created_at
+                o.payload, o.created_at, o.traceparent
            FROM outbox AS o
           WHERE o.position >= b.window_start
             AND o.position <= least(b.last_position, b.window_start - 1 + $6::bigint)
@@ -233,7 +233,7 @@ SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position, b.win
 -- window's, so it sees every row the window snapshot does.
 -- search_token: as open_window's.
 (SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
-        o.payload, o.created_at, pg_current_wal_insert_lsn()::text AS search_token
+        o.payload, o.created_at, o.traceparent, pg_current_wal_insert_lsn()::text AS search_token
    FROM unnest($8::text[]::xid8[]) AS late(txid)
   CROSS JOIN LATERAL (
         -- txid = late.txid and $5 < position < $9, written as a range of outbox_txid's
@@ -251,7 +251,7 @@ SELECT w.upto::text AS window_snapshot, b.first_position, b.last_position, b.win
   LIMIT $7)
 UNION ALL
 (SELECT o.position, o.event_id, o.event_type, o.tenant_id, o.tier, o.aggregate_key,
-        o.payload, o.created_at, pg_current_wal_insert_lsn()::text AS search_token
+        o.payload, o.created_at, o.traceparent, pg_current_wal_insert_lsn()::text AS search_token
    FROM outbox AS o
   WHERE o.position > greatest($5, $9 - 1) AND o.position <= $6
     AND pg_visible_in_snapshot(o.txid, $4::text::pg_snapshot)
@@ -332,7 +332,7 @@ SELECT coalesce(max(position), 0)::bigint AS last_position FROM outbox
 -- re-sends. Reads only, so live delivery and its progress are untouched.
 -- search_token: as open_window's, read at the replay (later, so still past the commit).
 SELECT position, event_id, event_type, tenant_id, tier, aggregate_key, payload, created_at,
-       pg_current_wal_insert_lsn()::text AS search_token
+       traceparent, pg_current_wal_insert_lsn()::text AS search_token
   FROM outbox
  WHERE position > $1 AND position <= $2
    AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)

@@ -31,6 +31,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from services.relay import metrics
 from services.relay.ports import OutboxRecord
+from services.relay.send_spans import SendSpans
 from services.relay.settings import RelaySettings
 from services.runtime.errors import KafkaUnavailable
 from services.runtime.logging import get_logger
@@ -41,6 +42,7 @@ from services.runtime.messaging.events import (
     topic_for,
 )
 from services.runtime.messaging.kafka import kafka_client_kwargs
+from services.runtime.tracing.propagation import TRACEPARENT
 
 log = get_logger(__name__)
 
@@ -50,7 +52,9 @@ _TOPIC_ALREADY_EXISTS = 36
 _NOT_ALLOWED = {29, 31, 44}  # topic/cluster authorization failed, policy violation
 
 
-def headers_for(record: OutboxRecord, *, replay: bool) -> list[tuple[str, bytes]]:
+def headers_for(
+    record: OutboxRecord, *, replay: bool, traceparent: str | None = None
+) -> list[tuple[str, bytes]]:
     headers = [
         ("event_type", record.event_type.encode()),
         ("event_id", str(record.event_id).encode()),
@@ -63,6 +67,10 @@ def headers_for(record: OutboxRecord, *, replay: bool) -> list[tuple[str, bytes]
     # cannot know the WAL position of its own commit; the relay reads one after it.
     if record.search_token is not None and record.event_type == DOCUMENT_SEARCH_VERSION_SWITCHED:
         headers.append(("search_token", record.search_token.encode()))
+    # The send's span (or, when the relay does not trace, the writer's): the consumer
+    # continues the document's trace from it (docs/operations.md#tracing).
+    if traceparent is not None:
+        headers.append((TRACEPARENT, traceparent.encode()))
     return headers
 
 
@@ -146,20 +154,24 @@ class KafkaSink:
                 generation = await self._ready_generation()
                 producer = generation.producer
                 futures: list[asyncio.Future[Any]] = []
+                spans = SendSpans(replay=replay)
                 try:
                     for record, topic in zip(records, topics, strict=True):
+                        traceparent = spans.start(record, topic)
                         futures.append(
                             await producer.send(
                                 topic,
                                 value=record.payload,
                                 key=record.aggregate_key.encode(),
-                                headers=headers_for(record, replay=replay),
+                                headers=headers_for(record, replay=replay, traceparent=traceparent),
                             )
                         )
                     results = await asyncio.gather(*futures, return_exceptions=True)
-                except BaseException:
+                except BaseException as error:
                     _abandon(futures)
+                    spans.fail(error)
                     raise
+                spans.end(results)
                 failures = [r for r in results if isinstance(r, BaseException)]
                 if failures:
                     raise failures[0]

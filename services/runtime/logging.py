@@ -15,6 +15,7 @@ from structlog.typing import Processor
 
 from services.runtime.log_safety import AlreadyLogged, BoundedRenderer, Redacted, SafeExceptions
 from services.runtime.redaction import environment_secrets
+from services.runtime.tracing.logs import add_trace_ids
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -42,6 +43,7 @@ def configure_logging(level: str = "info", fmt: str = "json", *, service: str = 
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            add_trace_ids,
             *safe,
             renderer,
         ],
@@ -76,6 +78,7 @@ def _route_library_logs(level: int, renderer: Any, safe: list[Processor]) -> Non
                 structlog.stdlib.add_log_level,
                 structlog.stdlib.add_logger_name,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
+                add_trace_ids,
                 *safe,
             ],
         )

@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Final, TypeAlias
 
 import asyncpg
 import numpy as np
+from opentelemetry.trace import Span
 
 from services.embedding.port import Vectors
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.records import from_row
 from services.runtime.tenancy.tenant_wall import tenant_wall_sql, walls_search
+from services.runtime.tracing.spans import Attributes, span_under
 from services.search.connections import SearchConnections
 from services.search.keyword_terms import (
     QueryWords,
@@ -124,10 +127,16 @@ class PgSearchIndex:
         )
 
         async def keyword_list(conn: Connection, path: PathSource) -> list[asyncpg.Record]:
-            return await self._keyword_list(conn, request, searchable, path)
+            with list_span("keyword") as span:
+                rows = await self._keyword_list(conn, request, searchable, path)
+                span.set_attribute("db.response.returned_rows", len(rows))
+            return rows
 
         async def vector_list(conn: Connection, path: VectorPath) -> list[asyncpg.Record]:
-            return await conn.fetch(self._vector_sql[path], *searchable, vector)
+            with list_span("vector", path) as span:
+                rows = await conn.fetch(self._vector_sql[path], *searchable, vector)
+                span.set_attribute("db.response.returned_rows", len(rows))
+            return rows
 
         with translate_db_errors():
             conn = await self._connections.acquire()
@@ -305,3 +314,12 @@ async def read_word_sample(
         settings.search_statistics_lexemes,
     )
     return word_sample(limit, rows)
+
+
+def list_span(kind: str, path: VectorPath | None = None) -> AbstractContextManager[Span]:
+    """The span of one candidate list (``kind``: keyword or vector; a vector list's path:
+    exact or ANN)."""
+    attributes: Attributes = {"db.system.name": "postgresql", "db.operation.name": "SELECT"}
+    if path is not None:
+        attributes["kb.search.path"] = str(path.value)
+    return span_under(f"kb.search.{kind}_list", None, attributes=attributes)

@@ -48,6 +48,7 @@ import asyncpg
 
 from services.runtime.errors import ValidationFailed
 from services.runtime.logging import get_logger
+from services.runtime.tracing.spans import span_under
 from services.search.metrics import REPLICA_IN_ROTATION, REPLICA_LAG, SEARCH_READS, TOKEN_WAIT
 from services.search.primary_position import READ_ERRORS, PrimaryPosition
 from services.search.statements import SearchSettings
@@ -183,7 +184,16 @@ class ReplicaRotation:
 
     async def choose(self, after: int | None = None) -> ReadTarget:
         """The server a search reads: a replica in rotation (in turn) that has replayed
-        ``after`` (waiting for one at most KB_SEARCH_AFTER_WAIT_SECONDS), else the primary."""
+        ``after`` (waiting for one at most KB_SEARCH_AFTER_WAIT_SECONDS), else the primary.
+        Its span names the server and the wait."""
+        with span_under("kb.search.choose_server", None) as span:
+            target = await self._choose(after)
+            span.set_attribute("kb.search.server", target.name)
+            span.set_attribute("kb.search.after", after is not None)
+            span.set_attribute("kb.search.after_wait_seconds", target.waited_seconds)
+        return target
+
+    async def _choose(self, after: int | None) -> ReadTarget:
         if after is None:
             target = self._next(self._rotation())
             return self._counted(target or ReadTarget(PRIMARY, self._primary))
@@ -196,7 +206,8 @@ class ReplicaRotation:
             # wait for it (or read the primary, whose answer could not hold it either).
             await self.primary.check_written(token, format_token(token))
         if target is None and self._after_wait > 0 and self._rotation():
-            target = await self._wait_for(after, started + self._after_wait)
+            with span_under("kb.search.after_wait", None):
+                target = await self._wait_for(after, started + self._after_wait)
         waited = self._clock() - started
         TOKEN_WAIT.observe(waited)
         chosen = target or ReadTarget(PRIMARY, self._primary)

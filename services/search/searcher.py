@@ -37,6 +37,7 @@ from services.runtime.indexing.index_failures import (
 from services.runtime.logging import get_logger
 from services.runtime.pg.records import copied
 from services.runtime.tenancy.principals import normalise_principals
+from services.runtime.tracing.spans import TENANT_ID, span_under
 from services.search.metrics import TIMEOUT_REASON, count_degraded
 
 log = get_logger(__name__)
@@ -321,6 +322,16 @@ class Searcher:
             return await self._search(request)
 
     async def _search(self, request: SearchRequest) -> SearchResult:
+        # Ids and the request's shape only: never the query's text nor the principals.
+        attributes = {TENANT_ID: request.tenant_id, "kb.search.mode": request.mode.value}
+        with span_under("kb.search", None, attributes=attributes) as span:
+            result = await self._search_traced(request)
+            if result.degraded is not None:
+                span.set_attribute("kb.search.degraded", result.degraded.value)
+            span.set_attribute("kb.search.results", len(result.results))
+            return result
+
+    async def _search_traced(self, request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
         # Compared in the form publish stores ACLs in (NFC, trimmed): "group:café" spelt with
         # a combining accent, or with a stray space, is the principal the ACL names.
@@ -343,7 +354,8 @@ class Searcher:
                 degraded = Degraded.KEYWORD_ONLY
         await between_search_phases()
         candidates = await self._index.candidates(request, query_vector)
-        results = rank_results(request, candidates)
+        with span_under("kb.search.fuse", None):
+            results = rank_results(request, candidates)
         took_ms = (time.perf_counter() - started) * 1000.0
         return SearchResult(results, self._index.generation, round(took_ms, 3), degraded)
 
@@ -351,9 +363,14 @@ class Searcher:
         # The searcher's own bound, whatever the embedder: a provider's request timeout
         # suits indexing (seconds to spare), not a person waiting for an answer.
         deadline = asyncio.timeout(self._embed_timeout)
+        attributes = {
+            "gen_ai.operation.name": "embeddings",
+            "gen_ai.request.model": self._embedder.model,
+        }
         try:
-            async with deadline:
-                vectors = await self._embedder.embed([query])
+            with span_under("kb.search.embed_query", None, attributes=attributes):
+                async with deadline:
+                    vectors = await self._embedder.embed([query])
         except TimeoutError as error:
             if not deadline.expired():
                 raise  # not ours: the embedder's own bug, answered as today (500)

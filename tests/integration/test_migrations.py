@@ -101,6 +101,7 @@ async def test_schema_has_every_table_and_key_of_the_design(
             "tier",
             "generation_id",
             "priority",
+            "traceparent",
         },
         "outbox": {
             "position",
@@ -112,6 +113,7 @@ async def test_schema_has_every_table_and_key_of_the_design(
             "aggregate_key",
             "payload",
             "created_at",
+            "traceparent",
         },
         "knowledge_chunk": {
             "tenant_id",

@@ -17,6 +17,7 @@ from services.indexer.wiring import run_workers
 from services.runtime.commands.cli_support import fail
 from services.runtime.errors import KbError
 from services.runtime.logging import configure_logging
+from services.runtime.tracing.setup import configure_tracing
 
 
 class HangingIndexer:
@@ -41,6 +42,7 @@ def main() -> None:
     try:
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format, service="indexer")
+        configure_tracing("kb-indexer")
         run_workers(
             settings,
             args.tier,

@@ -13,6 +13,7 @@ from typer.core import TyperGroup
 import services
 from services.cli import app
 from services.runtime.settings import RuntimeSettings, env_names
+from services.runtime.tracing.setup import ENV_NAMES as TRACING_ENV_NAMES
 from tests.support.stack import REPO_ROOT
 
 
@@ -72,7 +73,7 @@ def test_every_service_command_exists_in_the_cli() -> None:
 
 
 def test_every_environment_name_is_read_by_the_code() -> None:
-    known = _all_settings_env_names()
+    known = _all_settings_env_names() | TRACING_ENV_NAMES
     for name, spec in _kb_services(_compose()).items():
         env = spec.get("environment") or {}
         for key in env:
@@ -100,3 +101,14 @@ def test_the_relay_is_configured_with_its_own_names() -> None:
     assert {k for k in env if k.startswith("KB_") and not k.startswith("KB_LOG_")} <= {
         k for k in env if k.startswith("KB_RELAY_")
     }
+
+
+def test_tracing_is_an_optional_profile_the_services_export_to_when_asked() -> None:
+    compose = _compose()
+    backend = compose["services"]["jaeger"]
+    assert backend["profiles"] == ["tracing"]
+    for name, spec in _kb_services(compose).items():
+        # Empty unless the operator names the backend: tracing stays off by default.
+        assert spec["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == (
+            "${OTEL_EXPORTER_OTLP_ENDPOINT:-}"
+        ), name

@@ -73,9 +73,11 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"index_pg", "replicas"}),
         frozenset({"serving", "routes"}),
     ),
-    # The relay: ports, settings and counters, the parts the loop drives, the loop, `kb relay`.
+    # The relay: ports, settings, counters and send spans, the parts the loop drives, the loop,
+    # `kb relay`.
     "services.relay": (
         frozenset({"ports", "settings", "metrics"}),
+        frozenset({"send_spans"}),
         frozenset({"driver", "gauges", "outbox_pg", "sink_kafka", "replay"}),
         frozenset({"relay"}),
         frozenset({"cli"}),
@@ -103,6 +105,7 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
     ),
     "services.indexer.gc": (frozenset({"settings"}), frozenset({"collector", "retention"})),
     "services.indexer.queue": (
+        frozenset({"attempt_span"}),
         frozenset({"attempt", "completions", "hints"}),
         frozenset({"store_pg", "worker", "hints_kafka"}),
     ),

@@ -37,6 +37,7 @@ from services.indexer.ports import ClaimGate, IndexingOutcome, StoredVersion, Ve
 from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.indexing.media_types import normalise_media_type
 from services.runtime.logging import get_logger
+from services.runtime.tracing.spans import span_under
 
 log = get_logger(__name__)
 
@@ -128,7 +129,8 @@ class PipelineIndexer:
             return IndexingOutcome()
         generation = pipeline.generation
         started = time.perf_counter()
-        version = await self._load(lease)
+        with span_under("kb.index.load", None):
+            version = await self._load(lease)
         metrics.STAGE_SECONDS.labels(lease.tier, "load").observe(time.perf_counter() - started)
         media_type, size_bytes = version.media_type, version.size_bytes
         # The parse pool takes the bytes and lets them go once sent: a big document is not
@@ -145,15 +147,23 @@ class PipelineIndexer:
         )
         started = time.perf_counter()
         try:
-            count = await self._parse_pool.stream_chunks(
-                normalise_media_type(media_type),
-                content,
-                document_id=lease.document_id,
-                version_number=lease.version_number,
-                strategy=pipeline.strategy,
-                on_slice=run.take,
-                slice_chunks=self._slice_chunks,
-            )
+            # Parsing and chunking run together in the parse process: one span for both.
+            # The embedding of each slice overlaps it (its spans are the attempt's).
+            with span_under(
+                "kb.index.parse_and_chunk",
+                None,
+                attributes={"kb.media_type": media_type, "kb.size_bytes": size_bytes},
+            ) as parsing:
+                count = await self._parse_pool.stream_chunks(
+                    normalise_media_type(media_type),
+                    content,
+                    document_id=lease.document_id,
+                    version_number=lease.version_number,
+                    strategy=pipeline.strategy,
+                    on_slice=run.take,
+                    slice_chunks=self._slice_chunks,
+                )
+                parsing.set_attribute("kb.chunks", count)
             if not count:
                 raise IndexingFailed(ErrorCode.DOCUMENT_EMPTY, "the document has no text to index")
             write = await run.finish()

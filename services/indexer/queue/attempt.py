@@ -31,15 +31,17 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from services.indexer.ports import DocumentVersionIndexer, IndexingOutcome, TaskQueue
+from services.indexer.queue.attempt_span import AttemptSpan, Claimed
 from services.indexer.retry import RetryPolicy
 from services.indexer.task import ErrorCode, IndexingFailed, IndexTask, Lease, TaskStatus
 from services.runtime.backoff import Backoff
 from services.runtime.errors import DatabaseUnavailable, KbError, LeaseLost
 from services.runtime.logging import get_logger
+from services.runtime.tracing.spans import TASK_ID, span_under
 
 log = get_logger(__name__)
 
@@ -106,6 +108,8 @@ class IndexedAttempt:
     log_context: dict[str, object]  # the task's log fields, built once per task
     # The lease as the heartbeat left it: recording the result beats on from there.
     lease_state: _LeaseState | None = None
+    # Its span, ended once the result is written (attempt_span.py).
+    span: AttemptSpan | None = None
 
 
 class TaskAttempts:
@@ -142,16 +146,27 @@ class TaskAttempts:
         # Our own view of lease time (injectable: tests simulate slow round trips).
         self.monotonic = monotonic
 
-    async def process(self, lease: Lease) -> RunOnceResult:
+    async def process(self, lease: Lease, claimed: Claimed | None = None) -> RunOnceResult:
         """Index a claimed task under its lease and record the result (fenced)."""
-        return await self.record(await self.index(lease))
+        return await self.record(await self.index(lease, claimed))
 
     # --- the work under the lease -------------------------------------------------------
 
-    async def index(self, lease: Lease) -> IndexedAttempt:
-        """The indexing work under the lease, heartbeating at lease/3. Cancelled from
-        outside (the grace period ran out), it writes nothing and re-raises: the lease
-        expires and another worker takes the task over."""
+    async def index(self, lease: Lease, claimed: Claimed | None = None) -> IndexedAttempt:
+        """The indexing work under the lease, heartbeating at lease/3, in the attempt's span
+        (``claimed``: how its claim went). Cancelled from outside (the grace period ran
+        out), it writes nothing and re-raises: the lease expires and another worker takes
+        the task over."""
+        span = AttemptSpan(lease, self.owner, claimed)
+        try:
+            with span.current():
+                indexed = await self._index(span.lease)
+        except BaseException as error:
+            span.end("CANCELLED", error)
+            raise
+        return replace(indexed, span=span)
+
+    async def _index(self, lease: Lease) -> IndexedAttempt:
         context = self._context(lease)
         log.info("task.claimed", **context)
         self._emit(WorkerEvent("claimed", lease.task_id, str(lease.lease_attempt)))
@@ -268,7 +283,22 @@ class TaskAttempts:
         """Write the attempt's result: complete (with the sink's write in its transaction)
         or the retry policy's fail; both fenced, so a lost lease writes nothing. The lease
         is kept beating until the write returns (a completion may wait in the group queue
-        longer than a lease), for at most ``completion_max_wait_seconds``."""
+        longer than a lease), for at most ``completion_max_wait_seconds``. The attempt's
+        span ends with it."""
+        span = attempt.span
+        if span is None:
+            return await self._record_beating(attempt)
+        try:
+            with span.current():
+                result = await self._record_beating(attempt)
+        except BaseException as error:
+            span.end("NOT_RECORDED", error)
+            raise
+        failed = result is RunOnceResult.FAILED and attempt.failure is not None
+        span.end(str(result), attempt.failure.code if failed and attempt.failure else None)
+        return result
+
+    async def _record_beating(self, attempt: IndexedAttempt) -> RunOnceResult:
         lease = attempt.lease
         if attempt.lost:
             return self._lost(lease)
@@ -292,7 +322,11 @@ class TaskAttempts:
             outcome = attempt.outcome
             assert outcome is not None
             try:
-                await self.queue.complete(lease, in_transaction=outcome.write)
+                # Waiting for a group, and its commit (completions.py).
+                with span_under(
+                    "kb.index.complete", None, attributes={TASK_ID: str(lease.task_id)}
+                ):
+                    await self.queue.complete(lease, in_transaction=outcome.write)
             except LeaseLost:
                 return self._lost(lease)
             except DatabaseUnavailable as error:

@@ -69,6 +69,7 @@ from services.runtime.errors import DatabaseBusy, LeaseLost
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.transaction import Transaction
+from services.runtime.tracing.spans import SpansUnder
 
 # The fenced UPDATE of one task, in the group's transaction: False when the fence refused it.
 Fence = Callable[[Transaction, Lease], Awaitable[bool]]
@@ -232,10 +233,25 @@ class GroupCommitter:
         return sorted(group, key=lambda c: c.order)
 
     async def _commit(self, group: list[_Completion]) -> None:
+        # A span in each task's trace: the group's transaction, as that task saw it.
+        spans = SpansUnder(
+            "kb.index.group_commit",
+            [c.lease.traceparent for c in group],
+            {
+                "db.system.name": "postgresql",
+                "db.operation.name": "COMMIT",
+                "db.operation.batch.size": len(group),
+            },
+        )
+        failed: BaseException | None = None
         try:
             await self._commit_group(group)
+        except BaseException as error:
+            failed = error
+            raise
         finally:
             _unfence(group)  # its transaction is over, committed or not
+            spans.end([c.error or failed for c in group])
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[PooledConnection]:

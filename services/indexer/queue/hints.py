@@ -24,10 +24,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.indexer.queue.attempt_span import HintContexts
 from services.runtime.logging import get_logger
 from services.runtime.messaging.avro import AvroError, SchemaRegistry, default_registry
 from services.runtime.messaging.events import INDEX_TASK_CREATED
 from services.runtime.signals import ignoring_foreign_cancellation, unless_stopped
+from services.runtime.tracing.propagation import TRACEPARENT
 
 log = get_logger(__name__)
 
@@ -99,6 +101,7 @@ class HintConsumer:
         stats: HintStats | None = None,
         on_change: Callable[[HintStats], None] | None = None,
         rng: random.Random | None = None,
+        contexts: HintContexts | None = None,
     ) -> None:
         self.tier = tier
         self._wake = wake
@@ -111,6 +114,8 @@ class HintConsumer:
         self._on_change = on_change
         self._rng = rng or random.Random()
         self._logged_kinds: set[str] = set()
+        # Each hint's trace context, for the attempt at its task to link to.
+        self._contexts = contexts
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; never raises for Kafka trouble or bad input."""
@@ -205,6 +210,10 @@ class HintConsumer:
             return SkipReason.UNKNOWN_EVENT_TYPE
         if decoded.record.get("tier") != self.tier:
             return SkipReason.OTHER_TIER
+        traceparent = message.headers.get(TRACEPARENT)
+        task_id = decoded.record.get("taskId")
+        if self._contexts is not None and traceparent is not None and task_id is not None:
+            self._contexts.remember(str(task_id), traceparent)
         return None
 
     def _reconnect_delay(self, failures: int) -> float:

@@ -225,7 +225,7 @@ UPDATE index_task t
  WHERE t.task_id = l.task_id
 RETURNING t.task_id, t.tenant_id, t.document_id, t.version_number, t.task_type, t.tier,
           t.attempts AS lease_attempt, t.max_attempts, t.lease_owner, t.lease_until,
-          t.generation_id
+          t.generation_id, t.traceparent
 
 -- name: heartbeat
 -- The fence (docs/architecture.md#leases-and-fencing): RUNNING, our owner, our generation,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import chain
 from typing import Any
@@ -64,6 +64,7 @@ from services.runtime.tenancy.served_acl import (
     apply_served_acls,
     lock_first_pointers,
 )
+from services.runtime.tracing.spans import SpansUnder
 
 QUERIES = queries_beside(__file__, "sink.sql")
 
@@ -229,6 +230,28 @@ async def _switch(
     # A document's first pointer: no row was locked, so a publish of its ACL would not wait
     # for this switch; this lock stands in for the row (served_acl.sql).
     await lock_first_pointers(conn, [p.key for p in placed if p.served is None])
+    # A span in each document's trace; its event continues from it.
+    spans = SpansUnder(
+        "kb.index.switch",
+        [p.write.lease.traceparent for p in placed],
+        {"db.system.name": "postgresql", "db.operation.name": "UPDATE"},
+    )
+    try:
+        switched = await _switch_pointers(conn, placed, registry, now, spans)
+    except BaseException as error:
+        spans.end([error] * len(placed))
+        raise
+    spans.end(attributes=[{"kb.switched": p.key in switched} for p in placed])
+
+
+async def _switch_pointers(
+    conn: Transaction,
+    placed: list[_Placed],
+    registry: SchemaRegistry,
+    now: datetime | None,
+    spans: SpansUnder,
+) -> set[TenantDocument]:
+    """``_switch`` under its spans: the documents whose pointer switched."""
     switched: dict[TenantDocument, Any] = {}
     for replaces in (False, True):
         batch = [
@@ -255,7 +278,7 @@ async def _switch(
         switched.update(((row["tenant_id"], row["document_id"]), row) for row in rows)
     moved: list[TenantDocument] = []
     events = []
-    for p in placed:
+    for at, p in enumerate(placed):
         lease, generation = p.write.lease, p.write.generation
         row = switched.get(p.key)
         if row is None:
@@ -267,7 +290,9 @@ async def _switch(
             continue
         if row["previous_version"] != lease.version_number:
             moved.append(p.key)
-        events.append(switched_event(registry, lease, generation, p.write.chunk_count, row))
+        event = switched_event(registry, lease, generation, p.write.chunk_count, row)
+        # The event continues the document's trace from its switch's span.
+        events.append(replace(event, traceparent=spans.traceparent(at) or lease.traceparent))
     # The pointer moved to these versions (or is the document's first): the ACL each was
     # published with becomes the one search applies, in this transaction (issue 29, item
     # 1); a rewrite at the same version keeps the served ACL. Lock order: the pointer rows
@@ -277,3 +302,4 @@ async def _switch(
     # lock_document, lock_search_pointer).
     await apply_served_acls(conn, moved)
     await add_events(conn, events)
+    return set(switched)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -34,6 +34,15 @@ from services.publisher.domain import (
 from services.publisher.ports import LockedDocument, PendingEvent, VersionInfo
 from services.runtime.errors import KbError
 from services.runtime.messaging.avro import SchemaRegistry, default_registry
+from services.runtime.tracing.propagation import traceparent_of
+from services.runtime.tracing.spans import (
+    TENANT_ID,
+    document_attributes,
+    link_here,
+    mark_failed,
+    span_under,
+    start_span,
+)
 
 # A new document published at once: created at revision 1, published at revision 2.
 PUBLISHED_REVISION = 2
@@ -89,6 +98,8 @@ class NewPublishedDocument:
     sha256: bytes
     read_principals: frozenset[str]
     index_task_id: uuid.UUID
+    # Its own trace, linked to the bulk request's span (docs/operations.md#tracing).
+    traceparent: str | None = None
 
 
 class BulkStore(Protocol):
@@ -124,7 +135,16 @@ class BulkPublisher:
     async def publish_many(
         self, tenant_id: str, items: Sequence[BulkItem], *, now: datetime | None = None
     ) -> list[ItemResult]:
-        """One result per item, in order."""
+        """One result per item, in order. One span for the request; each document's
+        publish starts a trace of its own, linked to it: a document's path from publish to
+        searchable is one trace, whatever request carried it."""
+        with span_under("kb.publish.bulk", None, attributes={TENANT_ID: tenant_id}) as span:
+            span.set_attribute("kb.bulk.items", len(items))
+            return await self._publish_many(tenant_id, items, now)
+
+    async def _publish_many(
+        self, tenant_id: str, items: Sequence[BulkItem], now: datetime | None
+    ) -> list[ItemResult]:
         results: dict[int, ItemResult] = {}
         documents: list[tuple[int, NewPublishedDocument]] = []
         for index, item in enumerate(items):
@@ -136,14 +156,36 @@ class BulkPublisher:
                 results[index] = ItemRefused(index, error)
         if documents:
             tier = await self._store.tenant_tier(tenant_id)
+            spans = [
+                start_span(
+                    "kb.publish",
+                    None,
+                    root=True,
+                    links=link_here(),
+                    attributes=document_attributes(tenant_id, document.document_id, 1),
+                )
+                for _, document in documents
+            ]
+            documents = [
+                (index, replace(document, traceparent=traceparent_of(span.get_span_context())))
+                for (index, document), span in zip(documents, spans, strict=True)
+            ]
             events = [
                 event
                 for _, document in documents
                 for event in self._events(tenant_id, tier, document, now)
             ]
-            await self._store.insert_published_documents(
-                tenant_id, tier, [document for _, document in documents], events, now
-            )
+            try:
+                await self._store.insert_published_documents(
+                    tenant_id, tier, [document for _, document in documents], events, now
+                )
+            except BaseException as error:
+                for span in spans:
+                    mark_failed(span, error)
+                raise
+            finally:
+                for span in spans:
+                    span.end()
             for index, document in documents:
                 results[index] = ItemPublished(
                     index, document.document_id, 1, PUBLISHED_REVISION, document.index_task_id
@@ -191,13 +233,20 @@ class BulkPublisher:
         assert item.document_id is not None
         assert item.upload is not None
         try:
-            published = await self._publisher.add_and_publish(
-                tenant_id,
-                item.document_id,
-                item.upload,
-                read_principals=item.read_principals,
-                now=now,
-            )
+            with span_under(
+                "kb.publish.bulk_item",
+                None,
+                root=True,
+                links=link_here(),
+                attributes=document_attributes(tenant_id, item.document_id),
+            ):
+                published = await self._publisher.add_and_publish(
+                    tenant_id,
+                    item.document_id,
+                    item.upload,
+                    read_principals=item.read_principals,
+                    now=now,
+                )
         except KbError as error:
             return ItemRefused(index, error)
         return ItemPublished(
@@ -227,4 +276,7 @@ class BulkPublisher:
             document.index_task_id,
             now or datetime.now(UTC),
         )
-        return publication_events(self._registry, publication, task_created=True)
+        return [
+            replace(event, traceparent=document.traceparent)
+            for event in publication_events(self._registry, publication, task_created=True)
+        ]

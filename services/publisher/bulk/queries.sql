@@ -7,15 +7,17 @@ SELECT tier FROM tenant WHERE tenant_id = $1
 
 -- name: insert_published_documents
 -- $1 tenant, $2 tier, $3 document ids, $4 titles, $5 contents, $6 media types, $7 sha256s,
--- $8 task ids, $9 max attempts, $10 now.
+-- $8 task ids, $9 max attempts, $10 now, $11 each document's traceparent (its own trace,
+-- migration 0034).
 -- What create_document then publish leave behind, for every document at once: the document
 -- at revision 2 with version 1 published, the version PUBLISHED, its PENDING index task.
 -- The data-modifying CTEs run on one snapshot; the foreign keys from the version and task
 -- rows to the document rows are checked at the end of the statement, when all exist.
 WITH input AS (
-    SELECT document_id, title, content, media_type, sha256, task_id
-      FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::text[], $7::bytea[], $8::uuid[])
-           AS i (document_id, title, content, media_type, sha256, task_id)
+    SELECT document_id, title, content, media_type, sha256, task_id, traceparent
+      FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::text[], $7::bytea[], $8::uuid[],
+                  $11::text[])
+           AS i (document_id, title, content, media_type, sha256, task_id, traceparent)
 ), documents AS (
     INSERT INTO document (tenant_id, document_id, title, revision, latest_version,
                           published_version, published_at, created_at, updated_at)
@@ -30,10 +32,11 @@ WITH input AS (
       FROM input
 )
 INSERT INTO index_task (task_id, tenant_id, document_id, version_number, task_type, tier,
-                        status, max_attempts, next_attempt_at, created_at, updated_at)
+                        status, max_attempts, next_attempt_at, created_at, updated_at,
+                        traceparent)
 SELECT task_id, $1, document_id, 1, 'INDEX_VERSION', $2, 'PENDING', $9::integer,
        coalesce($10::timestamptz, now()), coalesce($10::timestamptz, now()),
-       coalesce($10::timestamptz, now())
+       coalesce($10::timestamptz, now()), traceparent
   FROM input
 
 -- name: insert_acls
@@ -44,14 +47,3 @@ INSERT INTO document_version_acl (tenant_id, document_id, version_number, princi
                                   permission)
 SELECT $1, document_id, 1, principal, 'READ'
   FROM unnest($2::uuid[], $3::text[]) AS a (document_id, principal)
-
--- name: insert_events_of_new_documents
--- $1 event ids, $2 types, $3 tenants, $4 tiers, $5 aggregate keys, $6 payloads, in the order
--- to deliver them (each document's task event, then its published event). Without
--- outbox.sql's per-key advisory lock: no other transaction can add an event for a document
--- that does not exist yet, so positions follow this order and commit order alike.
-INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payload)
-SELECT event_id, event_type, tenant_id, tier, aggregate_key, payload
-  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
-       WITH ORDINALITY AS e (event_id, event_type, tenant_id, tier, aggregate_key, payload, n)
- ORDER BY n

@@ -11,9 +11,10 @@ import asyncpg
 
 from services.publisher.bulk.domain import NewPublishedDocument
 from services.publisher.ports import PendingEvent
+from services.publisher.store_pg import outbox_event
 from services.runtime.errors import NotFound
 from services.runtime.indexing.tasks import DEFAULT_MAX_ATTEMPTS, enqueue_generation_tasks
-from services.runtime.messaging.outbox import aggregate_key
+from services.runtime.messaging.outbox import add_events_of_new_aggregates
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.sql import queries_beside
 from services.runtime.tenancy.tenant_wall import tenant_transaction
@@ -67,6 +68,7 @@ class PgBulkStore:
                     [d.index_task_id for d in documents],
                     DEFAULT_MAX_ATTEMPTS,
                     now,
+                    [d.traceparent for d in documents],
                 )
                 # The dual write, as a single publish does (services.runtime.indexing.tasks).
                 await enqueue_generation_tasks(
@@ -75,6 +77,7 @@ class PgBulkStore:
                     tier=tier,
                     versions=[(d.document_id, 1) for d in documents],
                     now=now,
+                    traceparents=[d.traceparent for d in documents],
                 )
                 if acl:
                     await conn.execute(
@@ -83,12 +86,5 @@ class PgBulkStore:
                         [document_id for document_id, _ in acl],
                         [principal for _, principal in acl],
                     )
-                await conn.execute(
-                    QUERIES["insert_events_of_new_documents"],
-                    [e.event_id for e in events],
-                    [e.event_type for e in events],
-                    [e.tenant_id for e in events],
-                    [e.tier for e in events],
-                    [aggregate_key(e.tenant_id, e.document_id) for e in events],
-                    [e.payload for e in events],
-                )
+                # Each document's task event, then its published event, in this order.
+                await add_events_of_new_aggregates(conn, [outbox_event(e) for e in events])

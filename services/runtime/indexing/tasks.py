@@ -19,6 +19,7 @@ from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.records import Row, from_row
 from services.runtime.pg.sql import queries_beside
 from services.runtime.pg.transaction import Transaction
+from services.runtime.tracing.propagation import current_traceparent
 
 _QUERIES = queries_beside(__file__, "tasks.sql")
 
@@ -127,6 +128,7 @@ async def enqueue_index_task(
             tier,
             max_attempts,
             now,
+            current_traceparent(),
         )
         if created is not None:
             return EnqueuedTask(created, True)
@@ -156,10 +158,13 @@ async def enqueue_generation_tasks(
     task_type: str = TASK_TYPE_INDEX_VERSION,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     now: datetime | None = None,
+    traceparents: Sequence[str | None] | None = None,
 ) -> list[uuid.UUID]:
     """The dual write of a publish, in its transaction: for each published (document,
     version), one task per generation the tenant is built in beside its serving one
-    (docs/architecture.md#index-generations); the ids of the tasks created. Takes the
+    (docs/architecture.md#index-generations); the ids of the tasks created. Each task
+    continues its version's publish trace (``traceparents``, one per version; by default
+    the current span's). Takes the
     shared advisory lock that `kb index generations create` takes exclusively, so a
     generation created meanwhile is either seen here or backfills this version."""
     if not versions:
@@ -175,6 +180,7 @@ async def enqueue_generation_tasks(
             task_type,
             max_attempts,
             now,
+            [current_traceparent()] * len(versions) if traceparents is None else traceparents,
         )
     return [row["task_id"] for row in rows]
 

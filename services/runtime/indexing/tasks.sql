@@ -3,12 +3,14 @@
 -- of the same version inserts nothing (it waits for a concurrent insert of the key to commit
 -- or roll back first) and find_index_task returns the first task's id. The task builds the
 -- tenant's serving generation (generation_id NULL: resolved when it is indexed), at the
--- priority of a publish (0).
+-- priority of a publish (0). $9: the publish's W3C traceparent (migration 0034), which
+-- every attempt at the task continues.
 INSERT INTO index_task (task_id, tenant_id, document_id, version_number, task_type, tier,
-                        status, max_attempts, next_attempt_at, created_at, updated_at)
+                        status, max_attempts, next_attempt_at, created_at, updated_at,
+                        traceparent)
 VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', $7::integer,
         coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()),
-        coalesce($8::timestamptz, now()))
+        coalesce($8::timestamptz, now()), $9::text)
 ON CONFLICT ON CONSTRAINT index_task_business_key DO NOTHING
 RETURNING task_id
 
@@ -32,7 +34,7 @@ SELECT pg_advisory_xact_lock_shared(hashtextextended('kb.search_generation', 0))
 
 -- name: insert_generation_tasks
 -- $1 tenant, $2 tier, $3 document ids, $4 their versions, $5 task type, $6 max attempts,
--- $7 now. The dual write of a publish: one task per (document version, generation the
+-- $7 now, $8 the publish's traceparents (one per document; migration 0034). The dual write of a publish: one task per (document version, generation the
 -- tenant is built in beside its serving one), generation_id set, at a publish's priority
 -- (0), so a generation being built never falls behind what the serving one will serve.
 -- Only ACTIVE generations: a retiring one is losing its rows. Run under
@@ -42,13 +44,14 @@ SELECT pg_advisory_xact_lock_shared(hashtextextended('kb.search_generation', 0))
 -- documents).
 INSERT INTO index_task (task_id, tenant_id, document_id, version_number, task_type, tier,
                         status, max_attempts, next_attempt_at, created_at, updated_at,
-                        generation_id, priority)
+                        generation_id, priority, traceparent)
 SELECT gen_random_uuid(), $1, d.document_id, d.version_number, $5, $2, 'PENDING',
        $6::integer, coalesce($7::timestamptz, now()), coalesce($7::timestamptz, now()),
-       coalesce($7::timestamptz, now()), g.generation_id, 0
+       coalesce($7::timestamptz, now()), g.generation_id, 0, d.traceparent
   FROM tenant_search_generation g
   JOIN search_generation s ON s.generation_id = g.generation_id
- CROSS JOIN unnest($3::uuid[], $4::integer[]) AS d (document_id, version_number)
+ CROSS JOIN unnest($3::uuid[], $4::integer[], $8::text[])
+            AS d (document_id, version_number, traceparent)
  WHERE g.tenant_id = $1
    AND NOT g.serving
    AND s.state = 'ACTIVE'

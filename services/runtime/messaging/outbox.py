@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.sql import queries_beside
 from services.runtime.pg.transaction import Transaction
+from services.runtime.tracing.propagation import current_traceparent
 
 _QUERIES = queries_beside(__file__, "outbox.sql")
 
@@ -39,6 +40,15 @@ class OutboxEvent:
     payload: bytes
     # Stable across retries of the same business change: consumers deduplicate on it.
     event_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    # The W3C trace context the relay continues (services/runtime/tracing); None: the
+    # writer's current span, if it has one (traceparent_of_event).
+    traceparent: str | None = None
+
+
+def traceparent_of_event(event: OutboxEvent) -> str | None:
+    """The trace an event's delivery continues: its own, else the writing transaction's
+    current span (a publish request's)."""
+    return event.traceparent if event.traceparent is not None else current_traceparent()
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ async def add_event(conn: Transaction, event: OutboxEvent) -> StoredEvent:
             event.tier,
             event.aggregate_key,
             event.payload,
+            traceparent_of_event(event),
         )
     assert row is not None
     return StoredEvent(position=row["position"], event_id=row["event_id"])
@@ -78,6 +89,18 @@ async def add_events(conn: Transaction, events: Sequence[OutboxEvent]) -> list[S
         await conn.execute(
             _QUERIES["lock_event_keys"], sorted({event.aggregate_key for event in events})
         )
+    return await add_events_of_new_aggregates(conn, events)
+
+
+async def add_events_of_new_aggregates(
+    conn: Transaction, events: Sequence[OutboxEvent]
+) -> list[StoredEvent]:
+    """``add_events`` without the per-key locks, for aggregates created in this very
+    transaction (a bulk publish's new documents): no other transaction can add an event
+    for them, so positions follow the order given and commit order alike."""
+    if not events:
+        return []
+    with translate_db_errors():
         rows = await conn.fetch(
             _QUERIES["insert_events"],
             [event.event_id for event in events],
@@ -86,5 +109,6 @@ async def add_events(conn: Transaction, events: Sequence[OutboxEvent]) -> list[S
             [event.tier for event in events],
             [event.aggregate_key for event in events],
             [event.payload for event in events],
+            [traceparent_of_event(event) for event in events],
         )
     return [StoredEvent(position=row["position"], event_id=row["event_id"]) for row in rows]

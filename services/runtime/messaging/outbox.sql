@@ -11,8 +11,9 @@
 -- 4_206_902_611 keeps these locks apart from other advisory locks on the same text. Held
 -- to the end of the caller's transaction: producers add their events last.
 -- txid defaults to pg_current_xact_id(): the relay orders and windows rows by it.
-INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payload)
-SELECT $1, $2, $3, $4, $5, $6
+-- $7: the writer's W3C traceparent (migration 0034), NULL when it does not trace.
+INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payload, traceparent)
+SELECT $1, $2, $3, $4, $5, $6, $7
   FROM (SELECT pg_advisory_xact_lock(hashtextextended($5::text, 4206902611))) AS serialised
 RETURNING position, event_id
 
@@ -26,11 +27,14 @@ SELECT pg_advisory_xact_lock(hashtextextended(k, 4206902611))
  ORDER BY k
 
 -- name: insert_events
--- $1 event ids, $2 types, $3 tenants, $4 tiers, $5 aggregate keys, $6 payloads: run after
--- lock_event_keys locked every key among $5; positions in the order given.
-INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payload)
-SELECT event_id, event_type, tenant_id, tier, aggregate_key, payload
-  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
-       WITH ORDINALITY AS e (event_id, event_type, tenant_id, tier, aggregate_key, payload, n)
+-- $1 event ids, $2 types, $3 tenants, $4 tiers, $5 aggregate keys, $6 payloads, $7
+-- traceparents: run after lock_event_keys locked every key among $5; positions in the
+-- order given.
+INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payload, traceparent)
+SELECT event_id, event_type, tenant_id, tier, aggregate_key, payload, traceparent
+  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
+              $7::text[])
+       WITH ORDINALITY AS e (event_id, event_type, tenant_id, tier, aggregate_key, payload,
+                             traceparent, n)
  ORDER BY n
 RETURNING position, event_id

@@ -1,0 +1,149 @@
+"""The tracer every service takes its spans from, and what may go on a span.
+
+Attributes follow the OpenTelemetry semantic conventions where one exists (``messaging.*``,
+``db.*``; ``http.*`` comes from the ASGI instrumentation); ours are under ``kb.``. Tenant,
+document, version and task ids go on spans (never on metrics: they are unbounded). Never a
+document's text, a title, a principal, a query's text, a key, a token or a credential:
+``tests/unit/runtime/test_tracing_content.py`` scans every exported attribute for them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Final, TypedDict, Unpack
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from services.runtime.tracing.propagation import context_of, span_context_of, traceparent_of
+
+TRACER_NAME: Final = "kb-pipeline"
+
+TENANT_ID: Final = "kb.tenant_id"
+DOCUMENT_ID: Final = "kb.document_id"
+VERSION_NUMBER: Final = "kb.version_number"
+TASK_ID: Final = "kb.task_id"
+LEASE_ATTEMPT: Final = "kb.lease_attempt"
+
+Attributes = dict[str, AttributeValue]
+
+
+def tracer() -> trace.Tracer:
+    """The global provider's tracer, looked up at each call: a process configures tracing
+    after its modules are imported (a no-op tracer until then, and when it is off)."""
+    return trace.get_tracer(TRACER_NAME)
+
+
+def document_attributes(
+    tenant_id: str, document_id: uuid.UUID | str, version_number: int | None = None
+) -> Attributes:
+    attributes: Attributes = {TENANT_ID: tenant_id, DOCUMENT_ID: str(document_id)}
+    if version_number is not None:
+        attributes[VERSION_NUMBER] = version_number
+    return attributes
+
+
+def annotate(attributes: Attributes) -> None:
+    """Add ``attributes`` to the current span (what is known only once it runs)."""
+    trace.get_current_span().set_attributes(attributes)
+
+
+def link_here() -> list[Link]:
+    """A link to the current span, if there is one: from a span of another trace that it
+    started (a bulk request's documents)."""
+    context = trace.get_current_span().get_span_context()
+    return [Link(context)] if context.is_valid else []
+
+
+def links_to(*traceparents: str | bytes | None) -> list[Link]:
+    """Links to the spans these ``traceparent`` values name (the missing and malformed left
+    out)."""
+    contexts = (span_context_of(t) for t in traceparents)
+    return [Link(context) for context in contexts if context is not None]
+
+
+class SpanOptions(TypedDict, total=False):
+    kind: SpanKind  # INTERNAL unless said
+    attributes: Mapping[str, AttributeValue]
+    links: Sequence[Link]
+    start_time: int  # ns since the epoch; now unless said
+    root: bool  # a trace of its own: no parent at all
+
+
+def start_span(name: str, traceparent: str | bytes | None, **options: Unpack[SpanOptions]) -> Span:
+    """A span, the child of the span ``traceparent`` names (of the current span when it
+    names none; of none when ``root``), neither current nor ended: for a span whose end is
+    elsewhere (an attempt, ended when its result is written). Exceptions are never
+    recorded by the SDK (their messages may quote a document): ``mark_failed``."""
+    return tracer().start_span(
+        name,
+        context=Context() if options.get("root") else context_of(traceparent),
+        kind=options.get("kind", SpanKind.INTERNAL),
+        attributes=options.get("attributes"),
+        links=options.get("links", ()),
+        start_time=options.get("start_time"),
+        record_exception=False,
+        set_status_on_exception=False,
+    )
+
+
+@contextmanager
+def span_under(
+    name: str, traceparent: str | bytes | None, **options: Unpack[SpanOptions]
+) -> Iterator[Span]:
+    """``start_span``'s span as the current one, ended on exit; an exception escaping it
+    marks it failed, by its code or type alone (``mark_failed``)."""
+    span = start_span(name, traceparent, **options)
+    with trace.use_span(
+        span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+    ):
+        try:
+            yield span
+        except BaseException as error:
+            mark_failed(span, error)
+            raise
+
+
+def mark_failed(span: Span, error: BaseException) -> None:
+    """The span failed with ``error``: its stable code (or its type) as ``error.type`` and
+    no message, no traceback (an error's message may quote the document)."""
+    span.set_status(Status(StatusCode.ERROR))
+    code = getattr(error, "code", None)
+    span.set_attribute("error.type", code if isinstance(code, str) else type(error).__name__)
+
+
+class SpansUnder:
+    """One span per item of a batch that serves several traces at once (a group commit,
+    the switches it writes): each under its own item's ``traceparent``, none for an item
+    without one, all started together and each ended with its own outcome."""
+
+    def __init__(
+        self, name: str, traceparents: Sequence[str | None], attributes: Attributes
+    ) -> None:
+        self.spans: list[Span | None] = [
+            None if t is None else start_span(name, t, attributes=attributes) for t in traceparents
+        ]
+
+    def traceparent(self, at: int) -> str | None:
+        """The ``traceparent`` of item ``at``'s span (None: it has none)."""
+        span = self.spans[at]
+        return None if span is None else traceparent_of(span.get_span_context())
+
+    def end(
+        self,
+        errors: Sequence[BaseException | None] = (),
+        attributes: Sequence[Attributes] = (),
+    ) -> None:
+        for at, span in enumerate(self.spans):
+            if span is None:
+                continue
+            if at < len(attributes):
+                span.set_attributes(attributes[at])
+            error = errors[at] if at < len(errors) else None
+            if error is not None:
+                mark_failed(span, error)
+            span.end()
