@@ -182,7 +182,8 @@ class LoadDriver:
         self.http = httpx.Client(base_url=stack.api_url, timeout=15)
         self.done = threading.Event()
         self.ended: float | None = None  # monotonic
-        # Its own draws: the publishes of a seed stay those of the runs before deletes.
+        # Generators of their own: the publishes' draws are not shifted by these (a deleted
+        # document still changes what follows: it gets no new version).
         self.removals = random.Random(seed * 6007 + 5)
         self.markers = random.Random(seed * 3011 + 2)
 
