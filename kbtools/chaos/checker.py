@@ -15,10 +15,22 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from kbtools.chaos.answers import ChunkSets, check_answers, documents_of
 from kbtools.chaos.converge import POINTERS_SQL
+from kbtools.chaos.load import LoadRecord
 from kbtools.chaos.logs import lease_figures, search_reads
+from kbtools.chaos.removals import (
+    check_dump,
+    check_final,
+    check_kafka,
+    check_removed_answers,
+    gone_documents,
+    pg_dump,
+    removal_figures,
+    scan_dump,
+)
 from kbtools.chaos.result import KEEP, CheckResult
 from kbtools.chaos.searcher import SearchRecord
 from kbtools.chaos.topology import TIERS, ChaosStack
+from kbtools.devstack.postgres import pginstall_dir
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import (
     DOCUMENT_SEARCH_VERSION_SWITCHED,
@@ -98,9 +110,13 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
 
 
 class Checker:
-    def __init__(self, stack: ChaosStack, searches: SearchRecord) -> None:
+    def __init__(
+        self, stack: ChaosStack, searches: SearchRecord, load: LoadRecord | None = None
+    ) -> None:
         self.stack = stack
         self.searches = searches
+        self.load = load or LoadRecord()
+        self.gone = gone_documents(self.load.removed)
         self.result = CheckResult()
 
     async def check(self) -> CheckResult:
@@ -116,6 +132,7 @@ class Checker:
             await self._stale_leases(conn, records)
             await self._answers(conn)
             self._reads_from_log()
+            await self._removals(conn, records)
         finally:
             await conn.close()
         status, output = await index_check
@@ -194,6 +211,8 @@ class Checker:
         invariant = "pointer at newest indexed version"
         for row in rows:
             where = f"{row['tenant_id']}/{row['document_id']}"
+            if row["deleted"]:
+                continue  # expected gone, at a tombstone: removals.check_final
             if row["served"] is None:
                 if row["newest_any"] is not None:
                     self.result.violate(
@@ -206,7 +225,9 @@ class Checker:
                     f"indexed v{row['newest']}",
                 )
         self.result.figures["documents"] = len(rows)
-        self.result.figures["documents served"] = sum(r["served"] is not None for r in rows)
+        self.result.figures["documents served"] = sum(
+            r["served"] is not None and not r["deleted"] for r in rows
+        )
 
     async def _chunks(self, conn: asyncpg.Connection[Any]) -> None:
         invariant = "one chunk set per served version"
@@ -232,6 +253,7 @@ class Checker:
                        AND c.version_number = s.version_number
                        AND c.embedding_model = s.embedding_model) AS stored
               FROM document_search_version s
+             WHERE s.deleted_at IS NULL
             """
         )
         for row in mismatched:
@@ -281,7 +303,7 @@ class Checker:
         }
         served = await conn.fetch(
             "SELECT tenant_id, document_id::text, version_number, task_id::text "
-            "FROM document_search_version"
+            "FROM document_search_version WHERE deleted_at IS NULL"  # a tombstone: no task
         )
         for row in served:
             task = tasks.get(row["task_id"] or "")
@@ -319,12 +341,46 @@ class Checker:
         self.result.figures["lost leases"] = lost
         self.result.figures["takeovers"] = takeovers
 
+    async def _removals(self, conn: asyncpg.Connection[Any], records: list[KafkaRecord]) -> None:
+        """The deletes and erases the load did (kbtools/chaos/removals.py)."""
+        removal_figures(self.load.removed, self.result)
+        check_removed_answers(self.searches.answers, self.gone, self.result)
+        await check_final(conn, self.gone, self.load.unanswered, records, self.result)
+        erased: dict[str, str] = {}
+        kept: set[str] = set()
+        for p in self.load.published:
+            if not p.marker:
+                continue
+            gone = self.gone.get(p.document_id)
+            if gone is not None and gone.erased:
+                erased[p.marker] = f"{p.tenant_id}/{p.document_id} v{p.version_number}"
+            else:
+                kept.add(p.marker)
+        check_kafka(records, erased, self.result)
+        dump = self.stack.processes.home / "pg_dump.sql"
+        try:
+            await asyncio.to_thread(
+                pg_dump, pginstall_dir() / "bin" / "pg_dump", self.stack.database_url, dump
+            )
+            check_dump(await asyncio.to_thread(scan_dump, dump), erased, kept, self.result)
+        finally:
+            dump.unlink(missing_ok=True)
+
+    def _readers(self) -> dict[tuple[str, int], set[str]]:
+        """The readers each version was published with, as the load driver recorded them:
+        an erase removes the versions' ACL rows, not what its searches saw before."""
+        return {
+            (p.document_id, p.version_number): set(p.readers)
+            for p in self.load.published
+            if p.document_id in self.gone and self.gone[p.document_id].erased
+        }
+
     async def _answers(self, conn: asyncpg.Connection[Any]) -> None:
         owners = {
             str(r["document_id"]): r["tenant_id"]
             for r in await conn.fetch("SELECT tenant_id, document_id FROM document")
         }
-        acl: dict[tuple[str, int], set[str]] = defaultdict(set)
+        acl: dict[tuple[str, int], set[str]] = defaultdict(set, self._readers())
         for row in await conn.fetch(
             "SELECT document_id::text, version_number, principal FROM document_version_acl"
         ):

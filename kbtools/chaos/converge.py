@@ -15,8 +15,10 @@ from kbtools.chaos.topology import ChaosStack
 
 # Each document's served version beside the newest version whose task succeeded, for the
 # served model (newest; a task of no named generation builds the served one) and for any
-# model (newest_any). Hash joins and one aggregate: polled every half second while the run
-# converges, over thousands of documents in the long run.
+# model (newest_any); a deleted document is served by its tombstone, not by a version (the
+# checks of deletes judge it: kbtools/chaos/removals.py). Hash joins and one aggregate:
+# polled every half second while the run converges, over thousands of documents in the
+# long run.
 POINTERS_SQL = """
     WITH succeeded AS (
         SELECT t.tenant_id, t.document_id, g.embedding_model,
@@ -25,7 +27,8 @@ POINTERS_SQL = """
           LEFT JOIN search_generation g ON g.generation_id = t.generation_id
          WHERE t.status = 'SUCCEEDED'
          GROUP BY 1, 2, 3)
-    SELECT d.tenant_id, d.document_id, s.version_number AS served, s.embedding_model,
+    SELECT d.tenant_id, d.document_id, d.deleted_at IS NOT NULL AS deleted,
+           s.version_number AS served, s.embedding_model,
            max(x.newest) FILTER (WHERE x.embedding_model IS NULL
                                     OR x.embedding_model = s.embedding_model) AS newest,
            max(x.newest) AS newest_any
@@ -34,12 +37,13 @@ POINTERS_SQL = """
         ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
       LEFT JOIN succeeded x
         ON x.tenant_id = d.tenant_id AND x.document_id = d.document_id
-     GROUP BY d.tenant_id, d.document_id, s.version_number, s.embedding_model
+     GROUP BY d.tenant_id, d.document_id, d.deleted_at, s.version_number, s.embedding_model
 """
 _NOT_CURRENT_SQL = f"""
 SELECT count(*) FROM ({POINTERS_SQL}) p
- WHERE (p.served IS NULL AND p.newest_any IS NOT NULL)
-    OR (p.newest IS NOT NULL AND p.served <> p.newest)
+ WHERE NOT p.deleted
+   AND ((p.served IS NULL AND p.newest_any IS NOT NULL)
+        OR (p.newest IS NOT NULL AND p.served <> p.newest))
 """
 _LIVE_TASKS_SQL = """
 SELECT count(*) FROM index_task

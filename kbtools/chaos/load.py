@@ -1,9 +1,15 @@
 """The load driver: publishes documents and new versions of them across the tenants, in
 every supported format (some corrupt), with the readers of a version sometimes changed,
-through the public HTTP API, retrying as a client would while the system is broken."""
+through the public HTTP API, retrying as a client would while the system is broken.
+
+It also deletes and erases documents: while their task runs, right after a publish, long
+after one, and erases documents deleted before (kbtools/chaos/removals.py checks what
+follows). Each version's content holds a marker of its own, drawn by the driver, which an
+erase must leave nowhere."""
 
 from __future__ import annotations
 
+import enum
 import io
 import random
 import threading
@@ -25,6 +31,14 @@ WORDS = (
     "juniper", "walrus", "prism",
 )  # fmt: skip
 FORMATS = ("md", "txt", "html", "docx", "pdf", "corrupt-pdf")
+# Of the publishes, those followed by a delete or an erase (of the version's document, or of
+# one published long ago), and by an erase of a document deleted before.
+REMOVE_WHILE_RUNNING = 0.04
+REMOVE_RIGHT_AFTER = 0.04
+REMOVE_LONG_AFTER = 0.04
+REMOVE_ALL = 0.14
+ERASE_SHARE = 0.5
+LONG_AFTER_S = 15.0
 MEDIA = {
     "md": "text/markdown",
     "txt": "text/plain",
@@ -35,6 +49,35 @@ MEDIA = {
 }
 
 
+def new_marker(rng: random.Random) -> str:
+    return f"kbm{rng.getrandbits(64):016x}"
+
+
+def lsn_of(token: str) -> int:
+    """A `searchToken` (``"16/B374D848"``) as a WAL byte position."""
+    high, _, low = token.partition("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+class RemovalKind(enum.StrEnum):
+    WHILE_TASK_RUNS = "while its task ran"
+    RIGHT_AFTER_PUBLISH = "right after its publish"
+    AFTER_TASK = "once its task had ended"
+    LONG_AFTER_PUBLISH = "long after its publish"
+    ERASE_OF_DELETED = "of a deleted document"
+
+
+@dataclass(frozen=True)
+class Removal:
+    tenant_id: str
+    document_id: str
+    kind: RemovalKind
+    erased: bool  # an erase (which implies a delete)
+    token: str  # the answer's searchToken
+    lsn: int
+    answered_at: float  # monotonic
+
+
 @dataclass
 class Published:
     tenant_id: str
@@ -42,6 +85,10 @@ class Published:
     version_number: int
     readers: list[str]
     kind: str
+    marker: str = ""  # in the content ("" for a corrupt PDF, which holds no text of its own)
+    revision: int | None = None  # the document's, as the publish answered it
+    task_id: str | None = None
+    at: float = 0.0  # monotonic, when the publish was answered
 
 
 @dataclass
@@ -49,10 +96,14 @@ class LoadRecord:
     published: list[Published] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # what the API never accepted
     api_retries: int = 0
+    removed: list[Removal] = field(default_factory=list)
+    unanswered: set[str] = field(default_factory=set)  # removals that may have committed
 
 
-def text_of(rng: random.Random, serial: int, version: int) -> list[str]:
-    paragraphs = []
+def text_of(rng: random.Random, serial: int, version: int, marker: str = "") -> list[str]:
+    # The marker first, on a short line of its own: whole in every format's text (a PDF line
+    # is cut at 90 characters and the page keeps 70 lines).
+    paragraphs = [f"Reference {marker}."] if marker else []
     for section in range(rng.randint(2, 6)):
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60)))
         paragraphs.append(f"Record {serial} version {version} part {section}: {words}.")
@@ -131,6 +182,10 @@ class LoadDriver:
         self.http = httpx.Client(base_url=stack.api_url, timeout=15)
         self.done = threading.Event()
         self.ended: float | None = None  # monotonic
+        # Generators of their own: the publishes' draws are not shifted by these (a deleted
+        # document still changes what follows: it gets no new version).
+        self.removals = random.Random(seed * 6007 + 5)
+        self.markers = random.Random(seed * 3011 + 2)
 
     def run(self) -> None:
         try:
@@ -157,6 +212,7 @@ class LoadDriver:
             if published is not None:
                 mine.append(published)
                 self.record.published.append(published)
+                mine = self.remove_some(mine, published)
             # Spread the documents over the load window (faster when behind).
             due = started + self.duration_s * serial / self.documents
             time.sleep(max(0.0, due - time.monotonic()))
@@ -166,8 +222,9 @@ class LoadDriver:
     ) -> Published | None:
         kind = rng.choice(FORMATS)
         version_hint = 1 if previous is None else previous.version_number + 1
-        title = f"Record {serial}"
-        content = render(kind, title, text_of(rng, serial, version_hint))
+        title = f"Record {serial}"  # never a marker: titles stay in Kafka after an erase
+        marker = "" if kind == "corrupt-pdf" else new_marker(self.markers)
+        content = render(kind, title, text_of(rng, serial, version_hint, marker))
         readers = sorted(rng.sample(GROUPS, rng.randint(1, 2)))
         if previous is not None and rng.random() < 0.5:
             readers = sorted(set(GROUPS) - set(previous.readers)) or readers  # an ACL change
@@ -183,12 +240,124 @@ class LoadDriver:
             return None
         publish = f"{documents}/{created['documentId']}/versions/{created['versionNumber']}/publish"
         body = {"revision": created["revision"], "acl": {"read": readers}}
-        if self.call("POST", publish, tenant, {202, 409}, json=body) is None:
+        answer = self.call("POST", publish, tenant, {202, 409}, json=body)
+        if answer is None:
             self.record.refused.append(f"publish {tenant.tenant_id} {publish}")
             return None
         return Published(
-            tenant.tenant_id, created["documentId"], created["versionNumber"], readers, kind
+            tenant.tenant_id,
+            created["documentId"],
+            created["versionNumber"],
+            readers,
+            kind,
+            marker,
+            answer.get("revision"),  # none after a 409 (a retry of a publish that committed)
+            answer.get("indexTaskId"),
+            time.monotonic(),
         )
+
+    # --- deletes and erases ---------------------------------------------------------------
+
+    def remove_some(self, mine: list[Published], published: Published) -> list[Published]:
+        """Now and then, delete or erase a document: the one just published (at once, or
+        once its task runs), one published long ago, or one deleted before (an erase). The
+        documents still live are returned: a deleted one takes no new version."""
+        draw = self.removals.random()
+        target: Published | None = published
+        when = RemovalKind.RIGHT_AFTER_PUBLISH
+        if draw < REMOVE_WHILE_RUNNING:
+            when = self._await_running(published)
+        elif draw < REMOVE_WHILE_RUNNING + REMOVE_RIGHT_AFTER:
+            pass
+        elif draw < REMOVE_WHILE_RUNNING + REMOVE_RIGHT_AFTER + REMOVE_LONG_AFTER:
+            latest = {p.document_id: p for p in mine}  # each document's newest publish
+            old = [p for p in latest.values() if p.at < time.monotonic() - LONG_AFTER_S]
+            target = self.removals.choice(old) if old else None
+            when = RemovalKind.LONG_AFTER_PUBLISH
+        elif draw < REMOVE_ALL and self.record.removed:
+            self._erase_a_deleted()
+            return mine
+        else:
+            return mine
+        if target is None:
+            return mine
+        erase = self.removals.random() < ERASE_SHARE
+        if self._remove(target, when, erase=erase):
+            return [p for p in mine if p.document_id != target.document_id]
+        return mine
+
+    def _await_running(self, published: Published) -> RemovalKind:
+        """Until the version's task runs (read on the primary, every 50 ms, for at most
+        10 s): what the delete then meets, as the task's last status said."""
+        if published.task_id is None:
+            return RemovalKind.RIGHT_AFTER_PUBLISH
+        tenant = self.stack.tenants[published.tenant_id]
+        path = f"/v1/tenants/{tenant.tenant_id}/index-tasks/{published.task_id}"
+        deadline = time.monotonic() + 10
+        status = "PENDING"
+        while time.monotonic() < deadline:
+            try:
+                answer = self.http.get(path, headers=tenant.headers)
+            except httpx.TransportError:
+                answer = None
+            if answer is not None and answer.status_code == 200:
+                status = answer.json()["status"]
+                if status != "PENDING":
+                    break
+            time.sleep(0.05)
+        if status == "RUNNING":
+            return RemovalKind.WHILE_TASK_RUNS
+        if status in ("SUCCEEDED", "DEAD"):
+            return RemovalKind.AFTER_TASK
+        return RemovalKind.RIGHT_AFTER_PUBLISH  # not claimed yet, or waiting for a retry
+
+    def _remove(self, target: Published, when: RemovalKind, *, erase: bool) -> bool:
+        tenant = self.stack.tenants[target.tenant_id]
+        path = f"/v1/tenants/{tenant.tenant_id}/documents/{target.document_id}"
+        if erase:
+            # The tenant's first key, which the run searches and publishes with, is an admin
+            # key (`kb tenants create`): the scope an erase needs.
+            answer = self.call("POST", f"{path}/erase", tenant, {200})
+        else:
+            answer = self._delete(tenant, path, target.revision or 1)
+        if answer is None:
+            self.record.refused.append(f"{'erase' if erase else 'delete'} {path}")
+            self.record.unanswered.add(target.document_id)
+            return False
+        self.record.removed.append(
+            Removal(
+                target.tenant_id,
+                target.document_id,
+                when,
+                erase,
+                answer["searchToken"],
+                lsn_of(answer["searchToken"]),
+                time.monotonic(),
+            )
+        )
+        return True
+
+    def _delete(self, tenant: Tenant, path: str, revision: int) -> dict[str, Any] | None:
+        """DELETE with the revision the publish answered; on a stale one (a publish retried
+        after its answer was lost), once more with the revision the conflict names."""
+        for _ in range(3):
+            answer = self.call("DELETE", path, tenant, {200, 409}, params={"revision": revision})
+            if answer is None or "searchToken" in answer:
+                return answer
+            if "currentRevision" not in answer:
+                return None
+            revision = int(answer["currentRevision"])
+        return None
+
+    def _erase_a_deleted(self) -> None:
+        erased = {r.document_id for r in self.record.removed if r.erased}
+        deleted = [r for r in self.record.removed if r.document_id not in erased]
+        if deleted:
+            target = self.removals.choice(deleted)
+            published = next(
+                p for p in self.record.published if p.document_id == target.document_id
+            )
+            self._remove(published, RemovalKind.ERASE_OF_DELETED, erase=True)
 
     def call(
         self, method: str, path: str, tenant: Tenant, expected: set[int], **kwargs: Any

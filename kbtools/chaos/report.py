@@ -86,6 +86,31 @@ def table(
             f"{figures.get('hits checked against their version', 0)} "
             f"({figures.get('hits of collected versions', 0)})",
         ),
+        ("deletes / erases answered", f"{figures.get('deletes', 0)} / {figures.get('erases', 0)}"),
+        ("of which", _codes(figures.get("removals", {}))),
+        (
+            "searches sent after a delete, judged against it (passing a deleted document's "
+            "token; of the primary-only API; without a token, the replica's position read)",
+            f"{figures.get('searches after a delete, judged', 0)} "
+            f"({figures.get('searches passing a delete token', 0)}; "
+            f"{figures.get('searches of the primary-only API after a delete', 0)}; "
+            f"{figures.get('searches after a delete with the replica position read', 0)})",
+        ),
+        (
+            "hits of deleted documents not judged: the replica not yet past the delete (and "
+            "hits of documents deleted later, from searches sent before the delete's answer)",
+            f"{figures.get('hits of deleted documents, replica not yet past the delete', 0)} "
+            f"({figures.get('hits of deleted documents, sent before the delete answer', 0)})",
+        ),
+        (
+            "erased markers looked for in a pg_dump (markers of kept versions found: text / bytes)",
+            f"{figures.get('erased markers looked for in the pg_dump', 0)} "
+            f"({figures.get('kept markers found in the pg_dump (text / bytes)', '0 / 0')})",
+        ),
+        (
+            "Kafka records scanned for erased markers",
+            figures.get("Kafka records scanned for erased markers", 0),
+        ),
         (
             "succeeded tasks re-run and compared",
             figures.get("succeeded tasks re-run and compared", 0),

@@ -12,6 +12,9 @@ HIT_IN_ITS_VERSION = "search: every hit in its version's chunk set"
 ONE_GENERATION = "search: one generation per answer"
 READ_YOUR_SWITCH = "search: read-your-switch (after token)"
 RECOVERS = "every process recovers by itself"
+DELETED_UNANSWERED = "deleted: never in a search answer after its delete"
+DELETE_FINAL = "deleted: stays deleted"
+ERASED_GONE = "erased: nothing of its content left (pg_dump, Kafka)"
 
 INVARIANTS = (
     "tasks settled",
@@ -29,6 +32,9 @@ INVARIANTS = (
     "search: within ACL and tenant",
     "kb index check clean",
     RECOVERS,
+    DELETED_UNANSWERED,
+    DELETE_FINAL,
+    ERASED_GONE,
 )
 KEEP = 5  # examples of evidence kept per invariant
 

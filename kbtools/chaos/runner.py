@@ -18,7 +18,7 @@ from kbtools.chaos.report import evidence, table
 from kbtools.chaos.rerun import RerunEvidence, prepare, reread, sample_size
 from kbtools.chaos.result import RECOVERS, CheckResult
 from kbtools.chaos.schedule import plan
-from kbtools.chaos.searcher import Searcher
+from kbtools.chaos.searcher import ReplayWatch, Searcher
 from kbtools.chaos.topology import ChaosStack
 
 
@@ -78,13 +78,17 @@ def run(options: ChaosOptions, command: str, say: Callable[[str], None] = print)
         stack.up()
         stop_searching = threading.Event()
         load = LoadDriver(stack, options.seed, options.documents, load_s)
-        searcher = Searcher(stack, options.seed, stop_searching, load.record.published)
+        replay = ReplayWatch(stack.replica.url, stop_searching)
+        searcher = Searcher(
+            stack, options.seed, stop_searching, load.record.published, load.record.removed, replay
+        )
         faults = FaultDriver(stack, schedule)
         started = time.monotonic()
         threads = [
             threading.Thread(target=searcher.run, daemon=True),
             threading.Thread(target=load.run, daemon=True),
             threading.Thread(target=faults.run, args=(started,), daemon=True),
+            threading.Thread(target=replay.run, daemon=True),
         ]
         for thread in threads:
             thread.start()
@@ -115,7 +119,7 @@ def run(options: ChaosOptions, command: str, say: Callable[[str], None] = print)
         stop_searching.set()
         threads[0].join(timeout=15)
         progress("checking the invariants")
-        checked = asyncio.run(Checker(stack, searcher.record).check())
+        checked = asyncio.run(Checker(stack, searcher.record, load.record).check())
         rerun.check(checked)
         for name, last_words in died:
             checked.violate(RECOVERS, f"{name} exited: {last_words}")

@@ -1,6 +1,7 @@
 """The processes a chaos run starts and breaks: its own PostgreSQL (with one streaming
 replica, which the API's searches and status reads use) and Kafka (it restarts them, so
-never a shared server), the API, two relays, two indexer processes per tier and the
+never a shared server), the API, a second API that reads only the primary (the searches
+that check a delete on the primary), two relays, two indexer processes per tier and the
 fault-injecting embedding provider, each a real process started as a user starts it."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ TIERS = ("standard", "premium")
 # Two tenants share the standard tier, so its workers interleave tenants; one is premium.
 TENANTS = (("acme", "standard"), ("initech", "standard"), ("globex", "premium"))
 LEASE_SECONDS = 4
+PRIMARY_API = "api-primary"  # a `kb serve` without KB_SEARCH_DATABASE_URLS
 
 
 class ChaosStack:
@@ -63,6 +65,7 @@ class ChaosStack:
         self.kafka = LocalKafka(self.dev)
         self.processes = DemoProcesses(home / f"run-{self.run_id}")
         self.api_port = listen_port(taken=taken)
+        self.primary_api_port = listen_port(taken=taken)
         self.provider_port = listen_port(taken=taken)
         self.topic_prefix = f"chaos-{self.run_id}."
         self.tenants: dict[str, Tenant] = {}
@@ -76,6 +79,10 @@ class ChaosStack:
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def primary_api_url(self) -> str:
+        return f"http://127.0.0.1:{self.primary_api_port}"
 
     @property
     def provider_url(self) -> str:
@@ -99,10 +106,10 @@ class ChaosStack:
                 server.result()
         self.start("provider")
         self.await_http(f"{self.provider_url}/healthz")
-        self.start("api")
-        for name in (*RELAYS, *INDEXERS):
+        for name in ("api", PRIMARY_API, *RELAYS, *INDEXERS):
             self.start(name)
         self.await_http(f"{self.api_url}/readyz")
+        self.await_http(f"{self.primary_api_url}/readyz")
 
     def _prepare_database(self) -> None:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DATABASE_U"))}
@@ -159,13 +166,18 @@ class ChaosStack:
             ]  # fmt: skip
         if name == "api":
             return ["services.cli", "serve", "--port", str(self.api_port)]
+        if name == PRIMARY_API:
+            return ["services.cli", "serve", "--port", str(self.primary_api_port)]
         if name.startswith("relay-"):
             return ["services.cli", "relay", "run"]
         tier = name.split("-")[1]
         return ["services.cli", "indexer", "run", "--tier", tier]
 
     def start(self, name: str) -> None:
-        self.processes.start(name, self.argv(name), self.env)
+        env = self.env
+        if name == PRIMARY_API:
+            env = {k: v for k, v in env.items() if k != "KB_SEARCH_DATABASE_URLS"}
+        self.processes.start(name, self.argv(name), env)
 
     def kb(self, *args: str, timeout: float = 300) -> str:
         done = run_tool(

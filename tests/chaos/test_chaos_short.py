@@ -72,3 +72,15 @@ def test_short_chaos_run_keeps_every_invariant(chaos_home: Path) -> None:
         assert figure.split()[0] != "0", line
     aimed = next(line for line in done.stdout.splitlines() if "SIGKILLs aimed right after" in line)
     assert "(0;" not in aimed, aimed  # at least one struck right after a commit
+    # Deletes and erases, some while their task ran, each judged by searches after it, and
+    # the erased versions' markers looked for in a pg_dump.
+    removed = _figure(done.stdout, "deletes / erases answered")
+    assert "0" not in removed.split(" / "), removed
+    assert "while its task ran" in _figure(done.stdout, "of which")
+    for kind in ("searches sent after a delete", "erased markers looked for"):
+        assert _figure(done.stdout, kind).split()[0] != "0", kind
+
+
+def _figure(table: str, row: str) -> str:
+    line = next(line for line in table.splitlines() if line.startswith(f"| {row}"))
+    return line.split("|")[2].strip()
