@@ -10,6 +10,8 @@ import collections
 import re
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import SpanKind
+
 from services.publisher.ingest.apply import IngestApplier
 from services.publisher.ingest.commands import CommandTooLarge, CommandUndecodable, decode_command
 from services.publisher.ingest.metrics import IngestMetrics
@@ -22,6 +24,8 @@ from services.publisher.ingest.signing import (
 )
 from services.runtime.errors import KbError
 from services.runtime.logging import get_logger
+from services.runtime.tracing.propagation import TRACEPARENT
+from services.runtime.tracing.spans import TENANT_ID, annotate, span_under
 
 log = get_logger(__name__)
 
@@ -60,6 +64,23 @@ class RecordProcessor:
         self._slots = collections.defaultdict(lambda: asyncio.Semaphore(cap))
 
     async def handle(self, record: IngestRecord) -> Handled:
+        # The producer's trace goes on (its ``traceparent`` header): the rows the command
+        # writes store this span's context, so the indexer's attempt joins the same trace.
+        with span_under(
+            f"process {record.topic}",
+            record.headers.get(TRACEPARENT),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": record.topic,
+                "messaging.destination.partition.id": str(record.partition),
+                "messaging.kafka.offset": record.offset,
+            },
+        ):
+            return await self._handle(record)
+
+    async def _handle(self, record: IngestRecord) -> Handled:
         command_type = UNKNOWN_TYPE
         try:
             value = record.value
@@ -70,6 +91,7 @@ class RecordProcessor:
                 raise CommandTooLarge(f"the record has {len(value)} bytes; the limit is {limit}")
             command = decode_command(value, max_inline_bytes=self.limits.max_inline_bytes)
             command_type = command.command_type
+            annotate({TENANT_ID: command.tenant_id, "kb.command_id": str(command.command_id)})
             await self._verify(command.tenant_id, record, value)
             async with self._slots[command.tenant_id]:
                 answer = await self.applier.apply(command, sent_at=record.sent_at)

@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
+from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from services.publisher.domain import RevisionConflict
@@ -19,7 +20,10 @@ from services.publisher.ingest.ports import CommandAnswer, IngestRecord
 from services.publisher.ingest.process import IngestLimits, RecordProcessor
 from services.publisher.ingest.signing import IngestKey, public_bytes
 from services.runtime.errors import DatabaseUnavailable
+from services.runtime.tracing.propagation import TRACEPARENT, current_traceparent, traceparent_of
+from services.runtime.tracing.spans import span_under
 from tests.support.ingest import Signer, publish_command
+from tests.support.tracing import one, parent_id, trace_id, traced
 
 
 class Keys:
@@ -172,3 +176,32 @@ async def test_a_tenant_holds_at_most_its_in_flight_cap_while_others_go_on() -> 
     await asyncio.gather(*flood)
     assert len(applier.entered) == 11
     assert applier.most_at_once["acme"] == 2
+
+
+async def test_a_command_continues_its_producers_trace_and_its_rows_store_the_span() -> None:
+    acme = Signer("acme")
+    stored: list[str | None] = []
+
+    class Storing(Applier):
+        async def apply(self, command: Command, sent_at: Any = None) -> CommandAnswer:
+            stored.append(current_traceparent())  # what the outbox and task rows would keep
+            return await super().apply(command, sent_at)
+
+    processor, _ = _processor(Storing(), DeadLetters(), acme)
+    value = publish_command("acme", "k")
+    with traced() as exporter:
+        with span_under("producer", None) as producer:
+            header = current_traceparent()
+        assert header is not None
+        record = _record(acme, value)
+        record.headers[TRACEPARENT] = header.encode()
+        await processor.handle(record)
+        spans = exporter.get_finished_spans()
+    consumer = one(spans, "process kb.ingest.standard")
+    assert consumer.kind is SpanKind.CONSUMER
+    assert parent_id(consumer) == producer.get_span_context().span_id
+    assert trace_id(consumer) == producer.get_span_context().trace_id
+    assert consumer.attributes is not None
+    assert consumer.attributes["kb.tenant_id"] == "acme"
+    assert consumer.context is not None
+    assert stored == [traceparent_of(consumer.context)]
