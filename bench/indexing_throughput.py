@@ -120,13 +120,32 @@ def paragraph(rng: random.Random, characters: int) -> str:
     return text
 
 
+def markdown_note(number: int, rng: random.Random) -> str:
+    """A short Markdown note: a title, then 1-3 paragraphs (whole sentences, past 100-320
+    characters each), each after the first under a heading of its own half of the time."""
+    parts = [f"# {' '.join(rng.choice(WORDS) for _ in range(3)).capitalize()} {number}"]
+    for place in range(rng.randint(1, 3)):
+        if place and rng.random() < 0.5:
+            parts.append(f"## {' '.join(rng.choice(WORDS) for _ in range(2)).capitalize()}")
+        parts.append(paragraph(rng, rng.randint(100, 320)))
+    return "\n\n".join(parts) + "\n"
+
+
+# The media type each corpus is published as.
+MEDIA_TYPES = {"notes": "text/plain", "documents": "text/plain", "markdown-notes": "text/markdown"}
+
+
 def corpus(kind: str, count: int, seed: int = 7) -> list[bytes]:
     """``notes``: one paragraph of ~600 characters; ``documents``: ~1,250 characters in
-    paragraphs of ~300. Every document differs (no embedding is reused between them)."""
+    paragraphs of ~300; ``markdown-notes``: LangChain's benchmark corpus's shape, short
+    notes of ~580 characters in 1-3 paragraphs (``markdown_note``). Every document differs
+    (no embedding is reused between them)."""
     rng = random.Random(seed)
     out = []
     for number in range(count):
-        if kind == "notes":
+        if kind == "markdown-notes":
+            text = markdown_note(number, rng)
+        elif kind == "notes":
             text = f"Note {number}. {paragraph(rng, 590)}\n"
         else:
             text = "\n\n".join(paragraph(rng, 280) for _ in range(4)) + "\n"
@@ -187,11 +206,16 @@ def indexer_env(url: str, provider: str, extra: dict[str, str] | None = None) ->
     return env
 
 
-async def publish(url: str, documents: list[bytes]) -> None:
+async def publish(url: str, documents: list[bytes], media_type: str = "text/plain") -> None:
     pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
     try:
         for number, content in enumerate(documents):
-            await create_task(pool, tenant_id=f"tenant-{number % TENANTS}", content=content)
+            await create_task(
+                pool,
+                tenant_id=f"tenant-{number % TENANTS}",
+                content=content,
+                media_type=media_type,
+            )
     finally:
         await pool.close()
 
@@ -445,7 +469,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit('DATABASE_URL is needed (eval "$(uv run kb dev up)")')
     url = await recreate(admin_url, args.database)
     documents = corpus(args.corpus, args.documents)
-    await publish(url, documents)
+    await publish(url, documents, MEDIA_TYPES[args.corpus])
     provider, base = start_provider(args.model, args.inference_batch)
     try:
         settings = dict(item.split("=", 1) for item in args.set)
@@ -496,7 +520,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--corpus", choices=["notes", "documents"], default="notes")
+    parser.add_argument("--corpus", choices=sorted(MEDIA_TYPES), default="notes")
     parser.add_argument("--model", choices=["onnx", "hashing"], default="onnx")
     parser.add_argument("--documents", type=int, default=500)
     parser.add_argument("--database", default=BENCH_DB)

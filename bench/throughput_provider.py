@@ -3,7 +3,9 @@
     uv run python -m bench.throughput_provider --port P --model onnx|hashing [--inference-batch N]
 
 ``POST /v1/embeddings`` embeds with the shipped int8 all-MiniLM-L6-v2 (``onnx``, each request's
-texts run through the model ``--inference-batch`` at a time) or the hashing stand-in
+texts sorted by token length, then run through the model ``--inference-batch`` at a time;
+``--inference-batch 1``, one input per model run, is its fastest setting on 2 cores and the
+one ``bench.langchain_peer`` runs both sides with) or the hashing stand-in
 (``hashing``: pipeline overhead only). ``GET /stats`` reports requests, inputs and the
 seconds spent inside the model (its busy time), ``GET /inputs`` every text it was sent;
 ``POST /stats/reset`` zeroes them. One

@@ -205,7 +205,9 @@ class CoalescingEmbedder(PassedThroughIdentity):
             self._queued_tokens -= self._queue.popleft().tokens
 
     def _take(self) -> list[_Item]:
-        """The next request's texts, in queue order, within one ``RequestBudget``."""
+        """The next request's texts, taken in queue order within one ``RequestBudget`` and
+        sent shortest first (by tokens when counted, else characters): a provider that
+        pads each of its model runs to the longest input in it pads little."""
         batch: list[_Item] = []
         budget = RequestBudget(self.batch_size, self.max_batch_tokens)
         while self._queue:
@@ -217,6 +219,7 @@ class CoalescingEmbedder(PassedThroughIdentity):
             if not item.caller.gone:
                 budget.add(item.tokens)
                 batch.append(item)
+        batch.sort(key=lambda item: (item.tokens, len(item.caller.texts[item.position])))
         return batch
 
     async def _send(self, batch: list[_Item]) -> None:

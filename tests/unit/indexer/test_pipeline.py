@@ -254,7 +254,8 @@ async def test_identical_passages_in_one_document_are_embedded_once() -> None:
     chunks, rows = await h.index(lease(put_repeated(h, document_id)))
     assert len(chunks) == 24
     assert len({c.content_digest for c in chunks}) == 2
-    assert h.embedder.texts == [chunks[0].embedding_input, chunks[1].embedding_input]
+    # One request, sent shortest text first (coalescing.py).
+    assert h.embedder.texts == [chunks[1].embedding_input, chunks[0].embedding_input]
     assert all(np.array_equal(row, rows[n % 2]) for n, row in enumerate(rows))
 
 
@@ -411,7 +412,7 @@ async def test_content_repeated_across_slices_is_embedded_once() -> None:
     document_id = uuid.uuid4()
     chunks, _ = await h.index(lease(put_repeated(h, document_id)))
     assert len(chunks) == 24
-    assert h.embedder.texts == [chunks[0].embedding_input, chunks[1].embedding_input]
+    assert h.embedder.texts == [chunks[1].embedding_input, chunks[0].embedding_input]
 
 
 async def test_a_failed_streaming_attempt_gives_up_its_staged_rows() -> None:

@@ -57,6 +57,25 @@ async def test_concurrent_callers_share_full_requests_and_get_their_own_rows() -
     assert max(s.callers for s in stats) > 1
 
 
+async def test_a_request_is_sent_shortest_text_first_and_rows_go_back_in_order() -> None:
+    inner = Gated()
+    queue = CoalescingEmbedder(inner, batch_size=8, linger_seconds=0)
+    texts = ["a longer text of six words", "short", "a text of five words here", "mid text"]
+    np.testing.assert_array_equal(await queue.embed_all(texts), await expected(texts))
+    assert inner.requests == [sorted(texts, key=len)]
+    counted = Gated()
+    by_tokens = CoalescingEmbedder(
+        counted,
+        batch_size=8,
+        linger_seconds=0,
+        max_batch_tokens=100,
+        count_tokens=lambda text: len(text.split()),
+    )
+    words = ["one two three", "abcdefghijklmnop", "x y"]
+    np.testing.assert_array_equal(await by_tokens.embed_all(words), await expected(words))
+    assert counted.requests == [["abcdefghijklmnop", "x y", "one two three"]]
+
+
 async def test_a_full_request_does_not_wait_for_the_linger() -> None:
     inner = Gated()
     queue = CoalescingEmbedder(inner, batch_size=4, linger_seconds=60)
@@ -143,7 +162,8 @@ async def test_requests_keep_to_the_token_budget() -> None:
         max_in_flight=1,
     )
     await asyncio.gather(queue.embed_all(["a b c", "d e"]), queue.embed_all(["f", "g h i j k l"]))
-    assert inner.requests == [["a b c", "d e"], ["f"], ["g h i j k l"]]
+    # Taken in queue order, each request sent shortest first.
+    assert inner.requests == [["d e", "a b c"], ["f"], ["g h i j k l"]]
 
 
 async def test_no_texts_no_request() -> None:

@@ -1,0 +1,199 @@
+"""Indexing throughput of `kb indexer run` against LangChain's ``index()``, in the same run.
+
+    uv sync --group bench
+    uv run --group bench python -m bench.langchain_peer --model onnx
+    uv run --group bench python -m bench.langchain_peer --model hashing --rounds 3
+
+The same generated corpus (``markdown-notes``: LangChain's benchmark corpus's shape, 500
+short notes of ~580 characters in 1-3 paragraphs) goes through both, one after the other,
+each round, with one OpenAI-compatible server for both (``bench.throughput_provider``, by
+default one input per model run, inputs sorted by length: its fastest setting on 2 cores),
+on the same PostgreSQL server, each in a database of its own:
+
+- **ours**: the notes published (rows as the publisher writes them), one `kb indexer run`
+  with default settings as a process (``bench.indexing_throughput``); docs/s from its first
+  claim, the rate a library's timer measures in a warm process.
+- **LangChain**: ``langchain_core.indexing.index()`` with its defaults (batch of 100
+  documents, no cleanup), ``langchain-postgres`` PGVector (JSONB metadata) and the SQL
+  record manager (``langchain-classic``), sharing one engine, the notes split by a
+  ``RecursiveCharacterTextSplitter(chunk_size=1000, chunk_overlap=200)``; timed in this
+  (warm) process from the split to ``index()``'s return, the tables created beforehand.
+  Its embeddings client sends each ``embed_documents`` call as one request (what
+  ``OpenAIEmbeddings(check_embedding_ctx_length=False)`` does below 1,000 texts; that class
+  would bring in the openai and tiktoken packages for nothing measured here).
+
+Reports docs/s, inputs embedded and requests for each, and the ratios. Needs the ``bench``
+dependency group and DATABASE_URL (or the dev stack). Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+import httpx
+
+from bench.databases import recreate_database
+from bench.indexing_throughput import (
+    MEDIA_TYPES,
+    MODEL_NAME,
+    corpus,
+    publish,
+    run_indexer,
+    start_provider,
+)
+from bench.pipeline import recreate
+
+OURS_DB = "kb_bench_peer_ours"
+LANGCHAIN_DB = "kb_bench_peer_langchain"
+CORPUS = "markdown-notes"
+
+
+def server_stats(base: str, reset: bool = False) -> dict[str, Any]:
+    path = "/stats/reset" if reset else "/stats"
+    response = httpx.post(f"{base}{path}") if reset else httpx.get(f"{base}{path}")
+    response.raise_for_status()
+    stats: dict[str, Any] = response.json()
+    return stats
+
+
+def langchain_embeddings(base: str) -> Any:
+    """An ``Embeddings`` that sends each call's texts to the bench server in one request."""
+    from langchain_core.embeddings import Embeddings
+
+    class ServerEmbeddings(Embeddings):
+        def __init__(self) -> None:
+            self.client = httpx.Client(base_url=f"{base}/v1", timeout=300)
+
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            response = self.client.post("/embeddings", json={"input": texts, "model": MODEL_NAME})
+            response.raise_for_status()
+            rows = sorted(response.json()["data"], key=lambda row: row["index"])
+            return [row["embedding"] for row in rows]
+
+        def embed_query(self, text: str) -> list[float]:
+            return self.embed_documents([text])[0]
+
+    return ServerEmbeddings()
+
+
+async def run_langchain(admin_url: str, base: str, documents: list[bytes]) -> dict[str, Any]:
+    from langchain_classic.indexes import SQLRecordManager
+    from langchain_core.documents import Document
+    from langchain_core.indexing import index
+    from langchain_postgres import PGVector
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+    from sqlalchemy import create_engine
+
+    url = await recreate_database(admin_url, LANGCHAIN_DB)
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    store = PGVector(
+        embeddings=langchain_embeddings(base),
+        connection=engine,
+        collection_name="notes",
+        embedding_length=384,
+        use_jsonb=True,
+    )
+    records = SQLRecordManager("pgvector/notes", engine=engine)
+    records.create_schema()
+    notes = [
+        Document(page_content=content.decode(), metadata={"source": f"note-{number}"})
+        for number, content in enumerate(documents)
+    ]
+    splitter = RecursiveCharacterTextSplitter(chunk_size=1000, chunk_overlap=200)
+    server_stats(base, reset=True)
+    started = time.perf_counter()
+    result = index(splitter.split_documents(notes), records, store)
+    seconds = time.perf_counter() - started
+    stats = server_stats(base)
+    engine.dispose()
+    return {
+        "seconds": seconds,
+        "docs_per_second": len(documents) / seconds,
+        "chunks_added": result["num_added"],
+        "inputs": stats["inputs"],
+        "requests": stats["requests"],
+        "model_busy_seconds": stats["busy_seconds"],
+    }
+
+
+async def run_ours(
+    admin_url: str, base: str, documents: list[bytes], limit_seconds: float
+) -> dict[str, Any]:
+    url = await recreate(admin_url, OURS_DB)
+    await publish(url, documents, MEDIA_TYPES[CORPUS])
+    server_stats(base, reset=True)
+    run = await run_indexer(url, base, len(documents), limit_seconds)
+    stats = server_stats(base)
+    if run["first_claim_seconds"] is None or run["dead"]:
+        raise SystemExit(f"the indexer did not index every note: {run}")
+    seconds = run["seconds"] - run["first_claim_seconds"]
+    return {
+        "seconds": seconds,
+        "docs_per_second": run["succeeded"] / seconds,
+        "first_claim_seconds": run["first_claim_seconds"],
+        "chunks": run["chunks"],
+        "inputs": stats["inputs"],
+        "requests": stats["requests"],
+        "model_busy_seconds": stats["busy_seconds"],
+    }
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    admin_url = os.environ.get("DATABASE_URL")
+    if not admin_url:
+        raise SystemExit('DATABASE_URL is needed (eval "$(uv run kb dev up)")')
+    documents = corpus(CORPUS, args.documents)
+    provider, base = start_provider(args.model, args.inference_batch)
+    rounds = []
+    try:
+        for _ in range(args.rounds):
+            ours = await run_ours(admin_url, base, documents, args.timeout)
+            langchain = await run_langchain(admin_url, base, documents)
+            rounds.append(
+                {
+                    "ours": ours,
+                    "langchain": langchain,
+                    "docs_per_second_ratio": ours["docs_per_second"] / langchain["docs_per_second"],
+                    "inputs_ratio": ours["inputs"] / langchain["inputs"],
+                }
+            )
+    finally:
+        provider.terminate()
+        provider.wait(timeout=30)
+    return {
+        "corpus": CORPUS,
+        "model": args.model,
+        "inference_batch": args.inference_batch,
+        "documents": len(documents),
+        "mean_characters": sum(map(len, documents)) / len(documents),
+        "rounds": rounds,
+        "median_docs_per_second_ratio": statistics.median(
+            r["docs_per_second_ratio"] for r in rounds
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["onnx", "hashing"], default="onnx")
+    parser.add_argument("--documents", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--inference-batch",
+        type=int,
+        default=1,
+        help="inputs per model run on the server (1: one at a time, sorted by length)",
+    )
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(measure(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
