@@ -101,11 +101,11 @@ def erase_document(
     stopped halfway, or prints what it did. Prints the answer as JSON: documentId,
     deletedAt, requestedAt, erasedAt, searchToken."""
     from services.publisher.domain import Publisher
-    from services.publisher.erase_pg import PgErasureStore
     from services.publisher.ports import ErasureRequest
     from services.publisher.settings import PublisherSettings
     from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
     from services.runtime.commands.cli_support import load_settings, run_async
+    from services.runtime.erasure.erase_pg import PgErasureStore
     from services.runtime.logging import configure_logging, get_logger
     from services.runtime.tenancy.tenant_wall import walls_the_publisher
 

@@ -431,7 +431,7 @@ class Publisher:
         erase_batch_rows: int = 1000,
     ) -> None:
         self._store = store
-        # The erase's batches (services/publisher/erase_pg.py); None: erase is not served.
+        # The erase's batches (services/runtime/erasure/erase_pg.py); None: erase is not served.
         self._erasure = erasure
         self._erase_batch_rows = erase_batch_rows
         self._max_upload_bytes = max_upload_bytes
@@ -603,7 +603,9 @@ class Publisher:
 
         A document deleted already answers what its delete did, whatever the revision (a
         retry after a lost answer carries the revision the delete bumped), and writes
-        nothing. The search token is read after the commit, so it covers it."""
+        nothing. After the commit its chunks and staged slices are removed in batches (with
+        an erasure store wired). The search token is read after the commit, so it covers
+        it."""
         async with self._store.transaction(tenant_id) as tx:
             document = await tx.lock_document(tenant_id, document_id)
             if document is None:
@@ -618,6 +620,14 @@ class Publisher:
                     deletion_event(self._registry, document, deletion, _occurred_at(now))
                 )
                 revision, deleted_at, changed = deletion.revision, deletion.deleted_at, True
+        if changed and self._erasure is not None:
+            # Its chunks serve nothing any more (the tombstone matches none, for good): they
+            # go now, after the commit, in the erase's bounded batches, which hold no lock a
+            # publish or a search waits for. A crash before they are gone leaves them to
+            # `kb index check --repair` (DELETED_CHUNKS); the versions stay, for the erase.
+            await self._erasure.remove_deleted_leftovers(
+                tenant_id, document_id, batch_rows=self._erase_batch_rows
+            )
         token = await self._store.primary_search_token()
         return DeleteOutcome(document_id, revision, deleted_at, token, changed)
 
