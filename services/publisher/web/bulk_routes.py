@@ -21,6 +21,7 @@ items) is refused whole with 400/422 and changes nothing.
 from __future__ import annotations
 
 import uuid
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, Final
 
@@ -260,30 +261,22 @@ def _manifest(index: int, entry: Any) -> BulkItemRequest:
         first = error.errors(include_input=False, include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])
         raise BadInput(f"item {index}: {where}: {first['msg']}", code="BULK_INVALID") from None
-    if manifest.erase:
+    if manifest.delete or manifest.erase:
+        # A delete names its document and the revision last read; an erase, an admin's
+        # order, its document only (as the single calls take them).
+        what = (
+            "an erase names a documentId"
+            if manifest.erase
+            else "a delete names a documentId and a revision"
+        )
         if (
             manifest.document_id is None
-            or manifest.delete
-            or manifest.revision is not None
+            or (manifest.delete and manifest.erase)
+            or (manifest.revision is None) == manifest.delete
             or manifest.title is not None
             or manifest.acl is not None
         ):
-            raise BadInput(
-                f"item {index}: an erase names a documentId, and nothing else",
-                code="BULK_INVALID",
-            )
-        return manifest
-    if manifest.delete:
-        if (
-            manifest.document_id is None
-            or manifest.revision is None
-            or manifest.title is not None
-            or manifest.acl is not None
-        ):
-            raise BadInput(
-                f"item {index}: a delete names a documentId and a revision, and nothing else",
-                code="BULK_INVALID",
-            )
+            raise BadInput(f"item {index}: {what}, and nothing else", code="BULK_INVALID")
         return manifest
     if (manifest.title is None) == (manifest.document_id is None):
         raise BadInput(
@@ -299,38 +292,17 @@ def _manifest(index: int, entry: Any) -> BulkItemRequest:
 
 
 def _result(result: ItemResult) -> BulkItemResult:
-    if isinstance(result, ItemErased):
+    if isinstance(result, ItemRefused):
+        error = result.error
+        # A server-side failure of one item is not the client's to read: its code only.
+        detail = error.message if error.http_status < 500 else "the item could not be published"
         return BulkItemResult(
-            index=result.index,
-            status=200,
-            document_id=result.document_id,
-            deleted_at=result.deleted_at,
-            requested_at=result.requested_at,
-            erased_at=result.erased_at,
+            index=result.index, status=error.http_status, error_code=error.code, detail=detail
         )
-    if isinstance(result, ItemDeleted):
-        return BulkItemResult(
-            index=result.index,
-            status=200,
-            document_id=result.document_id,
-            revision=result.revision,
-            deleted_at=result.deleted_at,
-        )
-    if isinstance(result, ItemPublished):
-        return BulkItemResult(
-            index=result.index,
-            status=202,
-            document_id=result.document_id,
-            version_number=result.version_number,
-            revision=result.revision,
-            index_task_id=result.index_task_id,
-        )
-    error = result.error
-    # A server-side failure of one item is not the client's to read: its code only.
-    detail = error.message if error.http_status < 500 else "the item could not be published"
-    return BulkItemResult(
-        index=result.index, status=error.http_status, error_code=error.code, detail=detail
-    )
+    # 202: published, its index task queued; 200: deleted or erased, done. Every field of
+    # an item's outcome is a field of the answer under the same name.
+    status = 202 if isinstance(result, ItemPublished) else 200
+    return BulkItemResult(status=status, **asdict(result))
 
 
 _OPENAPI_BODY: Final[dict[str, Any]] = {

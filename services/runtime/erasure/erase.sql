@@ -44,22 +44,30 @@ DELETE FROM knowledge_chunk_stream s
 -- cache is these rows themselves (sink.sql: known_embeddings reads any chunk of the tenant
 -- with the digest): an entry only this document used goes with its chunk; another
 -- document's chunk with the same digest is that document's, and stays.
-WITH doomed AS (
-    SELECT version_number, embedding_model, chunking_strategy, chunk_id
-      FROM knowledge_chunk
-     WHERE tenant_id = $1
-       AND document_id = $2
-       AND EXISTS (
-           -- include: deleted_document
-       )
-     LIMIT $3
-)
+-- A batch is a range of the primary key: the document's first $3 keys, up to the $3-th
+-- (all of them when it has fewer). One index range scan, whatever the statistics say: a
+-- join of the batch's keys back to the table was planned as a nested loop over every chunk
+-- of a just-indexed document (its partition's statistics still saying "1 row"), quadratic
+-- in its size (a 10,000-chunk document took minutes).
 DELETE FROM knowledge_chunk k
- USING doomed d
  WHERE k.tenant_id = $1
    AND k.document_id = $2
-   AND (k.version_number, k.embedding_model, k.chunking_strategy, k.chunk_id)
-       = (d.version_number, d.embedding_model, d.chunking_strategy, d.chunk_id)
+   AND EXISTS (
+       -- include: deleted_document
+   )
+   AND (NOT EXISTS (SELECT 1
+                      FROM knowledge_chunk l
+                     WHERE l.tenant_id = $1
+                       AND l.document_id = $2
+                    OFFSET $3 - 1)
+        OR (k.version_number, k.embedding_model, k.chunk_id)
+           <= (SELECT l.version_number, l.embedding_model, l.chunk_id
+                 FROM knowledge_chunk l
+                WHERE l.tenant_id = $1
+                  AND l.document_id = $2
+                ORDER BY l.version_number, l.embedding_model, l.chunk_id
+               OFFSET $3 - 1
+                LIMIT 1))
 
 -- name: erase_version_content
 -- $1 tenant, $2 document, $3 batch rows. Every version's uploaded bytes (the text is
@@ -107,21 +115,17 @@ DELETE FROM document_version_acl a
 -- name: erase_served_acl
 -- $1 tenant, $2 document, $3 batch rows. The served ACL: the delete drops it in its own
 -- transaction; a row found here was put back by hand or by a restore.
-WITH doomed AS (
-    SELECT principal, permission
-      FROM document_acl
-     WHERE tenant_id = $1
-       AND document_id = $2
-       AND EXISTS (
-           -- include: deleted_document
-       )
-     LIMIT $3
-)
 DELETE FROM document_acl a
- USING doomed d
  WHERE a.tenant_id = $1
    AND a.document_id = $2
-   AND (a.principal, a.permission) = (d.principal, d.permission)
+   AND EXISTS (
+       -- include: deleted_document
+   )
+   AND (a.principal, a.permission) IN (SELECT principal, permission
+                                          FROM document_acl
+                                         WHERE tenant_id = $1
+                                           AND document_id = $2
+                                         LIMIT $3)
 
 -- name: erase_task_messages
 -- $1 tenant, $2 document, $3 batch rows. Task rows and their codes stay; their error texts
@@ -146,22 +150,18 @@ UPDATE index_task t
 
 -- name: erase_requeue_messages
 -- $1 tenant, $2 document, $3 batch rows. The requeue audit's copies of those texts.
-WITH doomed AS (
-    SELECT r.requeue_id
-      FROM index_task_requeue r
-      JOIN index_task t ON t.task_id = r.task_id
-     WHERE t.tenant_id = $1
-       AND t.document_id = $2
-       AND r.previous_error_message IS NOT NULL
-       AND EXISTS (
-           -- include: deleted_document
-       )
-     LIMIT $3
-)
 UPDATE index_task_requeue r
    SET previous_error_message = NULL
-  FROM doomed d
- WHERE r.requeue_id = d.requeue_id
+ WHERE r.requeue_id IN (SELECT q.requeue_id
+                          FROM index_task_requeue q
+                          JOIN index_task t ON t.task_id = q.task_id
+                         WHERE t.tenant_id = $1
+                           AND t.document_id = $2
+                           AND q.previous_error_message IS NOT NULL
+                           AND EXISTS (
+                               -- include: deleted_document
+                           )
+                         LIMIT $3)
 
 -- name: outbox_rows_to_scrub
 -- $1 aggregate key, $2 event types, $3 after this position, $4 batch rows. The document's
