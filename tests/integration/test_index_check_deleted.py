@@ -315,3 +315,24 @@ async def test_no_removal_statement_touches_a_live_document(
             )
     assert await rows_of(conn, live) == before
     assert await found(api, acme) == {live_id}
+
+
+async def test_kb_documents_delete_removes_the_chunks_and_leaves_the_check_clean(
+    api: SearchHarness,
+    acme: ApiTenant,
+    pool: asyncpg.Pool[Any],
+    conn: asyncpg.Connection[Any],
+    service_env: dict[str, str],
+) -> None:
+    """The operator's delete removes the chunks after its commit, as the API's does."""
+    document_id, revision = await published(api, acme)
+    await index_pending(pool)
+    chunks = "SELECT count(*) FROM knowledge_chunk WHERE document_id = $1"
+    assert await conn.fetchval(chunks, uuid.UUID(document_id)) > 0
+    deleted = kb(
+        service_env, "documents", "delete", "acme", document_id, "--revision", str(revision)
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    assert await conn.fetchval(chunks, uuid.UUID(document_id)) == 0
+    checked = kb(service_env, "index", "check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
