@@ -32,6 +32,7 @@ from services.runtime.indexing.index_failures import redact as redact
 from services.runtime.indexing.tasks import TASK_TYPE_INDEX_VERSION as TASK_TYPE_INDEX_VERSION
 from services.runtime.indexing.tasks import IndexTaskRecord
 from services.runtime.indexing.tasks import TaskStatus as TaskStatus
+from services.runtime.pg.records import copied
 
 # Every edge of docs/architecture.md#states-and-transitions. RUNNING -> RUNNING is a takeover
 # of an expired lease (a new generation); heartbeats keep RUNNING without a new generation and
@@ -216,18 +217,13 @@ def lease_of(task: IndexTask) -> Lease:
     assert task.status is TaskStatus.RUNNING
     assert task.lease_owner is not None
     assert task.lease_until is not None
-    return Lease(
-        task_id=task.task_id,
+    # The task's own fields by name; the lease's three under the names a lease gives them.
+    return copied(
+        Lease,
+        task,
         owner=task.lease_owner,
         lease_attempt=task.attempts,
         lease_until=task.lease_until,
-        tenant_id=task.tenant_id,
-        document_id=task.document_id,
-        version_number=task.version_number,
-        task_type=task.task_type,
-        tier=task.tier,
-        max_attempts=task.max_attempts,
-        generation_id=task.generation_id,
     )
 
 

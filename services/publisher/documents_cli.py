@@ -10,10 +10,15 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 import typer
 
 from services.runtime.errors import BadInput
+
+if TYPE_CHECKING:
+    from services.publisher.domain import Publisher
 
 documents_app = typer.Typer(help="A tenant's documents: delete or erase one.", no_args_is_help=True)
 
@@ -34,29 +39,12 @@ def delete_document(
     index tasks end (DOCUMENT_DELETED), a DocumentDeleted event is written. Deleting a
     deleted document prints what its delete did. Prints the answer as JSON: documentId,
     revision, deletedAt, searchToken."""
-    from services.publisher.domain import Publisher
-    from services.publisher.settings import PublisherSettings
-    from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
-    from services.runtime.commands.cli_support import load_settings, run_async
-    from services.runtime.logging import configure_logging, get_logger
-    from services.runtime.tenancy.tenant_wall import walls_the_publisher
+    from services.runtime.logging import get_logger
 
     document_id = _checked_ids(tenant, document)
-    settings = load_settings(PublisherSettings)
-    configure_logging(settings.log_level, settings.log_format, service="kb-documents")
 
-    async def _run() -> dict[str, str | int]:
-        pool = await open_publisher_pool(settings, min_size=1, max_size=2)
-        try:
-            store = PgPublisherStore(
-                pool, row_security=walls_the_publisher(settings.db_row_security)
-            )
-            publisher = Publisher(store, max_upload_bytes=settings.publisher_max_upload_bytes)
-            result = await publisher.delete_document(
-                tenant, document_id, expected_revision=revision
-            )
-        finally:
-            await pool.close()
+    async def _delete(publisher: Publisher) -> dict[str, str | int]:
+        result = await publisher.delete_document(tenant, document_id, expected_revision=revision)
         get_logger(__name__).info(
             "document.deleted" if result.changed else "document.delete_repeated",
             tenant_id=tenant,
@@ -70,6 +58,40 @@ def delete_document(
             "deletedAt": result.deleted_at.isoformat(),
             "searchToken": result.search_token,
         }
+
+    _print_answer(_delete)
+
+
+def _print_answer(act: Callable[[Publisher], Awaitable[Mapping[str, str | int]]]) -> None:
+    """Run ``act`` on a publisher over a small pool of its own, wired as the API's is (the
+    pool is closed before ``act``'s answer is printed, as JSON)."""
+    from services.publisher.domain import Publisher
+    from services.publisher.settings import PublisherSettings
+    from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
+    from services.runtime.commands.cli_support import load_settings, run_async
+    from services.runtime.erasure.erase_pg import PgErasureStore
+    from services.runtime.logging import configure_logging
+    from services.runtime.tenancy.tenant_wall import walls_the_publisher
+
+    settings = load_settings(PublisherSettings)
+    configure_logging(settings.log_level, settings.log_format, service="kb-documents")
+
+    async def _run() -> Mapping[str, str | int]:
+        pool = await open_publisher_pool(settings, min_size=1, max_size=2)
+        try:
+            store = PgPublisherStore(
+                pool, row_security=walls_the_publisher(settings.db_row_security)
+            )
+            return await act(
+                Publisher(
+                    store,
+                    max_upload_bytes=settings.publisher_max_upload_bytes,
+                    erasure=PgErasureStore(pool),
+                    erase_batch_rows=settings.publisher_erase_batch_rows,
+                )
+            )
+        finally:
+            await pool.close()
 
     typer.echo(json.dumps(run_async(_run())))
 
@@ -100,36 +122,15 @@ def erase_document(
     audit row stays (requested by "cli", no key). Erasing again finishes an erase that
     stopped halfway, or prints what it did. Prints the answer as JSON: documentId,
     deletedAt, requestedAt, erasedAt, searchToken."""
-    from services.publisher.domain import Publisher
     from services.publisher.ports import ErasureRequest
-    from services.publisher.settings import PublisherSettings
-    from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
-    from services.runtime.commands.cli_support import load_settings, run_async
-    from services.runtime.erasure.erase_pg import PgErasureStore
-    from services.runtime.logging import configure_logging, get_logger
-    from services.runtime.tenancy.tenant_wall import walls_the_publisher
+    from services.runtime.logging import get_logger
 
     document_id = _checked_ids(tenant, document)
-    settings = load_settings(PublisherSettings)
-    configure_logging(settings.log_level, settings.log_format, service="kb-documents")
 
-    async def _run() -> dict[str, str]:
-        pool = await open_publisher_pool(settings, min_size=1, max_size=2)
-        try:
-            store = PgPublisherStore(
-                pool, row_security=walls_the_publisher(settings.db_row_security)
-            )
-            publisher = Publisher(
-                store,
-                max_upload_bytes=settings.publisher_max_upload_bytes,
-                erasure=PgErasureStore(pool),
-                erase_batch_rows=settings.publisher_erase_batch_rows,
-            )
-            result = await publisher.erase_document(
-                tenant, document_id, ErasureRequest(requested_by="cli")
-            )
-        finally:
-            await pool.close()
+    async def _erase(publisher: Publisher) -> dict[str, str | int]:
+        result = await publisher.erase_document(
+            tenant, document_id, ErasureRequest(requested_by="cli")
+        )
         get_logger(__name__).info(
             "document.erased" if result.changed else "document.erase_repeated",
             tenant_id=tenant,
@@ -144,4 +145,4 @@ def erase_document(
             "searchToken": result.search_token,
         }
 
-    typer.echo(json.dumps(run_async(_run())))
+    _print_answer(_erase)

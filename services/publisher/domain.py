@@ -49,6 +49,7 @@ from services.runtime.indexing.tasks import (
     TASK_TYPE_INDEX_VERSION,
     IndexTaskRecord,
     NewIndexTask,
+    TaskProgress,
     TaskStatus,
 )
 from services.runtime.messaging.avro import SchemaRegistry, default_registry
@@ -253,26 +254,21 @@ class DocumentStatus(DocumentHeader):
 
 
 @dataclass(frozen=True)
-class TenantTaskView:
-    """An index task as its tenant sees it: the state and a stable code with a fixed
-    message. Not the lease owner (host:pid) nor the stored error text: operators read those
-    with `kb tasks show` and in the logs."""
+class TenantTaskKey:
+    """What a task is of, as its tenant names it (the tenant is the caller)."""
 
     task_id: uuid.UUID
     document_id: uuid.UUID
     version_number: int
     task_type: str
     tier: str
-    status: TaskStatus
-    attempts: int
-    max_attempts: int
-    lease_until: datetime | None
-    next_attempt_at: datetime
-    error_code: str | None
-    error_message: str | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class TenantTaskView(TaskProgress, TenantTaskKey):
+    """An index task as its tenant sees it: the state and a stable code with a fixed
+    message. Not the lease owner (host:pid) nor the stored error text: operators read those
+    with `kb tasks show` and in the logs."""
 
 
 def tenant_task_view(task: IndexTaskRecord) -> TenantTaskView:
@@ -531,11 +527,7 @@ class Publisher:
         now: datetime | None,
     ) -> PublishOutcome:
         """``publish``'s work inside ``tx``."""
-        document = await tx.lock_document(tenant_id, document_id)
-        if document is None:
-            raise document_not_found(document_id)
-        if document.deleted_at is not None:
-            raise document_deleted(document_id)
+        document = await _lock_live_document(tx, tenant_id, document_id)
         version = await tx.get_version(tenant_id, document_id, version_number)
         if version is None:
             raise version_not_found(document_id, version_number)
@@ -607,9 +599,7 @@ class Publisher:
         an erasure store wired). The search token is read after the commit, so it covers
         it."""
         async with self._store.transaction(tenant_id) as tx:
-            document = await tx.lock_document(tenant_id, document_id)
-            if document is None:
-                raise document_not_found(document_id)
+            document = await _lock_document(tx, tenant_id, document_id)
             if document.deleted_at is not None:
                 revision, deleted_at, changed = document.revision, document.deleted_at, False
             else:
@@ -650,9 +640,7 @@ class Publisher:
         if self._erasure is None:
             raise EraseUnavailable("this publisher has no erasure store wired")
         async with self._store.transaction(tenant_id) as tx:
-            document = await tx.lock_document(tenant_id, document_id)
-            if document is None:
-                raise document_not_found(document_id)
+            document = await _lock_document(tx, tenant_id, document_id)
             deleted_at = document.deleted_at
             if deleted_at is None:
                 deletion = await tx.delete_document(document, now)
@@ -687,6 +675,26 @@ class Publisher:
         return tenant_task_view(task)
 
 
+async def _lock_document(
+    tx: PublishTransaction, tenant_id: str, document_id: uuid.UUID
+) -> LockedDocument:
+    """The document's row, locked for the transaction (one change of a document at a time)."""
+    document = await tx.lock_document(tenant_id, document_id)
+    if document is None:
+        raise document_not_found(document_id)
+    return document
+
+
+async def _lock_live_document(
+    tx: PublishTransaction, tenant_id: str, document_id: uuid.UUID
+) -> LockedDocument:
+    """The document's row, locked; a deleted document takes no new version nor publish."""
+    document = await _lock_document(tx, tenant_id, document_id)
+    if document.deleted_at is not None:
+        raise document_deleted(document_id)
+    return document
+
+
 async def _add_version_in(
     tx: PublishTransaction,
     tenant_id: str,
@@ -696,11 +704,7 @@ async def _add_version_in(
     now: datetime | None,
 ) -> VersionCreated:
     """``add_version``'s work inside ``tx``: the next version, a DRAFT."""
-    document = await tx.lock_document(tenant_id, document_id)
-    if document is None:
-        raise document_not_found(document_id)
-    if document.deleted_at is not None:
-        raise document_deleted(document_id)
+    document = await _lock_live_document(tx, tenant_id, document_id)
     version_number = document.latest_version + 1
     await tx.insert_version(
         _new_version(tenant_id, document_id, version_number, content, media_type), now

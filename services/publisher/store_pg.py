@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict
+from dataclasses import KW_ONLY, asdict, dataclass
 from datetime import datetime
 from typing import Any, cast
 
@@ -116,11 +116,9 @@ class PgPublishTransaction:
     async def record_new_version(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
     ) -> int:
-        with translate_db_errors():
-            revision: int = await self._conn.fetchval(
-                QUERIES["record_new_version"], tenant_id, document_id, version_number, now
-            )
-        return revision
+        return await self._bump_revision(
+            "record_new_version", tenant_id, document_id, version_number, now
+        )
 
     async def mark_version_published(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
@@ -133,9 +131,22 @@ class PgPublishTransaction:
     async def set_published_version(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
     ) -> int:
+        return await self._bump_revision(
+            "set_published_version", tenant_id, document_id, version_number, now
+        )
+
+    async def _bump_revision(
+        self,
+        query: str,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        version_number: int,
+        now: datetime | None,
+    ) -> int:
+        """Run a statement that moves the document to a new revision; that revision."""
         with translate_db_errors():
             revision: int = await self._conn.fetchval(
-                QUERIES["set_published_version"], tenant_id, document_id, version_number, now
+                QUERIES[query], tenant_id, document_id, version_number, now
             )
         return revision
 
@@ -271,39 +282,33 @@ class PgPublishTransaction:
         )
 
 
+# Mutable (read_status_on) and compared by identity, as the plain class it was.
+@dataclass(eq=False)
 class PgPublisherStore:
-    def __init__(
-        self,
-        pool: asyncpg.Pool[Any],
-        *,
-        acquire_timeout_seconds: float = 10.0,
-        readiness_timeout_seconds: float = 2.0,
-        status_replicas: StatusReplicas | None = None,
-        row_security: bool = True,
-    ) -> None:
-        self._pool = pool
-        # KB_DB_ROW_SECURITY: a tenant's transactions and reads behind the database's wall.
-        self._row_security = row_security
-        self._status_replicas = status_replicas
-        # A request waits this long for a connection, then answers 503: with every connection
-        # busy (or the database hanging) requests must not pile up, each holding its upload.
-        self._acquire_timeout_seconds = acquire_timeout_seconds
-        self._readiness_timeout_seconds = readiness_timeout_seconds
+    pool: asyncpg.Pool[Any]
+    _: KW_ONLY
+    # A request waits this long for a connection, then answers 503: with every connection
+    # busy (or the database hanging) requests must not pile up, each holding its upload.
+    acquire_timeout_seconds: float = 10.0
+    readiness_timeout_seconds: float = 2.0
+    status_replicas: StatusReplicas | None = None
+    # KB_DB_ROW_SECURITY: a tenant's transactions and reads behind the database's wall.
+    row_security: bool = True
 
     def _connection(self) -> Any:
-        return self._pool.acquire(timeout=self._acquire_timeout_seconds)
+        return self.pool.acquire(timeout=self.acquire_timeout_seconds)
 
     def read_status_on(self, replicas: StatusReplicas | None) -> None:
         """Read documents' status on these replicas from now on (services/app.py, once
         search's replica rotation is open); None: on the primary only."""
-        self._status_replicas = replicas
+        self.status_replicas = replicas
 
     @contextlib.asynccontextmanager
     async def transaction(self, tenant_id: str) -> AsyncIterator[PgPublishTransaction]:
         with translate_db_errors():
             async with (
                 self._connection() as conn,
-                tenant_transaction(conn, tenant_id, row_security=self._row_security),
+                tenant_transaction(conn, tenant_id, row_security=self.row_security),
             ):
                 # The pool's proxy forwards every call to the connection it wraps.
                 yield PgPublishTransaction(cast("asyncpg.Connection[Any]", conn))
@@ -323,7 +328,7 @@ class PgPublisherStore:
         a status the replica cannot answer (the document not replayed there yet, or the
         replica failing) is read on the primary, so a client never sees 404 for a document
         the primary has. The search token stays safe on either (queries.sql)."""
-        replicas = self._status_replicas
+        replicas = self.status_replicas
         replica = replicas.next_replica() if replicas is not None else None
         if replica is not None:
             name, pool = replica
@@ -337,14 +342,14 @@ class PgPublisherStore:
             if row is not None:
                 return self._status_record(row, name)
         with translate_db_errors():
-            row = await self._status_row(self._pool, tenant_id, document_id)
+            row = await self._status_row(self.pool, tenant_id, document_id)
         return self._status_record(row, PRIMARY) if row is not None else None
 
     async def _status_row(
         self, pool: asyncpg.Pool[Any], tenant_id: str, document_id: uuid.UUID
     ) -> asyncpg.Record | None:
         async with (
-            pool.acquire(timeout=self._acquire_timeout_seconds) as conn,
+            pool.acquire(timeout=self.acquire_timeout_seconds) as conn,
             self._tenant_read(conn, tenant_id),
         ):
             row: asyncpg.Record | None = await conn.fetchrow(
@@ -355,7 +360,7 @@ class PgPublisherStore:
     def _tenant_read(self, conn: Any, tenant_id: str) -> Any:
         """A single read of the tenant's: behind the wall in a read-only transaction (two
         more round trips: BEGIN with the wall, COMMIT); without the wall, as it is."""
-        if not self._row_security:
+        if not self.row_security:
             return contextlib.nullcontext()
         return tenant_transaction(conn, tenant_id, row_security=True, read_only=True)
 
@@ -379,9 +384,9 @@ class PgPublisherStore:
     async def readiness_problems(self) -> list[str]:
         # A probe must answer quickly: an unreachable database or a full pool is "not
         # ready", not a hang (the caller caches the answer, so probes do not drain the pool).
-        timeout = self._readiness_timeout_seconds
+        timeout = self.readiness_timeout_seconds
         with translate_db_errors():
-            async with asyncio.timeout(timeout), self._pool.acquire(timeout=timeout) as conn:
+            async with asyncio.timeout(timeout), self.pool.acquire(timeout=timeout) as conn:
                 await conn.fetchval(QUERIES["ping"])
                 pending = await pending_migrations(cast("asyncpg.Connection[Any]", conn))
         return [f"migration {m.version:04d}_{m.name} is not applied" for m in pending]

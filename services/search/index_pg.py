@@ -13,6 +13,7 @@ import numpy as np
 
 from services.embedding.port import Vectors
 from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.records import from_row
 from services.runtime.tenancy.tenant_wall import tenant_wall_sql, walls_search
 from services.search.connections import SearchConnections
 from services.search.keyword_terms import (
@@ -283,17 +284,8 @@ def _candidates(rows: list[asyncpg.Record]) -> Candidates:
     vector_list: list[Candidate] = []
     keyword_list: list[Candidate] = []
     for row in rows:
-        candidate = Candidate(
-            document_id=row["document_id"],
-            title=row["title"],
-            media_type=row["media_type"],
-            version_number=row["version_number"],
-            chunk_id=row["chunk_id"],
-            heading_path=tuple(row["heading_path"]),
-            text=row["text"],
-            rank=row["rank"],
-            score=float(row["score"]),
-            coverage=row["coverage"],
+        candidate = from_row(
+            Candidate, row, heading_path=tuple(row["heading_path"]), score=float(row["score"])
         )
         (vector_list if row["list"] == SearchMode.VECTOR.value else keyword_list).append(candidate)
     return Candidates(vector=vector_list, keyword=keyword_list)

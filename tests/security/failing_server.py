@@ -69,7 +69,7 @@ async def fail_after_the_answer(
 
 @router.post("/close-pool")
 async def close_the_pool(request: Request, credentials: Credentials) -> dict[str, bool]:
-    request.app.state.store._pool.terminate()
+    request.app.state.store.pool.terminate()
     return {"closed": True}
 
 

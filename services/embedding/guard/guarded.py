@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
 
 from services.embedding.guard.guard import ProviderGuard
 from services.embedding.guard.quota import Purpose
@@ -13,23 +14,17 @@ from services.embedding.tokens import TokenCounter, approximate_tokens
 from services.runtime.indexing.index_failures import IndexingFailed
 
 
+# Mutable and compared by identity, as the plain class it was: a dataclass for its fields.
+@dataclass(eq=False)
 class GuardedEmbedder(PassedThroughIdentity):
-    def __init__(
-        self,
-        inner: Embedder,
-        guard: ProviderGuard,
-        *,
-        purpose: Purpose,
-        owner: str,
-        count_tokens: TokenCounter | None = None,
-    ) -> None:
-        self.inner = inner
-        self.guard = guard
-        self.purpose = purpose
-        self.owner = owner
-        # The tokens bucket is charged what the texts count; without the model's counter,
-        # the approximate one, which errs high (the quota is not overrun).
-        self._count = count_tokens or approximate_tokens
+    inner: Embedder
+    guard: ProviderGuard
+    _: KW_ONLY
+    purpose: Purpose
+    owner: str
+    # The tokens bucket is charged what the texts count; without the model's counter,
+    # the approximate one, which errs high (the quota is not overrun).
+    count_tokens: TokenCounter | None = None
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """One request of ``inner``, when the guard lets it go. Raises what ``inner``
@@ -38,7 +33,8 @@ class GuardedEmbedder(PassedThroughIdentity):
         A refused input (``InputRefused``) is the provider answering, not failing."""
         # Counting is a tokenizer pass over every text: only when a token rate charges it.
         metered = self.guard.meters_tokens
-        tokens = sum(self._count(text) for text in texts) if metered else 0
+        count = self.count_tokens or approximate_tokens
+        tokens = sum(count(text) for text in texts) if metered else 0
         await self.guard.before_request(tokens=tokens, purpose=self.purpose, owner=self.owner)
         try:
             vectors = await self.inner.embed(texts)

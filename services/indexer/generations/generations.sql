@@ -247,11 +247,12 @@ SELECT generation_id, serving
  ORDER BY generation_id
    FOR UPDATE
 
--- name: missing_documents
--- $1 tenant, $2 target generation, $3 limit. The tenant's searchable documents whose served
--- version the target does not hold (no row, or an older version): a switch would make them
+-- name: all_missing_documents
+-- $1 tenant, $2 target generation. The tenant's searchable documents whose served version
+-- the target does not hold (no row, or an older version): a switch would make them
 -- unsearchable or take them back in time. Read under lock_tenant_generations. A deleted
 -- document's tombstone serves nothing and is never rewritten: it is missing from none.
+-- missing_documents shows the first of them, count_missing_documents counts them all.
 SELECT s.document_id, s.version_number AS served_version, g.version_number AS built_version
   FROM document_search_version s
   LEFT JOIN document_generation_version g
@@ -260,18 +261,19 @@ SELECT s.document_id, s.version_number AS served_version, g.version_number AS bu
  WHERE s.tenant_id = $1
    AND s.deleted_at IS NULL
    AND (g.version_number IS NULL OR g.version_number < s.version_number)
+
+-- name: missing_documents
+-- $1 tenant, $2 target generation, $3 limit: the first of all_missing_documents.
+-- include: all_missing_documents
  ORDER BY s.document_id
  LIMIT $3
 
 -- name: count_missing_documents
+-- $1 tenant, $2 target generation.
 SELECT count(*)
-  FROM document_search_version s
-  LEFT JOIN document_generation_version g
-         ON g.tenant_id = s.tenant_id AND g.document_id = s.document_id
-        AND g.generation_id = $2
- WHERE s.tenant_id = $1
-   AND s.deleted_at IS NULL
-   AND (g.version_number IS NULL OR g.version_number < s.version_number)
+  FROM (
+        -- include: all_missing_documents
+       ) AS missing
 
 -- name: drop_missing_pointers
 -- $1 tenant, $2 target generation (--force): the pointers of the documents the target does

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -39,23 +40,15 @@ _OUR_INDEX: Final = re.compile(r"^knowledge_chunk_ann_[0-9a-f]{16}(_t[0-9a-f]{16
 _NO_SETTINGS: Final = ""
 
 
+@dataclass(frozen=True)
 class PgRetirement:
-    def __init__(
-        self,
-        pool: asyncpg.Pool[Any],
-        *,
-        now: datetime | None = None,
-        batch_size: int = RETIRE_BATCH,
-        lock_timeout: str = "2s",
-        drop_attempts: int = 5,
-        drop_pause_seconds: float = 1.0,
-    ) -> None:
-        self._pool = pool
-        self._now = now
-        self._batch = batch_size
-        self._lock_timeout = lock_timeout
-        self._drop_attempts = drop_attempts
-        self._drop_pause = drop_pause_seconds
+    pool: asyncpg.Pool[Any]
+    _: KW_ONLY
+    now: datetime | None = None
+    batch_size: int = RETIRE_BATCH
+    lock_timeout: str = "2s"
+    drop_attempts: int = 5
+    drop_pause_seconds: float = 1.0
 
     async def retire(self, generation_id: int) -> RetireOutcome:
         """Refuses the default and a generation any tenant serves; otherwise stops building
@@ -63,7 +56,7 @@ class PgRetirement:
         chunks, its document rows and its tasks in batches, drops its model's indexes if no
         one else uses the model, and marks it RETIRED."""
         with translate_db_errors():
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self.pool.acquire() as conn, conn.transaction():
                 # Lock order, the same as every other writer's: the task rows (in the one
                 # order of complete_task), the tenant rows, then the generation's row. A
                 # completion holds its task rows, then its tenant's rows and the
@@ -99,21 +92,21 @@ class PgRetirement:
                     generation_id,
                     GENERATION_RETIRED,
                     f"generation {generation_id} was retired",
-                    self._now,
+                    self.now,
                 )
                 await conn.execute(QUERIES["start_retiring"], generation_id)
                 await conn.execute(QUERIES["delete_tenant_rows"], generation_id)
         log.info("generation.retiring", generation_id=generation_id, tasks_ended=rows_of(ended))
         chunks = await self._delete_chunks(generation)
         documents = await self._batches(
-            _statement(QUERIES["delete_document_versions_batch"], generation_id, self._batch)
+            _statement(QUERIES["delete_document_versions_batch"], generation_id, self.batch_size)
         )
         tasks = await self._batches(
-            _statement(QUERIES["delete_task_batch"], generation_id, self._batch)
+            _statement(QUERIES["delete_task_batch"], generation_id, self.batch_size)
         )
         dropped = await self._drop_indexes(generation)
         with translate_db_errors():
-            await self._pool.execute(QUERIES["finish_retiring"], generation_id, self._now)
+            await self.pool.execute(QUERIES["finish_retiring"], generation_id, self.now)
         outcome = RetireOutcome(
             generation_id, False, rows_of(ended), chunks, documents, tasks, dropped
         )
@@ -135,17 +128,17 @@ class PgRetirement:
                 if generation.chunking_settings
                 else {
                     r["settings"]
-                    for r in await self._pool.fetch(
+                    for r in await self.pool.fetch(
                         QUERIES["generation_chunk_settings"], generation_id
                     )
                 }
             )
             tenants = [
-                r["tenant_id"] for r in await self._pool.fetch(QUERIES["tenants_with_chunks"])
+                r["tenant_id"] for r in await self.pool.fetch(QUERIES["tenants_with_chunks"])
             ]
         deleted = 0
         for chunk_settings in sorted(settings - {_NO_SETTINGS}):
-            if await self._pool.fetchval(
+            if await self.pool.fetchval(
                 QUERIES["shared_chunk_settings"], generation_id, model, chunk_settings
             ):
                 log.warning(
@@ -157,7 +150,11 @@ class PgRetirement:
             for tenant in tenants:
                 deleted += await self._batches(
                     _statement(
-                        QUERIES["delete_chunk_batch"], tenant, model, chunk_settings, self._batch
+                        QUERIES["delete_chunk_batch"],
+                        tenant,
+                        model,
+                        chunk_settings,
+                        self.batch_size,
                     )
                 )
         return deleted
@@ -168,7 +165,7 @@ class PgRetirement:
         total = 0
         while True:
             with translate_db_errors():
-                async with self._pool.acquire() as conn, conn.transaction():
+                async with self.pool.acquire() as conn, conn.transaction():
                     rows = rows_of(await step(conn))
             total += rows
             if rows == 0:
@@ -179,13 +176,13 @@ class PgRetirement:
         with the model or a pointer still names it."""
         model = generation.embedding_model
         with translate_db_errors():
-            if await self._pool.fetchval(
+            if await self.pool.fetchval(
                 QUERIES["model_still_used"], generation.generation_id, model
             ):
                 return []
-            rows = await self._pool.fetch(QUERIES["model_indexes"], ann_index_name(model))
+            rows = await self.pool.fetch(QUERIES["model_indexes"], ann_index_name(model))
             dropped = []
-            async with self._pool.acquire() as conn:
+            async with self.pool.acquire() as conn:
                 # Tenant graphs first, without blocking writes; the partitioned index last
                 # (it cannot be dropped concurrently, and takes its partitions' parts along).
                 for row in rows:
@@ -205,16 +202,16 @@ class PgRetirement:
         completion queued behind it. So each try gives up after a short lock_timeout; after
         the last, DatabaseBusy (exit 1), the generation stays RETIRING and a second run of
         the command tries again (its deletes find nothing left)."""
-        for attempt in range(self._drop_attempts):
+        for attempt in range(self.drop_attempts):
             try:
                 async with conn.transaction():
-                    await conn.fetchval(QUERIES["set_local_lock_timeout"], self._lock_timeout)
+                    await conn.fetchval(QUERIES["set_local_lock_timeout"], self.lock_timeout)
                     await conn.execute(f"DROP INDEX IF EXISTS {name}")
                 return
             except asyncpg.LockNotAvailableError:
                 log.warning("generation.index_drop_waited", index=name, attempt=attempt + 1)
-                if attempt + 1 < self._drop_attempts:
-                    await asyncio.sleep(self._drop_pause)
+                if attempt + 1 < self.drop_attempts:
+                    await asyncio.sleep(self.drop_pause_seconds)
         raise DatabaseBusy(
             f"index {name}: knowledge_chunk stayed locked by other transactions; run "
             "`kb index generations retire` again"

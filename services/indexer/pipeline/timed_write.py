@@ -36,13 +36,14 @@ def _observe(tier: str, seconds: float) -> None:
     metrics.STAGE_SECONDS.labels(tier, "sink").observe(seconds)
 
 
+# Compared by identity, as the write it wraps: only ``together`` says which writes group.
+@dataclass(frozen=True, eq=False)
 class TimedTogetherWrite:
     """A ``WritableTogether`` write, timed alone or in its group."""
 
-    def __init__(self, inner: WritableTogether, tier: str, staging_seconds: float) -> None:
-        self.inner = inner
-        self._tier = tier
-        self._staging_seconds = staging_seconds
+    inner: WritableTogether
+    tier: str
+    staging_seconds: float
 
     @property
     def lease(self) -> Lease:
@@ -59,7 +60,7 @@ class TimedTogetherWrite:
         self.observe(time.perf_counter() - began)
 
     def observe(self, write_seconds: float) -> None:
-        _observe(self._tier, self._staging_seconds + write_seconds)
+        _observe(self.tier, self.staging_seconds + write_seconds)
 
 
 @dataclass(frozen=True)

@@ -291,18 +291,23 @@ def _manifest(index: int, entry: Any) -> BulkItemRequest:
     return manifest
 
 
+# The status of an item that succeeded, by what it did (its fields are the answer's).
+_DONE_STATUS: Final[dict[type[ItemResult], int]] = {
+    ItemPublished: 202,
+    ItemDeleted: 200,
+    ItemErased: 200,
+}
+
+
 def _result(result: ItemResult) -> BulkItemResult:
-    if isinstance(result, ItemRefused):
-        error = result.error
-        # A server-side failure of one item is not the client's to read: its code only.
-        detail = error.message if error.http_status < 500 else "the item could not be published"
-        return BulkItemResult(
-            index=result.index, status=error.http_status, error_code=error.code, detail=detail
-        )
-    # 202: published, its index task queued; 200: deleted or erased, done. Every field of
-    # an item's outcome is a field of the answer under the same name.
-    status = 202 if isinstance(result, ItemPublished) else 200
-    return BulkItemResult(status=status, **asdict(result))
+    if not isinstance(result, ItemRefused):
+        return BulkItemResult(status=_DONE_STATUS[type(result)], **asdict(result))
+    error = result.error
+    # A server-side failure of one item is not the client's to read: its code only.
+    detail = error.message if error.http_status < 500 else "the item could not be published"
+    return BulkItemResult(
+        index=result.index, status=error.http_status, error_code=error.code, detail=detail
+    )
 
 
 _OPENAPI_BODY: Final[dict[str, Any]] = {

@@ -47,6 +47,7 @@ from services.runtime.logging import get_logger
 from services.runtime.tenancy.tenant_auth import require_scope
 from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
 from services.runtime.web.http_problem import PROBLEM_RESPONSE
+from services.runtime.web.wire import ApiModel
 
 log = get_logger(__name__)
 
@@ -334,7 +335,7 @@ async def erase_document(
     responses={**_problems(404), 200: AFTER_INDEX_TASK},
     summary="An index task: its state, and a stable code with a fixed message if it failed",
 )
-async def index_task(request: Request, tenant_id: TenantId, task_id: TaskId) -> IndexTaskResponse:
+async def index_task(request: Request, tenant_id: TenantId, task_id: TaskId) -> ApiModel:
     return IndexTaskResponse.model_validate(
         await _publisher(request).index_task(tenant_id, task_id)
     )

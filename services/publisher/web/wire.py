@@ -11,10 +11,9 @@ from typing import Annotated, Final
 
 from pydantic import Field, StringConstraints
 
-from services.publisher.domain import MAX_PRINCIPAL_LENGTH, IndexStatus
+from services.publisher.domain import MAX_PRINCIPAL_LENGTH, IndexStatus, TenantTaskView
 from services.publisher.text import REFUSED_CHARACTERS
-from services.runtime.indexing.tasks import TaskStatus
-from services.runtime.web.wire import ApiModel
+from services.runtime.web.wire import ApiModel, wire_model_of
 
 MAX_INT32: Final = 2_147_483_647
 MAX_INT64: Final = 9_223_372_036_854_775_807
@@ -117,22 +116,13 @@ class EraseResponse(ApiModel):
     )
 
 
-class IndexTaskResponse(ApiModel):
-    task_id: uuid.UUID
-    document_id: uuid.UUID
-    version_number: int
-    task_type: str
-    tier: str
-    status: TaskStatus
-    attempts: int
-    max_attempts: int
-    lease_until: datetime | None
-    next_attempt_at: datetime
-    error_code: str | None = Field(description="Stable; branch on this.")
-    error_message: str | None = Field(description="A fixed text per error code.")
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
+# What a tenant sees of its task is the domain's view, field for field.
+IndexTaskResponse: Final = wire_model_of(
+    TenantTaskView,
+    "IndexTaskResponse",
+    error_code=Field(description="Stable; branch on this."),
+    error_message=Field(description="A fixed text per error code."),
+)
 
 
 class HealthResponse(ApiModel):

@@ -47,13 +47,13 @@ class NewIndexTask:
 
 
 @dataclass(frozen=True)
-class IndexTaskRecord(NewIndexTask):
-    """One ``index_task`` row (docs/architecture.md#tables), column for column."""
+class TaskProgress:
+    """Where a task stands: its state, its attempts, its error and its times. Every reader
+    of a task sees these, its tenant too (the publisher's ``TenantTaskView``)."""
 
     status: TaskStatus
     attempts: int
     max_attempts: int
-    lease_owner: str | None
     lease_until: datetime | None
     next_attempt_at: datetime
     error_code: str | None
@@ -61,6 +61,14 @@ class IndexTaskRecord(NewIndexTask):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class IndexTaskRecord(TaskProgress, NewIndexTask):
+    """One ``index_task`` row (docs/architecture.md#tables), column for column: its key
+    (``NewIndexTask``), where it stands (``TaskProgress``) and who holds its lease."""
+
+    lease_owner: str | None
 
 
 # The select list of a whole row, in field order (queries may alias columns to these names).

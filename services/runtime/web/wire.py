@@ -4,7 +4,11 @@ records by attribute name."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import dataclasses
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, create_model
 from pydantic.alias_generators import to_camel
 
 
@@ -16,3 +20,18 @@ class ApiModel(BaseModel):
         frozen=True,
         from_attributes=True,
     )
+
+
+def wire_model_of(record: type[Any], name: str, **described: Any) -> type[ApiModel]:
+    """The wire model of a domain dataclass: its fields, in its order and with its types,
+    each answered as the record holds it; ``described`` gives a field a pydantic ``Field``
+    (its description on the wire). One declaration of what an answer holds: the domain's."""
+    types = typing.get_type_hints(record)
+    unknown = set(described) - set(types)
+    if unknown:
+        raise ValueError(f"{record.__name__} has no field {sorted(unknown)}")
+    wire_fields: dict[str, Any] = {
+        field.name: (types[field.name], described.get(field.name, ...))
+        for field in dataclasses.fields(record)
+    }
+    return create_model(name, __base__=ApiModel, **wire_fields)
