@@ -190,18 +190,18 @@ async def test_check_reports_a_deleted_documents_leftovers_and_repair_removes_on
     assert "7 drifted, 7 repaired, 0 left" in repaired.stderr
 
     assert await found(api, acme) == {live_id}
-    for document_id in (gone, restored):
+    for doc in (gone, restored):
         pointer = await conn.fetchrow(
             "SELECT deleted_at, chunking_strategy FROM document_search_version"
             " WHERE document_id = $1",
-            document_id,
+            doc,
         )
         assert pointer is not None
         assert pointer["deleted_at"] is not None
         assert pointer["chunking_strategy"] is None
         for table in ("knowledge_chunk", "document_acl"):
             left = f"SELECT count(*) FROM {table} WHERE document_id = $1"
-            assert await conn.fetchval(left, document_id) == 0
+            assert await conn.fetchval(left, doc) == 0
     assert await conn.fetchval("SELECT count(*) FROM knowledge_chunk_stream") == 0
     # No task was queued: a deleted document is never indexed again.
     assert await conn.fetchval("SELECT count(*) FROM index_task WHERE status <> 'SUCCEEDED'") == 0
@@ -252,6 +252,12 @@ async def test_check_finds_what_an_erase_should_have_removed_and_repair_finishes
         ),
         ("INSERT INTO document_version_acl VALUES ('acme', $1, 1, $2, 'READ')", [erased, MARKER]),
         ("UPDATE index_task SET error_message = $2 WHERE task_id = $1", [task, MARKER]),
+        (
+            "INSERT INTO index_task_requeue (task_id, requeued_by, requeued_at, reset_attempts,"
+            " attempts, previous_max_attempts, new_max_attempts, previous_error_message)"
+            " VALUES ($1, 'it', now(), false, 1, 8, 8, $2)",
+            [task, MARKER],
+        ),
         ("UPDATE document SET title = $2 WHERE document_id = $1", [erased, MARKER]),
         (
             "UPDATE outbox SET payload = $2 WHERE position = $1",
@@ -269,7 +275,7 @@ async def test_check_finds_what_an_erase_should_have_removed_and_repair_finishes
     )
     assert (
         "erase asked for, erased_at unset; left: version bytes 1, version ACL rows 1, "
-        "task error texts 1, outbox events with content 1, title 1"
+        "task error texts 1, requeue error texts 1, outbox events with content 1, title 1"
     ) in checked.stdout
     assert "deleted, 1 chunk rows left" in checked.stdout
     assert MARKER not in checked.stdout + checked.stderr
