@@ -52,6 +52,7 @@ from services.runtime.indexing.tasks import (
     TaskProgress,
     TaskStatus,
 )
+from services.runtime.logging import get_logger
 from services.runtime.messaging.avro import SchemaRegistry, default_registry
 from services.runtime.messaging.events import (
     DOCUMENT_DELETED,
@@ -64,6 +65,8 @@ from services.runtime.tenancy.principals import normalise_principal
 
 MAX_TITLE_LENGTH: Final = 500
 MAX_PRINCIPAL_LENGTH: Final = 200
+
+log = get_logger(__name__)
 
 
 class RevisionConflict(Conflict):
@@ -611,15 +614,29 @@ class Publisher:
                 )
                 revision, deleted_at, changed = deletion.revision, deletion.deleted_at, True
         if changed and self._erasure is not None:
-            # Its chunks serve nothing any more (the tombstone matches none, for good): they
-            # go now, after the commit, in the erase's bounded batches, which hold no lock a
-            # publish or a search waits for. A crash before they are gone leaves them to
-            # `kb index check --repair` (DELETED_CHUNKS); the versions stay, for the erase.
+            await self._remove_leftovers(tenant_id, document_id)
+        token = await self._store.primary_search_token()
+        return DeleteOutcome(document_id, revision, deleted_at, token, changed)
+
+    async def _remove_leftovers(self, tenant_id: str, document_id: uuid.UUID) -> None:
+        """A deleted document's chunks serve nothing any more (the tombstone matches none,
+        for good): they go after the delete's commit, in the erase's bounded batches, which
+        hold no lock a publish or a search waits for. The delete is done whatever happens
+        here: a failure (or a crash) leaves them to `kb index check --repair`
+        (DELETED_CHUNKS) rather than fail an answer whose delete committed. The versions
+        stay, for the erase."""
+        assert self._erasure is not None
+        try:
             await self._erasure.remove_deleted_leftovers(
                 tenant_id, document_id, batch_rows=self._erase_batch_rows
             )
-        token = await self._store.primary_search_token()
-        return DeleteOutcome(document_id, revision, deleted_at, token, changed)
+        except KbError as error:
+            log.warning(
+                "document.delete_leftovers_kept",
+                tenant_id=tenant_id,
+                document_id=str(document_id),
+                error_code=error.code,
+            )
 
     async def erase_document(
         self,

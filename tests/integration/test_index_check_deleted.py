@@ -14,8 +14,11 @@ from typing import Any
 import asyncpg
 import pytest
 
+from services.publisher.domain import Publisher
+from services.publisher.store_pg import PgPublisherStore
 from services.runtime.erasure.erase_pg import QUERIES as ERASE_QUERIES
 from services.runtime.erasure.erase_pg import PgErasureStore
+from services.runtime.errors import DatabaseUnavailable
 from services.runtime.messaging.outbox import aggregate_key
 from services.runtime.settings import RuntimeSettings
 from tests.integration.test_document_delete import delete, found, published, worker
@@ -342,3 +345,41 @@ async def test_kb_documents_delete_removes_the_chunks_and_leaves_the_check_clean
     assert await conn.fetchval(chunks, uuid.UUID(document_id)) == 0
     checked = kb(service_env, "index", "check")
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+class UnreachableLeftovers(PgErasureStore):
+    """The erase store of a delete whose connection is lost right after its commit."""
+
+    async def remove_deleted_leftovers(
+        self, tenant_id: str, document_id: uuid.UUID, *, batch_rows: int, now: Any = None
+    ) -> dict[str, int]:
+        raise DatabaseUnavailable("the connection was lost")
+
+
+async def test_a_delete_whose_chunk_removal_fails_is_done_and_leaves_them_to_repair(
+    api: SearchHarness,
+    acme: ApiTenant,
+    pool: asyncpg.Pool[Any],
+    conn: asyncpg.Connection[Any],
+    service_env: dict[str, str],
+) -> None:
+    """The delete committed: its answer says so (no 5xx for a done delete), the document is
+    out of search, and the chunks it could not remove are the check's DELETED_CHUNKS, which
+    --repair removes."""
+    document_id, revision = await published(api, acme)
+    await index_pending(pool)
+    publisher = Publisher(
+        PgPublisherStore(pool), max_upload_bytes=1024, erasure=UnreachableLeftovers(pool)
+    )
+    deleted = await publisher.delete_document(
+        "acme", uuid.UUID(document_id), expected_revision=revision
+    )
+    assert deleted.changed
+    assert await found(api, acme) == set()
+    checked = kb(service_env, "index", "check")
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert kinds(checked.stdout) == [("DELETED_CHUNKS", document_id)]
+    repaired = kb(service_env, "index", "check", "--repair")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    chunks = "SELECT count(*) FROM knowledge_chunk WHERE document_id = $1"
+    assert await conn.fetchval(chunks, uuid.UUID(document_id)) == 0
