@@ -46,6 +46,9 @@ COMMANDS: dict[str, LazyCommand] = {
         "Check the search index against what was published, and repair it.",
     ),
     "relay": LazyCommand("services.relay.cli", "app", "Carry committed outbox rows to Kafka."),
+    "ingest": LazyCommand(
+        "services.publisher.ingest.cli", "app", "Apply producers' signed commands from Kafka."
+    ),
     "tenants": LazyCommand("services.publisher.cli", "tenants_app", "Tenants and their API keys."),
     "documents": LazyCommand(
         "services.publisher.documents_cli",

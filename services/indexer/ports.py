@@ -127,6 +127,9 @@ class StoredVersion:
     content: bytes
     sha256: bytes
     size_bytes: int
+    # Retention removed the content (docs/architecture.md#document-lifecycle): ``content``
+    # is empty and the version can never be indexed again.
+    content_removed: bool = False
 
 
 class VersionSource(Protocol):

@@ -20,7 +20,8 @@ from services.embedding.guard.quota import Purpose
 from services.embedding.settings import load_embedding_settings
 from services.index.generation import IndexGeneration
 from services.indexer.gc.collector import GarbageCollector
-from services.indexer.gc.settings import GcSettings
+from services.indexer.gc.retention import RetentionCollector
+from services.indexer.gc.settings import GcSettings, RetentionSettings
 from services.indexer.generations.build import pipeline_builder
 from services.indexer.metrics import HintMetrics, QueueGaugeSampler, WorkerMetrics
 from services.indexer.pipeline.generations import GenerationPipelines, tenant_share_of
@@ -266,6 +267,7 @@ def run_workers(
     use_hints = settings.indexer_hints if hints is None else hints
     # Read before anything starts: a bad KB_INDEX_* stops the process with its name.
     collecting = load_settings(GcSettings)
+    retaining = load_settings(RetentionSettings)
     port = metrics_port if metrics_port is not None else settings.indexer_metrics_port
     if serve_metrics(port, settings.indexer_metrics_host):
         log.info("metrics.serving", host=settings.indexer_metrics_host, port=port)
@@ -290,12 +292,14 @@ def run_workers(
         collector = GarbageCollector(
             pool, keep_previous=collecting.keep_previous, batch_rows=collecting.gc_batch_rows
         )
+        retention = RetentionCollector(pool, retaining)
 
         async def main(stop: asyncio.Event) -> None:
             jobs = [
                 worker.run(stop),
                 sampler.run(stop),
                 collector.run(stop, interval_seconds=collecting.gc_interval_seconds),
+                retention.run(stop),
                 tenant_graphs.run(
                     stop,
                     generation.embedding_model,

@@ -14,6 +14,7 @@ from typing import Any
 
 import asyncpg
 
+from services.indexer.gc.settings import RetentionSettings
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.operator.settings import OperatorSettings
 from services.operator.store_pg import PgOperatorStore
@@ -35,6 +36,9 @@ class OperatorContext:
     store: PgOperatorStore
     requeue: Requeue
     backlog: Callable[[], Awaitable[Backlog]]
+    # KB_RETENTION_SUPERSEDED_DAYS as this process reads it: what the lifecycle page calls
+    # due (the indexers' own setting decides what is removed).
+    retention_days: int = RetentionSettings.model_fields["superseded_days"].default
 
 
 def build_operator_context(pool: asyncpg.Pool[Any], settings: OperatorSettings) -> OperatorContext:
@@ -52,4 +56,10 @@ def build_operator_context(pool: asyncpg.Pool[Any], settings: OperatorSettings) 
             return Backlog(None, None)
         return Backlog(found.rows, found.oldest_age_s)
 
-    return OperatorContext(settings, PgOperatorStore(pool), requeue, backlog)
+    return OperatorContext(
+        settings,
+        PgOperatorStore(pool),
+        requeue,
+        backlog,
+        retention_days=RetentionSettings().superseded_days,
+    )

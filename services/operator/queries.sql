@@ -89,26 +89,38 @@ SELECT date_trunc('minute', s.switched_at) AS minute,
    AND v.published_at IS NOT NULL
 
 -- name: tenants_page
--- $1 after tenant_id (keyset), $2 limit.
+-- $1 after tenant_id (keyset), $2 limit, $3 now (NULL: the database's). The ingest columns:
+-- commands applied in the last 15 minutes, and the slowest of their delays from Kafka to
+-- applied (docs/architecture.md#publish-by-event): a tenant whose commands wait.
 SELECT t.tenant_id, t.tier,
-       (SELECT count(*) FROM document d WHERE d.tenant_id = t.tenant_id) AS documents
+       (SELECT count(*) FROM document d WHERE d.tenant_id = t.tenant_id) AS documents,
+       i.commands AS ingest_commands, i.max_delay_seconds AS ingest_max_delay_seconds
   FROM tenant t
+  LEFT JOIN LATERAL (
+       SELECT count(*) AS commands,
+              max(extract(epoch FROM c.applied_at - c.sent_at))::float8 AS max_delay_seconds
+         FROM ingest_command c
+        WHERE c.tenant_id = t.tenant_id
+          AND c.applied_at >= coalesce($3::timestamptz, now()) - interval '15 minutes') AS i
+    ON true
  WHERE $1::text IS NULL OR t.tenant_id > $1
  ORDER BY t.tenant_id
  LIMIT $2
 
 -- name: documents_page
--- $1 tenant, $2 offset, $3 limit, $4 now. The status mirrors the publisher's rule: SEARCHABLE
+-- $1 tenant, $2 offset, $3 limit, $4 now. The status mirrors the publisher's rule: DELETED
+-- once deleted (an erased document too: the page's lifecycle view tells them apart), SEARCHABLE
 -- when the search version is the published one, FAILED when the published version's task
 -- is DEAD, INDEXING otherwise, NOT_PUBLISHED before the first publish.
 SELECT d.document_id, d.title, d.published_version, d.published_at, d.updated_at,
        s.version_number AS search_version,
        t.status AS task_status, t.error_code, t.attempts,
-       CASE WHEN d.published_version IS NULL THEN 'NOT_PUBLISHED'
+       CASE WHEN d.deleted_at IS NOT NULL THEN 'DELETED'
+            WHEN d.published_version IS NULL THEN 'NOT_PUBLISHED'
             WHEN s.version_number = d.published_version THEN 'SEARCHABLE'
             WHEN t.status = 'DEAD' THEN 'FAILED'
             ELSE 'INDEXING' END AS index_status,
-       CASE WHEN d.published_version IS NOT NULL
+       CASE WHEN d.published_version IS NOT NULL AND d.deleted_at IS NULL
              AND s.version_number IS DISTINCT FROM d.published_version
             THEN extract(epoch FROM coalesce($4::timestamptz, now()) - d.published_at)::float8
        END AS lag_seconds
@@ -128,16 +140,24 @@ SELECT d.document_id, d.title, d.published_version, d.published_at, d.updated_at
 SELECT count(*) FROM document WHERE tenant_id = $1
 
 -- name: document_header
+-- The document, its search pointer (a tombstone once deleted: no version served) and its
+-- erasure audit row, if any (erased_at NULL: the erase is in progress).
 SELECT d.document_id, d.tenant_id, d.title, d.revision, d.latest_version,
-       d.published_version, d.published_at,
-       s.version_number AS search_version, s.embedding_model, s.switched_at
+       d.published_version, d.published_at, d.deleted_at,
+       CASE WHEN s.deleted_at IS NULL THEN s.version_number END AS search_version,
+       s.embedding_model, s.switched_at,
+       e.requested_by AS erase_requested_by, e.key_id AS erase_key_id,
+       e.requested_at AS erase_requested_at, e.erased_at
   FROM document d
   LEFT JOIN document_search_version s
          ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
+  LEFT JOIN document_erasure e
+         ON e.tenant_id = d.tenant_id AND e.document_id = d.document_id
  WHERE d.tenant_id = $1 AND d.document_id = $2
 
 -- name: document_versions
-SELECT version_number, media_type, size_bytes, status, created_at, published_at
+SELECT version_number, media_type, size_bytes, status, created_at, published_at,
+       superseded_at, content_removed_at
   FROM document_version
  WHERE tenant_id = $1 AND document_id = $2
  ORDER BY version_number DESC
@@ -202,4 +222,51 @@ SELECT r.task_id, r.requeued_by, r.requeued_at, r.previous_error_code, t.tenant_
   FROM index_task_requeue r
   JOIN index_task t ON t.task_id = r.task_id
  ORDER BY r.requeue_id DESC
+ LIMIT $1
+
+-- name: lifecycle_totals
+-- $1 now, $2 the retention period in days (0: keep forever). The overview's and the
+-- lifecycle page's counts: deleted documents, erasures done and in progress, versions whose
+-- content retention removed (and their bytes as uploaded), and those due now.
+SELECT (SELECT count(*) FROM document WHERE deleted_at IS NOT NULL) AS deleted,
+       (SELECT count(*) FROM document_erasure WHERE erased_at IS NOT NULL) AS erased,
+       (SELECT count(*) FROM document_erasure WHERE erased_at IS NULL) AS erasing,
+       (SELECT count(*) FROM document_version WHERE content_removed_at IS NOT NULL)
+           AS removed_versions,
+       (SELECT coalesce(sum(size_bytes), 0) FROM document_version
+         WHERE content_removed_at IS NOT NULL)::bigint AS removed_bytes,
+       (SELECT count(*) FROM document_version
+         WHERE superseded_at IS NOT NULL AND content_removed_at IS NULL
+           AND $2::integer > 0
+           AND superseded_at <= coalesce($1::timestamptz, now())
+                                - make_interval(days => $2::integer)) AS retention_due
+
+-- name: recent_deletes
+-- $1 limit. The documents deleted last, newest first (ids and times only: a deleted
+-- document's title is shown on its own page until it is erased).
+SELECT d.tenant_id, d.document_id, d.deleted_at, e.erased_at,
+       e.requested_at AS erase_requested_at
+  FROM document d
+  LEFT JOIN document_erasure e
+         ON e.tenant_id = d.tenant_id AND e.document_id = d.document_id
+ WHERE d.deleted_at IS NOT NULL
+ ORDER BY d.deleted_at DESC, d.tenant_id, d.document_id
+ LIMIT $1
+
+-- name: recent_erasures
+-- $1 limit. The erasure audit (migration 0031): who asked (the key, or the CLI), when, and
+-- when it finished; in progress first, then newest first. No content: there is none left.
+SELECT e.tenant_id, e.document_id, e.requested_by, e.key_id, e.requested_at, e.erased_at
+  FROM document_erasure e
+ ORDER BY e.erased_at IS NOT NULL, e.requested_at DESC, e.tenant_id, e.document_id
+ LIMIT $1
+
+-- name: recent_retention
+-- $1 limit. The versions whose content retention removed last: which, how large, when
+-- superseded and when removed.
+SELECT v.tenant_id, v.document_id, v.version_number, v.size_bytes, v.superseded_at,
+       v.content_removed_at
+  FROM document_version v
+ WHERE v.content_removed_at IS NOT NULL
+ ORDER BY v.content_removed_at DESC, v.tenant_id, v.document_id, v.version_number
  LIMIT $1

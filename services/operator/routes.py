@@ -251,6 +251,7 @@ async def overview(request: Request, session: SessionDep) -> HTMLResponse:
             "switches": len(all_latencies),
         },
         expiring_within=context.settings.operator_expiring_within_seconds,
+        lifecycle=await store.lifecycle_totals(context.retention_days),
         rendered_at=end,
     )
 
@@ -307,6 +308,19 @@ async def document(
             what=f"document {document_id} of tenant {tenant_id}",
         )
     return _page(session, "document.html", tenant_id=tenant_id, doc=found)
+
+
+@router.get("/lifecycle")
+async def lifecycle(request: Request, session: SessionDep) -> HTMLResponse:
+    """Deletes, erasures (the audit table) and what retention removed."""
+    context = _context(request)
+    return _page(
+        session,
+        "lifecycle.html",
+        totals=await context.store.lifecycle_totals(context.retention_days),
+        recent=await context.store.lifecycle(context.settings.operator_page_size),
+        retention_days=context.retention_days,
+    )
 
 
 @router.get("/dead")

@@ -147,7 +147,7 @@ class PgOperatorStore:
     # --- tenants and documents -------------------------------------------------------------
 
     async def tenants(self, after: str | None, limit: int) -> list[dict[str, Any]]:
-        return await self._fetch("tenants_page", after, limit)
+        return await self._fetch("tenants_page", after, limit, self._now)
 
     async def documents(self, tenant_id: str, offset: int, limit: int) -> Page:
         rows = await self._fetch("documents_page", tenant_id, offset, limit, self._now)
@@ -167,6 +167,19 @@ class PgOperatorStore:
             "versions": await self._fetch("document_versions", tenant_id, document_id, limit),
             "tasks": await self._fetch("document_tasks", tenant_id, document_id, limit),
             "chunks": Page(chunks, chunk_offset, limit, int(chunk_total)),
+        }
+
+    # --- deletes, erasures, retention -------------------------------------------------------
+
+    async def lifecycle_totals(self, retention_days: int) -> dict[str, Any]:
+        [totals] = await self._fetch("lifecycle_totals", self._now, retention_days)
+        return totals
+
+    async def lifecycle(self, limit: int) -> dict[str, list[dict[str, Any]]]:
+        """The latest deletes, erasures (the audit rows) and versions retention emptied."""
+        return {
+            name: await self._fetch(f"recent_{name}", limit)
+            for name in ("deletes", "erasures", "retention")
         }
 
     # --- dead letters ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Final
 
 import typer
 
+from services.publisher.ingest.cli import ingest_keys_app
 from services.publisher.keys.cli import keys_app
 from services.publisher.keys.verification_cli import verification_keys_app
 from services.runtime.errors import BadInput
@@ -20,6 +21,7 @@ TIER_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 tenants_app.add_typer(keys_app, name="keys")
 tenants_app.add_typer(verification_keys_app, name="verification-keys")
+tenants_app.add_typer(ingest_keys_app, name="ingest-keys")
 
 
 @tenants_app.command("create")

@@ -331,6 +331,8 @@ class Publication:
     read_principals: frozenset[str]
     task_id: uuid.UUID
     occurred_at: datetime
+    # The ingest command the publish follows from (docs/architecture.md#publish-by-event).
+    command_id: uuid.UUID | None = None
 
 
 def publication_events(
@@ -360,6 +362,7 @@ def publication_events(
         "sizeBytes": version.size_bytes,
         "readPrincipals": sorted(p.read_principals),
         "indexTaskId": p.task_id,
+        "commandId": p.command_id,
     }
     id_ = event_id(DOCUMENT_VERSION_PUBLISHED, document.tenant_id, document.document_id, p.revision)
     events.append(_event(registry, DOCUMENT_VERSION_PUBLISHED, id_, p, published))
@@ -394,6 +397,7 @@ def deletion_event(
     document: LockedDocument,
     deletion: DocumentDeletion,
     occurred_at: datetime,
+    command_id: uuid.UUID | None = None,
 ) -> PendingEvent:
     """The delete's outbox event: ids and numbers, never content or a title (an event stays
     in Kafka until the topic's retention, whatever is erased later). One per document: a
@@ -408,6 +412,7 @@ def deletion_event(
         "revision": deletion.revision,
         "previousSearchVersion": deletion.previous_search_version,
         "cancelledTasks": deletion.cancelled_tasks,
+        "commandId": command_id,
         "occurredAt": occurred_at,
     }
     payload = registry.encode(DOCUMENT_DELETED, record)
@@ -443,11 +448,9 @@ class Publisher:
         media_type = await check_upload_off_loop(upload, self._max_upload_bytes)
         document_id = uuid.uuid4()
         async with self._store.transaction(tenant_id) as tx:
-            await tx.insert_document(tenant_id, document_id, clean_title, now)
-            await tx.insert_version(
-                _new_version(tenant_id, document_id, 1, upload.content, media_type), now
+            return await create_in(
+                tx, tenant_id, document_id, clean_title, upload.content, media_type, now
             )
-        return VersionCreated(document_id=document_id, version_number=1, revision=1)
 
     async def add_version(
         self,
@@ -459,9 +462,7 @@ class Publisher:
     ) -> VersionCreated:
         media_type = await check_upload_off_loop(upload, self._max_upload_bytes)
         async with self._store.transaction(tenant_id) as tx:
-            return await _add_version_in(
-                tx, tenant_id, document_id, upload.content, media_type, now
-            )
+            return await add_version_in(tx, tenant_id, document_id, upload.content, media_type, now)
 
     async def add_and_publish(
         self,
@@ -478,10 +479,10 @@ class Publisher:
         principals = check_principals(read_principals)
         media_type = await check_upload_off_loop(upload, self._max_upload_bytes)
         async with self._store.transaction(tenant_id) as tx:
-            created = await _add_version_in(
+            created = await add_version_in(
                 tx, tenant_id, document_id, upload.content, media_type, now
             )
-            return await self._publish_in(
+            return await self.publish_in(
                 tx,
                 tenant_id,
                 document_id,
@@ -515,21 +516,24 @@ class Publisher:
         """
         principals = check_principals(read_principals)
         async with self._store.transaction(tenant_id) as tx:
-            return await self._publish_in(
+            return await self.publish_in(
                 tx, tenant_id, document_id, version_number, expected_revision, principals, now
             )
 
-    async def _publish_in(
+    async def publish_in(
         self,
         tx: PublishTransaction,
         tenant_id: str,
         document_id: uuid.UUID,
         version_number: int,
-        expected_revision: int,
+        expected_revision: int | None,
         principals: frozenset[str],
         now: datetime | None,
+        command_id: uuid.UUID | None = None,
     ) -> PublishOutcome:
-        """``publish``'s work inside ``tx``."""
+        """``publish``'s work inside ``tx`` (the ingest consumer's too: its command is
+        recorded in the same transaction). ``expected_revision`` None: no revision check
+        (an ingest command of a document applies in its topic order)."""
         document = await _lock_live_document(tx, tenant_id, document_id)
         version = await tx.get_version(tenant_id, document_id, version_number)
         if version is None:
@@ -547,7 +551,7 @@ class Publisher:
                 return PublishOutcome(
                     document_id, version_number, document.revision, existing, changed=False
                 )
-        if expected_revision != document.revision:
+        if expected_revision is not None and expected_revision != document.revision:
             raise RevisionConflict(expected_revision, document.revision)
         if document.published_version is not None and version_number < (document.published_version):
             # Search only ever moves forward: an older version would never be served.
@@ -576,7 +580,7 @@ class Publisher:
         # last (services/publisher/queries.sql: lock_search_pointer gives the order).
         await tx.replace_acl(tenant_id, document_id, version_number, principals)
         publication = Publication(
-            document, version, revision, principals, task.task_id, _occurred_at(now)
+            document, version, revision, principals, task.task_id, _occurred_at(now), command_id
         )
         for event in publication_events(self._registry, publication, task.created):
             await tx.add_event(event)
@@ -602,30 +606,24 @@ class Publisher:
         an erasure store wired). The search token is read after the commit, so it covers
         it."""
         async with self._store.transaction(tenant_id) as tx:
-            document = await _lock_document(tx, tenant_id, document_id)
-            if document.deleted_at is not None:
-                revision, deleted_at, changed = document.revision, document.deleted_at, False
-            else:
-                if expected_revision != document.revision:
-                    raise RevisionConflict(expected_revision, document.revision)
-                deletion = await tx.delete_document(document, now)
-                await tx.add_event(
-                    deletion_event(self._registry, document, deletion, _occurred_at(now))
-                )
-                revision, deleted_at, changed = deletion.revision, deletion.deleted_at, True
-        if changed and self._erasure is not None:
-            await self._remove_leftovers(tenant_id, document_id)
+            revision, deleted_at, changed = await self.delete_in(
+                tx, tenant_id, document_id, expected_revision, now
+            )
+        if changed:
+            await self.remove_leftovers(tenant_id, document_id)
         token = await self._store.primary_search_token()
         return DeleteOutcome(document_id, revision, deleted_at, token, changed)
 
-    async def _remove_leftovers(self, tenant_id: str, document_id: uuid.UUID) -> None:
+    async def remove_leftovers(self, tenant_id: str, document_id: uuid.UUID) -> None:
         """A deleted document's chunks serve nothing any more (the tombstone matches none,
         for good): they go after the delete's commit, in the erase's bounded batches, which
         hold no lock a publish or a search waits for. The delete is done whatever happens
         here: a failure (or a crash) leaves them to `kb index check --repair`
         (DELETED_CHUNKS) rather than fail an answer whose delete committed. The versions
-        stay, for the erase."""
-        assert self._erasure is not None
+        stay, for the erase. Without an erasure store wired, nothing is removed here.
+        Run after the commit of any delete (``delete_in`` inside another transaction)."""
+        if self._erasure is None:
+            return
         try:
             await self._erasure.remove_deleted_leftovers(
                 tenant_id, document_id, batch_rows=self._erase_batch_rows
@@ -638,6 +636,28 @@ class Publisher:
                 error_code=error.code,
             )
 
+    async def delete_in(
+        self,
+        tx: PublishTransaction,
+        tenant_id: str,
+        document_id: uuid.UUID,
+        expected_revision: int | None,
+        now: datetime | None,
+        command_id: uuid.UUID | None = None,
+    ) -> tuple[int, datetime, bool]:
+        """``delete_document``'s work inside ``tx``: the revision the delete committed,
+        when, and whether this call wrote it. ``expected_revision`` None: no check."""
+        document = await _lock_document(tx, tenant_id, document_id)
+        if document.deleted_at is not None:
+            return document.revision, document.deleted_at, False
+        if expected_revision is not None and expected_revision != document.revision:
+            raise RevisionConflict(expected_revision, document.revision)
+        deletion = await tx.delete_document(document, now)
+        await tx.add_event(
+            deletion_event(self._registry, document, deletion, _occurred_at(now), command_id)
+        )
+        return deletion.revision, deletion.deleted_at, True
+
     async def erase_document(
         self,
         tenant_id: str,
@@ -646,6 +666,7 @@ class Publisher:
         *,
         now: datetime | None = None,
         between_batches: Callable[[str], Awaitable[None]] | None = None,
+        command_id: uuid.UUID | None = None,
     ) -> EraseOutcome:
         """Erase the document's content (docs/architecture.md#document-lifecycle). Erase
         implies delete: one transaction deletes a live document (as ``delete_document``
@@ -662,7 +683,9 @@ class Publisher:
             if deleted_at is None:
                 deletion = await tx.delete_document(document, now)
                 await tx.add_event(
-                    deletion_event(self._registry, document, deletion, _occurred_at(now))
+                    deletion_event(
+                        self._registry, document, deletion, _occurred_at(now), command_id
+                    )
                 )
                 deleted_at = deletion.deleted_at
             record = await tx.start_erasure(tenant_id, document_id, request, now)
@@ -712,7 +735,23 @@ async def _lock_live_document(
     return document
 
 
-async def _add_version_in(
+async def create_in(
+    tx: PublishTransaction,
+    tenant_id: str,
+    document_id: uuid.UUID,
+    title: str,
+    content: bytes,
+    media_type: str,
+    now: datetime | None,
+) -> VersionCreated:
+    """``create_document``'s work inside ``tx``: the document and its version 1, a DRAFT
+    (``title`` checked by the caller)."""
+    await tx.insert_document(tenant_id, document_id, title, now)
+    await tx.insert_version(_new_version(tenant_id, document_id, 1, content, media_type), now)
+    return VersionCreated(document_id=document_id, version_number=1, revision=1)
+
+
+async def add_version_in(
     tx: PublishTransaction,
     tenant_id: str,
     document_id: uuid.UUID,

@@ -25,6 +25,9 @@ TENANT_MESSAGES: Final = {
     "EMBEDDING_MODEL_CHANGED": "The embedding model changed while indexing.",
     "LEASE_ATTEMPTS_EXHAUSTED": "Indexing was interrupted too many times.",
     "DOCUMENT_DELETED": "The document was deleted; its indexing was stopped.",
+    "VERSION_CONTENT_REMOVED": (
+        "The version was superseded and its content removed by retention; publish a new one."
+    ),
 }
 INTERNAL_FAILURE_MESSAGE: Final = "Indexing failed; an operator can see the details."
 

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import KW_ONLY, asdict, dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import asyncpg
 
@@ -285,6 +285,10 @@ class PgPublishTransaction:
 # Mutable (read_status_on) and compared by identity, as the plain class it was.
 @dataclass(eq=False)
 class PgPublisherStore:
+    # What ``transaction`` yields: the ingest consumer's store yields its own kind
+    # (services/publisher/ingest/store_pg.py), the same transaction with more statements.
+    transaction_class: ClassVar[type[PgPublishTransaction]] = PgPublishTransaction
+
     pool: asyncpg.Pool[Any]
     _: KW_ONLY
     # A request waits this long for a connection, then answers 503: with every connection
@@ -311,7 +315,7 @@ class PgPublisherStore:
                 tenant_transaction(conn, tenant_id, row_security=self.row_security),
             ):
                 # The pool's proxy forwards every call to the connection it wraps.
-                yield PgPublishTransaction(cast("asyncpg.Connection[Any]", conn))
+                yield self.transaction_class(cast("asyncpg.Connection[Any]", conn))
 
     async def api_key(
         self, tenant_id: str, key_hash: bytes, now: datetime | None = None

@@ -71,6 +71,9 @@ async def test_schema_has_every_table_and_key_of_the_design(
             "sha256",
             "size_bytes",
             "status",
+            # Migration 0032: retention of superseded versions' content.
+            "superseded_at",
+            "content_removed_at",
         },
         "document_acl": {"tenant_id", "document_id", "principal", "permission"},
         "document_version_acl": {

@@ -229,3 +229,37 @@ async def test_static_assets(pool: asyncpg.Pool[Any], database_url: str, path: s
     assert response.status_code == 200
     assert response.headers["content-type"].startswith(("text/css", "text/javascript"))
     assert len(response.content) > 100
+
+
+async def test_tenants_page_shows_each_tenants_recent_ingest_commands_and_delay(
+    pool: asyncpg.Pool[Any], database_url: str
+) -> None:
+    await ensure_tenant(pool, "acme", "standard")
+    await ensure_tenant(pool, "beta", "standard")
+    # Two commands of acme's applied in the window, one 7.5 s after it reached Kafka; one
+    # older than the window, whose delay does not count.
+    await pool.executemany(
+        """INSERT INTO ingest_command (tenant_id, command_id, command_type, sent_at, applied_at)
+           VALUES ('acme', $1, 'PublishDocument', now() - $2::text::interval,
+                   now() - $3::text::interval)""",
+        [
+            (uuid.uuid4(), "62.5 seconds", "55 seconds"),
+            (uuid.uuid4(), "2 seconds", "1 second"),
+            (uuid.uuid4(), "2 hours", "1 hour"),
+        ],
+    )
+    async with operator_client(pool, operator_settings(database_url)) as client:
+        await sign_in(client)
+        page = (await client.get("/ui/tenants")).text
+
+    def tenant_cell(tenant: str, metric: str) -> str:
+        row = re.search(rf'<tr data-tenant="{tenant}">(.*?)</tr>', page, re.S)
+        assert row is not None
+        value = re.search(rf'data-metric="{metric}">([^<]*)<', row.group(1))
+        assert value is not None
+        return value.group(1)
+
+    assert tenant_cell("acme", "ingest-commands") == "2"
+    assert tenant_cell("acme", "ingest-delay") == "7.5 s"
+    assert tenant_cell("beta", "ingest-commands") == "0"
+    assert tenant_cell("beta", "ingest-delay") == "\u2014"

@@ -6,6 +6,7 @@ right scope is let through (so each refusal is the credential's doing, not the r
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -87,6 +88,17 @@ async def _erase(world: World, caller: Caller) -> httpx.Response:
     )
 
 
+async def _add_ingest_key(world: World, caller: Caller) -> httpx.Response:
+    # 31 bytes are no Ed25519 key: with an admin key this answers 400 and registers nothing.
+    body = {"keyId": "k1", "publicKey": base64.b64encode(b"x" * 31).decode()}
+    return await world.client.post(caller.path("/ingest-keys"), json=body, headers=caller.headers)
+
+
+async def _revoke_ingest_key(world: World, caller: Caller) -> httpx.Response:
+    # No such key: with an admin key this answers 404 and revokes nothing.
+    return await world.client.delete(caller.path("/ingest-keys/none"), headers=caller.headers)
+
+
 async def _index_task(world: World, caller: Caller) -> httpx.Response:
     return await world.client.get(
         caller.path(f"/index-tasks/{uuid.uuid4()}"), headers=caller.headers
@@ -151,6 +163,16 @@ ENDPOINTS = {
         "/v1/tenants/{tenantId}/documents/{documentId}/erase",
         Scope.ADMIN,
         _erase,
+        frozenset({404}),
+    ),
+    "add_ingest_key": Endpoint(
+        "POST", "/v1/tenants/{tenantId}/ingest-keys", Scope.ADMIN, _add_ingest_key, frozenset({400})
+    ),
+    "revoke_ingest_key": Endpoint(
+        "DELETE",
+        "/v1/tenants/{tenantId}/ingest-keys/{keyId}",
+        Scope.ADMIN,
+        _revoke_ingest_key,
         frozenset({404}),
     ),
     "index_task": Endpoint(

@@ -27,9 +27,10 @@ from services.embedding.hashing import HashingEmbedder
 from services.operator.auth import digest, new_operator_key
 from services.operator.context import build_operator_context
 from services.publisher.bulk.store_pg import PgBulkStore
+from services.publisher.ingest.store_pg import PgIngestStore
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.publisher.settings import PublisherSettings
-from services.publisher.store_pg import PgPublisherStore, PgTenantStore
+from services.publisher.store_pg import PgTenantStore
 from services.runtime.auth.keys import PrincipalSource, Scope
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.tokens import checked_key_material
@@ -283,7 +284,7 @@ async def world_app(
         )
         app = create_app(
             publisher_settings,
-            store=PgPublisherStore(pool),
+            store=PgIngestStore(pool),
             bulk_store=PgBulkStore(pool),
             erasure_store=PgErasureStore(pool),
             searcher=Searcher(embedder, index),

@@ -15,8 +15,9 @@ import httpx
 from fastapi import FastAPI
 
 from services.publisher.bulk.store_pg import PgBulkStore
+from services.publisher.ingest.store_pg import PgIngestStore
 from services.publisher.settings import PublisherSettings
-from services.publisher.store_pg import PgPublisherStore, PgTenantStore, open_publisher_pool
+from services.publisher.store_pg import PgTenantStore, open_publisher_pool
 from services.publisher.web.api import create_app
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.erasure.erase_pg import PgErasureStore
@@ -81,7 +82,7 @@ async def publisher_harness(
     try:
         app = create_app(
             publisher_settings,
-            store=PgPublisherStore(pool),
+            store=PgIngestStore(pool),
             bulk_store=PgBulkStore(pool),
             erasure_store=PgErasureStore(pool),
             auth_settings=auth_settings,

@@ -30,6 +30,9 @@ EVENT_TYPES = [
     "DocumentSearchVersionSwitched",
     "DocumentDeleted",
 ]
+# Schemas that evolved (the command id, issue 44): the version before is kept as .v1 so its
+# payloads still decode.
+EVOLVED = ["DocumentVersionPublished", "DocumentSearchVersionSwitched", "DocumentDeleted"]
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
@@ -66,7 +69,8 @@ def _sample(event_type: str) -> dict[str, Any]:
             "cancelledTasks": 2,
         },
     }
-    return {**common, **specific[event_type]}
+    evolved = {"commandId": uuid.uuid4()} if event_type in EVOLVED else {}
+    return {**common, **specific[event_type], **evolved}
 
 
 def _raw(event_type: str) -> dict[str, Any]:
@@ -232,4 +236,25 @@ def test_badly_named_schema_files_are_refused(
 
 def test_every_file_in_schemas_is_loaded() -> None:
     files = sorted(p.name for p in schemas_dir().glob("*.avsc"))
-    assert files == sorted(f"{name}.avsc" for name in EVENT_TYPES)
+    assert files == sorted(
+        [f"{name}.avsc" for name in EVENT_TYPES] + [f"{name}.v1.avsc" for name in EVOLVED]
+    )
+
+
+@pytest.mark.parametrize("event_type", EVOLVED)
+def test_events_written_before_the_command_id_decode_with_it_empty(event_type: str) -> None:
+    registry = default_registry()
+    old = parse_schema(_raw_file(f"{event_type}.v1.avsc"))
+    record = {k: v for k, v in _sample(event_type).items() if k != "commandId"}
+    before = SchemaRegistry(current=[old]).encode(event_type, record)
+    assert registry.decode(before).record == {**record, "commandId": None}
+    command_id = uuid.uuid4()
+    now = registry.encode(event_type, {**record, "commandId": command_id})
+    assert registry.decode(now).record["commandId"] == command_id
+    # A consumer still on the schema before reads the new payload, the field skipped.
+    assert registry.decode(now, reader=old).record == record
+
+
+def _raw_file(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((schemas_dir() / name).read_text())
+    return loaded

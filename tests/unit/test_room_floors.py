@@ -27,8 +27,19 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"domain"}),
         frozenset({"store_pg", "metrics"}),
         frozenset({"bulk", "keys"}),
+        frozenset({"ingest"}),
         frozenset({"web"}),
         frozenset({"cli", "documents_cli"}),
+    ),
+    # Publish by event: the commands and their signatures, settings, ports and counters;
+    # the apply step; its store and the record's processing; the Kafka loop; `kb ingest`.
+    "services.publisher.ingest": (
+        frozenset({"commands", "signing", "settings", "metrics"}),
+        frozenset({"ports"}),
+        frozenset({"apply"}),
+        frozenset({"store_pg", "process"}),
+        frozenset({"consumer_kafka"}),
+        frozenset({"cli"}),
     ),
     "services.publisher.bulk": (frozenset({"domain", "form"}), frozenset({"store_pg"})),
     "services.publisher.keys": (
@@ -38,7 +49,16 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
     ),
     "services.publisher.web": (
         frozenset({"middleware", "links", "wire", "readiness"}),
-        frozenset({"body_limit", "request_metrics", "routes", "bulk_routes", "ops_routes"}),
+        frozenset(
+            {
+                "body_limit",
+                "request_metrics",
+                "routes",
+                "bulk_routes",
+                "ops_routes",
+                "ingest_key_routes",
+            }
+        ),
         frozenset({"upload_budget"}),
         frozenset({"api"}),
         frozenset({"openapi", "server"}),
@@ -81,7 +101,7 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"cli"}),
         frozenset({"maintenance"}),
     ),
-    "services.indexer.gc": (frozenset({"settings"}), frozenset({"collector"})),
+    "services.indexer.gc": (frozenset({"settings"}), frozenset({"collector", "retention"})),
     "services.indexer.queue": (
         frozenset({"attempt", "completions", "hints"}),
         frozenset({"store_pg", "worker", "hints_kafka"}),

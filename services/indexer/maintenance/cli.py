@@ -10,6 +10,8 @@ generations -- `kb index generations ...` (services/indexer/generations/cli.py).
 
 gc -- stderr: the chunks collected. Exit 0.
 
+retention -- stderr: the superseded versions whose content was removed. Exit 0.
+
 tenant-graphs -- stdout: one line per graph built; stderr: the summary. Exit 0 when every
 large tenant of every registered model has its graph, 1 when another process was building
 them (run it again later).
@@ -207,6 +209,32 @@ def gc(
 
     clean, chunks = with_pool(settings, 1, _work)
     typer.echo(f"index gc: {chunks} chunks collected, {clean} documents clean", err=True)
+
+
+@index_app.command("retention")
+def retention() -> None:
+    """Remove superseded versions' content now (`kb indexer run` does it every
+    KB_RETENTION_INTERVAL_SECONDS): the bytes and chunks of versions superseded for
+    KB_RETENTION_SUPERSEDED_DAYS by the database's clock (0: keep forever), never a served,
+    published or in-flight version's. stderr: what was removed."""
+    from services.indexer.gc.retention import RetentionCollector, RetentionPass
+    from services.indexer.gc.settings import RetentionSettings
+    from services.indexer.pool import load_settings, with_pool
+    from services.runtime.logging import configure_logging
+
+    settings = load_settings()
+    retaining = cli_support.load_settings(RetentionSettings)
+    configure_logging(settings.log_level, settings.log_format, service="indexer")
+
+    async def _work(pool: asyncpg.Pool[Any]) -> RetentionPass:
+        return await RetentionCollector(pool, retaining).collect()
+
+    done = with_pool(settings, 1, _work)
+    typer.echo(
+        f"index retention: {done.versions} versions' content removed ({done.bytes} bytes,"
+        f" {done.chunks} chunks), keeping {retaining.superseded_days} days",
+        err=True,
+    )
 
 
 @index_app.command("tenant-graphs")

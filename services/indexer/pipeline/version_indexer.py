@@ -198,6 +198,12 @@ class PipelineIndexer:
                 ErrorCode.DOCUMENT_VERSION_MISSING,
                 f"document {lease.document_id} version {lease.version_number} does not exist",
             )
+        if version.content_removed:
+            raise IndexingFailed(
+                ErrorCode.VERSION_CONTENT_REMOVED,
+                f"document {lease.document_id} version {lease.version_number} was superseded"
+                " and its content removed by retention",
+            )
         # The stored bytes must be the ones published: a mismatch is corruption, and
         # indexing it would make wrong content searchable.
         if len(version.content) != version.size_bytes:

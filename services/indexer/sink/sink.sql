@@ -90,7 +90,8 @@ RETURNING c.document_id
 -- is the document's first pointer. A previous_version other than the row's version means the
 -- pointer moved to this version: the sink then makes its ACL the served one in this
 -- transaction (services/runtime/tenancy/served_acl.sql: apply_served_acl, issue 29 item 1).
--- One row back per pointer that changed, with its tenant and document.
+-- One row back per pointer that changed, with its tenant and document, and the ingest
+-- command whose publish created the task (migration 0033; NULL: none), for the event.
 INSERT INTO document_search_version AS s (tenant_id, document_id, version_number,
                                           embedding_model, chunking_strategy, chunk_count,
                                           task_id, switched_at)
@@ -120,7 +121,12 @@ ON CONFLICT (tenant_id, document_id) DO UPDATE
         AND (s.chunking_strategy, s.chunk_count)
             IS DISTINCT FROM (EXCLUDED.chunking_strategy, EXCLUDED.chunk_count))
 RETURNING new.tenant_id, new.document_id, old.version_number AS previous_version,
-          new.switched_at
+          new.switched_at,
+          (SELECT c.command_id
+             FROM ingest_command AS c
+            WHERE c.tenant_id = new.tenant_id AND c.task_id = new.task_id
+            ORDER BY c.applied_at, c.command_id
+            LIMIT 1) AS command_id
 
 -- name: known_embeddings
 -- $1 tenant, $2 model, $3 strategy, $4 dimension, $5 digests. One probe of

@@ -83,6 +83,9 @@ def switched_event(
             "embeddingModel": generation.embedding_model,
             "chunkCount": chunk_count,
             "taskId": str(lease.task_id),
+            # The ingest command that published the version (docs/architecture.md#publish-
+            # by-event), so its producer correlates without polling.
+            "commandId": switched.get("command_id"),
             "occurredAt": switched["switched_at"],
         },
     )

@@ -21,6 +21,7 @@ from services.publisher.ports import ErasureStore, PublisherStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.web.body_limit import BodyLimitMiddleware
 from services.publisher.web.bulk_routes import bulk_router
+from services.publisher.web.ingest_key_routes import ingest_key_router
 from services.publisher.web.ops_routes import ops_router
 from services.publisher.web.readiness import ReadinessProbe
 from services.publisher.web.request_metrics import MetricsMiddleware
@@ -58,13 +59,15 @@ def create_app(
             yield
             return
         from services.publisher.bulk.store_pg import PgBulkStore
-        from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
+        from services.publisher.ingest.store_pg import PgIngestStore
+        from services.publisher.store_pg import open_publisher_pool
         from services.runtime.erasure.erase_pg import PgErasureStore
 
         pool = await open_publisher_pool(settings)
         _use_store(
             app,
-            PgPublisherStore(
+            # The publisher's store, with the ingest keys an admin key manages.
+            PgIngestStore(
                 pool,
                 acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,
                 readiness_timeout_seconds=settings.publisher_readiness_timeout_seconds,
@@ -111,6 +114,7 @@ def create_app(
     install_problem_handlers(app)
     app.include_router(tenant_router)
     app.include_router(bulk_router(bearer))
+    app.include_router(ingest_key_router(bearer))
     app.include_router(ops_router)
     # Added innermost first.
     app.add_middleware(

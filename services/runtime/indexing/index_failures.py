@@ -43,6 +43,10 @@ class ErrorCode:
     # ends its unfinished tasks with it, and a completion that finds the search pointer a
     # tombstone writes nothing and ends with it. A delete is final: no attempt can cure it.
     DOCUMENT_DELETED: ClassVar[str] = "DOCUMENT_DELETED"
+    # The task's version was superseded and retention removed its content (KB_RETENTION_*):
+    # a requeue or re-run of an old version's task has nothing to read. Final for the
+    # version; publish a new one.
+    VERSION_CONTENT_REMOVED: ClassVar[str] = "VERSION_CONTENT_REMOVED"
 
 
 TERMINAL_CODES: Final[frozenset[str]] = frozenset(
@@ -60,6 +64,7 @@ TERMINAL_CODES: Final[frozenset[str]] = frozenset(
         ErrorCode.INTERNAL_ERROR,
         ErrorCode.GENERATION_RETIRED,
         ErrorCode.DOCUMENT_DELETED,
+        ErrorCode.VERSION_CONTENT_REMOVED,
     }
 )
 

@@ -29,6 +29,10 @@ EVENT_ID_NAMESPACE: Final = uuid.UUID("6f1c54a2-3b8e-5d0a-9c1e-2b7d4e8f0a13")
 
 INDEX_HINTS_TOPIC: Final = "kb.index-hints."
 DOCUMENT_EVENTS_TOPIC: Final = "kb.document-events"
+# Publish by event (docs/architecture.md#publish-by-event): producers' signed commands, and
+# the records that could not apply, per tier.
+INGEST_TOPIC: Final = "kb.ingest."
+INGEST_DEAD_TOPIC: Final = "kb.ingest-dead."
 
 
 def event_id(event_type: str, *parts: object) -> uuid.UUID:
@@ -54,3 +58,16 @@ def topic_for(event_type: str, tier: str, prefix: str = "") -> str:
 
 def indexer_consumer_group(tier: str) -> str:
     return f"kb-indexer.{tier}"
+
+
+def ingest_topic(tier: str, prefix: str = "") -> str:
+    """Where producers send a tier's commands (consumer group ``kb-ingest.<tier>``)."""
+    return f"{prefix}{INGEST_TOPIC}{tier}"
+
+
+def ingest_dead_topic(tier: str, prefix: str = "") -> str:
+    return f"{prefix}{INGEST_DEAD_TOPIC}{tier}"
+
+
+def ingest_consumer_group(tier: str) -> str:
+    return f"kb-ingest.{tier}"

@@ -22,7 +22,14 @@ from kb_client._core import (
     file_part,
     tenant_path,
 )
-from kb_client.models import PublishRequest, ReadAcl, SearchBody, SearchFilterBody, SearchMode
+from kb_client.models import (
+    IngestKeyRequest,
+    PublishRequest,
+    ReadAcl,
+    SearchBody,
+    SearchFilterBody,
+    SearchMode,
+)
 
 log = logging.getLogger("kb_client")
 
@@ -36,6 +43,8 @@ OPERATIONS = {
     "document_status": "document_status",
     "delete_document": "delete_document",
     "erase_document": "erase_document",
+    "add_ingest_key": "add_ingest_key",
+    "revoke_ingest_key": "revoke_ingest_key",
     "index_task": "index_task",
     "search": "search",
 }
@@ -127,6 +136,19 @@ class ClientBase:
     def _erase(self, document_id: uuid.UUID | str) -> Call:
         # Safe to send again: a repeat answers what the erase did, or finishes it.
         return Call("POST", self._path(f"/documents/{_id(document_id)}/erase"), Retry.SAFE)
+
+    def _add_ingest_key(self, key_id: str, public_key: str) -> Call:
+        # Not sent again after a lost answer: the repeat would answer 409 for the key added.
+        body = IngestKeyRequest(key_id=key_id, public_key=public_key)
+        return Call(
+            "POST",
+            self._path("/ingest-keys"),
+            Retry.REFUSED_ONLY,
+            json=body.model_dump(mode="json", by_alias=True),
+        )
+
+    def _revoke_ingest_key(self, key_id: str) -> Call:
+        return Call("DELETE", self._path(f"/ingest-keys/{key_id}"), Retry.REFUSED_ONLY)
 
     def _status(self, document_id: uuid.UUID | str) -> Call:
         return Call("GET", self._path(f"/documents/{_id(document_id)}"), Retry.SAFE)

@@ -34,6 +34,7 @@ from kb_client.models import (
     DocumentStatusResponse,
     EraseResponse,
     IndexTaskResponse,
+    IngestKeyResponse,
     PublishResponse,
     SearchMode,
     SearchResponse,
@@ -142,6 +143,15 @@ class AsyncKbClient(ClientBase):
         erased = await self._send(self._erase(document_id), EraseResponse)
         self.tokens.remember(erased.search_token)
         return erased
+
+    async def add_ingest_key(self, key_id: str, public_key: str) -> IngestKeyResponse:
+        """Register an Ed25519 public key (base64 of its 32 bytes) the tenant's producers
+        sign ingest commands with (an ``admin`` key only)."""
+        return await self._send(self._add_ingest_key(key_id, public_key), IngestKeyResponse)
+
+    async def revoke_ingest_key(self, key_id: str) -> IngestKeyResponse:
+        """Revoke an ingest key at once (an ``admin`` key only)."""
+        return await self._send(self._revoke_ingest_key(key_id), IngestKeyResponse)
 
     async def index_task(self, task_id: uuid.UUID | str) -> IndexTaskResponse:
         return await self._send(self._index_task(task_id), IndexTaskResponse)

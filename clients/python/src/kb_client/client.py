@@ -33,6 +33,7 @@ from kb_client.models import (
     DocumentStatusResponse,
     EraseResponse,
     IndexTaskResponse,
+    IngestKeyResponse,
     PublishResponse,
     SearchMode,
     SearchResponse,
@@ -137,6 +138,15 @@ class KbClient(ClientBase):
         erased = self._send(self._erase(document_id), EraseResponse)
         self.tokens.remember(erased.search_token)
         return erased
+
+    def add_ingest_key(self, key_id: str, public_key: str) -> IngestKeyResponse:
+        """Register an Ed25519 public key (base64 of its 32 bytes) the tenant's producers
+        sign ingest commands with (an ``admin`` key only)."""
+        return self._send(self._add_ingest_key(key_id, public_key), IngestKeyResponse)
+
+    def revoke_ingest_key(self, key_id: str) -> IngestKeyResponse:
+        """Revoke an ingest key at once (an ``admin`` key only)."""
+        return self._send(self._revoke_ingest_key(key_id), IngestKeyResponse)
 
     def index_task(self, task_id: uuid.UUID | str) -> IndexTaskResponse:
         return self._send(self._index_task(task_id), IndexTaskResponse)

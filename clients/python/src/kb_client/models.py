@@ -118,6 +118,17 @@ class DocumentStatusResponse(ApiModel):
     search_token: str | None = None
 
 
+class IngestKeyRequest(ApiModel):
+    key_id: str
+    public_key: str
+
+
+class IngestKeyResponse(ApiModel):
+    key_id: str
+    created_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
 class DeleteResponse(ApiModel):
     document_id: uuid.UUID
     revision: int
@@ -230,6 +241,8 @@ SCHEMAS: dict[str, type[BaseModel]] = {
         DocumentStatusResponse,
         DeleteResponse,
         EraseResponse,
+        IngestKeyRequest,
+        IngestKeyResponse,
         IndexTaskResponse,
         BulkItemResult,
         BulkResponse,

@@ -1,0 +1,209 @@
+"""The aiokafka side of `kb ingest`: the tier's consumer group, the dead-letter producer.
+
+Never skip (the relay's rule, services/relay/outbox_pg.py, the other way round): an offset
+is committed only after its record is done -- its transaction committed, or its dead letter
+acknowledged by the broker -- and only up to the first record not done. A transient failure
+retries the same record with backoff; a crash anywhere redelivers from the last commit, and
+a command applied before answers from its record (services/publisher/ingest/apply.py).
+The partitions of one batch are handled side by side, each in its offset order: a
+document's commands share a partition (the producer keys them by tenant and document), so
+they apply in the order sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
+
+from services.publisher.ingest.metrics import IngestMetrics
+from services.publisher.ingest.ports import IngestRecord
+from services.publisher.ingest.process import Handled
+from services.publisher.ingest.settings import IngestSettings
+from services.runtime.backoff import Backoff
+from services.runtime.errors import KafkaUnavailable, KbError
+from services.runtime.logging import get_logger
+from services.runtime.messaging.events import ingest_dead_topic
+from services.runtime.messaging.kafka import kafka_client_kwargs
+from services.runtime.signals import ignoring_foreign_cancellation
+
+log = get_logger(__name__)
+
+PROBLEM_CODE_HEADER = "kb-problem-code"
+PROBLEM_DETAIL_HEADER = "kb-problem-detail"
+SOURCE_HEADER = "kb-source"  # topic/partition/offset the dead letter was read at
+DEAD_LETTER_HEADERS = frozenset({PROBLEM_CODE_HEADER, PROBLEM_DETAIL_HEADER, SOURCE_HEADER})
+MAX_DETAIL_CHARS = 1000
+
+Handler = Callable[[IngestRecord], Awaitable[Handled]]
+
+
+def to_record(message: Any) -> IngestRecord:
+    headers = {k: v for k, v in (message.headers or ()) if isinstance(v, bytes)}
+    sent_at = None
+    if message.timestamp is not None and message.timestamp >= 0:
+        sent_at = datetime.fromtimestamp(message.timestamp / 1000, UTC)
+    return IngestRecord(
+        message.topic,
+        message.partition,
+        message.offset,
+        message.key,
+        message.value,
+        headers,
+        sent_at,
+    )
+
+
+async def create_topics(settings: IngestSettings, names: Iterable[str]) -> None:
+    """Create ``names`` unless they exist; a broker that forbids it is logged, not fatal
+    (the topics are then the operator's to create)."""
+    admin = AIOKafkaAdminClient(**kafka_client_kwargs(settings))
+    try:
+        await admin.start()
+        for name in names:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(
+                    [NewTopic(name, settings.ingest_topic_partitions, replication_factor=1)]
+                )
+    except KafkaError as error:
+        log.warning("ingest.topics_not_created", error=type(error).__name__)
+    finally:
+        await admin.close()
+
+
+class KafkaDeadLetters:
+    """The tier's dead-letter topic: the record's key, value and headers as read, plus the
+    problem and where it was read, so `kb ingest replay-dead` can apply it again."""
+
+    def __init__(self, settings: IngestSettings, tier: str) -> None:
+        self._topic = ingest_dead_topic(tier, settings.kafka_topic_prefix)
+        self._producer = AIOKafkaProducer(
+            acks="all", enable_idempotence=True, **kafka_client_kwargs(settings)
+        )
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def close(self) -> None:
+        await ignoring_foreign_cancellation(self._producer.stop())
+
+    async def send(self, record: IngestRecord, code: str, detail: str) -> None:
+        headers = [(k, v) for k, v in record.headers.items() if k not in DEAD_LETTER_HEADERS]
+        headers += [
+            (PROBLEM_CODE_HEADER, code.encode()),
+            (PROBLEM_DETAIL_HEADER, detail[:MAX_DETAIL_CHARS].encode("utf-8", "replace")),
+            (SOURCE_HEADER, f"{record.topic}/{record.partition}/{record.offset}".encode()),
+        ]
+        try:
+            await self._producer.send_and_wait(
+                self._topic, record.value, key=record.key, headers=headers
+            )
+        except KafkaError as error:
+            raise KafkaUnavailable(f"the dead letter was not acknowledged: {error!r}") from error
+
+
+@dataclass
+class IngestLoop:
+    """Reads a batch, hands each partition's records to ``handle`` in offset order (the
+    partitions side by side), commits what is done."""
+
+    consumer: AIOKafkaConsumer
+    handle: Handler
+    tier: str
+    metrics: IngestMetrics
+    backoff: Backoff
+    batch_size: int
+    poll_timeout_seconds: float
+    # Tests: awaited with the count of records done so far, before a batch's commit.
+    before_commit: Callable[[int], Awaitable[None]] | None = None
+
+    async def run(
+        self, stop: asyncio.Event, *, until_end: dict[TopicPartition, int] | None = None
+    ) -> int:
+        """Until ``stop`` (or, given ``until_end``, until every partition reached its
+        offset there); the number of records done."""
+        done = 0
+        while not stop.is_set():
+            if until_end is not None and await self._reached(until_end):
+                break
+            batches = await self.consumer.getmany(
+                timeout_ms=int(self.poll_timeout_seconds * 1000), max_records=self.batch_size
+            )
+            if until_end is not None:
+                batches = {
+                    tp: [m for m in records if m.offset < until_end.get(tp, 0)]
+                    for tp, records in batches.items()
+                }
+            ends = await asyncio.gather(
+                *(self._drain(tp, records, stop) for tp, records in batches.items() if records)
+            )
+            offsets = {tp: end for tp, end, _ in ends if end is not None}
+            done += sum(count for _, _, count in ends)
+            if self.before_commit is not None and offsets:
+                await self.before_commit(done)
+            await self._commit(offsets)
+            await self._measure_lag()
+        return done
+
+    async def _drain(
+        self, tp: TopicPartition, messages: list[Any], stop: asyncio.Event
+    ) -> tuple[TopicPartition, int | None, int]:
+        """The offset to commit for ``tp`` (None: none done) and how many were done."""
+        next_offset: int | None = None
+        count = 0
+        for message in messages:
+            if not await self._until_done(to_record(message), stop):
+                # Stopped while the record kept failing: it and the rest of the batch are
+                # read again (from the commit) by whoever runs the partition next.
+                self.consumer.seek(tp, message.offset)
+                break
+            next_offset, count = message.offset + 1, count + 1
+        return tp, next_offset, count
+
+    async def _until_done(self, record: IngestRecord, stop: asyncio.Event) -> bool:
+        failures = 0
+        while True:
+            try:
+                await self.handle(record)
+                return True
+            except KbError as error:
+                if not error.retriable:
+                    raise
+                failures += 1
+                fields = record.log_fields(tier=self.tier, code=error.code, failures=failures)
+                log.warning("ingest.retrying", **fields)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.backoff.delay(failures))
+            if stop.is_set():
+                return False
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except CommitFailedError as error:
+            # The group moved the partitions elsewhere meanwhile: the new owner reads them
+            # again from the last commit, and finds the commands applied (their records).
+            log.warning("ingest.commit_failed", tier=self.tier, error=str(error))
+
+    async def _reached(self, until_end: dict[TopicPartition, int]) -> bool:
+        for tp, end in until_end.items():
+            if tp in self.consumer.assignment() and await self.consumer.position(tp) < end:
+                return False
+        return True
+
+    async def _measure_lag(self) -> None:
+        lag = 0
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is not None:
+                lag += max(0, high - await self.consumer.position(tp))
+        self.metrics.lag.labels(self.tier).set(lag)

@@ -1,0 +1,63 @@
+-- The ingest consumer's statements (services/publisher/ingest/store_pg.py), run in a tenant's
+-- transaction behind the wall (migration 0033). Every statement names its tenant.
+
+-- name: claim_command
+-- $1 tenant, $2 command id, $3 command type, $4 now (NULL: the database's), $5 when the
+-- record reached Kafka (NULL: unknown). Nothing returned:
+-- the command was applied before. A concurrent copy waits here on the key until the first
+-- transaction ends, then inserts (it rolled back) or returns nothing (it committed).
+INSERT INTO ingest_command (tenant_id, command_id, command_type, applied_at, sent_at)
+VALUES ($1, $2, $3, coalesce($4::timestamptz, now()), $5)
+ON CONFLICT (tenant_id, command_id) DO NOTHING
+RETURNING command_id
+
+-- name: command_answer
+SELECT command_id, command_type, document_id, version_number, revision, task_id
+  FROM ingest_command
+ WHERE tenant_id = $1 AND command_id = $2
+
+-- name: record_answer
+UPDATE ingest_command
+   SET document_id = $3, version_number = $4, revision = $5, task_id = $6
+ WHERE tenant_id = $1 AND command_id = $2
+
+-- name: document_for_key
+SELECT document_id FROM ingest_document_key WHERE tenant_id = $1 AND document_key = $2
+
+-- name: map_key
+-- Nothing returned: the document already has a key (another one: the caller's key was
+-- looked up first, in the same transaction).
+INSERT INTO ingest_document_key (tenant_id, document_key, document_id, created_at)
+VALUES ($1, $2, $3, coalesce($4::timestamptz, now()))
+ON CONFLICT (tenant_id, document_id) DO NOTHING
+RETURNING document_id
+
+-- name: forget_key
+-- A key whose document was deleted, before a publish maps it to a new document.
+DELETE FROM ingest_document_key WHERE tenant_id = $1 AND document_key = $2
+
+-- name: find_ingest_key
+-- $1 tenant, $2 key id, $3 now (NULL: the database's).
+SELECT key_id, public_key
+  FROM tenant_ingest_key
+ WHERE tenant_id = $1
+   AND key_id = $2
+   AND (revoked_at IS NULL OR revoked_at > coalesce($3::timestamptz, now()))
+
+-- name: add_ingest_key
+INSERT INTO tenant_ingest_key (tenant_id, key_id, public_key)
+VALUES ($1, $2, $3)
+ON CONFLICT (tenant_id, key_id) DO NOTHING
+RETURNING created_at
+
+-- name: list_ingest_keys
+SELECT key_id, public_key, created_at, revoked_at
+  FROM tenant_ingest_key
+ WHERE tenant_id = $1
+ ORDER BY created_at, key_id
+
+-- name: revoke_ingest_key
+UPDATE tenant_ingest_key
+   SET revoked_at = coalesce($3::timestamptz, now())
+ WHERE tenant_id = $1 AND key_id = $2 AND revoked_at IS NULL
+RETURNING revoked_at

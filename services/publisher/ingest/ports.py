@@ -1,0 +1,108 @@
+"""What the ingest consumer needs from storage and from Kafka, as Protocols."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from services.publisher.ingest.commands import Command
+from services.publisher.ingest.signing import IngestKey
+from services.publisher.ports import PublisherStore, PublishTransaction
+
+
+@dataclass(frozen=True)
+class CommandAnswer:
+    """What a command did, as recorded with it: a redelivered command answers the same."""
+
+    command_id: uuid.UUID
+    command_type: str
+    document_id: uuid.UUID | None
+    version_number: int | None = None
+    revision: int | None = None
+    task_id: uuid.UUID | None = None
+    # False when the command was applied before (a redelivery): nothing was written now.
+    changed: bool = True
+
+    def stored(self) -> tuple[object, ...]:
+        """What ``ingest_command`` keeps of it, in its columns' order (ingest.sql)."""
+        return (self.command_id, self.document_id, self.version_number, self.revision, self.task_id)
+
+
+@dataclass(frozen=True)
+class IngestRecord:
+    """One record of an ingest topic, as read (the value unread, the headers raw)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes] = field(default_factory=dict)
+    sent_at: datetime | None = None  # the record's Kafka timestamp
+
+    def log_fields(self, **more: object) -> dict[str, object]:
+        """Where the record was read, for a log line, with ``more``."""
+        return {"partition": self.partition, "offset": self.offset, **more}
+
+
+class IngestTransaction(PublishTransaction, Protocol):
+    async def claim_command(
+        self, command: Command, now: datetime | None, sent_at: datetime | None
+    ) -> bool:
+        """Record the command's id in its tenant (its answer still empty); False when it is
+        recorded already. A concurrent transaction claiming the same id waits for this one.
+        ``sent_at``: when its record reached Kafka."""
+        ...
+
+    async def command_answer(
+        self, tenant_id: str, command_id: uuid.UUID
+    ) -> CommandAnswer | None: ...
+
+    async def record_answer(self, tenant_id: str, answer: CommandAnswer) -> None: ...
+
+    async def document_for_key(self, tenant_id: str, document_key: str) -> uuid.UUID | None: ...
+
+    async def forget_key(self, tenant_id: str, document_key: str) -> None:
+        """Drop the key's mapping (its document was deleted: the key maps anew)."""
+        ...
+
+    async def map_key(
+        self, tenant_id: str, document_key: str, document_id: uuid.UUID, now: datetime | None
+    ) -> None:
+        """Map the producer's key to the document; ``DocumentKeyTaken`` when the document
+        has another key."""
+        ...
+
+
+class IngestStore(PublisherStore, Protocol):
+    def ingest_transaction(self, tenant_id: str) -> AbstractAsyncContextManager[IngestTransaction]:
+        """A tenant's transaction (behind the wall) that can also record commands."""
+        ...
+
+    async def ingest_key(self, tenant_id: str, key_id: str) -> IngestKey | None:
+        """The tenant's ingest key of that id, unless revoked."""
+        ...
+
+
+class IngestKeyRegistry(Protocol):
+    """A tenant's ingest keys as its admin key manages them (the API: behind the wall)."""
+
+    async def add_ingest_key(
+        self, tenant_id: str, key_id: str, public_key: bytes
+    ) -> datetime | None:
+        """When the key was added; None when the tenant has a key of that id already."""
+        ...
+
+    async def revoke_ingest_key(self, tenant_id: str, key_id: str) -> datetime | None:
+        """When the key was revoked; None when the tenant has no live key of that id."""
+        ...
+
+
+class DeadLetters(Protocol):
+    async def send(self, record: IngestRecord, code: str, detail: str) -> None:
+        """Write ``record`` (its bytes, key and headers) to the tier's dead-letter topic
+        with the problem code, and wait for the broker's acknowledgement."""
+        ...

@@ -1,0 +1,32 @@
+"""Settings of `kb ingest` (``KB_INGEST_*``): docs/configuration.md."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from services.publisher.settings import MIB, PublisherSettings
+
+
+class IngestSettings(PublisherSettings):
+    # A record larger than this goes to the dead-letter topic unread (INGEST_COMMAND_TOO_LARGE).
+    ingest_max_command_bytes: int = Field(default=1 * MIB, ge=1024, le=64 * MIB)
+    # Inline content of a PublishDocument; larger content is uploaded through the API and
+    # named by reference. Kept under Kafka's default message size (1 MiB) with the envelope.
+    ingest_max_inline_bytes: int = Field(default=900 * 1024, ge=1, le=64 * MIB)
+    # Records read at once (one getmany); their partitions are applied side by side.
+    ingest_batch_size: int = Field(default=200, ge=1, le=10_000)
+    ingest_poll_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
+    # Commands of one tenant applied at once across the batch's partitions: a tenant
+    # flooding the topic holds at most this many of the process's transactions.
+    ingest_tenant_in_flight: int = Field(default=4, ge=1, le=1000)
+    # A transient failure (database or Kafka away) is retried after these delays; the
+    # record is never skipped.
+    ingest_backoff_initial_seconds: float = Field(default=0.2, gt=0)
+    ingest_backoff_max_seconds: float = Field(default=10.0, gt=0)
+    # The tier's ingest and dead-letter topics are created on start where the broker
+    # allows, with this many partitions (a tier's consumers share at most that many).
+    ingest_create_topics: bool = True
+    ingest_topic_partitions: int = Field(default=6, ge=1)
+    # Optional Prometheus listener of `kb ingest run` (no port: none), loopback by default.
+    ingest_metrics_host: str = "127.0.0.1"
+    ingest_metrics_port: int | None = Field(default=None, ge=1, le=65535)

@@ -1,0 +1,126 @@
+"""The ingest consumer's PostgreSQL adapter: the publisher's transaction (its every
+statement reused, not copied) with the command record and the key map beside it."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any, cast
+
+import asyncpg
+
+from services.publisher.ingest.commands import Command
+from services.publisher.ingest.ports import CommandAnswer
+from services.publisher.ingest.signing import IngestKey
+from services.publisher.store_pg import PgPublisherStore, PgPublishTransaction
+from services.runtime.errors import Conflict
+from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
+
+QUERIES = queries_beside(__file__, "ingest.sql")
+
+
+class DocumentKeyTaken(Conflict, code="INGEST_DOCUMENT_KEY_TAKEN"):
+    """The upload's document is mapped to another producer key already."""
+
+
+class PgIngestTransaction(PgPublishTransaction):
+    @property
+    def connection(self) -> asyncpg.Connection[Any]:
+        return self._conn
+
+    async def claim_command(
+        self, command: Command, now: datetime | None, sent_at: datetime | None
+    ) -> bool:
+        key = (command.tenant_id, command.command_id, command.command_type)
+        with translate_db_errors():
+            claimed = await self._conn.fetchval(QUERIES["claim_command"], *key, now, sent_at)
+        return claimed is not None
+
+    async def command_answer(self, tenant_id: str, command_id: uuid.UUID) -> CommandAnswer | None:
+        with translate_db_errors():
+            row = await self._conn.fetchrow(QUERIES["command_answer"], tenant_id, command_id)
+        return None if row is None else CommandAnswer(**dict(row))
+
+    async def record_answer(self, tenant_id: str, answer: CommandAnswer) -> None:
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["record_answer"], tenant_id, *answer.stored())
+
+    async def document_for_key(self, tenant_id: str, document_key: str) -> uuid.UUID | None:
+        with translate_db_errors():
+            found: uuid.UUID | None = await self._conn.fetchval(
+                QUERIES["document_for_key"], tenant_id, document_key
+            )
+        return found
+
+    async def forget_key(self, tenant_id: str, document_key: str) -> None:
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["forget_key"], tenant_id, document_key)
+
+    async def map_key(
+        self, tenant_id: str, document_key: str, document_id: uuid.UUID, now: datetime | None
+    ) -> None:
+        with translate_db_errors():
+            mapped = await self._conn.fetchval(
+                QUERIES["map_key"], tenant_id, document_key, document_id, now
+            )
+        if mapped is None:
+            raise DocumentKeyTaken(
+                f"document {document_id} belongs to another producer key in this tenant"
+            )
+
+
+class PgIngestStore(PgPublisherStore):
+    transaction_class = PgIngestTransaction
+
+    @contextlib.asynccontextmanager
+    async def ingest_transaction(self, tenant_id: str) -> AsyncIterator[PgIngestTransaction]:
+        async with self.transaction(tenant_id) as tx:
+            yield cast("PgIngestTransaction", tx)
+
+    async def add_ingest_key(
+        self, tenant_id: str, key_id: str, public_key: bytes
+    ) -> datetime | None:
+        async with self.ingest_transaction(tenant_id) as tx:
+            return await PgIngestKeys(tx.connection).add(tenant_id, key_id, public_key)
+
+    async def revoke_ingest_key(self, tenant_id: str, key_id: str) -> datetime | None:
+        async with self.ingest_transaction(tenant_id) as tx:
+            return await PgIngestKeys(tx.connection).revoke(tenant_id, key_id)
+
+    async def ingest_key(
+        self, tenant_id: str, key_id: str, now: datetime | None = None
+    ) -> IngestKey | None:
+        with translate_db_errors():
+            async with self._connection() as conn, self._tenant_read(conn, tenant_id):
+                row = await conn.fetchrow(QUERIES["find_ingest_key"], tenant_id, key_id, now)
+        return None if row is None else IngestKey(row["key_id"], bytes(row["public_key"]))
+
+
+class PgIngestKeys:
+    """A tenant's ingest keys, written as the tables' owner (`kb tenants ingest-keys`)."""
+
+    def __init__(self, conn: asyncpg.Connection[Any]) -> None:
+        self._conn = conn
+
+    async def add(self, tenant_id: str, key_id: str, public_key: bytes) -> datetime | None:
+        """When the key was added; None when the tenant has a key of that id already."""
+        with translate_db_errors():
+            created: datetime | None = await self._conn.fetchval(
+                QUERIES["add_ingest_key"], tenant_id, key_id, public_key
+            )
+        return created
+
+    async def list(self, tenant_id: str) -> list[dict[str, Any]]:
+        with translate_db_errors():
+            rows = await self._conn.fetch(QUERIES["list_ingest_keys"], tenant_id)
+        return [dict(row) for row in rows]
+
+    async def revoke(self, tenant_id: str, key_id: str) -> datetime | None:
+        with translate_db_errors():
+            revoked: datetime | None = await self._conn.fetchval(
+                QUERIES["revoke_ingest_key"], tenant_id, key_id, None
+            )
+        return revoked
