@@ -66,10 +66,10 @@ def _print_answer(act: Callable[[Publisher], Awaitable[Mapping[str, str | int]]]
     """Run ``act`` on a publisher over a small pool of its own, wired as the API's is (the
     pool is closed before ``act``'s answer is printed, as JSON)."""
     from services.publisher.domain import Publisher
-    from services.publisher.erase_pg import PgErasureStore
     from services.publisher.settings import PublisherSettings
     from services.publisher.store_pg import PgPublisherStore, open_publisher_pool
     from services.runtime.commands.cli_support import load_settings, run_async
+    from services.runtime.erasure.erase_pg import PgErasureStore
     from services.runtime.logging import configure_logging
     from services.runtime.tenancy.tenant_wall import walls_the_publisher
 

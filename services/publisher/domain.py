@@ -52,6 +52,7 @@ from services.runtime.indexing.tasks import (
     TaskProgress,
     TaskStatus,
 )
+from services.runtime.logging import get_logger
 from services.runtime.messaging.avro import SchemaRegistry, default_registry
 from services.runtime.messaging.events import (
     DOCUMENT_DELETED,
@@ -70,6 +71,8 @@ from services.runtime.tracing.spans import (
 
 MAX_TITLE_LENGTH: Final = 500
 MAX_PRINCIPAL_LENGTH: Final = 200
+
+log = get_logger(__name__)
 
 
 class RevisionConflict(Conflict):
@@ -438,7 +441,7 @@ class Publisher:
         erase_batch_rows: int = 1000,
     ) -> None:
         self._store = store
-        # The erase's batches (services/publisher/erase_pg.py); None: erase is not served.
+        # The erase's batches (services/runtime/erasure/erase_pg.py); None: erase is not served.
         self._erasure = erasure
         self._erase_batch_rows = erase_batch_rows
         self._max_upload_bytes = max_upload_bytes
@@ -610,13 +613,39 @@ class Publisher:
 
         A document deleted already answers what its delete did, whatever the revision (a
         retry after a lost answer carries the revision the delete bumped), and writes
-        nothing. The search token is read after the commit, so it covers it."""
+        nothing. After the commit its chunks and staged slices are removed in batches (with
+        an erasure store wired). The search token is read after the commit, so it covers
+        it."""
         async with self._store.transaction(tenant_id) as tx:
             revision, deleted_at, changed = await self.delete_in(
                 tx, tenant_id, document_id, expected_revision, now
             )
+        if changed:
+            await self.remove_leftovers(tenant_id, document_id)
         token = await self._store.primary_search_token()
         return DeleteOutcome(document_id, revision, deleted_at, token, changed)
+
+    async def remove_leftovers(self, tenant_id: str, document_id: uuid.UUID) -> None:
+        """A deleted document's chunks serve nothing any more (the tombstone matches none,
+        for good): they go after the delete's commit, in the erase's bounded batches, which
+        hold no lock a publish or a search waits for. The delete is done whatever happens
+        here: a failure (or a crash) leaves them to `kb index check --repair`
+        (DELETED_CHUNKS) rather than fail an answer whose delete committed. The versions
+        stay, for the erase. Without an erasure store wired, nothing is removed here.
+        Run after the commit of any delete (``delete_in`` inside another transaction)."""
+        if self._erasure is None:
+            return
+        try:
+            await self._erasure.remove_deleted_leftovers(
+                tenant_id, document_id, batch_rows=self._erase_batch_rows
+            )
+        except KbError as error:
+            log.warning(
+                "document.delete_leftovers_kept",
+                tenant_id=tenant_id,
+                document_id=str(document_id),
+                error_code=error.code,
+            )
 
     async def delete_in(
         self,

@@ -8,7 +8,7 @@ the adapter puts it in the WHERE clause: no query can wander into another tenant
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -130,7 +130,7 @@ class ErasureRecord:
 class ErasureStore(Protocol):
     """The erase's content removal, in bounded batches of short transactions, as the tables'
     owner (it removes chunks, staged slices and rewrites outbox rows, which the API's tenant
-    role may not write): services/publisher/erase_pg.py."""
+    role may not write): services/runtime/erasure/erase_pg.py."""
 
     async def erase_content(
         self,
@@ -145,6 +145,14 @@ class ErasureStore(Protocol):
         transaction; then set the audit row's ``erased_at`` and return it. Every step is
         idempotent: a run that stopped halfway is finished by the next. ``between_batches``
         (tests) is awaited after each committed batch with the step's name."""
+        ...
+
+    async def remove_deleted_leftovers(
+        self, tenant_id: str, document_id: uuid.UUID, *, batch_rows: int
+    ) -> Mapping[str, int]:
+        """What a deleted document may not keep (its chunks, staged slices, served ACL; a
+        pointer that is not its tombstone), removed batch by batch, each batch its own
+        transaction, fenced by the document's ``deleted_at``; rows per step."""
         ...
 
 

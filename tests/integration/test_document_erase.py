@@ -17,10 +17,10 @@ import asyncpg
 import pytest
 
 from kbtools.devstack.postgres import pginstall_dir
-from services.publisher.erase_pg import QUERIES as ERASE_QUERIES
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.publisher.ports import ErasureRequest
 from services.runtime.auth.keys import Scope
+from services.runtime.erasure.erase_pg import QUERIES as ERASE_QUERIES
 from services.runtime.messaging.avro import default_registry
 from services.runtime.settings import RuntimeSettings
 from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
@@ -420,13 +420,16 @@ async def test_a_batch_held_open_blocks_no_publish_or_search_of_another_document
     async with running_pipeline(pool) as indexer:
         assert (await worker(pool, indexer).run_once()).name == "SUCCEEDED"
     doc = uuid.UUID(document_id)
+    # The batches are fenced by the delete: they remove nothing of a live document. Marked
+    # deleted by hand, as a delete through the API removes the chunks itself.
+    await conn.execute("UPDATE document SET deleted_at = now() WHERE document_id = $1", doc)
     await conn.execute(
         "INSERT INTO document_erasure (tenant_id, document_id, requested_by, requested_at)"
         " VALUES ('acme', $1, 'cli', now())",
         doc,
     )
     async with pool.acquire() as held, held.transaction():
-        await held.execute(ERASE_QUERIES["erase_chunks"], "acme", doc, 5)
+        assert await held.execute(ERASE_QUERIES["erase_chunks"], "acme", doc, 5) == "DELETE 5"
         await held.execute(ERASE_QUERIES["erase_version_content"], "acme", doc, 5)
         # Blocked, they would wait for the batch's commit, which comes only after them.
         async with asyncio.timeout(30):

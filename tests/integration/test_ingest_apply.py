@@ -13,10 +13,10 @@ from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.retry import RetryPolicy
 from services.publisher.domain import Publisher, RevisionConflict, Upload
-from services.publisher.erase_pg import PgErasureStore
 from services.publisher.ingest.apply import DocumentKeyUnknown, IngestApplier
 from services.publisher.ingest.commands import CommandInvalid, decode_command
 from services.publisher.ingest.store_pg import DocumentKeyTaken, PgIngestStore
+from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.errors import Conflict
 from services.runtime.messaging.avro import default_registry
 from tests.support.api import add_tenant

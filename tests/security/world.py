@@ -27,7 +27,6 @@ from services.embedding.hashing import HashingEmbedder
 from services.operator.auth import digest, new_operator_key
 from services.operator.context import build_operator_context
 from services.publisher.bulk.store_pg import PgBulkStore
-from services.publisher.erase_pg import PgErasureStore
 from services.publisher.ingest.store_pg import PgIngestStore
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.publisher.settings import PublisherSettings
@@ -35,6 +34,7 @@ from services.publisher.store_pg import PgTenantStore
 from services.runtime.auth.keys import PrincipalSource, Scope
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.tokens import checked_key_material
+from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex

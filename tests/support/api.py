@@ -15,12 +15,12 @@ import httpx
 from fastapi import FastAPI
 
 from services.publisher.bulk.store_pg import PgBulkStore
-from services.publisher.erase_pg import PgErasureStore
 from services.publisher.ingest.store_pg import PgIngestStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgTenantStore, open_publisher_pool
 from services.publisher.web.api import create_app
 from services.runtime.auth.settings import AuthSettings
+from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.settings import RuntimeSettings
 from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
 

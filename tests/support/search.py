@@ -21,9 +21,9 @@ from services.embedding.hashing import HashingEmbedder
 from services.embedding.port import Embedder
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
-from services.publisher.erase_pg import PgErasureStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
+from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.settings import RuntimeSettings
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex

@@ -25,7 +25,7 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
     "services.publisher": (
         frozenset({"ports", "failures", "text", "settings", "strict_form"}),
         frozenset({"domain"}),
-        frozenset({"store_pg", "erase_pg", "metrics"}),
+        frozenset({"store_pg", "metrics"}),
         frozenset({"bulk", "keys"}),
         frozenset({"ingest"}),
         frozenset({"web"}),

@@ -1,9 +1,10 @@
 """`kb index check [--tenant T] [--repair]`, `kb index tenant-graphs [--min-chunks N]`.
 
-check -- stdout: one line per drift, naming the document (and, with --repair, whether the
-check run after its task finished still finds it); stderr: the summary. Exit 0 when nothing
-drifted (or every drift was repaired and no other appeared), 1 when a drift is left or its
-repair could not be verified, 2 on bad input.
+check -- stdout: one line per drift, naming the document and the kind, with counts and ids
+only, never content (and, with --repair, whether the check run after its task finished, or
+after the removal of a deleted document's leftovers, still finds it); stderr: the summary.
+Exit 0 when nothing drifted (or every drift was repaired and no other appeared), 1 when a
+drift is left or its repair could not be verified, 2 on bad input.
 
 generations -- `kb index generations ...` (services/indexer/generations/cli.py).
 
@@ -65,7 +66,8 @@ def check(
         False,
         "--repair",
         help="Create missing tasks and re-run SUCCEEDED tasks of drifted versions, wait for "
-        "them to finish, and check again.",
+        "them to finish; remove what deleted documents still hold and finish erases left "
+        "half-done; and check again.",
     ),
     timeout: float = typer.Option(
         300.0,
@@ -77,18 +79,23 @@ def check(
 ) -> None:
     """Find documents whose served version drifted from the published one: published but
     never queued, SUCCEEDED but not served, served with chunks missing, a pointer ahead of
-    the published version, or chunked by older code than the indexers run. Exit 1 on drift
-    (each document named on stdout). --repair counts a drift repaired only when the check
-    run after its task finished no longer finds it."""
+    the published version, or chunked by older code than the indexers run; a deleted
+    document's chunks, staged slices, served ACL or a pointer that is not its tombstone; an
+    erased document's anything the erase removes. Exit 1 on drift (each document named on
+    stdout). --repair counts a drift repaired only when the check run after its task
+    finished (or after the removal, in batches of KB_INDEX_GC_BATCH_ROWS) no longer finds
+    it."""
+    from services.indexer.gc.settings import GcSettings
     from services.indexer.pool import load_settings
 
     settings = load_settings()
+    batch_rows = cli_support.load_settings(GcSettings).gc_batch_rows
     wanted = _tenant(tenant)
 
     async def _work(pool: asyncpg.Pool[Any]) -> bool:
         from services.indexer.maintenance.index_check_pg import PgIndexCheck
 
-        checker = PgIndexCheck(pool)
+        checker = PgIndexCheck(pool, batch_rows=batch_rows)
         checked, drifts = await checker.drift(wanted)
         if not repair:
             for drift in drifts:
@@ -117,26 +124,37 @@ async def _verify(
     wait_seconds: float,
 ) -> bool:
     """Wait for the repairs' tasks, check again, and say of each drift whether it is gone;
-    True when every one is and no other appeared."""
-    from services.indexer.maintenance.index_check import Verdict, appeared, drift_key, verify
+    True when every one is and no other appeared. Removals were done by the repair itself:
+    the check after them needs no wait."""
+    from services.indexer.maintenance.index_check import (
+        IN_PLACE,
+        Verdict,
+        appeared,
+        drift_key,
+        verify,
+    )
 
     tasks = {o.task_id for o in outcomes if o.queued and o.task_id is not None}
+    removed = any(o.queued and o.drift.repair.action in IN_PLACE for o in outcomes)
     statuses: dict[uuid.UUID, TaskStatus | None] = {}
     after: list[Drift] | None = None
     if wait_seconds > 0 and tasks:
         typer.echo(f"index check: waiting up to {wait_seconds:g}s for {len(tasks)} tasks", err=True)
         statuses = await checker.wait_for_tasks(tasks, timeout_seconds=wait_seconds)
-    if wait_seconds > 0:
-        after = (await checker.drift(tenant))[1] if tasks else []
+    if (wait_seconds > 0 and tasks) or removed:
+        after = (await checker.drift(tenant))[1]
+    elif wait_seconds > 0:
+        after = []
     after_keys = None if after is None else {drift_key(d) for d in after}
     repaired = 0
     for outcome in outcomes:
+        waited = wait_seconds > 0 or outcome.drift.repair.action in IN_PLACE
         verified = verify(
             outcome.drift,
             queued=outcome.queued,
             note=outcome.note,
             task_status=None if outcome.task_id is None else statuses.get(outcome.task_id),
-            after=after_keys,
+            after=after_keys if waited else None,
         )
         repaired += verified.verdict is Verdict.REPAIRED
         task = "-" if outcome.task_id is None else str(outcome.task_id)

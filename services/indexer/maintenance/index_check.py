@@ -4,12 +4,17 @@ decide how each drift is repaired (docs/architecture.md#invariants).
 The pipeline keeps the index right by construction (one fenced transaction moves chunks,
 pointer, task and event together); drift is what a restore from backup, a hand-edited row
 or a bug leaves behind, what no worker will fix by itself -- and documents served from
-chunks that older code made. Not drift: a version being indexed
+chunks that older code made -- and what a deleted document still holds that it may not
+(its chunks, staged slices, served ACL, a pointer that is not its tombstone) or, once its
+erase was asked for, anything the erase removes. Not drift: a version being indexed
 (its task is live) and a FAILED one (its task is DEAD, shown on the document and the
 operator page; `kb tasks requeue` is the operator's answer).
 
-A repair only puts a task in motion; it has worked when the check run after that task
-finished no longer shows the drift (``verify``).
+A repair of a live document only puts a task in motion; it has worked when the check run
+after that task finished no longer shows the drift (``verify``). A deleted document's
+leftovers are removed by the repair itself, by the erase's own fenced batches
+(services/runtime/erasure), and an erase left half-done is finished; the check run after
+it says whether they are gone.
 
 Pure domain code: the adapter (``index_check_pg``) reads one row per document, carries out
 the repairs this module decides and waits for their tasks.
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from services.index.generation import chunking_settings
+from services.runtime.erasure.leftovers import Leftovers
 from services.runtime.indexing.tasks import TaskStatus
 
 
@@ -41,12 +47,30 @@ class DriftKind(enum.StrEnum):
     # The served version was chunked by older code (parsers, splitter, tokenizer, our
     # chunker) than the indexers run now: its search answers are not what a re-index gives.
     OLDER_CHUNKING = "OLDER_CHUNKING"
+    # A deleted document's pointer is not its tombstone, or it has none: a late completion
+    # or a switch could serve it again.
+    DELETED_NOT_TOMBSTONED = "DELETED_NOT_TOMBSTONED"
+    # A deleted document's chunks (any version, any generation), staged slices or served
+    # ACL rows: nothing serves them again (the delete is final), yet they hold its content
+    # and principals.
+    DELETED_CHUNKS = "DELETED_CHUNKS"
+    DELETED_STAGED_SLICES = "DELETED_STAGED_SLICES"
+    DELETED_ACL = "DELETED_ACL"
+    # The document's erase was asked for and something it removes is still there, or it
+    # never finished (erased_at unset).
+    ERASE_UNFINISHED = "ERASE_UNFINISHED"
 
 
 class RepairAction(enum.StrEnum):
     ENQUEUE = "ENQUEUE"  # create the missing task of the version
     RERUN = "RERUN"  # put the version's SUCCEEDED task back to PENDING
     NONE = "NONE"  # nothing to do by machine (see the reason)
+    REMOVE = "REMOVE"  # tombstone the deleted document's pointer and remove its leftovers
+    ERASE = "ERASE"  # that, then the document's erase again, to its end
+
+
+# Repairs done by the repair itself (no task): the check after them says if they worked.
+IN_PLACE = frozenset({RepairAction.REMOVE, RepairAction.ERASE})
 
 
 @dataclass(frozen=True)
@@ -83,7 +107,7 @@ class Repair:
 @dataclass(frozen=True)
 class Drift:
     kind: DriftKind
-    state: DocumentIndexState
+    state: DocumentIndexState | Leftovers
     detail: str
     repair: Repair
 
@@ -148,6 +172,47 @@ def find_drift(state: DocumentIndexState) -> list[Drift]:
     return found
 
 
+def find_leftover_drift(left: Leftovers) -> list[Drift]:
+    """Every drift of one deleted document, each with its count. Its repair removes all of
+    them at once: a document whose erase was asked for is erased again to its end (never
+    only marked erased), any other has its leftovers removed."""
+    if left.erase_requested:
+        repair = Repair(RepairAction.ERASE, None, None, "finish the erase")
+    else:
+        repair = Repair(RepairAction.REMOVE, None, None, "remove what it may not keep")
+    found: list[Drift] = []
+    if not left.tombstoned:
+        pointer = "none" if left.pointer_version is None else f"v{left.pointer_version}"
+        found.append(
+            Drift(
+                DriftKind.DELETED_NOT_TOMBSTONED,
+                left,
+                f"deleted, its pointer ({pointer}) is not its tombstone",
+                repair,
+            )
+        )
+    for kind, count, what in (
+        (DriftKind.DELETED_CHUNKS, left.chunks, "chunk rows"),
+        (DriftKind.DELETED_STAGED_SLICES, left.staged_slices, "staged slices"),
+        (DriftKind.DELETED_ACL, left.served_acl, "served ACL rows"),
+    ):
+        if count:
+            found.append(Drift(kind, left, f"deleted, {count} {what} left", repair))
+    erase_left = left.erase_leftovers()
+    if left.erase_requested and (erase_left or left.erased_at is None):
+        what = ", ".join(f"{name} {count}" for name, count in erase_left.items())
+        finished = "erased_at unset" if left.erased_at is None else "erased_at set"
+        found.append(
+            Drift(
+                DriftKind.ERASE_UNFINISHED,
+                left,
+                f"erase asked for, {finished}" + (f"; left: {what}" if what else ""),
+                repair,
+            )
+        )
+    return found
+
+
 def _chunked_otherwise(state: DocumentIndexState) -> bool:
     """The served version was chunked with the settings the indexers use now but by other
     code, and no newer version is on its way to replace it (a live task, or a drift of its
@@ -208,9 +273,11 @@ def _version(version: int | None) -> str:
 
 
 class Verdict(enum.StrEnum):
-    # Its task finished SUCCEEDED and the check run afterwards no longer shows the drift.
+    # Its task finished SUCCEEDED (or its leftovers were removed) and the check run
+    # afterwards no longer shows the drift.
     REPAIRED = "REPAIRED"
-    # Its task finished SUCCEEDED, yet the check afterwards still shows the drift.
+    # Its task finished SUCCEEDED (or its leftovers were removed), yet the check afterwards
+    # still shows the drift.
     STILL_DRIFTING = "STILL_DRIFTING"
     # Its task ended DEAD.
     TASK_FAILED = "TASK_FAILED"
@@ -256,6 +323,10 @@ def verify(
     of the check run after the wait (``None``: there was no wait)."""
     if not queued:
         return Verified(Verdict.NOT_REPAIRED, note)
+    if drift.repair.action in IN_PLACE and after is not None:
+        if drift_key(drift) in after:
+            return Verified(Verdict.STILL_DRIFTING, "removed, the check after it still finds this")
+        return Verified(Verdict.REPAIRED, "removed, the check after it no longer finds this")
     if after is None:
         return Verified(Verdict.NOT_VERIFIED, f"{note}; run kb index check once it has run")
     if task_status is TaskStatus.SUCCEEDED:

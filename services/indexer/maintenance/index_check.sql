@@ -54,6 +54,9 @@ SELECT d.tenant_id, t.tier, d.document_id, d.published_version,
        ) present ON s.document_id IS NOT NULL
  WHERE ($1::text IS NULL OR d.tenant_id = $1)
    AND (d.published_version IS NOT NULL OR s.document_id IS NOT NULL)
+   -- A deleted document is never indexed again: what it still holds is read by
+   -- services/runtime/erasure/erase.sql (deleted_document_leftovers), not here.
+   AND d.deleted_at IS NULL
  ORDER BY d.tenant_id, d.document_id
 
 -- name: task_statuses

@@ -1,5 +1,6 @@
 """The PostgreSQL side of `kb index check`: read every document's index state in one
-snapshot, carry out the repairs ``index_check`` decides, and wait for their tasks."""
+snapshot, and what every deleted document still holds, carry out the repairs
+``index_check`` decides, and wait for their tasks."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from typing import Any, Final
 import asyncpg
 
 from services.indexer.maintenance.index_check import (
+    IN_PLACE,
     DocumentIndexState,
     Drift,
     RepairAction,
     find_drift,
+    find_leftover_drift,
     is_finished,
 )
 from services.indexer.queue.store_pg import PgTaskQueue
+from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.errors import NotFound
 from services.runtime.indexing.tasks import TASK_TYPE_INDEX_VERSION, TaskStatus, enqueue_index_task
 from services.runtime.pg.clock import Clock, DatabaseClock
@@ -56,11 +60,19 @@ class PgIndexCheck:
         *,
         clock: Clock | None = None,
         queue: PgTaskQueue | None = None,
+        batch_rows: int = 5000,
     ) -> None:
         self._pool = pool
         self._clock = clock or DatabaseClock()
         # A re-run goes through the queue's one requeue, as `kb tasks requeue` does.
         self._queue = queue or PgTaskQueue(pool, clock=self._clock)
+        # A deleted document's leftovers go by the erase's own statements, in batches of at
+        # most this many rows (KB_INDEX_GC_BATCH_ROWS, as the collector's).
+        self._erasure = PgErasureStore(pool)
+        self._batch_rows = batch_rows
+        # The deleted documents whose leftovers this run removed: one removal serves all of
+        # a document's drifts.
+        self._cleaned: set[tuple[str, uuid.UUID]] = set()
 
     async def states(self, tenant_id: str | None) -> list[DocumentIndexState]:
         with translate_db_errors():
@@ -75,14 +87,20 @@ class PgIndexCheck:
         return [_state(row) for row in rows]
 
     async def drift(self, tenant_id: str | None) -> tuple[int, list[Drift]]:
-        """(documents checked, their drifts)."""
+        """(documents checked, their drifts): the live documents', then the deleted ones'."""
         states = await self.states(tenant_id)
-        return len(states), [d for state in states for d in find_drift(state)]
+        drifts = [d for state in states for d in find_drift(state)]
+        leftovers = await self._erasure.leftovers(tenant_id, batch_rows=self._batch_rows)
+        drifts += [d for left in leftovers for d in find_leftover_drift(left)]
+        return len(states) + len(leftovers), drifts
 
     async def repair(self, drift: Drift, *, by: str, budget: int) -> RepairOutcome:
         repair, state = drift.repair, drift.state
+        if repair.action in IN_PLACE:
+            return await self._remove(drift)
         if repair.action is RepairAction.NONE or repair.version_number is None:
             return RepairOutcome(drift, False, repair.task_id, repair.reason)
+        assert isinstance(state, DocumentIndexState)  # a task repair is a live document's
         if repair.action is RepairAction.ENQUEUE:
             with translate_db_errors():
                 async with self._pool.acquire() as conn, conn.transaction():
@@ -104,6 +122,26 @@ class PgIndexCheck:
         if rerun is None:
             return RepairOutcome(drift, False, repair.task_id, "its task is no longer SUCCEEDED")
         return RepairOutcome(drift, True, rerun.task_id, "task back to PENDING")
+
+    async def _remove(self, drift: Drift) -> RepairOutcome:
+        """A deleted document's pointer tombstoned and its leftovers removed, once per run;
+        when its erase was asked for, the erase run again to its end (which sets
+        ``erased_at`` only once everything it removes is gone)."""
+        key = (drift.state.tenant_id, drift.state.document_id)
+        if key in self._cleaned:
+            return RepairOutcome(drift, True, None, "removed with the document's other drift")
+        tenant_id, document_id = key
+        removed = await self._erasure.remove_deleted_leftovers(
+            tenant_id, document_id, batch_rows=self._batch_rows, now=self._clock.now()
+        )
+        note = "removed: " + ", ".join(f"{step} {n}" for step, n in removed.items())
+        if drift.repair.action is RepairAction.ERASE:
+            await self._erasure.erase_content(
+                tenant_id, document_id, batch_rows=self._batch_rows, now=self._clock.now()
+            )
+            note += "; erase finished"
+        self._cleaned.add(key)
+        return RepairOutcome(drift, True, None, note)
 
     async def task_statuses(
         self, task_ids: Collection[uuid.UUID]

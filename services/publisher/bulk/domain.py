@@ -10,7 +10,7 @@ a document that does not exist yet, so this is the single calls' outcome without
 per-document round trips. A new version of an existing document is what the single calls
 ``add_version`` then ``publish`` make, in one transaction (``Publisher.add_and_publish``):
 its document is locked as for any publish, and an item refused leaves nothing behind (no
-DRAFT version).
+DRAFT version). A delete or an erase item is the single call's, in its own transactions.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from services.publisher.domain import (
     check_upload_off_loop,
     publication_events,
 )
-from services.publisher.ports import LockedDocument, PendingEvent, VersionInfo
+from services.publisher.ports import ErasureRequest, LockedDocument, PendingEvent, VersionInfo
 from services.runtime.errors import KbError
 from services.runtime.messaging.avro import SchemaRegistry, default_registry
 from services.runtime.tracing.propagation import traceparent_of
@@ -52,13 +52,14 @@ PUBLISHED_REVISION = 2
 class BulkItem:
     """One item of a bulk call: a new document (``title``) or a new version of an existing
     one (``document_id``), with the read ACL it is published with; or the delete of
-    ``document_id`` at ``delete_revision`` (no upload)."""
+    ``document_id`` at ``delete_revision``, or its erase (``erase``); those take no upload."""
 
     upload: Upload | None
     read_principals: list[str]
     title: str | None = None
     document_id: uuid.UUID | None = None
     delete_revision: int | None = None
+    erase: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,21 @@ class ItemDeleted:
 
 
 @dataclass(frozen=True)
+class ItemErased:
+    index: int
+    document_id: uuid.UUID
+    deleted_at: datetime
+    requested_at: datetime
+    erased_at: datetime
+
+
+@dataclass(frozen=True)
 class ItemRefused:
     index: int
     error: KbError
 
 
-ItemResult = ItemPublished | ItemDeleted | ItemRefused
+ItemResult = ItemPublished | ItemDeleted | ItemErased | ItemRefused
 
 
 @dataclass(frozen=True)
@@ -133,17 +143,28 @@ class BulkPublisher:
         self._registry = registry or default_registry()
 
     async def publish_many(
-        self, tenant_id: str, items: Sequence[BulkItem], *, now: datetime | None = None
+        self,
+        tenant_id: str,
+        items: Sequence[BulkItem],
+        *,
+        eraser: ErasureRequest | KbError | None = None,
+        now: datetime | None = None,
     ) -> list[ItemResult]:
-        """One result per item, in order. One span for the request; each document's
-        publish starts a trace of its own, linked to it: a document's path from publish to
+        """One result per item, in order. ``eraser``: who asks for the erase items (an admin
+        key), or why the caller may not (its error refuses each erase item alone, as the
+        single call would answer it). One span for the request; each document's publish
+        starts a trace of its own, linked to it: a document's path from publish to
         searchable is one trace, whatever request carried it."""
         with span_under("kb.publish.bulk", None, attributes={TENANT_ID: tenant_id}) as span:
             span.set_attribute("kb.bulk.items", len(items))
-            return await self._publish_many(tenant_id, items, now)
+            return await self._publish_many(tenant_id, items, eraser, now)
 
     async def _publish_many(
-        self, tenant_id: str, items: Sequence[BulkItem], now: datetime | None
+        self,
+        tenant_id: str,
+        items: Sequence[BulkItem],
+        eraser: ErasureRequest | KbError | None,
+        now: datetime | None,
     ) -> list[ItemResult]:
         results: dict[int, ItemResult] = {}
         documents: list[tuple[int, NewPublishedDocument]] = []
@@ -191,7 +212,9 @@ class BulkPublisher:
                     index, document.document_id, 1, PUBLISHED_REVISION, document.index_task_id
                 )
         for index, item in enumerate(items):
-            if item.delete_revision is not None:
+            if item.erase:
+                results[index] = await self._erase(index, tenant_id, item, eraser, now)
+            elif item.delete_revision is not None:
                 results[index] = await self._delete(index, tenant_id, item, now)
             elif item.document_id is not None:
                 results[index] = await self._new_version(index, tenant_id, item, now)
@@ -210,6 +233,30 @@ class BulkPublisher:
         except KbError as error:
             return ItemRefused(index, error)
         return ItemDeleted(index, item.document_id, deleted.revision, deleted.deleted_at)
+
+    async def _erase(
+        self,
+        index: int,
+        tenant_id: str,
+        item: BulkItem,
+        eraser: ErasureRequest | KbError | None,
+        now: datetime | None,
+    ) -> ItemResult:
+        """What the single erase does (its transaction, then its batches): refused alone."""
+        assert item.document_id is not None
+        if eraser is None:
+            raise AssertionError("an erase item without an eraser")  # the route passes one
+        if isinstance(eraser, KbError):
+            return ItemRefused(index, eraser)
+        try:
+            erased = await self._publisher.erase_document(
+                tenant_id, item.document_id, eraser, now=now
+            )
+        except KbError as error:
+            return ItemRefused(index, error)
+        return ItemErased(
+            index, item.document_id, erased.deleted_at, erased.requested_at, erased.erased_at
+        )
 
     async def _new_document(self, item: BulkItem) -> NewPublishedDocument:
         assert item.upload is not None

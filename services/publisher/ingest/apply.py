@@ -69,6 +69,9 @@ class IngestApplier:
                 return earlier
             answer = await self._apply_in(tx, command, media_type, now)
             await tx.record_answer(command.tenant_id, answer)
+        if isinstance(command, DeleteDocument) and answer.document_id is not None:
+            # After the commit, as the single DELETE does: the deleted document's chunks go.
+            await self._publisher.remove_leftovers(command.tenant_id, answer.document_id)
         return answer
 
     async def _claim(

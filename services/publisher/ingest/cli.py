@@ -181,12 +181,12 @@ def _metrics() -> Any:
 async def _processing(settings: IngestSettings, tier: str) -> AsyncIterator[Any]:
     """The record handler: the store on its pool, the publisher, the dead-letter producer."""
     from services.publisher.domain import Publisher
-    from services.publisher.erase_pg import PgErasureStore
     from services.publisher.ingest.apply import IngestApplier
     from services.publisher.ingest.consumer_kafka import KafkaDeadLetters
     from services.publisher.ingest.process import IngestLimits, RecordProcessor
     from services.publisher.ingest.store_pg import PgIngestStore
     from services.publisher.store_pg import open_publisher_pool
+    from services.runtime.erasure.erase_pg import PgErasureStore
     from services.runtime.tenancy.tenant_wall import walls_the_publisher
 
     pool = await open_publisher_pool(settings)

@@ -59,9 +59,9 @@ def create_app(
             yield
             return
         from services.publisher.bulk.store_pg import PgBulkStore
-        from services.publisher.erase_pg import PgErasureStore
         from services.publisher.ingest.store_pg import PgIngestStore
         from services.publisher.store_pg import open_publisher_pool
+        from services.runtime.erasure.erase_pg import PgErasureStore
 
         pool = await open_publisher_pool(settings)
         _use_store(

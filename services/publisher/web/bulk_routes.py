@@ -2,16 +2,20 @@
 one multipart request.
 
 The request: an ``items`` part (JSON: a list of ``{"title", "acl"}`` for a new document,
-``{"documentId", "acl"}`` for a new version of one, or ``{"documentId", "delete": true,
-"revision"}`` for a delete) and, in the same order, one ``file`` part per item that is not a
-delete, whose content type is the version's media type. The whole body is bounded by
-the upload limit and counts against the upload budget like any upload.
+``{"documentId", "acl"}`` for a new version of one, ``{"documentId", "delete": true,
+"revision"}`` for a delete, or ``{"documentId", "erase": true}`` for an erase) and, in the
+same order, one ``file`` part per item that is not a delete or an erase, whose content type
+is the version's media type. The whole body is bounded by the upload limit and counts
+against the upload budget like any upload.
 
 The answer is 200 with one result per item, in order: its document, version, revision and
 index task, or its problem (``status``, ``errorCode``, ``detail``: what the single calls
-would have answered). A request that cannot be read at all (no ``items``, malformed or
-too deeply nested JSON, a text part not in UTF-8, a file part without a filename, more files
-than items, too many items) is refused whole with 400/422 and changes nothing.
+would have answered). The request needs the ``publish`` scope; an erase item also needs
+``admin``, checked per item as every other rule is: with another key each erase item is
+refused alone (403 ``KEY_SCOPE_INSUFFICIENT``, nothing of it written) and the others go on.
+A request that cannot be read at all (no ``items``, malformed or too deeply nested JSON, a
+text part not in UTF-8, a file part without a filename, more files than items, too many
+items) is refused whole with 400/422 and changes nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from services.publisher.bulk.domain import (
     BulkItem,
     BulkPublisher,
     ItemDeleted,
+    ItemErased,
     ItemPublished,
     ItemRefused,
     ItemResult,
@@ -36,13 +41,14 @@ from services.publisher.bulk.domain import (
 from services.publisher.bulk.form import read_form
 from services.publisher.domain import MAX_TITLE_LENGTH, Upload
 from services.publisher.metrics import PublisherMetrics
+from services.publisher.ports import ErasureRequest
 from services.publisher.web.links import AFTER_BULK
 from services.publisher.web.wire import MAX_INT64, ReadAcl
 from services.runtime.auth.keys import Scope
-from services.runtime.errors import BadInput, DependencyUnavailable
+from services.runtime.errors import BadInput, DependencyUnavailable, KbError
 from services.runtime.fair_share.middleware import LIMITED_RESPONSE
 from services.runtime.logging import get_logger
-from services.runtime.tenancy.tenant_auth import require_scope
+from services.runtime.tenancy.tenant_auth import KeyScopeInsufficient, require_scope
 from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
 from services.runtime.web.http_problem import PROBLEM_RESPONSE
 from services.runtime.web.http_strict import strict_json_loads
@@ -72,6 +78,11 @@ class BulkItemRequest(ApiModel):
         default=False,
         description="Delete `documentId` as DELETE /documents/{documentId} does; no file part.",
     )
+    erase: bool = Field(
+        default=False,
+        description="Erase `documentId` as POST /documents/{documentId}/erase does (an admin "
+        "key only); no file part, no revision.",
+    )
     revision: int | None = Field(
         default=None,
         ge=1,
@@ -84,13 +95,20 @@ class BulkItemRequest(ApiModel):
 class BulkItemResult(ApiModel):
     index: int
     status: int = Field(
-        description="202 when published, 200 when deleted, else the item's problem status."
+        description="202 when published, 200 when deleted or erased, else the item's problem "
+        "status."
     )
     document_id: uuid.UUID | None = None
     version_number: int | None = None
     revision: int | None = None
     index_task_id: uuid.UUID | None = None
     deleted_at: datetime | None = None
+    requested_at: datetime | None = Field(
+        default=None, description="An erase: when its erase was first asked for."
+    )
+    erased_at: datetime | None = Field(
+        default=None, description="An erase: when its content was gone."
+    )
     error_code: str | None = None
     detail: str | None = None
 
@@ -98,6 +116,7 @@ class BulkItemResult(ApiModel):
 class BulkResponse(ApiModel):
     published: int
     deleted: int = 0
+    erased: int = 0
     refused: int
     results: list[BulkItemResult]
 
@@ -139,13 +158,15 @@ async def publish_many(request: Request, tenant_id: TenantId) -> BulkResponse:
     try:
         with metrics.counting_errors("bulk_publish"):
             items = _items(form.getlist("items"), form.getlist("file"))
-            results = await bulk.publish_many(tenant_id, items)
+            eraser = _eraser(request, tenant_id) if any(item.erase for item in items) else None
+            results = await bulk.publish_many(tenant_id, items, eraser=eraser)
     finally:
         await form.close()
     answer = [_result(result) for result in results]
     published = sum(1 for result in results if isinstance(result, ItemPublished))
     deleted = sum(1 for result in results if isinstance(result, ItemDeleted))
-    refused = len(results) - published - deleted
+    erased = sum(1 for result in results if isinstance(result, ItemErased))
+    refused = len(results) - published - deleted - erased
     metrics.operations.labels("bulk_publish", "ok").inc()
     for result in results:
         if isinstance(result, ItemRefused):
@@ -155,9 +176,22 @@ async def publish_many(request: Request, tenant_id: TenantId) -> BulkResponse:
         tenant_id=tenant_id,
         published=published,
         deleted=deleted,
+        erased=erased,
         refused=refused,
     )
-    return BulkResponse(published=published, deleted=deleted, refused=refused, results=answer)
+    return BulkResponse(
+        published=published, deleted=deleted, erased=erased, refused=refused, results=answer
+    )
+
+
+def _eraser(request: Request, tenant_id: str) -> ErasureRequest | KbError:
+    """Who asks for the request's erase items, as the single erase records it; or, for a key
+    without the admin scope, the error each of them is refused with."""
+    try:
+        caller = require_scope(request, tenant_id, Scope.ADMIN)
+    except KeyScopeInsufficient as refused:
+        return refused
+    return ErasureRequest(requested_by="api", key_id=caller.grant.key_id)
 
 
 def _items(manifests: list[Any], files: list[Any]) -> list[BulkItem]:
@@ -178,25 +212,27 @@ def _items(manifests: list[Any], files: list[Any]) -> list[BulkItem]:
     if len(raw) > MAX_BULK_ITEMS:
         raise BadInput(f"at most {MAX_BULK_ITEMS} items per request", code="BULK_INVALID")
     manifests_read = [_manifest(index, entry) for index, entry in enumerate(raw)]
-    uploads = [m for m in manifests_read if not m.delete]
+    uploads = [m for m in manifests_read if not (m.delete or m.erase)]
     # read_form refuses a file part without a filename, so every file part is an upload.
-    # A delete item takes no file: the files are the other items', in their order.
+    # A delete or erase item takes no file: the files are the other items', in their order.
     if len(files) != len(uploads) or not all(isinstance(f, UploadFile) for f in files):
         raise BadInput(
-            f"{len(uploads)} items that are not deletes need {len(uploads)} 'file' parts, "
+            f"{len(uploads)} items that are not deletes or erases need {len(uploads)} "
+            f"'file' parts, "
             f"in order; got {len(files)}",
             code="BULK_INVALID",
         )
     file_of = iter(files)
     items = []
     for manifest in manifests_read:
-        if manifest.delete:
+        if manifest.delete or manifest.erase:
             items.append(
                 BulkItem(
                     upload=None,
                     read_principals=[],
                     document_id=manifest.document_id,
                     delete_revision=manifest.revision,
+                    erase=manifest.erase,
                 )
             )
             continue
@@ -225,17 +261,22 @@ def _manifest(index: int, entry: Any) -> BulkItemRequest:
         first = error.errors(include_input=False, include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])
         raise BadInput(f"item {index}: {where}: {first['msg']}", code="BULK_INVALID") from None
-    if manifest.delete:
+    if manifest.delete or manifest.erase:
+        # A delete names its document and the revision last read; an erase, an admin's
+        # order, its document only (as the single calls take them).
+        what = (
+            "an erase names a documentId"
+            if manifest.erase
+            else "a delete names a documentId and a revision"
+        )
         if (
             manifest.document_id is None
-            or manifest.revision is None
+            or (manifest.delete and manifest.erase)
+            or (manifest.revision is None) == manifest.delete
             or manifest.title is not None
             or manifest.acl is not None
         ):
-            raise BadInput(
-                f"item {index}: a delete names a documentId and a revision, and nothing else",
-                code="BULK_INVALID",
-            )
+            raise BadInput(f"item {index}: {what}, and nothing else", code="BULK_INVALID")
         return manifest
     if (manifest.title is None) == (manifest.document_id is None):
         raise BadInput(
@@ -251,7 +292,11 @@ def _manifest(index: int, entry: Any) -> BulkItemRequest:
 
 
 # The status of an item that succeeded, by what it did (its fields are the answer's).
-_DONE_STATUS: Final[dict[type[ItemResult], int]] = {ItemPublished: 202, ItemDeleted: 200}
+_DONE_STATUS: Final[dict[type[ItemResult], int]] = {
+    ItemPublished: 202,
+    ItemDeleted: 200,
+    ItemErased: 200,
+}
 
 
 def _result(result: ItemResult) -> BulkItemResult:
@@ -281,7 +326,9 @@ _OPENAPI_BODY: Final[dict[str, Any]] = {
                                 '{"title": ..., "acl": {"read": [...]}} for a new document, '
                                 '{"documentId": ..., "acl": {"read": [...]}} for a new '
                                 'version of one, {"documentId": ..., "delete": true, '
-                                '"revision": ...} for a delete (which takes no file part).'
+                                '"revision": ...} for a delete, {"documentId": ..., '
+                                '"erase": true} for an erase (an admin key only); a delete '
+                                "or an erase takes no file part."
                             ),
                         },
                         "file": {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 
@@ -17,8 +18,10 @@ from services.indexer.maintenance.index_check import (
     appeared,
     drift_key,
     find_drift,
+    find_leftover_drift,
     verify,
 )
+from services.runtime.erasure.leftovers import Leftovers
 from services.runtime.indexing.tasks import TaskStatus
 
 TASK_V1 = uuid.UUID(int=1)
@@ -269,3 +272,90 @@ def test_drifts_that_appear_during_the_repair_are_named() -> None:
     )
     assert appeared([DAMAGED], [DAMAGED, fresh]) == [fresh]
     assert appeared([DAMAGED, fresh], [fresh]) == []
+
+
+# --- deleted and erased documents ---------------------------------------------------------
+
+WHEN = datetime(2026, 1, 1, tzinfo=UTC)
+DELETED = Leftovers(
+    tenant_id="acme",
+    document_id=uuid.UUID(int=11),
+    deleted_at=WHEN,
+    erase_requested_at=None,
+    erased_at=None,
+    tombstoned=True,
+    pointer_version=2,
+    chunks=0,
+    staged_slices=0,
+    served_acl=0,
+    version_bytes=0,
+    version_acl=0,
+    task_messages=0,
+    requeue_messages=0,
+    outbox_events=0,
+    title_kept=False,
+)
+ERASED = replace(DELETED, erase_requested_at=WHEN, erased_at=WHEN)
+
+
+def leftover_kinds(left: Leftovers) -> list[tuple[DriftKind, RepairAction]]:
+    return [(d.kind, d.repair.action) for d in find_leftover_drift(left)]
+
+
+@pytest.mark.parametrize("left", [DELETED, ERASED])
+def test_a_deleted_or_erased_document_holding_nothing_is_not_drift(left: Leftovers) -> None:
+    assert find_leftover_drift(left) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "kind"),
+    [
+        ({"tombstoned": False}, DriftKind.DELETED_NOT_TOMBSTONED),
+        ({"tombstoned": False, "pointer_version": None}, DriftKind.DELETED_NOT_TOMBSTONED),
+        ({"chunks": 3}, DriftKind.DELETED_CHUNKS),
+        ({"staged_slices": 2}, DriftKind.DELETED_STAGED_SLICES),
+        ({"served_acl": 1}, DriftKind.DELETED_ACL),
+    ],
+)
+def test_each_leftover_of_a_deleted_document_is_drift_removed_in_place(
+    changes: dict[str, object], kind: DriftKind
+) -> None:
+    assert leftover_kinds(replace(DELETED, **changes)) == [(kind, RepairAction.REMOVE)]  # type: ignore[arg-type]
+    # Once an erase was asked for, the repair finishes the erase instead.
+    assert leftover_kinds(replace(ERASED, **changes)) == [(kind, RepairAction.ERASE)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"erased_at": None},
+        {"version_bytes": 1},
+        {"version_acl": 1},
+        {"task_messages": 1},
+        {"requeue_messages": 1},
+        {"outbox_events": 1},
+        {"title_kept": True},
+    ],
+)
+def test_what_the_erase_removes_is_drift_only_once_an_erase_was_asked_for(
+    changes: dict[str, object],
+) -> None:
+    erased = replace(ERASED, **changes)  # type: ignore[arg-type]
+    assert leftover_kinds(erased) == [(DriftKind.ERASE_UNFINISHED, RepairAction.ERASE)]
+    if "erased_at" not in changes:
+        assert find_leftover_drift(replace(DELETED, **changes)) == []  # type: ignore[arg-type]
+
+
+def test_leftovers_are_named_by_count_never_content() -> None:
+    [drift] = find_leftover_drift(replace(ERASED, erased_at=None, version_bytes=2, title_kept=True))
+    assert drift.detail == "erase asked for, erased_at unset; left: version bytes 2, title 1"
+
+
+def test_a_removal_is_repaired_when_the_check_after_it_no_longer_finds_it() -> None:
+    [drift] = find_leftover_drift(replace(DELETED, chunks=4))
+    removed = {"queued": True, "note": "removed", "task_status": None}
+    assert verify(drift, **removed, after=set()).verdict is Verdict.REPAIRED  # type: ignore[arg-type]
+    assert (
+        verify(drift, **removed, after={drift_key(drift)}).verdict  # type: ignore[arg-type]
+        is Verdict.STILL_DRIFTING
+    )

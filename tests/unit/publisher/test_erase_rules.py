@@ -6,7 +6,7 @@ stable code instead of deleting without erasing."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -38,6 +38,11 @@ class CountingErasure:
         erasures = self.store._state.erasures
         erasures[key] = replace(erasures[key], erased_at=AT)
         return AT
+
+    async def remove_deleted_leftovers(
+        self, tenant_id: str, document_id: uuid.UUID, *, batch_rows: int
+    ) -> Mapping[str, int]:
+        return {}  # the memory store keeps no chunks, slices or served ACL to remove
 
 
 async def _document(store: MemoryPublisherStore) -> uuid.UUID:

@@ -1,6 +1,6 @@
 """kb-client: kb-pipeline's tenant API, typed, sync and async."""
 
-from kb_client._core import ApiKey, BulkDelete, BulkItem, Published, RetryPolicy
+from kb_client._core import ApiKey, BulkDelete, BulkErase, BulkItem, Published, RetryPolicy
 from kb_client.aio import AsyncKbClient
 from kb_client.client import KbClient
 from kb_client.errors import (
@@ -45,6 +45,7 @@ __all__ = [
     "AsyncKbClient",
     "BadRequest",
     "BulkDelete",
+    "BulkErase",
     "BulkItem",
     "BulkResponse",
     "Conflict",

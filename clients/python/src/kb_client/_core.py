@@ -236,6 +236,21 @@ class BulkDelete:
 
 
 @dataclass(frozen=True)
+class BulkErase:
+    """One erase in a bulk request: ``document_id``, as ``erase_document`` does (an admin
+    key only: with another, the item answers 403 on its own); it sends no file."""
+
+    document_id: uuid.UUID | str
+
+    def entry(self) -> dict[str, Any]:
+        return {"documentId": str(self.document_id), "erase": True}
+
+
+# What one item of a bulk request may be.
+BulkEntry = BulkItem | BulkDelete | BulkErase
+
+
+@dataclass(frozen=True)
 class Published:
     """A version that has become searchable, and the token that makes searches see it."""
 

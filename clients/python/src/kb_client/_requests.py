@@ -12,7 +12,7 @@ import httpx
 
 from kb_client._core import (
     ApiKey,
-    BulkDelete,
+    BulkEntry,
     BulkItem,
     Call,
     FileInput,
@@ -113,8 +113,8 @@ class ClientBase:
             json=body.model_dump(mode="json", by_alias=True),
         )
 
-    def _publish_many(self, items: Sequence[BulkItem | BulkDelete]) -> Call:
-        # One file part per upload, in the items' order; a delete has none.
+    def _publish_many(self, items: Sequence[BulkEntry]) -> Call:
+        # One file part per upload, in the items' order; a delete or an erase has none.
         uploads = [i for i in items if isinstance(i, BulkItem)]
         return Call(
             "POST",

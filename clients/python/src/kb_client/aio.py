@@ -14,8 +14,7 @@ from pydantic import BaseModel
 
 from kb_client._core import (
     ApiKey,
-    BulkDelete,
-    BulkItem,
+    BulkEntry,
     Call,
     FileInput,
     Published,
@@ -118,7 +117,7 @@ class AsyncKbClient(ClientBase):
             self._publish(document_id, version, revision, read), PublishResponse
         )
 
-    async def publish_many(self, items: Sequence[BulkItem | BulkDelete]) -> BulkResponse:
+    async def publish_many(self, items: Sequence[BulkEntry]) -> BulkResponse:
         return await self._send(self._publish_many(items), BulkResponse)
 
     async def document_status(self, document_id: uuid.UUID | str) -> DocumentStatusResponse:

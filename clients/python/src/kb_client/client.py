@@ -13,8 +13,7 @@ from pydantic import BaseModel
 
 from kb_client._core import (
     ApiKey,
-    BulkDelete,
-    BulkItem,
+    BulkEntry,
     Call,
     FileInput,
     Published,
@@ -115,7 +114,7 @@ class KbClient(ClientBase):
     ) -> PublishResponse:
         return self._send(self._publish(document_id, version, revision, read), PublishResponse)
 
-    def publish_many(self, items: Sequence[BulkItem | BulkDelete]) -> BulkResponse:
+    def publish_many(self, items: Sequence[BulkEntry]) -> BulkResponse:
         return self._send(self._publish_many(items), BulkResponse)
 
     def document_status(self, document_id: uuid.UUID | str) -> DocumentStatusResponse:

@@ -172,6 +172,8 @@ class BulkItemResult(ApiModel):
     revision: int | None = None
     index_task_id: uuid.UUID | None = None
     deleted_at: datetime | None = None
+    requested_at: datetime | None = None
+    erased_at: datetime | None = None
     error_code: str | None = None
     detail: str | None = None
 
@@ -179,6 +181,7 @@ class BulkItemResult(ApiModel):
 class BulkResponse(ApiModel):
     published: int
     deleted: int = 0
+    erased: int = 0
     refused: int
     results: list[BulkItemResult]
 
