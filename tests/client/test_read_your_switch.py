@@ -37,7 +37,10 @@ def replica_server(replica_pair: ReplicaPair, primary: str) -> Iterator[str]:
         database_url=primary,
         search_database_urls=replica_pair.replica_url(primary),
         search_replica_max_lag_seconds=3600,
-        search_replica_check_seconds=0.05,
+        # Also each check's timeout: a check that times out takes the replica out of
+        # rotation, and a search without a token would then read the primary. A second is
+        # far above a local read even on a loaded machine.
+        search_replica_check_seconds=1.0,
         search_after_wait_seconds=0.2,
     )
     with serving(primary, search_settings=search) as url:
