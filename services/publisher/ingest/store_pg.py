@@ -86,6 +86,10 @@ class PgIngestStore(PgPublisherStore):
         async with self.ingest_transaction(tenant_id) as tx:
             return await PgIngestKeys(tx.connection).add(tenant_id, key_id, public_key)
 
+    async def list_ingest_keys(self, tenant_id: str) -> list[dict[str, Any]]:
+        async with self.ingest_transaction(tenant_id) as tx:
+            return await PgIngestKeys(tx.connection).list(tenant_id)
+
     async def revoke_ingest_key(self, tenant_id: str, key_id: str) -> datetime | None:
         async with self.ingest_transaction(tenant_id) as tx:
             return await PgIngestKeys(tx.connection).revoke(tenant_id, key_id)
