@@ -69,6 +69,10 @@ class IngestTransaction(PublishTransaction, Protocol):
         """Drop the key's mapping (its document was deleted: the key maps anew)."""
         ...
 
+    async def forget_document_key(self, tenant_id: str, document_id: uuid.UUID) -> None:
+        """Drop an erased document's key: a producer's key may be personal data."""
+        ...
+
     async def map_key(
         self, tenant_id: str, document_key: str, document_id: uuid.UUID, now: datetime | None
     ) -> None:

@@ -59,6 +59,10 @@ class PgIngestTransaction(PgPublishTransaction):
         with translate_db_errors():
             await self._conn.execute(QUERIES["forget_key"], tenant_id, document_key)
 
+    async def forget_document_key(self, tenant_id: str, document_id: uuid.UUID) -> None:
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["forget_document_key"], tenant_id, document_id)
+
     async def map_key(
         self, tenant_id: str, document_key: str, document_id: uuid.UUID, now: datetime | None
     ) -> None:
