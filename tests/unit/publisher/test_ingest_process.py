@@ -89,7 +89,8 @@ def _record(signer: Signer | None, value: bytes, offset: int = 0) -> IngestRecor
 
 
 def _count(metrics: IngestMetrics, result: str) -> float:
-    return metrics.commands.labels("standard", "PublishDocument", result)._value.get()
+    value: float = metrics.commands.labels("standard", "PublishDocument", result)._value.get()
+    return value
 
 
 async def test_a_signed_command_is_applied_and_counted() -> None:
