@@ -5,9 +5,10 @@
         python examples/ingest_folder.py acme examples/policies
 
 The tenant registered the public half first: `kb tenants ingest-keys add acme k1
---public-key <base64>`. Each file becomes a `PublishDocument` keyed by its path (the
-producer's own document key); the answers are the `DocumentSearchVersionSwitched` events
-on `kb.document-events` that carry our command ids.
+--public-key <base64>` (`python examples/ingest_folder.py --new-key` makes a pair). Each
+file becomes a `PublishDocument` keyed by its path (the producer's own document key); the
+answers are the `DocumentSearchVersionSwitched` events on `kb.document-events` that carry
+our command ids.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from services.publisher.ingest.commands import PUBLISH_DOCUMENT, encode_command
-from services.publisher.ingest.signing import KEY_ID_HEADER, SIGNATURE_HEADER, sign
+from services.publisher.ingest.signing import KEY_ID_HEADER, SIGNATURE_HEADER, public_bytes, sign
 from services.runtime.messaging.avro import default_registry
 
 BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
@@ -37,12 +39,26 @@ def files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in found}
 
 
+async def from_the_end(events: AIOKafkaConsumer, topic: str) -> None:
+    """Read only what comes after now, fixed before the first send: a consumer left to find
+    "the end" by itself may find it after the first answers and wait for them forever."""
+    await events.topics()  # the cluster's metadata, so the topic's partitions are known
+    partitions = [TopicPartition(topic, p) for p in events.partitions_for_topic(topic) or ()]
+    if not partitions:  # a new topic (no answer anywhere yet): all of it, from the start
+        events.subscribe([topic])
+        return
+    events.assign(partitions)
+    for partition, end in (await events.end_offsets(partitions)).items():
+        events.seek(partition, end)
+
+
 async def main(tenant: str, folder: Path, tier: str = "standard", key_id: str = "k1") -> None:
     key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(os.environ["KB_INGEST_KEY"]))
-    events = AIOKafkaConsumer(f"{PREFIX}kb.document-events", bootstrap_servers=BOOTSTRAP)
+    events = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, auto_offset_reset="earliest")
     producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all")
-    await events.start()  # from the end: only answers to what we send now
+    await events.start()
     await producer.start()
+    await from_the_end(events, f"{PREFIX}kb.document-events")
     waiting: dict[uuid.UUID, str] = {}
     for name, content in files(folder).items():
         command_id = uuid.uuid4()
@@ -78,5 +94,16 @@ async def main(tenant: str, folder: Path, tier: str = "standard", key_id: str = 
     await events.stop()
 
 
+def new_key() -> None:
+    """A new key pair, each half as the raw bytes in base64."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    print(f"KB_INGEST_KEY={base64.b64encode(private).decode()}")
+    print(f"PUBLIC_KEY={base64.b64encode(public_bytes(key)).decode()}")
+
+
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], Path(sys.argv[2])))
+    if sys.argv[1:] == ["--new-key"]:
+        new_key()
+    else:
+        asyncio.run(main(sys.argv[1], Path(sys.argv[2])))

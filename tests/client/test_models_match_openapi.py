@@ -113,6 +113,7 @@ def _calls(client: ClientBase) -> dict[str, Call]:
         "delete_document": client._delete(doc, 3),
         "erase_document": client._erase(doc),
         "add_ingest_key": client._add_ingest_key("k1", "a" * 43),
+        "list_ingest_keys": client._list_ingest_keys(),
         "revoke_ingest_key": client._revoke_ingest_key("k1"),
         "index_task": client._index_task(task),
         "search": client._search(

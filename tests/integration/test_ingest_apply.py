@@ -16,6 +16,7 @@ from services.publisher.domain import Publisher, RevisionConflict, Upload
 from services.publisher.ingest.apply import DocumentKeyUnknown, IngestApplier
 from services.publisher.ingest.commands import CommandInvalid, decode_command
 from services.publisher.ingest.store_pg import DocumentKeyTaken, PgIngestStore
+from services.publisher.ports import ErasureRequest
 from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.errors import Conflict
 from services.runtime.messaging.avro import default_registry
@@ -193,6 +194,62 @@ async def test_erase_erases_and_is_recorded_once(
     again = await _apply(applier, payload)
     assert not again.changed
     assert await conn.fetchval("SELECT count(*) FROM ingest_command") == 2
+
+
+async def _keys(conn: asyncpg.Connection[Any]) -> list[str]:
+    return [r["document_key"] for r in await conn.fetch("SELECT * FROM ingest_document_key")]
+
+
+async def test_an_erase_forgets_the_producer_key_and_a_redelivery_resurrects_nothing(
+    parts: tuple[IngestApplier, Publisher], tenant: str, conn: asyncpg.Connection[Any]
+) -> None:
+    """The producer's key may be personal data (a user's address as a page id): the erase
+    removes its row, yet every copy of the commands before it stays a repeat."""
+    applier, _ = parts
+    publish = publish_command(tenant, "jane@example.com", b"secret words")
+    first = await _apply(applier, publish)
+    erase = erase_command(tenant, "jane@example.com")
+    erased = await _apply(applier, erase)
+    assert await _keys(conn) == []
+    before = await _counts(conn)
+    again = await _apply(applier, erase)
+    assert (again.changed, again.document_id) == (False, erased.document_id)
+    repeated = await _apply(applier, publish)
+    assert (repeated.changed, repeated.document_id) == (False, first.document_id)
+    assert await _counts(conn) == before
+    assert await conn.fetchval("SELECT count(*) FROM document") == 1
+    assert await conn.fetchval("SELECT max(length(content)) FROM document_version") == 0
+    with pytest.raises(DocumentKeyUnknown):  # a new erase of the key: nothing is known
+        await _apply(applier, erase_command(tenant, "jane@example.com"))
+
+
+async def test_an_erase_recorded_after_a_crash_still_answers_and_forgets_the_key(
+    parts: tuple[IngestApplier, Publisher], tenant: str, conn: asyncpg.Connection[Any]
+) -> None:
+    """A crash after the erase's batches and before the command's record: the key is still
+    mapped (it goes with the record), so the redelivered command finds its document."""
+    applier, publisher = parts
+    first = await _apply(applier, publish_command(tenant, "page-1", b"secret words"))
+    command_id = uuid.uuid4()
+    await publisher.erase_document(
+        tenant, first.document_id, ErasureRequest(requested_by="ingest"), command_id=command_id
+    )
+    assert await _keys(conn) == ["page-1"]
+    answer = await _apply(applier, erase_command(tenant, "page-1", command_id=command_id))
+    assert (answer.changed, answer.document_id) == (True, first.document_id)
+    assert await _keys(conn) == []
+
+
+async def test_an_erase_over_http_forgets_the_producer_key_too(
+    parts: tuple[IngestApplier, Publisher], tenant: str, conn: asyncpg.Connection[Any]
+) -> None:
+    applier, publisher = parts
+    first = await _apply(applier, publish_command(tenant, "page-1", b"secret words"))
+    await publisher.erase_document(tenant, first.document_id, ErasureRequest(requested_by="api"))
+    assert await _keys(conn) == []
+    # A later publish of the key is a new document, as after a delete.
+    later = await _apply(applier, publish_command(tenant, "page-1", b"new words"))
+    assert later.document_id != first.document_id
 
 
 async def test_a_refused_command_leaves_nothing_not_even_its_id(

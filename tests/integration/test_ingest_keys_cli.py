@@ -84,11 +84,24 @@ async def test_an_admin_key_registers_and_revokes_an_ingest_key_over_http(
         key = await store.ingest_key("acme", "k1")
         assert key is not None
         assert key.public_key == raw
+        beta = await add_tenant(conn, "beta")
+        other = {**body, "keyId": "k2"}
+        assert (
+            await api.client.post(beta.path("/ingest-keys"), json=other, headers=beta.headers)
+        ).status_code == 201
+        listed = await api.client.get(acme.path("/ingest-keys"), headers=acme.headers)
+        assert listed.status_code == 200, listed.text
+        [entry] = listed.json()["keys"]
+        assert (entry["keyId"], entry["revokedAt"]) == ("k1", None)
+        assert base64.b64decode(entry["publicKey"]) == raw
 
         revoked = await api.client.delete(acme.path("/ingest-keys/k1"), headers=acme.headers)
         assert revoked.status_code == 200, revoked.text
         assert revoked.json()["revokedAt"] is not None
         assert await store.ingest_key("acme", "k1") is None
+        after = await api.client.get(acme.path("/ingest-keys"), headers=acme.headers)
+        [entry] = after.json()["keys"]  # a revoked key stays listed, with when
+        assert entry["revokedAt"] == revoked.json()["revokedAt"]
         gone = await api.client.delete(acme.path("/ingest-keys/k1"), headers=acme.headers)
         assert gone.status_code == 404
         assert gone.json()["errorCode"] == "INGEST_KEY_NOT_FOUND"

@@ -94,6 +94,10 @@ async def _add_ingest_key(world: World, caller: Caller) -> httpx.Response:
     return await world.client.post(caller.path("/ingest-keys"), json=body, headers=caller.headers)
 
 
+async def _list_ingest_keys(world: World, caller: Caller) -> httpx.Response:
+    return await world.client.get(caller.path("/ingest-keys"), headers=caller.headers)
+
+
 async def _revoke_ingest_key(world: World, caller: Caller) -> httpx.Response:
     # No such key: with an admin key this answers 404 and revokes nothing.
     return await world.client.delete(caller.path("/ingest-keys/none"), headers=caller.headers)
@@ -167,6 +171,13 @@ ENDPOINTS = {
     ),
     "add_ingest_key": Endpoint(
         "POST", "/v1/tenants/{tenantId}/ingest-keys", Scope.ADMIN, _add_ingest_key, frozenset({400})
+    ),
+    "list_ingest_keys": Endpoint(
+        "GET",
+        "/v1/tenants/{tenantId}/ingest-keys",
+        Scope.ADMIN,
+        _list_ingest_keys,
+        frozenset({200}),
     ),
     "revoke_ingest_key": Endpoint(
         "DELETE",

@@ -195,9 +195,14 @@ class IngestApplier:
         """An erase runs in batches of their own transactions, never in one: it is
         idempotent itself (an erased document answers what its erase did, one left halfway
         is finished), so it runs first and the command is recorded after it; a redelivery
-        runs it again, which writes nothing more, and answers the record."""
+        before the record runs it again, which writes nothing more. The producer's key may
+        be personal data: the record's transaction removes it, so a redelivery after the
+        record finds the record first, not the key."""
         tenant = command.tenant_id
         async with self._store.ingest_transaction(tenant) as tx:
+            earlier = await tx.command_answer(tenant, command.command_id)
+            if earlier is not None:
+                return dataclasses.replace(earlier, changed=False)
             document_id = await tx.document_for_key(tenant, command.document_key)
         if document_id is None:
             raise DocumentKeyUnknown(
@@ -216,6 +221,7 @@ class IngestApplier:
             if earlier is not None:
                 return earlier
             await tx.record_answer(tenant, answer)
+            await tx.forget_document_key(tenant, document_id)
         return answer
 
 

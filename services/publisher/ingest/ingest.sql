@@ -36,6 +36,10 @@ RETURNING document_id
 -- A key whose document was deleted, before a publish maps it to a new document.
 DELETE FROM ingest_document_key WHERE tenant_id = $1 AND document_key = $2
 
+-- name: forget_document_key
+-- An erased document's key (it may be personal data), in the erase command's record.
+DELETE FROM ingest_document_key WHERE tenant_id = $1 AND document_id = $2
+
 -- name: find_ingest_key
 -- $1 tenant, $2 key id, $3 now (NULL: the database's).
 SELECT key_id, public_key

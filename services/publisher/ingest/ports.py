@@ -6,7 +6,7 @@ import uuid
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from services.publisher.ingest.commands import Command
 from services.publisher.ingest.signing import IngestKey
@@ -69,6 +69,10 @@ class IngestTransaction(PublishTransaction, Protocol):
         """Drop the key's mapping (its document was deleted: the key maps anew)."""
         ...
 
+    async def forget_document_key(self, tenant_id: str, document_id: uuid.UUID) -> None:
+        """Drop an erased document's key: a producer's key may be personal data."""
+        ...
+
     async def map_key(
         self, tenant_id: str, document_key: str, document_id: uuid.UUID, now: datetime | None
     ) -> None:
@@ -94,6 +98,11 @@ class IngestKeyRegistry(Protocol):
         self, tenant_id: str, key_id: str, public_key: bytes
     ) -> datetime | None:
         """When the key was added; None when the tenant has a key of that id already."""
+        ...
+
+    async def list_ingest_keys(self, tenant_id: str) -> list[dict[str, Any]]:
+        """The tenant's keys, revoked ones included, oldest first: ``key_id``,
+        ``public_key`` (raw bytes), ``created_at``, ``revoked_at``."""
         ...
 
     async def revoke_ingest_key(self, tenant_id: str, key_id: str) -> datetime | None:

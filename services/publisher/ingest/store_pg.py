@@ -59,6 +59,10 @@ class PgIngestTransaction(PgPublishTransaction):
         with translate_db_errors():
             await self._conn.execute(QUERIES["forget_key"], tenant_id, document_key)
 
+    async def forget_document_key(self, tenant_id: str, document_id: uuid.UUID) -> None:
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["forget_document_key"], tenant_id, document_id)
+
     async def map_key(
         self, tenant_id: str, document_key: str, document_id: uuid.UUID, now: datetime | None
     ) -> None:
@@ -85,6 +89,10 @@ class PgIngestStore(PgPublisherStore):
     ) -> datetime | None:
         async with self.ingest_transaction(tenant_id) as tx:
             return await PgIngestKeys(tx.connection).add(tenant_id, key_id, public_key)
+
+    async def list_ingest_keys(self, tenant_id: str) -> list[dict[str, Any]]:
+        async with self.ingest_transaction(tenant_id) as tx:
+            return await PgIngestKeys(tx.connection).list(tenant_id)
 
     async def revoke_ingest_key(self, tenant_id: str, key_id: str) -> datetime | None:
         async with self.ingest_transaction(tenant_id) as tx:

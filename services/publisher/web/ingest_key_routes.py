@@ -1,9 +1,10 @@
 """A tenant's ingest keys over HTTP (docs/security.md#publish-by-event): an admin key
-registers the Ed25519 public key its producers sign commands with, and revokes it. The
-same as `kb tenants ingest-keys add|revoke`, behind the tenant wall."""
+registers the Ed25519 public key its producers sign commands with, lists them and revokes
+one. The same as `kb tenants ingest-keys add|list|revoke`, behind the tenant wall."""
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -50,6 +51,18 @@ class IngestKeyResponse(ApiModel):
     revoked_at: datetime | None = None
 
 
+class IngestKeyListed(ApiModel):
+    key_id: str
+    public_key: str = Field(description="The Ed25519 public key: its 32 raw bytes in base64.")
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class IngestKeyList(ApiModel):
+    # Revoked keys too, oldest first: the operator's record of what signed when.
+    keys: list[IngestKeyListed]
+
+
 def _admin(request: Request, tenant_id: TenantId) -> None:
     require_scope(request, tenant_id, Scope.ADMIN)
 
@@ -83,6 +96,14 @@ def ingest_key_router(security: Any) -> APIRouter:
         summary="Register a public key the tenant's producers sign ingest commands with",
     )
     router.add_api_route(
+        "/ingest-keys",
+        list_ingest_keys,
+        methods=["GET"],
+        response_model=IngestKeyList,
+        responses=_problems(),
+        summary="The tenant's ingest keys, revoked ones included, oldest first",
+    )
+    router.add_api_route(
         "/ingest-keys/{keyId}",
         revoke_ingest_key,
         methods=["DELETE"],
@@ -102,6 +123,21 @@ async def add_ingest_key(
         raise IngestKeyExists(f"this tenant has a key {body.key_id!r} already")
     log.info("ingest_key.added", tenant_id=tenant_id, key_id=body.key_id)
     return IngestKeyResponse(key_id=body.key_id, created_at=created)
+
+
+async def list_ingest_keys(request: Request, tenant_id: TenantId) -> IngestKeyList:
+    rows = await _registry(request).list_ingest_keys(tenant_id)
+    return IngestKeyList(
+        keys=[
+            IngestKeyListed(
+                key_id=row["key_id"],
+                public_key=base64.b64encode(bytes(row["public_key"])).decode(),
+                created_at=row["created_at"],
+                revoked_at=row["revoked_at"],
+            )
+            for row in rows
+        ]
+    )
 
 
 async def revoke_ingest_key(

@@ -188,8 +188,10 @@ UPDATE outbox
 -- name: finish_erasure
 -- $1 tenant, $2 document, $3 the title an erased document keeps, $4 now. The last
 -- transaction: the title goes (the column is NOT NULL: a fixed placeholder), the served
--- index's leftovers of the document that name nothing (its gc mark), and the audit row gets
--- erased_at, once.
+-- index's leftovers of the document that name nothing (its gc mark), the producer's key of
+-- it (an ingest key may be personal data; an ingest erase forgets it in the transaction
+-- that records its command instead, so a redelivery after a crash still finds the
+-- document), and the audit row gets erased_at, once.
 WITH titled AS (
     UPDATE document
        SET title = $3
@@ -200,6 +202,14 @@ WITH titled AS (
     DELETE FROM index_gc_due
      WHERE tenant_id = $1
        AND document_id = $2
+    RETURNING 1
+), unkeyed AS (
+    DELETE FROM ingest_document_key k
+     WHERE k.tenant_id = $1
+       AND k.document_id = $2
+       AND NOT EXISTS (SELECT FROM document_erasure e
+                        WHERE e.tenant_id = $1 AND e.document_id = $2
+                          AND e.requested_by = 'ingest')
     RETURNING 1
 )
 UPDATE document_erasure

@@ -44,6 +44,7 @@ OPERATIONS = {
     "delete_document": "delete_document",
     "erase_document": "erase_document",
     "add_ingest_key": "add_ingest_key",
+    "list_ingest_keys": "list_ingest_keys",
     "revoke_ingest_key": "revoke_ingest_key",
     "index_task": "index_task",
     "search": "search",
@@ -146,6 +147,9 @@ class ClientBase:
             Retry.REFUSED_ONLY,
             json=body.model_dump(mode="json", by_alias=True),
         )
+
+    def _list_ingest_keys(self) -> Call:
+        return Call("GET", self._path("/ingest-keys"), Retry.SAFE)
 
     def _revoke_ingest_key(self, key_id: str) -> Call:
         return Call("DELETE", self._path(f"/ingest-keys/{key_id}"), Retry.REFUSED_ONLY)

@@ -33,6 +33,7 @@ from kb_client.models import (
     DocumentStatusResponse,
     EraseResponse,
     IndexTaskResponse,
+    IngestKeyList,
     IngestKeyResponse,
     PublishResponse,
     SearchMode,
@@ -143,6 +144,11 @@ class KbClient(ClientBase):
         """Register an Ed25519 public key (base64 of its 32 bytes) the tenant's producers
         sign ingest commands with (an ``admin`` key only)."""
         return self._send(self._add_ingest_key(key_id, public_key), IngestKeyResponse)
+
+    def list_ingest_keys(self) -> IngestKeyList:
+        """The tenant's ingest keys, revoked ones included, oldest first (an ``admin`` key
+        only)."""
+        return self._send(self._list_ingest_keys(), IngestKeyList)
 
     def revoke_ingest_key(self, key_id: str) -> IngestKeyResponse:
         """Revoke an ingest key at once (an ``admin`` key only)."""

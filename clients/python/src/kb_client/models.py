@@ -129,6 +129,17 @@ class IngestKeyResponse(ApiModel):
     revoked_at: datetime | None = None
 
 
+class IngestKeyListed(ApiModel):
+    key_id: str
+    public_key: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class IngestKeyList(ApiModel):
+    keys: list[IngestKeyListed]
+
+
 class DeleteResponse(ApiModel):
     document_id: uuid.UUID
     revision: int
@@ -243,6 +254,8 @@ SCHEMAS: dict[str, type[BaseModel]] = {
         EraseResponse,
         IngestKeyRequest,
         IngestKeyResponse,
+        IngestKeyListed,
+        IngestKeyList,
         IndexTaskResponse,
         BulkItemResult,
         BulkResponse,
