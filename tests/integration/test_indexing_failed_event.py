@@ -13,6 +13,8 @@ import asyncpg
 import pytest
 
 from services.indexer.queue.store_pg import PgTaskQueue
+from services.indexer.queue.worker import RunOnceResult, Worker
+from services.indexer.retry import RetryPolicy
 from services.indexer.task import FailureDecision, TaskStatus
 from services.publisher.domain import Publisher
 from services.publisher.erase_pg import PgErasureStore
@@ -24,6 +26,7 @@ from services.runtime.messaging.avro import default_registry
 from tests.support.api import add_tenant
 from tests.support.clock import ManualClock
 from tests.support.ingest import publish_command
+from tests.support.pipeline import running_pipeline
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.integration
@@ -197,3 +200,34 @@ async def test_a_task_ended_by_its_documents_delete_is_not_announced(
     [lease] = await queue.claim("standard", "w1", lease_seconds=LEASE)
     assert (await queue.fail(lease, _dead("DOCUMENT_DELETED"))).status is TaskStatus.DEAD
     assert await _failed(conn) == []
+
+
+async def test_a_worker_whose_document_cannot_be_indexed_answers_its_command(
+    pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    # End to end: the ingest path publishes, the worker's pipeline fails for good.
+    tenant = (await add_tenant(conn, "acme")).tenant_id
+    store = PgIngestStore(pool)
+    publisher = Publisher(store, max_upload_bytes=1 << 20, erasure=PgErasureStore(pool))
+    applier = IngestApplier(publisher, store, max_upload_bytes=1 << 20)
+    command_id = uuid.uuid4()
+    answer = await applier.apply(
+        decode_command(
+            publish_command(tenant, "blank", b" \n\t\n ", command_id=command_id),
+            max_inline_bytes=1 << 20,
+        )
+    )
+    async with running_pipeline(pool) as indexer:
+        work = Worker(PgTaskQueue(pool), indexer, tier="standard", owner="w", policy=RetryPolicy())
+        assert await work.run_once() is RunOnceResult.FAILED
+    [event] = await _failed(conn)
+    assert (event["taskId"], event["commandId"]) == (answer.task_id, command_id)
+    assert event["errorCode"] == "DOCUMENT_EMPTY"
+    assert await _events_of(conn, "DocumentSearchVersionSwitched") == 0
+
+
+async def _events_of(conn: asyncpg.Connection[Any], event_type: str) -> int:
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM outbox WHERE event_type = $1", event_type
+    )
+    return count
