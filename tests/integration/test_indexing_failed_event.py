@@ -231,3 +231,21 @@ async def _events_of(conn: asyncpg.Connection[Any], event_type: str) -> int:
         "SELECT count(*) FROM outbox WHERE event_type = $1", event_type
     )
     return count
+
+
+async def test_a_burial_continues_the_trace_stored_with_its_task(
+    pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
+) -> None:
+    # No attempt runs to bury an exhausted lease: the event continues the publish's trace.
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    clock = ManualClock(datetime.now(UTC))
+    created = await create_task(pool, max_attempts=1, next_attempt_at=clock.now())
+    await conn.execute(
+        "UPDATE index_task SET traceparent = $2 WHERE task_id = $1", created.task_id, traceparent
+    )
+    queue = PgTaskQueue(pool, clock=clock)
+    await queue.claim("standard", "w1", lease_seconds=LEASE)
+    clock.advance(LEASE + 1)
+    await queue.claim("standard", "w2", lease_seconds=LEASE)
+    stored = await conn.fetchval("SELECT traceparent FROM outbox WHERE event_type = $1", FAILED)
+    assert stored == traceparent
