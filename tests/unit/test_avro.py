@@ -29,6 +29,7 @@ EVENT_TYPES = [
     "DocumentVersionPublished",
     "DocumentSearchVersionSwitched",
     "DocumentDeleted",
+    "DocumentIndexingFailed",
 ]
 # Schemas that evolved (the command id, issue 44): the version before is kept as .v1 so its
 # payloads still decode.
@@ -67,6 +68,12 @@ def _sample(event_type: str) -> dict[str, Any]:
             "revision": 4,
             "previousSearchVersion": 1,
             "cancelledTasks": 2,
+        },
+        # Born with its command id (no .v1): a field of its own, not an evolution.
+        "DocumentIndexingFailed": {
+            "taskId": uuid.uuid4(),
+            "errorCode": "DOCUMENT_PARSE_FAILED",
+            "commandId": uuid.uuid4(),
         },
     }
     evolved = {"commandId": uuid.uuid4()} if event_type in EVOLVED else {}

@@ -105,7 +105,7 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
     ),
     "services.indexer.gc": (frozenset({"settings"}), frozenset({"collector", "retention"})),
     "services.indexer.queue": (
-        frozenset({"attempt_span"}),
+        frozenset({"attempt_span", "failed"}),
         frozenset({"attempt", "completions", "hints"}),
         frozenset({"store_pg", "worker", "hints_kafka"}),
     ),

@@ -4,22 +4,16 @@
 
 -- name: claim_tasks
 -- $1 tier, $2 owner, $3 lease seconds, $4 how many to claim, $5 candidates to consider,
--- $6 how many exhausted leases to bury, $7 now.
+-- $6 how many exhausted leases to report for burial, $7 now.
 --
 -- One statement, one short transaction, no lock held once it returns.
 --
--- 1. `exhausted` marks DEAD (LEASE_ATTEMPTS_EXHAUSTED) RUNNING tasks of the tier whose lease
---    expired with the attempt budget spent, at most $6 per claim, skipping rows another
---    transaction holds (a worker completing it right now, or another claimer burying it).
---    `buried_stream` deletes their staged chunks (knowledge_chunk_stream) with them: no
---    attempt of theirs will run again to do it. It reads the rows committed when this
---    statement began. A slice whose fence passed before the lease expired and that commits
---    while this statement runs is not among them (a slice holding the row when the lock
---    comes makes SKIP LOCKED pass the task over, to be buried by a later claim; one that
---    committed just before the lock does not). Such rows stay until the task is requeued
---    and its next attempt streams (its first slice deletes every earlier attempt's rows).
---    It takes a slice transaction open across the expiry of its lease: heartbeats failing
---    for a whole lease while the worker still writes.
+-- 1. `exhausted` finds up to $6 RUNNING tasks of the tier whose lease expired with the
+--    attempt budget spent, and returns their ids (a row each, `exhausted` true) beside the
+--    claimed leases; it locks and changes nothing. The caller buries them with
+--    `bury_exhausted`, in a transaction of its own that also writes each one's
+--    DocumentIndexingFailed (failed.py): the claim itself stays one autocommitted
+--    statement, and only a claim that found such a task pays for that transaction.
 --
 -- 2. Fairness rule, in ROUNDS. Round 0 is every expired lease with budget left (a takeover;
 --    these have waited longest), oldest lease first. Otherwise a tenant's k-th due
@@ -89,29 +83,13 @@
 -- over the partial indexes and the primary key, the same whatever the table's size.
 WITH RECURSIVE
 exhausted AS (
-    UPDATE index_task t
-       SET status = 'DEAD',
-           lease_until = NULL,
-           error_code = 'LEASE_ATTEMPTS_EXHAUSTED',
-           error_message = 'lease expired ' || t.attempts || ' times; attempt budget '
-                           || t.max_attempts || ' spent',
-           updated_at = coalesce($7::timestamptz, now()),
-           finished_at = coalesce($7::timestamptz, now())
-      FROM (SELECT x.task_id
-              FROM index_task x
-             WHERE x.tier = $1
-               AND x.status = 'RUNNING'
-               AND x.lease_until <= coalesce($7::timestamptz, now())
-               AND x.attempts >= x.max_attempts
-             LIMIT (SELECT $6::integer)
-               FOR UPDATE OF x SKIP LOCKED) x
-     WHERE t.task_id = x.task_id
-    RETURNING t.task_id
-),
-buried_stream AS (
-    DELETE FROM knowledge_chunk_stream s
-     USING exhausted e
-     WHERE s.task_id = e.task_id
+    SELECT x.task_id
+      FROM index_task x
+     WHERE x.tier = $1
+       AND x.status = 'RUNNING'
+       AND x.lease_until <= coalesce($7::timestamptz, now())
+       AND x.attempts >= x.max_attempts
+     LIMIT (SELECT $6::integer)
 ),
 tenant_head (tier, due_by, tenant_id, task_id, rank) AS (
     SELECT a.tier, a.due_by, n.tenant_id, n.task_id, 1::bigint
@@ -214,18 +192,75 @@ locked AS MATERIALIZED (
               FOR UPDATE SKIP LOCKED) l
      ORDER BY c.round, c.position, c.due_at
      LIMIT (SELECT $4::integer)
+),
+claimed AS (
+    UPDATE index_task t
+       SET status = 'RUNNING',
+           attempts = t.attempts + 1,
+           lease_owner = $2,
+           lease_until = coalesce($7::timestamptz, now()) + make_interval(secs => $3),
+           updated_at = coalesce($7::timestamptz, now())
+      FROM locked l
+     WHERE t.task_id = l.task_id
+    RETURNING t.task_id, t.tenant_id, t.document_id, t.version_number, t.task_type, t.tier,
+              t.attempts AS lease_attempt, t.max_attempts, t.lease_owner, t.lease_until,
+              t.generation_id, t.traceparent, false AS exhausted
 )
-UPDATE index_task t
-   SET status = 'RUNNING',
-       attempts = t.attempts + 1,
-       lease_owner = $2,
-       lease_until = coalesce($7::timestamptz, now()) + make_interval(secs => $3),
-       updated_at = coalesce($7::timestamptz, now())
-  FROM locked l
- WHERE t.task_id = l.task_id
-RETURNING t.task_id, t.tenant_id, t.document_id, t.version_number, t.task_type, t.tier,
-          t.attempts AS lease_attempt, t.max_attempts, t.lease_owner, t.lease_until,
-          t.generation_id, t.traceparent
+SELECT * FROM claimed
+UNION ALL
+SELECT e.task_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
+  FROM exhausted e
+
+-- name: bury_exhausted
+-- $1 tasks claim_tasks found exhausted, $2 now. Marks DEAD (LEASE_ATTEMPTS_EXHAUSTED) those
+-- still RUNNING with their lease expired and the attempt budget spent, skipping rows another
+-- transaction holds (a worker completing it right now, or another claimer burying it); the
+-- READ COMMITTED re-check under the row lock drops a row changed since, so each task is
+-- buried, and announced, once. Returns the buried rows with `command_id` (the ingest
+-- command that created the task, as sink.sql's switch_search_version finds it): its caller
+-- writes their DocumentIndexingFailed in this statement's transaction (failed.py).
+--
+-- `buried_stream` deletes their staged chunks (knowledge_chunk_stream) with them: no attempt
+-- of theirs will run again to do it. It reads the rows committed when this statement began.
+-- A slice whose fence passed before the lease expired and that commits while this statement
+-- runs is not among them (a slice holding the row when the lock comes makes SKIP LOCKED pass
+-- the task over, to be buried by a later claim; one that committed just before the lock
+-- does not). Such rows stay until the task is requeued and its next attempt streams (its
+-- first slice deletes every earlier attempt's rows). It takes a slice transaction open
+-- across the expiry of its lease: heartbeats failing for a whole lease while the worker
+-- still writes.
+WITH exhausted AS (
+    UPDATE index_task t
+       SET status = 'DEAD',
+           lease_until = NULL,
+           error_code = 'LEASE_ATTEMPTS_EXHAUSTED',
+           error_message = 'lease expired ' || t.attempts || ' times; attempt budget '
+                           || t.max_attempts || ' spent',
+           updated_at = coalesce($2::timestamptz, now()),
+           finished_at = coalesce($2::timestamptz, now())
+      FROM (SELECT x.task_id
+              FROM index_task x
+             WHERE x.task_id = ANY($1::uuid[])
+               AND x.status = 'RUNNING'
+               AND x.lease_until <= coalesce($2::timestamptz, now())
+               AND x.attempts >= x.max_attempts
+             ORDER BY x.task_id
+               FOR UPDATE OF x SKIP LOCKED) x
+     WHERE t.task_id = x.task_id
+    RETURNING t.*
+),
+buried_stream AS (
+    DELETE FROM knowledge_chunk_stream s
+     USING exhausted e
+     WHERE s.task_id = e.task_id
+)
+SELECT e.*,
+       (SELECT c.command_id
+          FROM ingest_command AS c
+         WHERE c.tenant_id = e.tenant_id AND c.task_id = e.task_id
+         ORDER BY c.applied_at, c.command_id
+         LIMIT 1) AS command_id
+  FROM exhausted e
 
 -- name: heartbeat
 -- The fence (docs/architecture.md#leases-and-fencing): RUNNING, our owner, our generation,
@@ -344,6 +379,9 @@ RETURNING t.task_id
 -- all of them: this attempt wrote its slices one after another and has stopped, and an
 -- earlier attempt's last slice committed before our claim could take the row
 -- (sink.sql: lock_stream_lease). A RETRY_WAIT keeps them for the next attempt to delete.
+-- A DEAD row comes back with `command_id`, the ingest command that created its task (as
+-- sink.sql's switch_search_version finds it): its caller writes DocumentIndexingFailed
+-- in this statement's transaction (failed.py).
 WITH target AS (
     SELECT t.task_id, n.at,
            CASE WHEN $9::boolean THEN coalesce(t.first_provider_failure_at, n.at)
@@ -389,7 +427,14 @@ unstaged AS (
      USING failed f
      WHERE f.status = 'DEAD' AND s.task_id = f.task_id
 )
-SELECT * FROM failed
+SELECT f.*,
+       CASE WHEN f.status = 'DEAD' THEN
+            (SELECT c.command_id
+               FROM ingest_command AS c
+              WHERE c.tenant_id = f.tenant_id AND c.task_id = f.task_id
+              ORDER BY c.applied_at, c.command_id
+              LIMIT 1) END AS command_id
+  FROM failed f
 
 -- name: get_task
 SELECT * FROM index_task WHERE task_id = $1

@@ -21,6 +21,7 @@ import asyncpg
 
 from services.indexer.ports import InTransaction
 from services.indexer.queue.completions import GroupCommitter
+from services.indexer.queue.failed import announce_dead
 from services.indexer.task import (
     FailureDecision,
     IndexTask,
@@ -29,8 +30,10 @@ from services.indexer.task import (
     RequeueRecord,
     TaskStatus,
 )
-from services.runtime.errors import LeaseLost, NotFound
+from services.runtime.errors import KbError, LeaseLost, NotFound
 from services.runtime.indexing.tasks import task_of_row
+from services.runtime.logging import get_logger
+from services.runtime.messaging.avro import SchemaRegistry, default_registry
 from services.runtime.pg.clock import Clock, DatabaseClock
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.records import from_row
@@ -38,6 +41,7 @@ from services.runtime.pg.sql import queries_beside
 from services.runtime.pg.transaction import Transaction
 
 QUERIES = queries_beside(__file__, "queries.sql")
+log = get_logger(__name__)
 
 # The finished states a task can be put back to PENDING from (``requeue_task``).
 _REQUEUED_FROM = frozenset({TaskStatus.DEAD, TaskStatus.SUCCEEDED})
@@ -56,8 +60,10 @@ class PgTaskQueue:
         committing_groups: int = 1,
         on_completion_group: Callable[[int], None] | None = None,
         completion_max_wait_seconds: float | None = None,
+        registry: SchemaRegistry | None = None,
     ) -> None:
         self._pool = pool
+        self._registry = registry or default_registry()
         self._heartbeat_pool = heartbeat_pool or pool
         self._clock = clock or DatabaseClock()
         self._exhausted_per_claim = exhausted_per_claim
@@ -94,7 +100,30 @@ class PgTaskQueue:
                 self._exhausted_per_claim,
                 self._clock.now(),
             )
-        return [_lease(row) for row in rows]
+        exhausted = [row["task_id"] for row in rows if row["exhausted"]]
+        if exhausted:
+            await self._bury(tier, exhausted)
+        return [_lease(row) for row in rows if not row["exhausted"]]
+
+    async def _bury(self, tier: str, exhausted: list[uuid.UUID]) -> None:
+        """Ends the exhausted leases the claim found DEAD, each with its event. A failure
+        here must not cost the leases just claimed: the tasks stay exhausted and the next
+        claim buries them."""
+        try:
+            await self._announcing_dead(
+                "bury_exhausted", exhausted, self._clock.now(), row_trace=True
+            )
+        except KbError as error:
+            log.warning("tasks.bury_failed", tier=tier, tasks=len(exhausted), error_code=error.code)
+
+    async def _announcing_dead(self, query: str, *args: object, row_trace: bool) -> list[Any]:
+        """Runs ``query``, which may end tasks DEAD, and writes the DocumentIndexingFailed
+        of each in its transaction (failed.py): its rows."""
+        with translate_db_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(QUERIES[query], *args)
+                await announce_dead(conn, rows, self._registry, row_trace=row_trace)
+        return rows
 
     async def heartbeat(self, lease: Lease, *, lease_seconds: float) -> Lease:
         if self.completions.fenced(lease):
@@ -165,24 +194,24 @@ class PgTaskQueue:
         return {row["task_id"] for row in rows}
 
     async def fail(self, lease: Lease, decision: FailureDecision) -> IndexTask:
-        with translate_db_errors():
-            row = await self._pool.fetchrow(
-                QUERIES["fail_task"],
-                lease.task_id,
-                lease.owner,
-                lease.lease_attempt,
-                str(decision.status),
-                float(decision.delay_seconds),
-                decision.error_code,
-                decision.error_message,
-                self._clock.now(),
-                decision.provider_failure,
-                decision.provider_budget_seconds,
-                decision.budget_spent_message,
-            )
-        if row is None:
+        rows = await self._announcing_dead(
+            "fail_task",
+            lease.task_id,
+            lease.owner,
+            lease.lease_attempt,
+            str(decision.status),
+            float(decision.delay_seconds),
+            decision.error_code,
+            decision.error_message,
+            self._clock.now(),
+            decision.provider_failure,
+            decision.provider_budget_seconds,
+            decision.budget_spent_message,
+            row_trace=False,
+        )
+        if not rows:
             raise _lost(lease)
-        return task_from_row(row)
+        return task_from_row(rows[0])
 
     async def get(self, task_id: uuid.UUID) -> IndexTask | None:
         with translate_db_errors():

@@ -13,6 +13,7 @@ INDEX_TASK_CREATED: Final = "IndexTaskCreated"
 DOCUMENT_VERSION_PUBLISHED: Final = "DocumentVersionPublished"
 DOCUMENT_SEARCH_VERSION_SWITCHED: Final = "DocumentSearchVersionSwitched"
 DOCUMENT_DELETED: Final = "DocumentDeleted"
+DOCUMENT_INDEXING_FAILED: Final = "DocumentIndexingFailed"
 
 EVENT_TYPES: Final = frozenset(
     {
@@ -20,6 +21,7 @@ EVENT_TYPES: Final = frozenset(
         DOCUMENT_VERSION_PUBLISHED,
         DOCUMENT_SEARCH_VERSION_SWITCHED,
         DOCUMENT_DELETED,
+        DOCUMENT_INDEXING_FAILED,
     }
 )
 
