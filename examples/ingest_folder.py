@@ -7,8 +7,8 @@
 The tenant registered the public half first: `kb tenants ingest-keys add acme k1
 --public-key <base64>` (`python examples/ingest_folder.py --new-key` makes a pair). Each
 file becomes a `PublishDocument` keyed by its path (the producer's own document key); the
-answers are the `DocumentSearchVersionSwitched` events on `kb.document-events` that carry
-our command ids.
+answers are the `DocumentSearchVersionSwitched` (or, for a file that can never be indexed,
+`DocumentIndexingFailed`) events on `kb.document-events` that carry our command ids.
 """
 
 from __future__ import annotations
@@ -89,6 +89,10 @@ async def main(tenant: str, folder: Path, tier: str = "standard", key_id: str = 
             name = waiting.pop(event.record.get("commandId"), None)
             if name is not None:
                 print(f"searchable: {name}")
+        elif event.event_type == "DocumentIndexingFailed":
+            name = waiting.pop(event.record.get("commandId"), None)
+            if name is not None:
+                print(f"failed: {name} ({event.record['errorCode']})")
         if not waiting:
             break
     await events.stop()
