@@ -17,10 +17,10 @@ from services.indexer.queue.worker import RunOnceResult, Worker
 from services.indexer.retry import RetryPolicy
 from services.indexer.task import FailureDecision, TaskStatus
 from services.publisher.domain import Publisher
-from services.publisher.erase_pg import PgErasureStore
 from services.publisher.ingest.apply import IngestApplier
 from services.publisher.ingest.commands import decode_command
 from services.publisher.ingest.store_pg import PgIngestStore
+from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.errors import LeaseLost
 from services.runtime.messaging.avro import default_registry
 from tests.support.api import add_tenant
