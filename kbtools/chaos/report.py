@@ -30,7 +30,7 @@ def table(
         ("versions published", len(load.published)),
         ("corrupt versions published", sum(p.kind == "corrupt-pdf" for p in load.published)),
         (
-            "of which published by ingest command (commands sent / applied)",
+            "versions published by ingest command (commands sent / applied)",
             f"{sum(bool(p.document_key) for p in load.published)} "
             f"({figures.get('ingest commands sent', 0)} / "
             f"{figures.get('ingest commands applied', 0)})",
