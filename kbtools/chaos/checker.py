@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from kbtools.chaos.answers import ChunkSets, check_answers, documents_of
 from kbtools.chaos.converge import POINTERS_SQL
+from kbtools.chaos.ingest import COMMANDS_SQL, VERSIONS_SQL, check_commands
 from kbtools.chaos.load import LoadRecord
 from kbtools.chaos.logs import lease_figures, search_reads
 from kbtools.chaos.removals import (
@@ -133,6 +134,12 @@ class Checker:
             await self._answers(conn)
             self._reads_from_log()
             await self._removals(conn, records)
+            check_commands(
+                self.load.commands,
+                [dict(r.items()) for r in await conn.fetch(COMMANDS_SQL)],
+                [dict(r.items()) for r in await conn.fetch(VERSIONS_SQL)],
+                self.result,
+            )
         finally:
             await conn.close()
         status, output = await index_check

@@ -22,7 +22,12 @@ def run_command(
     documents: Annotated[int, typer.Option(min=1, help="Documents to publish.")] = 200,
     minutes: Annotated[float, typer.Option(min=0.1, help="How long the load lasts.")] = 2.0,
     faults: Annotated[
-        int, typer.Option(min=13, help="Faults to inject (every kind at least once).")
+        int,
+        typer.Option(
+            min=13,
+            help="Faults to inject (every kind at least once), besides the ingest "
+            "consumers' kills (one per ten faults, at least one each).",
+        ),
     ] = 20,
     home: Annotated[Path, typer.Option(help="Where the run's servers, logs and state go.")] = Path(
         ".kb/chaos"

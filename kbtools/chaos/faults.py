@@ -127,6 +127,7 @@ class FaultDriver:
             FaultKind.KILL_INDEXER,
             FaultKind.KILL_AFTER_COMMIT,
             FaultKind.KILL_RELAY,
+            FaultKind.KILL_INGEST,
             FaultKind.PROVIDER_DOWN,
         ):
             with self.processes:
@@ -181,7 +182,8 @@ class FaultDriver:
         `kb indexer run` and `kb serve`: docs/operations.md), which a restart that falls
         in the database's restart meets. Any other exit is left for the run to report."""
         deadline = time.monotonic() + within_s
-        supervised = name.startswith("indexer-")  # relays wait for the database themselves
+        # Relays wait for the database themselves.
+        supervised = name.startswith(("indexer-", "ingest-"))
         while True:
             log = self.stack.log(name)
             with self.processes:

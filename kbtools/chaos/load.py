@@ -20,6 +20,7 @@ from typing import Any
 import docx
 import httpx
 
+from kbtools.chaos.ingest import SHARE, IngestProducer, SentCommand
 from kbtools.chaos.topology import ChaosStack
 from kbtools.demo.client import Tenant
 
@@ -89,6 +90,7 @@ class Published:
     revision: int | None = None  # the document's, as the publish answered it
     task_id: str | None = None
     at: float = 0.0  # monotonic, when the publish was answered
+    document_key: str = ""  # the producer's key when published by command (kbtools/chaos/ingest.py)
 
 
 @dataclass
@@ -98,6 +100,7 @@ class LoadRecord:
     api_retries: int = 0
     removed: list[Removal] = field(default_factory=list)
     unanswered: set[str] = field(default_factory=set)  # removals that may have committed
+    commands: list[SentCommand] = field(default_factory=list)  # publishes sent by command
 
 
 def text_of(rng: random.Random, serial: int, version: int, marker: str = "") -> list[str]:
@@ -186,11 +189,17 @@ class LoadDriver:
         # document still changes what follows: it gets no new version).
         self.removals = random.Random(seed * 6007 + 5)
         self.markers = random.Random(seed * 3011 + 2)
+        self.by_event = random.Random(seed * 4001 + 3)  # which new documents go by command
+        self.ingest = IngestProducer(
+            stack.kafka.bootstrap, stack.database_url, stack.topic_prefix, stack.ingest_keys
+        )
+        self.record.commands = self.ingest.sent
 
     def run(self) -> None:
         try:
             self._run()
         finally:
+            self.ingest.close()
             self.ended = time.monotonic()
             self.done.set()
 
@@ -228,7 +237,15 @@ class LoadDriver:
         readers = sorted(rng.sample(GROUPS, rng.randint(1, 2)))
         if previous is not None and rng.random() < 0.5:
             readers = sorted(set(GROUPS) - set(previous.readers)) or readers  # an ACL change
-        files = {"file": (f"record-{serial}.{kind.split('-')[-1]}", content, MEDIA[kind])}
+        filename = f"record-{serial}.{kind.split('-')[-1]}"
+        # A document published by command takes its next versions by command too.
+        key = previous.document_key if previous else ""
+        if previous is None and self.by_event.random() < SHARE:
+            key = f"record-{serial}"
+        if key:
+            sent = (title, content, MEDIA[kind], filename)
+            return self._publish_by_command(tenant, key, kind, marker, readers, sent)
+        files = {"file": (filename, content, MEDIA[kind])}
         documents = f"/v1/tenants/{tenant.tenant_id}/documents"
         if previous is None:
             path, data = documents, {"title": title}
@@ -254,6 +271,42 @@ class LoadDriver:
             answer.get("revision"),  # none after a 409 (a retry of a publish that committed)
             answer.get("indexTaskId"),
             time.monotonic(),
+        )
+
+    def _publish_by_command(
+        self,
+        tenant: Tenant,
+        key: str,
+        kind: str,
+        marker: str,
+        readers: list[str],
+        sent: tuple[str, bytes, str, str],
+    ) -> Published | None:
+        """The publish as a signed command to the tier's ingest topic, by the producer's
+        own document key (the same key for the document's next versions)."""
+        title, content, media_type, filename = sent
+        fields = {
+            "title": title,
+            "content": content,
+            "mediaType": media_type,
+            "filename": filename,
+            "readPrincipals": readers,
+        }
+        answer = self.ingest.publish(tenant.tenant_id, tenant.tier, key, fields)
+        if answer is None:
+            self.record.refused.append(f"command {tenant.tenant_id} {key}")
+            return None
+        return Published(
+            tenant.tenant_id,
+            answer["document_id"],
+            answer["version_number"],
+            readers,
+            kind,
+            marker,
+            answer["revision"],
+            answer["task_id"],
+            time.monotonic(),
+            key,
         )
 
     # --- deletes and erases ---------------------------------------------------------------

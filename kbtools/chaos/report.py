@@ -29,6 +29,12 @@ def table(
         ("documents", figures.get("documents", 0)),
         ("versions published", len(load.published)),
         ("corrupt versions published", sum(p.kind == "corrupt-pdf" for p in load.published)),
+        (
+            "versions published by ingest command (commands sent / applied)",
+            f"{sum(bool(p.document_key) for p in load.published)} "
+            f"({figures.get('ingest commands sent', 0)} / "
+            f"{figures.get('ingest commands applied', 0)})",
+        ),
         ("uploads or publishes refused by the API", len(load.refused)),
         ("API calls retried by the client", load.api_retries),
         ("tasks", figures.get("tasks", 0)),
@@ -45,6 +51,7 @@ def table(
             f"({faults.done['struck right after a commit']}; "
             f"{figures.get('kills before the completion was logged', 0)})",
         ),
+        ("SIGKILLs of ingest consumers", faults.done[FaultKind.KILL_INGEST.value]),
         ("SIGSTOPs past the lease", faults.done[FaultKind.STOP_INDEXER.value]),
         (
             "indexers restarted again after exiting at start (PostgreSQL unreachable)",

@@ -15,6 +15,7 @@ RECOVERS = "every process recovers by itself"
 DELETED_UNANSWERED = "deleted: never in a search answer after its delete"
 DELETE_FINAL = "deleted: stays deleted"
 ERASED_GONE = "erased: nothing of its content left (pg_dump, Kafka)"
+INGEST_ONCE = "ingest: every command applied exactly once"
 
 INVARIANTS = (
     "tasks settled",
@@ -35,6 +36,7 @@ INVARIANTS = (
     DELETED_UNANSWERED,
     DELETE_FINAL,
     ERASED_GONE,
+    INGEST_ONCE,
 )
 KEEP = 5  # examples of evidence kept per invariant
 

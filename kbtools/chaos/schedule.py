@@ -27,10 +27,12 @@ class FaultKind(enum.StrEnum):
     PROVIDER_DOWN = "provider-down"  # process killed past the breaker's threshold
     RELAY_REPLAY = "relay-replay"  # `kb relay replay` over a range while live
     GENERATION_SWITCH = "generation-switch"  # a new model generation, then switched to
+    KILL_INGEST = "kill-ingest"  # SIGKILL of a `kb ingest run`, restarted after a pause
 
 
 INDEXERS = ("indexer-standard-1", "indexer-standard-2", "indexer-premium-1", "indexer-premium-2")
 RELAYS = ("relay-1", "relay-2")
+INGESTERS = ("ingest-standard-1", "ingest-premium-1")  # `kb ingest run`, one per tier
 _ONCE = (FaultKind.POSTGRES_RESTART, FaultKind.GENERATION_SWITCH)
 _WEIGHTS = {
     FaultKind.KILL_INDEXER: 8,
@@ -63,7 +65,7 @@ class Fault:
 def plan(seed: int, *, fault_window_s: float, faults: int) -> list[Fault]:
     """``faults`` faults (at least one of each kind) at seeded moments of the window."""
     rng = random.Random(seed)
-    kinds = list(FaultKind)
+    kinds: list[FaultKind] = [k for k in FaultKind if k is not FaultKind.KILL_INGEST]
     while len(kinds) < faults:
         drawn = rng.choices(list(_WEIGHTS), weights=list(_WEIGHTS.values()))[0]
         kinds.append(drawn)
@@ -75,7 +77,21 @@ def plan(seed: int, *, fault_window_s: float, faults: int) -> list[Fault]:
         else f
         for f in planned
     ]
-    return sorted(planned, key=lambda f: f.at_s)
+    return sorted(planned + _ingest_kills(seed, fault_window_s, faults), key=lambda f: f.at_s)
+
+
+def _ingest_kills(seed: int, fault_window_s: float, faults: int) -> list[Fault]:
+    """The ingest consumers' kills (one per ten faults, at least one per consumer), drawn
+    from a generator of their own: the rest of a seed's schedule is what it was before
+    the run published by command."""
+    rng = random.Random(seed * 9973 + 11)
+    count = max(len(INGESTERS), faults // 10)
+    targets = [INGESTERS[n % len(INGESTERS)] for n in range(count)]
+    return [
+        Fault(round(rng.uniform(2.0, fault_window_s), 1), FaultKind.KILL_INGEST, target,
+              round(rng.uniform(0.5, 3.0), 1))
+        for target in targets
+    ]  # fmt: skip
 
 
 def _fault(rng: random.Random, kind: FaultKind, at_s: float) -> Fault:

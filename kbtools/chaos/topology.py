@@ -1,8 +1,9 @@
 """The processes a chaos run starts and breaks: its own PostgreSQL (with one streaming
 replica, which the API's searches and status reads use) and Kafka (it restarts them, so
 never a shared server), the API, a second API that reads only the primary (the searches
-that check a delete on the primary), two relays, two indexer processes per tier and the
-fault-injecting embedding provider, each a real process started as a user starts it."""
+that check a delete on the primary), two relays, two indexer processes per tier, one
+ingest consumer per tier (each tenant's producer key registered) and the fault-injecting
+embedding provider, each a real process started as a user starts it."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from kbtools.chaos.ingest import KEY_ID, public_key_b64
 from kbtools.chaos.ports import listen_port
-from kbtools.chaos.schedule import INDEXERS, RELAYS
+from kbtools.chaos.schedule import INDEXERS, INGESTERS, RELAYS
 from kbtools.demo.client import Tenant
 from kbtools.demo.processes import DemoProcesses
 from kbtools.devstack.kafka import LocalKafka
@@ -69,6 +72,7 @@ class ChaosStack:
         self.provider_port = listen_port(taken=taken)
         self.topic_prefix = f"chaos-{self.run_id}."
         self.tenants: dict[str, Tenant] = {}
+        self.ingest_keys = {tenant_id: Ed25519PrivateKey.generate() for tenant_id, _ in TENANTS}
         self.env: dict[str, str] = {}
         self.started_servers = False
 
@@ -106,10 +110,12 @@ class ChaosStack:
                 server.result()
         self.start("provider")
         self.await_http(f"{self.provider_url}/healthz")
-        for name in ("api", PRIMARY_API, *RELAYS, *INDEXERS):
+        for name in ("api", PRIMARY_API, *RELAYS, *INDEXERS, *INGESTERS):
             self.start(name)
         self.await_http(f"{self.api_url}/readyz")
         self.await_http(f"{self.primary_api_url}/readyz")
+        for name in INGESTERS:  # its topics created: the load's first command has a home
+            self.await_log(name, '"ingest.started"')
 
     def _prepare_database(self) -> None:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DATABASE_U"))}
@@ -141,20 +147,26 @@ class ChaosStack:
             "KB_INDEXER_BACKOFF_CAP_SECONDS": "3",
             "KB_INDEXER_GRACE_PERIOD_SECONDS": "3",
             "KB_INDEXER_PARSE_WORKERS": "1",
+            "KB_INGEST_BACKOFF_MAX_SECONDS": "2",
             "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         }
         self.kb("migrate")
         # One process each, side by side: a CLI's start is most of what it costs.
         with ThreadPoolExecutor(max_workers=len(TENANTS)) as pool:
             created = {
-                (tenant_id, tier): pool.submit(
-                    self.kb, "tenants", "create", tenant_id, "--tier", tier
-                )
+                (tenant_id, tier): pool.submit(self._create_tenant, tenant_id, tier)
                 for tenant_id, tier in TENANTS
             }
         for (tenant_id, tier), output in created.items():
             key = output.result().strip().splitlines()[-1].removeprefix("KB_API_KEY=")
             self.tenants[tenant_id] = Tenant(tenant_id, tier, key)
+
+    def _create_tenant(self, tenant_id: str, tier: str) -> str:
+        """The tenant, then its producer's key for the ingest commands."""
+        output = self.kb("tenants", "create", tenant_id, "--tier", tier)
+        public_key = public_key_b64(self.ingest_keys[tenant_id])
+        self.kb("tenants", "ingest-keys", "add", tenant_id, KEY_ID, "--public-key", public_key)
+        return output
 
     def argv(self, name: str) -> list[str]:
         if name == "provider":
@@ -171,6 +183,8 @@ class ChaosStack:
         if name.startswith("relay-"):
             return ["services.cli", "relay", "run"]
         tier = name.split("-")[1]
+        if name.startswith("ingest-"):
+            return ["services.cli", "ingest", "run", "--tier", tier]
         return ["services.cli", "indexer", "run", "--tier", tier]
 
     def start(self, name: str) -> None:
@@ -203,6 +217,15 @@ class ChaosStack:
                     return
             time.sleep(0.3)
         raise RuntimeError(f"{url} did not answer 200 within {timeout_s:.0f}s")
+
+    def await_log(self, name: str, needle: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            log = self.log(name)
+            if log.exists() and needle in log.read_text(errors="replace"):
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"{name} did not log {needle} within {timeout_s:.0f}s")
 
     # --- faults ---------------------------------------------------------------------------
 

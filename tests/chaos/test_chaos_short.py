@@ -79,6 +79,14 @@ def test_short_chaos_run_keeps_every_invariant(chaos_home: Path) -> None:
     assert "while its task ran" in _figure(done.stdout, "of which")
     for kind in ("searches sent after a delete", "erased markers looked for"):
         assert _figure(done.stdout, kind).split()[0] != "0", kind
+    # Publishes by signed command through the ingest topics, with their consumers killed;
+    # every command sent applied (exactly once: the invariant's row, zero above).
+    assert _figure(done.stdout, "SIGKILLs of ingest consumers") != "0"
+    by_command = _figure(done.stdout, "versions published by ingest command")
+    published, counts = by_command.split(" ", 1)
+    sent, applied = counts.strip("()").split(" / ")
+    assert published != "0", by_command
+    assert sent == applied, by_command
 
 
 def _figure(table: str, row: str) -> str:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from services.publisher.ingest.consumer_kafka import KafkaDeadLetters
     from services.publisher.ingest.settings import IngestSettings
+    from services.runtime.backoff import Backoff
 
 app = typer.Typer(help="Apply producers' signed commands from Kafka.", no_args_is_help=True)
 ingest_keys_app = typer.Typer(
@@ -91,7 +92,11 @@ async def _consume(
 ) -> int:
     from aiokafka import AIOKafkaConsumer
 
-    from services.publisher.ingest.consumer_kafka import IngestLoop, create_topics
+    from services.publisher.ingest.consumer_kafka import (
+        IngestLoop,
+        create_topics,
+        start_when_reachable,
+    )
     from services.runtime.backoff import Backoff
     from services.runtime.logging import get_logger
     from services.runtime.messaging.events import (
@@ -117,17 +122,19 @@ async def _consume(
         fetch_max_bytes=max(52_428_800, settings.ingest_max_command_bytes * 2),
         **kafka_client_kwargs(settings),
     )
-    async with _processing(settings, tier) as handle:
-        await consumer.start()
+    backoff = Backoff(settings.ingest_backoff_initial_seconds, settings.ingest_backoff_max_seconds)
+    async with _processing(settings, tier, stop, backoff) as handle:
         try:
+            if handle is None or not await start_when_reachable(
+                consumer.start, stop, backoff, client="consumer"
+            ):
+                return 0  # stopped before the broker was reached
             loop = IngestLoop(
                 consumer,
                 handle,
                 tier=tier,
                 metrics=_metrics(),
-                backoff=Backoff(
-                    settings.ingest_backoff_initial_seconds, settings.ingest_backoff_max_seconds
-                ),
+                backoff=backoff,
                 batch_size=settings.ingest_batch_size,
                 poll_timeout_seconds=settings.ingest_poll_timeout_seconds,
                 before_commit=_hang_before_commit(),
@@ -178,11 +185,14 @@ def _metrics() -> Any:
 
 
 @contextlib.asynccontextmanager
-async def _processing(settings: IngestSettings, tier: str) -> AsyncIterator[Any]:
-    """The record handler: the store on its pool, the publisher, the dead-letter producer."""
+async def _processing(
+    settings: IngestSettings, tier: str, stop: asyncio.Event, backoff: Backoff
+) -> AsyncIterator[Any]:
+    """The record handler: the store on its pool, the publisher, the dead-letter producer
+    (None when stopped before the broker was reached)."""
     from services.publisher.domain import Publisher
     from services.publisher.ingest.apply import IngestApplier
-    from services.publisher.ingest.consumer_kafka import KafkaDeadLetters
+    from services.publisher.ingest.consumer_kafka import KafkaDeadLetters, start_when_reachable
     from services.publisher.ingest.process import IngestLimits, RecordProcessor
     from services.publisher.ingest.store_pg import PgIngestStore
     from services.publisher.store_pg import open_publisher_pool
@@ -192,7 +202,9 @@ async def _processing(settings: IngestSettings, tier: str) -> AsyncIterator[Any]
     pool = await open_publisher_pool(settings)
     dead_letters: KafkaDeadLetters = KafkaDeadLetters(settings, tier)
     try:
-        await dead_letters.start()
+        if not await start_when_reachable(dead_letters.start, stop, backoff, client="dead"):
+            yield None
+            return
         store = PgIngestStore(
             pool,
             acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,

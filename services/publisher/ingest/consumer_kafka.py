@@ -21,7 +21,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    CommitFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+)
 
 from services.publisher.ingest.metrics import IngestMetrics
 from services.publisher.ingest.ports import IngestRecord
@@ -59,6 +64,27 @@ def to_record(message: Any) -> IngestRecord:
         headers,
         sent_at,
     )
+
+
+async def start_when_reachable(
+    start: Callable[[], Awaitable[None]], stop: asyncio.Event, backoff: Backoff, *, client: str
+) -> bool:
+    """Start a Kafka client, again after a backoff while the broker is unreachable: a
+    process started during an outage waits for the broker, as the relay does, instead of
+    exiting. False when stopped first."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            await start()
+            return True
+        except KafkaConnectionError as error:
+            failures += 1
+            log.warning(
+                "ingest.kafka_unreachable", client=client, failures=failures, error=str(error)
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), backoff.delay(failures))
+    return False
 
 
 async def create_topics(settings: IngestSettings, names: Iterable[str]) -> None:

@@ -1,0 +1,207 @@
+"""Publishes by event in a chaos run (docs/architecture.md#publish-by-event): a share of
+the load's publishes goes as a signed `PublishDocument` command to `kb.ingest.<tier>`
+instead of HTTP, and the check that every command sent was applied exactly once.
+
+The driver learns what a command did from its record (`ingest_command`: the document,
+version, revision and task), the very row the consumer answers a redelivery from; the
+events carry the same command id, but a record read is one query where a consumer of the
+events topic would have to ride out the run's broker outages."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from kbtools.chaos.result import INGEST_ONCE, CheckResult
+from services.publisher.ingest.commands import PUBLISH_DOCUMENT, encode_command
+from services.publisher.ingest.signing import KEY_ID_HEADER, SIGNATURE_HEADER, public_bytes, sign
+from services.runtime.messaging.events import ingest_topic
+
+KEY_ID = "chaos"
+SHARE = 0.25  # of the publishes of new documents, those sent as a command
+ANSWER_WITHIN_S = 120.0  # as long as the HTTP client retries through an outage
+
+COMMANDS_SQL = """
+SELECT tenant_id, command_id::text, command_type, document_id::text, version_number
+  FROM ingest_command
+"""
+# Every version of a document a command published: each must be some command's, once.
+VERSIONS_SQL = """
+SELECT v.tenant_id, v.document_id::text, v.version_number
+  FROM document_version v
+ WHERE (v.tenant_id, v.document_id) IN (
+       SELECT tenant_id, document_id FROM ingest_command WHERE document_id IS NOT NULL)
+"""
+ANSWER_SQL = """
+SELECT document_id::text, version_number, revision, task_id::text
+  FROM ingest_command
+ WHERE tenant_id = $1 AND command_id = $2
+"""
+
+
+@dataclass(frozen=True)
+class SentCommand:
+    tenant_id: str
+    command_id: str
+    document_key: str
+
+
+def public_key_b64(key: Ed25519PrivateKey) -> str:
+    return base64.b64encode(public_bytes(key)).decode()
+
+
+class IngestProducer:
+    """The load driver's producer: an event loop of its own, used from the driver's
+    thread only, with one aiokafka producer and the database read of the answers."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        database_url: str,
+        prefix: str,
+        keys: Mapping[str, Ed25519PrivateKey],
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.database_url = database_url
+        self.prefix = prefix
+        self.keys = keys  # each tenant's, registered as KEY_ID (topology.py)
+        self.loop = asyncio.new_event_loop()
+        self.producer: AIOKafkaProducer | None = None
+        self.sent: list[SentCommand] = []
+        self.send_retries = 0
+
+    def publish(
+        self,
+        tenant_id: str,
+        tier: str,
+        document_key: str,
+        fields: Mapping[str, Any],
+    ) -> dict[str, Any] | None:
+        """Send one `PublishDocument` (sent again with the same id after a failure: the
+        consumer applies it once), then its answer once applied; None if it was not
+        applied within ``ANSWER_WITHIN_S`` (the checker still expects it applied)."""
+        command_id = uuid.uuid4()
+        value = encode_command(
+            PUBLISH_DOCUMENT,
+            {
+                "commandId": command_id,
+                "tenantId": tenant_id,
+                "documentKey": document_key,
+                "issuedAt": datetime.now(UTC),
+                "upload": None,
+                "expectedRevision": None,
+                **fields,
+            },
+        )
+        key = self.keys[tenant_id]
+        headers = [(KEY_ID_HEADER, KEY_ID.encode()), (SIGNATURE_HEADER, sign(key, value))]
+        record_key = f"{tenant_id}/{document_key}".encode()
+        deadline = time.monotonic() + ANSWER_WITHIN_S
+        topic = ingest_topic(tier, self.prefix)
+        if not self.loop.run_until_complete(
+            self._send(topic, value, record_key, headers, deadline)
+        ):
+            return None
+        self.sent.append(SentCommand(tenant_id, str(command_id), document_key))
+        return self.loop.run_until_complete(self._answer(tenant_id, command_id, deadline))
+
+    async def _send(
+        self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]], until: float
+    ) -> bool:
+        while time.monotonic() < until:
+            try:
+                if self.producer is None:
+                    self.producer = AIOKafkaProducer(
+                        bootstrap_servers=self.bootstrap, acks="all", request_timeout_ms=5000
+                    )
+                    await self.producer.start()
+                await self.producer.send_and_wait(topic, value, key=key, headers=headers)
+                return True
+            except (KafkaError, OSError):
+                self.send_retries += 1
+                await self._drop_producer()
+                await asyncio.sleep(1)
+        return False
+
+    async def _drop_producer(self) -> None:
+        if self.producer is not None:
+            producer, self.producer = self.producer, None
+            with contextlib.suppress(KafkaError, OSError):
+                await producer.stop()
+
+    async def _answer(
+        self, tenant_id: str, command_id: uuid.UUID, until: float
+    ) -> dict[str, Any] | None:
+        while time.monotonic() < until:
+            try:
+                conn = await asyncpg.connect(self.database_url, timeout=2)
+                try:
+                    while time.monotonic() < until:
+                        row = await conn.fetchrow(ANSWER_SQL, tenant_id, command_id)
+                        if row is not None and row["version_number"] is not None:
+                            return dict(row.items())
+                        await asyncio.sleep(0.05)
+                finally:
+                    await conn.close()
+            except (TimeoutError, OSError, asyncpg.PostgresError):
+                await asyncio.sleep(0.5)  # the database restarting
+        return None
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self._drop_producer())
+        self.loop.close()
+
+
+def check_commands(
+    sent: Sequence[SentCommand],
+    rows: Iterable[Mapping[str, Any]],
+    versions: Iterable[Mapping[str, Any]],
+    result: CheckResult,
+) -> None:
+    """Every command sent applied exactly once: one record per command id, none missing,
+    and each version of a document published by command made by exactly one of them (a
+    version no record names is a command applied twice, or without its record)."""
+    rows = list(rows)
+    records = Counter((r["tenant_id"], r["command_id"]) for r in rows)
+    for command in sent:
+        where = f"command {command.tenant_id}/{command.command_id} ({command.document_key})"
+        count = records[(command.tenant_id, command.command_id)]
+        if count == 0:
+            result.violate(INGEST_ONCE, f"{where} sent, never applied")
+        elif count > 1:
+            result.violate(INGEST_ONCE, f"{where} recorded {count} times")
+    made: dict[tuple[str, str, int], list[str]] = defaultdict(list)
+    for row in rows:
+        if row["command_type"] != PUBLISH_DOCUMENT:
+            continue
+        if row["version_number"] is None:
+            result.violate(INGEST_ONCE, f"publish {row['command_id']} recorded without a version")
+            continue
+        made[(row["tenant_id"], row["document_id"], row["version_number"])].append(
+            row["command_id"]
+        )
+    for version in versions:
+        at = (version["tenant_id"], version["document_id"], version["version_number"])
+        by = made.get(at, [])
+        if len(by) != 1:
+            result.violate(
+                INGEST_ONCE,
+                f"{at[0]}/{at[1]} v{at[2]} made by {len(by)} commands {sorted(by)}",
+            )
+    result.figures["ingest commands sent"] = len(sent)
+    result.figures["ingest commands applied"] = sum(
+        1 for c in sent if records[(c.tenant_id, c.command_id)]
+    )
