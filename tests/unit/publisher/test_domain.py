@@ -33,6 +33,7 @@ from services.runtime.indexing.tasks import IndexTaskRecord, TaskStatus
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import (
     DOCUMENT_DELETED,
+    DOCUMENT_INDEXING_FAILED,
     DOCUMENT_SEARCH_VERSION_SWITCHED,
     DOCUMENT_VERSION_PUBLISHED,
     INDEX_TASK_CREATED,
@@ -121,6 +122,7 @@ def test_the_event_type_names_are_the_schemas() -> None:
         DOCUMENT_VERSION_PUBLISHED,
         DOCUMENT_SEARCH_VERSION_SWITCHED,
         DOCUMENT_DELETED,
+        DOCUMENT_INDEXING_FAILED,
     }
 
 
