@@ -335,17 +335,19 @@ async def test_heartbeats_keep_their_schedule_while_a_big_pdf_is_parsed(
 ) -> None:
     # Long enough to parse for several heartbeat periods even with the parse process's
     # imports warm in the page cache (80 pages were not, in a full run of the suite).
-    big = make_large_pdf(pages=240)
+    big = make_large_pdf(pages=400)
     document_id, _ = await api.publish_new(big, media_type="application/pdf", filename="big.pdf")
     signals: asyncio.Queue[WorkerEvent] = asyncio.Queue()
     # A worker process parses it: the event loop stays free to heartbeat.
     async with running_pipeline(pool, parse_pool=SignallingParsePool(signals)) as indexer:
-        result = await worker(pool, indexer, lease_seconds=0.6, signals=signals).run_once()
+        # 1.5 s: a loop blocked by the parse (seconds) still loses it, while one heartbeat
+        # statement slowed by a busy server (0.6 s was lost so, once, in a full CI run) does not.
+        result = await worker(pool, indexer, lease_seconds=1.5, signals=signals).run_once()
     events = [signals.get_nowait().kind for _ in range(signals.qsize())]
     assert result is RunOnceResult.SUCCEEDED, events
     during_parse = events[events.index("parse_started") : events.index("parse_finished")]
-    # Parsing 240 pages outlasts several 0.2 s heartbeat periods, and every beat held the
-    # lease (a loop blocked for longer than the 0.6 s lease would have lost it).
+    # Parsing 400 pages outlasts several 0.5 s heartbeat periods, and every beat held the
+    # lease (a loop blocked for longer than the 1.5 s lease would have lost it).
     assert during_parse.count("heartbeat") >= 3, events
     assert "lease_lost" not in events
     task = await pool.fetchrow(
