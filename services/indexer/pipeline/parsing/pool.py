@@ -95,12 +95,13 @@ def _exited(process: Any) -> bool:
 
 
 _MEMORY_KILL: Final = int(signal.SIGKILL)
-_EXIT_WAIT_SECONDS: Final = 1.0
+_EXIT_WAIT_SECONDS: Final = 10.0
 
 
 def _exit_signals(processes: list[Any]) -> list[int]:
-    """The signals that ended these (exited) worker processes; blocks up to a second for
-    the forkserver to report an exit status."""
+    """The signals that ended these (exited) worker processes. It waits for the forkserver
+    to report each exit status: on a loaded machine that report can take seconds, and a
+    status missed here would call an out-of-memory kill an ordinary parse failure."""
     signals: list[int] = []
     for process in processes:
         with contextlib.suppress(Exception):
