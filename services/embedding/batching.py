@@ -8,11 +8,24 @@ the budget still goes, alone: the provider truncates it or refuses it with its o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from services.embedding.port import Embedder, InputRefused, Vectors, checked_vectors
 from services.embedding.tokens import TokenCounter, approximate_tokens
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a model's texts go out in requests (KB_EMBEDDING_* of its profile): at most
+    ``batch_size`` texts and ``max_batch_tokens`` tokens a request, a partial request after
+    ``linger_seconds``, at most ``max_requests_in_flight`` requests at once."""
+
+    batch_size: int
+    max_batch_tokens: int | None = None
+    linger_seconds: float = 0.005
+    max_requests_in_flight: int = 2
 
 
 class RequestBudget:

@@ -6,7 +6,7 @@ per request as well as per input (its fixed cost, the round trip): a worker inde
 small documents at once keeps the provider busy on nearly empty requests. Here every
 caller's texts join one queue, and a request leaves as soon as it is full
 (``batch_size`` texts or ``max_batch_tokens`` tokens), or after ``linger_seconds`` with what
-has gathered. Full requests go out up to ``max_in_flight`` at once; a partial one only when
+has gathered. Full requests go out up to ``max_requests_in_flight`` at once; a partial one only when
 no request is outstanding, so that a provider slower than the callers gets full requests
 (its cost per input is lowest there) instead of a queue of small ones.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.embedding.batching import RequestBudget
+from services.embedding.batching import Batching, RequestBudget
 from services.embedding.port import (
     Embedder,
     InputRefused,
@@ -80,25 +80,23 @@ class CoalescingEmbedder(PassedThroughIdentity):
     def __init__(
         self,
         inner: Embedder,
+        batching: Batching,
         *,
-        batch_size: int,
-        max_batch_tokens: int | None = None,
         count_tokens: TokenCounter | None = None,
-        linger_seconds: float = 0.005,
-        max_in_flight: int = 2,
         on_request: Callable[[RequestStats], None] | None = None,
         ready: asyncio.Future[None] | None = None,
     ) -> None:
-        RequestBudget(batch_size, max_batch_tokens)  # refuses a batch size or budget below 1
-        if max_in_flight < 1 or linger_seconds < 0:
+        # Refuses a batch size or budget below 1.
+        RequestBudget(batching.batch_size, batching.max_batch_tokens)
+        if batching.max_requests_in_flight < 1 or batching.linger_seconds < 0:
             raise ValueError("max_in_flight must be >= 1 and linger_seconds >= 0")
         self.inner = inner
-        self.batch_size = batch_size
-        self.max_batch_tokens = max_batch_tokens
+        self.batch_size = batching.batch_size
+        self.max_batch_tokens = batching.max_batch_tokens
         # Without the model's counter, the approximate one errs high: requests stay in budget.
         self._count = count_tokens or approximate_tokens
-        self.linger_seconds = linger_seconds
-        self.max_in_flight = max_in_flight
+        self.linger_seconds = batching.linger_seconds
+        self.max_in_flight = batching.max_requests_in_flight
         self._on_request = on_request
         # The provider warming up (a local model loading) while tasks are claimed and
         # parsed: requests wait for it; if it failed, they fail with its error.

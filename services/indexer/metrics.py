@@ -26,25 +26,28 @@ QUERIES = queries_beside(__file__, "metrics.sql")
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
-TASKS_DUE = Gauge("kb_indexer_tasks_due", "Index tasks due now (PENDING or RETRY_WAIT)", ["tier"])
-OLDEST_DUE_AGE = Gauge(
+
+def _queue_gauge(name: str, documentation: str) -> Gauge:
+    """One of the queue's gauges: a series per tier, set by ``QueueGaugeSampler``."""
+    return Gauge(name, documentation, ["tier"])
+
+
+TASKS_DUE = _queue_gauge("kb_indexer_tasks_due", "Index tasks due now (PENDING or RETRY_WAIT)")
+OLDEST_DUE_AGE = _queue_gauge(
     "kb_indexer_oldest_due_task_age_seconds",
     "How long the oldest due task has been waiting for a worker (0 when none is due)",
-    ["tier"],
 )
-TASKS_RETRY_WAITING = Gauge(
-    "kb_indexer_tasks_retry_waiting", "RETRY_WAIT tasks backing off (not yet due)", ["tier"]
+TASKS_RETRY_WAITING = _queue_gauge(
+    "kb_indexer_tasks_retry_waiting", "RETRY_WAIT tasks backing off (not yet due)"
 )
-TASKS_RUNNING = Gauge("kb_indexer_tasks_running", "RUNNING index tasks (leased)", ["tier"])
-LEASES_EXPIRING = Gauge(
+TASKS_RUNNING = _queue_gauge("kb_indexer_tasks_running", "RUNNING index tasks (leased)")
+LEASES_EXPIRING = _queue_gauge(
     "kb_indexer_leases_expiring",
     "RUNNING tasks whose lease ends within a third of the lease (a heartbeat is overdue)",
-    ["tier"],
 )
-LEASES_EXPIRED = Gauge(
+LEASES_EXPIRED = _queue_gauge(
     "kb_indexer_leases_expired",
     "RUNNING tasks whose lease has expired: their worker is gone; the next claim takes over",
-    ["tier"],
 )
 TASK_RESULTS = Counter(
     "kb_indexer_task_results",

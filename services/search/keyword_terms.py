@@ -16,10 +16,11 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from services.search.kept import KeptFor
 
 
 @dataclass(frozen=True)
@@ -136,30 +137,18 @@ class TenantStatistics:
         entries: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if ttl_seconds < 0:
-            raise ValueError("tenant statistics need ttl_seconds >= 0")
-        if entries < 1:
-            raise ValueError("tenant statistics need entries >= 1")
-        self._ttl = ttl_seconds
-        self._entries = entries
-        self._clock = clock
-        self._kept: OrderedDict[str, tuple[float, Mapping[str, float]]] = OrderedDict()
+        self._kept: KeptFor[str, Mapping[str, float]] = KeptFor(ttl_seconds, entries, clock)
 
     async def common(
         self, tenant_id: str, read: Callable[[], Awaitable[WordSample]]
     ) -> Mapping[str, float]:
         kept = self._kept.get(tenant_id)
-        now = self._clock()
-        if kept is not None and now < kept[0]:
-            self._kept.move_to_end(tenant_id)
-            return kept[1]
+        if kept is not None:
+            return kept
         sample = await read()
         common = sample.common_lexemes()
-        if sample.sampled and self._ttl > 0:
-            self._kept[tenant_id] = (now + self._ttl, common)
-            self._kept.move_to_end(tenant_id)
-            while len(self._kept) > self._entries:
-                self._kept.popitem(last=False)
+        if sample.sampled:
+            self._kept.put(tenant_id, common)
         else:
-            self._kept.pop(tenant_id, None)
+            self._kept.forget(tenant_id)
         return common

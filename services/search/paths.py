@@ -12,9 +12,7 @@ correctness, and at most ``ttl_seconds`` of it.
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -22,6 +20,7 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from services.index.ann import tenant_ann_index_name
+from services.search.kept import KeptFor
 from services.search.searcher import Generation, SearchRequest
 from services.search.statements import (
     QUERIES,
@@ -56,44 +55,9 @@ def path_key(request: SearchRequest) -> PathKey:
     )
 
 
-class PathCache:
+class PathCache(KeptFor[PathKey, PathChoice]):
     """At most ``max_entries`` choices, each for ``ttl_seconds`` (0: none kept); the least
     recently used goes first."""
-
-    def __init__(
-        self,
-        ttl_seconds: float,
-        max_entries: int,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if ttl_seconds < 0 or max_entries < 1:
-            raise ValueError("a path cache needs ttl_seconds >= 0 and max_entries >= 1")
-        self._ttl = ttl_seconds
-        self._max_entries = max_entries
-        self._clock = clock
-        self._entries: OrderedDict[PathKey, tuple[float, PathChoice]] = OrderedDict()
-
-    def get(self, key: PathKey) -> PathChoice | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        expires, choice = entry
-        if self._clock() >= expires:
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return choice
-
-    def put(self, key: PathKey, choice: PathChoice) -> None:
-        if self._ttl == 0:
-            return
-        self._entries[key] = (self._clock() + self._ttl, choice)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 class VectorPaths:

@@ -63,9 +63,11 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"api"}),
         frozenset({"openapi", "server"}),
     ),
-    # Search: counters and small helpers, the driver-free searcher, SQL assembly, the
-    # connections and paths, the transaction and the replicas, then what serves a request.
+    # Search: what is kept a short while, counters and small helpers, the driver-free
+    # searcher, SQL assembly, the connections and paths, the transaction and the replicas,
+    # then what serves a request.
     "services.search": (
+        frozenset({"kept"}),
         frozenset({"metrics", "keyword_terms", "primary_position", "read_pool"}),
         frozenset({"searcher"}),
         frozenset({"statements"}),

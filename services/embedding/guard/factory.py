@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from services.embedding.guard.breaker import BreakerPolicy
-from services.embedding.guard.guard import GuardTiming, ProviderGuard
+from services.embedding.guard.guard import GuardRules, GuardTiming, ProviderGuard
 from services.embedding.guard.guarded import GuardedEmbedder
 from services.embedding.guard.identity import provider_key
 from services.embedding.guard.ports import ProviderStateStore
@@ -71,9 +71,7 @@ def build_guard(
     return ProviderGuard(
         provider_key(settings.provider),
         store,
-        plan=quota_plan(settings),
-        policy=breaker_policy(settings),
-        timing=guard_timing(settings),
+        rules=GuardRules(quota_plan(settings), breaker_policy(settings), guard_timing(settings)),
         owner=owner,
     )
 

@@ -28,7 +28,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from services.embedding.guard.breaker import BREAKER_FAILURE_CODES, BreakerPolicy, BreakerState
@@ -76,25 +76,34 @@ class GuardTiming:
     max_pause_seconds: float = 300.0  # the longest shared pause; a longer Retry-After opens
 
 
+@dataclass(frozen=True)
+class GuardRules:
+    """What a provider's guard enforces, all from its settings (``factory.build_guard``):
+    the quota's buckets, when the breaker opens, and how long callers wait."""
+
+    plan: QuotaPlan = field(default_factory=QuotaPlan)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    timing: GuardTiming = field(default_factory=GuardTiming)
+
+
 class ProviderGuard:
     def __init__(
         self,
         provider: str,
         store: ProviderStateStore,
         *,
-        plan: QuotaPlan | None = None,
-        policy: BreakerPolicy | None = None,
-        timing: GuardTiming | None = None,
+        rules: GuardRules | None = None,
         owner: str = "",
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        rules = rules or GuardRules()
         self.provider = provider
         self.owner = owner  # this process, for logs
         self._store = store
-        self._plan = plan or QuotaPlan()
-        self._policy = policy or BreakerPolicy()
-        self._timing = timing or GuardTiming()
+        self._plan = rules.plan
+        self._policy = rules.breaker
+        self._timing = rules.timing
         self._sleep = sleep
         self._monotonic = monotonic
         self._view: ProviderView | None = None

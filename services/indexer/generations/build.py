@@ -10,13 +10,13 @@ from typing import Any
 
 import asyncpg
 
+from services.embedding.batching import Batching
 from services.embedding.factory import build_embedder
 from services.embedding.guard.factory import guarded
 from services.embedding.guard.quota import Purpose
 from services.embedding.profiles import settings_for_generation
 from services.index.generations import SearchGeneration
 from services.indexer.pipeline.generations import (
-    Batching,
     BuildPipeline,
     BuiltPipeline,
     GenerationPipeline,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from services.embedding.batching import Batching
 from services.embedding.coalescing import CoalescingEmbedder, RequestStats
 from services.embedding.port import Embedder, Vectors
 from services.embedding.tokens import TokenCounter, load_token_counter
@@ -131,16 +131,6 @@ def tenant_share_of(
     return guard.tenant_share
 
 
-@dataclass(frozen=True)
-class Batching:
-    """How a generation's chunks go to its embedder (KB_EMBEDDING_* of its profile)."""
-
-    batch_size: int
-    max_batch_tokens: int | None = None
-    linger_seconds: float = 0.005
-    max_requests_in_flight: int = 2
-
-
 class GenerationPipeline:
     """What indexes one generation: its chunking strategy, its embedder's shared request
     queue (the tasks it runs at once share requests, whose token budgets are counted the way
@@ -165,15 +155,12 @@ class GenerationPipeline:
         self.sink: IndexSink = sink if search is None else BoundSink(sink, search.generation_id)
         self.requests = CoalescingEmbedder(
             embedder,
-            batch_size=batching.batch_size,
-            max_batch_tokens=batching.max_batch_tokens,
+            batching,
             count_tokens=(
                 load_token_counter(strategy.tokenizer)
                 if batching.max_batch_tokens is not None
                 else None
             ),
-            linger_seconds=batching.linger_seconds,
-            max_in_flight=batching.max_requests_in_flight,
             on_request=_observe_request,
             ready=embedder_ready,
         )

@@ -18,12 +18,12 @@ import hashlib
 import time
 from typing import Final
 
+from services.embedding.batching import Batching
 from services.embedding.port import Embedder
 from services.index.generations import SearchGeneration
 from services.indexer import metrics
 from services.indexer.pipeline.chunking import ChunkingStrategy
 from services.indexer.pipeline.generations import (
-    Batching,
     GenerationPipeline,
     GenerationPipelines,
     TenantShare,

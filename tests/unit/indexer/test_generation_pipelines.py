@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from services.embedding.batching import Batching
 from services.embedding.hashing import HashingEmbedder
 from services.index.generations import GenerationState, SearchGeneration
 from services.indexer.pipeline.generations import (
-    Batching,
     BoundSink,
     BuiltPipeline,
     GenerationPipeline,

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from services.embedding.guard.breaker import BreakerPolicy
-from services.embedding.guard.guard import GuardTiming, ProviderGuard
+from services.embedding.guard.guard import GuardRules, GuardTiming, ProviderGuard
 from services.embedding.guard.ports import ProbeTaken, ProviderView
 from services.embedding.guard.quota import Charge, QuotaPlan, Reservation
 from services.embedding.guard.store_memory import InMemoryProviderStateStore
@@ -100,9 +100,11 @@ class World:
         return ProviderGuard(
             self.provider,
             self.store,
-            plan=plan,
-            policy=policy or BreakerPolicy(failure_threshold=2, open_seconds=30),
-            timing=GuardTiming(refresh_seconds=refresh_seconds, **timing),
+            rules=GuardRules(
+                plan=plan or QuotaPlan(),
+                breaker=policy or BreakerPolicy(failure_threshold=2, open_seconds=30),
+                timing=GuardTiming(refresh_seconds=refresh_seconds, **timing),
+            ),
             owner="test",
             sleep=self.sleep,
             monotonic=self.monotonic,

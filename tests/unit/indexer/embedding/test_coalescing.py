@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from services.embedding import HashingEmbedder, InputRefused, Vectors
+from services.embedding.batching import Batching
 from services.embedding.coalescing import CoalescingEmbedder, RequestStats
 from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 from tests.support.pipeline import RecordingEmbedder
@@ -46,7 +47,9 @@ async def expected(texts: Sequence[str]) -> Vectors:
 async def test_concurrent_callers_share_full_requests_and_get_their_own_rows() -> None:
     inner = Gated()
     stats: list[RequestStats] = []
-    queue = CoalescingEmbedder(inner, batch_size=8, linger_seconds=0.05, on_request=stats.append)
+    queue = CoalescingEmbedder(
+        inner, Batching(batch_size=8, linger_seconds=0.05), on_request=stats.append
+    )
     documents = [[f"doc {d} chunk {c}" for c in range(3)] for d in range(10)]
     answers = await asyncio.gather(*(queue.embed_all(texts) for texts in documents))
     for texts, rows in zip(documents, answers, strict=True):
@@ -59,16 +62,14 @@ async def test_concurrent_callers_share_full_requests_and_get_their_own_rows() -
 
 async def test_a_request_is_sent_shortest_text_first_and_rows_go_back_in_order() -> None:
     inner = Gated()
-    queue = CoalescingEmbedder(inner, batch_size=8, linger_seconds=0)
+    queue = CoalescingEmbedder(inner, Batching(batch_size=8, linger_seconds=0))
     texts = ["a longer text of six words", "short", "a text of five words here", "mid text"]
     np.testing.assert_array_equal(await queue.embed_all(texts), await expected(texts))
     assert inner.requests == [sorted(texts, key=len)]
     counted = Gated()
     by_tokens = CoalescingEmbedder(
         counted,
-        batch_size=8,
-        linger_seconds=0,
-        max_batch_tokens=100,
+        Batching(batch_size=8, max_batch_tokens=100, linger_seconds=0),
         count_tokens=lambda text: len(text.split()),
     )
     words = ["one two three", "abcdefghijklmnop", "x y"]
@@ -78,14 +79,14 @@ async def test_a_request_is_sent_shortest_text_first_and_rows_go_back_in_order()
 
 async def test_a_full_request_does_not_wait_for_the_linger() -> None:
     inner = Gated()
-    queue = CoalescingEmbedder(inner, batch_size=4, linger_seconds=60)
+    queue = CoalescingEmbedder(inner, Batching(batch_size=4, linger_seconds=60))
     async with asyncio.timeout(5):
         rows = await queue.embed_all(["a", "b", "c", "d"])
     np.testing.assert_array_equal(rows, await expected(["a", "b", "c", "d"]))
 
 
 async def test_a_lone_short_caller_is_answered_after_the_linger() -> None:
-    queue = CoalescingEmbedder(Gated(), batch_size=32, linger_seconds=0.01)
+    queue = CoalescingEmbedder(Gated(), Batching(batch_size=32, linger_seconds=0.01))
     async with asyncio.timeout(5):
         rows = await queue.embed_all(["only one"])
     assert rows.shape == (1, DIMENSION)
@@ -93,7 +94,7 @@ async def test_a_lone_short_caller_is_answered_after_the_linger() -> None:
 
 async def test_a_caller_larger_than_a_request_spans_several() -> None:
     inner = Gated()
-    queue = CoalescingEmbedder(inner, batch_size=3, linger_seconds=0)
+    queue = CoalescingEmbedder(inner, Batching(batch_size=3, linger_seconds=0))
     texts = [f"t{i}" for i in range(7)]
     np.testing.assert_array_equal(await queue.embed_all(texts), await expected(texts))
     assert sorted(len(r) for r in inner.requests) == [1, 3, 3]
@@ -102,7 +103,9 @@ async def test_a_caller_larger_than_a_request_spans_several() -> None:
 async def test_a_failed_request_fails_each_caller_in_it_and_no_other() -> None:
     inner = Gated()
     inner.gate = asyncio.Event()
-    queue = CoalescingEmbedder(inner, batch_size=2, linger_seconds=0.05, max_in_flight=1)
+    queue = CoalescingEmbedder(
+        inner, Batching(batch_size=2, linger_seconds=0.05, max_requests_in_flight=1)
+    )
     first = asyncio.create_task(queue.embed_all(["boom one"]))
     second = asyncio.create_task(queue.embed_all(["fine two"]))
     await inner.started.wait()  # the first request holds both texts
@@ -119,7 +122,7 @@ async def test_a_failed_request_fails_each_caller_in_it_and_no_other() -> None:
 
 async def test_a_refused_input_fails_its_caller_only_at_its_own_position() -> None:
     inner = Gated()
-    queue = CoalescingEmbedder(inner, batch_size=8, linger_seconds=0.05)
+    queue = CoalescingEmbedder(inner, Batching(batch_size=8, linger_seconds=0.05))
     good = ["g1", "g2"]
     bad = ["b0", "refused b1", "b2"]
     results = await asyncio.gather(
@@ -136,7 +139,9 @@ async def test_a_refused_input_fails_its_caller_only_at_its_own_position() -> No
 async def test_a_cancelled_caller_leaves_the_queue() -> None:
     inner = Gated()
     inner.gate = asyncio.Event()
-    queue = CoalescingEmbedder(inner, batch_size=1, linger_seconds=0, max_in_flight=1)
+    queue = CoalescingEmbedder(
+        inner, Batching(batch_size=1, linger_seconds=0, max_requests_in_flight=1)
+    )
     holder = asyncio.create_task(queue.embed_all(["in flight"]))
     await inner.started.wait()
     leaving = asyncio.create_task(queue.embed_all(["never sent"]))
@@ -155,11 +160,8 @@ async def test_requests_keep_to_the_token_budget() -> None:
     inner = Gated()
     queue = CoalescingEmbedder(
         inner,
-        batch_size=10,
-        max_batch_tokens=5,
+        Batching(batch_size=10, max_batch_tokens=5, linger_seconds=0.05, max_requests_in_flight=1),
         count_tokens=lambda text: len(text.split()),
-        linger_seconds=0.05,
-        max_in_flight=1,
     )
     await asyncio.gather(queue.embed_all(["a b c", "d e"]), queue.embed_all(["f", "g h i j k l"]))
     # Taken in queue order, each request sent shortest first.
@@ -168,7 +170,7 @@ async def test_requests_keep_to_the_token_budget() -> None:
 
 async def test_no_texts_no_request() -> None:
     inner = Gated()
-    queue = CoalescingEmbedder(inner, batch_size=4)
+    queue = CoalescingEmbedder(inner, Batching(batch_size=4))
     assert (await queue.embed_all([])).shape == (0, DIMENSION)
     assert inner.requests == []
 
@@ -176,7 +178,7 @@ async def test_no_texts_no_request() -> None:
 async def test_requests_wait_for_the_provider_to_be_ready() -> None:
     inner = Gated()
     ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    queue = CoalescingEmbedder(inner, batch_size=1, linger_seconds=0, ready=ready)
+    queue = CoalescingEmbedder(inner, Batching(batch_size=1, linger_seconds=0), ready=ready)
     waiting = asyncio.create_task(queue.embed_all(["early"]))
     for _ in range(5):
         await asyncio.sleep(0)
@@ -190,7 +192,7 @@ async def test_a_failed_warm_up_fails_the_requests_with_its_error() -> None:
     inner = Gated()
     ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     ready.set_exception(IndexingFailed(ErrorCode.EMBEDDING_UNAVAILABLE, "model file rejected"))
-    queue = CoalescingEmbedder(inner, batch_size=1, linger_seconds=0, ready=ready)
+    queue = CoalescingEmbedder(inner, Batching(batch_size=1, linger_seconds=0), ready=ready)
     with pytest.raises(IndexingFailed, match="model file rejected"):
         await queue.embed_all(["text"])
     assert inner.requests == []
@@ -199,7 +201,9 @@ async def test_a_failed_warm_up_fails_the_requests_with_its_error() -> None:
 async def test_a_partial_request_waits_while_another_is_out() -> None:
     inner = Gated()
     inner.gate = asyncio.Event()
-    queue = CoalescingEmbedder(inner, batch_size=4, linger_seconds=0, max_in_flight=2)
+    queue = CoalescingEmbedder(
+        inner, Batching(batch_size=4, linger_seconds=0, max_requests_in_flight=2)
+    )
     first = asyncio.create_task(queue.embed_all(["first"]))
     await inner.started.wait()
     later = [asyncio.create_task(queue.embed_all([f"later {i}"])) for i in range(3)]
@@ -215,7 +219,9 @@ async def test_a_partial_request_waits_while_another_is_out() -> None:
 async def test_full_requests_go_out_while_another_is_out() -> None:
     inner = Gated()
     inner.gate = asyncio.Event()
-    queue = CoalescingEmbedder(inner, batch_size=2, linger_seconds=0, max_in_flight=2)
+    queue = CoalescingEmbedder(
+        inner, Batching(batch_size=2, linger_seconds=0, max_requests_in_flight=2)
+    )
     first = asyncio.create_task(queue.embed_all(["a", "b"]))
     await inner.started.wait()
     second = asyncio.create_task(queue.embed_all(["c", "d"]))
