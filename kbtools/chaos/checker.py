@@ -18,6 +18,7 @@ from kbtools.chaos.converge import POINTERS_SQL
 from kbtools.chaos.ingest import COMMANDS_SQL, VERSIONS_SQL, check_commands
 from kbtools.chaos.load import LoadRecord
 from kbtools.chaos.logs import lease_figures, search_reads
+from kbtools.chaos.poison import DeadLetter, check_poisons, dead_letter
 from kbtools.chaos.removals import (
     check_dump,
     check_final,
@@ -38,6 +39,7 @@ from services.runtime.messaging.events import (
     INDEX_TASK_CREATED,
     document_events_topic,
     index_hints_topic,
+    ingest_dead_topic,
 )
 
 PROVIDER_CODES = (
@@ -64,11 +66,36 @@ async def read_topics(stack: ChaosStack) -> list[KafkaRecord]:
     topics = [document_events_topic(stack.topic_prefix)] + [
         index_hints_topic(tier, stack.topic_prefix) for tier in TIERS
     ]
+    records = []
+    for topic, message in await read_messages(stack, topics):
+        headers = {k: v.decode() for k, v in message.headers}
+        records.append(
+            KafkaRecord(
+                topic,
+                (message.key or b"").decode(),
+                headers.get("event_id", ""),
+                headers.get("event_type", ""),
+                int(headers.get("outbox_position", "0")),
+                headers.get("replay") == "true",
+                message.value or b"",
+            )
+        )
+    return records
+
+
+async def read_dead_letters(stack: ChaosStack) -> list[DeadLetter]:
+    """Every record of the tiers' ingest dead-letter topics."""
+    topics = [ingest_dead_topic(tier, stack.topic_prefix) for tier in TIERS]
+    return [dead_letter(topic, m.headers) for topic, m in await read_messages(stack, topics)]
+
+
+async def read_messages(stack: ChaosStack, topics: list[str]) -> list[tuple[str, Any]]:
+    """Every message of ``topics`` (those that exist), from the beginning to their end."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=stack.kafka.bootstrap, enable_auto_commit=False, group_id=None
     )
     await consumer.start()
-    records: list[KafkaRecord] = []
+    messages: list[tuple[str, Any]] = []
     try:
         partitions = [
             TopicPartition(topic, p)
@@ -77,32 +104,22 @@ async def read_topics(stack: ChaosStack) -> list[KafkaRecord]:
                 consumer.partitions_for_topic(topic) or await _partitions(consumer, topic)
             )
         ]
+        if not partitions:
+            return messages
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
         pending = {tp for tp in partitions if ends[tp] > 0}
         while pending:
             batch = await consumer.getmany(timeout_ms=2000)
-            for tp, messages in batch.items():
-                for message in messages:
-                    headers = {k: v.decode() for k, v in message.headers}
-                    records.append(
-                        KafkaRecord(
-                            tp.topic,
-                            (message.key or b"").decode(),
-                            headers.get("event_id", ""),
-                            headers.get("event_type", ""),
-                            int(headers.get("outbox_position", "0")),
-                            headers.get("replay") == "true",
-                            message.value or b"",
-                        )
-                    )
+            for tp, batch_messages in batch.items():
+                messages.extend((tp.topic, m) for m in batch_messages)
             for tp in list(pending):
                 if await consumer.position(tp) >= ends[tp]:
                     pending.discard(tp)
     finally:
         await consumer.stop()
-    return records
+    return messages
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
@@ -134,10 +151,18 @@ class Checker:
             await self._answers(conn)
             self._reads_from_log()
             await self._removals(conn, records)
+            commands = [dict(r.items()) for r in await conn.fetch(COMMANDS_SQL)]
             check_commands(
                 self.load.commands,
-                [dict(r.items()) for r in await conn.fetch(COMMANDS_SQL)],
+                commands,
                 [dict(r.items()) for r in await conn.fetch(VERSIONS_SQL)],
+                self.result,
+            )
+            applied = {(r["tenant_id"], r["command_id"]) for r in commands}
+            check_poisons(
+                self.load.poisons,
+                await read_dead_letters(self.stack),
+                lambda tenant_id, command_id: (tenant_id, command_id) in applied,
                 self.result,
             )
         finally:

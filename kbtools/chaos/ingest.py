@@ -1,6 +1,8 @@
 """Publishes by event in a chaos run (docs/architecture.md#publish-by-event): a share of
 the load's publishes goes as a signed `PublishDocument` command to `kb.ingest.<tier>`
-instead of HTTP, and the check that every command sent was applied exactly once.
+instead of HTTP, the deletes and erases of those documents as `DeleteDocument` and
+`EraseDocument` commands, now and then a poison before a publish (kbtools/chaos/poison.py),
+and the check that every command sent was applied exactly once.
 
 The driver learns what a command did from its record (`ingest_command`: the document,
 version, revision and task), the very row the consumer answers a redelivery from; the
@@ -25,8 +27,23 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from kbtools.chaos.poison import (
+    KINDS,
+    MAX_INLINE_BYTES,
+    POISON_EVERY,
+    POISON_HEADER,
+    Poison,
+    PoisonKind,
+    Sent,
+    poison_record,
+)
 from kbtools.chaos.result import INGEST_ONCE, CheckResult
-from services.publisher.ingest.commands import PUBLISH_DOCUMENT, encode_command
+from services.publisher.ingest.commands import (
+    DELETE_DOCUMENT,
+    ERASE_DOCUMENT,
+    PUBLISH_DOCUMENT,
+    encode_command,
+)
 from services.publisher.ingest.signing import KEY_ID_HEADER, SIGNATURE_HEADER, public_bytes, sign
 from services.runtime.messaging.events import ingest_topic
 
@@ -57,6 +74,7 @@ class SentCommand:
     tenant_id: str
     command_id: str
     document_key: str
+    command_type: str = PUBLISH_DOCUMENT
 
 
 def public_key_b64(key: Ed25519PrivateKey) -> str:
@@ -81,7 +99,9 @@ class IngestProducer:
         self.loop = asyncio.new_event_loop()
         self.producer: AIOKafkaProducer | None = None
         self.sent: list[SentCommand] = []
+        self.poisons: list[Poison] = []
         self.send_retries = 0
+        self.publishes = 0
 
     def publish(
         self,
@@ -92,49 +112,96 @@ class IngestProducer:
     ) -> dict[str, Any] | None:
         """Send one `PublishDocument` (sent again with the same id after a failure: the
         consumer applies it once), then its answer once applied; None if it was not
-        applied within ``ANSWER_WITHIN_S`` (the checker still expects it applied)."""
+        applied within ``ANSWER_WITHIN_S`` (the checker still expects it applied). Each
+        ``POISON_EVERY``-th comes right after a poison on its partition."""
+        self.publishes += 1
+        poison = None
+        if self.publishes % POISON_EVERY == POISON_EVERY // 2:
+            kind = KINDS[len(self.poisons) % len(KINDS)]
+            poison = self._poison(kind, tenant_id, tier, document_key)
+        fields = {"upload": None, "expectedRevision": None, **fields}
+        return self._command(PUBLISH_DOCUMENT, tenant_id, tier, document_key, fields, poison)
+
+    def remove(
+        self, tenant_id: str, tier: str, document_key: str, *, erase: bool
+    ) -> dict[str, Any] | None:
+        """A `DeleteDocument` (whatever the revision) or an `EraseDocument`, as `publish`;
+        its answer carries a ``searchToken``: the primary's WAL position once the command's
+        record is read, past its commit."""
+        if erase:
+            return self._command(ERASE_DOCUMENT, tenant_id, tier, document_key, {}, None)
+        fields = {"expectedRevision": None}
+        return self._command(DELETE_DOCUMENT, tenant_id, tier, document_key, fields, None)
+
+    def _command(
+        self,
+        command_type: str,
+        tenant_id: str,
+        tier: str,
+        document_key: str,
+        fields: Mapping[str, Any],
+        poison: Poison | None,
+    ) -> dict[str, Any] | None:
         command_id = uuid.uuid4()
-        value = encode_command(
-            PUBLISH_DOCUMENT,
-            {
-                "commandId": command_id,
-                "tenantId": tenant_id,
-                "documentKey": document_key,
-                "issuedAt": datetime.now(UTC),
-                "upload": None,
-                "expectedRevision": None,
-                **fields,
-            },
-        )
+        record = {
+            "commandId": command_id,
+            "tenantId": tenant_id,
+            "documentKey": document_key,
+            "issuedAt": datetime.now(UTC),
+            **fields,
+        }
+        value = encode_command(command_type, record)
         key = self.keys[tenant_id]
         headers = [(KEY_ID_HEADER, KEY_ID.encode()), (SIGNATURE_HEADER, sign(key, value))]
-        record_key = f"{tenant_id}/{document_key}".encode()
         deadline = time.monotonic() + ANSWER_WITHIN_S
         topic = ingest_topic(tier, self.prefix)
-        if not self.loop.run_until_complete(
-            self._send(topic, value, record_key, headers, deadline)
-        ):
+        record_key = f"{tenant_id}/{document_key}".encode()
+        at = self.loop.run_until_complete(self._send(topic, value, record_key, headers, deadline))
+        if at is None:
             return None
-        self.sent.append(SentCommand(tenant_id, str(command_id), document_key))
-        return self.loop.run_until_complete(self._answer(tenant_id, command_id, deadline))
+        if poison is not None:
+            poison.followed_by = (str(command_id), at)
+        self.sent.append(SentCommand(tenant_id, str(command_id), document_key, command_type))
+        wait_version = command_type == PUBLISH_DOCUMENT
+        return self.loop.run_until_complete(
+            self._answer(tenant_id, command_id, deadline, wait_version=wait_version)
+        )
+
+    def _poison(self, kind: PoisonKind, tenant_id: str, tier: str, key: str) -> Poison | None:
+        """A poison of ``kind`` on the partition of ``tenant_id``'s ``key``."""
+        command_id, value, headers = poison_record(kind, tenant_id, key, self.keys, KEY_ID)
+        poison_id = str(uuid.uuid4())
+        headers.append((POISON_HEADER, poison_id.encode()))
+        topic = ingest_topic(tier, self.prefix)
+        record_key = f"{tenant_id}/{key}".encode()
+        deadline = time.monotonic() + ANSWER_WITHIN_S
+        at = self.loop.run_until_complete(self._send(topic, value, record_key, headers, deadline))
+        if at is None:
+            return None
+        poison = Poison(poison_id, kind, tenant_id, command_id, at)
+        self.poisons.append(poison)
+        return poison
 
     async def _send(
         self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]], until: float
-    ) -> bool:
+    ) -> Sent | None:
         while time.monotonic() < until:
             try:
                 if self.producer is None:
                     self.producer = AIOKafkaProducer(
-                        bootstrap_servers=self.bootstrap, acks="all", request_timeout_ms=5000
+                        bootstrap_servers=self.bootstrap,
+                        acks="all",
+                        request_timeout_ms=5000,
+                        max_request_size=2 * MAX_INLINE_BYTES,  # the too-large poison
                     )
                     await self.producer.start()
-                await self.producer.send_and_wait(topic, value, key=key, headers=headers)
-                return True
+                sent = await self.producer.send_and_wait(topic, value, key=key, headers=headers)
+                return Sent(topic, sent.partition, sent.offset)
             except (KafkaError, OSError):
                 self.send_retries += 1
                 await self._drop_producer()
                 await asyncio.sleep(1)
-        return False
+        return None
 
     async def _drop_producer(self) -> None:
         if self.producer is not None:
@@ -143,7 +210,7 @@ class IngestProducer:
                 await producer.stop()
 
     async def _answer(
-        self, tenant_id: str, command_id: uuid.UUID, until: float
+        self, tenant_id: str, command_id: uuid.UUID, until: float, *, wait_version: bool
     ) -> dict[str, Any] | None:
         while time.monotonic() < until:
             try:
@@ -151,8 +218,9 @@ class IngestProducer:
                 try:
                     while time.monotonic() < until:
                         row = await conn.fetchrow(ANSWER_SQL, tenant_id, command_id)
-                        if row is not None and row["version_number"] is not None:
-                            return dict(row.items())
+                        if row is not None and (row["version_number"] or not wait_version):
+                            token = await conn.fetchval("SELECT pg_current_wal_lsn()::text")
+                            return {**dict(row.items()), "searchToken": token}
                         await asyncio.sleep(0.05)
                 finally:
                     await conn.close()
@@ -205,3 +273,4 @@ def check_commands(
     result.figures["ingest commands applied"] = sum(
         1 for c in sent if records[(c.tenant_id, c.command_id)]
     )
+    result.figures["ingest commands"] = dict(sorted(Counter(c.command_type for c in sent).items()))

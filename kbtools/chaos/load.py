@@ -4,8 +4,8 @@ through the public HTTP API, retrying as a client would while the system is brok
 
 It also deletes and erases documents: while their task runs, right after a publish, long
 after one, and erases documents deleted before (kbtools/chaos/removals.py checks what
-follows). Each version's content holds a marker of its own, drawn by the driver, which an
-erase must leave nowhere."""
+follows); a document published by command is deleted or erased by command. Each version's
+content holds a marker of its own, drawn by the driver, which an erase must leave nowhere."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import docx
 import httpx
 
 from kbtools.chaos.ingest import SHARE, IngestProducer, SentCommand
+from kbtools.chaos.poison import Poison
 from kbtools.chaos.topology import ChaosStack
 from kbtools.demo.client import Tenant
 
@@ -100,7 +101,8 @@ class LoadRecord:
     api_retries: int = 0
     removed: list[Removal] = field(default_factory=list)
     unanswered: set[str] = field(default_factory=set)  # removals that may have committed
-    commands: list[SentCommand] = field(default_factory=list)  # publishes sent by command
+    commands: list[SentCommand] = field(default_factory=list)  # sent by command
+    poisons: list[Poison] = field(default_factory=list)  # sent before some of them
 
 
 def text_of(rng: random.Random, serial: int, version: int, marker: str = "") -> list[str]:
@@ -194,6 +196,7 @@ class LoadDriver:
             stack.kafka.bootstrap, stack.database_url, stack.topic_prefix, stack.ingest_keys
         )
         self.record.commands = self.ingest.sent
+        self.record.poisons = self.ingest.poisons
 
     def run(self) -> None:
         try:
@@ -367,14 +370,19 @@ class LoadDriver:
     def _remove(self, target: Published, when: RemovalKind, *, erase: bool) -> bool:
         tenant = self.stack.tenants[target.tenant_id]
         path = f"/v1/tenants/{tenant.tenant_id}/documents/{target.document_id}"
-        if erase:
+        if target.document_key:  # published by command: removed by command
+            answer = self.ingest.remove(
+                tenant.tenant_id, tenant.tier, target.document_key, erase=erase
+            )
+        elif erase:
             # The tenant's first key, which the run searches and publishes with, is an admin
             # key (`kb tenants create`): the scope an erase needs.
             answer = self.call("POST", f"{path}/erase", tenant, {200})
         else:
             answer = self._delete(tenant, path, target.revision or 1)
         if answer is None:
-            self.record.refused.append(f"{'erase' if erase else 'delete'} {path}")
+            how = "by command " if target.document_key else ""
+            self.record.refused.append(f"{'erase' if erase else 'delete'} {how}{path}")
             self.record.unanswered.add(target.document_id)
             return False
         self.record.removed.append(

@@ -35,6 +35,13 @@ def table(
             f"({figures.get('ingest commands sent', 0)} / "
             f"{figures.get('ingest commands applied', 0)})",
         ),
+        ("ingest commands sent, by kind", _codes(figures.get("ingest commands", {}))),
+        (
+            "poison commands sent (dead letters written again after a crash)",
+            f"{figures.get('poison commands sent', 0)} "
+            f"({figures.get('poison dead letters written again after a crash', 0)})",
+        ),
+        ("poison commands, by kind", _codes(figures.get("poison commands", {}))),
         ("uploads or publishes refused by the API", len(load.refused)),
         ("API calls retried by the client", load.api_retries),
         ("tasks", figures.get("tasks", 0)),

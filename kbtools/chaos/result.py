@@ -16,6 +16,7 @@ DELETED_UNANSWERED = "deleted: never in a search answer after its delete"
 DELETE_FINAL = "deleted: stays deleted"
 ERASED_GONE = "erased: nothing of its content left (pg_dump, Kafka)"
 INGEST_ONCE = "ingest: every command applied exactly once"
+INGEST_POISON = "ingest: every poison dead-lettered, its partition moving on"
 
 INVARIANTS = (
     "tasks settled",
@@ -37,6 +38,7 @@ INVARIANTS = (
     DELETE_FINAL,
     ERASED_GONE,
     INGEST_ONCE,
+    INGEST_POISON,
 )
 KEEP = 5  # examples of evidence kept per invariant
 

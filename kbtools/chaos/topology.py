@@ -20,6 +20,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kbtools.chaos.ingest import KEY_ID, public_key_b64
+from kbtools.chaos.poison import MAX_INLINE_BYTES
 from kbtools.chaos.ports import listen_port
 from kbtools.chaos.schedule import INDEXERS, INGESTERS, RELAYS
 from kbtools.demo.client import Tenant
@@ -148,6 +149,7 @@ class ChaosStack:
             "KB_INDEXER_GRACE_PERIOD_SECONDS": "3",
             "KB_INDEXER_PARSE_WORKERS": "1",
             "KB_INGEST_BACKOFF_MAX_SECONDS": "2",
+            "KB_INGEST_MAX_INLINE_BYTES": str(MAX_INLINE_BYTES),  # the too-large poison's
             "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         }
         self.kb("migrate")

@@ -87,6 +87,13 @@ def test_short_chaos_run_keeps_every_invariant(chaos_home: Path) -> None:
     sent, applied = counts.strip("()").split(" / ")
     assert published != "0", by_command
     assert sent == applied, by_command
+    # Deletes and erases by command too, and a poison of each kind before some publishes:
+    # each dead-lettered with its code while its partition moved on (the invariant's row).
+    kinds = _figure(done.stdout, "ingest commands sent, by kind")
+    assert "DeleteDocument" in kinds, kinds
+    assert "EraseDocument" in kinds, kinds
+    poisons = _figure(done.stdout, "poison commands, by kind")
+    assert poisons.count(",") == 3, poisons  # all four kinds
 
 
 def _figure(table: str, row: str) -> str:
