@@ -1,11 +1,12 @@
-"""A running `kb indexer run` survives PostgreSQL's restarts (RELIABILITY.md, "exited on
+"""Long-running processes survive PostgreSQL's restarts (RELIABILITY.md, "exited on
 PostgreSQL's restart").
 
 The server is one of the test's own (tests/support/restartable_pg.py), restarted with a
-fast shutdown ("terminating connection due to administrator command") while the indexer is
-idle, while it claims and indexes, and again while its pools are still failing to restore
-their connection floor (the chaos runs' exit came right after asyncpg logged that). After
-each restart the process must still run and index a document published after it.
+fast shutdown ("terminating connection due to administrator command"). `kb indexer run`
+meets it at start (the server down; a start-up statement cut off: the chaos runs' exit),
+idle, while it claims and indexes, and while its pools still fail to restore their
+connection floor; `kb relay run` while it waits on its LISTEN. After each restart the
+process must still run and index (or relay) what is published after it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import asyncpg
 import pytest
 
+from services.relay.settings import RelaySettings
 from tests.support.embedding_provider import ServedProvider, served_provider
+from tests.support.kafka import TopicReader, publish, relay_topics
 from tests.support.restartable_pg import RestartablePostgres, restartable_postgres
 from tests.support.stack import (
     REPO_ROOT,
@@ -99,45 +102,30 @@ def provider() -> Iterator[ServedProvider]:
         yield served
 
 
+StartKb = Callable[..., Awaitable[Running]]
 Start = Callable[[], Awaitable[Running]]
 
 
 @pytest.fixture
-async def start_indexer(
-    restart_database: str, stack: Stack, topic_prefix: str, provider: ServedProvider
-) -> AsyncIterator[Start]:
-    """Starts `kb indexer run` on the test's server, with a remote embedding provider (its
-    guard keeps state in the database too) and short timers, so every loop meets the
-    restarts."""
-    env = {
+async def start_kb(
+    restart_database: str, stack: Stack, topic_prefix: str
+) -> AsyncIterator[StartKb]:
+    """Starts a `kb` command on the test's server (its JSON log read along), killed at the
+    end."""
+    base = {
         **{k: v for k, v in os.environ.items() if not k.startswith("KB_")},
         "DATABASE_URL": restart_database,
         "KAFKA_BOOTSTRAP_SERVERS": stack.kafka_bootstrap,
         "KB_KAFKA_TOPIC_PREFIX": topic_prefix,
-        "KB_EMBEDDING_PROVIDER": "openai",
-        "KB_EMBEDDING_BASE_URL": provider.base_url,
-        "KB_EMBEDDING_MODEL": "hashing-v1-384",
-        "KB_EMBEDDING_DIMENSIONS": "384",
-        "KB_EMBEDDING_TIMEOUT_SECONDS": "2",
-        "KB_INDEXER_POLL_SECONDS": "0.5",
-        "KB_INDEXER_LEASE_SECONDS": "6",
-        "KB_INDEXER_METRICS_INTERVAL_SECONDS": "0.5",
-        "KB_INDEX_GC_INTERVAL_SECONDS": "0.5",
-        "KB_RETENTION_INTERVAL_SECONDS": "0.5",
-        "KB_INDEXER_TENANT_GRAPH_CHECK_SECONDS": "0.5",
+        "KB_LOG_FORMAT": "json",
     }
     started: list[Running] = []
 
-    async def start() -> Running:
+    async def start(*args: str, **env: str) -> Running:
         process = await asyncio.create_subprocess_exec(
             *KB,
-            "indexer",
-            "run",
-            "--tier",
-            "standard",
-            "--concurrency",
-            "4",
-            env=env,
+            *args,
+            env={**base, **env},
             cwd=REPO_ROOT,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
@@ -150,6 +138,30 @@ async def start_indexer(
     finally:
         for running in started:
             await running.close()
+
+
+@pytest.fixture
+def start_indexer(start_kb: StartKb, provider: ServedProvider) -> Start:
+    """Starts `kb indexer run` with a remote embedding provider (its guard keeps state in
+    the database too) and short timers, so every loop meets the restarts."""
+
+    async def start() -> Running:
+        return await start_kb(
+            *("indexer", "run", "--tier", "standard", "--concurrency", "4"),
+            KB_EMBEDDING_PROVIDER="openai",
+            KB_EMBEDDING_BASE_URL=provider.base_url,
+            KB_EMBEDDING_MODEL="hashing-v1-384",
+            KB_EMBEDDING_DIMENSIONS="384",
+            KB_EMBEDDING_TIMEOUT_SECONDS="2",
+            KB_INDEXER_POLL_SECONDS="0.5",
+            KB_INDEXER_LEASE_SECONDS="6",
+            KB_INDEXER_METRICS_INTERVAL_SECONDS="0.5",
+            KB_INDEX_GC_INTERVAL_SECONDS="0.5",
+            KB_RETENTION_INTERVAL_SECONDS="0.5",
+            KB_INDEXER_TENANT_GRAPH_CHECK_SECONDS="0.5",
+        )
+
+    return start
 
 
 async def _status(database_url: str, task: CreatedTask) -> str | None:
@@ -255,3 +267,47 @@ async def test_a_running_indexer_survives_postgres_restarts(
         await _published_and_indexed(restart_database, indexer)
 
     assert indexer.alive(), indexer.tail()
+
+
+async def _published_and_relayed(database_url: str, reader: TopicReader, relay: Running) -> None:
+    """An event committed now reaches Kafka through the running relay."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        event = await publish(conn)
+    finally:
+        await conn.close()
+    await reader.read_event_ids([event.event_id], timeout_s=WAIT)
+    assert relay.alive(), relay.tail()
+
+
+async def test_a_running_relay_survives_postgres_restarts(
+    own_postgres: RestartablePostgres,
+    restart_database: str,
+    stack: Stack,
+    topic_prefix: str,
+    start_kb: StartKb,
+) -> None:
+    """The relay LISTENs on a connection of its own: a restart while it waits on it, and a
+    server down until its LISTEN cannot come back, then up."""
+    relay = await start_kb(
+        "relay",
+        "run",
+        KB_RELAY_PARTITIONS="1",
+        KB_RELAY_LEASE_SECONDS="2",
+        KB_RELAY_SEND_TIMEOUT_SECONDS="1.0",
+        KB_RELAY_POLL_INTERVAL_SECONDS="0.3",
+        KB_RELAY_BACKOFF_MAX_SECONDS="0.5",
+    )
+    topics = relay_topics(RelaySettings(kafka_topic_prefix=topic_prefix))
+    async with TopicReader(stack.kafka_bootstrap, topics) as reader:
+        await _published_and_relayed(restart_database, reader, relay)
+        await _restart(own_postgres)
+        await _published_and_relayed(restart_database, reader, relay)
+        seen = len(relay.lines)
+        await asyncio.to_thread(own_postgres.stop)
+        try:
+            await relay.wait_for('"relay.listen_failed"', after=seen)
+        finally:
+            await asyncio.to_thread(own_postgres.start)
+        await _published_and_relayed(restart_database, reader, relay)
+    assert relay.alive(), relay.tail()
