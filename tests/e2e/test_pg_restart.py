@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -209,6 +210,24 @@ async def test_an_indexer_waits_for_postgres_at_start(
     finally:
         await asyncio.to_thread(own_postgres.start)
     await _published_and_indexed(restart_database, indexer)
+
+
+async def test_sigterm_ends_the_wait_at_start(
+    own_postgres: RestartablePostgres, restart_database: str, start_indexer: Start
+) -> None:
+    """An orchestrator stopping an indexer that still waits for the database: a clean exit
+    (0), nothing started."""
+    await asyncio.to_thread(own_postgres.stop)
+    try:
+        indexer = await start_indexer()
+        await indexer.wait_for('"database.unavailable"', after=0)
+        indexer.process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(WAIT):
+            code = await indexer.process.wait()
+        await indexer.wait_for('"indexer.stopped_at_start"', after=0)
+    finally:
+        await asyncio.to_thread(own_postgres.start)
+    assert code == 0, indexer.tail()
 
 
 async def test_a_restart_during_the_start_is_waited_through(
