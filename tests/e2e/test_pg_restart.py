@@ -29,6 +29,7 @@ from tests.support.stack import (
     REPO_ROOT,
     Stack,
     create_test_database,
+    drop_test_database,
     ensure_template,
 )
 from tests.support.tasks import CreatedTask, create_many_tasks, create_task
@@ -47,19 +48,25 @@ def own_postgres(stack: Stack) -> Iterator[RestartablePostgres]:
 
 
 @pytest.fixture
-async def restart_database(integration_only: None, own_postgres: RestartablePostgres) -> str:
+async def restart_database(
+    integration_only: None, own_postgres: RestartablePostgres
+) -> AsyncIterator[str]:
     server = own_postgres.stack
     name = await create_test_database(server, await ensure_template(server))
-    return server.database_url(name)
+    try:
+        yield server.database_url(name)
+    finally:
+        await drop_test_database(server, name)
 
 
 class Running:
-    """A `kb indexer run` whose stderr (JSON log lines) is read all along, so the test can
-    wait for a line and the child never blocks on a full pipe."""
+    """A `kb` process whose stderr (JSON log lines) is read all along, so the test can wait
+    for a line and the child never blocks on a full pipe."""
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
         self.lines: list[str] = []
+        self._ended = False  # its stderr closed: it exited
         self._new_line = asyncio.Condition()
         self._reader = asyncio.create_task(self._read())
 
@@ -70,10 +77,11 @@ class Running:
                 self.lines.append(raw.decode(errors="replace"))
                 self._new_line.notify_all()
         async with self._new_line:
+            self._ended = True
             self._new_line.notify_all()
 
     def alive(self) -> bool:
-        return self.process.returncode is None and not self._reader.done()
+        return self.process.returncode is None and not self._ended
 
     def tail(self) -> str:
         return "".join(self.lines[-30:])
@@ -85,8 +93,8 @@ class Running:
                 for index in range(after, len(self.lines)):
                     if text in self.lines[index]:
                         return index
-                if self._reader.done():
-                    raise AssertionError(f"indexer exited before {text!r}:\n{self.tail()}")
+                if self._ended:
+                    raise AssertionError(f"exited before {text!r}:\n{self.tail()}")
                 await self._new_line.wait()
 
     async def close(self) -> None:
