@@ -43,11 +43,13 @@ from services.indexer.settings import IndexerSettings
 from services.indexer.sink.generations import TaskGenerations
 from services.indexer.sink.pgvector import PgVectorSink
 from services.indexer.sink.tenant_graphs import PgTenantGraphs
+from services.runtime.backoff import Backoff
 from services.runtime.commands.cli_options import serve_metrics
 from services.runtime.commands.cli_support import load_settings, run_async
 from services.runtime.identity import owner_id
 from services.runtime.logging import get_logger
-from services.runtime.signals import run_until_signalled, unless_stopped
+from services.runtime.pg.waiting import Step, StoppedWaiting, once, retrying
+from services.runtime.signals import stop_on_signals, unless_stopped
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -58,7 +60,12 @@ WrapIndexer = Callable[[DocumentVersionIndexer], DocumentVersionIndexer]
 
 @contextlib.asynccontextmanager
 async def pipeline_indexer(
-    settings: IndexerSettings, pool: asyncpg.Pool[Any], *, slots: int, owner: str
+    settings: IndexerSettings,
+    pool: asyncpg.Pool[Any],
+    *,
+    slots: int,
+    owner: str,
+    step: Step = once,
 ) -> AsyncIterator[PipelineIndexer]:
     """The pipeline with its embedder, parse processes and sink; the index generation and
     the default search generation are registered once here, before any task is claimed;
@@ -67,7 +74,10 @@ async def pipeline_indexer(
 
     A remote provider's requests go through its shared guard (services.embedding.guard):
     the fleet's limiter and circuit breaker; ``claim_gate`` is then that guard, which the
-    worker asks before it claims."""
+    worker asks before it claims.
+
+    ``step`` runs each database step of the start (`kb indexer run`: again while the
+    database is away, services/runtime/pg/waiting.py)."""
     embedding = load_embedding_settings()
     embedder = build_embedder(embedding)
     requests, guard = guarded(embedding, embedder, pool, purpose=Purpose.INDEX, owner=owner)
@@ -98,11 +108,14 @@ async def pipeline_indexer(
         try:
             sink = PgVectorSink(pool, index_build_memory=settings.indexer_index_build_memory)
             generation = index_generation(embedder, strategy)
-            await sink.ensure_generation(generation)
-            default = await sink.register_default(
-                generation,
-                chunk_max_tokens=settings.indexer_chunk_max_tokens,
-                chunk_overlap_tokens=settings.indexer_chunk_overlap_tokens,
+            await step("ensure_generation", lambda: sink.ensure_generation(generation))
+            default = await step(
+                "register_default",
+                lambda: sink.register_default(
+                    generation,
+                    chunk_max_tokens=settings.indexer_chunk_max_tokens,
+                    chunk_overlap_tokens=settings.indexer_chunk_overlap_tokens,
+                ),
             )
             indexer = PipelineIndexer(
                 PgVersionSource(pool),
@@ -218,19 +231,33 @@ def with_worker(
     *,
     wrap: WrapIndexer | None = None,
     observer: WorkerMetrics | None = None,
+    stop: asyncio.Event | None = None,
 ) -> T:
     """A worker over the real pipeline on its own pools: one for claims, results and the
-    sink, a small one reserved for heartbeats."""
+    sink, a small one reserved for heartbeats.
 
-    async def _run() -> T:
+    Given ``stop``, SIGTERM/SIGINT set it from the start on, and the start's database steps
+    (the pools, the generation's registration) wait for a database that is away until it
+    answers or ``stop`` is set (``StoppedWaiting``); without it they fail at once."""
+    step: Step = once
+    if stop is not None:
+        poll = settings.indexer_poll_seconds
+        # The claim loop's pauses: from a fraction of a second up to the poll interval.
+        step = retrying(stop, Backoff(min(0.5, poll), poll, 0.5))
+
+    async def _start_and_work() -> T:
         async with contextlib.AsyncExitStack() as stack:
-            pool = await open_pool(settings, main_pool_size(concurrency))
+            size = main_pool_size(concurrency)
+            pool = await step("open_pool", lambda: open_pool(settings, size))
             stack.push_async_callback(pool.close)
-            beats = await open_pool(settings, settings.indexer_heartbeat_pool_size)
+            beats = await step(
+                "open_heartbeat_pool",
+                lambda: open_pool(settings, settings.indexer_heartbeat_pool_size),
+            )
             stack.push_async_callback(beats.close)
             owner = settings.indexer_worker_id or owner_id()
             pipeline = await stack.enter_async_context(
-                pipeline_indexer(settings, pool, slots=concurrency, owner=owner)
+                pipeline_indexer(settings, pool, slots=concurrency, owner=owner, step=step)
             )
             indexer: DocumentVersionIndexer = pipeline
             if wrap is not None:
@@ -250,6 +277,12 @@ def with_worker(
                 work(worker, pool, pipeline.generation), pipeline.embedder_ready
             )
 
+    async def _run() -> T:
+        if stop is None:
+            return await _start_and_work()
+        with stop_on_signals(stop):
+            return await _start_and_work()
+
     return run_async(_run())
 
 
@@ -263,7 +296,8 @@ def run_workers(
     wrap: WrapIndexer | None = None,
 ) -> None:
     """``kb indexer run``: the worker loop, the hint consumer and the gauges, until
-    SIGTERM/SIGINT."""
+    SIGTERM/SIGINT. A database away at start is waited for (``database.unavailable``), as
+    the loops wait for it once running: a supervisor need not restart the process."""
     use_hints = settings.indexer_hints if hints is None else hints
     # Read before anything starts: a bad KB_INDEX_* stops the process with its name.
     collecting = load_settings(GcSettings)
@@ -272,6 +306,7 @@ def run_workers(
     if serve_metrics(port, settings.indexer_metrics_host):
         log.info("metrics.serving", host=settings.indexer_metrics_host, port=port)
     observer = WorkerMetrics(tier)
+    stop = asyncio.Event()
 
     async def _work(worker: Worker, pool: asyncpg.Pool[Any], generation: IndexGeneration) -> None:
         sampler = QueueGaugeSampler(
@@ -323,9 +358,12 @@ def run_workers(
                 log.info("hints.off", tier=tier, poll_seconds=settings.indexer_poll_seconds)
             await asyncio.gather(*jobs)
 
-        await run_until_signalled(main)
+        await main(stop)
 
-    with_worker(settings, tier, slots, _work, wrap=wrap, observer=observer)
+    try:
+        with_worker(settings, tier, slots, _work, wrap=wrap, observer=observer, stop=stop)
+    except StoppedWaiting as stopped:
+        log.info("indexer.stopped_at_start", step=str(stopped))
 
 
 def run_once(settings: IndexerSettings, tier: str) -> RunOnceResult:

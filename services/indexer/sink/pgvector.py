@@ -127,14 +127,15 @@ class PgVectorSink:
         INVALID (left behind by an interrupted build). Safe from many workers at once: one
         builds while the others wait for it, then find the index valid."""
         model = generation.embedding_model
-        async with self._pool.acquire() as conn:
-            await self._lock_generation(conn, model)
-            try:
-                with translate_db_errors():
+        # The connection too: one the pool cannot make (the server restarting) is the
+        # database away, not a bug (a lazily built generation's task would die of it).
+        with translate_db_errors():
+            async with self._pool.acquire() as conn:
+                await self._lock_generation(conn, model)
+                try:
                     await self._register(conn, generation)
                     await ensure_ann_index(conn, generation, self._index_build_memory)
-            finally:
-                with translate_db_errors():
+                finally:
                     await conn.fetchval(QUERIES["release_generation_lock"], model)
 
     async def register_default(
@@ -142,14 +143,15 @@ class PgVectorSink:
     ) -> SearchGeneration:
         """The search generation the indexer is configured with, registered as the default
         (generations.py: register_default); run at start, after ``ensure_generation``."""
-        async with self._pool.acquire() as conn:
-            return await register_default(
-                conn,
-                generation,
-                chunk_max_tokens=chunk_max_tokens,
-                chunk_overlap_tokens=chunk_overlap_tokens,
-                now=self._clock.now(),
-            )
+        with translate_db_errors():
+            async with self._pool.acquire() as conn:
+                return await register_default(
+                    conn,
+                    generation,
+                    chunk_max_tokens=chunk_max_tokens,
+                    chunk_overlap_tokens=chunk_overlap_tokens,
+                    now=self._clock.now(),
+                )
 
     async def _lock_generation(self, conn: Executor, model: str) -> None:
         # Polled, never waited for inside PostgreSQL: see try_generation_lock in sink.sql.
