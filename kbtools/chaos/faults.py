@@ -179,11 +179,12 @@ class FaultDriver:
     def _restart(self, name: str, within_s: float = 120) -> None:
         """Start ``name`` again, as a supervisor does: again after a second while it exits
         at start because PostgreSQL is unreachable (the documented start-time behaviour of
-        `kb indexer run` and `kb serve`: docs/operations.md), which a restart that falls
-        in the database's restart meets. Any other exit is left for the run to report."""
+        `kb ingest run`: docs/operations.md), which a restart that falls in the database's
+        restart meets. Any other exit is left for the run to report."""
         deadline = time.monotonic() + within_s
-        # Relays wait for the database themselves.
-        supervised = name.startswith(("indexer-", "ingest-"))
+        # Relays and indexers wait for the database themselves (services/runtime/pg/waiting.py):
+        # an indexer that exits at start is a failure the run reports, not restarted here.
+        supervised = name.startswith("ingest-")
         while True:
             log = self.stack.log(name)
             with self.processes:
