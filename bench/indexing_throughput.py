@@ -231,6 +231,19 @@ async def progress(conn: asyncpg.Connection[Any]) -> tuple[int, int, int]:
     return row["done"], row["dead"], row["started"]
 
 
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` and of its descendants, live or reaped (the indexer
+    and its parse processes), so far; from /proc (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0.0
+    # Fields 14-17 of proc(5), utime, stime, cutime, cstime; [0] here is field 3.
+    own = sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return own + sum(process_tree_cpu_seconds(int(child)) for child in children)
+
+
 def children_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -281,6 +294,9 @@ async def run_indexer(
         profiler = None
         first_claim: float | None = None
         done = dead = 0
+        # The indexer's CPU from its first claim until its last task finished: what each
+        # document costs once running, start-up (imports, connections) left out.
+        steady_cpu: list[float] = []
         try:
             if profile:
                 # py-spy (pip install py-spy): collapsed stacks of the indexer, for flame graphs.
@@ -301,7 +317,9 @@ async def run_indexer(
                 now = time.monotonic()
                 if first_claim is None and begun:
                     first_claim = now - started
+                    steady_cpu.append(process_tree_cpu_seconds(process.pid))
                 if done + dead >= count:
+                    steady_cpu.append(process_tree_cpu_seconds(process.pid))
                     break
                 if process.returncode is not None:
                     raise SystemExit(f"kb indexer run exited with {process.returncode}")
@@ -341,6 +359,9 @@ async def run_indexer(
         # CPU time per document, which a loaded machine changes far less than the rate:
         # the indexer process (start-up included) and the database's backends.
         "indexer_cpu_ms_per_document": 1000 * indexer_cpu / max(1, done),
+        "indexer_steady_cpu_ms_per_document": (
+            1000 * (steady_cpu[-1] - steady_cpu[0]) / max(1, done) if len(steady_cpu) == 2 else None
+        ),
         "postgres_cpu_ms_per_document": (
             None if postgres_cpu is None else 1000 * postgres_cpu / max(1, done)
         ),

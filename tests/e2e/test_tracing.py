@@ -194,14 +194,14 @@ async def test_one_publish_is_one_trace_from_the_request_to_the_switch(
         assert attempt.links == [hint.span_id]
     for step in (
         "kb.index.claim",
-        "kb.index.load",
         "kb.index.parse_and_chunk",
         "kb.index.embed",
-        "kb.index.complete",
         "kb.index.group_commit",
         "kb.index.switch",
     ):
         assert [s.parent_span_id for s in _named(trace, step)][:1] == [attempt.span_id], step
+    # The version's read and the hand-over to the group commit: moments on the attempt.
+    assert attempt.events == ("kb.index.loaded", "kb.index.commit_queued")
     (embed,) = _named(trace, "kb.index.embed")
     assert embed.attributes["gen_ai.provider.name"] == "HashingEmbedder"
     assert embed.attributes["kb.embedding.batch_size"] >= 1

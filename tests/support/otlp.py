@@ -30,6 +30,7 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     links: list[str] = field(default_factory=list)  # the span ids linked to
     ended: bool = True
+    events: tuple[str, ...] = ()  # the names of its events, in order
     # Every text the span carries (names, attribute values, events), for content scans.
     texts: tuple[str, ...] = ()
 
@@ -74,6 +75,7 @@ def decode(body: bytes) -> list[ReceivedSpan]:
                         parent_span_id=span.parent_span_id.hex(),
                         attributes=attributes,
                         links=[link.span_id.hex() for link in span.links],
+                        events=tuple(event.name for event in span.events),
                         texts=tuple(texts),
                     )
                 )

@@ -37,7 +37,7 @@ from services.indexer.ports import ClaimGate, IndexingOutcome, StoredVersion, Ve
 from services.indexer.task import ErrorCode, IndexingFailed, Lease
 from services.runtime.indexing.media_types import normalise_media_type
 from services.runtime.logging import get_logger
-from services.runtime.tracing.spans import span_under
+from services.runtime.tracing.spans import mark, span_under
 
 log = get_logger(__name__)
 
@@ -129,8 +129,8 @@ class PipelineIndexer:
             return IndexingOutcome()
         generation = pipeline.generation
         started = time.perf_counter()
-        with span_under("kb.index.load", None):
-            version = await self._load(lease)
+        version = await self._load(lease)
+        mark("kb.index.loaded")  # an event on the attempt: a read, not worth a span
         metrics.STAGE_SECONDS.labels(lease.tier, "load").observe(time.perf_counter() - started)
         media_type, size_bytes = version.media_type, version.size_bytes
         # The parse pool takes the bytes and lets them go once sent: a big document is not

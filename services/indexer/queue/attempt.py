@@ -41,7 +41,7 @@ from services.indexer.task import ErrorCode, IndexingFailed, IndexTask, Lease, T
 from services.runtime.backoff import Backoff
 from services.runtime.errors import DatabaseUnavailable, KbError, LeaseLost
 from services.runtime.logging import get_logger
-from services.runtime.tracing.spans import TASK_ID, span_under
+from services.runtime.tracing.spans import mark
 
 log = get_logger(__name__)
 
@@ -322,11 +322,10 @@ class TaskAttempts:
             outcome = attempt.outcome
             assert outcome is not None
             try:
-                # Waiting for a group, and its commit (completions.py).
-                with span_under(
-                    "kb.index.complete", None, attributes={TASK_ID: str(lease.task_id)}
-                ):
-                    await self.queue.complete(lease, in_transaction=outcome.write)
+                # Waiting for a group, and its commit (completions.py): the wait is from
+                # this event to the group's span (kb.index.group_commit), not a span itself.
+                mark("kb.index.commit_queued")
+                await self.queue.complete(lease, in_transaction=outcome.write)
             except LeaseLost:
                 return self._lost(lease)
             except DatabaseUnavailable as error:

@@ -116,11 +116,28 @@ def configure_tracing(
         processor = BatchSpanProcessor(_otlp_exporter(config.protocol))
     # OTEL_SERVICE_NAME, when set, names the service; ours otherwise.
     named = {} if environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service}
-    provider = TracerProvider(resource=Resource.create(named))
+    provider = TracerProvider(resource=_HashedOnce.of(Resource.create(named)))
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     _configured = provider
     return True
+
+
+class _HashedOnce(Resource):
+    """The process's resource, its hash computed once: the OTLP encoder groups every span
+    by its resource, and the SDK's hash serialises the attributes to JSON each time (a
+    sixth of a span's encoding)."""
+
+    _hash: int
+
+    @classmethod
+    def of(cls, resource: Resource) -> Resource:
+        hashed = cls(resource.attributes, resource.schema_url)
+        hashed._hash = hash(resource)
+        return hashed
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 def tracing_on() -> bool:

@@ -179,8 +179,10 @@ async def test_an_attempt_continues_the_publish_trace_with_its_steps_as_children
     assert attempt.attributes["kb.claim.woken_by"] == "poll"
     assert attempt.attributes["kb.attempt.result"] == "SUCCEEDED"
     assert attempt.links == ()
-    for child in ("kb.index.claim", "kb.index.parse_and_chunk", "kb.index.complete"):
+    for child in ("kb.index.claim", "kb.index.parse_and_chunk"):
         assert parent_id(one(spans, child)) == span_id(attempt), child
+    # Handed to the group commit: an event on the attempt, not a span of its own.
+    assert [event.name for event in attempt.events] == ["kb.index.commit_queued"]
     claim = one(spans, "kb.index.claim")
     assert claim.start_time is not None
     assert attempt.start_time is not None
