@@ -7,7 +7,8 @@ another process) and off, in the same run.
 
 Indexing: ``bench.indexing_throughput``'s run (the documents published as the publisher
 writes them, one `kb indexer run` process, its provider the hashing stand-in behind the
-OpenAI-compatible server, so the pipeline's own overhead is what is timed), once per side
+OpenAI-compatible server, so the pipeline's own overhead is what is timed; ``--model onnx``:
+the offline default model instead, what a deployment's documents cost), once per side
 per round, each round in another order; each figure of a side is the median of its rounds.
 The figures: docs/s over the whole run (from the process's start: its imports, the OTLP
 exporter's among them, and connections are in it) and steady (from the first claim); the
@@ -112,12 +113,12 @@ def side_env(receiver: str, sampled: float | None) -> dict[str, str]:
 
 
 async def index_once(
-    url: str, documents: list[bytes], env: dict[str, str] | None
+    url: str, documents: list[bytes], env: dict[str, str] | None, model: str
 ) -> dict[str, float]:
     """The figures of one `kb indexer run` over ``documents`` (traced with ``env``, if
-    given)."""
+    given), its provider ``model`` behind the OpenAI-compatible server."""
     await publish(url, documents)
-    provider, base = start_provider("hashing", 8)
+    provider, base = start_provider(model, 8)
     try:
         run = await run_indexer(url, base, len(documents), 600, None, env)
     finally:
@@ -204,7 +205,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             names = list(sides)
             for side in names[round_ % len(names) :] + names[: round_ % len(names)]:
                 url = await recreate(admin_url, BENCH_DB)
-                runs[side].append(await index_once(url, documents, sides[side]))
+                runs[side].append(await index_once(url, documents, sides[side], args.model))
         search = {} if args.skip_search else await search_interleaved(url, args.queries, receiver)
     finally:
         collector.terminate()
@@ -221,6 +222,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     result: dict[str, Any] = {
         "documents": len(documents),
+        "model": args.model,
         "rounds": args.rounds,
         "indexing": {
             name: {side: [run[name] for run in runs[side]] for side in sides}
@@ -241,6 +243,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--queries", type=int, default=400)
     parser.add_argument("--skip-search", action="store_true", help="indexing alone")
+    parser.add_argument(
+        "--model",
+        choices=["hashing", "onnx"],
+        default="hashing",
+        help="the indexer's provider: the hashing stand-in (the pipeline's own cost, the "
+        "worst case for tracing's share) or the offline default model",
+    )
     parser.add_argument(
         "--sampled",
         type=float,
