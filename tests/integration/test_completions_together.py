@@ -22,6 +22,8 @@ from services.indexer.sink.pgvector import PgVectorSink, VersionWrite
 from services.indexer.sink.write import INDEX_COLUMNS
 from services.indexer.task import Lease
 from services.runtime.errors import LeaseLost
+from services.runtime.pg.db import _init_connection, create_pool_without_session_reset
+from services.runtime.settings import RuntimeSettings
 from tests.support import versions
 from tests.support.tasks import CreatedTask, create_task
 
@@ -263,3 +265,46 @@ async def test_a_failing_write_in_a_group_written_together_fails_its_task_only(
     for role in ROLES:
         if role != broken_role:
             assert after[role] != before[role], role
+
+
+# What a completion of a document's first version sends besides its COPY, once the queue's
+# and the sink's statements are warm: BEGIN, the fence, the generation's lock, the
+# collector's mark with the pointer's lock and the write's statement timeout, the earlier
+# set's delete, the generation's record, the first-pointer lock with the switch, the served
+# ACL, the outbox's key locks with its rows, and COMMIT. Each is a round trip, and for a
+# short document each costs the database more than its rows (BENCHMARKS.md, "Database CPU
+# per document"): fifteen before they were merged.
+FIRST_VERSION_STATEMENTS = 10
+
+
+async def test_a_first_version_completes_in_its_budget_of_statements(
+    settings: RuntimeSettings,
+) -> None:
+    sent: list[str] = []
+
+    async def logged(conn: asyncpg.Connection[Any]) -> None:
+        await _init_connection(conn)
+        conn.add_query_logger(lambda record: sent.append(record.query))
+
+    # The indexer's pool: its connections go back without a reset statement.
+    pool = await create_pool_without_session_reset(settings, init=logged)
+    try:
+        scenario = await scenario_for(pool, "counted")
+        [write, *_] = scenario.final_writes()
+        assert write.lease == scenario.pending["first"]
+        sent.clear()
+        await scenario.queue.complete(write.lease, in_transaction=write)
+        completion = list(sent)
+        state = await scenario.state()
+    finally:
+        await pool.close()
+
+    # It did all a first version's completion does: chunks, pointer, event, mark, task.
+    assert state["first"]["pointer"][0] == 1
+    assert len(state["first"]["chunks"]) == 2
+    assert state["first"]["events"] == 1
+    assert state["first"]["marked"] == 1
+    assert state["first"]["tasks"] == ["SUCCEEDED"]
+    # The first line of each statement after its comments: what it is, for the message.
+    names = [next(line for line in s.splitlines() if not line.startswith("--")) for s in completion]
+    assert len(completion) <= FIRST_VERSION_STATEMENTS, "\n".join(names)

@@ -6,7 +6,8 @@
 -- (tenant, document) order, the order every group takes them in), $3 now. Run by every
 -- completion, in its fenced transaction, before it writes any chunk row: the document may
 -- hold chunks no generation will serve again. One row per document however often it is
--- marked before the collector comes; an existing mark keeps its place in line. DO UPDATE, not DO NOTHING: the row is locked until this
+-- marked before the collector comes; an existing mark keeps its place in line. A completion
+-- sends it as part of its pointer's lock (sink.sql: lock_search_pointer includes it). DO UPDATE, not DO NOTHING: the row is locked until this
 -- completion commits, so a collector (take_due_documents, SKIP LOCKED) cannot take the mark
 -- meanwhile, find nothing yet to delete and forget the document -- the mark would be gone
 -- before the version it was for committed. A collector already holding the mark finishes

@@ -4,8 +4,16 @@
 
 -- name: lock_search_pointer
 -- $1 tenants, $2 documents: one (tenant, document) pair per element (one for a write of its
--- own; a group written together has several: together.py). Each document's search pointer,
--- locked until commit: the first thing the write does to the document, so that what it
+-- own; a group written together has several: together.py); $3 now; $4 the write's statement
+-- timeout (ms), set for the rest of the transaction (SET LOCAL: the statements after this one
+-- insert the rows, whose ANN index takes time by the row; this one and the generation's
+-- lock before it wait under the pool's). First each document's
+-- mark for the collector (gc.sql: mark_document, whose lock comes before the pointer's and
+-- any chunk row's): `marked` is read by a one-time filter, which the executor evaluates
+-- before the scan below returns its first row, so every mark is taken before any pointer
+-- row is locked -- the order of two statements, in one round trip (BENCHMARKS.md,
+-- "Database CPU per document"). Then each document's search pointer, locked until commit,
+-- before the write deletes or inserts anything of the document, so that what it
 -- deletes and inserts is decided against the pointer as it will stay until this transaction
 -- commits. Under READ COMMITTED, FOR UPDATE waits for a concurrent completion of the same
 -- document that holds the row and then returns the row as that one committed it (not as our
@@ -17,12 +25,20 @@
 -- deleted_at: the pointer is a tombstone (the document was deleted, migration 0030): the
 -- write refuses to go on (together.py: DOCUMENT_DELETED), whatever its version. Read under
 -- the row lock, so a delete that committed while this waited is seen.
+WITH marked AS (
+    -- include: mark_document from services/indexer/gc/gc.sql
+    RETURNING 1
+), timeout AS (
+    SELECT set_config('statement_timeout', $4::text, true) AS statement_timeout
+)
 SELECT s.tenant_id, s.document_id, s.version_number, s.embedding_model, s.chunking_strategy,
        s.chunk_count, s.deleted_at
   FROM document_search_version s
  WHERE (s.tenant_id, s.document_id) IN (SELECT k.tenant_id, k.document_id
                                            FROM unnest($1::text[], $2::uuid[])
                                                 AS k (tenant_id, document_id))
+   AND (SELECT count(*) FROM marked) >= 0
+   AND (SELECT statement_timeout FROM timeout) IS NOT NULL
  ORDER BY s.tenant_id, s.document_id
    FOR UPDATE OF s
 
@@ -69,9 +85,14 @@ DELETE FROM knowledge_chunk c
 RETURNING c.document_id
 
 -- name: switch_search_version
--- $1 tenants, $2 documents, $3 versions, $4 models, $5 strategies, $6 chunk counts, $7 tasks,
+-- $1 tenants, $2 documents: the documents among these that had no pointer when
+-- lock_search_pointer ran, whose first-pointer lock (served_acl.sql: lock_first_pointer,
+-- standing in for the row a publish would otherwise wait on) is taken before any pointer
+-- is written: `first_pointer` is read by a one-time filter, evaluated before the INSERT's
+-- first row (one round trip for what were two statements, BENCHMARKS.md).
+-- $3 tenants, $4 documents, $5 versions, $6 models, $7 strategies, $8 chunk counts, $9 tasks,
 -- one element per completion (one for a write of its own, several for a group written
--- together: together.py, in (tenant, document) order); $8 now; $9 whether these writes
+-- together: together.py, in (tenant, document) order); $10 now; $11 whether these writes
 -- replace their served chunk set (version.py: ServedPointer.replaces, decided on the row
 -- lock_search_pointer holds: same version, model and chunk settings; the same for every
 -- row: a group runs the statement once for those that do and once for those that do not).
@@ -92,13 +113,16 @@ RETURNING c.document_id
 -- transaction (services/runtime/tenancy/served_acl.sql: apply_served_acl, issue 29 item 1).
 -- One row back per pointer that changed, with its tenant and document, and the ingest
 -- command whose publish created the task (migration 0033; NULL: none), for the event.
+WITH first_pointer AS (
+    -- include: lock_first_pointer from services/runtime/tenancy/served_acl.sql
+)
 INSERT INTO document_search_version AS s (tenant_id, document_id, version_number,
                                           embedding_model, chunking_strategy, chunk_count,
                                           task_id, switched_at)
 SELECT w.tenant_id, w.document_id, w.version_number, w.embedding_model, w.chunking_strategy,
-       w.chunk_count, w.task_id, coalesce($8::timestamptz, now())
-  FROM unnest($1::text[], $2::uuid[], $3::integer[], $4::text[], $5::text[], $6::integer[],
-              $7::uuid[])
+       w.chunk_count, w.task_id, coalesce($10::timestamptz, now())
+  FROM unnest($3::text[], $4::uuid[], $5::integer[], $6::text[], $7::text[], $8::integer[],
+              $9::uuid[])
        WITH ORDINALITY AS w (tenant_id, document_id, version_number, embedding_model,
                              chunking_strategy, chunk_count, task_id, n)
  WHERE NOT EXISTS (SELECT 1
@@ -106,6 +130,7 @@ SELECT w.tenant_id, w.document_id, w.version_number, w.embedding_model, w.chunki
                     WHERE h.tenant_id = w.tenant_id
                       AND h.document_id = w.document_id
                       AND h.version_number > w.version_number)
+   AND (SELECT count(*) FROM first_pointer) >= 0
  ORDER BY w.n
 ON CONFLICT (tenant_id, document_id) DO UPDATE
    SET version_number = EXCLUDED.version_number,
@@ -115,7 +140,7 @@ ON CONFLICT (tenant_id, document_id) DO UPDATE
        task_id = EXCLUDED.task_id,
        switched_at = EXCLUDED.switched_at
  WHERE s.version_number < EXCLUDED.version_number
-    OR ($9::boolean
+    OR ($11::boolean
         AND s.version_number = EXCLUDED.version_number
         AND s.embedding_model = EXCLUDED.embedding_model
         AND (s.chunking_strategy, s.chunk_count)
@@ -227,10 +252,6 @@ SELECT current_setting('statement_timeout') AS statement_timeout,
 -- $1, $2: start_index_build's statement_timeout and maintenance_work_mem.
 SELECT set_config('statement_timeout', $1::text, false),
        set_config('maintenance_work_mem', $2::text, false)
-
--- name: set_local_statement_timeout
--- Transaction-level (SET LOCAL): gone at commit or rollback, nothing left on the connection.
-SELECT set_config('statement_timeout', $1::text, true)
 
 -- ---------------------------------------------------------------------------------------
 -- Streamed documents (services/indexer/sink/stream.py, migration 0013): slices of a large

@@ -7,8 +7,13 @@ served ACL, the outbox event), and each costs a round trip and the server's per-
 work: for a short document more than the rows themselves (BENCHMARKS.md, issue 26). Here
 each of those statements (sink.sql, generations.sql, gc.sql) runs once for all the versions
 written, one array element each: a completion alone sends one element, a group one per
-version. A large document's chunks, staged slice by slice (stream.py), are moved in from
-the staging table instead of COPYed.
+version. And where one statement's locks must come before the next one's, the two go as
+one, the first as a CTE that a one-time filter of the second reads before its first row
+(the mark with the pointer's lock and the write's statement timeout, the first-pointer lock
+with the switch; the outbox's key locks with its rows, outbox.sql): fewer round trips, the
+same locks in the same order (BENCHMARKS.md, "Database CPU per document"). A large
+document's chunks, staged slice by slice (stream.py), are moved in from the staging table
+instead of COPYed.
 
 The group's fences are checked before (the queue's ``complete_task``, for all of them); a
 lost lease's write is not among ``writes``. A failing statement fails the group's
@@ -34,7 +39,6 @@ from datetime import datetime
 from itertools import chain
 from typing import Any
 
-from services.indexer.gc.collector import mark_documents
 from services.indexer.sink.generations import (
     CompletionTarget,
     TargetKey,
@@ -59,11 +63,7 @@ from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.records import from_row
 from services.runtime.pg.sql import queries_beside
 from services.runtime.pg.transaction import Transaction
-from services.runtime.tenancy.served_acl import (
-    TenantDocument,
-    apply_served_acls,
-    lock_first_pointers,
-)
+from services.runtime.tenancy.served_acl import TenantDocument, apply_served_acls
 from services.runtime.tracing.spans import SpansUnder
 
 QUERIES = queries_beside(__file__, "sink.sql")
@@ -100,11 +100,6 @@ async def write_together(
     ordered = sorted(writes, key=lambda w: (w.lease.tenant_id, w.lease.document_id))
     if len({(w.lease.tenant_id, w.lease.document_id) for w in ordered}) != len(ordered):
         raise ValueError("a group written together holds one write per document")
-    with translate_db_errors():
-        await conn.fetchval(
-            QUERIES["set_local_statement_timeout"],
-            str(timeout_ms(sum(w.chunk_count for w in ordered))),
-        )
     placed = []
     for p in await _targets(conn, ordered):
         if p.target is None or p.target.write:
@@ -115,12 +110,15 @@ async def write_together(
     if not placed:
         return
     documents = [p.key for p in placed]
-    await mark_documents(conn, documents, now)
     with translate_db_errors():
+        # The collector's marks, then the pointers' locks, and the write's statement timeout
+        # (for what follows: the rows' inserts take time by the chunk) set (sink.sql).
         rows = await conn.fetch(
             QUERIES["lock_search_pointer"],
             [tenant_id for tenant_id, _ in documents],
             [document_id for _, document_id in documents],
+            now,
+            str(timeout_ms(sum(p.write.chunk_count for p in placed))),
         )
     pointers = {
         (row["tenant_id"], row["document_id"]): from_row(ServedPointer, row) for row in rows
@@ -227,9 +225,6 @@ async def _switch(
     per changed pointer."""
     if not placed:
         return
-    # A document's first pointer: no row was locked, so a publish of its ACL would not wait
-    # for this switch; this lock stands in for the row (served_acl.sql).
-    await lock_first_pointers(conn, [p.key for p in placed if p.served is None])
     # A span in each document's trace; its event continues from it.
     spans = SpansUnder(
         "kb.index.switch",
@@ -262,9 +257,15 @@ async def _switch_pointers(
         ]
         if not batch:
             continue
+        # A document's first pointer: no row was locked, so a publish of its ACL would not
+        # wait for this switch; the statement first takes the lock that stands in for the row
+        # (served_acl.sql: lock_first_pointer).
+        first = [p.key for p in batch if p.served is None]
         with translate_db_errors():
             rows = await conn.fetch(
                 QUERIES["switch_search_version"],
+                [tenant_id for tenant_id, _ in first],
+                [document_id for _, document_id in first],
                 [p.write.lease.tenant_id for p in batch],
                 [p.write.lease.document_id for p in batch],
                 [p.write.lease.version_number for p in batch],

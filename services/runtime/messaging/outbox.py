@@ -78,18 +78,12 @@ async def add_event(conn: Transaction, event: OutboxEvent) -> StoredEvent:
 
 
 async def add_events(conn: Transaction, events: Sequence[OutboxEvent]) -> list[StoredEvent]:
-    """``add_event`` for several events in two statements: every aggregate key's lock, in key
+    """``add_event`` for several events in one statement: every aggregate key's lock, in key
     order (a stable order, as the module says), then the rows, positioned in the order
     given."""
     if not conn.is_in_transaction():
         raise RuntimeError("add_events must run inside the producer's transaction")
-    if not events:
-        return []
-    with translate_db_errors():
-        await conn.execute(
-            _QUERIES["lock_event_keys"], sorted({event.aggregate_key for event in events})
-        )
-    return await add_events_of_new_aggregates(conn, events)
+    return await _insert_events(conn, events, lock_keys=True)
 
 
 async def add_events_of_new_aggregates(
@@ -98,6 +92,12 @@ async def add_events_of_new_aggregates(
     """``add_events`` without the per-key locks, for aggregates created in this very
     transaction (a bulk publish's new documents): no other transaction can add an event
     for them, so positions follow the order given and commit order alike."""
+    return await _insert_events(conn, events, lock_keys=False)
+
+
+async def _insert_events(
+    conn: Transaction, events: Sequence[OutboxEvent], *, lock_keys: bool
+) -> list[StoredEvent]:
     if not events:
         return []
     with translate_db_errors():
@@ -110,5 +110,6 @@ async def add_events_of_new_aggregates(
             [event.aggregate_key for event in events],
             [event.payload for event in events],
             [traceparent_of_event(event) for event in events],
+            lock_keys,
         )
     return [StoredEvent(position=row["position"], event_id=row["event_id"]) for row in rows]

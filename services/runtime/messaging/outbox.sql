@@ -17,24 +17,27 @@ SELECT $1, $2, $3, $4, $5, $6, $7
   FROM (SELECT pg_advisory_xact_lock(hashtextextended($5::text, 4206902611))) AS serialised
 RETURNING position, event_id
 
--- name: lock_event_keys
--- $1 aggregate keys: insert_event's per-key lock, for several keys at once, taken in key
--- order (the volatile call in the target list is evaluated after the sort). A transaction
--- that adds events for several documents takes every key's lock before any event gets a
--- position (insert_events), so positions still follow commits per key.
-SELECT pg_advisory_xact_lock(hashtextextended(k, 4206902611))
-  FROM unnest($1::text[]) AS k
- ORDER BY k
-
 -- name: insert_events
 -- $1 event ids, $2 types, $3 tenants, $4 tiers, $5 aggregate keys, $6 payloads, $7
--- traceparents: run after lock_event_keys locked every key among $5; positions in the
--- order given.
+-- traceparents, $8 whether to lock the keys. Positions in the order given.
+-- $8 true: insert_event's per-key lock for every key among $5, taken in key order (the
+-- volatile call in the target list is evaluated after the sort) before any event gets a
+-- position: `serialised` is read by a one-time filter, which the executor evaluates before
+-- the first row (and its identity's nextval), so positions still follow commits per key --
+-- in one round trip, not a statement for the locks and another for the rows.
+-- $8 false: no lock, for aggregates created in the caller's transaction (outbox.py:
+-- add_events_of_new_aggregates).
+WITH serialised AS (
+    SELECT pg_advisory_xact_lock(hashtextextended(k, 4206902611))
+      FROM (SELECT DISTINCT k FROM unnest($5::text[]) AS k WHERE $8::boolean) AS keys
+     ORDER BY k
+)
 INSERT INTO outbox (event_id, event_type, tenant_id, tier, aggregate_key, payload, traceparent)
 SELECT event_id, event_type, tenant_id, tier, aggregate_key, payload, traceparent
   FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
               $7::text[])
        WITH ORDINALITY AS e (event_id, event_type, tenant_id, tier, aggregate_key, payload,
                              traceparent, n)
+ WHERE (SELECT count(*) FROM serialised) >= 0
  ORDER BY n
 RETURNING position, event_id

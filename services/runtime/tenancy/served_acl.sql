@@ -52,7 +52,8 @@ ON CONFLICT DO NOTHING
 -- $1 tenants, $2 documents: one (tenant, document) pair per element; a transaction-scoped
 -- lock per document standing in for the pointer row while the document has none. A publish
 -- that finds no pointer row (its FOR UPDATE locks nothing) takes it, and so does a
--- transaction giving the document its first pointer (the sink's first switch, before it;
+-- transaction giving the document its first pointer (the sink's first switch, before it,
+-- in the same statement: sink.sql's switch_search_version includes this one;
 -- `kb index generations switch`, after inserting it and before apply_served_acl). Without
 -- it, a publish changing the ACL of the version whose first pointer commits at the same time
 -- could apply its ACL to nothing (no pointer seen) while the switch applied the version's ACL
