@@ -123,20 +123,21 @@ async def _consume(
         **kafka_client_kwargs(settings),
     )
     backoff = Backoff(settings.ingest_backoff_initial_seconds, settings.ingest_backoff_max_seconds)
-    async with _processing(settings, tier, stop, backoff) as handle:
+    async with _processing(settings, tier, stop, backoff) as processor:
         try:
-            if handle is None or not await start_when_reachable(
+            if processor is None or not await start_when_reachable(
                 consumer.start, stop, backoff, client="consumer"
             ):
                 return 0  # stopped before the broker was reached
             loop = IngestLoop(
                 consumer,
-                handle,
+                processor,
                 tier=tier,
                 metrics=_metrics(),
                 backoff=backoff,
                 batch_size=settings.ingest_batch_size,
                 poll_timeout_seconds=settings.ingest_poll_timeout_seconds,
+                apply_batch=settings.ingest_apply_batch,
                 before_commit=_hang_before_commit(),
             )
             get_logger(__name__).info("ingest.started", tier=tier, group=group, replay=replay)
@@ -188,7 +189,7 @@ def _metrics() -> Any:
 async def _processing(
     settings: IngestSettings, tier: str, stop: asyncio.Event, backoff: Backoff
 ) -> AsyncIterator[Any]:
-    """The record handler: the store on its pool, the publisher, the dead-letter producer
+    """The record processor: the store on its pool, the publisher, the dead-letter producer
     (None when stopped before the broker was reached)."""
     from services.publisher.domain import Publisher
     from services.publisher.ingest.apply import IngestApplier
@@ -226,9 +227,10 @@ async def _processing(
                 settings.ingest_max_command_bytes,
                 settings.ingest_max_inline_bytes,
                 settings.ingest_tenant_in_flight,
+                settings.ingest_key_cache_seconds,
             ),
         )
-        yield processor.handle
+        yield processor
     finally:
         await dead_letters.close()
         await pool.close()

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -28,9 +29,10 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
 )
 
+from services.publisher.ingest.commands import EraseDocument
 from services.publisher.ingest.metrics import IngestMetrics
 from services.publisher.ingest.ports import IngestRecord
-from services.publisher.ingest.process import Handled
+from services.publisher.ingest.process import Handled, Refusal, Verified
 from services.publisher.ingest.settings import IngestSettings
 from services.runtime.backoff import Backoff
 from services.runtime.errors import KafkaUnavailable, KbError
@@ -47,7 +49,7 @@ SOURCE_HEADER = "kb-source"  # topic/partition/offset the dead letter was read a
 DEAD_LETTER_HEADERS = frozenset({PROBLEM_CODE_HEADER, PROBLEM_DETAIL_HEADER, SOURCE_HEADER})
 MAX_DETAIL_CHARS = 1000
 
-Handler = Callable[[IngestRecord], Awaitable[Handled]]
+T = TypeVar("T")
 
 
 def to_record(message: Any) -> IngestRecord:
@@ -125,7 +127,7 @@ class KafkaDeadLetters:
         headers += [
             (PROBLEM_CODE_HEADER, code.encode()),
             (PROBLEM_DETAIL_HEADER, detail[:MAX_DETAIL_CHARS].encode("utf-8", "replace")),
-            (SOURCE_HEADER, f"{record.topic}/{record.partition}/{record.offset}".encode()),
+            (SOURCE_HEADER, record.source.encode()),
         ]
         try:
             await self._producer.send_and_wait(
@@ -135,18 +137,37 @@ class KafkaDeadLetters:
             raise KafkaUnavailable(f"the dead letter was not acknowledged: {error!r}") from error
 
 
+class Processing(Protocol):
+    """What the loop asks of services/publisher/ingest/process.py."""
+
+    async def sort(
+        self, records: Sequence[IngestRecord]
+    ) -> tuple[list[Verified], list[Refusal]]: ...
+
+    async def apply(self, run: Sequence[Verified]) -> list[Handled]: ...
+
+    async def dead_letter(self, refusal: Refusal) -> None: ...
+
+
+UNVERIFIED = "-"  # the backlog's tenant label of records not (yet) verified
+
+
 @dataclass
 class IngestLoop:
-    """Reads a batch, hands each partition's records to ``handle`` in offset order (the
-    partitions side by side), commits what is done."""
+    """Reads a batch and hands each partition's records, verified, to ``processor`` a
+    tenant's run at a time: the tenants of a partition side by side (one flooding does not
+    hold the others' commands behind its own), each tenant's in offset order, the
+    partitions side by side. Commits, per partition, the prefix of records done."""
 
     consumer: AIOKafkaConsumer
-    handle: Handler
+    processor: Processing
     tier: str
     metrics: IngestMetrics
     backoff: Backoff
     batch_size: int
     poll_timeout_seconds: float
+    # KB_INGEST_APPLY_BATCH: most commands applied in one transaction.
+    apply_batch: int = 100
     # Tests: awaited with the count of records done so far, before a batch's commit.
     before_commit: Callable[[int], Awaitable[None]] | None = None
 
@@ -182,23 +203,63 @@ class IngestLoop:
         self, tp: TopicPartition, messages: list[Any], stop: asyncio.Event
     ) -> tuple[TopicPartition, int | None, int]:
         """The offset to commit for ``tp`` (None: none done) and how many were done."""
+        records = [to_record(message) for message in messages]
+        done: set[int] = set()
+        sorted_ = await self._until_done(lambda: self.processor.sort(records), records[0], stop)
+        if sorted_:
+            verified, refused = sorted_[0]
+            lanes = tenant_runs(verified, self.apply_batch)
+            await asyncio.gather(
+                self._refuse(refused, done, stop),
+                *(self._lane(tenant, runs, done, stop) for tenant, runs in lanes.items()),
+            )
         next_offset: int | None = None
-        count = 0
-        for message in messages:
-            if not await self._until_done(to_record(message), stop):
-                # Stopped while the record kept failing: it and the rest of the batch are
-                # read again (from the commit) by whoever runs the partition next.
-                self.consumer.seek(tp, message.offset)
+        for record in records:
+            if record.offset not in done:
+                # Stopped while it kept failing: it and the rest of the batch are read
+                # again (from the commit) by whoever runs the partition next.
+                self.consumer.seek(tp, record.offset)
                 break
-            next_offset, count = message.offset + 1, count + 1
-        return tp, next_offset, count
+            next_offset = record.offset + 1
+        return tp, next_offset, len(done)
 
-    async def _until_done(self, record: IngestRecord, stop: asyncio.Event) -> bool:
+    async def _lane(
+        self, tenant: str, runs: list[list[Verified]], done: set[int], stop: asyncio.Event
+    ) -> None:
+        backlog = self.metrics.backlog.labels(self.tier, tenant)
+        left = sum(len(run) for run in runs)
+        backlog.inc(left)
+        try:
+            for run in runs:
+                step = functools.partial(self.processor.apply, run)
+                if not await self._until_done(step, run[0].record, stop):
+                    return
+                done.update(item.record.offset for item in run)
+                backlog.dec(len(run))
+                left -= len(run)
+        finally:
+            backlog.dec(left)  # stopped: no longer held here
+
+    async def _refuse(self, refused: list[Refusal], done: set[int], stop: asyncio.Event) -> None:
+        backlog = self.metrics.backlog.labels(self.tier, UNVERIFIED)
+        backlog.inc(len(refused))
+        try:
+            for refusal in refused:
+                step = functools.partial(self.processor.dead_letter, refusal)
+                if not await self._until_done(step, refusal.record, stop):
+                    return
+                done.add(refusal.record.offset)
+        finally:
+            backlog.dec(len(refused))
+
+    async def _until_done(
+        self, step: Callable[[], Awaitable[T]], record: IngestRecord, stop: asyncio.Event
+    ) -> list[T]:
+        """``[what step answered]`` once it succeeds; [] when stopped while it kept failing."""
         failures = 0
         while True:
             try:
-                await self.handle(record)
-                return True
+                return [await step()]
             except KbError as error:
                 if not error.retriable:
                     raise
@@ -208,7 +269,7 @@ class IngestLoop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.backoff.delay(failures))
             if stop.is_set():
-                return False
+                return []
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         if not offsets:
@@ -233,3 +294,22 @@ class IngestLoop:
             if high is not None:
                 lag += max(0, high - await self.consumer.position(tp))
         self.metrics.lag.labels(self.tier).set(lag)
+
+
+def tenant_runs(verified: list[Verified], size: int) -> dict[str, list[list[Verified]]]:
+    """Each tenant's records in their order, cut in runs of at most ``size`` (an erase
+    alone: it runs in transactions of its own)."""
+    lanes: dict[str, list[list[Verified]]] = {}
+    for item in verified:
+        runs = lanes.setdefault(item.command.tenant_id, [])
+        erase = isinstance(item.command, EraseDocument)
+        if (
+            erase
+            or not runs
+            or len(runs[-1]) >= size
+            or isinstance(runs[-1][0].command, EraseDocument)
+        ):
+            runs.append([item])
+        else:
+            runs[-1].append(item)
+    return lanes

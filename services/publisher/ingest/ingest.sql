@@ -40,14 +40,6 @@ DELETE FROM ingest_document_key WHERE tenant_id = $1 AND document_key = $2
 -- An erased document's key (it may be personal data), in the erase command's record.
 DELETE FROM ingest_document_key WHERE tenant_id = $1 AND document_id = $2
 
--- name: find_ingest_key
--- $1 tenant, $2 key id, $3 now (NULL: the database's).
-SELECT key_id, public_key
-  FROM tenant_ingest_key
- WHERE tenant_id = $1
-   AND key_id = $2
-   AND (revoked_at IS NULL OR revoked_at > coalesce($3::timestamptz, now()))
-
 -- name: add_ingest_key
 INSERT INTO tenant_ingest_key (tenant_id, key_id, public_key)
 VALUES ($1, $2, $3)
@@ -65,3 +57,37 @@ UPDATE tenant_ingest_key
    SET revoked_at = coalesce($3::timestamptz, now())
  WHERE tenant_id = $1 AND key_id = $2 AND revoked_at IS NULL
 RETURNING revoked_at
+
+-- name: command_answers
+-- The answers of those of $2 (command ids) applied before: a run's redeliveries in one trip.
+SELECT command_id, command_type, document_id, version_number, revision, task_id
+  FROM ingest_command
+ WHERE tenant_id = $1 AND command_id = ANY($2::uuid[])
+
+-- name: find_ingest_keys
+-- $1 tenant, $2 key ids, $3 now (NULL: the database's): the live ones among them.
+SELECT key_id, public_key
+  FROM tenant_ingest_key
+ WHERE tenant_id = $1
+   AND key_id = ANY($2::text[])
+   AND (revoked_at IS NULL OR revoked_at > coalesce($3::timestamptz, now()))
+
+-- name: savepoint
+SAVEPOINT ingest_command
+
+-- name: release_savepoint
+RELEASE SAVEPOINT ingest_command
+
+-- name: rollback_to_savepoint
+ROLLBACK TO SAVEPOINT ingest_command
+
+-- name: refusals_sent
+-- $1 tenant, $2 sources ('topic/partition/offset'): those whose dead letter was sent and
+-- recorded (migration 0036), so a redelivered run does not send it again.
+SELECT source FROM ingest_refusal WHERE tenant_id = $1 AND source = ANY($2::text[])
+
+-- name: record_refusal
+-- $1 tenant, $2 source, $3 command id, $4 problem code, $5 now (NULL: the database's).
+INSERT INTO ingest_refusal (tenant_id, source, command_id, code, refused_at)
+VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()))
+ON CONFLICT (tenant_id, source) DO NOTHING

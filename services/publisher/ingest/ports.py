@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,6 +44,11 @@ class IngestRecord:
     headers: dict[str, bytes] = field(default_factory=dict)
     sent_at: datetime | None = None  # the record's Kafka timestamp
 
+    @property
+    def source(self) -> str:
+        """Where it was read: a dead letter's ``kb-source`` header."""
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
     def log_fields(self, **more: object) -> dict[str, object]:
         """Where the record was read, for a log line, with ``more``."""
         return {"partition": self.partition, "offset": self.offset, **more}
@@ -60,6 +66,24 @@ class IngestTransaction(PublishTransaction, Protocol):
     async def command_answer(
         self, tenant_id: str, command_id: uuid.UUID
     ) -> CommandAnswer | None: ...
+
+    async def command_answers(
+        self, tenant_id: str, command_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, CommandAnswer]:
+        """The answers of those of ``command_ids`` applied before."""
+        ...
+
+    def savepoint(self) -> AbstractAsyncContextManager[None]:
+        """What the block writes is undone, and the transaction goes on, when it raises."""
+        ...
+
+    async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> set[str]:
+        """Those of ``sources`` (``IngestRecord.source``) whose dead letter was recorded."""
+        ...
+
+    async def record_refusal(
+        self, tenant_id: str, source: str, command_id: uuid.UUID, code: str, now: datetime | None
+    ) -> None: ...
 
     async def record_answer(self, tenant_id: str, answer: CommandAnswer) -> None: ...
 
@@ -86,8 +110,8 @@ class IngestStore(PublisherStore, Protocol):
         """A tenant's transaction (behind the wall) that can also record commands."""
         ...
 
-    async def ingest_key(self, tenant_id: str, key_id: str) -> IngestKey | None:
-        """The tenant's ingest key of that id, unless revoked."""
+    async def ingest_keys(self, tenant_id: str, key_ids: Sequence[str]) -> dict[str, IngestKey]:
+        """The tenant's ingest keys of those ids, by id, unless revoked."""
         ...
 
 

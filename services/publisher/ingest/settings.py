@@ -15,6 +15,13 @@ class IngestSettings(PublisherSettings):
     ingest_max_inline_bytes: int = Field(default=900 * 1024, ge=1, le=64 * MIB)
     # Records read at once (one getmany); their partitions are applied side by side.
     ingest_batch_size: int = Field(default=200, ge=1, le=10_000)
+    # Most commands of one tenant applied in one transaction (each in a savepoint of its
+    # own): fewer commits per command; a tenant's commands wait behind at most this many
+    # of another's on a partition.
+    ingest_apply_batch: int = Field(default=100, ge=1, le=10_000)
+    # A tenant's ingest key is trusted this long once read: a revoked key is accepted at
+    # most this long after its revocation (0: read the keys for every run of commands).
+    ingest_key_cache_seconds: float = Field(default=10.0, ge=0, le=300)
     ingest_poll_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
     # Commands of one tenant applied at once across the batch's partitions: a tenant
     # flooding the topic holds at most this many of the process's transactions.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -43,6 +43,39 @@ class PgIngestTransaction(PgPublishTransaction):
         with translate_db_errors():
             row = await self._conn.fetchrow(QUERIES["command_answer"], tenant_id, command_id)
         return None if row is None else CommandAnswer(**dict(row))
+
+    async def command_answers(
+        self, tenant_id: str, command_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, CommandAnswer]:
+        with translate_db_errors():
+            rows = await self._conn.fetch(QUERIES["command_answers"], tenant_id, command_ids)
+        return {row["command_id"]: CommandAnswer(**dict(row)) for row in rows}
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["savepoint"])
+        try:
+            yield
+        except Exception:
+            with translate_db_errors():
+                await self._conn.execute(QUERIES["rollback_to_savepoint"])
+            raise
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["release_savepoint"])
+
+    async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> set[str]:
+        with translate_db_errors():
+            rows = await self._conn.fetch(QUERIES["refusals_sent"], tenant_id, sources)
+        return {row["source"] for row in rows}
+
+    async def record_refusal(
+        self, tenant_id: str, source: str, command_id: uuid.UUID, code: str, now: datetime | None
+    ) -> None:
+        with translate_db_errors():
+            await self._conn.execute(
+                QUERIES["record_refusal"], tenant_id, source, command_id, code, now
+            )
 
     async def record_answer(self, tenant_id: str, answer: CommandAnswer) -> None:
         with translate_db_errors():
@@ -98,13 +131,13 @@ class PgIngestStore(PgPublisherStore):
         async with self.ingest_transaction(tenant_id) as tx:
             return await PgIngestKeys(tx.connection).revoke(tenant_id, key_id)
 
-    async def ingest_key(
-        self, tenant_id: str, key_id: str, now: datetime | None = None
-    ) -> IngestKey | None:
+    async def ingest_keys(
+        self, tenant_id: str, key_ids: Sequence[str], now: datetime | None = None
+    ) -> dict[str, IngestKey]:
         with translate_db_errors():
             async with self._connection() as conn, self._tenant_read(conn, tenant_id):
-                row = await conn.fetchrow(QUERIES["find_ingest_key"], tenant_id, key_id, now)
-        return None if row is None else IngestKey(row["key_id"], bytes(row["public_key"]))
+                rows = await conn.fetch(QUERIES["find_ingest_keys"], tenant_id, key_ids, now)
+        return {r["key_id"]: IngestKey(r["key_id"], bytes(r["public_key"])) for r in rows}
 
 
 class PgIngestKeys:

@@ -14,12 +14,13 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from services.publisher.domain import RevisionConflict
+from services.publisher.ingest.apply import Around, Arrived, Refuse
 from services.publisher.ingest.commands import Command
 from services.publisher.ingest.metrics import IngestMetrics
 from services.publisher.ingest.ports import CommandAnswer, IngestRecord
 from services.publisher.ingest.process import IngestLimits, RecordProcessor
 from services.publisher.ingest.signing import IngestKey, public_bytes
-from services.runtime.errors import DatabaseUnavailable
+from services.runtime.errors import DatabaseUnavailable, KbError
 from services.runtime.tracing.propagation import TRACEPARENT, current_traceparent, traceparent_of
 from services.runtime.tracing.spans import span_under
 from tests.support.ingest import Signer, publish_command
@@ -33,8 +34,9 @@ class Keys:
             for s in signers
         }
 
-    async def ingest_key(self, tenant_id: str, key_id: str) -> IngestKey | None:
-        return self._keys.get((tenant_id, key_id))
+    async def ingest_keys(self, tenant_id: str, key_ids: list[str]) -> dict[str, IngestKey]:
+        found = {k: self._keys.get((tenant_id, k)) for k in key_ids}
+        return {k: key for k, key in found.items() if key is not None}
 
 
 class Applier:
@@ -67,6 +69,22 @@ class Applier:
             await gate.wait()
         self.at_once[tenant] -= 1
         return CommandAnswer(command.command_id, command.command_type, uuid.uuid4())
+
+    async def apply_run(
+        self, run: list[Arrived], refuse: Refuse, *, around: Around
+    ) -> list[CommandAnswer | None]:
+        """What the applier's run does, one command at a time."""
+        answers: list[CommandAnswer | None] = []
+        for n, item in enumerate(run):
+            try:
+                with around(n):
+                    answers.append(await self.apply(item.command, item.sent_at))
+            except KbError as error:
+                if error.retriable:
+                    raise
+                await refuse(n, error)
+                answers.append(None)
+        return answers
 
 
 class DeadLetters:
