@@ -8,12 +8,8 @@ No driver here: storage is the ``IngestStore`` port.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import datetime
 
 from services.publisher.domain import (
@@ -38,7 +34,7 @@ from services.publisher.ingest.commands import (
 )
 from services.publisher.ingest.ports import CommandAnswer, IngestStore, IngestTransaction
 from services.publisher.ports import ErasureRequest
-from services.runtime.errors import Conflict, KbError, NotFound
+from services.runtime.errors import Conflict, NotFound
 
 
 class DocumentKeyUnknown(NotFound, code="INGEST_DOCUMENT_KEY_UNKNOWN"):
@@ -47,22 +43,6 @@ class DocumentKeyUnknown(NotFound, code="INGEST_DOCUMENT_KEY_UNKNOWN"):
 
 class DocumentNotPublished(Conflict, code="DOCUMENT_NOT_PUBLISHED"):
     """Readers set on a document that has no published version."""
-
-
-@dataclass(frozen=True)
-class Arrived:
-    """A verified command of a run, with where and when its record reached Kafka."""
-
-    command: Command
-    source: str
-    sent_at: datetime | None = None
-
-
-# Sends the dead letter of the run's n-th command, refused with the error, and waits for
-# the broker's acknowledgement (a retriable error when it does not come).
-Refuse = Callable[[int, KbError], Awaitable[None]]
-# Entered around the run's n-th command (its span: the rows it writes keep its context).
-Around = Callable[[int], AbstractContextManager[object]]
 
 
 class IngestApplier:
@@ -79,80 +59,25 @@ class IngestApplier:
         ``sent_at``: when its record reached Kafka, kept with it for the operator page."""
         if isinstance(command, EraseDocument):
             return await self._erase(command, now, sent_at)
-        media_type = await self._media_type(command)
+        media_type = await self.media_type(command)
         async with self._store.ingest_transaction(command.tenant_id) as tx:
-            answer = await self._applied_in(tx, command, media_type, now, sent_at)
+            answer = await self.applied_in(tx, command, media_type, now, sent_at)
         if isinstance(command, DeleteDocument):
-            await self._leftovers(command.tenant_id, answer)
+            await self.leftovers(command.tenant_id, answer)
         return answer
 
-    async def apply_run(
-        self,
-        run: Sequence[Arrived],
-        refuse: Refuse,
-        *,
-        now: datetime | None = None,
-        around: Around = lambda _: contextlib.nullcontext(),
-    ) -> list[CommandAnswer | None]:
-        """Apply one tenant's ``run`` (no erase among it) in one transaction, each command in
-        a savepoint: a refused one is undone alone, its dead letter sent (``refuse``) and
-        recorded by its source in the same transaction, so a run redelivered after the
-        commit neither applies nor dead-letters anything twice. The answers in order (None:
-        refused). A retriable error undoes the whole run: it is retried as it was."""
-        tenant = run[0].command.tenant_id
-        refused: dict[int, KbError] = {}
-        media: list[str | None] = [None] * len(run)
-        for n, item in enumerate(run):
-            try:
-                media[n] = await self._media_type(item.command)
-            except KbError as error:
-                if error.retriable:
-                    raise
-                refused[n] = error
-        answers: list[CommandAnswer | None] = [None] * len(run)
-        async with self._store.ingest_transaction(tenant) as tx:
-            earlier = await tx.command_answers(tenant, [i.command.command_id for i in run])
-            sent = await tx.refusals_sent(tenant, [i.source for i in run])
-            for n, item in enumerate(run):
-                command = item.command
-                found = earlier.get(command.command_id)
-                if found is not None:
-                    answers[n] = dataclasses.replace(found, changed=False)
-                    continue
-                if item.source in sent:
-                    continue  # refused, its dead letter sent, when the run ran before
-                if n not in refused:
-                    try:
-                        with around(n):
-                            async with tx.savepoint():
-                                answers[n] = await self._applied_in(
-                                    tx, command, media[n], now, item.sent_at
-                                )
-                        continue
-                    except KbError as error:
-                        if error.retriable:
-                            raise
-                        refused[n] = error
-                await refuse(n, refused[n])
-                code = refused[n].code
-                await tx.record_refusal(tenant, item.source, command.command_id, code, now)
-        for item, answer in zip(run, answers, strict=True):
-            if isinstance(item.command, DeleteDocument) and answer is not None:
-                await self._leftovers(tenant, answer)
-        return answers
-
-    async def _leftovers(self, tenant_id: str, answer: CommandAnswer) -> None:
+    async def leftovers(self, tenant_id: str, answer: CommandAnswer) -> None:
         """After the commit, as the single DELETE does: the deleted document's chunks go."""
         if answer.changed and answer.document_id is not None:
             await self._publisher.remove_leftovers(tenant_id, answer.document_id)
 
-    async def _media_type(self, command: Command) -> str | None:
+    async def media_type(self, command: Command) -> str | None:
         if isinstance(command, PublishDocument) and command.content is not None:
             upload = Upload(command.content, command.media_type, command.filename)
             return await check_upload_off_loop(upload, self._max_upload_bytes)
         return None
 
-    async def _applied_in(
+    async def applied_in(
         self,
         tx: IngestTransaction,
         command: Command,

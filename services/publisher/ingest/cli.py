@@ -92,11 +92,8 @@ async def _consume(
 ) -> int:
     from aiokafka import AIOKafkaConsumer
 
-    from services.publisher.ingest.consumer_kafka import (
-        IngestLoop,
-        create_topics,
-        start_when_reachable,
-    )
+    from services.publisher.ingest.consumer_kafka import create_topics, start_when_reachable
+    from services.publisher.ingest.pipeline import IngestLoop
     from services.runtime.backoff import Backoff
     from services.runtime.logging import get_logger
     from services.runtime.messaging.events import (
@@ -138,6 +135,9 @@ async def _consume(
                 batch_size=settings.ingest_batch_size,
                 poll_timeout_seconds=settings.ingest_poll_timeout_seconds,
                 apply_batch=settings.ingest_apply_batch,
+                read_ahead=settings.ingest_read_ahead,
+                reports=processor.store,
+                report_seconds=settings.ingest_backlog_report_seconds,
                 before_commit=_hang_before_commit(),
             )
             get_logger(__name__).info("ingest.started", tier=tier, group=group, replay=replay)
@@ -195,6 +195,7 @@ async def _processing(
     from services.publisher.ingest.apply import IngestApplier
     from services.publisher.ingest.consumer_kafka import KafkaDeadLetters, start_when_reachable
     from services.publisher.ingest.process import IngestLimits, RecordProcessor
+    from services.publisher.ingest.runs import RunApplier
     from services.publisher.ingest.store_pg import PgIngestStore
     from services.publisher.store_pg import open_publisher_pool
     from services.runtime.erasure.erase_pg import PgErasureStore
@@ -220,7 +221,12 @@ async def _processing(
         processor = RecordProcessor(
             tier,
             store,
-            IngestApplier(publisher, store, max_upload_bytes=settings.publisher_max_upload_bytes),
+            RunApplier(
+                IngestApplier(
+                    publisher, store, max_upload_bytes=settings.publisher_max_upload_bytes
+                ),
+                store,
+            ),
             dead_letters,
             _metrics(),
             IngestLimits(

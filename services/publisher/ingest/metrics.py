@@ -32,8 +32,9 @@ class IngestMetrics:
         )
         self.lag = Gauge(
             "kb_ingest_lag_records",
-            "Records of the tier's ingest topic not yet applied by this process's partitions "
-            "(the high-water mark minus the position, summed over its partitions).",
+            "Records of the tier's ingest topic not yet applied (nor dead-lettered) on this "
+            "process's partitions: those not fetched yet (the high-water mark minus the "
+            "position) and those fetched and not yet done.",
             ["tier"],
             registry=registry,
         )

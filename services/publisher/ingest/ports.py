@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from services.publisher.bulk.domain import BulkStore
 from services.publisher.ingest.commands import Command
 from services.publisher.ingest.signing import IngestKey
 from services.publisher.ports import PublisherStore, PublishTransaction
@@ -54,6 +55,10 @@ class IngestRecord:
         return {"partition": self.partition, "offset": self.offset, **more}
 
 
+# Commands to claim, each with when its record reached Kafka.
+Claims = Sequence[tuple[Command, datetime | None]]
+
+
 class IngestTransaction(PublishTransaction, Protocol):
     async def claim_command(
         self, command: Command, now: datetime | None, sent_at: datetime | None
@@ -75,6 +80,29 @@ class IngestTransaction(PublishTransaction, Protocol):
 
     def savepoint(self) -> AbstractAsyncContextManager[None]:
         """What the block writes is undone, and the transaction goes on, when it raises."""
+        ...
+
+    async def documents_for_keys(
+        self, tenant_id: str, document_keys: Sequence[str]
+    ) -> dict[str, uuid.UUID]:
+        """Those of ``document_keys`` mapped to a document, with it."""
+        ...
+
+    async def claim_commands(self, tenant_id: str, claims: Claims, now: datetime | None) -> int:
+        """``claim_command`` for each (with when its record reached Kafka); how many were
+        claimed now (the others were recorded already)."""
+        ...
+
+    async def map_keys(
+        self, tenant_id: str, pairs: Sequence[tuple[str, uuid.UUID]], now: datetime | None
+    ) -> None:
+        """Map keys no document has to new documents."""
+        ...
+
+    async def record_answers(self, tenant_id: str, answers: Sequence[CommandAnswer]) -> None: ...
+
+    def bulk(self) -> BulkStore:
+        """The bulk endpoint's writes, in this transaction (new documents together)."""
         ...
 
     async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> set[str]:
@@ -110,6 +138,10 @@ class IngestStore(PublisherStore, Protocol):
         """A tenant's transaction (behind the wall) that can also record commands."""
         ...
 
+    async def tenant_tier(self, tenant_id: str) -> str | None:
+        """The tenant's tier; None when there is no such tenant."""
+        ...
+
     async def ingest_keys(self, tenant_id: str, key_ids: Sequence[str]) -> dict[str, IngestKey]:
         """The tenant's ingest keys of those ids, by id, unless revoked."""
         ...
@@ -131,6 +163,22 @@ class IngestKeyRegistry(Protocol):
 
     async def revoke_ingest_key(self, tenant_id: str, key_id: str) -> datetime | None:
         """When the key was revoked; None when the tenant has no live key of that id."""
+        ...
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """A tenant's records a process holds, fetched and not yet applied."""
+
+    records: int
+    oldest_sent_at: datetime | None  # the earliest Kafka timestamp among them
+
+
+class BacklogReports(Protocol):
+    async def report_backlog(
+        self, tier: str, consumer_id: uuid.UUID, held: dict[str, Backlog]
+    ) -> None:
+        """Replace what this process reported it holds (the operator page reads it)."""
         ...
 
 

@@ -12,11 +12,10 @@ import contextlib
 import re
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from opentelemetry.trace import SpanKind
 
-from services.publisher.ingest.apply import Arrived, IngestApplier
 from services.publisher.ingest.commands import (
     Command,
     CommandTooLarge,
@@ -27,6 +26,7 @@ from services.publisher.ingest.commands import (
 from services.publisher.ingest.key_cache import KeyCache
 from services.publisher.ingest.metrics import IngestMetrics
 from services.publisher.ingest.ports import CommandAnswer, DeadLetters, IngestRecord, IngestStore
+from services.publisher.ingest.runs import Arrived, RunApplier
 from services.publisher.ingest.signing import (
     KEY_ID_HEADER,
     KEY_ID_PATTERN,
@@ -52,8 +52,7 @@ class Handled:
     dead_letter_code: str | None = None
 
 
-@dataclass(frozen=True)
-class Verified:
+class Verified(NamedTuple):
     """A record whose command decoded and whose signature verified with its tenant's key."""
 
     record: IngestRecord
@@ -62,8 +61,10 @@ class Verified:
 
 @dataclass(frozen=True)
 class Refusal:
-    record: IngestRecord
+    """A record that can never apply as it is, and why (its dead letter's code)."""
+
     error: KbError
+    record: IngestRecord
     command_type: str = UNKNOWN_TYPE
 
 
@@ -82,7 +83,7 @@ class IngestLimits:
 class RecordProcessor:
     tier: str
     store: IngestStore
-    applier: IngestApplier
+    applier: RunApplier
     dead_letters: DeadLetters
     metrics: IngestMetrics
     limits: IngestLimits
@@ -114,7 +115,7 @@ class RecordProcessor:
             try:
                 decoded.append((record, self._decode(record)))
             except KbError as error:
-                refused.append(Refusal(record, error))
+                refused.append(Refusal(error, record))
         wanted: dict[str, list[str]] = collections.defaultdict(list)
         for record, command in decoded:
             wanted[command.tenant_id].append(_key_id(record))
@@ -129,7 +130,7 @@ class RecordProcessor:
             try:
                 verify(key, record.value, record.headers.get(SIGNATURE_HEADER))
             except KbError as error:
-                refused.append(Refusal(record, error, command.command_type))
+                refused.append(Refusal(error, record, command.command_type))
                 continue
             verified.append(Verified(record, command))
         return verified, refused
@@ -144,7 +145,7 @@ class RecordProcessor:
             handled: dict[int, Handled] = {}
 
             async def refuse(n: int, error: KbError) -> None:
-                refusal = Refusal(run[n].record, error, run[n].command.command_type)
+                refusal = Refusal(error, run[n].record, run[n].command.command_type)
                 if refusal.record.source not in self._sent:
                     await self.dead_letter(refusal)
                     self._sent.add(refusal.record.source)
@@ -171,12 +172,12 @@ class RecordProcessor:
         try:
             with self._span(item):
                 answer = await self._retried(
-                    self.applier.apply(item.command, sent_at=item.record.sent_at)
+                    self.applier.single.apply(item.command, sent_at=item.record.sent_at)
                 )
         except KbError as error:
             if error.retriable:
                 raise
-            refusal = Refusal(item.record, error, item.command.command_type)
+            refusal = Refusal(error, item.record, item.command.command_type)
             await self.dead_letter(refusal)
             return Handled(dead_letter_code=error.code)
         return self._applied(item, answer)

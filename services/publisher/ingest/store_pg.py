@@ -11,11 +11,12 @@ from typing import Any, cast
 
 import asyncpg
 
+from services.publisher.bulk.store_pg import PgBulkStore
 from services.publisher.ingest.commands import Command
-from services.publisher.ingest.ports import CommandAnswer
+from services.publisher.ingest.ports import Backlog, Claims, CommandAnswer
 from services.publisher.ingest.signing import IngestKey
 from services.publisher.store_pg import PgPublisherStore, PgPublishTransaction
-from services.runtime.errors import Conflict
+from services.runtime.errors import Conflict, NotFound
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.sql import queries_beside
 
@@ -60,9 +61,46 @@ class PgIngestTransaction(PgPublishTransaction):
         except Exception:
             with translate_db_errors():
                 await self._conn.execute(QUERIES["rollback_to_savepoint"])
+                # Let go too: a run refusing many commands keeps no stack of savepoints.
+                await self._conn.execute(QUERIES["release_savepoint"])
             raise
         with translate_db_errors():
             await self._conn.execute(QUERIES["release_savepoint"])
+
+    async def documents_for_keys(
+        self, tenant_id: str, document_keys: Sequence[str]
+    ) -> dict[str, uuid.UUID]:
+        with translate_db_errors():
+            rows = await self._conn.fetch(QUERIES["documents_for_keys"], tenant_id, document_keys)
+        return {row["document_key"]: row["document_id"] for row in rows}
+
+    async def claim_commands(self, tenant_id: str, claims: Claims, now: datetime | None) -> int:
+        with translate_db_errors():
+            rows = await self._conn.fetch(
+                QUERIES["claim_commands"],
+                tenant_id,
+                [c.command_id for c, _ in claims],
+                [c.command_type for c, _ in claims],
+                [sent_at for _, sent_at in claims],
+                now,
+            )
+        return len(rows)
+
+    async def map_keys(
+        self, tenant_id: str, pairs: Sequence[tuple[str, uuid.UUID]], now: datetime | None
+    ) -> None:
+        with translate_db_errors():
+            await self._conn.execute(
+                QUERIES["map_keys"], tenant_id, [k for k, _ in pairs], [d for _, d in pairs], now
+            )
+
+    async def record_answers(self, tenant_id: str, answers: Sequence[CommandAnswer]) -> None:
+        columns = list(zip(*(a.stored() for a in answers), strict=True))
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["record_answers"], tenant_id, *columns)
+
+    def bulk(self) -> PgBulkStore:
+        return PgBulkStore(None, connection=self._conn)
 
     async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> set[str]:
         with translate_db_errors():
@@ -131,6 +169,12 @@ class PgIngestStore(PgPublisherStore):
         async with self.ingest_transaction(tenant_id) as tx:
             return await PgIngestKeys(tx.connection).revoke(tenant_id, key_id)
 
+    async def tenant_tier(self, tenant_id: str) -> str | None:
+        try:
+            return await PgBulkStore(self.pool).tenant_tier(tenant_id)
+        except NotFound:
+            return None
+
     async def ingest_keys(
         self, tenant_id: str, key_ids: Sequence[str], now: datetime | None = None
     ) -> dict[str, IngestKey]:
@@ -138,6 +182,26 @@ class PgIngestStore(PgPublisherStore):
             async with self._connection() as conn, self._tenant_read(conn, tenant_id):
                 rows = await conn.fetch(QUERIES["find_ingest_keys"], tenant_id, key_ids, now)
         return {r["key_id"]: IngestKey(r["key_id"], bytes(r["public_key"])) for r in rows}
+
+    async def report_backlog(
+        self,
+        tier: str,
+        consumer_id: uuid.UUID,
+        held: dict[str, Backlog],
+        now: datetime | None = None,
+    ) -> None:
+        tenants = sorted(held)
+        with translate_db_errors():
+            async with self._connection() as conn:
+                await conn.execute(
+                    QUERIES["report_backlog"],
+                    tier,
+                    consumer_id,
+                    tenants,
+                    [held[t].records for t in tenants],
+                    [held[t].oldest_sent_at for t in tenants],
+                    now,
+                )
 
 
 class PgIngestKeys:
