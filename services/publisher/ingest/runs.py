@@ -13,6 +13,7 @@ No driver here: storage is the ``IngestStore`` port.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import uuid
@@ -98,13 +99,17 @@ class RunApplier:
         tenant = items[0].command.tenant_id
         refused: dict[int, KbError] = {}
         media: list[str | None] = [None] * len(items)
-        for n, item in enumerate(items):
-            try:
-                media[n] = await self._applier.media_type(item.command)
-            except KbError as error:
-                if error.retriable:
-                    raise
-                refused[n] = error
+        # Side by side in the media check's threads: a run's waits for them overlap.
+        checked = await asyncio.gather(
+            *(self._applier.media_type(item.command) for item in items), return_exceptions=True
+        )
+        for n, result in enumerate(checked):
+            if isinstance(result, KbError) and not result.retriable:
+                refused[n] = result
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                media[n] = result
         tier = await self._tier(tenant, items)
         async with self._store.ingest_transaction(tenant) as tx:
             run = _Run(tx, items, refuse, around, now, media, refused, [None] * len(items))
