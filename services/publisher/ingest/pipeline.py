@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import CommitFailedError
+from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from services.publisher.ingest.commands import EraseDocument
 from services.publisher.ingest.consumer_kafka import to_record
@@ -162,10 +162,8 @@ class IngestLoop:
             # New, or read again from its commit (the group gave it back): a new window;
             # lanes still working on the old one finish there (their commands answer as
             # applied when read again).
+            self._forget(tp)
             window = self._windows[tp] = Window()
-            for key in [k for k in self._queues if k[0] == tp]:
-                del self._queues[key]
-                self._retired.add(self._lanes.pop(key))
         window.offsets.extend(record.offset for record in records)
         sorted_ = await self._until_done(
             functools.partial(self.processor.sort, records), records[0], stop
@@ -242,6 +240,9 @@ class IngestLoop:
     async def _commit_prefixes(self) -> None:
         if self.before_commit is not None:
             await asyncio.gather(*self._tasks(), return_exceptions=True)
+        assigned = self.consumer.assignment()
+        for tp in [tp for tp in self._windows if tp not in assigned]:
+            self._forget(tp)  # the group gave it to another process: its offsets are not ours
         offsets = {tp: end for tp, w in self._windows.items() if (end := w.prefix()) is not None}
         if not offsets:
             return
@@ -249,10 +250,20 @@ class IngestLoop:
             await self.before_commit(self._done)
         try:
             await self.consumer.commit(offsets)
-        except CommitFailedError as error:
+        except (CommitFailedError, IllegalStateError) as error:
             # The group moved the partitions elsewhere meanwhile: the new owner reads them
             # again from the last commit, and finds the commands applied (their records).
             log.warning("ingest.commit_failed", tier=self.tier, error=str(error))
+
+    def _forget(self, tp: TopicPartition) -> None:
+        """Drop a partition's window; lanes still working on it finish there (their
+        commands answer as applied when read again, by this process or another)."""
+        self._windows.pop(tp, None)
+        for key in [k for k in self._queues if k[0] == tp]:
+            del self._queues[key]
+            lane = self._lanes.pop(key, None)
+            if lane is not None:
+                self._retired.add(lane)
 
     def backlog(self) -> dict[str, Backlog]:
         """What each tenant has here, fetched and not yet done (``-``: not verified)."""
