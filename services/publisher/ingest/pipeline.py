@@ -83,7 +83,7 @@ class IngestLoop:
     batch_size: int
     poll_timeout_seconds: float
     # KB_INGEST_APPLY_BATCH: most commands applied in one transaction.
-    apply_batch: int = 100
+    apply_batch: int = 500
     # KB_INGEST_READ_AHEAD: most records fetched and not yet done.
     read_ahead: int = 1000
     # Tests: awaited, every lane idle, with the count of records done so far, before a

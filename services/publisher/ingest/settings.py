@@ -16,9 +16,8 @@ class IngestSettings(PublisherSettings):
     # Records read at once (one getmany), at most: the loop reads again while they apply.
     ingest_batch_size: int = Field(default=500, ge=1, le=10_000)
     # Most commands of one tenant applied in one transaction (each in a savepoint of its
-    # own): fewer commits per command; a tenant's commands wait behind at most this many
-    # of another's on a partition.
-    ingest_apply_batch: int = Field(default=100, ge=1, le=10_000)
+    # own): fewer commits per command. As many as the bulk endpoint's batch writes at once.
+    ingest_apply_batch: int = Field(default=500, ge=1, le=10_000)
     # Most records fetched and not yet applied (nor dead-lettered): reading goes on while
     # commands apply, so a tenant's commands behind another's flood on a partition apply
     # without waiting for it (only their offsets wait, committed as a prefix).
