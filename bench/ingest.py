@@ -10,9 +10,10 @@ embedding provider (no model: the figures are the pipeline's, not a model's).
    published through the bulk endpoint (``POST .../documents/bulk``, batches of 500, 4
    requests at once), then the same documents as signed ``PublishDocument`` commands (inline
    content) sent as fast as the producer can to ``kb.ingest.standard`` and applied by
-   `kb ingest run`. Each rate runs from the first request (the first send) to the last
-   answer (the last command recorded in ``ingest_command``). Reported: documents/s of each
-   and ingest/bulk.
+   `kb ingest run` (a tenant's run of up to ``--apply-batch`` commands per transaction; new
+   documents written together, as the bulk endpoint writes them). Each rate runs from the
+   first request (the first send) to the last answer (the last command recorded in
+   ``ingest_command``). Reported: documents/s of each and ingest/bulk.
 2. Latency, indexer running: one-paragraph documents at ``--rate`` per second for
    ``--seconds`` over HTTP (upload, then publish: the API's two calls), then as many
    commands at the same rate. Per document, from the moment the client sent (its first
@@ -97,14 +98,17 @@ class IngestBench:
             self.topic, value, key=f"{TENANT}/{key}".encode(), headers=self.signer.headers(value)
         )
 
-    async def ingest_rate(self, documents: list[bytes], prefix: str) -> float:
+    async def ingest_rate(self, documents: list[bytes], prefix: str) -> tuple[float, float]:
+        """Documents/s from the first send to the last command recorded, and the seconds
+        the sends took (the producer's share of that time)."""
         before = await count(self.url, APPLIED)
         began = time.monotonic()
         await asyncio.gather(
             *(self.send(f"{prefix}/{n}", text, f"Doc {n}") for n, text in enumerate(documents))
         )
+        sent = time.monotonic()
         done = await wait_count(self.url, APPLIED, before + len(documents))
-        return len(documents) / (done - began)
+        return len(documents) / (done - began), sent - began
 
     async def latencies(
         self, client: httpx.AsyncClient, rate: float, seconds: float, mode: str
@@ -180,6 +184,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         KB_LOG_LEVEL="warning",
         KB_INGEST_POLL_TIMEOUT_SECONDS="0.2",
         KB_INGEST_TENANT_IN_FLIGHT=str(args.tenant_in_flight),
+        KB_INGEST_APPLY_BATCH=str(args.apply_batch),
     )
     bench.kb(env, "migrate")
     api_key = bench.kb(env, "tenants", "create", TENANT, "--tier", TIER).strip().split("=", 1)[1]
@@ -193,6 +198,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "documents": args.documents,
         "embedding_provider": "hashing",
         "tenant_in_flight": args.tenant_in_flight,
+        "apply_batch": args.apply_batch,
     }
     try:
         processes.start("api", ["services.cli", "serve", "--port", str(port)], env)
@@ -208,11 +214,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             bulk = await bulk_rate(
                 client, f"/v1/tenants/{TENANT}/documents/bulk", documents, args.batch
             )
-            event = await ingest.ingest_rate(documents, "t")
+            event, sending = await ingest.ingest_rate(documents, "t")
             result["throughput"] = {
                 "bulk_docs_per_second": bulk,
                 "ingest_docs_per_second": event,
                 "ingest_over_bulk": event / bulk,
+                "ingest_send_seconds": sending,
+                "ingest_seconds": len(documents) / event,
             }
             if args.no_latency:
                 return result
@@ -245,6 +253,8 @@ def main() -> None:
     parser.add_argument("--database", default="kb_bench_ingest")
     # KB_INGEST_TENANT_IN_FLIGHT of `kb ingest run` (the bench's one tenant is capped by it).
     parser.add_argument("--tenant-in-flight", type=int, default=4)
+    # KB_INGEST_APPLY_BATCH: most commands of a tenant in one transaction.
+    parser.add_argument("--apply-batch", type=int, default=500)
     parser.add_argument("--no-latency", action="store_true", help="throughput only")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(measure(args)), indent=2))

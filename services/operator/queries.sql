@@ -91,11 +91,22 @@ SELECT date_trunc('minute', s.switched_at) AS minute,
 -- name: tenants_page
 -- $1 after tenant_id (keyset), $2 limit, $3 now (NULL: the database's). The ingest columns:
 -- commands applied in the last 15 minutes, and the slowest of their delays from Kafka to
--- applied (docs/architecture.md#publish-by-event): a tenant whose commands wait.
+-- applied (docs/architecture.md#publish-by-event): a tenant whose commands wait; and its
+-- backlog, the commands `kb ingest run` processes hold fetched and not yet applied (their
+-- reports of the last minute), with how long the oldest of them has waited.
 SELECT t.tenant_id, t.tier,
        (SELECT count(*) FROM document d WHERE d.tenant_id = t.tenant_id) AS documents,
-       i.commands AS ingest_commands, i.max_delay_seconds AS ingest_max_delay_seconds
+       i.commands AS ingest_commands, i.max_delay_seconds AS ingest_max_delay_seconds,
+       b.records AS ingest_backlog, b.oldest_seconds AS ingest_backlog_oldest_seconds
   FROM tenant t
+  LEFT JOIN LATERAL (
+       SELECT coalesce(sum(r.records), 0)::bigint AS records,
+              extract(epoch FROM coalesce($3::timestamptz, now()) - min(r.oldest_sent_at))::float8
+                  AS oldest_seconds
+         FROM ingest_backlog r
+        WHERE r.tenant_id = t.tenant_id
+          AND r.reported_at >= coalesce($3::timestamptz, now()) - interval '1 minute') AS b
+    ON true
   LEFT JOIN LATERAL (
        SELECT count(*) AS commands,
               max(extract(epoch FROM c.applied_at - c.sent_at))::float8 AS max_delay_seconds

@@ -15,10 +15,11 @@ from services.indexer.retry import RetryPolicy
 from services.publisher.domain import Publisher, RevisionConflict, Upload
 from services.publisher.ingest.apply import DocumentKeyUnknown, IngestApplier
 from services.publisher.ingest.commands import CommandInvalid, decode_command
+from services.publisher.ingest.runs import Arrived, RunApplier
 from services.publisher.ingest.store_pg import DocumentKeyTaken, PgIngestStore
 from services.publisher.ports import ErasureRequest
 from services.runtime.erasure.erase_pg import PgErasureStore
-from services.runtime.errors import Conflict
+from services.runtime.errors import Conflict, KbError
 from services.runtime.messaging.avro import default_registry
 from tests.support.api import add_tenant
 from tests.support.ingest import (
@@ -308,3 +309,57 @@ async def test_a_key_published_after_its_delete_gets_a_new_document(
         "SELECT document_id FROM ingest_document_key WHERE document_key = 'page-1'"
     )
     assert mapped == again.document_id
+
+
+async def test_a_run_writes_new_documents_together_and_refuses_a_poison_alone_once(
+    parts: tuple[IngestApplier, Publisher],
+    pool: asyncpg.Pool[Any],
+    conn: asyncpg.Connection[Any],
+    tenant: str,
+) -> None:
+    applier, _ = parts
+    runs = RunApplier(applier, PgIngestStore(pool))
+    payloads = [
+        publish_command(tenant, "a", b"a one"),
+        publish_command(tenant, "b", b"b one"),
+        # Inline, new, and refused (a blank principal) when the run writes it.
+        publish_command(tenant, "poison", b"x", read=[" "]),
+        publish_command(tenant, "c", b"c one"),
+        publish_command(tenant, "a", b"a two"),  # after a's first: its version 2
+    ]
+    items = [
+        Arrived(decode_command(p, max_inline_bytes=1 << 20), f"t/0/{n}")
+        for n, p in enumerate(payloads)
+    ]
+    refused: list[tuple[int, str]] = []
+
+    async def refuse(n: int, error: KbError) -> None:
+        refused.append((n, error.code))
+
+    answers = await runs.apply_run(items, refuse)
+    assert [a is not None and a.changed for a in answers] == [True, True, False, True, True]
+    assert refused == [(2, "PRINCIPAL_INVALID")]
+    versions = await conn.fetch(
+        "SELECT k.document_key, v.version_number, convert_from(v.content, 'UTF8') AS text, "
+        "v.status FROM ingest_document_key k JOIN document_version v USING "
+        "(tenant_id, document_id) ORDER BY k.document_key, v.version_number"
+    )
+    assert [(r["document_key"], r["version_number"], r["text"]) for r in versions] == [
+        ("a", 1, "a one"),
+        ("a", 2, "a two"),
+        ("b", 1, "b one"),
+        ("c", 1, "c one"),
+    ]
+    published = await _events(conn, "DocumentVersionPublished")
+    assert sorted(e["commandId"] for e in published) == sorted(
+        i.command.command_id for n, i in enumerate(items) if n != 2
+    )
+    tasks = await conn.fetchval("SELECT count(*) FROM index_task WHERE status = 'PENDING'")
+    assert tasks == 4
+
+    # Redelivered: every one answers as before, nothing written, the poison not refused again.
+    before = await _counts(conn)
+    again = await runs.apply_run(items, refuse)
+    assert [a is not None and not a.changed for a in again] == [True, True, False, True, True]
+    assert refused == [(2, "PRINCIPAL_INVALID")]
+    assert await _counts(conn) == before

@@ -2,7 +2,9 @@
 poison commands go to the dead-letter topic while the next one of their partition applies,
 a command signed for one tenant naming another is refused, a document's commands apply in
 order, a consumer SIGKILLed between its transactions and its offset commit loses and
-duplicates nothing, and `kb ingest replay-dead` applies a dead letter once it can."""
+duplicates nothing, and `kb ingest replay-dead` applies a dead letter once it can. A poison
+command in the middle of a run is undone and dead-lettered alone, once, even across a kill
+and redelivery; a tenant flooding a partition does not hold another's commands behind it."""
 
 from __future__ import annotations
 
@@ -337,3 +339,129 @@ async def test_every_command_kind_applies_through_the_broker(
         "SELECT count(*) FROM ingest_command WHERE sent_at IS NULL OR sent_at > applied_at"
     )
     assert unstamped == 0
+
+
+# --- runs of commands: one transaction, a savepoint each; tenants side by side ------------
+
+
+async def _send(
+    producer: AIOKafkaProducer, topic: str, signer: Signer, key: str, value: bytes
+) -> None:
+    """On partition 0, whatever the key: every command of the test shares one partition."""
+    await producer.send_and_wait(
+        topic,
+        value,
+        key=f"{signer.tenant_id}/{key}".encode(),
+        headers=signer.headers(value),
+        partition=0,
+    )
+
+
+async def test_a_poison_mid_run_is_dead_lettered_once_across_a_kill_and_redelivery(
+    settings: RuntimeSettings,
+    env: dict[str, str],
+    conn: asyncpg.Connection[Any],
+    producer: AIOKafkaProducer,
+    tmp_path: Path,
+) -> None:
+    topic = ingest_topic(TIER, settings.kafka_topic_prefix)
+    acme = await Signer((await add_tenant(conn, "acme")).tenant_id).register(conn)
+    applied = [uuid.uuid4() for _ in range(10)]
+    poison = uuid.uuid4()
+    for n, command_id in enumerate(applied[:5]):
+        await _send(
+            producer, topic, acme, f"p{n}", publish_command("acme", f"p{n}", command_id=command_id)
+        )
+    # Signed and decodable, refused in its savepoint after its command id was claimed there.
+    await _send(
+        producer,
+        topic,
+        acme,
+        "ghost",
+        readers_command("acme", "ghost", ["group:all"], command_id=poison),
+    )
+    for n, command_id in enumerate(applied[5:], start=5):
+        await _send(
+            producer, topic, acme, f"p{n}", publish_command("acme", f"p{n}", command_id=command_id)
+        )
+
+    hang = tmp_path / "hang"
+    one_run = {"KB_INGEST_BATCH_SIZE": "50", "KB_INGEST_APPLY_BATCH": "50"}
+    async with ingesting({**env, **one_run, TEST_ONLY_HANG_BEFORE_COMMIT: str(hang)}) as doomed:
+        async with asyncio.timeout(60):
+            while not hang.exists():  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        assert int(hang.read_text()) == 11  # the ten applied and the poison, all done
+        doomed.send_signal(signal.SIGKILL)
+        await doomed.wait()
+    assert await conn.fetchval(APPLIED) == 10
+
+    # Redelivered from the last commit (none); a last command shows the run went through.
+    last = uuid.uuid4()
+    await _send(producer, topic, acme, "last", publish_command("acme", "last", command_id=last))
+    async with ingesting({**env, **one_run}):
+        await until(conn, APPLIED, 11)
+
+    recorded = {r["command_id"] for r in await conn.fetch("SELECT command_id FROM ingest_command")}
+    assert recorded == {*applied, last}
+    assert await conn.fetchval("SELECT count(*) FROM document_version") == 11
+    refusals = await conn.fetch("SELECT command_id, code FROM ingest_refusal")
+    assert [(r["command_id"], r["code"]) for r in refusals] == [
+        (poison, "INGEST_DOCUMENT_KEY_UNKNOWN")
+    ]
+    async with TopicReader(
+        settings.kafka_bootstrap_servers, [ingest_dead_topic(TIER, settings.kafka_topic_prefix)]
+    ) as reader:
+        dead = await reader.read_to_end()
+    assert [d.headers["kb-problem-code"] for d in dead] == ["INGEST_DOCUMENT_KEY_UNKNOWN"]
+
+
+ACME_BACKLOG = "SELECT coalesce(sum(records), 0) FROM ingest_backlog WHERE tenant_id = 'acme'"
+
+
+async def test_a_tenant_flooding_a_partition_does_not_hold_anothers_commands_behind_it(
+    settings: RuntimeSettings,
+    env: dict[str, str],
+    conn: asyncpg.Connection[Any],
+    database_url: str,
+    producer: AIOKafkaProducer,
+) -> None:
+    topic = ingest_topic(TIER, settings.kafka_topic_prefix)
+    acme = await Signer((await add_tenant(conn, "acme")).tenant_id).register(conn)
+    beta = await Signer((await add_tenant(conn, "beta")).tenant_id).register(conn)
+    small_runs = {**env, "KB_INGEST_APPLY_BATCH": "2", "KB_INGEST_BACKLOG_REPORT_SECONDS": "0.2"}
+    async with ingesting(small_runs):
+        await _send(producer, topic, acme, "page", publish_command("acme", "page", b"v1"))
+        await until(conn, APPLIED, 1)
+        # Acme's flood cannot apply while the test holds its document's row: every one of
+        # its commands waits there. Beta's command, after the flood on the same partition,
+        # must apply all the same.
+        holder = await asyncpg.connect(database_url)
+        try:
+            lock = holder.transaction()
+            await lock.start()
+            await holder.execute("SELECT 1 FROM document WHERE tenant_id = 'acme' FOR UPDATE")
+            for n in range(2, 12):
+                content = f"v{n}".encode()
+                await _send(producer, topic, acme, "page", publish_command("acme", "page", content))
+            other = uuid.uuid4()
+            await _send(producer, topic, beta, "c", publish_command("beta", "c", command_id=other))
+            beta_applied = f"SELECT count(*) FROM ingest_command WHERE command_id = '{other}'"
+            await until(conn, beta_applied, 1)
+            acme_applied = "SELECT count(*) FROM ingest_command WHERE tenant_id = 'acme'"
+            assert await conn.fetchval(acme_applied) == 1
+            # The operator page's backlog: acme's ten, fetched and waiting.
+            await until(conn, ACME_BACKLOG, 10)
+            await lock.rollback()
+        finally:
+            await holder.close()
+        await until(conn, APPLIED, 12)
+        await until(conn, ACME_BACKLOG, 0)
+    # Acme's commands applied in their order all the same.
+    versions = await conn.fetch(
+        "SELECT v.version_number, convert_from(v.content, 'UTF8') AS text "
+        "FROM document_version v WHERE v.tenant_id = 'acme' ORDER BY v.version_number"
+    )
+    assert [(r["version_number"], r["text"]) for r in versions] == [
+        (n, f"v{n}") for n in range(1, 12)
+    ]

@@ -28,11 +28,11 @@ async def test_add_list_revoke(
     added = kb(service_env, "tenants", "ingest-keys", "add", "acme", "k1", "--public-key", encoded)
     assert added.returncode == 0, added.stderr
     store = PgIngestStore(pool)
-    key = await store.ingest_key("acme", "k1")
+    key = (await store.ingest_keys("acme", ["k1"])).get("k1")
     assert key is not None
     assert key.public_key == raw
     # Another tenant's lookup of the same id finds nothing.
-    assert await store.ingest_key("beta", "k1") is None
+    assert (await store.ingest_keys("beta", ["k1"])).get("k1") is None
 
     again = kb(service_env, "tenants", "ingest-keys", "add", "acme", "k1", "--public-key", encoded)
     assert again.returncode == 2
@@ -43,7 +43,7 @@ async def test_add_list_revoke(
 
     revoked = kb(service_env, "tenants", "ingest-keys", "revoke", "acme", "k1")
     assert revoked.returncode == 0, revoked.stderr
-    assert await store.ingest_key("acme", "k1") is None
+    assert (await store.ingest_keys("acme", ["k1"])).get("k1") is None
     twice = kb(service_env, "tenants", "ingest-keys", "revoke", "acme", "k1")
     assert twice.returncode == 2
 
@@ -81,7 +81,7 @@ async def test_an_admin_key_registers_and_revokes_an_ingest_key_over_http(
         assert again.status_code == 409
         assert again.json()["errorCode"] == "INGEST_KEY_EXISTS"
         store = PgIngestStore(pool)
-        key = await store.ingest_key("acme", "k1")
+        key = (await store.ingest_keys("acme", ["k1"])).get("k1")
         assert key is not None
         assert key.public_key == raw
         beta = await add_tenant(conn, "beta")
@@ -98,7 +98,7 @@ async def test_an_admin_key_registers_and_revokes_an_ingest_key_over_http(
         revoked = await api.client.delete(acme.path("/ingest-keys/k1"), headers=acme.headers)
         assert revoked.status_code == 200, revoked.text
         assert revoked.json()["revokedAt"] is not None
-        assert await store.ingest_key("acme", "k1") is None
+        assert (await store.ingest_keys("acme", ["k1"])).get("k1") is None
         after = await api.client.get(acme.path("/ingest-keys"), headers=acme.headers)
         [entry] = after.json()["keys"]  # a revoked key stays listed, with when
         assert entry["revokedAt"] == revoked.json()["revokedAt"]

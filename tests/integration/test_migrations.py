@@ -76,6 +76,8 @@ async def test_schema_has_every_table_and_key_of_the_design(
             "content_removed_at",
         },
         "document_acl": {"tenant_id", "document_id", "principal", "permission"},
+        # Migration 0036: signed commands refused in a batched run, by where they were read.
+        "ingest_refusal": {"tenant_id", "source", "command_id", "code", "refused_at"},
         "document_version_acl": {
             "tenant_id",
             "document_id",

@@ -231,7 +231,7 @@ async def test_static_assets(pool: asyncpg.Pool[Any], database_url: str, path: s
     assert len(response.content) > 100
 
 
-async def test_tenants_page_shows_each_tenants_recent_ingest_commands_and_delay(
+async def test_tenants_page_shows_each_tenants_recent_ingest_commands_delay_and_backlog(
     pool: asyncpg.Pool[Any], database_url: str
 ) -> None:
     await ensure_tenant(pool, "acme", "standard")
@@ -246,6 +246,19 @@ async def test_tenants_page_shows_each_tenants_recent_ingest_commands_and_delay(
             (uuid.uuid4(), "62.5 seconds", "55 seconds"),
             (uuid.uuid4(), "2 seconds", "1 second"),
             (uuid.uuid4(), "2 hours", "1 hour"),
+        ],
+    )
+    # Acme's backlog as two `kb ingest run` processes report it, and as a third, stopped an
+    # hour ago, last did (not counted).
+    await pool.executemany(
+        """INSERT INTO ingest_backlog
+               (tier, consumer_id, tenant_id, records, oldest_sent_at, reported_at)
+           VALUES ('standard', $1, 'acme', $2, now() - $3::text::interval,
+                   now() - $4::text::interval)""",
+        [
+            (uuid.uuid4(), 30, "4 seconds", "1 second"),
+            (uuid.uuid4(), 12, "9.5 seconds", "2 seconds"),
+            (uuid.uuid4(), 500, "2 hours", "59 minutes"),
         ],
     )
     async with operator_client(pool, operator_settings(database_url)) as client:
@@ -263,3 +276,8 @@ async def test_tenants_page_shows_each_tenants_recent_ingest_commands_and_delay(
     assert tenant_cell("acme", "ingest-delay") == "7.5 s"
     assert tenant_cell("beta", "ingest-commands") == "0"
     assert tenant_cell("beta", "ingest-delay") == "\u2014"
+    backlog = re.fullmatch(r"42 \(oldest ([0-9.]+) s\)", tenant_cell("acme", "ingest-backlog"))
+    assert backlog is not None
+    # The oldest is the 9.5 s one, as old now as the page's read makes it; not the stale one.
+    assert 9.5 <= float(backlog.group(1)) < 3600
+    assert tenant_cell("beta", "ingest-backlog") == "0"

@@ -31,14 +31,16 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"web"}),
         frozenset({"cli", "documents_cli"}),
     ),
-    # Publish by event: the commands and their signatures, settings, ports and counters;
-    # the apply step; its store and the record's processing; the Kafka loop; `kb ingest`.
+    # Publish by event: the commands, their signatures and key cache, settings, ports, counters;
+    # the apply step; its store and the records' processing; Kafka; the loop; `kb ingest`.
     "services.publisher.ingest": (
         frozenset({"commands", "signing", "settings", "metrics"}),
-        frozenset({"ports"}),
+        frozenset({"ports", "key_cache"}),
         frozenset({"apply"}),
-        frozenset({"store_pg", "process"}),
+        frozenset({"runs", "store_pg"}),
+        frozenset({"process"}),
         frozenset({"consumer_kafka"}),
+        frozenset({"pipeline"}),
         frozenset({"cli"}),
     ),
     "services.publisher.bulk": (frozenset({"domain", "form"}), frozenset({"store_pg"})),

@@ -263,16 +263,7 @@ class BulkPublisher:
         title = check_title(item.title or "")
         media_type = await check_upload_off_loop(item.upload, self._max_upload_bytes)
         principals = check_principals(item.read_principals)
-        content = item.upload.content
-        return NewPublishedDocument(
-            document_id=uuid.uuid4(),
-            title=title,
-            content=content,
-            media_type=media_type,
-            sha256=hashlib.sha256(content).digest(),
-            read_principals=principals,
-            index_task_id=uuid.uuid4(),
-        )
+        return new_published_document(title, item.upload.content, media_type, principals)
 
     async def _new_version(
         self, index: int, tenant_id: str, item: BulkItem, now: datetime | None
@@ -307,23 +298,54 @@ class BulkPublisher:
     def _events(
         self, tenant_id: str, tier: str, document: NewPublishedDocument, now: datetime | None
     ) -> list[PendingEvent]:
-        """The events the single calls would add for this document: its task created, its
-        version published (revision 2, nothing published before)."""
-        # The document and its version 1 as the single calls' publish would find them:
-        # created at revision 1, nothing published yet.
-        created = LockedDocument(tenant_id, document.document_id, tier, document.title, 1, 1, None)
-        version = VersionInfo(
-            1, "DRAFT", document.media_type, document.sha256, len(document.content)
-        )
-        publication = Publication(
-            created,
-            version,
-            PUBLISHED_REVISION,
-            document.read_principals,
-            document.index_task_id,
-            now or datetime.now(UTC),
-        )
-        return [
-            replace(event, traceparent=document.traceparent)
-            for event in publication_events(self._registry, publication, task_created=True)
-        ]
+        return new_document_events(self._registry, tenant_id, tier, document, now)
+
+
+def new_published_document(
+    title: str,
+    content: bytes,
+    media_type: str,
+    principals: frozenset[str],
+    traceparent: str | None = None,
+) -> NewPublishedDocument:
+    """A new document's rows, its ids made here (everything given checked by the caller)."""
+    return NewPublishedDocument(
+        document_id=uuid.uuid4(),
+        title=title,
+        content=content,
+        media_type=media_type,
+        sha256=hashlib.sha256(content).digest(),
+        read_principals=principals,
+        index_task_id=uuid.uuid4(),
+        traceparent=traceparent,
+    )
+
+
+def new_document_events(
+    registry: SchemaRegistry,
+    tenant_id: str,
+    tier: str,
+    document: NewPublishedDocument,
+    now: datetime | None,
+    command_id: uuid.UUID | None = None,
+) -> list[PendingEvent]:
+    """The events the single calls would add for this document: its task created, its
+    version published (revision 2, nothing published before); ``command_id``: the ingest
+    command that published it."""
+    # The document and its version 1 as the single calls' publish would find them:
+    # created at revision 1, nothing published yet.
+    created = LockedDocument(tenant_id, document.document_id, tier, document.title, 1, 1, None)
+    version = VersionInfo(1, "DRAFT", document.media_type, document.sha256, len(document.content))
+    publication = Publication(
+        created,
+        version,
+        PUBLISHED_REVISION,
+        document.read_principals,
+        document.index_task_id,
+        now or datetime.now(UTC),
+        command_id,
+    )
+    return [
+        replace(event, traceparent=document.traceparent)
+        for event in publication_events(registry, publication, task_created=True)
+    ]

@@ -3,7 +3,8 @@ per table (``queries.sql``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,17 +26,34 @@ QUERIES = queries_beside(__file__)
 class PgBulkStore:
     def __init__(
         self,
-        pool: asyncpg.Pool[Any],
+        pool: asyncpg.Pool[Any] | None,
         *,
         acquire_timeout_seconds: float = 10.0,
         row_security: bool = True,
+        connection: Any = None,
     ) -> None:
         self._pool = pool
         self._acquire_timeout = acquire_timeout_seconds
         # KB_DB_ROW_SECURITY: the batch's transaction behind the tenant wall.
         self._row_security = row_security
+        # A transaction already open behind the wall (the ingest consumer's run of commands,
+        # services/publisher/ingest/runs.py): the documents are written in it.
+        self._open = connection
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, tenant_id: str) -> AsyncIterator[Any]:
+        if self._open is not None:
+            yield self._open
+            return
+        assert self._pool is not None  # one of the two is given
+        async with (
+            self._pool.acquire(timeout=self._acquire_timeout) as conn,
+            tenant_transaction(conn, tenant_id, row_security=self._row_security),
+        ):
+            yield conn
 
     async def tenant_tier(self, tenant_id: str) -> str:
+        assert self._pool is not None
         with translate_db_errors():
             tier: str | None = await self._pool.fetchval(QUERIES["tenant_tier"], tenant_id)
         if tier is None:
@@ -52,10 +70,7 @@ class PgBulkStore:
     ) -> None:
         acl = [(d.document_id, p) for d in documents for p in sorted(d.read_principals)]
         with translate_db_errors():
-            async with (
-                self._pool.acquire(timeout=self._acquire_timeout) as conn,
-                tenant_transaction(conn, tenant_id, row_security=self._row_security),
-            ):
+            async with self._transaction(tenant_id) as conn:
                 await conn.execute(
                     QUERIES["insert_published_documents"],
                     tenant_id,

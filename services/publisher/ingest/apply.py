@@ -59,19 +59,37 @@ class IngestApplier:
         ``sent_at``: when its record reached Kafka, kept with it for the operator page."""
         if isinstance(command, EraseDocument):
             return await self._erase(command, now, sent_at)
-        media_type = None
+        media_type = await self.media_type(command)
+        async with self._store.ingest_transaction(command.tenant_id) as tx:
+            answer = await self.applied_in(tx, command, media_type, now, sent_at)
+        if isinstance(command, DeleteDocument):
+            await self.leftovers(command.tenant_id, answer)
+        return answer
+
+    async def leftovers(self, tenant_id: str, answer: CommandAnswer) -> None:
+        """After the commit, as the single DELETE does: the deleted document's chunks go."""
+        if answer.changed and answer.document_id is not None:
+            await self._publisher.remove_leftovers(tenant_id, answer.document_id)
+
+    async def media_type(self, command: Command) -> str | None:
         if isinstance(command, PublishDocument) and command.content is not None:
             upload = Upload(command.content, command.media_type, command.filename)
-            media_type = await check_upload_off_loop(upload, self._max_upload_bytes)
-        async with self._store.ingest_transaction(command.tenant_id) as tx:
-            earlier = await self._claim(tx, command, now, sent_at)
-            if earlier is not None:
-                return earlier
-            answer = await self._apply_in(tx, command, media_type, now)
-            await tx.record_answer(command.tenant_id, answer)
-        if isinstance(command, DeleteDocument) and answer.document_id is not None:
-            # After the commit, as the single DELETE does: the deleted document's chunks go.
-            await self._publisher.remove_leftovers(command.tenant_id, answer.document_id)
+            return await check_upload_off_loop(upload, self._max_upload_bytes)
+        return None
+
+    async def applied_in(
+        self,
+        tx: IngestTransaction,
+        command: Command,
+        media_type: str | None,
+        now: datetime | None,
+        sent_at: datetime | None,
+    ) -> CommandAnswer:
+        earlier = await self._claim(tx, command, now, sent_at)
+        if earlier is not None:
+            return earlier  # the same command earlier in the run
+        answer = await self._apply_in(tx, command, media_type, now)
+        await tx.record_answer(command.tenant_id, answer)
         return answer
 
     async def _claim(

@@ -92,11 +92,8 @@ async def _consume(
 ) -> int:
     from aiokafka import AIOKafkaConsumer
 
-    from services.publisher.ingest.consumer_kafka import (
-        IngestLoop,
-        create_topics,
-        start_when_reachable,
-    )
+    from services.publisher.ingest.consumer_kafka import create_topics, start_when_reachable
+    from services.publisher.ingest.pipeline import IngestLoop
     from services.runtime.backoff import Backoff
     from services.runtime.logging import get_logger
     from services.runtime.messaging.events import (
@@ -123,20 +120,24 @@ async def _consume(
         **kafka_client_kwargs(settings),
     )
     backoff = Backoff(settings.ingest_backoff_initial_seconds, settings.ingest_backoff_max_seconds)
-    async with _processing(settings, tier, stop, backoff) as handle:
+    async with _processing(settings, tier, stop, backoff) as processor:
         try:
-            if handle is None or not await start_when_reachable(
+            if processor is None or not await start_when_reachable(
                 consumer.start, stop, backoff, client="consumer"
             ):
                 return 0  # stopped before the broker was reached
             loop = IngestLoop(
                 consumer,
-                handle,
+                processor,
                 tier=tier,
                 metrics=_metrics(),
                 backoff=backoff,
                 batch_size=settings.ingest_batch_size,
                 poll_timeout_seconds=settings.ingest_poll_timeout_seconds,
+                apply_batch=settings.ingest_apply_batch,
+                read_ahead=settings.ingest_read_ahead,
+                reports=processor.store,
+                report_seconds=settings.ingest_backlog_report_seconds,
                 before_commit=_hang_before_commit(),
             )
             get_logger(__name__).info("ingest.started", tier=tier, group=group, replay=replay)
@@ -188,12 +189,13 @@ def _metrics() -> Any:
 async def _processing(
     settings: IngestSettings, tier: str, stop: asyncio.Event, backoff: Backoff
 ) -> AsyncIterator[Any]:
-    """The record handler: the store on its pool, the publisher, the dead-letter producer
+    """The record processor: the store on its pool, the publisher, the dead-letter producer
     (None when stopped before the broker was reached)."""
     from services.publisher.domain import Publisher
     from services.publisher.ingest.apply import IngestApplier
     from services.publisher.ingest.consumer_kafka import KafkaDeadLetters, start_when_reachable
     from services.publisher.ingest.process import IngestLimits, RecordProcessor
+    from services.publisher.ingest.runs import RunApplier
     from services.publisher.ingest.store_pg import PgIngestStore
     from services.publisher.store_pg import open_publisher_pool
     from services.runtime.erasure.erase_pg import PgErasureStore
@@ -219,16 +221,22 @@ async def _processing(
         processor = RecordProcessor(
             tier,
             store,
-            IngestApplier(publisher, store, max_upload_bytes=settings.publisher_max_upload_bytes),
+            RunApplier(
+                IngestApplier(
+                    publisher, store, max_upload_bytes=settings.publisher_max_upload_bytes
+                ),
+                store,
+            ),
             dead_letters,
             _metrics(),
             IngestLimits(
                 settings.ingest_max_command_bytes,
                 settings.ingest_max_inline_bytes,
                 settings.ingest_tenant_in_flight,
+                settings.ingest_key_cache_seconds,
             ),
         )
-        yield processor.handle
+        yield processor
     finally:
         await dead_letters.close()
         await pool.close()

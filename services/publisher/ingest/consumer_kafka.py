@@ -15,25 +15,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
-    CommitFailedError,
     KafkaConnectionError,
     KafkaError,
     TopicAlreadyExistsError,
 )
 
-from services.publisher.ingest.metrics import IngestMetrics
 from services.publisher.ingest.ports import IngestRecord
-from services.publisher.ingest.process import Handled
 from services.publisher.ingest.settings import IngestSettings
 from services.runtime.backoff import Backoff
-from services.runtime.errors import KafkaUnavailable, KbError
+from services.runtime.errors import KafkaUnavailable
 from services.runtime.logging import get_logger
 from services.runtime.messaging.events import ingest_dead_topic
 from services.runtime.messaging.kafka import kafka_client_kwargs
@@ -47,7 +43,7 @@ SOURCE_HEADER = "kb-source"  # topic/partition/offset the dead letter was read a
 DEAD_LETTER_HEADERS = frozenset({PROBLEM_CODE_HEADER, PROBLEM_DETAIL_HEADER, SOURCE_HEADER})
 MAX_DETAIL_CHARS = 1000
 
-Handler = Callable[[IngestRecord], Awaitable[Handled]]
+T = TypeVar("T")
 
 
 def to_record(message: Any) -> IngestRecord:
@@ -125,7 +121,7 @@ class KafkaDeadLetters:
         headers += [
             (PROBLEM_CODE_HEADER, code.encode()),
             (PROBLEM_DETAIL_HEADER, detail[:MAX_DETAIL_CHARS].encode("utf-8", "replace")),
-            (SOURCE_HEADER, f"{record.topic}/{record.partition}/{record.offset}".encode()),
+            (SOURCE_HEADER, record.source.encode()),
         ]
         try:
             await self._producer.send_and_wait(
@@ -133,103 +129,3 @@ class KafkaDeadLetters:
             )
         except KafkaError as error:
             raise KafkaUnavailable(f"the dead letter was not acknowledged: {error!r}") from error
-
-
-@dataclass
-class IngestLoop:
-    """Reads a batch, hands each partition's records to ``handle`` in offset order (the
-    partitions side by side), commits what is done."""
-
-    consumer: AIOKafkaConsumer
-    handle: Handler
-    tier: str
-    metrics: IngestMetrics
-    backoff: Backoff
-    batch_size: int
-    poll_timeout_seconds: float
-    # Tests: awaited with the count of records done so far, before a batch's commit.
-    before_commit: Callable[[int], Awaitable[None]] | None = None
-
-    async def run(
-        self, stop: asyncio.Event, *, until_end: dict[TopicPartition, int] | None = None
-    ) -> int:
-        """Until ``stop`` (or, given ``until_end``, until every partition reached its
-        offset there); the number of records done."""
-        done = 0
-        while not stop.is_set():
-            if until_end is not None and await self._reached(until_end):
-                break
-            batches = await self.consumer.getmany(
-                timeout_ms=int(self.poll_timeout_seconds * 1000), max_records=self.batch_size
-            )
-            if until_end is not None:
-                batches = {
-                    tp: [m for m in records if m.offset < until_end.get(tp, 0)]
-                    for tp, records in batches.items()
-                }
-            ends = await asyncio.gather(
-                *(self._drain(tp, records, stop) for tp, records in batches.items() if records)
-            )
-            offsets = {tp: end for tp, end, _ in ends if end is not None}
-            done += sum(count for _, _, count in ends)
-            if self.before_commit is not None and offsets:
-                await self.before_commit(done)
-            await self._commit(offsets)
-            await self._measure_lag()
-        return done
-
-    async def _drain(
-        self, tp: TopicPartition, messages: list[Any], stop: asyncio.Event
-    ) -> tuple[TopicPartition, int | None, int]:
-        """The offset to commit for ``tp`` (None: none done) and how many were done."""
-        next_offset: int | None = None
-        count = 0
-        for message in messages:
-            if not await self._until_done(to_record(message), stop):
-                # Stopped while the record kept failing: it and the rest of the batch are
-                # read again (from the commit) by whoever runs the partition next.
-                self.consumer.seek(tp, message.offset)
-                break
-            next_offset, count = message.offset + 1, count + 1
-        return tp, next_offset, count
-
-    async def _until_done(self, record: IngestRecord, stop: asyncio.Event) -> bool:
-        failures = 0
-        while True:
-            try:
-                await self.handle(record)
-                return True
-            except KbError as error:
-                if not error.retriable:
-                    raise
-                failures += 1
-                fields = record.log_fields(tier=self.tier, code=error.code, failures=failures)
-                log.warning("ingest.retrying", **fields)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.backoff.delay(failures))
-            if stop.is_set():
-                return False
-
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
-        if not offsets:
-            return
-        try:
-            await self.consumer.commit(offsets)
-        except CommitFailedError as error:
-            # The group moved the partitions elsewhere meanwhile: the new owner reads them
-            # again from the last commit, and finds the commands applied (their records).
-            log.warning("ingest.commit_failed", tier=self.tier, error=str(error))
-
-    async def _reached(self, until_end: dict[TopicPartition, int]) -> bool:
-        for tp, end in until_end.items():
-            if tp in self.consumer.assignment() and await self.consumer.position(tp) < end:
-                return False
-        return True
-
-    async def _measure_lag(self) -> None:
-        lag = 0
-        for tp in self.consumer.assignment():
-            high = self.consumer.highwater(tp)
-            if high is not None:
-                lag += max(0, high - await self.consumer.position(tp))
-        self.metrics.lag.labels(self.tier).set(lag)

@@ -1,6 +1,7 @@
-"""Prometheus metrics of `kb ingest` (docs/metrics.md). Labels are low-cardinality only:
-tier, command type, result (``applied``, ``repeated`` or a problem code); never a tenant,
-document or command id."""
+"""Prometheus metrics of `kb ingest` (docs/metrics.md). Labels: tier, command type, result
+(``applied``, ``repeated`` or a problem code), and on the backlog the tenant -- only one
+whose key verified a command (as many as there are tenants), never a name read from an
+unverified record; never a document or command id."""
 
 from __future__ import annotations
 
@@ -31,8 +32,16 @@ class IngestMetrics:
         )
         self.lag = Gauge(
             "kb_ingest_lag_records",
-            "Records of the tier's ingest topic not yet applied by this process's partitions "
-            "(the high-water mark minus the position, summed over its partitions).",
+            "Records of the tier's ingest topic not yet applied (nor dead-lettered) on this "
+            "process's partitions: those not fetched yet (the high-water mark minus the "
+            "position) and those fetched and not yet done.",
             ["tier"],
+            registry=registry,
+        )
+        self.backlog = Gauge(
+            "kb_ingest_backlog",
+            "Commands fetched by this process and not yet applied (nor dead-lettered), by "
+            "tier and tenant (tenant '-': records not verified yet).",
+            ["tier", "tenant"],
             registry=registry,
         )

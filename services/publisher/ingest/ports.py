@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from services.publisher.bulk.domain import BulkStore
 from services.publisher.ingest.commands import Command
 from services.publisher.ingest.signing import IngestKey
 from services.publisher.ports import PublisherStore, PublishTransaction
@@ -43,9 +45,18 @@ class IngestRecord:
     headers: dict[str, bytes] = field(default_factory=dict)
     sent_at: datetime | None = None  # the record's Kafka timestamp
 
+    @property
+    def source(self) -> str:
+        """Where it was read: a dead letter's ``kb-source`` header."""
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
     def log_fields(self, **more: object) -> dict[str, object]:
         """Where the record was read, for a log line, with ``more``."""
         return {"partition": self.partition, "offset": self.offset, **more}
+
+
+# Commands to claim, each with when its record reached Kafka.
+Claims = Sequence[tuple[Command, datetime | None]]
 
 
 class IngestTransaction(PublishTransaction, Protocol):
@@ -60,6 +71,47 @@ class IngestTransaction(PublishTransaction, Protocol):
     async def command_answer(
         self, tenant_id: str, command_id: uuid.UUID
     ) -> CommandAnswer | None: ...
+
+    async def command_answers(
+        self, tenant_id: str, command_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, CommandAnswer]:
+        """The answers of those of ``command_ids`` applied before."""
+        ...
+
+    def savepoint(self) -> AbstractAsyncContextManager[None]:
+        """What the block writes is undone, and the transaction goes on, when it raises."""
+        ...
+
+    async def documents_for_keys(
+        self, tenant_id: str, document_keys: Sequence[str]
+    ) -> dict[str, uuid.UUID]:
+        """Those of ``document_keys`` mapped to a document, with it."""
+        ...
+
+    async def claim_commands(self, tenant_id: str, claims: Claims, now: datetime | None) -> int:
+        """``claim_command`` for each (with when its record reached Kafka); how many were
+        claimed now (the others were recorded already)."""
+        ...
+
+    async def map_keys(
+        self, tenant_id: str, pairs: Sequence[tuple[str, uuid.UUID]], now: datetime | None
+    ) -> None:
+        """Map keys no document has to new documents."""
+        ...
+
+    async def record_answers(self, tenant_id: str, answers: Sequence[CommandAnswer]) -> None: ...
+
+    def bulk(self) -> BulkStore:
+        """The bulk endpoint's writes, in this transaction (new documents together)."""
+        ...
+
+    async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> set[str]:
+        """Those of ``sources`` (``IngestRecord.source``) whose dead letter was recorded."""
+        ...
+
+    async def record_refusal(
+        self, tenant_id: str, source: str, command_id: uuid.UUID, code: str, now: datetime | None
+    ) -> None: ...
 
     async def record_answer(self, tenant_id: str, answer: CommandAnswer) -> None: ...
 
@@ -86,8 +138,12 @@ class IngestStore(PublisherStore, Protocol):
         """A tenant's transaction (behind the wall) that can also record commands."""
         ...
 
-    async def ingest_key(self, tenant_id: str, key_id: str) -> IngestKey | None:
-        """The tenant's ingest key of that id, unless revoked."""
+    async def tenant_tier(self, tenant_id: str) -> str | None:
+        """The tenant's tier; None when there is no such tenant."""
+        ...
+
+    async def ingest_keys(self, tenant_id: str, key_ids: Sequence[str]) -> dict[str, IngestKey]:
+        """The tenant's ingest keys of those ids, by id, unless revoked."""
         ...
 
 
@@ -107,6 +163,22 @@ class IngestKeyRegistry(Protocol):
 
     async def revoke_ingest_key(self, tenant_id: str, key_id: str) -> datetime | None:
         """When the key was revoked; None when the tenant has no live key of that id."""
+        ...
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """A tenant's records a process holds, fetched and not yet applied."""
+
+    records: int
+    oldest_sent_at: datetime | None  # the earliest Kafka timestamp among them
+
+
+class BacklogReports(Protocol):
+    async def report_backlog(
+        self, tier: str, consumer_id: uuid.UUID, held: dict[str, Backlog]
+    ) -> None:
+        """Replace what this process reported it holds (the operator page reads it)."""
         ...
 
 

@@ -1,21 +1,32 @@
-"""One ingest record: decoded, its signature verified with its tenant's key, then applied;
-or, when it can never apply as it is, written to the dead-letter topic with its problem
-code. Either way the record is done and its offset may be committed. A transient failure
-(``retriable``) is raised: the caller retries the same record, never the next one."""
+"""Ingest records: decoded, their signatures verified with their tenants' keys (kept a short
+while, key_cache.py), then applied a tenant's run at a time, one transaction each; or, when
+one can never apply as it is, written to the dead-letter topic with its problem code.
+Either way the record is done and its offset may be committed. A transient failure
+(``retriable``) is raised: the caller retries the same records, never the next ones."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import re
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple, TypeVar
 
 from opentelemetry.trace import SpanKind
 
-from services.publisher.ingest.apply import IngestApplier
-from services.publisher.ingest.commands import CommandTooLarge, CommandUndecodable, decode_command
+from services.publisher.ingest.commands import (
+    Command,
+    CommandTooLarge,
+    CommandUndecodable,
+    EraseDocument,
+    decode_command,
+)
+from services.publisher.ingest.key_cache import KeyCache
 from services.publisher.ingest.metrics import IngestMetrics
 from services.publisher.ingest.ports import CommandAnswer, DeadLetters, IngestRecord, IngestStore
+from services.publisher.ingest.runs import Arrived, RunApplier
 from services.publisher.ingest.signing import (
     KEY_ID_HEADER,
     KEY_ID_PATTERN,
@@ -30,6 +41,7 @@ from services.runtime.tracing.spans import TENANT_ID, annotate, span_under
 log = get_logger(__name__)
 
 UNKNOWN_TYPE = "unknown"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,22 @@ class Handled:
     dead_letter_code: str | None = None
 
 
+class Verified(NamedTuple):
+    """A record whose command decoded and whose signature verified with its tenant's key."""
+
+    record: IngestRecord
+    command: Command
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A record that can never apply as it is, and why (its dead letter's code)."""
+
+    error: KbError
+    record: IngestRecord
+    command_type: str = UNKNOWN_TYPE
+
+
 @dataclass(frozen=True)
 class IngestLimits:
     max_command_bytes: int
@@ -47,25 +75,141 @@ class IngestLimits:
     # Fairness: a tenant's commands hold at most this many transactions at once, so a
     # tenant flooding several partitions leaves the others' partitions their turn.
     tenant_in_flight: int
+    # KB_INGEST_KEY_CACHE_SECONDS: how long a key read is trusted (a revocation's bound).
+    key_cache_seconds: float = 10.0
 
 
 @dataclass
 class RecordProcessor:
     tier: str
     store: IngestStore
-    applier: IngestApplier
+    applier: RunApplier
     dead_letters: DeadLetters
     metrics: IngestMetrics
     limits: IngestLimits
     _slots: collections.defaultdict[str, asyncio.Semaphore] = field(init=False)
+    _keys: KeyCache = field(init=False)
+    # Dead letters sent in a run whose transaction did not commit (a retriable failure
+    # after them): its retry records them without sending them again.
+    _sent: set[str] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         cap = self.limits.tenant_in_flight
         self._slots = collections.defaultdict(lambda: asyncio.Semaphore(cap))
+        self._keys = KeyCache(self.store.ingest_keys, self.limits.key_cache_seconds)
 
     async def handle(self, record: IngestRecord) -> Handled:
+        """One record, start to end (what a run of one does)."""
+        verified, refused = await self.sort([record])
+        for refusal in refused:
+            await self.dead_letter(refusal)
+            return Handled(dead_letter_code=refusal.error.code)
+        return (await self.apply(verified))[0]
+
+    async def sort(self, records: Sequence[IngestRecord]) -> tuple[list[Verified], list[Refusal]]:
+        """The records whose commands verified, in order, and those refused unread or
+        unverified; the keys each tenant's lack read at once. Sends nothing."""
+        decoded: list[tuple[IngestRecord, Command]] = []
+        refused: list[Refusal] = []
+        for record in records:
+            try:
+                decoded.append((record, self._decode(record)))
+            except KbError as error:
+                refused.append(Refusal(error, record))
+        wanted: dict[str, list[str]] = collections.defaultdict(list)
+        for record, command in decoded:
+            wanted[command.tenant_id].append(_key_id(record))
+        keys = {
+            tenant: await self._retried(self._keys.keys(tenant, ids))
+            for tenant, ids in wanted.items()
+        }
+        verified: list[Verified] = []
+        for record, command in decoded:
+            key = keys[command.tenant_id].get(_key_id(record))
+            assert record.value is not None  # decoded
+            try:
+                verify(key, record.value, record.headers.get(SIGNATURE_HEADER))
+            except KbError as error:
+                refused.append(Refusal(error, record, command.command_type))
+                continue
+            verified.append(Verified(record, command))
+        return verified, refused
+
+    async def apply(self, run: Sequence[Verified]) -> list[Handled]:
+        """One tenant's ``run``, in one transaction (an erase: alone, in its own)."""
+        tenant = run[0].command.tenant_id
+        async with self._slots[tenant]:
+            if isinstance(run[0].command, EraseDocument):
+                assert len(run) == 1
+                return [await self._erase(run[0])]
+            handled: dict[int, Handled] = {}
+
+            async def refuse(n: int, error: KbError) -> None:
+                refusal = Refusal(error, run[n].record, run[n].command.command_type)
+                if refusal.record.source not in self._sent:
+                    await self.dead_letter(refusal)
+                    self._sent.add(refusal.record.source)
+                handled[n] = Handled(dead_letter_code=error.code)
+
+            arrived = [Arrived(v.command, v.record.source, v.record.sent_at) for v in run]
+            answers = await self._retried(
+                self.applier.apply_run(arrived, refuse, around=lambda n: self._span(run[n]))
+            )
+        self._sent.difference_update(item.source for item in arrived)
+        for n, answer in enumerate(answers):
+            if answer is not None:
+                handled[n] = self._applied(run[n], answer)
+        return [handled[n] for n in range(len(run))]
+
+    async def dead_letter(self, refusal: Refusal) -> None:
+        error, record = refusal.error, refusal.record
+        await self._retried(self.dead_letters.send(record, error.code, str(error)))
+        self.metrics.dead_letters.labels(self.tier, error.code).inc()
+        self.metrics.commands.labels(self.tier, refusal.command_type, error.code).inc()
+        log.warning("ingest.dead_lettered", **record.log_fields(tier=self.tier, code=error.code))
+
+    async def _erase(self, item: Verified) -> Handled:
+        try:
+            with self._span(item):
+                answer = await self._retried(
+                    self.applier.single.apply(item.command, sent_at=item.record.sent_at)
+                )
+        except KbError as error:
+            if error.retriable:
+                raise
+            refusal = Refusal(error, item.record, item.command.command_type)
+            await self.dead_letter(refusal)
+            return Handled(dead_letter_code=error.code)
+        return self._applied(item, answer)
+
+    def _applied(self, item: Verified, answer: CommandAnswer) -> Handled:
+        command_type = item.command.command_type
+        result = "applied" if answer.changed else "repeated"
+        self.metrics.commands.labels(self.tier, command_type, result).inc()
+        log.info(
+            "ingest.applied" if answer.changed else "ingest.repeated",
+            tier=self.tier,
+            tenant_id=item.command.tenant_id,
+            command_id=str(answer.command_id),
+            command_type=command_type,
+            document_id=str(answer.document_id),
+        )
+        return Handled(answer=answer)
+
+    async def _retried(self, step: Awaitable[T]) -> T:
+        """``step``, its transient failure counted before it is raised for a retry."""
+        try:
+            return await step
+        except KbError as error:
+            if error.retriable:
+                self.metrics.retries.labels(self.tier, error.code).inc()
+            raise
+
+    @contextlib.contextmanager
+    def _span(self, item: Verified) -> Iterator[None]:
         # The producer's trace goes on (its ``traceparent`` header): the rows the command
         # writes store this span's context, so the indexer's attempt joins the same trace.
+        record = item.record
         with span_under(
             f"process {record.topic}",
             record.headers.get(TRACEPARENT),
@@ -78,48 +222,22 @@ class RecordProcessor:
                 "messaging.kafka.offset": record.offset,
             },
         ):
-            return await self._handle(record)
+            annotate(
+                {TENANT_ID: item.command.tenant_id, "kb.command_id": str(item.command.command_id)}
+            )
+            yield
 
-    async def _handle(self, record: IngestRecord) -> Handled:
-        command_type = UNKNOWN_TYPE
-        try:
-            value = record.value
-            if value is None:
-                raise CommandUndecodable("the record has no value")
-            limit = self.limits.max_command_bytes
-            if len(value) > limit:
-                raise CommandTooLarge(f"the record has {len(value)} bytes; the limit is {limit}")
-            command = decode_command(value, max_inline_bytes=self.limits.max_inline_bytes)
-            command_type = command.command_type
-            annotate({TENANT_ID: command.tenant_id, "kb.command_id": str(command.command_id)})
-            await self._verify(command.tenant_id, record, value)
-            async with self._slots[command.tenant_id]:
-                answer = await self.applier.apply(command, sent_at=record.sent_at)
-        except KbError as error:
-            if error.retriable:
-                self.metrics.retries.labels(self.tier, error.code).inc()
-                raise
-            await self.dead_letters.send(record, error.code, str(error))
-            self.metrics.dead_letters.labels(self.tier, error.code).inc()
-            self.metrics.commands.labels(self.tier, command_type, error.code).inc()
-            fields = record.log_fields(tier=self.tier, code=error.code)
-            log.warning("ingest.dead_lettered", **fields)
-            return Handled(dead_letter_code=error.code)
-        result = "applied" if answer.changed else "repeated"
-        self.metrics.commands.labels(self.tier, command_type, result).inc()
-        log.info(
-            "ingest.applied" if answer.changed else "ingest.repeated",
-            tier=self.tier,
-            tenant_id=command.tenant_id,
-            command_id=str(answer.command_id),
-            command_type=command_type,
-            document_id=str(answer.document_id),
-        )
-        return Handled(answer=answer)
+    def _decode(self, record: IngestRecord) -> Command:
+        value = record.value
+        if value is None:
+            raise CommandUndecodable("the record has no value")
+        limit = self.limits.max_command_bytes
+        if len(value) > limit:
+            raise CommandTooLarge(f"the record has {len(value)} bytes; the limit is {limit}")
+        return decode_command(value, max_inline_bytes=self.limits.max_inline_bytes)
 
-    async def _verify(self, tenant_id: str, record: IngestRecord, value: bytes) -> None:
-        raw_key_id = record.headers.get(KEY_ID_HEADER, b"").decode("utf-8", "replace")
-        key = None
-        if re.fullmatch(KEY_ID_PATTERN, raw_key_id):
-            key = await self.store.ingest_key(tenant_id, raw_key_id)
-        verify(key, value, record.headers.get(SIGNATURE_HEADER))
+
+def _key_id(record: IngestRecord) -> str:
+    """The record's ``kb-key-id``; empty when it is no key id (no key has it)."""
+    raw = record.headers.get(KEY_ID_HEADER, b"").decode("utf-8", "replace")
+    return raw if re.fullmatch(KEY_ID_PATTERN, raw) else ""

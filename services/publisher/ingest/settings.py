@@ -13,8 +13,20 @@ class IngestSettings(PublisherSettings):
     # Inline content of a PublishDocument; larger content is uploaded through the API and
     # named by reference. Kept under Kafka's default message size (1 MiB) with the envelope.
     ingest_max_inline_bytes: int = Field(default=900 * 1024, ge=1, le=64 * MIB)
-    # Records read at once (one getmany); their partitions are applied side by side.
-    ingest_batch_size: int = Field(default=200, ge=1, le=10_000)
+    # Records read at once (one getmany), at most: the loop reads again while they apply.
+    ingest_batch_size: int = Field(default=500, ge=1, le=10_000)
+    # Most commands of one tenant applied in one transaction (each in a savepoint of its
+    # own): fewer commits per command. As many as the bulk endpoint's batch writes at once.
+    ingest_apply_batch: int = Field(default=500, ge=1, le=10_000)
+    # Most records fetched and not yet applied (nor dead-lettered): reading goes on while
+    # commands apply, so a tenant's commands behind another's flood on a partition apply
+    # without waiting for it (only their offsets wait, committed as a prefix).
+    ingest_read_ahead: int = Field(default=1000, ge=1, le=100_000)
+    # How often a process writes what it holds per tenant for the operator page.
+    ingest_backlog_report_seconds: float = Field(default=5.0, gt=0, le=60)
+    # A tenant's ingest key is trusted this long once read: a revoked key is accepted at
+    # most this long after its revocation (0: read the keys for every run of commands).
+    ingest_key_cache_seconds: float = Field(default=10.0, ge=0, le=300)
     ingest_poll_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
     # Commands of one tenant applied at once across the batch's partitions: a tenant
     # flooding the topic holds at most this many of the process's transactions.

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any, cast
 
 import asyncpg
 
+from services.publisher.bulk.store_pg import PgBulkStore
 from services.publisher.ingest.commands import Command
-from services.publisher.ingest.ports import CommandAnswer
+from services.publisher.ingest.ports import Backlog, Claims, CommandAnswer
 from services.publisher.ingest.signing import IngestKey
 from services.publisher.store_pg import PgPublisherStore, PgPublishTransaction
-from services.runtime.errors import Conflict
+from services.runtime.errors import Conflict, NotFound
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.sql import queries_beside
 
@@ -43,6 +44,76 @@ class PgIngestTransaction(PgPublishTransaction):
         with translate_db_errors():
             row = await self._conn.fetchrow(QUERIES["command_answer"], tenant_id, command_id)
         return None if row is None else CommandAnswer(**dict(row))
+
+    async def command_answers(
+        self, tenant_id: str, command_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, CommandAnswer]:
+        with translate_db_errors():
+            rows = await self._conn.fetch(QUERIES["command_answers"], tenant_id, command_ids)
+        return {row["command_id"]: CommandAnswer(**dict(row)) for row in rows}
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["savepoint"])
+        try:
+            yield
+        except Exception:
+            with translate_db_errors():
+                await self._conn.execute(QUERIES["rollback_to_savepoint"])
+                # Let go too: a run refusing many commands keeps no stack of savepoints.
+                await self._conn.execute(QUERIES["release_savepoint"])
+            raise
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["release_savepoint"])
+
+    async def documents_for_keys(
+        self, tenant_id: str, document_keys: Sequence[str]
+    ) -> dict[str, uuid.UUID]:
+        with translate_db_errors():
+            rows = await self._conn.fetch(QUERIES["documents_for_keys"], tenant_id, document_keys)
+        return {row["document_key"]: row["document_id"] for row in rows}
+
+    async def claim_commands(self, tenant_id: str, claims: Claims, now: datetime | None) -> int:
+        with translate_db_errors():
+            rows = await self._conn.fetch(
+                QUERIES["claim_commands"],
+                tenant_id,
+                [c.command_id for c, _ in claims],
+                [c.command_type for c, _ in claims],
+                [sent_at for _, sent_at in claims],
+                now,
+            )
+        return len(rows)
+
+    async def map_keys(
+        self, tenant_id: str, pairs: Sequence[tuple[str, uuid.UUID]], now: datetime | None
+    ) -> None:
+        with translate_db_errors():
+            await self._conn.execute(
+                QUERIES["map_keys"], tenant_id, [k for k, _ in pairs], [d for _, d in pairs], now
+            )
+
+    async def record_answers(self, tenant_id: str, answers: Sequence[CommandAnswer]) -> None:
+        columns = list(zip(*(a.stored() for a in answers), strict=True))
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["record_answers"], tenant_id, *columns)
+
+    def bulk(self) -> PgBulkStore:
+        return PgBulkStore(None, connection=self._conn)
+
+    async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> set[str]:
+        with translate_db_errors():
+            rows = await self._conn.fetch(QUERIES["refusals_sent"], tenant_id, sources)
+        return {row["source"] for row in rows}
+
+    async def record_refusal(
+        self, tenant_id: str, source: str, command_id: uuid.UUID, code: str, now: datetime | None
+    ) -> None:
+        with translate_db_errors():
+            await self._conn.execute(
+                QUERIES["record_refusal"], tenant_id, source, command_id, code, now
+            )
 
     async def record_answer(self, tenant_id: str, answer: CommandAnswer) -> None:
         with translate_db_errors():
@@ -98,13 +169,39 @@ class PgIngestStore(PgPublisherStore):
         async with self.ingest_transaction(tenant_id) as tx:
             return await PgIngestKeys(tx.connection).revoke(tenant_id, key_id)
 
-    async def ingest_key(
-        self, tenant_id: str, key_id: str, now: datetime | None = None
-    ) -> IngestKey | None:
+    async def tenant_tier(self, tenant_id: str) -> str | None:
+        try:
+            return await PgBulkStore(self.pool).tenant_tier(tenant_id)
+        except NotFound:
+            return None
+
+    async def ingest_keys(
+        self, tenant_id: str, key_ids: Sequence[str], now: datetime | None = None
+    ) -> dict[str, IngestKey]:
         with translate_db_errors():
             async with self._connection() as conn, self._tenant_read(conn, tenant_id):
-                row = await conn.fetchrow(QUERIES["find_ingest_key"], tenant_id, key_id, now)
-        return None if row is None else IngestKey(row["key_id"], bytes(row["public_key"]))
+                rows = await conn.fetch(QUERIES["find_ingest_keys"], tenant_id, key_ids, now)
+        return {r["key_id"]: IngestKey(r["key_id"], bytes(r["public_key"])) for r in rows}
+
+    async def report_backlog(
+        self,
+        tier: str,
+        consumer_id: uuid.UUID,
+        held: dict[str, Backlog],
+        now: datetime | None = None,
+    ) -> None:
+        tenants = sorted(held)
+        with translate_db_errors():
+            async with self._connection() as conn:
+                await conn.execute(
+                    QUERIES["report_backlog"],
+                    tier,
+                    consumer_id,
+                    tenants,
+                    [held[t].records for t in tenants],
+                    [held[t].oldest_sent_at for t in tenants],
+                    now,
+                )
 
 
 class PgIngestKeys:

@@ -14,15 +14,17 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from services.publisher.domain import RevisionConflict
-from services.publisher.ingest.commands import Command
+from services.publisher.ingest.commands import Command, decode_command
 from services.publisher.ingest.metrics import IngestMetrics
+from services.publisher.ingest.pipeline import coalesce, tenant_runs
 from services.publisher.ingest.ports import CommandAnswer, IngestRecord
-from services.publisher.ingest.process import IngestLimits, RecordProcessor
+from services.publisher.ingest.process import IngestLimits, RecordProcessor, Verified
+from services.publisher.ingest.runs import Around, Arrived, Refuse
 from services.publisher.ingest.signing import IngestKey, public_bytes
-from services.runtime.errors import DatabaseUnavailable
+from services.runtime.errors import DatabaseUnavailable, KbError
 from services.runtime.tracing.propagation import TRACEPARENT, current_traceparent, traceparent_of
 from services.runtime.tracing.spans import span_under
-from tests.support.ingest import Signer, publish_command
+from tests.support.ingest import Signer, erase_command, publish_command
 from tests.support.tracing import one, parent_id, trace_id, traced
 
 
@@ -33,8 +35,9 @@ class Keys:
             for s in signers
         }
 
-    async def ingest_key(self, tenant_id: str, key_id: str) -> IngestKey | None:
-        return self._keys.get((tenant_id, key_id))
+    async def ingest_keys(self, tenant_id: str, key_ids: list[str]) -> dict[str, IngestKey]:
+        found = {k: self._keys.get((tenant_id, k)) for k in key_ids}
+        return {k: key for k, key in found.items() if key is not None}
 
 
 class Applier:
@@ -67,6 +70,22 @@ class Applier:
             await gate.wait()
         self.at_once[tenant] -= 1
         return CommandAnswer(command.command_id, command.command_type, uuid.uuid4())
+
+    async def apply_run(
+        self, run: list[Arrived], refuse: Refuse, *, around: Around
+    ) -> list[CommandAnswer | None]:
+        """What the applier's run does, one command at a time."""
+        answers: list[CommandAnswer | None] = []
+        for n, item in enumerate(run):
+            try:
+                with around(n):
+                    answers.append(await self.apply(item.command, item.sent_at))
+            except KbError as error:
+                if error.retriable:
+                    raise
+                await refuse(n, error)
+                answers.append(None)
+        return answers
 
 
 class DeadLetters:
@@ -205,3 +224,32 @@ async def test_a_command_continues_its_producers_trace_and_its_rows_store_the_sp
     assert consumer.attributes["kb.tenant_id"] == "acme"
     assert consumer.context is not None
     assert stored == [traceparent_of(consumer.context)]
+
+
+def _verified(tenant: str, command: bytes, offset: int) -> Verified:
+    return Verified(_record(None, command, offset), decode_command(command, max_inline_bytes=1024))
+
+
+def test_a_partitions_records_make_one_lane_per_tenant_in_order_erases_alone() -> None:
+    items = [
+        _verified("acme", publish_command("acme", "a"), 0),
+        _verified("beta", publish_command("beta", "b"), 1),
+        _verified("acme", publish_command("acme", "a"), 2),
+        _verified("acme", erase_command("acme", "a"), 3),
+        _verified("acme", publish_command("acme", "c"), 4),
+        _verified("acme", publish_command("acme", "d"), 5),
+        _verified("acme", publish_command("acme", "e"), 6),
+    ]
+    lanes = tenant_runs(items, 2)
+    offsets = {t: [[i.record.offset for i in run] for run in runs] for t, runs in lanes.items()}
+    assert offsets == {"acme": [[0, 2], [3], [4, 5], [6]], "beta": [[1]]}
+
+
+def test_a_lanes_waiting_runs_are_joined_up_to_the_size_never_across_an_erase() -> None:
+    def run(*offsets: int, erase: bool = False) -> list[Verified]:
+        make = erase_command if erase else publish_command
+        return [_verified("acme", make("acme", "a"), n) for n in offsets]
+
+    queue = collections.deque([run(0, 1), run(2), run(3, 4), run(5, erase=True), run(6)])
+    coalesce(queue, 4)
+    assert [[i.record.offset for i in r] for r in queue] == [[0, 1, 2], [3, 4], [5], [6]]
