@@ -10,16 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbtools.chaos.checker import Checker
-from kbtools.chaos.converge import converge, replica_caught_up, settle
-from kbtools.chaos.faults import FaultDriver, logged_before_kill
-from kbtools.chaos.load import LoadDriver
-from kbtools.chaos.report import evidence, table
-from kbtools.chaos.rerun import RerunEvidence, prepare, reread, sample_size
-from kbtools.chaos.result import RECOVERS, CheckResult
-from kbtools.chaos.schedule import plan
-from kbtools.chaos.searcher import ReplayWatch, Searcher
-from kbtools.chaos.topology import ChaosStack
+from kbtools.chaos.checks.checker import Checker
+from kbtools.chaos.checks.converge import converge, replica_caught_up, settle
+from kbtools.chaos.checks.report import evidence, table
+from kbtools.chaos.checks.rerun import RerunEvidence, prepare, reread, sample_size
+from kbtools.chaos.checks.result import RECOVERS, CheckResult
+from kbtools.chaos.rig.faults import FaultDriver, logged_before_kill
+from kbtools.chaos.rig.schedule import plan
+from kbtools.chaos.rig.topology import ChaosStack
+from kbtools.chaos.traffic.load import LoadDriver
+from kbtools.chaos.traffic.searcher import ReplayWatch, Searcher
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def _restart_dead(stack: ChaosStack) -> list[tuple[str, str]]:
 
 def _rerun(stack: ChaosStack, seed: int, count: int) -> RerunEvidence:
     """A seeded sample of served versions damaged, repaired by re-running their SUCCEEDED
-    tasks as an operator does, and read again (kbtools/chaos/rerun.py)."""
+    tasks as an operator does, and read again (kbtools/chaos/checks/rerun.py)."""
     before, reruns_before = asyncio.run(prepare(stack.database_url, seed, count))
     status, output = stack.kb_status("index", "check", "--repair", "--timeout", "180")
     after, reruns_after = asyncio.run(reread(stack.database_url, list(before)))

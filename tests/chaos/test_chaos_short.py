@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kbtools.chaos.ports import listen_port
+from kbtools.chaos.rig.ports import listen_port
 from tests.support.stack import REPO_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]

@@ -6,11 +6,11 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kbtools.chaos.checker import Checker, KafkaRecord
-from kbtools.chaos.load import minimal_pdf
-from kbtools.chaos.schedule import INGESTERS, FaultKind, plan
-from kbtools.chaos.searcher import SearchRecord
-from kbtools.chaos.topology import ChaosStack
+from kbtools.chaos.checks.checker import Checker, KafkaRecord
+from kbtools.chaos.rig.schedule import INGESTERS, FaultKind, plan
+from kbtools.chaos.rig.topology import ChaosStack
+from kbtools.chaos.traffic.load import minimal_pdf
+from kbtools.chaos.traffic.searcher import SearchRecord
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import DOCUMENT_SEARCH_VERSION_SWITCHED
 

@@ -1,4 +1,4 @@
-"""The chaos run's erase checks (kbtools/chaos/removals.py) on real PostgreSQL: after a real
+"""The chaos run's erase checks (kbtools/chaos/checks/removals.py) on real PostgreSQL: after a real
 erase, a real `pg_dump` of the database holds none of the erased version's marker and the
 database holds nothing of it, so the checks report nothing; a marker then planted in a
 table, a chunk planted back and an erase left unfinished are each reported."""
@@ -14,9 +14,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from kbtools.chaos.load import new_marker, render, text_of
-from kbtools.chaos.removals import Gone, check_dump, check_final, pg_dump, scan_dump
-from kbtools.chaos.result import DELETE_FINAL, ERASED_GONE, CheckResult
+from kbtools.chaos.checks.removals import Gone, check_dump, check_final, pg_dump, scan_dump
+from kbtools.chaos.checks.result import DELETE_FINAL, ERASED_GONE, CheckResult
+from kbtools.chaos.traffic.load import new_marker, render, text_of
 from kbtools.devstack.postgres import pginstall_dir
 from services.runtime.settings import RuntimeSettings
 from tests.integration.test_document_delete import published, worker

@@ -7,19 +7,21 @@ import json
 import random
 from pathlib import Path
 
-from kbtools.chaos.answers import ChunkSets, check_answers, text_digest
-from kbtools.chaos.faults import completed_since, exited_at_start, logged_before_kill
-from kbtools.chaos.logs import lease_figures, search_reads
-from kbtools.chaos.ports import RESERVED, ephemeral_range, listen_port
-from kbtools.chaos.rerun import ServedVersion, compare
-from kbtools.chaos.result import (
+from kbtools.chaos.checks.answers import ChunkSets, check_answers, text_digest
+from kbtools.chaos.checks.logs import lease_figures, search_reads
+from kbtools.chaos.checks.rerun import ServedVersion, compare
+from kbtools.chaos.checks.result import (
     HIT_IN_ITS_VERSION,
     ONE_GENERATION,
     READ_YOUR_SWITCH,
     RERUN_SAME_CHUNKS,
     CheckResult,
 )
-from kbtools.chaos.searcher import Answer, Hit, Promise
+from kbtools.chaos.rig.faults import completed_since, exited_at_start, logged_before_kill
+from kbtools.chaos.rig.ports import RESERVED, ephemeral_range, listen_port
+from kbtools.chaos.rig.topology import SOURCE_ROOT
+from kbtools.chaos.traffic.searcher import Answer, Hit, Promise
+from tests.support.stack import REPO_ROOT
 
 DOC = "6f1c0e4e-0000-4000-8000-000000000001"
 FIRST, SECOND = "hashing-v1-384", "hashing-v1-256"
@@ -191,3 +193,9 @@ def test_search_reads_count_each_server(tmp_path: Path) -> None:
     log.write_text("\n".join(json.dumps(e) for e in entries))
     assert search_reads(log) == (2, 1)
     assert search_reads(tmp_path / "missing.log") == (0, 0)
+
+
+def test_the_run_starts_its_processes_on_this_checkout() -> None:
+    """The processes' PYTHONPATH is the checkout the topology module sits in, however deep
+    it sits in the tools' rooms: a wrong root starts them on another tree, or on none."""
+    assert SOURCE_ROOT == REPO_ROOT

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbtools.chaos.ingest import SentCommand, check_commands
-from kbtools.chaos.result import INGEST_ONCE, CheckResult
+from kbtools.chaos.checks.commands import check_commands
+from kbtools.chaos.checks.result import INGEST_ONCE, CheckResult
+from kbtools.chaos.traffic.ingest import SentCommand
 from services.publisher.ingest.commands import PUBLISH_DOCUMENT
 
 DOC = "6f1c0e4e-0000-4000-8000-000000000001"

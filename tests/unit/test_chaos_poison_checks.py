@@ -10,18 +10,10 @@ import dataclasses
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kbtools.chaos.poison import (
-    EXPECTED_CODE,
-    MAX_INLINE_BYTES,
-    POISON_HEADER,
-    DeadLetter,
-    Poison,
-    PoisonKind,
-    Sent,
-    check_poisons,
-    poison_record,
-)
-from kbtools.chaos.result import INGEST_POISON, CheckResult
+from kbtools.chaos.checks.dead_letters import EXPECTED_CODE, DeadLetter, check_poisons
+from kbtools.chaos.checks.result import INGEST_POISON, CheckResult
+from kbtools.chaos.rig.topology import MAX_INLINE_BYTES
+from kbtools.chaos.traffic.poison import POISON_HEADER, Poison, PoisonKind, Sent, poison_record
 from services.publisher.ingest.commands import decode_command
 from services.publisher.ingest.signing import (
     KEY_ID_HEADER,

@@ -1,4 +1,4 @@
-"""The chaos checks of deletes and erases (kbtools/chaos/removals.py) on hand-made evidence:
+"""The chaos checks of deletes and erases (kbtools/chaos/checks/removals.py) on hand-made evidence:
 each reports a violation when the evidence holds one (a deleted document answered, a marker
 left in a dump or a Kafka record, a switch after a delete), and nothing when it does not."""
 
@@ -8,18 +8,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbtools.chaos.checker import Checker
-from kbtools.chaos.load import (
-    LoadRecord,
-    Published,
-    Removal,
-    RemovalKind,
-    lsn_of,
-    new_marker,
-    render,
-    text_of,
-)
-from kbtools.chaos.removals import (
+from kbtools.chaos.checks.checker import Checker
+from kbtools.chaos.checks.removals import (
     Gone,
     MarkerScan,
     check_dump,
@@ -29,9 +19,19 @@ from kbtools.chaos.removals import (
     gone_documents,
     scan_dump,
 )
-from kbtools.chaos.result import DELETE_FINAL, DELETED_UNANSWERED, ERASED_GONE, CheckResult
-from kbtools.chaos.searcher import Answer, Hit, SearchRecord
-from kbtools.chaos.topology import ChaosStack
+from kbtools.chaos.checks.result import DELETE_FINAL, DELETED_UNANSWERED, ERASED_GONE, CheckResult
+from kbtools.chaos.rig.topology import ChaosStack
+from kbtools.chaos.traffic.load import (
+    LoadRecord,
+    Published,
+    Removal,
+    RemovalKind,
+    lsn_of,
+    new_marker,
+    render,
+    text_of,
+)
+from kbtools.chaos.traffic.searcher import Answer, Hit, SearchRecord
 from services.runtime.messaging.events import DOCUMENT_DELETED, DOCUMENT_SEARCH_VERSION_SWITCHED
 
 DOC = "6f1c0e4e-0000-4000-8000-000000000001"

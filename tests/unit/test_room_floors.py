@@ -1,5 +1,5 @@
-"""Floors inside the parts of ``services`` (docs/architecture.md#layers): the rooms of a
-package, bottom up.
+"""Floors inside the parts of ``services`` (docs/architecture.md#layers), and inside the
+chaos run of the tools (``kbtools.chaos``): the rooms of a package, bottom up.
 
 A room is a module or a sub-package directly inside a package named in ``ROOMS``. A module
 in a room may import its own room and the rooms on floors below; never a room above, never
@@ -147,6 +147,39 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"index_check_pg"}),
         frozenset({"cli"}),
     ),
+    # The chaos run: the system it runs and breaks, what it sends to it, the checks of its
+    # invariants (which read what both did), the run, `kb chaos`.
+    "kbtools.chaos": (
+        frozenset({"rig"}),
+        frozenset({"traffic"}),
+        frozenset({"checks"}),
+        frozenset({"runner"}),
+        frozenset({"cli"}),
+    ),
+    # The processes and their settings (the producer key the consumers trust among them),
+    # then the fault driver that breaks them.
+    "kbtools.chaos.rig": (
+        frozenset({"ports", "schedule"}),
+        frozenset({"topology"}),
+        frozenset({"faults"}),
+    ),
+    # Poisons ride in front of commands, commands are a share of the load, and the
+    # searches follow what the load published and removed.
+    "kbtools.chaos.traffic": (
+        frozenset({"poison"}),
+        frozenset({"ingest"}),
+        frozenset({"load"}),
+        frozenset({"searcher"}),
+    ),
+    # The invariants' names and the logs' figures; one check per concept, and the table;
+    # the checker that runs them all.
+    "kbtools.chaos.checks": (
+        frozenset({"result", "logs"}),
+        frozenset(
+            {"answers", "commands", "converge", "dead_letters", "removals", "rerun", "report"}
+        ),
+        frozenset({"checker"}),
+    ),
 }
 
 
@@ -176,7 +209,7 @@ def room_violations(root: Path, rooms: dict[str, tuple[frozenset[str], ...]]) ->
         existing = _rooms_of(root, package)
         for missing in sorted(existing - level.keys()):
             found.append(Violation(package, 0, missing, f"{package}.{missing} has no floor"))
-        for module in modules(root):
+        for module in modules(root, package.split(".")[0]):
             importer = _room(module.name, package)
             if importer is None or importer not in level:
                 continue
@@ -385,6 +418,64 @@ def test_an_indexer_back_edge_put_back_is_caught(
 ) -> None:
     _copy_indexer(tmp_path)
     rooms = _rooms_under("services.indexer")
+    assert room_violations(tmp_path, rooms) == []
+    with (tmp_path / relative).open("a", encoding="utf-8") as file:
+        file.write(source)
+    found = room_violations(tmp_path, rooms)
+    assert any(v.module == relative and v.why == why for v in found), [str(v) for v in found]
+
+
+# -- the chaos run's back-edges its split into rooms took out, put back into a copy ---------
+
+
+def _copy_chaos(root: Path) -> None:
+    chaos = sorted((REPO_ROOT / "kbtools" / "chaos").rglob("*.py"))
+    for source in [REPO_ROOT / "kbtools" / "__init__.py", *chaos]:
+        target = root / source.relative_to(REPO_ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+
+
+@pytest.mark.parametrize(
+    ("relative", "source", "why"),
+    [
+        # The topology took the producer's key id from the load that signs with it.
+        (
+            "kbtools/chaos/rig/topology.py",
+            "from kbtools.chaos.traffic.ingest import KEY_ID, public_key_b64\n",
+            "upward inside kbtools.chaos",
+        ),
+        # The poisons' module held their check, on the invariants' names above the load.
+        (
+            "kbtools/chaos/traffic/poison.py",
+            "from kbtools.chaos.checks.result import INGEST_POISON, CheckResult\n",
+            "upward inside kbtools.chaos",
+        ),
+        # The fault driver reaching into the run that drives it, lazily.
+        (
+            "kbtools/chaos/rig/faults.py",
+            "def f():\n    from kbtools.chaos.runner import ChaosOptions\n",
+            "upward inside kbtools.chaos",
+        ),
+        # One check leaning on another beside it.
+        (
+            "kbtools/chaos/checks/commands.py",
+            "from kbtools.chaos.checks.dead_letters import DeadLetter\n",
+            "sideways inside kbtools.chaos.checks",
+        ),
+        # The commands' producer reaching up to the load that uses it.
+        (
+            "kbtools/chaos/traffic/ingest.py",
+            "from kbtools.chaos.traffic.load import Published\n",
+            "upward inside kbtools.chaos.traffic",
+        ),
+    ],
+)
+def test_a_chaos_back_edge_put_back_is_caught(
+    tmp_path: Path, relative: str, source: str, why: str
+) -> None:
+    _copy_chaos(tmp_path)
+    rooms = _rooms_under("kbtools.chaos")
     assert room_violations(tmp_path, rooms) == []
     with (tmp_path / relative).open("a", encoding="utf-8") as file:
         file.write(source)

@@ -3,7 +3,7 @@ every supported format (some corrupt), with the readers of a version sometimes c
 through the public HTTP API, retrying as a client would while the system is broken.
 
 It also deletes and erases documents: while their task runs, right after a publish, long
-after one, and erases documents deleted before (kbtools/chaos/removals.py checks what
+after one, and erases documents deleted before (kbtools/chaos/checks/removals.py checks what
 follows); a document published by command is deleted or erased by command. Each version's
 content holds a marker of its own, drawn by the driver, which an erase must leave nowhere."""
 
@@ -20,9 +20,9 @@ from typing import Any
 import docx
 import httpx
 
-from kbtools.chaos.ingest import SHARE, IngestProducer, SentCommand
-from kbtools.chaos.poison import Poison
-from kbtools.chaos.topology import ChaosStack
+from kbtools.chaos.rig.topology import ChaosStack
+from kbtools.chaos.traffic.ingest import SHARE, IngestProducer, SentCommand
+from kbtools.chaos.traffic.poison import Poison
 from kbtools.demo.client import Tenant
 
 GROUPS = ("group:red", "group:blue")
@@ -91,7 +91,7 @@ class Published:
     revision: int | None = None  # the document's, as the publish answered it
     task_id: str | None = None
     at: float = 0.0  # monotonic, when the publish was answered
-    document_key: str = ""  # the producer's key when published by command (kbtools/chaos/ingest.py)
+    document_key: str = ""  # the producer's key when published by command (ingest.py)
 
 
 @dataclass

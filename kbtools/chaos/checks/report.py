@@ -3,10 +3,10 @@ invariant (Markdown, so that it can be pasted into RELIABILITY.md as printed).""
 
 from __future__ import annotations
 
-from kbtools.chaos.faults import FaultRecord
-from kbtools.chaos.load import LoadRecord
-from kbtools.chaos.result import INVARIANTS, CheckResult
-from kbtools.chaos.schedule import FaultKind
+from kbtools.chaos.checks.result import INVARIANTS, CheckResult
+from kbtools.chaos.rig.faults import FaultRecord
+from kbtools.chaos.rig.schedule import FaultKind
+from kbtools.chaos.traffic.load import LoadRecord
 
 
 def table(

@@ -13,13 +13,12 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from kbtools.chaos.answers import ChunkSets, check_answers, documents_of
-from kbtools.chaos.converge import POINTERS_SQL
-from kbtools.chaos.ingest import COMMANDS_SQL, VERSIONS_SQL, check_commands
-from kbtools.chaos.load import LoadRecord
-from kbtools.chaos.logs import lease_figures, search_reads
-from kbtools.chaos.poison import DeadLetter, check_poisons, dead_letter
-from kbtools.chaos.removals import (
+from kbtools.chaos.checks.answers import ChunkSets, check_answers, documents_of
+from kbtools.chaos.checks.commands import COMMANDS_SQL, VERSIONS_SQL, check_commands
+from kbtools.chaos.checks.converge import POINTERS_SQL
+from kbtools.chaos.checks.dead_letters import DeadLetter, check_poisons, dead_letter
+from kbtools.chaos.checks.logs import lease_figures, search_reads
+from kbtools.chaos.checks.removals import (
     check_dump,
     check_final,
     check_kafka,
@@ -29,9 +28,10 @@ from kbtools.chaos.removals import (
     removal_figures,
     scan_dump,
 )
-from kbtools.chaos.result import KEEP, CheckResult
-from kbtools.chaos.searcher import SearchRecord
-from kbtools.chaos.topology import TIERS, ChaosStack
+from kbtools.chaos.checks.result import KEEP, CheckResult
+from kbtools.chaos.rig.topology import TIERS, ChaosStack
+from kbtools.chaos.traffic.load import LoadRecord
+from kbtools.chaos.traffic.searcher import SearchRecord
 from kbtools.devstack.postgres import pginstall_dir
 from services.runtime.messaging.avro import default_registry
 from services.runtime.messaging.events import (
@@ -374,7 +374,7 @@ class Checker:
         self.result.figures["takeovers"] = takeovers
 
     async def _removals(self, conn: asyncpg.Connection[Any], records: list[KafkaRecord]) -> None:
-        """The deletes and erases the load did (kbtools/chaos/removals.py)."""
+        """The deletes and erases the load did (kbtools/chaos/checks/removals.py)."""
         removal_figures(self.load.removed, self.result)
         check_removed_answers(self.searches.answers, self.gone, self.result)
         await check_final(conn, self.gone, self.load.unanswered, records, self.result)

@@ -20,8 +20,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from kbtools.chaos.schedule import Fault, FaultKind
-from kbtools.chaos.topology import ChaosStack
+from kbtools.chaos.rig.schedule import Fault, FaultKind
+from kbtools.chaos.rig.topology import ChaosStack
 
 SECOND_MODEL = "hashing-v1-256"
 SECOND_CHUNK_TOKENS = 200

@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from kbtools.chaos.result import RERUN_SAME_CHUNKS, CheckResult
+from kbtools.chaos.checks.result import RERUN_SAME_CHUNKS, CheckResult
 
 # chunk id -> (ordinal, md5 of its text)
 ChunkSet = dict[str, tuple[int, str]]

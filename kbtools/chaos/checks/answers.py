@@ -15,8 +15,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kbtools.chaos.result import HIT_IN_ITS_VERSION, ONE_GENERATION, READ_YOUR_SWITCH, CheckResult
-from kbtools.chaos.searcher import Answer
+from kbtools.chaos.checks.result import (
+    HIT_IN_ITS_VERSION,
+    ONE_GENERATION,
+    READ_YOUR_SWITCH,
+    CheckResult,
+)
+from kbtools.chaos.traffic.searcher import Answer
 
 
 def text_digest(text: str) -> str:

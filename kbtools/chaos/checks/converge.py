@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from kbtools.chaos.topology import ChaosStack
+from kbtools.chaos.rig.topology import ChaosStack
 
 # Each document's served version beside the newest version whose task succeeded, for the
 # served model (newest; a task of no named generation builds the served one) and for any
 # model (newest_any); a deleted document is served by its tombstone, not by a version (the
-# checks of deletes judge it: kbtools/chaos/removals.py). Hash joins and one aggregate:
+# checks of deletes judge it: kbtools/chaos/checks/removals.py). Hash joins and one aggregate:
 # polled every half second while the run converges, over thousands of documents in the
 # long run.
 POINTERS_SQL = """

@@ -1,8 +1,9 @@
 """Publishes by event in a chaos run (docs/architecture.md#publish-by-event): a share of
 the load's publishes goes as a signed `PublishDocument` command to `kb.ingest.<tier>`
 instead of HTTP, the deletes and erases of those documents as `DeleteDocument` and
-`EraseDocument` commands, now and then a poison before a publish (kbtools/chaos/poison.py),
-and the check that every command sent was applied exactly once.
+`EraseDocument` commands, and now and then a poison before a publish
+(kbtools/chaos/traffic/poison.py); kbtools/chaos/checks/commands.py checks that every
+command sent was applied exactly once.
 
 The driver learns what a command did from its record (`ingest_command`: the document,
 version, revision and task), the very row the consumer answers a redelivery from; the
@@ -12,12 +13,10 @@ events topic would have to ride out the run's broker outages."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import time
 import uuid
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -27,9 +26,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kbtools.chaos.poison import (
+from kbtools.chaos.rig.topology import KEY_ID, MAX_INLINE_BYTES
+from kbtools.chaos.traffic.poison import (
     KINDS,
-    MAX_INLINE_BYTES,
     POISON_EVERY,
     POISON_HEADER,
     Poison,
@@ -37,31 +36,18 @@ from kbtools.chaos.poison import (
     Sent,
     poison_record,
 )
-from kbtools.chaos.result import INGEST_ONCE, CheckResult
 from services.publisher.ingest.commands import (
     DELETE_DOCUMENT,
     ERASE_DOCUMENT,
     PUBLISH_DOCUMENT,
     encode_command,
 )
-from services.publisher.ingest.signing import KEY_ID_HEADER, SIGNATURE_HEADER, public_bytes, sign
+from services.publisher.ingest.signing import KEY_ID_HEADER, SIGNATURE_HEADER, sign
 from services.runtime.messaging.events import ingest_topic
 
-KEY_ID = "chaos"
 SHARE = 0.25  # of the publishes of new documents, those sent as a command
 ANSWER_WITHIN_S = 120.0  # as long as the HTTP client retries through an outage
 
-COMMANDS_SQL = """
-SELECT tenant_id, command_id::text, command_type, document_id::text, version_number
-  FROM ingest_command
-"""
-# Every version of a document a command published: each must be some command's, once.
-VERSIONS_SQL = """
-SELECT v.tenant_id, v.document_id::text, v.version_number
-  FROM document_version v
- WHERE (v.tenant_id, v.document_id) IN (
-       SELECT tenant_id, document_id FROM ingest_command WHERE document_id IS NOT NULL)
-"""
 ANSWER_SQL = """
 SELECT document_id::text, version_number, revision, task_id::text
   FROM ingest_command
@@ -75,10 +61,6 @@ class SentCommand:
     command_id: str
     document_key: str
     command_type: str = PUBLISH_DOCUMENT
-
-
-def public_key_b64(key: Ed25519PrivateKey) -> str:
-    return base64.b64encode(public_bytes(key)).decode()
 
 
 class IngestProducer:
@@ -95,7 +77,7 @@ class IngestProducer:
         self.bootstrap = bootstrap
         self.database_url = database_url
         self.prefix = prefix
-        self.keys = keys  # each tenant's, registered as KEY_ID (topology.py)
+        self.keys = keys  # each tenant's, registered as KEY_ID (rig/topology.py)
         self.loop = asyncio.new_event_loop()
         self.producer: AIOKafkaProducer | None = None
         self.sent: list[SentCommand] = []
@@ -231,46 +213,3 @@ class IngestProducer:
     def close(self) -> None:
         self.loop.run_until_complete(self._drop_producer())
         self.loop.close()
-
-
-def check_commands(
-    sent: Sequence[SentCommand],
-    rows: Iterable[Mapping[str, Any]],
-    versions: Iterable[Mapping[str, Any]],
-    result: CheckResult,
-) -> None:
-    """Every command sent applied exactly once: one record per command id, none missing,
-    and each version of a document published by command made by exactly one of them (a
-    version no record names is a command applied twice, or without its record)."""
-    rows = list(rows)
-    records = Counter((r["tenant_id"], r["command_id"]) for r in rows)
-    for command in sent:
-        where = f"command {command.tenant_id}/{command.command_id} ({command.document_key})"
-        count = records[(command.tenant_id, command.command_id)]
-        if count == 0:
-            result.violate(INGEST_ONCE, f"{where} sent, never applied")
-        elif count > 1:
-            result.violate(INGEST_ONCE, f"{where} recorded {count} times")
-    made: dict[tuple[str, str, int], list[str]] = defaultdict(list)
-    for row in rows:
-        if row["command_type"] != PUBLISH_DOCUMENT:
-            continue
-        if row["version_number"] is None:
-            result.violate(INGEST_ONCE, f"publish {row['command_id']} recorded without a version")
-            continue
-        made[(row["tenant_id"], row["document_id"], row["version_number"])].append(
-            row["command_id"]
-        )
-    for version in versions:
-        at = (version["tenant_id"], version["document_id"], version["version_number"])
-        by = made.get(at, [])
-        if len(by) != 1:
-            result.violate(
-                INGEST_ONCE,
-                f"{at[0]}/{at[1]} v{at[2]} made by {len(by)} commands {sorted(by)}",
-            )
-    result.figures["ingest commands sent"] = len(sent)
-    result.figures["ingest commands applied"] = sum(
-        1 for c in sent if records[(c.tenant_id, c.command_id)]
-    )
-    result.figures["ingest commands"] = dict(sorted(Counter(c.command_type for c in sent).items()))

@@ -6,7 +6,7 @@ they pass the status's `searchToken` in `after` (docs/scaling.md#read-your-switc
 whichever server answers (the primary or the run's replica) must show that document at the
 status's `searchVersion` or a later one.
 
-Others check the deletes (kbtools/chaos/removals.py): some pass a delete's own token, some
+Others check the deletes (kbtools/chaos/checks/removals.py): some pass a delete's own token, some
 the token of a status that said `DELETED`, each filtered to that document, which must then be
 absent; some go to the run's primary-only API. Before each search the replica's replay
 position last read is noted: a delete it had passed must show in that search, token or not."""
@@ -23,8 +23,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from kbtools.chaos.load import GROUPS, OUTSIDER, WORDS, Published, Removal, lsn_of
-from kbtools.chaos.topology import ChaosStack
+from kbtools.chaos.rig.topology import ChaosStack
+from kbtools.chaos.traffic.load import GROUPS, OUTSIDER, WORDS, Published, Removal, lsn_of
 from kbtools.demo.client import Tenant
 
 TOKEN_SHARE = 0.25  # of the searches, those that follow a document's status with its token

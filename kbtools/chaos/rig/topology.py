@@ -7,6 +7,7 @@ embedding provider, each a real process started as a user starts it."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -19,10 +20,8 @@ from pathlib import Path
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kbtools.chaos.ingest import KEY_ID, public_key_b64
-from kbtools.chaos.poison import MAX_INLINE_BYTES
-from kbtools.chaos.ports import listen_port
-from kbtools.chaos.schedule import INDEXERS, INGESTERS, RELAYS
+from kbtools.chaos.rig.ports import listen_port
+from kbtools.chaos.rig.schedule import INDEXERS, INGESTERS, RELAYS
 from kbtools.demo.client import Tenant
 from kbtools.demo.processes import DemoProcesses
 from kbtools.devstack.kafka import LocalKafka
@@ -30,6 +29,7 @@ from kbtools.devstack.postgres import EmbeddedPostgres
 from kbtools.devstack.process import run_tool
 from kbtools.devstack.replicas import EmbeddedReplica
 from kbtools.devstack.settings import DevStackSettings
+from services.publisher.ingest.signing import public_bytes
 
 MODEL = "hashing-v1-384"
 TIERS = ("standard", "premium")
@@ -37,6 +37,16 @@ TIERS = ("standard", "premium")
 TENANTS = (("acme", "standard"), ("initech", "standard"), ("globex", "premium"))
 LEASE_SECONDS = 4
 PRIMARY_API = "api-primary"  # a `kb serve` without KB_SEARCH_DATABASE_URLS
+KEY_ID = "chaos"  # each tenant's producer key, as registered (traffic/ingest.py signs with it)
+# KB_INGEST_MAX_INLINE_BYTES of the run's consumers: the run's documents are far below it,
+# the too-large poison (traffic/poison.py) just above it (and below the broker's record limit).
+MAX_INLINE_BYTES = 256 * 1024
+# The checkout this module is in: the processes the run starts import this very tree.
+SOURCE_ROOT = Path(__file__).resolve().parents[3]
+
+
+def public_key_b64(key: Ed25519PrivateKey) -> str:
+    return base64.b64encode(public_bytes(key)).decode()
 
 
 class ChaosStack:
@@ -150,7 +160,7 @@ class ChaosStack:
             "KB_INDEXER_PARSE_WORKERS": "1",
             "KB_INGEST_BACKOFF_MAX_SECONDS": "2",
             "KB_INGEST_MAX_INLINE_BYTES": str(MAX_INLINE_BYTES),  # the too-large poison's
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "PYTHONPATH": str(SOURCE_ROOT),
         }
         self.kb("migrate")
         # One process each, side by side: a CLI's start is most of what it costs.

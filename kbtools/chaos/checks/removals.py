@@ -31,9 +31,9 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from kbtools.chaos.load import Removal
-from kbtools.chaos.result import DELETE_FINAL, DELETED_UNANSWERED, ERASED_GONE, CheckResult
-from kbtools.chaos.searcher import Answer
+from kbtools.chaos.checks.result import DELETE_FINAL, DELETED_UNANSWERED, ERASED_GONE, CheckResult
+from kbtools.chaos.traffic.load import Removal
+from kbtools.chaos.traffic.searcher import Answer
 from services.runtime.messaging.events import DOCUMENT_DELETED, DOCUMENT_SEARCH_VERSION_SWITCHED
 
 MARKER = re.compile(rb"kbm[0-9a-f]{16}")
