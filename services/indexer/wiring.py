@@ -24,7 +24,11 @@ from services.indexer.gc.retention import RetentionCollector
 from services.indexer.gc.settings import GcSettings, RetentionSettings
 from services.indexer.generations.build import pipeline_builder
 from services.indexer.metrics import HintMetrics, QueueGaugeSampler, WorkerMetrics
-from services.indexer.pipeline.generations import GenerationPipelines, tenant_share_of
+from services.indexer.pipeline.generations import (
+    GenerationPipelines,
+    batching_of,
+    tenant_share_of,
+)
 from services.indexer.pipeline.parsing import ParseLimits
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
@@ -123,10 +127,7 @@ async def pipeline_indexer(
                 requests,
                 sink,
                 strategy=strategy,
-                batch_size=embedding.batch_size,
-                max_batch_tokens=embedding.max_batch_tokens,
-                batch_linger_seconds=embedding.batch_linger_seconds,
-                max_requests_in_flight=embedding.max_requests_in_flight,
+                batching=batching_of(embedding),
                 embedder_ready=warming,
                 tenant_share=tenant_share_of(guard, embedding),
                 search=default,
@@ -324,9 +325,7 @@ def run_workers(
             index_build_memory=settings.indexer_index_build_memory,
         )
 
-        collector = GarbageCollector(
-            pool, keep_previous=collecting.keep_previous, batch_rows=collecting.gc_batch_rows
-        )
+        collector = GarbageCollector(pool, collecting)
         retention = RetentionCollector(pool, retaining)
 
         async def main(stop: asyncio.Event) -> None:

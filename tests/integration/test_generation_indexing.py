@@ -18,9 +18,11 @@ import asyncpg
 import pytest
 import structlog
 
+from services.embedding.batching import Batching
 from services.embedding.hashing import HashingEmbedder
 from services.index.generations import SearchGeneration
 from services.indexer.gc.collector import GarbageCollector, GcRound
+from services.indexer.gc.settings import GcSettings
 from services.indexer.generations.build import pipeline_builder
 from services.indexer.pipeline.generations import GenerationPipelines
 from services.indexer.pipeline.parsing.pool import ParsePool
@@ -66,7 +68,7 @@ async def generations_indexer(
         embedder,
         sink,
         strategy=strategy,
-        batch_size=32,
+        batching=Batching(batch_size=32),
         search=default,
         **streaming,
     )
@@ -193,7 +195,7 @@ async def chunks(pool: asyncpg.Pool[Any], created: CreatedTask) -> dict[tuple[st
 
 async def collect(pool: asyncpg.Pool[Any]) -> GcRound:
     """A round of the collector of superseded chunks, keeping nothing below what is served."""
-    collector = GarbageCollector(pool, keep_previous=0, batch_rows=1000)
+    collector = GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=1000))
     return await collector.collect(max_documents=100)
 
 

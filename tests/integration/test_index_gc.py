@@ -14,6 +14,7 @@ import pytest
 
 from services.index.generation import CODE_MARK
 from services.indexer.gc.collector import GarbageCollector, mark_document
+from services.indexer.gc.settings import GcSettings
 from tests.support.tasks import create_task
 from tests.support.versions import publish_version
 
@@ -108,9 +109,9 @@ async def test_keeps_the_served_version_and_the_previous_ones_it_is_told_to(
     await add_chunks(pool, tenant, document, 1, model="retiring-model")
     await mark(pool, tenant, document)
 
-    collected = await GarbageCollector(pool, keep_previous=1, batch_rows=1000).collect(
-        max_documents=10
-    )
+    collected = await GarbageCollector(
+        pool, GcSettings(keep_previous=1, gc_batch_rows=1000)
+    ).collect(max_documents=10)
 
     assert collected.documents == 1
     assert collected.chunks == 2 * 3  # versions 1 and 2
@@ -125,7 +126,9 @@ async def test_keep_previous_zero_keeps_only_what_is_served(pool: asyncpg.Pool[A
     await point(pool, tenant, document, 3, SETTINGS + CODE_MARK + "aaaa")
     await mark(pool, tenant, document)
 
-    await GarbageCollector(pool, keep_previous=0, batch_rows=1000).collect(max_documents=1)
+    await GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=1000)).collect(
+        max_documents=1
+    )
 
     assert await versions_left(pool, document) == {MODEL: [3]}
 
@@ -160,7 +163,9 @@ async def test_a_generation_built_beside_the_served_one_is_collected_against_its
     )
     await mark(pool, tenant, document)
 
-    await GarbageCollector(pool, keep_previous=0, batch_rows=1000).collect(max_documents=1)
+    await GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=1000)).collect(
+        max_documents=1
+    )
 
     assert await versions_left(pool, document) == {MODEL: [3], "next-model": [2, 3]}
 
@@ -173,7 +178,7 @@ async def test_a_large_document_is_collected_in_batches_and_stays_marked_until_c
     await add_chunks(pool, tenant, document, 2, count=5)
     await point(pool, tenant, document, 2, SETTINGS + CODE_MARK + "aaaa")
     await mark(pool, tenant, document)
-    collector = GarbageCollector(pool, keep_previous=0, batch_rows=10)
+    collector = GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=10))
 
     rounds = [await collector.collect(max_documents=1) for _ in range(4)]
 
@@ -194,7 +199,7 @@ async def test_a_round_shares_its_batch_among_a_tenants_documents_and_keeps_them
         await point(pool, tenant, document, 2, SETTINGS + CODE_MARK + "aaaa")
         await mark(pool, tenant, document)
         documents.append(document)
-    collector = GarbageCollector(pool, keep_previous=0, batch_rows=10)
+    collector = GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=10))
 
     # 12 superseded rows: the first round deletes a batch of 10 of them, among the three
     # documents, and cannot tell which are clean: all three stay marked.
@@ -218,7 +223,9 @@ async def test_collectors_at_once_never_take_the_same_document(pool: asyncpg.Poo
         await mark(pool, tenant, document)
         documents.append(document)
 
-    collectors = [GarbageCollector(pool, keep_previous=0, batch_rows=100) for _ in range(3)]
+    collectors = [
+        GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=100)) for _ in range(3)
+    ]
     rounds = await asyncio.gather(*(c.collect(max_documents=6) for c in collectors))
 
     assert sum(r.documents for r in rounds) == 6

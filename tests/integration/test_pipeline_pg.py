@@ -17,6 +17,7 @@ import pytest
 from services.embedding.factory import build_embedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.indexer.gc.collector import GarbageCollector, GcRound
+from services.indexer.gc.settings import GcSettings
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
 from services.indexer.ports import DocumentVersionIndexer
@@ -120,7 +121,7 @@ async def chunk_versions(pool: asyncpg.Pool[Any], document_id: uuid.UUID) -> dic
 
 async def collect(pool: asyncpg.Pool[Any]) -> GcRound:
     """A round of the collector of superseded chunks, keeping nothing below what is served."""
-    collector = GarbageCollector(pool, keep_previous=0, batch_rows=1000)
+    collector = GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=1000))
     return await collector.collect(max_documents=100)
 
 

@@ -16,6 +16,7 @@ import asyncpg
 import numpy as np
 import pytest
 
+from services.embedding.batching import Batching
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.port import Vectors
 from services.embedding.tokens import approximate_tokens
@@ -64,7 +65,7 @@ def pipeline(
         embedder,
         PgVectorSink(pool, clock=clock),
         strategy=chunking_strategy(embedder, max_tokens=MAX_TOKENS),
-        batch_size=8,
+        batching=Batching(batch_size=8),
         **{**STREAMING, **options},
     )
 

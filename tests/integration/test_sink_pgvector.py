@@ -23,6 +23,7 @@ from services.index.ann import model_predicate, partition_ann_index_name, vector
 from services.index.generation import IndexGeneration
 from services.indexer.chunk import Chunk
 from services.indexer.gc.collector import GarbageCollector, GcRound
+from services.indexer.gc.settings import GcSettings
 from services.indexer.queue.store_pg import PgTaskQueue
 from services.indexer.sink.pgvector import QUERIES, PgVectorSink
 from services.indexer.task import Lease, TaskStatus
@@ -102,7 +103,7 @@ async def switched_events(pool: asyncpg.Pool[Any]) -> list[asyncpg.Record]:
 
 async def collect(pool: asyncpg.Pool[Any]) -> GcRound:
     """A round of the collector of superseded chunks, keeping nothing below what is served."""
-    collector = GarbageCollector(pool, keep_previous=0, batch_rows=1000)
+    collector = GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=1000))
     return await collector.collect(max_documents=100)
 
 

@@ -22,10 +22,12 @@ from typing import Any, cast
 import asyncpg
 import pytest
 
+from services.embedding.batching import Batching
 from services.embedding.hashing import HashingEmbedder
 from services.index.generation import CODE_MARK, IndexGeneration
 from services.indexer.chunk import Chunk
 from services.indexer.gc.collector import QUERIES, GarbageCollector, GcRound
+from services.indexer.gc.settings import GcSettings
 from services.indexer.maintenance.index_check_pg import PgIndexCheck
 from services.indexer.pipeline.parsing.pool import ParsePool
 from services.indexer.pipeline.source_pg import PgVersionSource
@@ -123,7 +125,7 @@ def generation_key(generation: IndexGeneration) -> tuple[str, str]:
 
 async def collect(pool: asyncpg.Pool[Any], *, keep_previous: int = 0) -> GcRound:
     """A round of the collector, as `kb index gc` runs it: every marked document."""
-    collector = GarbageCollector(pool, keep_previous=keep_previous, batch_rows=1000)
+    collector = GarbageCollector(pool, GcSettings(keep_previous=keep_previous, gc_batch_rows=1000))
     return await collector.collect(max_documents=100)
 
 
@@ -581,7 +583,7 @@ async def test_the_streamed_completions_document_is_collected_too(
         EMBEDDER,
         sink,
         strategy=chunking_strategy(EMBEDDER, max_tokens=64),
-        batch_size=8,
+        batching=Batching(batch_size=8),
         # Small numbers, so a document of a hundred-odd chunks takes the streaming path.
         slice_chunks=16,
         stream_above_chunks=40,

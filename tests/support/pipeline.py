@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 
+from services.embedding.batching import Batching
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.port import Embedder, PassedThroughIdentity, Vectors
 from services.indexer.pipeline.parsing.pool import ParsePool
@@ -60,7 +61,7 @@ async def running_pipeline(
         embedder,
         sink,
         strategy=chunking_strategy(embedder, max_tokens=max_tokens),
-        batch_size=batch_size,
+        batching=Batching(batch_size=batch_size),
         **streaming,
     )
     try:

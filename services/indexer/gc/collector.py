@@ -23,6 +23,7 @@ import asyncpg
 from prometheus_client import Counter
 
 from services.index.generation import CODE_MARK
+from services.indexer.gc.settings import GcSettings
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.sql import queries_beside
@@ -60,6 +61,11 @@ async def mark_documents(
         )
 
 
+# Documents per transaction: their marks are held until it commits, and a completion of one
+# of them waits for that (gc.sql: mark_document).
+ROUND_DOCUMENTS = 32
+
+
 @dataclass(frozen=True)
 class GcRound:
     # Marked documents taken, superseded rows deleted, and (not compared: how many rounds it
@@ -70,28 +76,18 @@ class GcRound:
 
 
 class GarbageCollector:
-    def __init__(
-        self,
-        pool: asyncpg.Pool[Any],
-        *,
-        keep_previous: int,
-        batch_rows: int,
-        round_documents: int = 32,
-    ) -> None:
+    def __init__(self, pool: asyncpg.Pool[Any], settings: GcSettings) -> None:
         self._pool = pool
-        self._keep_previous = keep_previous
-        self._batch_rows = batch_rows
-        # Documents per transaction: their marks are held until it commits, and a
-        # completion of one of them waits for that (gc.sql: mark_document).
-        self._round_documents = round_documents
+        self._keep_previous = settings.keep_previous
+        self._batch_rows = settings.gc_batch_rows
 
     async def collect(self, *, max_documents: int) -> GcRound:
-        """Up to ``max_documents`` marked documents, in rounds of at most ``round_documents``;
+        """Up to ``max_documents`` marked documents, in rounds of at most ``ROUND_DOCUMENTS``;
         a tenant's documents of one round share a batch of ``batch_rows``, and when it was
         full they stay marked for the next round."""
         documents = chunks = clean = 0
         while documents < max_documents:
-            done = await self._collect_round(min(self._round_documents, max_documents - documents))
+            done = await self._collect_round(min(ROUND_DOCUMENTS, max_documents - documents))
             if not done.documents:
                 break
             documents += done.documents

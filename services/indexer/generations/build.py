@@ -10,7 +10,6 @@ from typing import Any
 
 import asyncpg
 
-from services.embedding.batching import Batching
 from services.embedding.factory import build_embedder
 from services.embedding.guard.factory import guarded
 from services.embedding.guard.quota import Purpose
@@ -20,6 +19,7 @@ from services.indexer.pipeline.generations import (
     BuildPipeline,
     BuiltPipeline,
     GenerationPipeline,
+    batching_of,
     tenant_share_of,
 )
 from services.indexer.pipeline.version_indexer import chunking_strategy
@@ -47,12 +47,7 @@ def pipeline_builder(pool: asyncpg.Pool[Any], sink: PgVectorSink, *, owner: str)
                     max_tokens=search.chunk_max_tokens,
                     overlap_tokens=search.chunk_overlap_tokens,
                 ),
-                batching=Batching(
-                    batch_size=embedding.batch_size,
-                    max_batch_tokens=embedding.max_batch_tokens,
-                    linger_seconds=embedding.batch_linger_seconds,
-                    max_requests_in_flight=embedding.max_requests_in_flight,
-                ),
+                batching=batching_of(embedding),
                 tenant_share=tenant_share_of(guard, embedding),
                 search=search,
             )

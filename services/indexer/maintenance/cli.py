@@ -192,11 +192,7 @@ def gc(
     async def _work(pool: asyncpg.Pool[Any]) -> tuple[int, int]:
         from services.indexer.gc.collector import GarbageCollector
 
-        collector = GarbageCollector(
-            pool,
-            keep_previous=collecting.keep_previous,
-            batch_rows=collecting.gc_batch_rows,
-        )
+        collector = GarbageCollector(pool, collecting)
         clean = chunks = 0
         while True:
             done = await collector.collect(max_documents=max_documents)

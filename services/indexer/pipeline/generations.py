@@ -121,6 +121,18 @@ class BoundSink:
         return write
 
 
+def batching_of(embedding: EmbeddingSettings) -> Batching:
+    """How a profile's texts go out in requests: its KB_EMBEDDING_BATCH_SIZE,
+    KB_EMBEDDING_MAX_BATCH_TOKENS, KB_EMBEDDING_BATCH_LINGER_SECONDS and
+    KB_EMBEDDING_MAX_REQUESTS_IN_FLIGHT, the same for the default pipeline and the others."""
+    return Batching(
+        batch_size=embedding.batch_size,
+        max_batch_tokens=embedding.max_batch_tokens,
+        linger_seconds=embedding.batch_linger_seconds,
+        max_requests_in_flight=embedding.max_requests_in_flight,
+    )
+
+
 def tenant_share_of(
     guard: ProviderGuard | None, embedding: EmbeddingSettings
 ) -> TenantShare | None:

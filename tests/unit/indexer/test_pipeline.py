@@ -13,6 +13,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from services.embedding.batching import Batching
 from services.embedding.tokens import TokenizerSpec
 from services.index.generation import IndexGeneration
 from services.indexer.chunk import Chunk
@@ -189,7 +190,7 @@ def harness(batch_size: int = 16, max_tokens: int = 64, **streaming: Any) -> Har
         embedder,
         sink,
         strategy=strategy,
-        batch_size=batch_size,
+        batching=Batching(batch_size=batch_size),
         **streaming,
     )
     return Harness(source, embedder, sink, indexer)
