@@ -5,8 +5,9 @@ The server is one of the test's own (tests/support/restartable_pg.py), restarted
 fast shutdown ("terminating connection due to administrator command"). `kb indexer run`
 meets it at start (the server down; a start-up statement cut off: the chaos runs' exit),
 idle, while it claims and indexes, and while its pools still fail to restore their
-connection floor; `kb relay run` while it waits on its LISTEN. After each restart the
-process must still run and index (or relay) what is published after it.
+connection floor; `kb relay run` while it waits on its LISTEN; `kb ingest run` at start.
+After each restart the process must still run and index (or relay) what is published
+after it.
 """
 
 from __future__ import annotations
@@ -338,3 +339,19 @@ async def test_a_running_relay_survives_postgres_restarts(
             await asyncio.to_thread(own_postgres.start)
         await _published_and_relayed(restart_database, reader, relay)
     assert relay.alive(), relay.tail()
+
+
+async def test_an_ingest_consumer_waits_for_postgres_at_start(
+    own_postgres: RestartablePostgres, start_kb: StartKb
+) -> None:
+    """`kb ingest run` started while the server is down waits for it, as the indexer does,
+    and starts consuming once it is up."""
+    await asyncio.to_thread(own_postgres.stop)
+    try:
+        consumer = await start_kb("ingest", "run", "--tier", "standard")
+        await consumer.wait_for('"database.unavailable"', after=0)
+        assert consumer.alive(), consumer.tail()
+    finally:
+        await asyncio.to_thread(own_postgres.start)
+    await consumer.wait_for('"ingest.started"', after=0)
+    assert consumer.alive(), consumer.tail()

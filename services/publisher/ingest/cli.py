@@ -120,7 +120,7 @@ async def _consume(
         **kafka_client_kwargs(settings),
     )
     backoff = Backoff(settings.ingest_backoff_initial_seconds, settings.ingest_backoff_max_seconds)
-    async with _processing(settings, tier, stop, backoff) as processor:
+    async with _processing(settings, tier, stop, backoff, wait=not replay) as processor:
         try:
             if processor is None or not await start_when_reachable(
                 consumer.start, stop, backoff, client="consumer"
@@ -187,10 +187,12 @@ def _metrics() -> Any:
 
 @contextlib.asynccontextmanager
 async def _processing(
-    settings: IngestSettings, tier: str, stop: asyncio.Event, backoff: Backoff
+    settings: IngestSettings, tier: str, stop: asyncio.Event, backoff: Backoff, *, wait: bool
 ) -> AsyncIterator[Any]:
     """The record processor: the store on its pool, the publisher, the dead-letter producer
-    (None when stopped before the broker was reached)."""
+    (None when stopped before the database or the broker was reached). With ``wait`` (the
+    long-running consumer) an unreachable database is waited for, as the indexer does;
+    without it (a replay, a short command) it fails at once."""
     from services.publisher.domain import Publisher
     from services.publisher.ingest.apply import IngestApplier
     from services.publisher.ingest.consumer_kafka import KafkaDeadLetters, start_when_reachable
@@ -199,9 +201,20 @@ async def _processing(
     from services.publisher.ingest.store_pg import PgIngestStore
     from services.publisher.store_pg import open_publisher_pool
     from services.runtime.erasure.erase_pg import PgErasureStore
+    from services.runtime.pg.waiting import StoppedWaiting, when_available
     from services.runtime.tenancy.tenant_wall import walls_the_publisher
 
-    pool = await open_publisher_pool(settings)
+    def open_pool() -> Awaitable[Any]:
+        return open_publisher_pool(settings)
+
+    try:
+        if wait:
+            pool = await when_available("open_pool", open_pool, stop=stop, backoff=backoff)
+        else:
+            pool = await open_pool()
+    except StoppedWaiting:
+        yield None
+        return
     dead_letters: KafkaDeadLetters = KafkaDeadLetters(settings, tier)
     try:
         if not await start_when_reachable(dead_letters.start, stop, backoff, client="dead"):
