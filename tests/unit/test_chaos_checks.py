@@ -17,7 +17,7 @@ from kbtools.chaos.checks.result import (
     RERUN_SAME_CHUNKS,
     CheckResult,
 )
-from kbtools.chaos.rig.faults import completed_since, exited_at_start, logged_before_kill
+from kbtools.chaos.rig.faults import completed_since, logged_before_kill
 from kbtools.chaos.rig.ports import RESERVED, ephemeral_range, listen_port
 from kbtools.chaos.rig.topology import SOURCE_ROOT
 from kbtools.chaos.traffic.searcher import Answer, Hit, Promise
@@ -147,17 +147,6 @@ def test_the_run_listens_below_the_ephemeral_range() -> None:
     assert set(ports) == taken
     assert all(port < low or port > high for port in ports)
     assert not set(ports) & RESERVED
-
-
-def test_an_exit_at_start_is_told_from_a_crash() -> None:
-    unreachable = (
-        "error: database unreachable: [Errno 111] Connect call failed [DATABASE_UNAVAILABLE]"
-    )
-    assert exited_at_start("") is None
-    assert exited_at_start(unreachable + "\n") is True
-    started = '{"event": "search_generation.registered"}\n'
-    # Once it logged, a later exit is a crash of a running process, not a start-time exit.
-    assert exited_at_start(started + unreachable) is False
 
 
 def test_lease_figures_count_lost_leases_and_takeovers(tmp_path: Path) -> None:

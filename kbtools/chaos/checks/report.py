@@ -60,10 +60,6 @@ def table(
         ),
         ("SIGKILLs of ingest consumers", faults.done[FaultKind.KILL_INGEST.value]),
         ("SIGSTOPs past the lease", faults.done[FaultKind.STOP_INDEXER.value]),
-        (
-            "indexers restarted again after exiting at start (PostgreSQL unreachable)",
-            faults.done["restarts after an exit at start"],
-        ),
         ("indexer kills and stops that struck mid-task", faults.done["struck mid-task"]),
         ("Kafka outages", faults.done[FaultKind.KAFKA_OUTAGE.value]),
         ("PostgreSQL restarts", faults.done[FaultKind.POSTGRES_RESTART.value]),

@@ -56,18 +56,6 @@ def completed_since(rows: Sequence[Mapping[str, Any]]) -> tuple[str | None, list
     return committed, held
 
 
-def exited_at_start(since: str) -> bool | None:
-    """From a process's log since its start: False once it logged a line of its own (it
-    started), True if it said the database was unreachable before that, None while it has
-    said nothing yet."""
-    for line in since.splitlines():
-        if line.startswith("{"):
-            return False
-        if "DATABASE_UNAVAILABLE" in line:
-            return True
-    return None
-
-
 def logged_before_kill(logs: Path, after_commit: list[tuple[str, int, str]]) -> int:
     """Of the kills right after a commit, those that struck before the worker even logged
     the completion (its `task.completed` line, written right after the commit)."""
@@ -176,39 +164,12 @@ class FaultDriver:
         elif kind is FaultKind.GENERATION_SWITCH:
             self._generation()
 
-    def _restart(self, name: str, within_s: float = 120) -> None:
-        """Start ``name`` again, as a supervisor does: again after a second while it exits
-        at start because PostgreSQL is unreachable (the documented start-time behaviour of
-        `kb ingest run`: docs/operations.md), which a restart that falls in the database's
-        restart meets. Any other exit is left for the run to report."""
-        deadline = time.monotonic() + within_s
-        # Relays and indexers wait for the database themselves (services/runtime/pg/waiting.py):
-        # an indexer that exits at start is a failure the run reports, not restarted here.
-        supervised = name.startswith("ingest-")
-        while True:
-            log = self.stack.log(name)
-            with self.processes:
-                offset = log.stat().st_size if log.exists() else 0
-                self.stack.start(name)
-            if not supervised or not self._exited_at_start(name, offset, deadline):
-                return
-            self.record.done["restarts after an exit at start"] += 1
-            time.sleep(1)
-
-    def _exited_at_start(self, name: str, offset: int, deadline: float) -> bool:
-        """Whether the process just started exited before it logged anything, with the
-        database unreachable; False once it logs (it started) or exits otherwise."""
-        log = self.stack.log(name)
-        while time.monotonic() < deadline:
-            with log.open("rb") as stream:
-                stream.seek(offset)
-                since = stream.read().decode(errors="replace")
-            if exited_at_start(since) is False:
-                return False
-            if self.stack.processes.running(name) is None:
-                return bool(exited_at_start(since))
-            time.sleep(0.2)
-        return False
+    def _restart(self, name: str) -> None:
+        """Start ``name`` again, as a supervisor does after a kill. Every service waits for
+        the database and the broker at start by itself (docs/operations.md), so a process
+        that exits at start, even while PostgreSQL restarts, is a failure the run reports."""
+        with self.processes:
+            self.stack.start(name)
 
     def _await_busy(self, name: str, within_s: float) -> bool:
         pid = self.stack.pid(name)
