@@ -363,3 +363,48 @@ async def test_a_run_writes_new_documents_together_and_refuses_a_poison_alone_on
     assert [a is not None and not a.changed for a in again] == [True, True, False, True, True]
     assert refused == [(2, "PRINCIPAL_INVALID")]
     assert await _counts(conn) == before
+
+
+async def test_a_redelivered_delete_removes_the_chunks_a_crash_left(
+    parts: tuple[IngestApplier, Publisher],
+    tenant: str,
+    conn: asyncpg.Connection[Any],
+    pool: asyncpg.Pool[Any],
+) -> None:
+    """A crash between a delete's commit and its chunks' removal leaves them; the command's
+    redelivery (answered by its earlier answer) removes them."""
+    applier, _ = parts
+    published = await _apply(applier, publish_command(tenant, "page-1", b"words to index"))
+    async with running_pipeline(pool) as indexer:
+        work = Worker(
+            PgTaskQueue(pool), indexer, tier="standard", owner="it-ingest", policy=RetryPolicy()
+        )
+        assert await work.run_once() is RunOnceResult.SUCCEEDED
+    chunks = "SELECT count(*) FROM knowledge_chunk WHERE document_id = $1"
+    assert await conn.fetchval(chunks, published.document_id) > 0
+    await conn.execute(
+        "CREATE TABLE kept_chunks AS SELECT * FROM knowledge_chunk WHERE document_id = $1",
+        published.document_id,
+    )
+    delete = delete_command(tenant, "page-1")
+    deleted = await _apply(applier, delete)
+    assert await conn.fetchval(chunks, published.document_id) == 0
+    # What the crash left: the chunks back, as if their removal never ran (without the
+    # triggers that stop the code from writing a deleted document's rows).
+    columns = ", ".join(
+        await conn.fetchval(
+            "SELECT array_agg(column_name::text ORDER BY ordinal_position)"
+            "  FROM information_schema.columns"
+            " WHERE table_name = 'knowledge_chunk' AND is_generated = 'NEVER'"
+            "   AND table_schema = current_schema()"
+        )
+    )
+    async with conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        await conn.execute(
+            f"INSERT INTO knowledge_chunk ({columns}) SELECT {columns} FROM kept_chunks"
+        )
+    assert await conn.fetchval(chunks, published.document_id) > 0
+    redelivered = await _apply(applier, delete)
+    assert (redelivered.revision, redelivered.changed) == (deleted.revision, False)
+    assert await conn.fetchval(chunks, published.document_id) == 0

@@ -67,8 +67,12 @@ class IngestApplier:
         return answer
 
     async def leftovers(self, tenant_id: str, answer: CommandAnswer) -> None:
-        """After the commit, as the single DELETE does: the deleted document's chunks go."""
-        if answer.changed and answer.document_id is not None:
+        """After the commit, as the single DELETE does: the deleted document's chunks go.
+        Also when the answer is an earlier one (a redelivery): a crash between the delete's
+        commit and this removal left them, and the redelivery is the chance to finish it.
+        The removal's statements read the document's ``deleted_at`` themselves, so on a
+        document that is not deleted they change nothing."""
+        if answer.document_id is not None:
             await self._publisher.remove_leftovers(tenant_id, answer.document_id)
 
     async def media_type(self, command: Command) -> str | None:
