@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 
 from services.publisher.domain import (
@@ -20,6 +21,7 @@ from services.publisher.domain import (
     add_version_in,
     check_principals,
     check_title,
+    check_upload,
     check_upload_off_loop,
     create_in,
     document_not_found,
@@ -34,7 +36,8 @@ from services.publisher.ingest.commands import (
 )
 from services.publisher.ingest.ports import CommandAnswer, IngestStore, IngestTransaction
 from services.publisher.ports import ErasureRequest
-from services.runtime.errors import Conflict, NotFound
+from services.runtime.errors import Conflict, KbError, NotFound
+from services.runtime.indexing.media_types import run_media_check
 
 
 class DocumentKeyUnknown(NotFound, code="INGEST_DOCUMENT_KEY_UNKNOWN"):
@@ -76,10 +79,17 @@ class IngestApplier:
             await self._publisher.remove_leftovers(tenant_id, answer.document_id)
 
     async def media_type(self, command: Command) -> str | None:
-        if isinstance(command, PublishDocument) and command.content is not None:
-            upload = Upload(command.content, command.media_type, command.filename)
-            return await check_upload_off_loop(upload, self._max_upload_bytes)
-        return None
+        upload = _upload(command)
+        if upload is None:
+            return None
+        return await check_upload_off_loop(upload, self._max_upload_bytes)
+
+    async def media_types(self, commands: Sequence[Command]) -> list[str | KbError | None]:
+        """Each command's media type (None: no inline content), or the refusal of its
+        content; a retriable failure is raised. One trip to the media check's threads for
+        the whole run: a trip per command cost the loop more than the checks themselves."""
+        uploads = [_upload(command) for command in commands]
+        return await run_media_check(_check_each, uploads, self._max_upload_bytes)
 
     async def applied_in(
         self,
@@ -283,3 +293,21 @@ def _answer(
     return CommandAnswer(
         command.command_id, command.command_type, document_id, version_number, revision, task_id
     )
+
+
+def _upload(command: Command) -> Upload | None:
+    if isinstance(command, PublishDocument) and command.content is not None:
+        return Upload(command.content, command.media_type, command.filename)
+    return None
+
+
+def _check_each(uploads: list[Upload | None], max_upload_bytes: int) -> list[str | KbError | None]:
+    checked: list[str | KbError | None] = []
+    for upload in uploads:
+        try:
+            checked.append(None if upload is None else check_upload(upload, max_upload_bytes))
+        except KbError as error:
+            if error.retriable:
+                raise
+            checked.append(error)
+    return checked

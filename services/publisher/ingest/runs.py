@@ -13,7 +13,6 @@ No driver here: storage is the ``IngestStore`` port.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import uuid
@@ -99,15 +98,10 @@ class RunApplier:
         tenant = items[0].command.tenant_id
         refused: dict[int, KbError] = {}
         media: list[str | None] = [None] * len(items)
-        # Side by side in the media check's threads: a run's waits for them overlap.
-        checked = await asyncio.gather(
-            *(self._applier.media_type(item.command) for item in items), return_exceptions=True
-        )
+        checked = await self._applier.media_types([item.command for item in items])
         for n, result in enumerate(checked):
-            if isinstance(result, KbError) and not result.retriable:
+            if isinstance(result, KbError):
                 refused[n] = result
-            elif isinstance(result, BaseException):
-                raise result
             else:
                 media[n] = result
         tier = await self._tier(tenant, items)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -104,8 +105,15 @@ def verify(key: IngestKey | None, value: bytes, signature: bytes | None) -> None
     if len(raw) != SIGNATURE_BYTES:
         raise SignatureInvalid("kb-signature is not a base64 64-byte Ed25519 signature")
     try:
-        Ed25519PublicKey.from_public_bytes(key.public_key).verify(raw, value)
+        _public_key(key.public_key).verify(raw, value)
     except InvalidSignature:
         raise SignatureInvalid(
             f"the signature does not verify with the tenant's key {key.key_id!r}"
         ) from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _public_key(raw: bytes) -> Ed25519PublicKey:
+    """The key loaded once, not per command: loading cost as much as verifying. Keyed by
+    the bytes, so a revoked key is still refused (the key cache no longer gives it)."""
+    return Ed25519PublicKey.from_public_bytes(raw)

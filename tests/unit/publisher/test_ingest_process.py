@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import uuid
 from typing import Any
 
@@ -20,12 +21,15 @@ from services.publisher.ingest.pipeline import coalesce, tenant_runs
 from services.publisher.ingest.ports import CommandAnswer, IngestRecord
 from services.publisher.ingest.process import IngestLimits, RecordProcessor, Verified
 from services.publisher.ingest.runs import Around, Arrived, Refuse
-from services.publisher.ingest.signing import IngestKey, public_bytes
+from services.publisher.ingest.signing import IngestKey, public_bytes, verify
 from services.runtime.errors import DatabaseUnavailable, KbError
 from services.runtime.tracing.propagation import TRACEPARENT, current_traceparent, traceparent_of
 from services.runtime.tracing.spans import span_under
 from tests.support.ingest import Signer, erase_command, publish_command
 from tests.support.tracing import one, parent_id, trace_id, traced
+
+# Only a safety net for a regression (verification back on the loop): it never paces a test.
+_DEADLOCK_SECONDS = 30.0
 
 
 class Keys:
@@ -175,6 +179,35 @@ async def test_a_refusal_of_the_publish_goes_dead_a_transient_failure_is_raised(
     assert metrics.retries.labels("standard", "DATABASE_UNAVAILABLE")._value.get() == 1
     applier.failure = RevisionConflict(1, 2)
     assert (await processor.handle(record)).dead_letter_code == "REVISION_CONFLICT"
+
+
+async def test_signatures_are_verified_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The Ed25519 library lets go of the interpreter while it verifies: in a worker thread,
+    # the loop applies earlier runs meanwhile. The stand-in blocks until the loop answers,
+    # so it only finishes if the loop keeps running while it verifies.
+    acme = Signer("acme")
+    processor, _ = _processor(Applier(), DeadLetters(), acme)
+    started, release = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+    real = verify
+
+    def blocking_verify(key: IngestKey | None, value: bytes, signature: bytes | None) -> None:
+        threads.append(threading.current_thread())
+        started.set()
+        if not release.wait(_DEADLOCK_SECONDS):
+            raise AssertionError("the event loop was blocked by the verification")
+        real(key, value, signature)
+
+    monkeypatch.setattr("services.publisher.ingest.process.verify", blocking_verify)
+    records = [_record(acme, publish_command("acme", "a"), 0), _record(None, b"x", 1)]
+    sorting = asyncio.create_task(processor.sort(records))
+    await asyncio.to_thread(started.wait, _DEADLOCK_SECONDS)
+    release.set()
+    verified, refused = await sorting
+    assert [v.record.offset for v in verified] == [0]
+    assert [r.record.offset for r in refused] == [1]
+    assert threads
+    assert threading.main_thread() not in threads
 
 
 async def test_a_tenant_holds_at_most_its_in_flight_cap_while_others_go_on() -> None:

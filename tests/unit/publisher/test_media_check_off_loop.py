@@ -7,16 +7,19 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from services.publisher import domain
 from services.publisher.bulk.domain import BulkItem, BulkPublisher, ItemPublished, ItemRefused
 from services.publisher.domain import Publisher, Upload
+from services.publisher.ingest.apply import IngestApplier
+from services.publisher.ingest.commands import Command, decode_command
 from services.publisher.ports import PendingEvent
-from services.runtime.indexing.media_types import check_content
+from services.runtime.indexing.media_types import check_content, run_media_check
 from tests.fakes.publisher_store import MemoryPublisherStore
+from tests.support.ingest import delete_command, publish_command
 
 # Only a safety net for a regression (the check back on the loop): it never paces the test.
 _DEADLOCK_SECONDS = 30.0
@@ -119,3 +122,52 @@ async def test_in_bulk_an_unreadable_charset_refuses_its_item_alone(
     assert sorted(refused) == [1, 3, 4, 5, 6, 7]
     assert {(e.code, e.http_status) for e in refused.values()} == {("MEDIA_TYPE_MISMATCH", 415)}
     assert [d.title for d in bulk_store.written] == ["utf-8", "utf-8"]
+
+
+def _command(value: bytes) -> Command:
+    return decode_command(value, max_inline_bytes=1 << 20)
+
+
+async def test_a_runs_checks_take_one_trip_off_the_loop_each_refused_alone(
+    store: MemoryPublisherStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trip to the media check's threads per command cost the ingest loop more than the
+    # checks: a run's commands go in one, and a bad one among them is refused alone.
+    trips: list[int] = []
+    real = run_media_check
+
+    async def counted(check: Callable[..., Any], uploads: list[Any], limit: int) -> Any:
+        trips.append(len(uploads))
+        return await real(check, uploads, limit)
+
+    monkeypatch.setattr("services.publisher.ingest.apply.run_media_check", counted)
+    applier = IngestApplier(
+        Publisher(store, max_upload_bytes=1024), cast(Any, None), max_upload_bytes=1024
+    )
+    commands = [
+        _command(publish_command("acme", "a", b"Refunds.")),
+        _command(publish_command("acme", "b", b"")),
+        _command(delete_command("acme", "c")),
+        _command(publish_command("acme", "d", b"x" * 2048)),
+    ]
+    checked = await applier.media_types(commands)
+    assert trips == [4]
+    assert checked[0] == "text/plain"
+    assert checked[2] is None
+    assert [getattr(c, "code", None) for c in (checked[1], checked[3])] == [
+        "EMPTY_FILE",
+        "PAYLOAD_TOO_LARGE",
+    ]
+
+
+async def test_a_runs_checks_run_off_the_loop(
+    store: MemoryPublisherStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    applier = IngestApplier(
+        Publisher(store, max_upload_bytes=1024), cast(Any, None), max_upload_bytes=1024
+    )
+    command = _command(publish_command("acme", "a", b"Refunds."))
+    checked = await _check_runs_while_the_loop_is_free(
+        monkeypatch, lambda: applier.media_types([command])
+    )
+    assert checked == ["text/plain"]
