@@ -15,6 +15,7 @@ import asyncio
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -204,12 +205,40 @@ async def caught_up(
     primary_url: str, replica_url: str, *, timeout_s: float, poll_s: float = 0.005
 ) -> None:
     """Returns once the replica has replayed what the primary had written when called;
-    TimeoutError past ``timeout_s``. Polled: a standby offers nothing to wait on."""
+    TimeoutError past ``timeout_s``, saying where the replica's replay stood. Polled: a
+    standby offers nothing to wait on."""
     primary = await asyncpg.connect(primary_url)
     try:
         target = await primary.fetchval("SELECT pg_current_wal_insert_lsn()")
     finally:
         await primary.close()
+    try:
+        await _replayed(replica_url, target, timeout_s=timeout_s, poll_s=poll_s)
+    except TimeoutError:
+        raise TimeoutError(
+            f"the replica did not replay {target} within {timeout_s:g} s: "
+            + await _replay_state(replica_url)
+        ) from None
+
+
+async def _replay_state(replica_url: str) -> str:
+    try:
+        replica = await asyncpg.connect(replica_url)
+    except (OSError, asyncpg.PostgresError) as error:
+        return f"the replica did not answer ({error})"
+    try:
+        row = await replica.fetchrow(
+            "SELECT pg_last_wal_receive_lsn() AS received, pg_last_wal_replay_lsn() AS replayed,"
+            " pg_get_wal_replay_pause_state() AS pause,"
+            " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            "    AND state <> 'idle' AND pid <> pg_backend_pid()) AS busy_sessions"
+        )
+        return ", ".join(f"{key} {value}" for key, value in dict(row or {}).items())
+    finally:
+        await replica.close()
+
+
+async def _replayed(replica_url: str, target: Any, *, timeout_s: float, poll_s: float) -> None:
     async with asyncio.timeout(timeout_s):
         while True:
             try:

@@ -397,3 +397,22 @@ async def _search_on(search: GenerationSearch, tenant_id: str) -> set[int]:
     result = await search.search(SearchRequest(tenant_id, "refund clause", ("group:all",)))
     assert result.read_from == REPLICA
     return {hit.version_number for hit in result.results}
+
+
+async def test_a_replica_that_does_not_catch_up_says_where_its_replay_stands(
+    replica_urls: tuple[str, str],
+) -> None:
+    """A wait for the replica that times out names the replay's state (here: paused), so a
+    failure on a loaded machine says why."""
+    primary_url, replica_url = replica_urls
+    replica = await asyncpg.connect(replica_url)
+    primary = await asyncpg.connect(primary_url)
+    try:
+        await replica.execute("SELECT pg_wal_replay_pause()")
+        await add_tenant(primary)  # WAL the paused replica does not replay
+        with pytest.raises(TimeoutError, match=r"pause (paused|pause requested)"):
+            await caught_up(primary_url, replica_url, timeout_s=0.5)
+    finally:
+        await replica.execute("SELECT pg_wal_replay_resume()")
+        await replica.close()
+        await primary.close()

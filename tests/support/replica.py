@@ -101,7 +101,16 @@ def _resume_replay(replica_url: str) -> None:
     asyncio.run(resume())
 
 
-async def caught_up(primary_url: str, replica_url: str, timeout_s: float = 10.0) -> None:
+# Replay may wait for a standby query it conflicts with for up to max_standby_streaming_delay
+# (30 s by default) before it cancels it, and a freshly started standby's first feedback to
+# the primary takes up to wal_receiver_status_interval (10 s): a bound past both, so a
+# loaded machine's stall is not taken for a replica that never catches up.
+CAUGHT_UP_SECONDS = 60.0
+
+
+async def caught_up(
+    primary_url: str, replica_url: str, timeout_s: float = CAUGHT_UP_SECONDS
+) -> None:
     """Returns once the replica has replayed what the primary had written when called."""
     await replica_caught_up(primary_url, replica_url, timeout_s=timeout_s)
 
@@ -120,7 +129,7 @@ async def replica_database(pair: ReplicaPair) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def caught_up_urls(
-    pair: ReplicaPair, database: str, timeout_s: float = 10.0
+    pair: ReplicaPair, database: str, timeout_s: float = CAUGHT_UP_SECONDS
 ) -> AsyncIterator[tuple[str, str]]:
     """The database on the primary and on the replica, the replica caught up; its replay is
     resumed at the end, so no test leaves it paused for the next."""
