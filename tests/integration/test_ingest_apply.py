@@ -56,6 +56,16 @@ async def _events(conn: asyncpg.Connection[Any], event_type: str) -> list[dict[s
     return [default_registry().decode(bytes(r["payload"])).record for r in rows]
 
 
+async def _index(pool: asyncpg.Pool[Any], *, tasks: int) -> None:
+    """Runs the indexer's worker until ``tasks`` tasks succeeded, one after the other."""
+    async with running_pipeline(pool) as indexer:
+        work = Worker(
+            PgTaskQueue(pool), indexer, tier="standard", owner="it-ingest", policy=RetryPolicy()
+        )
+        for _ in range(tasks):
+            assert await work.run_once() is RunOnceResult.SUCCEEDED
+
+
 async def _counts(conn: asyncpg.Connection[Any]) -> tuple[int, ...]:
     row = await conn.fetchrow(
         """SELECT (SELECT count(*) FROM document_version), (SELECT count(*) FROM outbox),
@@ -280,12 +290,7 @@ async def test_the_switch_event_names_the_command_that_published_the_version(
     await publisher.publish(
         tenant, created.document_id, 1, expected_revision=1, read_principals=["u:ann"]
     )
-    async with running_pipeline(pool) as indexer:
-        work = Worker(
-            PgTaskQueue(pool), indexer, tier="standard", owner="it-ingest", policy=RetryPolicy()
-        )
-        assert await work.run_once() is RunOnceResult.SUCCEEDED
-        assert await work.run_once() is RunOnceResult.SUCCEEDED
+    await _index(pool, tasks=2)
     switched = {
         e["documentId"]: e["commandId"]
         for e in await _events(conn, "DocumentSearchVersionSwitched")
@@ -375,11 +380,7 @@ async def test_a_redelivered_delete_removes_the_chunks_a_crash_left(
     redelivery (answered by its earlier answer) removes them."""
     applier, _ = parts
     published = await _apply(applier, publish_command(tenant, "page-1", b"words to index"))
-    async with running_pipeline(pool) as indexer:
-        work = Worker(
-            PgTaskQueue(pool), indexer, tier="standard", owner="it-ingest", policy=RetryPolicy()
-        )
-        assert await work.run_once() is RunOnceResult.SUCCEEDED
+    await _index(pool, tasks=1)
     chunks = "SELECT count(*) FROM knowledge_chunk WHERE document_id = $1"
     assert await conn.fetchval(chunks, published.document_id) > 0
     await conn.execute(
