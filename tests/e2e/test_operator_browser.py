@@ -8,23 +8,20 @@ that way), else to the test's temporary folder.
 
 from __future__ import annotations
 
-import os
-import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-from playwright.async_api import Page, async_playwright
+from playwright.async_api import Page
 
 from tests.e2e.test_publisher_serve import kb, kb_serve
 from tests.support.api import free_port
+from tests.support.browser import chromium_page, screenshot_folder
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.e2e
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 async def seed_last_hour(conn: asyncpg.Connection[Any]) -> uuid.UUID:
@@ -68,9 +65,7 @@ async def seed_last_hour(conn: asyncpg.Connection[Any]) -> uuid.UUID:
 
 @pytest.fixture
 def shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("KB_SCREENSHOT_DIR") or tmp_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return screenshot_folder(tmp_path)
 
 
 async def metric(page: Page, tier: str, name: str) -> str:
@@ -91,54 +86,43 @@ async def test_operator_page_in_chromium(
     base = f"http://127.0.0.1:{port}"
 
     with kb_serve(service_env, port):
-        async with async_playwright() as playwright:
-            browser = await playwright.chromium.launch(
-                executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
+        async with chromium_page() as page:
+            await page.goto(f"{base}/ui")
+            assert page.url == f"{base}/ui/login"
+
+            await page.fill("#token", tenant_key)
+            await page.click("#sign-in")
+            await page.wait_for_selector("#login-error")
+            assert page.url.startswith(f"{base}/ui/login")
+
+            await page.fill("#token", operator_key)
+            await page.click("#sign-in")
+            await page.wait_for_selector("#tiers")
+            counts = await conn.fetchrow(
+                """SELECT count(*) FILTER (WHERE status IN ('PENDING', 'RETRY_WAIT')
+                                           AND next_attempt_at <= now()) AS due,
+                          count(*) FILTER (WHERE status = 'RUNNING') AS running,
+                          count(*) FILTER (WHERE status = 'DEAD') AS dead
+                     FROM index_task WHERE tier = 'standard'"""
             )
-            try:
-                page = await (
-                    await browser.new_context(viewport={"width": 1280, "height": 900})
-                ).new_page()
-                await page.goto(f"{base}/ui")
-                assert page.url == f"{base}/ui/login"
+            assert counts is not None
+            assert await metric(page, "standard", "due") == str(counts["due"]) == "1"
+            assert await metric(page, "standard", "running") == str(counts["running"])
+            assert await metric(page, "standard", "dead") == str(counts["dead"]) == "1"
+            assert await page.inner_text("#hour-succeeded") == "20"
+            await page.screenshot(path=str(shots / "operator-overview.png"), full_page=True)
 
-                await page.fill("#token", tenant_key)
-                await page.click("#sign-in")
-                await page.wait_for_selector("#login-error")
-                assert page.url.startswith(f"{base}/ui/login")
+            await page.goto(f"{base}/ui/dead")
+            await page.click(f'tr[data-task="{dead}"] button.requeue-one')
+            await page.wait_for_selector("#requeue-result")
+            audit = await page.inner_text("#audit")
+            assert f"operator:alice requeued task {dead}" in audit
+            status = await conn.fetchval("SELECT status FROM index_task WHERE task_id = $1", dead)
+            assert status == "PENDING"
 
-                await page.fill("#token", operator_key)
-                await page.click("#sign-in")
-                await page.wait_for_selector("#tiers")
-                counts = await conn.fetchrow(
-                    """SELECT count(*) FILTER (WHERE status IN ('PENDING', 'RETRY_WAIT')
-                                               AND next_attempt_at <= now()) AS due,
-                              count(*) FILTER (WHERE status = 'RUNNING') AS running,
-                              count(*) FILTER (WHERE status = 'DEAD') AS dead
-                         FROM index_task WHERE tier = 'standard'"""
-                )
-                assert counts is not None
-                assert await metric(page, "standard", "due") == str(counts["due"]) == "1"
-                assert await metric(page, "standard", "running") == str(counts["running"])
-                assert await metric(page, "standard", "dead") == str(counts["dead"]) == "1"
-                assert await page.inner_text("#hour-succeeded") == "20"
-                await page.screenshot(path=str(shots / "operator-overview.png"), full_page=True)
-
-                await page.goto(f"{base}/ui/dead")
-                await page.click(f'tr[data-task="{dead}"] button.requeue-one')
-                await page.wait_for_selector("#requeue-result")
-                audit = await page.inner_text("#audit")
-                assert f"operator:alice requeued task {dead}" in audit
-                status = await conn.fetchval(
-                    "SELECT status FROM index_task WHERE task_id = $1", dead
-                )
-                assert status == "PENDING"
-
-                document_id = await conn.fetchval(
-                    "SELECT document_id FROM index_task WHERE task_id = $1", dead
-                )
-                await page.goto(f"{base}/ui/tenants/acme/documents/{document_id}")
-                await page.wait_for_selector("#tasks")
-                await page.screenshot(path=str(shots / "operator-document.png"), full_page=True)
-            finally:
-                await browser.close()
+            document_id = await conn.fetchval(
+                "SELECT document_id FROM index_task WHERE task_id = $1", dead
+            )
+            await page.goto(f"{base}/ui/tenants/acme/documents/{document_id}")
+            await page.wait_for_selector("#tasks")
+            await page.screenshot(path=str(shots / "operator-document.png"), full_page=True)

@@ -8,27 +8,23 @@ Screenshots go to $KB_SCREENSHOT_DIR when set, else to the test's temporary fold
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-from playwright.async_api import async_playwright
 
-from tests.e2e.test_operator_browser import CHROMIUM
 from tests.e2e.test_publisher_serve import kb, kb_serve
 from tests.support.api import free_port
-from tests.support.tasks import create_task
+from tests.support.browser import chromium_page, screenshot_folder
+from tests.support.tasks import create_task, supersede_40_days_ago
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("KB_SCREENSHOT_DIR") or tmp_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return screenshot_folder(tmp_path)
 
 
 async def test_lifecycle_in_chromium(
@@ -44,20 +40,7 @@ async def test_lifecycle_in_chromium(
     assert erase.returncode == 0, erase.stderr
     # v1 superseded by a publish 40 days ago (the database's clock), its task finished.
     kept = await create_task(conn)
-    await conn.execute(
-        """WITH t AS (UPDATE index_task SET status = 'SUCCEEDED', finished_at = now()
-                       WHERE task_id = $3),
-                v AS (INSERT INTO document_version (tenant_id, document_id, version_number,
-                                                   content, media_type, sha256, size_bytes,
-                                                   status, published_at)
-                      VALUES ($1, $2, 2, 'v2', 'text/plain', sha256('v2'), 2, 'PUBLISHED',
-                              now() - interval '40 days'))
-           UPDATE document SET latest_version = 2, published_version = 2
-            WHERE tenant_id = $1 AND document_id = $2""",
-        kept.tenant_id,
-        kept.document_id,
-        kept.task_id,
-    )
+    await supersede_40_days_ago(conn, kept)
     retention = kb(service_env, "index", "retention")
     assert retention.returncode == 0, retention.stderr
     assert "1 versions' content removed" in retention.stderr
@@ -65,47 +48,34 @@ async def test_lifecycle_in_chromium(
     base = f"http://127.0.0.1:{port}"
 
     with kb_serve(service_env, port):
-        async with async_playwright() as playwright:
-            browser = await playwright.chromium.launch(
-                executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
-            )
-            try:
-                page = await (
-                    await browser.new_context(viewport={"width": 1280, "height": 900})
-                ).new_page()
-                await page.goto(f"{base}/ui/login")
-                await page.fill("#token", operator_key)
-                await page.click("#sign-in")
-                await page.wait_for_selector("#lifecycle")
-                overview = {
-                    name: (await page.inner_text(f'#lifecycle dd[data-metric="{name}"]')).strip()
-                    for name in ("deleted", "erased", "erasing")
-                }
-                assert overview == {"deleted": "1", "erased": "1", "erasing": "0"}
-                removed = await page.inner_text('#lifecycle dd[data-metric="removed_versions"]')
-                assert removed.startswith("1 (")
+        async with chromium_page() as page:
+            await page.goto(f"{base}/ui/login")
+            await page.fill("#token", operator_key)
+            await page.click("#sign-in")
+            await page.wait_for_selector("#lifecycle")
+            overview = {
+                name: (await page.inner_text(f'#lifecycle dd[data-metric="{name}"]')).strip()
+                for name in ("deleted", "erased", "erasing")
+            }
+            assert overview == {"deleted": "1", "erased": "1", "erasing": "0"}
+            removed = await page.inner_text('#lifecycle dd[data-metric="removed_versions"]')
+            assert removed.startswith("1 (")
 
-                await page.click("nav >> text=Deletes")
-                await page.wait_for_selector("#erasures")
-                assert page.url == f"{base}/ui/lifecycle"
-                erasure = await page.inner_text(
-                    f'#erasures tr[data-document="{erased.document_id}"]'
-                )
-                assert "cli" in erasure
-                assert "in progress" not in erasure
-                assert await page.is_visible(f'#deletes tr[data-document="{erased.document_id}"]')
-                emptied = await page.inner_text(
-                    f'#retention tr[data-document="{kept.document_id}"]'
-                )
-                assert "v1" in emptied
-                await page.screenshot(path=str(shots / "operator-lifecycle.png"), full_page=True)
+            await page.click("nav >> text=Deletes")
+            await page.wait_for_selector("#erasures")
+            assert page.url == f"{base}/ui/lifecycle"
+            erasure = await page.inner_text(f'#erasures tr[data-document="{erased.document_id}"]')
+            assert "cli" in erasure
+            assert "in progress" not in erasure
+            assert await page.is_visible(f'#deletes tr[data-document="{erased.document_id}"]')
+            emptied = await page.inner_text(f'#retention tr[data-document="{kept.document_id}"]')
+            assert "v1" in emptied
+            await page.screenshot(path=str(shots / "operator-lifecycle.png"), full_page=True)
 
-                await page.click(f'#erasures tr[data-document="{erased.document_id}"] a')
-                await page.wait_for_selector("#lifecycle-state")
-                assert (await page.inner_text("#lifecycle-state")).startswith("ERASED at ")
-                await page.goto(f"{base}/ui/tenants/acme/documents/{kept.document_id}")
-                content = await page.inner_text('tr[data-version="1"] td.retention')
-                assert content.startswith("removed by retention at ")
-                assert await page.inner_text('tr[data-version="2"] td.retention') == "kept"
-            finally:
-                await browser.close()
+            await page.click(f'#erasures tr[data-document="{erased.document_id}"] a')
+            await page.wait_for_selector("#lifecycle-state")
+            assert (await page.inner_text("#lifecycle-state")).startswith("ERASED at ")
+            await page.goto(f"{base}/ui/tenants/acme/documents/{kept.document_id}")
+            content = await page.inner_text('tr[data-version="1"] td.retention')
+            assert content.startswith("removed by retention at ")
+            assert await page.inner_text('tr[data-version="2"] td.retention') == "kept"

@@ -39,7 +39,7 @@ from tests.support.cli import kb
 from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.pipeline import running_pipeline
 from tests.support.stack import REPO_ROOT
-from tests.support.tasks import CreatedTask, create_task
+from tests.support.tasks import CreatedTask, create_task, supersede_40_days_ago
 from tests.support.versions import make_chunks, publish_version
 
 pytestmark = pytest.mark.integration
@@ -520,20 +520,7 @@ async def test_kb_index_retention_removes_what_is_due_by_the_database_clock(
     superseded by a publish 40 days ago (by the database's clock), so 30 days remove it and
     50 keep it."""
     created = await create_task(pool)
-    await pool.execute(
-        """WITH t AS (UPDATE index_task SET status = 'SUCCEEDED', finished_at = now()
-                       WHERE task_id = $3),
-                v AS (INSERT INTO document_version (tenant_id, document_id, version_number,
-                                                   content, media_type, sha256, size_bytes,
-                                                   status, published_at)
-                      VALUES ($1, $2, 2, 'v2', 'text/plain', sha256('v2'), 2, 'PUBLISHED',
-                              now() - interval '40 days'))
-           UPDATE document SET latest_version = 2, published_version = 2
-            WHERE tenant_id = $1 AND document_id = $2""",
-        created.tenant_id,
-        created.document_id,
-        created.task_id,
-    )
+    await supersede_40_days_ago(pool, created)
     kept = kb({**service_env, "KB_RETENTION_SUPERSEDED_DAYS": "50"}, "index", "retention")
     assert kept.returncode == 0, kept.stderr
     assert "0 versions' content removed" in kept.stderr

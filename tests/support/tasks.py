@@ -126,3 +126,22 @@ async def create_many_tasks(
         tier,
         next_attempt_at,
     )
+
+
+async def supersede_40_days_ago(db: Executor, created: CreatedTask) -> None:
+    """``created``'s version 1, its task finished, superseded by a version 2 published 40
+    days ago by the database's clock: due for retention at 30 days, kept at 50."""
+    await db.execute(
+        """WITH t AS (UPDATE index_task SET status = 'SUCCEEDED', finished_at = now()
+                       WHERE task_id = $3),
+                v AS (INSERT INTO document_version (tenant_id, document_id, version_number,
+                                                   content, media_type, sha256, size_bytes,
+                                                   status, published_at)
+                      VALUES ($1, $2, 2, 'v2', 'text/plain', sha256('v2'), 2, 'PUBLISHED',
+                              now() - interval '40 days'))
+           UPDATE document SET latest_version = 2, published_version = 2
+            WHERE tenant_id = $1 AND document_id = $2""",
+        created.tenant_id,
+        created.document_id,
+        created.task_id,
+    )
