@@ -19,6 +19,7 @@ from services.indexer.task import FailureDecision, TaskStatus
 from services.publisher.domain import Publisher
 from services.publisher.ingest.apply import IngestApplier
 from services.publisher.ingest.commands import decode_command
+from services.publisher.ingest.ports import CommandAnswer
 from services.publisher.ingest.store_pg import PgIngestStore
 from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.errors import LeaseLost
@@ -52,18 +53,21 @@ async def _failed(conn: asyncpg.Connection[Any]) -> list[dict[str, Any]]:
     return decoded
 
 
+async def _published_by_command(pool: asyncpg.Pool[Any], payload: bytes) -> CommandAnswer:
+    """The answer of a publish command applied as `kb ingest run` applies it."""
+    store = PgIngestStore(pool)
+    publisher = Publisher(store, max_upload_bytes=1 << 20, erasure=PgErasureStore(pool))
+    applier = IngestApplier(publisher, store, max_upload_bytes=1 << 20)
+    return await applier.apply(decode_command(payload, max_inline_bytes=1 << 20))
+
+
 async def test_a_terminal_failure_names_its_code_and_the_publishing_command(
     pool: asyncpg.Pool[Any], conn: asyncpg.Connection[Any]
 ) -> None:
     tenant = (await add_tenant(conn, "acme")).tenant_id
-    store = PgIngestStore(pool)
-    publisher = Publisher(store, max_upload_bytes=1 << 20, erasure=PgErasureStore(pool))
-    applier = IngestApplier(publisher, store, max_upload_bytes=1 << 20)
     command_id = uuid.uuid4()
-    answer = await applier.apply(
-        decode_command(
-            publish_command(tenant, "page-1", command_id=command_id), max_inline_bytes=1 << 20
-        )
+    answer = await _published_by_command(
+        pool, publish_command(tenant, "page-1", command_id=command_id)
     )
     queue = PgTaskQueue(pool)
     [lease] = await queue.claim("standard", "w1", lease_seconds=LEASE)
@@ -207,15 +211,9 @@ async def test_a_worker_whose_document_cannot_be_indexed_answers_its_command(
 ) -> None:
     # End to end: the ingest path publishes, the worker's pipeline fails for good.
     tenant = (await add_tenant(conn, "acme")).tenant_id
-    store = PgIngestStore(pool)
-    publisher = Publisher(store, max_upload_bytes=1 << 20, erasure=PgErasureStore(pool))
-    applier = IngestApplier(publisher, store, max_upload_bytes=1 << 20)
     command_id = uuid.uuid4()
-    answer = await applier.apply(
-        decode_command(
-            publish_command(tenant, "blank", b" \n\t\n ", command_id=command_id),
-            max_inline_bytes=1 << 20,
-        )
+    answer = await _published_by_command(
+        pool, publish_command(tenant, "blank", b" \n\t\n ", command_id=command_id)
     )
     async with running_pipeline(pool) as indexer:
         work = Worker(PgTaskQueue(pool), indexer, tier="standard", owner="w", policy=RetryPolicy())
