@@ -362,11 +362,16 @@ async def test_a_run_writes_new_documents_together_and_refuses_a_poison_alone_on
     tasks = await conn.fetchval("SELECT count(*) FROM index_task WHERE status = 'PENDING'")
     assert tasks == 4
 
-    # Redelivered: every one answers as before, nothing written, the poison not refused again.
+    # Redelivered: every one answers as before, nothing written, the poison not refused
+    # again but answered with the code it was refused with.
     before = await _counts(conn)
-    again = await runs.apply_run(items, refuse)
+    told: list[tuple[int, str]] = []
+    again = await runs.apply_run(
+        items, refuse, refused_before=lambda n, code: told.append((n, code))
+    )
     assert [a is not None and not a.changed for a in again] == [True, True, False, True, True]
     assert refused == [(2, "PRINCIPAL_INVALID")]
+    assert told == [(2, "PRINCIPAL_INVALID")]
     assert await _counts(conn) == before
 
 

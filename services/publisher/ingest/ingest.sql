@@ -83,8 +83,9 @@ ROLLBACK TO SAVEPOINT ingest_command
 
 -- name: refusals_sent
 -- $1 tenant, $2 sources ('topic/partition/offset'): those whose dead letter was sent and
--- recorded (migration 0036), so a redelivered run does not send it again.
-SELECT source FROM ingest_refusal WHERE tenant_id = $1 AND source = ANY($2::text[])
+-- recorded (migration 0036), with its problem code, so a redelivered run does not send it
+-- again and answers it as it was answered.
+SELECT source, code FROM ingest_refusal WHERE tenant_id = $1 AND source = ANY($2::text[])
 
 -- name: record_refusal
 -- $1 tenant, $2 source, $3 command id, $4 problem code, $5 now (NULL: the database's).

@@ -105,8 +105,9 @@ class IngestTransaction(PublishTransaction, Protocol):
         """The bulk endpoint's writes, in this transaction (new documents together)."""
         ...
 
-    async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> set[str]:
-        """Those of ``sources`` (``IngestRecord.source``) whose dead letter was recorded."""
+    async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> dict[str, str]:
+        """Those of ``sources`` (``IngestRecord.source``) whose dead letter was recorded,
+        each with the problem code it was refused with."""
         ...
 
     async def record_refusal(

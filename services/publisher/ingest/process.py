@@ -155,9 +155,17 @@ class RecordProcessor:
                     self._sent.add(refusal.record.source)
                 handled[n] = Handled(dead_letter_code=error.code)
 
+            def refused_before(n: int, code: str) -> None:
+                handled[n] = Handled(dead_letter_code=code)
+
             arrived = [Arrived(v.command, v.record.source, v.record.sent_at) for v in run]
             answers = await self._retried(
-                self.applier.apply_run(arrived, refuse, around=lambda n: self._span(run[n]))
+                self.applier.apply_run(
+                    arrived,
+                    refuse,
+                    refused_before=refused_before,
+                    around=lambda n: self._span(run[n]),
+                )
             )
         self._sent.difference_update(item.source for item in arrived)
         for n, answer in enumerate(answers):

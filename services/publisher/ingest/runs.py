@@ -49,6 +49,9 @@ class Arrived:
 Refuse = Callable[[int, KbError], Awaitable[None]]
 # Entered around the run's n-th command (its span: the rows it writes keep its context).
 Around = Callable[[int], AbstractContextManager[object]]
+# Told that the run's n-th command was refused, with this code, when the run ran before:
+# its dead letter was sent then and is not sent again.
+RefusedBefore = Callable[[int, str], None]
 
 
 class _OneByOne(Exception):
@@ -62,6 +65,7 @@ class _Run:
     tx: IngestTransaction
     items: Sequence[Arrived]
     refuse: Refuse
+    refused_before: RefusedBefore
     around: Around
     now: datetime | None
     media: list[str | None]
@@ -90,11 +94,13 @@ class RunApplier:
         items: Sequence[Arrived],
         refuse: Refuse,
         *,
+        refused_before: RefusedBefore = lambda _n, _code: None,
         now: datetime | None = None,
         around: Around = lambda _: contextlib.nullcontext(),
     ) -> list[CommandAnswer | None]:
         """Apply one tenant's ``items`` (no erase among them); the answers in order (None:
-        refused). A retriable error undoes the whole run: it is retried as it was."""
+        refused now, told to ``refuse``, or before, told to ``refused_before``). A retriable
+        error undoes the whole run: it is retried as it was."""
         tenant = items[0].command.tenant_id
         refused: dict[int, KbError] = {}
         media: list[str | None] = [None] * len(items)
@@ -106,7 +112,9 @@ class RunApplier:
                 media[n] = result
         tier = await self._tier(tenant, items)
         async with self._store.ingest_transaction(tenant) as tx:
-            run = _Run(tx, items, refuse, around, now, media, refused, [None] * len(items))
+            run = _Run(
+                tx, items, refuse, refused_before, around, now, media, refused, [None] * len(items)
+            )
             await self._apply_in(run, tier)
         for item, answer in zip(items, run.answers, strict=True):
             if isinstance(item.command, DeleteDocument) and answer is not None:
@@ -128,8 +136,10 @@ class RunApplier:
             if found is not None:
                 run.answers[n] = dataclasses.replace(found, changed=False)
                 continue
-            if item.source in sent:
-                continue  # refused, its dead letter sent, when the run ran before
+            code = sent.get(item.source)
+            if code is not None:
+                run.refused_before(n, code)  # its dead letter sent when the run ran before
+                continue
             key = command.document_key
             fresh = tier is not None and _inline(command) and n not in run.refused
             if (

@@ -102,10 +102,10 @@ class PgIngestTransaction(PgPublishTransaction):
     def bulk(self) -> PgBulkStore:
         return PgBulkStore(None, connection=self._conn)
 
-    async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> set[str]:
+    async def refusals_sent(self, tenant_id: str, sources: Sequence[str]) -> dict[str, str]:
         with translate_db_errors():
             rows = await self._conn.fetch(QUERIES["refusals_sent"], tenant_id, sources)
-        return {row["source"] for row in rows}
+        return {row["source"]: row["code"] for row in rows}
 
     async def record_refusal(
         self, tenant_id: str, source: str, command_id: uuid.UUID, code: str, now: datetime | None

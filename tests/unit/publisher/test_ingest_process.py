@@ -20,7 +20,7 @@ from services.publisher.ingest.metrics import IngestMetrics
 from services.publisher.ingest.pipeline import coalesce, tenant_runs
 from services.publisher.ingest.ports import CommandAnswer, IngestRecord
 from services.publisher.ingest.process import IngestLimits, RecordProcessor, Verified
-from services.publisher.ingest.runs import Around, Arrived, Refuse
+from services.publisher.ingest.runs import Around, Arrived, Refuse, RefusedBefore
 from services.publisher.ingest.signing import IngestKey, public_bytes, verify
 from services.runtime.errors import DatabaseUnavailable, KbError
 from services.runtime.tracing.propagation import TRACEPARENT, current_traceparent, traceparent_of
@@ -51,6 +51,8 @@ class Applier:
         self.entered: list[uuid.UUID] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.failure: Exception | None = None
+        # Commands refused when their run ran before (a redelivery), with their codes.
+        self.refused_earlier: dict[uuid.UUID, str] = {}
         self.at_once: collections.Counter[str] = collections.Counter()
         self.most_at_once: collections.Counter[str] = collections.Counter()
         self._changed = asyncio.Condition()
@@ -76,11 +78,16 @@ class Applier:
         return CommandAnswer(command.command_id, command.command_type, uuid.uuid4())
 
     async def apply_run(
-        self, run: list[Arrived], refuse: Refuse, *, around: Around
+        self, run: list[Arrived], refuse: Refuse, *, refused_before: RefusedBefore, around: Around
     ) -> list[CommandAnswer | None]:
         """What the applier's run does, one command at a time."""
         answers: list[CommandAnswer | None] = []
         for n, item in enumerate(run):
+            code = self.refused_earlier.get(item.command.command_id)
+            if code is not None:
+                refused_before(n, code)
+                answers.append(None)
+                continue
             try:
                 with around(n):
                     answers.append(await self.apply(item.command, item.sent_at))
@@ -179,6 +186,27 @@ async def test_a_refusal_of_the_publish_goes_dead_a_transient_failure_is_raised(
     assert metrics.retries.labels("standard", "DATABASE_UNAVAILABLE")._value.get() == 1
     applier.failure = RevisionConflict(1, 2)
     assert (await processor.handle(record)).dead_letter_code == "REVISION_CONFLICT"
+
+
+async def test_a_command_refused_when_its_run_ran_before_answers_its_code_again() -> None:
+    """A run redelivered after its commit (a kill before the offset commit): the command it
+    refused then answers with that code, its dead letter not sent again, the rest apply."""
+    acme = Signer("acme")
+    applier, dead = Applier(), DeadLetters()
+    processor, _ = _processor(applier, dead, acme)
+    poison, next_one = uuid.uuid4(), uuid.uuid4()
+    applier.refused_earlier[poison] = "PRINCIPAL_INVALID"
+    records = [
+        _record(acme, publish_command("acme", "p", command_id=poison), offset=1),
+        _record(acme, publish_command("acme", "n", command_id=next_one), offset=2),
+    ]
+    verified, refused = await processor.sort(records)
+    assert refused == []
+    handled = await processor.apply(verified)
+    assert handled[0].dead_letter_code == "PRINCIPAL_INVALID"
+    assert handled[1].answer is not None
+    assert dead.sent == []
+    assert applier.entered == [next_one]
 
 
 async def test_signatures_are_verified_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
