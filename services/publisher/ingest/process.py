@@ -32,6 +32,7 @@ from services.publisher.ingest.signing import (
     KEY_ID_PATTERN,
     SIGNATURE_HEADER,
     IngestKey,
+    SignatureInvalid,
     verify,
 )
 from services.runtime.errors import KbError
@@ -143,8 +144,11 @@ class RecordProcessor:
         """One tenant's ``run``, in one transaction (an erase: alone, in its own)."""
         tenant = run[0].command.tenant_id
         async with self._slots[tenant]:
+            revoked = await self._revoked(tenant, run)
             if isinstance(run[0].command, EraseDocument):
                 assert len(run) == 1
+                if revoked:
+                    return [await self._refused(run[0], revoked[0])]
                 return [await self._erase(run[0])]
             handled: dict[int, Handled] = {}
 
@@ -163,6 +167,7 @@ class RecordProcessor:
                 self.applier.apply_run(
                     arrived,
                     refuse,
+                    refusing=revoked,
                     refused_before=refused_before,
                     around=lambda n: self._span(run[n]),
                 )
@@ -172,6 +177,23 @@ class RecordProcessor:
             if answer is not None:
                 handled[n] = self._applied(run[n], answer)
         return [handled[n] for n in range(len(run))]
+
+    async def _revoked(self, tenant: str, run: Sequence[Verified]) -> dict[int, KbError]:
+        """The run's commands whose key is no longer the tenant's. A record verified when it
+        was fetched may wait in its lane, or through retries, for longer than the key cache
+        is trusted: its key is asked again (through the cache) at every attempt to apply it,
+        so a revocation stops it within KB_INGEST_KEY_CACHE_SECONDS however long it waited."""
+        ids = sorted({_key_id(item.record) for item in run})
+        live = await self._retried(self._keys.keys(tenant, ids))
+        return {
+            n: SignatureInvalid("the command's ingest key was revoked before it applied")
+            for n, item in enumerate(run)
+            if _key_id(item.record) not in live
+        }
+
+    async def _refused(self, item: Verified, error: KbError) -> Handled:
+        await self.dead_letter(Refusal(error, item.record, item.command.command_type))
+        return Handled(dead_letter_code=error.code)
 
     async def dead_letter(self, refusal: Refusal) -> None:
         error, record = refusal.error, refusal.record
@@ -189,9 +211,7 @@ class RecordProcessor:
         except KbError as error:
             if error.retriable:
                 raise
-            refusal = Refusal(error, item.record, item.command.command_type)
-            await self.dead_letter(refusal)
-            return Handled(dead_letter_code=error.code)
+            return await self._refused(item, error)
         return self._applied(item, answer)
 
     def _applied(self, item: Verified, answer: CommandAnswer) -> Handled:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -94,20 +94,23 @@ class RunApplier:
         items: Sequence[Arrived],
         refuse: Refuse,
         *,
+        refusing: Mapping[int, KbError] | None = None,
         refused_before: RefusedBefore = lambda _n, _code: None,
         now: datetime | None = None,
         around: Around = lambda _: contextlib.nullcontext(),
     ) -> list[CommandAnswer | None]:
         """Apply one tenant's ``items`` (no erase among them); the answers in order (None:
-        refused now, told to ``refuse``, or before, told to ``refused_before``). A retriable
-        error undoes the whole run: it is retried as it was."""
+        refused now, told to ``refuse``, or before, told to ``refused_before``). ``refusing``:
+        commands the caller already refuses (a key revoked since they verified), refused in
+        their turn as a refused publish is. A retriable error undoes the whole run: it is
+        retried as it was."""
         tenant = items[0].command.tenant_id
-        refused: dict[int, KbError] = {}
+        refused: dict[int, KbError] = dict(refusing or {})
         media: list[str | None] = [None] * len(items)
         checked = await self._applier.media_types([item.command for item in items])
         for n, result in enumerate(checked):
             if isinstance(result, KbError):
-                refused[n] = result
+                refused.setdefault(n, result)
             else:
                 media[n] = result
         tier = await self._tier(tenant, items)

@@ -8,6 +8,7 @@ import asyncio
 import collections
 import threading
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -39,6 +40,9 @@ class Keys:
             for s in signers
         }
 
+    def revoke(self, tenant_id: str, key_id: str) -> None:
+        del self._keys[(tenant_id, key_id)]
+
     async def ingest_keys(self, tenant_id: str, key_ids: list[str]) -> dict[str, IngestKey]:
         found = {k: self._keys.get((tenant_id, k)) for k in key_ids}
         return {k: key for k, key in found.items() if key is not None}
@@ -51,6 +55,7 @@ class Applier:
         self.entered: list[uuid.UUID] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.failure: Exception | None = None
+        self.single = self  # an erase: applied alone
         # Commands refused when their run ran before (a redelivery), with their codes.
         self.refused_earlier: dict[uuid.UUID, str] = {}
         self.at_once: collections.Counter[str] = collections.Counter()
@@ -78,7 +83,13 @@ class Applier:
         return CommandAnswer(command.command_id, command.command_type, uuid.uuid4())
 
     async def apply_run(
-        self, run: list[Arrived], refuse: Refuse, *, refused_before: RefusedBefore, around: Around
+        self,
+        run: list[Arrived],
+        refuse: Refuse,
+        *,
+        refusing: Mapping[int, KbError],
+        refused_before: RefusedBefore,
+        around: Around,
     ) -> list[CommandAnswer | None]:
         """What the applier's run does, one command at a time."""
         answers: list[CommandAnswer | None] = []
@@ -86,6 +97,10 @@ class Applier:
             code = self.refused_earlier.get(item.command.command_id)
             if code is not None:
                 refused_before(n, code)
+                answers.append(None)
+                continue
+            if n in refusing:
+                await refuse(n, refusing[n])
                 answers.append(None)
                 continue
             try:
@@ -108,11 +123,16 @@ class DeadLetters:
 
 
 def _processor(
-    applier: Applier, dead: DeadLetters, *signers: Signer, cap: int = 4, max_bytes: int = 4096
+    applier: Applier,
+    dead: DeadLetters,
+    *signers: Signer,
+    cap: int = 4,
+    max_bytes: int = 4096,
+    key_cache_seconds: float = 10.0,
 ) -> tuple[RecordProcessor, IngestMetrics]:
     metrics = IngestMetrics(CollectorRegistry())
     keys: Any = Keys(*signers)
-    limits = IngestLimits(max_bytes, 1024, cap)
+    limits = IngestLimits(max_bytes, 1024, cap, key_cache_seconds)
     apply: Any = applier
     return RecordProcessor("standard", keys, apply, dead, metrics, limits), metrics
 
@@ -207,6 +227,26 @@ async def test_a_command_refused_when_its_run_ran_before_answers_its_code_again(
     assert handled[1].answer is not None
     assert dead.sent == []
     assert applier.entered == [next_one]
+
+
+async def test_a_key_revoked_after_its_commands_verified_stops_them_before_they_apply() -> None:
+    """Records verified when fetched wait in their lane (or through retries): their key is
+    asked again when they apply, so a revocation holds within the key cache's bound (here
+    0: at once) however long they waited."""
+    acme = Signer("acme")
+    applier, dead = Applier(), DeadLetters()
+    processor, _ = _processor(applier, dead, acme, key_cache_seconds=0)
+    records = [
+        _record(acme, publish_command("acme", "p"), offset=1),
+        _record(acme, erase_command("acme", "p"), offset=2),
+    ]
+    verified, refused = await processor.sort(records)
+    assert (len(verified), refused) == (2, [])
+    processor.store.revoke("acme", acme.key_id)  # type: ignore[attr-defined]
+    handled = [*await processor.apply(verified[:1]), *await processor.apply(verified[1:])]
+    assert [h.dead_letter_code for h in handled] == ["INGEST_SIGNATURE_INVALID"] * 2
+    assert [code for _, code in dead.sent] == ["INGEST_SIGNATURE_INVALID"] * 2
+    assert applier.entered == []
 
 
 async def test_signatures_are_verified_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
