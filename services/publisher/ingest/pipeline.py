@@ -124,8 +124,10 @@ class IngestLoop:
                 await self._report()
         finally:
             # The lanes end their current step (a stopped retry gives up), then what is
-            # done is committed; the rest is read again by the partition's next owner.
-            await asyncio.gather(*self._tasks(), return_exceptions=True)
+            # done is committed; the rest is read again by the partition's next owner. Not
+            # through _tasks(): after a lane's failure it would raise again, and the other
+            # lanes would go on working while the caller closes the pool under them.
+            await asyncio.gather(*self._lanes.values(), *self._retired, return_exceptions=True)
             await self._commit_prefixes()
             self._reported = float("-inf")
             await self._report()  # what is left is no longer held here
@@ -197,6 +199,10 @@ class IngestLoop:
     ) -> None:
         backlog = self.metrics.backlog.labels(self.tier, tenant)
         while queue:
+            if stop.is_set():  # its current step is done: the rest is read again
+                backlog.dec(sum(len(r) for r in queue))
+                queue.clear()
+                return
             if tenant != UNVERIFIED:
                 coalesce(queue, self.apply_batch)
             run = queue[0]

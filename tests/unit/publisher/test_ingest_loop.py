@@ -1,0 +1,111 @@
+"""The ingest loop's shutdown on a lane's failure (services/publisher/ingest/pipeline.py),
+with a consumer and a processor of the test's own: the other lanes finish their step and
+what is done is committed before the failure ends the process."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from prometheus_client import CollectorRegistry
+
+from services.publisher.ingest.commands import decode_command
+from services.publisher.ingest.metrics import IngestMetrics
+from services.publisher.ingest.pipeline import IngestLoop
+from services.publisher.ingest.ports import CommandAnswer, IngestRecord
+from services.publisher.ingest.process import Handled, Refusal, Verified
+from services.runtime.backoff import Backoff
+from tests.support.ingest import publish_command
+
+TP = TopicPartition("kb.ingest.standard", 0)
+
+
+class Consumer:
+    """One batch, then nothing; the commits it was asked for."""
+
+    def __init__(self, messages: list[Any]) -> None:
+        self._batches = [{TP: messages}]
+        self.commits: list[dict[TopicPartition, int]] = []
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, Any]:
+        if self._batches:
+            return self._batches.pop()
+        await asyncio.sleep(timeout_ms / 1000)
+        return {}
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TP}
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(dict(offsets))
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return None
+
+    async def position(self, tp: TopicPartition) -> int:
+        return 0
+
+
+class Processor:
+    """Tenant "good" applies once "bad" has failed (a bug, not a retriable error)."""
+
+    def __init__(self) -> None:
+        self.failed = asyncio.Event()
+        self.applied: list[int] = []
+
+    async def sort(self, records: Sequence[IngestRecord]) -> tuple[list[Verified], list[Refusal]]:
+        return [
+            Verified(r, decode_command(r.value or b"", max_inline_bytes=1 << 20)) for r in records
+        ], []
+
+    async def apply(self, run: Sequence[Verified]) -> list[Handled]:
+        if run[0].command.tenant_id == "bad":
+            self.failed.set()
+            raise RuntimeError("a bug in the apply")
+        await self.failed.wait()
+        # Still at work when the loop sees the failure (whatever the timing, the loop must
+        # wait for it: a later end only makes a regression easier to see).
+        await asyncio.sleep(0.05)
+        self.applied.extend(item.record.offset for item in run)
+        return [
+            Handled(CommandAnswer(v.command.command_id, v.command.command_type, uuid.uuid4()))
+            for v in run
+        ]
+
+    async def dead_letter(self, refusal: Refusal) -> None:
+        raise AssertionError("nothing is refused here")
+
+
+def _message(offset: int, tenant: str) -> Any:
+    return SimpleNamespace(
+        topic=TP.topic,
+        partition=TP.partition,
+        offset=offset,
+        key=b"k",
+        value=publish_command(tenant, f"page-{offset}"),
+        headers=[],
+        timestamp=None,
+    )
+
+
+async def test_a_lanes_failure_lets_the_others_finish_and_commits_what_is_done() -> None:
+    consumer = Consumer([_message(0, "good"), _message(1, "good"), _message(2, "bad")])
+    processor = Processor()
+    loop = IngestLoop(
+        consumer,
+        processor,
+        tier="standard",
+        metrics=IngestMetrics(CollectorRegistry()),
+        backoff=Backoff(0.01, 0.01),
+        batch_size=10,
+        poll_timeout_seconds=0.01,
+    )
+    with pytest.raises(RuntimeError, match="a bug in the apply"):
+        await asyncio.wait_for(loop.run(asyncio.Event()), 30)
+    assert processor.applied == [0, 1]
+    assert consumer.commits[-1] == {TP: 2}  # the done prefix; the failed record is read again
