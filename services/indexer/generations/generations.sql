@@ -280,13 +280,19 @@ SELECT count(*)
 -- not hold go; those documents are not searchable until the target's task completes (its
 -- sink then inserts the pointer, at a version not below the document's high-water mark).
 -- A tombstone is never dropped (migration 0030's trigger would refuse it): the document
--- stays deleted whatever the target holds (all_missing_documents leaves tombstones out).
-DELETE FROM document_search_version
- WHERE tenant_id = $1
-   AND document_id IN (SELECT missing.document_id
-                         FROM (
-                               -- include: all_missing_documents
-                              ) AS missing)
+-- stays deleted whatever the target holds. The conditions are on the pointer row itself
+-- (not a list of documents read once, as all_missing_documents reads them): a pointer that a
+-- concurrent delete tombstones, or a switch moves, while this statement waits for its lock
+-- is judged again as it is then (READ COMMITTED re-checks the WHERE on the newer row).
+DELETE FROM document_search_version s
+ WHERE s.tenant_id = $1
+   AND s.deleted_at IS NULL
+   AND NOT EXISTS (SELECT 1
+                     FROM document_generation_version g
+                    WHERE g.tenant_id = s.tenant_id
+                      AND g.document_id = s.document_id
+                      AND g.generation_id = $2
+                      AND g.version_number >= s.version_number)
 
 -- name: rewrite_pointers
 -- $1 tenant, $2 target generation, $3 its model, $4 now. Every pointer of the tenant to what
