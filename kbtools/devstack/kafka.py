@@ -19,6 +19,7 @@ from kbtools.devstack.postgres import ServiceStatus
 from kbtools.devstack.process import (
     cmdline,
     pid_alive,
+    port_bindable,
     port_open,
     read_pid,
     run_tool,
@@ -222,6 +223,18 @@ class LocalKafka:
                 f"port {self.settings.kafka_port} is taken by another program; set "
                 "KB_DEV_KAFKA_PORT to a free port (or KAFKA_BOOTSTRAP_SERVERS to use that broker)"
             )
+        # The broker logs nothing of a failed bind (its logging is off), and a port in the
+        # kernel's ephemeral range may be held by any client connection for a while: say so.
+        for port, setting in (
+            (self.settings.kafka_port, "KB_DEV_KAFKA_PORT"),
+            (self.settings.kafka_controller_port, "KB_DEV_KAFKA_CONTROLLER_PORT"),
+        ):
+            if not port_bindable("127.0.0.1", port):
+                raise DependencyUnavailable(
+                    f"kafka cannot listen on port {port}: another socket holds it (a client "
+                    f"connection's end, if it is in the ephemeral range); set {setting} to "
+                    "a free port below that range, or try again"
+                )
         java = find_java()
         classpath = self.classpath()
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,19 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def port_bindable(host: str, port: int) -> bool:
+    """Whether a server could listen on ``port`` now, as the JVM binds (SO_REUSEADDR): False
+    while another socket holds it, a listener's or a client connection's that the kernel
+    gave that port as its ephemeral end."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
