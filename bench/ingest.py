@@ -41,7 +41,7 @@ import asyncpg
 import httpx
 from aiokafka import AIOKafkaProducer
 
-from bench.bulk_publish import bulk_rate, wait_ready
+from bench.bulk_publish import bulk_rate, upload_and_publish, wait_ready
 from bench.indexing_throughput import corpus, free_port
 from bench.latency import Bench, pct
 from kbtools.demo.processes import DemoProcesses
@@ -126,16 +126,7 @@ class IngestBench:
                 await self.send(f"l/{n}", text, title)
                 return
             path = f"/v1/tenants/{TENANT}/documents"
-            created = await client.post(
-                path, files={"file": (f"n{n}.md", text, "text/markdown")}, data={"title": title}
-            )
-            created.raise_for_status()
-            body = created.json()
-            published = await client.post(
-                f"{path}/{body['documentId']}/versions/1/publish",
-                json={"revision": body["revision"], "acl": {"read": ["group:all"]}},
-            )
-            published.raise_for_status()
+            await upload_and_publish(client, path, (f"n{n}.md", text, "text/markdown"), title)
 
         before = await count(self.url, SEARCHABLE)
         total = int(rate * seconds)
