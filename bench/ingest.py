@@ -11,9 +11,12 @@ embedding provider (no model: the figures are the pipeline's, not a model's).
    requests at once), then the same documents as signed ``PublishDocument`` commands (inline
    content) sent as fast as the producer can to ``kb.ingest.standard`` and applied by
    `kb ingest run` (a tenant's run of up to ``--apply-batch`` commands per transaction; new
-   documents written together, as the bulk endpoint writes them). Each rate runs from the
-   first request (the first send) to the last answer (the last command recorded in
-   ``ingest_command``). Reported: documents/s of each and ingest/bulk.
+   documents written together, as the bulk endpoint writes them). Each side's requests
+   (commands, built and signed) are made before its clock starts, and the relay has sent
+   every event of what came before (its work does not run into a span); each rate runs from
+   the first request (the first send) to the last answer (the last command recorded in
+   ``ingest_command``). Reported: documents/s of each and ingest/bulk, and the CPU time per
+   item of `kb serve` (bulk) and of `kb ingest run` (commands) over their spans.
 2. Latency, indexer running: one-paragraph documents at ``--rate`` per second for
    ``--seconds`` over HTTP (upload, then publish: the API's two calls), then as many
    commands at the same rate. Per document, from the moment the client sent (its first
@@ -39,14 +42,18 @@ from typing import Any
 
 import asyncpg
 import httpx
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bench.bulk_publish import bulk_rate, upload_and_publish, wait_ready
 from bench.indexing_throughput import corpus, free_port, process_tree_cpu_seconds
 from bench.latency import Bench, pct
 from kbtools.demo.processes import DemoProcesses
 from services.publisher.ingest.signing import public_bytes
-from services.runtime.messaging.events import ingest_topic
+from services.runtime.messaging.events import (
+    document_events_topic,
+    index_hints_topic,
+    ingest_topic,
+)
 from tests.support.ingest import Signer, publish_command
 
 TIER = "standard"
@@ -135,6 +142,30 @@ class IngestBench:
             "seconds": done - began,
             "cpu_ms_per_command": spent / len(documents) * 1000,
         }
+
+    async def wait_relayed(self, limit_seconds: float = 300) -> None:
+        """Until the relay has sent every outbox row (the end offsets of the event topics
+        add up to the outbox's rows, at least): the relay's work for one side's documents
+        must not run on into the other side's timed span."""
+        prefix = self.env["KB_KAFKA_TOPIC_PREFIX"]
+        topics = [index_hints_topic(TIER, prefix), document_events_topic(prefix)]
+        # No group: subscribed, it is given every partition of the topics (never reads).
+        consumer = AIOKafkaConsumer(*topics, bootstrap_servers=self.bench.kafka)
+        await consumer.start()
+        rows = 0
+        ends: dict[Any, int] = {}
+        try:
+            deadline = time.monotonic() + limit_seconds
+            while time.monotonic() < deadline:
+                rows = await count(self.url, "SELECT count(*) FROM outbox")
+                parts = list(consumer.assignment())
+                ends = await consumer.end_offsets(parts) if parts else {}
+                if parts and sum(ends.values()) >= rows:
+                    return
+                await asyncio.sleep(0.1)
+        finally:
+            await consumer.stop()
+        raise RuntimeError(f"the relay did not catch up in {limit_seconds} s: {rows} rows, {ends}")
 
     async def latencies(
         self, client: httpx.AsyncClient, rate: float, seconds: float, mode: str
@@ -230,11 +261,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             await ingest.ingest_rate(corpus("documents", 2, seed=3), "warm")
             await bulk_rate(client, f"/v1/tenants/{TENANT}/documents/bulk", corpus("d", 2), 2)
             documents = corpus("documents", args.documents, seed=11)
+            await ingest.wait_relayed()
             cpu = process_tree_cpu_seconds(api)
             bulk = await bulk_rate(
                 client, f"/v1/tenants/{TENANT}/documents/bulk", documents, args.batch
             )
             api_cpu = process_tree_cpu_seconds(api) - cpu
+            await ingest.wait_relayed()  # the bulk's events sent before the commands start
             event = await ingest.ingest_rate(documents, "t", consumer)
             result["throughput"] = {
                 "bulk_docs_per_second": bulk,
