@@ -570,8 +570,7 @@ class Publisher:
                 f"{document.published_version}; upload it again as a new version",
                 code="VERSION_SUPERSEDED",
             )
-        await tx.mark_version_published(tenant_id, document_id, version_number, now)
-        revision = await tx.set_published_version(tenant_id, document_id, version_number, now)
+        revision = await tx.publish_version(tenant_id, document_id, version_number, now)
         task = await tx.ensure_index_task(
             NewIndexTask(
                 task_id=uuid.uuid4(),

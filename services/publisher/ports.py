@@ -186,14 +186,11 @@ class PublishTransaction(Protocol):
         """Set the document's latest version, bump its revision; the new revision."""
         ...
 
-    async def mark_version_published(
-        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
-    ) -> None: ...
-
-    async def set_published_version(
+    async def publish_version(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
     ) -> int:
-        """Point the document at its published version, bump its revision; the new one."""
+        """Mark the version published and point the document at it, bump its revision; the
+        new revision."""
         ...
 
     async def replace_acl(
