@@ -16,6 +16,8 @@ from services.embedding.settings import EmbeddingSettings
 from services.indexer.retry import RetryPolicy
 from services.indexer.settings import IndexerSettings
 from services.indexer.wiring import build_worker
+from services.publisher.ingest.pipeline import IngestPace, pace_of
+from services.publisher.ingest.settings import IngestSettings
 from services.runtime.settings import section_of
 
 
@@ -79,4 +81,18 @@ def test_the_worker_retries_by_every_indexer_retry_setting() -> None:
     assert worker.attempts.policy == RetryPolicy(
         backoff_base_seconds=3, backoff_cap_seconds=90, jitter=0.4,
         max_retry_after_seconds=120, provider_failure_budget_seconds=5000,
+    )  # fmt: skip
+
+
+def test_the_ingest_loop_paces_itself_by_every_ingest_setting_of_its_own() -> None:
+    settings = IngestSettings(
+        ingest_batch_size=70,
+        ingest_poll_timeout_seconds=0.5,
+        ingest_apply_batch=30,
+        ingest_read_ahead=400,
+        ingest_backlog_report_seconds=9,
+    )
+    assert pace_of(settings) == IngestPace(
+        batch_size=70, poll_timeout_seconds=0.5, apply_batch=30, read_ahead=400,
+        report_seconds=9,
     )  # fmt: skip
