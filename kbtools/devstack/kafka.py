@@ -23,6 +23,7 @@ from kbtools.devstack.process import (
     port_open,
     read_pid,
     run_tool,
+    runs_on_another_port,
     spawn_detached,
     terminate,
 )
@@ -218,6 +219,8 @@ class LocalKafka:
         if current.running:
             self._wait_ready(time.monotonic() + self.settings.start_timeout_s)
             return current
+        if (pid := self._our_pid()) is not None:
+            raise runs_on_another_port("kafka", pid, self.settings.kafka_port, "KB_DEV_KAFKA_PORT")
         if port_open("127.0.0.1", self.settings.kafka_port):
             raise ConfigError(
                 f"port {self.settings.kafka_port} is taken by another program; set "
