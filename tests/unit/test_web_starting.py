@@ -95,6 +95,29 @@ async def test_the_stop_ends_the_wait_with_nothing_started() -> None:
     assert "serve.stopped_at_start" in [entry["event"] for entry in logs]
 
 
+async def test_the_servers_stop_cancels_an_attempt_under_way() -> None:
+    """A connection to a host that does not answer: the stop does not wait for it."""
+    attempted = asyncio.Event()
+    closed: list[bool] = []
+
+    @asynccontextmanager
+    async def hanging(app: Any) -> AsyncIterator[None]:
+        attempted.set()
+        try:
+            await asyncio.Event().wait()  # never answers
+            yield
+        finally:
+            closed.append(True)
+
+    app = FastAPI(lifespan=hanging)
+    start = start_in_background(app, QUICK, on_failure=lambda _: None)
+    with capture_logs() as logs:
+        async with app.router.lifespan_context(app):
+            await attempted.wait()
+    assert (start.started, start.failure, closed) == (False, None, [True])
+    assert "serve.stopped_at_start" in [entry["event"] for entry in logs]
+
+
 def _app() -> tuple[FastAPI, BackgroundStart]:
     app = FastAPI()
 

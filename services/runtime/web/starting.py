@@ -8,7 +8,8 @@ undone and tried again from its beginning while the error is retriable
 (``services.runtime.pg.waiting``, ``database.unavailable``). Meanwhile the server answers:
 ``/healthz`` and ``/metrics`` as usual, ``/readyz`` 503 ``NOT_READY``, every other request
 503 ``DATABASE_UNAVAILABLE`` with a ``Retry-After``. The server's own stop (SIGTERM) ends
-the wait; an error that is not retriable is handed to ``on_failure`` to stop the server.
+the wait, an attempt under way cancelled; an error that is not retriable is handed to
+``on_failure`` to stop the server.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class BackgroundStart:
         except StoppedWaiting:
             log.info("serve.stopped_at_start")
             return
+        except asyncio.CancelledError:
+            log.info("serve.stopped_at_start")
+            raise
         except Exception as error:
             self.failure = error
             log.error("serve.start_failed", error=str(error), error_type=type(error).__name__)
@@ -91,6 +95,10 @@ def start_in_background(
             yield
         finally:
             stop.set()
+            if not start.started:
+                # An attempt under way is not waited for: a connection to a host that does
+                # not answer would hold the stop for the driver's whole connect timeout.
+                running.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running
 
