@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kbtools.chaos.rig.ports import listen_port
 from kbtools.devstack.kafka import SLF4J_BINDER, LocalKafka
 from kbtools.devstack.process import cmdline, pid_alive, read_pid
 from kbtools.devstack.settings import DevStackSettings
@@ -23,13 +24,12 @@ pytestmark = pytest.mark.e2e
 KB = [sys.executable, "-m", "services.cli"]
 
 
-def _free_port() -> int:
-    import socket
+_TAKEN: set[int] = set()
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+
+def _free_port() -> int:
+    """Below the ephemeral range: the servers are killed and started again on it."""
+    return listen_port(taken=_TAKEN)
 
 
 @pytest.fixture
