@@ -95,7 +95,8 @@ def create_app(
                 if tenant_tiers is None and app.state.fair_share is not None:
                     app.state.fair_share.use_tiers(PgTenantTiers(pool))
                 app.state.search_replicas = getattr(built, "replica_views", None)
-                if getattr(app.state, "operator", None) is None:
+                own_operator = getattr(app.state, "operator", None) is None
+                if own_operator:
                     app.state.operator = build_operator_context(
                         pool, operator_settings or _operator_settings()
                     )
@@ -107,7 +108,10 @@ def create_app(
                     stop.set()
                     await lag
                     _read_status_on(app, None)
+                    # Entered again (kb serve's start, retried), the lifespan opens anew.
                     app.state.searcher = None
+                    if own_operator:
+                        app.state.operator = None
 
     app.router.lifespan_context = lifespan
     trace_http_app(app)

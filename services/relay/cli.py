@@ -10,9 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-import asyncpg
 import typer
 
 from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, PgWakeups, create_relay_pool
@@ -23,9 +21,10 @@ from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
 from services.runtime.commands.cli_options import metrics_port_option, serve_metrics
 from services.runtime.commands.cli_support import load_settings, run_async
-from services.runtime.errors import BadInput, DependencyUnavailable
+from services.runtime.errors import BadInput
 from services.runtime.indexing.search_lag import run_search_lag_sampler
 from services.runtime.logging import configure_logging, get_logger
+from services.runtime.pg.waiting import StoppedWaiting, when_available
 from services.runtime.signals import run_until_signalled
 from services.runtime.tracing.setup import configure_tracing
 
@@ -67,8 +66,14 @@ def run(
 
 
 async def _run(settings: RelaySettings, hook: AfterAck | None, stop: asyncio.Event) -> None:
-    pool = await _pool_when_reachable(settings, stop)
-    if pool is None:  # stopped before the database ever answered
+    # A database that is not up yet is waited for (database.unavailable, as every
+    # long-running command logs it), not a crash loop.
+    try:
+        pool = await when_available(
+            "open_pool", lambda: create_relay_pool(settings), stop=stop, backoff=settings.backoff()
+        )
+    except StoppedWaiting:
+        log.info("relay.stopped_at_start")
         return
     relay = Relay(
         settings,
@@ -98,25 +103,6 @@ async def _run(settings: RelaySettings, hook: AfterAck | None, stop: asyncio.Eve
         await pool.close()
     if relay.failure is not None:
         raise relay.failure
-
-
-async def _pool_when_reachable(
-    settings: RelaySettings, stop: asyncio.Event
-) -> asyncpg.Pool[Any] | None:
-    """A database that is not up yet is waited for (with backoff), not a crash loop."""
-    backoff = settings.backoff()
-    failures = 0
-    while not stop.is_set():
-        try:
-            return await create_relay_pool(settings)
-        except DependencyUnavailable as error:
-            failures += 1
-            delay = backoff.delay(failures)
-            log.warning("relay.database_unavailable", error=str(error), retry_in_s=delay)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                await stop.wait()
-    return None
 
 
 @dataclass(frozen=True)

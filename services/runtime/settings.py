@@ -31,11 +31,11 @@ class RuntimeSettings(BaseSettings):
     )
 
     database_url: str = Field(
-        default="postgresql://postgres@127.0.0.1:55432/kb",
+        default="postgresql://postgres@127.0.0.1:25432/kb",
         validation_alias=AliasChoices("DATABASE_URL", "KB_DATABASE_URL"),
     )
     kafka_bootstrap_servers: str = Field(
-        default="127.0.0.1:59092",
+        default="127.0.0.1:29092",
         validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "KB_KAFKA_BOOTSTRAP_SERVERS"),
     )
     # How clients reach Kafka: PLAINTEXT (the dev stack), or TLS and/or SASL for a managed

@@ -94,6 +94,8 @@ def create_app(
         try:
             yield
         finally:
+            # A lifespan entered again (kb serve's start, retried) opens a store anew.
+            app.state.store = app.state.publisher = app.state.bulk_publisher = None
             await pool.close()
             log.info("publisher.stopped")
 
