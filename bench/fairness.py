@@ -270,7 +270,7 @@ async def run(args: argparse.Namespace) -> int:
     if args.flood_port:
         await flood(args.flood_port, args.flooders, args.flood_seconds, args.flood_queries)
         return 0
-    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
+    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:25432/kb")
     database = args.database or f"kb_bench_fairness_{args.chunks // 1000}k"
     args.corpus = corpus = build_corpus(args.chunks, args.seed, "clustered")
     why = await reusable(admin_url, database, corpus_identity(corpus, MODEL))

@@ -147,7 +147,7 @@ async def publish(client: httpx.AsyncClient, n: int, document_id: str | None, ed
 
 
 async def run(args: argparse.Namespace, home: Path) -> list[Sample]:
-    admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
+    admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:25432/kb")
     database_url = await fresh_database(admin)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
     env.update(

@@ -161,7 +161,9 @@ def free_port() -> int:
         return port
 
 
-def start_provider(model: str, inference_batch: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_provider(
+    model: str, inference_batch: int, threads: int = 2, runs: int = 1
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     process = subprocess.Popen(
         [
@@ -174,6 +176,10 @@ def start_provider(model: str, inference_batch: int) -> tuple[subprocess.Popen[b
             model,
             "--inference-batch",
             str(inference_batch),
+            "--model-threads",
+            str(threads),
+            "--runs-at-once",
+            str(runs),
         ]
     )
     base = f"http://127.0.0.1:{port}"

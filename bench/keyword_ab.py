@@ -84,7 +84,7 @@ def query_sets(rng: np.random.Generator, n: int) -> dict[str, list[str]]:
 
 
 async def run(args: argparse.Namespace) -> None:
-    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
+    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:25432/kb")
     url = url_for(admin_url, args.database)
     settings = SearchSettings(database_url=url, db_pool_min_size=1, db_pool_max_size=2)
     pool = await create_pool(settings)

@@ -166,7 +166,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     if not admin_url:
         raise SystemExit('DATABASE_URL is needed (eval "$(uv run kb dev up)")')
     documents = corpus(CORPUS, args.documents)
-    provider, base = start_provider(args.model, args.inference_batch)
+    provider, base = start_provider(
+        args.model, args.inference_batch, args.model_threads, args.runs_at_once
+    )
     rounds = []
     try:
         for _ in range(args.rounds):
@@ -187,6 +189,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "corpus": CORPUS,
         "model": args.model,
         "inference_batch": args.inference_batch,
+        "model_threads": args.model_threads,
+        "runs_at_once": args.runs_at_once,
         "langchain_hnsw": args.langchain_hnsw,
         "documents": len(documents),
         "mean_characters": sum(map(len, documents)) / len(documents),
@@ -207,6 +211,12 @@ def main() -> None:
         type=int,
         default=1,
         help="inputs per model run on the server (1: one at a time, sorted by length)",
+    )
+    parser.add_argument(
+        "--model-threads", type=int, default=2, help="the server's intra-op threads a model run"
+    )
+    parser.add_argument(
+        "--runs-at-once", type=int, default=1, help="model runs at once a request is shared by"
     )
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument(

@@ -412,8 +412,8 @@ async def main() -> None:
     parser.add_argument("--backfill", type=int, default=0, help="documents to backfill")
     parser.add_argument("--no-idle", action="store_true", help="skip the idle cost")
     args = parser.parse_args()
-    admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
-    kafka = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:59092")
+    admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:25432/kb")
+    kafka = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:29092")
     home = Path(tempfile.mkdtemp(prefix="kb-bench-latency-"))
     bench = Bench(admin, kafka, home)
     runs = [

@@ -536,7 +536,7 @@ def main() -> None:
         return
 
     configure_logging("warning", "json", service="bench")
-    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
+    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:25432/kb")
     url = asyncio.run(recreate(admin_url, args.database))
     report: dict[str, Any] = {"cpus": os.cpu_count()}
     if "efficiency" not in args.skip:

@@ -64,7 +64,7 @@ def log(message: str) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
+    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:25432/kb")
     database = args.database or f"kb_bench_scale_{args.chunks // 1000}k_{args.vectors}"
     started = time.perf_counter()
     mwm = args.maintenance_work_mem or ("4GB" if args.chunks >= 500_000 else "1GB")

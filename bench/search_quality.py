@@ -161,7 +161,7 @@ def _row(label: str, s: Scores, extra: str = "") -> str:
 
 async def run(args: argparse.Namespace) -> None:
     clock = timed()
-    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
+    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:25432/kb")
     embedder: Embedder = build_embedder(load_embedding_settings())
     cache = EmbeddingCache(embedder.model, enabled=not args.no_cache)
     sets = []

@@ -3,8 +3,8 @@ token's wait (docs/scaling.md#search-on-replicas).
 
     kb dev up --replicas 1     # or any primary and a streaming replica of it
     uv run python -m bench.search_replicas \\
-        --primary postgresql://postgres@127.0.0.1:55432/kb \\
-        --replica postgresql://postgres@127.0.0.1:55442/kb --chunks 20000
+        --primary postgresql://postgres@127.0.0.1:25432/kb \\
+        --replica postgresql://postgres@127.0.0.1:25442/kb --chunks 20000
 
 Loads the corpus of ``bench/search_scale_corpus.py`` (``--chunks``, clustered vectors) into a
 database of its own on the primary (``--reuse``: the one an earlier run loaded) and waits for

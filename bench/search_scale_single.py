@@ -172,7 +172,7 @@ async def timed(
 
 
 async def run(args: argparse.Namespace) -> None:
-    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
+    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:25432/kb")
     url = await recreate(admin_url)
     rng = np.random.default_rng(args.seed)
     centroids = None

@@ -71,7 +71,7 @@ def agreement(estimate: Mapping[str, float], exact: Mapping[str, float], cap: in
 
 
 async def run(args: argparse.Namespace) -> None:
-    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:55432/kb")
+    admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:25432/kb")
     settings = SearchSettings(
         database_url=url_for(admin_url, args.database), db_pool_min_size=1, db_pool_max_size=2
     )

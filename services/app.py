@@ -21,10 +21,10 @@ from services.embedding.settings import EmbeddingSettings, load_embedding_settin
 from services.operator.context import OperatorContext, build_operator_context
 from services.operator.routes import mount_operator
 from services.operator.settings import OperatorSettings
-from services.publisher.bulk.domain import BulkStore
-from services.publisher.ports import ErasureStore, PublisherStore, StatusReplicas
+from services.publisher.ports import StatusReplicas
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
+from services.publisher.web.api import PublisherStores
 from services.publisher.web.api import create_app as create_publisher_app
 from services.publisher.web.body_limit import BodyLimitMiddleware
 from services.runtime.auth.settings import AuthSettings
@@ -55,9 +55,7 @@ FAIR_SHARE_ROUTES = {
 def create_app(
     settings: PublisherSettings | None = None,
     *,
-    store: PublisherStore | None = None,
-    bulk_store: BulkStore | None = None,
-    erasure_store: ErasureStore | None = None,
+    stores: PublisherStores | None = None,
     searcher: SearchService | None = None,
     search_settings: SearchSettings | None = None,
     embedding_settings: EmbeddingSettings | None = None,
@@ -67,19 +65,13 @@ def create_app(
     fair_share_settings: FairShareSettings | None = None,
     tenant_tiers: TenantTiers | None = None,
 ) -> FastAPI:
-    """Without ``store`` / ``searcher`` the app opens its own pools and embedders in its
+    """Without ``stores`` / ``searcher`` the app opens its own pools and embedders in its
     lifespan: each tenant is searched in its serving generation (services/search/serving.py),
     with the embedder of ``embedding_settings`` (default: ``KB_EMBEDDING_*``, as the
     indexer's) while the database has no generation and for the default one. Tenants' tiers
     (for their fair share) are read through ``tenant_tiers``, else on the search pool the
     lifespan opens; without either every tenant has the flat ``KB_FAIR_*`` limits."""
-    app = create_publisher_app(
-        settings,
-        store=store,
-        bulk_store=bulk_store,
-        erasure_store=erasure_store,
-        auth_settings=auth_settings,
-    )
+    app = create_publisher_app(settings, stores=stores, auth_settings=auth_settings)
     app.title = "kb-pipeline"
     app.state.searcher = searcher
     app.include_router(search_router)
@@ -103,7 +95,8 @@ def create_app(
                 if tenant_tiers is None and app.state.fair_share is not None:
                     app.state.fair_share.use_tiers(PgTenantTiers(pool))
                 app.state.search_replicas = getattr(built, "replica_views", None)
-                if getattr(app.state, "operator", None) is None:
+                own_operator = getattr(app.state, "operator", None) is None
+                if own_operator:
                     app.state.operator = build_operator_context(
                         pool, operator_settings or _operator_settings()
                     )
@@ -115,7 +108,10 @@ def create_app(
                     stop.set()
                     await lag
                     _read_status_on(app, None)
+                    # Entered again (kb serve's start, retried), the lifespan opens anew.
                     app.state.searcher = None
+                    if own_operator:
+                        app.state.operator = None
 
     app.router.lifespan_context = lifespan
     trace_http_app(app)

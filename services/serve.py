@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from services.runtime.backoff import Backoff
 from services.runtime.commands.cli_options import metrics_port_option, serve_metrics
 
 if TYPE_CHECKING:
@@ -14,6 +15,9 @@ if TYPE_CHECKING:
 
     from services.publisher.settings import PublisherSettings
     from services.runtime.web.http_strict import HttpSettings
+
+# The start's retries: soon at first, then every few seconds (a readiness probe's period).
+START_BACKOFF = Backoff(0.5, 5.0, 0.5)
 
 
 def serve(
@@ -32,6 +36,7 @@ def serve(
     from services.runtime.logging import configure_logging
     from services.runtime.tracing.setup import configure_tracing
     from services.runtime.web.http_strict import HttpSettings
+    from services.runtime.web.starting import start_in_background
 
     settings = load_settings(PublisherSettings)
     http_settings = load_settings(HttpSettings)
@@ -42,7 +47,15 @@ def serve(
     serve_metrics(metrics_port, "127.0.0.1")
     app = create_app(settings, operator_settings=operator_settings)
     config = server_config(app, host=host, port=port, settings=settings, http=http_settings)
-    GracefulServer(config).run()
+    # It listens at once: a database away at start is waited for (database.unavailable),
+    # /healthz answering 200 and /readyz 503 meanwhile (services/runtime/web/starting.py).
+    server = GracefulServer(config)
+    start = start_in_background(
+        app, START_BACKOFF, on_failure=lambda _: setattr(server, "should_exit", True)
+    )
+    server.run()
+    if start.failure is not None:
+        raise start.failure
 
 
 def server_config(

@@ -4,11 +4,17 @@ Its jars come from Maven Central (``org.apache.kafka:kafka_2.13`` and its runtim
 dependencies, via ``mvn dependency:copy-dependencies``) into a cache dir, or from an
 unpacked distribution named by ``KAFKA_HOME``. It runs on the machine's Java with a small
 heap, detached from the calling process, its pid and logs in the state dir.
+
+The Maven artifact brings slf4j's API but no binding (the distribution ships one in its
+libs): without one the broker logs nothing at all, not even why it failed to start. The
+binding of Kafka's slf4j (1.7) to its log4j2 is resolved with it, so that the broker
+writes ``server.log`` (INFO, the state changes at WARN).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import time
@@ -23,6 +29,7 @@ from kbtools.devstack.process import (
     port_open,
     read_pid,
     run_tool,
+    runs_on_another_port,
     spawn_detached,
     terminate,
 )
@@ -41,14 +48,34 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
       <artifactId>kafka_2.13</artifactId>
       <version>{version}</version>
     </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j-impl</artifactId>
+      <version>{log4j}</version>
+      <scope>runtime</scope>
+    </dependency>
   </dependencies>
 </project>
 """
 
+# The log4j2 release Kafka 4.1 runs on (its log4j-api and log4j-core come with the broker);
+# the binding for its slf4j 1.7 API is log4j-slf4j-impl (log4j-slf4j2-impl binds slf4j 2).
+LOG4J_VERSION = "2.24.3"
+# The jar that binds slf4j 1.x (Kafka's) to an implementation: one in the classpath, or the
+# broker logs nothing.
+SLF4J_BINDER = "org/slf4j/impl/StaticLoggerBinder.class"
+
+# The log rolls over at 10 MB, three kept: each test's topics are logged as they are made.
 _LOG4J2 = """status = warn
-appender.file.type = File
+appender.file.type = RollingFile
 appender.file.name = file
 appender.file.fileName = {log}
+appender.file.filePattern = {log}.%i
+appender.file.policies.type = Policies
+appender.file.policies.size.type = SizeBasedTriggeringPolicy
+appender.file.policies.size.size = 10MB
+appender.file.strategy.type = DefaultRolloverStrategy
+appender.file.strategy.max = 3
 appender.file.layout.type = PatternLayout
 appender.file.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = info
@@ -104,7 +131,11 @@ class LocalKafka:
         """Resolve the broker's jars once into the cache (atomically: a half-finished
         download never looks complete)."""
         version = self.settings.kafka_version
-        target = self.settings.cache_dir / "kafka" / version / "libs"
+        pom = _POM.format(version=version, log4j=LOG4J_VERSION)
+        # Named by what was resolved: a cache made from another list of artifacts (one
+        # without the logging binding) is not taken for this one.
+        digest = hashlib.sha256(pom.encode()).hexdigest()[:12]
+        target = self.settings.cache_dir / "kafka" / version / f"libs-{digest}"
         if (target / f"kafka_2.13-{version}.jar").exists():
             return target
         mvn = shutil.which("mvn")
@@ -118,7 +149,7 @@ class LocalKafka:
         work = target.parent / f"resolve-{uuid.uuid4().hex[:8]}"
         work.mkdir(parents=True)
         try:
-            (work / "pom.xml").write_text(_POM.format(version=version))
+            (work / "pom.xml").write_text(pom)
             result = run_tool(
                 [
                     mvn,
@@ -218,13 +249,15 @@ class LocalKafka:
         if current.running:
             self._wait_ready(time.monotonic() + self.settings.start_timeout_s)
             return current
+        if (pid := self._our_pid()) is not None:
+            raise runs_on_another_port("kafka", pid, self.settings.kafka_port, "KB_DEV_KAFKA_PORT")
         if port_open("127.0.0.1", self.settings.kafka_port):
             raise ConfigError(
                 f"port {self.settings.kafka_port} is taken by another program; set "
                 "KB_DEV_KAFKA_PORT to a free port (or KAFKA_BOOTSTRAP_SERVERS to use that broker)"
             )
-        # The broker logs nothing of a failed bind (its logging is off), and a port in the
-        # kernel's ephemeral range may be held by any client connection for a while: say so.
+        # A port in the kernel's ephemeral range may be held by any client connection for a
+        # while: say so before the JVM starts (its log would say only "Address in use").
         for port, setting in (
             (self.settings.kafka_port, "KB_DEV_KAFKA_PORT"),
             (self.settings.kafka_controller_port, "KB_DEV_KAFKA_CONTROLLER_PORT"),
@@ -241,6 +274,7 @@ class LocalKafka:
         self._write_config()
         if not (self.data_dir / "meta.properties").exists():
             self.format_storage(java, classpath, _kafka_uuid())
+        logged = _size(self.log_file)  # what this start logs comes after
         pid = spawn_detached(
             self._java(java, classpath, "kafka.Kafka", str(self.config_file)), self.stdout_file
         )
@@ -249,13 +283,24 @@ class LocalKafka:
         while not port_open("127.0.0.1", self.settings.kafka_port):
             if not pid_alive(pid):
                 raise DependencyUnavailable(
-                    f"kafka exited during start-up; see {self.stdout_file} and {self.log_file}"
+                    f"kafka exited during start-up: {self.why_it_stopped(logged)} (see "
+                    f"{self.log_file} and {self.stdout_file})"
                 )
             if time.monotonic() > deadline:
                 raise DependencyUnavailable(f"kafka did not open its port; see {self.log_file}")
             time.sleep(0.2)
         self._wait_ready(deadline)
         return self.status()
+
+    def why_it_stopped(self, logged: int = 0) -> str:
+        """The broker's last error in its log after ``logged`` bytes (the exception's line
+        after it), else the last line it printed."""
+        lines = _lines(self.log_file, logged)
+        errors = [i for i, line in enumerate(lines) if " ERROR " in line or " FATAL " in line]
+        if errors:
+            return " / ".join(line.strip() for line in lines[errors[-1] : errors[-1] + 2])
+        printed = _lines(self.stdout_file)
+        return printed[-1].strip() if printed else "it logged nothing"
 
     def format_storage(self, java: str, classpath: str, cluster_id: str) -> None:
         """Format the KRaft log directory for a new single-node cluster."""
@@ -290,6 +335,23 @@ class LocalKafka:
         if pid is not None:
             terminate(pid, grace_s=30)
         self.pid_file.unlink(missing_ok=True)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _lines(path: Path, offset: int = 0) -> list[str]:
+    try:
+        with path.open("rb") as file:
+            if offset <= _size(path):  # else the log rolled over meanwhile: all of it
+                file.seek(offset)
+            return file.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
 
 
 def _kafka_uuid() -> str:

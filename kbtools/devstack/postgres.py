@@ -19,7 +19,13 @@ from pathlib import Path
 
 import asyncpg
 
-from kbtools.devstack.process import pid_alive, port_open, read_pid, run_tool
+from kbtools.devstack.process import (
+    pid_alive,
+    port_open,
+    read_pid,
+    run_tool,
+    runs_on_another_port,
+)
 from kbtools.devstack.settings import DevStackSettings
 from services.runtime.errors import ConfigError, DependencyUnavailable, MissingTool
 
@@ -150,6 +156,9 @@ class EmbeddedPostgres:
         if current.running:
             self._ensure_database()
             return current
+        pid = read_pid(self.data_dir / "postmaster.pid")
+        if pid is not None and pid_alive(pid):
+            raise runs_on_another_port(self.name, pid, self.port, self._port_setting)
         if port_open("127.0.0.1", self.port):
             raise ConfigError(
                 f"port {self.port} is taken by another program; set {self._port_setting} "

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from services.runtime.errors import ConfigError
+
 
 def pid_alive(pid: int) -> bool:
     try:
@@ -107,3 +109,14 @@ def read_pid(path: Path) -> int | None:
         return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def runs_on_another_port(name: str, pid: int, port: int, setting: str) -> ConfigError:
+    """The error of a start that finds its server running from its data but closed on
+    its port: started with another port (an older default, or another ``setting``). A
+    second server on the same data would fail or harm it: stop the first."""
+    return ConfigError(
+        f"{name} already runs from this dev stack (pid {pid}) but does not listen on port "
+        f"{port}: it was started with another {setting} (the defaults moved below the "
+        "ephemeral range); run `kb dev down`, then `kb dev up`"
+    )

@@ -53,6 +53,7 @@ from services.runtime.commands.cli_support import load_settings, run_async
 from services.runtime.identity import owner_id
 from services.runtime.logging import get_logger
 from services.runtime.pg.waiting import Step, StoppedWaiting, once, retrying
+from services.runtime.settings import section_of
 from services.runtime.signals import stop_on_signals, unless_stopped
 
 log = get_logger(__name__)
@@ -198,12 +199,8 @@ def build_worker(
         tier=tier,
         owner=owner or settings.indexer_worker_id,
         lease_seconds=settings.indexer_lease_seconds,
-        policy=RetryPolicy(
-            backoff_base_seconds=settings.indexer_backoff_base_seconds,
-            backoff_cap_seconds=settings.indexer_backoff_cap_seconds,
-            jitter=settings.indexer_backoff_jitter,
-            max_retry_after_seconds=settings.indexer_max_retry_after_seconds,
-            provider_failure_budget_seconds=settings.indexer_provider_failure_budget_seconds,
+        policy=section_of(
+            RetryPolicy, settings, "indexer_", jitter=settings.indexer_backoff_jitter
         ),
         concurrency=concurrency,
         poll_interval_seconds=settings.indexer_poll_seconds,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -571,8 +570,7 @@ class Publisher:
                 f"{document.published_version}; upload it again as a new version",
                 code="VERSION_SUPERSEDED",
             )
-        await tx.mark_version_published(tenant_id, document_id, version_number, now)
-        revision = await tx.set_published_version(tenant_id, document_id, version_number, now)
+        revision = await tx.publish_version(tenant_id, document_id, version_number, now)
         task = await tx.ensure_index_task(
             NewIndexTask(
                 task_id=uuid.uuid4(),
@@ -676,7 +674,6 @@ class Publisher:
         request: ErasureRequest,
         *,
         now: datetime | None = None,
-        between_batches: Callable[[str], Awaitable[None]] | None = None,
         command_id: uuid.UUID | None = None,
     ) -> EraseOutcome:
         """Erase the document's content (docs/architecture.md#document-lifecycle). Erase
@@ -703,11 +700,7 @@ class Publisher:
         erased_at, changed = record.erased_at, False
         if erased_at is None:
             erased_at = await self._erasure.erase_content(
-                tenant_id,
-                document_id,
-                batch_rows=self._erase_batch_rows,
-                now=now,
-                between_batches=between_batches,
+                tenant_id, document_id, batch_rows=self._erase_batch_rows, now=now
             )
             changed = True
         token = await self._store.primary_search_token()

@@ -8,7 +8,7 @@ the adapter puts it in the WHERE clause: no query can wander into another tenant
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -133,18 +133,11 @@ class ErasureStore(Protocol):
     role may not write): services/runtime/erasure/erase_pg.py."""
 
     async def erase_content(
-        self,
-        tenant_id: str,
-        document_id: uuid.UUID,
-        *,
-        batch_rows: int,
-        now: datetime | None = None,
-        between_batches: Callable[[str], Awaitable[None]] | None = None,
+        self, tenant_id: str, document_id: uuid.UUID, *, batch_rows: int, now: datetime | None
     ) -> datetime:
         """Remove what is left of the document's content, batch by batch, each batch its own
         transaction; then set the audit row's ``erased_at`` and return it. Every step is
-        idempotent: a run that stopped halfway is finished by the next. ``between_batches``
-        (tests) is awaited after each committed batch with the step's name."""
+        idempotent: a run that stopped halfway is finished by the next."""
         ...
 
     async def remove_deleted_leftovers(
@@ -193,14 +186,11 @@ class PublishTransaction(Protocol):
         """Set the document's latest version, bump its revision; the new revision."""
         ...
 
-    async def mark_version_published(
-        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
-    ) -> None: ...
-
-    async def set_published_version(
+    async def publish_version(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
     ) -> int:
-        """Point the document at its published version, bump its revision; the new one."""
+        """Mark the version published and point the document at it, bump its revision; the
+        new revision."""
         ...
 
     async def replace_acl(

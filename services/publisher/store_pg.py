@@ -129,38 +129,20 @@ class PgPublishTransaction:
     async def record_new_version(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
     ) -> int:
-        return await self._bump_revision(
-            "record_new_version", tenant_id, document_id, version_number, now
-        )
-
-    async def mark_version_published(
-        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
-    ) -> None:
-        with translate_db_errors():
-            await self._conn.execute(
-                QUERIES["mark_version_published"], tenant_id, document_id, version_number, now
-            )
-
-    async def set_published_version(
-        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
-    ) -> int:
-        return await self._bump_revision(
-            "set_published_version", tenant_id, document_id, version_number, now
-        )
-
-    async def _bump_revision(
-        self,
-        query: str,
-        tenant_id: str,
-        document_id: uuid.UUID,
-        version_number: int,
-        now: datetime | None,
-    ) -> int:
-        """Run a statement that moves the document to a new revision; that revision."""
         with translate_db_errors():
             revision: int = await self._conn.fetchval(
-                QUERIES[query], tenant_id, document_id, version_number, now
+                QUERIES["record_new_version"], tenant_id, document_id, version_number, now
             )
+        return revision
+
+    async def publish_version(
+        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
+    ) -> int:
+        """The version marked published, then the document pointed at it; its new revision."""
+        key = (tenant_id, document_id, version_number)
+        with translate_db_errors():
+            await self._conn.execute(QUERIES["mark_version_published"], *key, now)
+            revision: int = await self._conn.fetchval(QUERIES["set_published_version"], *key, now)
         return revision
 
     async def replace_acl(

@@ -7,12 +7,10 @@ import contextlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-import asyncpg
 import typer
 
 from services.relay.outbox_pg import PgLeaseStore, PgOutboxSource, PgWakeups, create_relay_pool
@@ -23,9 +21,10 @@ from services.relay.settings import RelaySettings
 from services.relay.sink_kafka import KafkaSink
 from services.runtime.commands.cli_options import metrics_port_option, serve_metrics
 from services.runtime.commands.cli_support import load_settings, run_async
-from services.runtime.errors import BadInput, DependencyUnavailable
+from services.runtime.errors import BadInput
 from services.runtime.indexing.search_lag import run_search_lag_sampler
 from services.runtime.logging import configure_logging, get_logger
+from services.runtime.pg.waiting import StoppedWaiting, when_available
 from services.runtime.signals import run_until_signalled
 from services.runtime.tracing.setup import configure_tracing
 
@@ -67,8 +66,14 @@ def run(
 
 
 async def _run(settings: RelaySettings, hook: AfterAck | None, stop: asyncio.Event) -> None:
-    pool = await _pool_when_reachable(settings, stop)
-    if pool is None:  # stopped before the database ever answered
+    # A database that is not up yet is waited for (database.unavailable, as every
+    # long-running command logs it), not a crash loop.
+    try:
+        pool = await when_available(
+            "open_pool", lambda: create_relay_pool(settings), stop=stop, backoff=settings.backoff()
+        )
+    except StoppedWaiting:
+        log.info("relay.stopped_at_start")
         return
     relay = Relay(
         settings,
@@ -100,25 +105,6 @@ async def _run(settings: RelaySettings, hook: AfterAck | None, stop: asyncio.Eve
         raise relay.failure
 
 
-async def _pool_when_reachable(
-    settings: RelaySettings, stop: asyncio.Event
-) -> asyncpg.Pool[Any] | None:
-    """A database that is not up yet is waited for (with backoff), not a crash loop."""
-    backoff = settings.backoff()
-    failures = 0
-    while not stop.is_set():
-        try:
-            return await create_relay_pool(settings)
-        except DependencyUnavailable as error:
-            failures += 1
-            delay = backoff.delay(failures)
-            log.warning("relay.database_unavailable", error=str(error), retry_in_s=delay)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                await stop.wait()
-    return None
-
-
 @dataclass(frozen=True)
 class ReplayArgs:
     where: ReplayFilter
@@ -138,47 +124,43 @@ def parse_replay_args(
     """Validate the command line; every mistake is a BadInput (exit 2) saying what to fix."""
     if (from_position is None) == (since is None):
         raise BadInput("give exactly one of --from POSITION or --since TIME")
-    after_position = 0
-    up_to: int | None = None
-    since_at: datetime | None = None
-    until: datetime | None = None
     if from_position is not None:
-        start = _position("--from", from_position)
-        after_position = start - 1
-        if to is not None:
-            up_to = _position("--to", to)
-            if up_to < start:
-                raise BadInput(f"--to {up_to} is before --from {start}")
+        where = _position_range(from_position, to)
     else:
         assert since is not None
-        since_at = _time("--since", since)
-        if to is not None:
-            until = _time("--to", to)
-            if until <= since_at:
-                raise BadInput(f"--to {to} is not after --since {since}")
-    replay_rate: float | None = None
-    if rate is not None:
-        try:
-            replay_rate = float(rate)
-        except ValueError:
-            raise BadInput(f"--rate must be a number of events per second, not {rate!r}") from None
-        if not replay_rate > 0:
-            raise BadInput(f"--rate must be greater than 0, not {rate!r}")
+        where = _time_range(since, to)
+    replay_rate = None if rate is None else _rate(rate)
     for name, value in (("--tenant", tenant), ("--tier", tier), ("--type", event_type)):
         if value is not None and not value.strip():
             raise BadInput(f"{name} must not be empty")
-    return ReplayArgs(
-        where=ReplayFilter(
-            after_position=after_position,
-            up_to_position=up_to,
-            since=since_at,
-            until=until,
-            tenant_id=tenant,
-            tier=tier,
-            event_type=event_type,
-        ),
-        rate=replay_rate,
-    )
+    where = replace(where, tenant_id=tenant, tier=tier, event_type=event_type)
+    return ReplayArgs(where=where, rate=replay_rate)
+
+
+def _position_range(from_position: str, to: str | None) -> ReplayFilter:
+    start = _position("--from", from_position)
+    up_to = None if to is None else _position("--to", to)
+    if up_to is not None and up_to < start:
+        raise BadInput(f"--to {up_to} is before --from {start}")
+    return ReplayFilter(after_position=start - 1, up_to_position=up_to)
+
+
+def _time_range(since: str, to: str | None) -> ReplayFilter:
+    since_at = _time("--since", since)
+    until = None if to is None else _time("--to", to)
+    if until is not None and until <= since_at:
+        raise BadInput(f"--to {to} is not after --since {since}")
+    return ReplayFilter(since=since_at, until=until)
+
+
+def _rate(rate: str) -> float:
+    try:
+        replay_rate = float(rate)
+    except ValueError:
+        raise BadInput(f"--rate must be a number of events per second, not {rate!r}") from None
+    if not replay_rate > 0:
+        raise BadInput(f"--rate must be greater than 0, not {rate!r}")
+    return replay_rate
 
 
 def _position(option: str, value: str) -> int:

@@ -9,12 +9,20 @@ reads only what it uses.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Section = TypeVar("Section", bound=DataclassInstance)
+else:
+    Section = TypeVar("Section")
 
 
 class RuntimeSettings(BaseSettings):
@@ -23,11 +31,11 @@ class RuntimeSettings(BaseSettings):
     )
 
     database_url: str = Field(
-        default="postgresql://postgres@127.0.0.1:55432/kb",
+        default="postgresql://postgres@127.0.0.1:25432/kb",
         validation_alias=AliasChoices("DATABASE_URL", "KB_DATABASE_URL"),
     )
     kafka_bootstrap_servers: str = Field(
-        default="127.0.0.1:59092",
+        default="127.0.0.1:29092",
         validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "KB_KAFKA_BOOTSTRAP_SERVERS"),
     )
     # How clients reach Kafka: PLAINTEXT (the dev stack), or TLS and/or SASL for a managed
@@ -137,3 +145,16 @@ def env_names(settings_class: type[BaseSettings]) -> set[str]:
         else:
             names.add(f"{prefix}{field_name}".upper())
     return names
+
+
+def section_of(kind: type[Section], settings: BaseSettings, prefix: str, **given: Any) -> Section:
+    """The dataclass ``kind`` (a policy, its timings) made from the settings named
+    ``prefix`` and each of its fields: ``breaker_open_seconds`` is ``open_seconds`` of the
+    ``breaker_`` section. ``given`` holds the fields whose value is not a setting of that
+    name (another setting's, or one computed from settings). A field found in neither is an
+    error, never its default: a setting renamed or a field added cannot go unnoticed."""
+    values = dict(given)
+    for field in dataclasses.fields(kind):
+        if field.init and field.name not in values:
+            values[field.name] = getattr(settings, prefix + field.name)
+    return kind(**values)

@@ -264,23 +264,17 @@ def rank_results(
 
 
 class QueryEmbeddingUnavailable(DependencyUnavailable):
-    """The embedding provider could not embed the query now (503; retry later). ``code`` is
-    the provider's failure code (EMBEDDING_TIMEOUT when the searcher's timeout ran out);
-    ``reason`` is that code, or ``"timeout"`` for the searcher's own timeout."""
+    """The embedding provider could not embed the query now (503; retry later): made from
+    the provider's ``failure``, whose code, message and Retry-After it answers with
+    (EMBEDDING_TIMEOUT when the searcher's timeout ran out); ``reason`` is that code, or
+    ``"timeout"`` for the searcher's own timeout."""
 
     code = "EMBEDDING_UNAVAILABLE"
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str,
-        reason: str | None = None,
-        retry_after_seconds: float | None = None,
-    ) -> None:
-        super().__init__(message, code=code)
-        self.reason = reason or code
-        self.retry_after_seconds = retry_after_seconds
+    def __init__(self, failure: IndexingFailed, *, reason: str | None = None) -> None:
+        super().__init__(failure.message, code=failure.code)
+        self.reason = reason or failure.code
+        self.retry_after_seconds = failure.retry_after_seconds
 
     @property
     def retry_after(self) -> int:
@@ -374,18 +368,13 @@ class Searcher:
         except TimeoutError as error:
             if not deadline.expired():
                 raise  # not ours: the embedder's own bug, answered as today (500)
+            late = f"the query was not embedded within {self._embed_timeout:g} s"
             raise QueryEmbeddingUnavailable(
-                f"the query was not embedded within {self._embed_timeout:g} s",
-                code=ErrorCode.EMBEDDING_TIMEOUT,
-                reason=TIMEOUT_REASON,
+                IndexingFailed(ErrorCode.EMBEDDING_TIMEOUT, late), reason=TIMEOUT_REASON
             ) from error
         except IndexingFailed as error:
             if error.code in PROVIDER_FAILURE_CODES:
-                raise QueryEmbeddingUnavailable(
-                    error.message,
-                    code=error.code,
-                    retry_after_seconds=error.retry_after_seconds,
-                ) from error
+                raise QueryEmbeddingUnavailable(error) from error
             # The provider answered nonsense or another model: not the caller's fault and
             # not fixed by retrying; a 500 with the stable code.
             raise KbError(error.message, code=error.code) from error

@@ -6,13 +6,16 @@ import os
 import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from kbtools.devstack.kafka import LocalKafka
+from kbtools.chaos.rig.ports import listen_port
+from kbtools.devstack.kafka import SLF4J_BINDER, LocalKafka
 from kbtools.devstack.process import cmdline, pid_alive, read_pid
 from kbtools.devstack.settings import DevStackSettings
+from services.runtime.errors import DependencyUnavailable
 from services.runtime.pg.migrations import load_migrations
 from tests.support.stack import REPO_ROOT
 
@@ -21,13 +24,12 @@ pytestmark = pytest.mark.e2e
 KB = [sys.executable, "-m", "services.cli"]
 
 
-def _free_port() -> int:
-    import socket
+_TAKEN: set[int] = set()
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+
+def _free_port() -> int:
+    """Below the ephemeral range: the servers are killed and started again on it."""
+    return listen_port(taken=_TAKEN)
 
 
 @pytest.fixture
@@ -86,6 +88,8 @@ def test_up_twice_status_kill_and_down(dev_env: dict[str, str], tmp_path: Path) 
         kafka_pid = read_pid(home / "kafka" / "kafka.pid")
         assert kafka_pid is not None
         assert f"{kafka_home}/libs/*" in cmdline(kafka_pid), "KAFKA_HOME was not used"
+        # Its log is written (the broker's slf4j is bound): the start's INFO lines.
+        assert "Kafka Server started" in (home / "kafka" / "server.log").read_text()
         second = kb(dev_env, "dev", "up")
         assert second.returncode == 0, second.stderr
         assert _env_lines(second.stdout) == urls
@@ -129,6 +133,40 @@ def test_up_twice_status_kill_and_down(dev_env: dict[str, str], tmp_path: Path) 
     assert "kafka     stopped" in final.stderr
     new_kafka_pid = read_pid(home / "kafka" / "kafka.pid")
     assert new_kafka_pid is None or not pid_alive(new_kafka_pid)
+
+
+def test_the_resolved_jars_bind_the_brokers_logging() -> None:
+    """Kafka's slf4j is 1.7: exactly one jar holds its binder (without one the broker logs
+    nothing)."""
+    jars = sorted(LocalKafka(DevStackSettings()).fetch_jars().glob("*.jar"))
+    assert [jar.name for jar in jars if jar.name.startswith("slf4j-api-1.")], jars
+    binders = [jar.name for jar in jars if _holds(jar, SLF4J_BINDER)]
+    assert len(binders) == 1, binders
+
+
+def _holds(jar: Path, name: str) -> bool:
+    with zipfile.ZipFile(jar) as archive:
+        return name in archive.namelist()
+
+
+def test_a_failed_broker_start_says_why(tmp_path: Path) -> None:
+    """A data dir formatted for another node: the broker exits at start, and the error
+    names the reason its log gives."""
+    settings = DevStackSettings(
+        home=tmp_path / "dev", kafka_port=_free_port(), kafka_controller_port=_free_port()
+    )
+    kafka = LocalKafka(settings)
+    kafka.data_dir.mkdir(parents=True)
+    (kafka.data_dir / "meta.properties").write_text(
+        "version=1\ncluster.id=AAAAAAAAAAAAAAAAAAAAAA\nnode.id=7\n"
+        "directory.id=AAAAAAAAAAAAAAAAAAAAAA\n"
+    )
+    try:
+        with pytest.raises(DependencyUnavailable, match="Stored node id 7"):
+            kafka.up()
+    finally:
+        kafka.down()
+    assert " ERROR " in kafka.log_file.read_text()
 
 
 def test_missing_java_and_maven_give_one_clear_message(

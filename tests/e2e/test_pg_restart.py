@@ -5,7 +5,8 @@ The server is one of the test's own (tests/support/restartable_pg.py), restarted
 fast shutdown ("terminating connection due to administrator command"). `kb indexer run`
 meets it at start (the server down; a start-up statement cut off: the chaos runs' exit),
 idle, while it claims and indexes, and while its pools still fail to restore their
-connection floor; `kb relay run` while it waits on its LISTEN; `kb ingest run` at start.
+connection floor; `kb relay run` while it waits on its LISTEN; `kb ingest run` and
+`kb serve` at start.
 After each restart the process must still run and index (or relay) what is published
 after it.
 """
@@ -20,9 +21,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import asyncpg
+import httpx
 import pytest
 
 from services.relay.settings import RelaySettings
+from tests.support.api import free_port
 from tests.support.embedding_provider import ServedProvider, served_provider
 from tests.support.kafka import TopicReader, publish, relay_topics
 from tests.support.restartable_pg import RestartablePostgres, restartable_postgres
@@ -341,6 +344,27 @@ async def test_a_running_relay_survives_postgres_restarts(
     assert relay.alive(), relay.tail()
 
 
+async def test_a_relay_waits_for_postgres_at_start(
+    own_postgres: RestartablePostgres,
+    restart_database: str,
+    stack: Stack,
+    topic_prefix: str,
+    start_kb: StartKb,
+) -> None:
+    """`kb relay run` started while the server is down waits for it, logging what every
+    long-running command logs then (``database.unavailable``), and relays once it is up."""
+    await asyncio.to_thread(own_postgres.stop)
+    try:
+        relay = await start_kb("relay", "run", KB_RELAY_PARTITIONS="1")
+        await relay.wait_for('"database.unavailable"', after=0)
+        assert relay.alive(), relay.tail()
+    finally:
+        await asyncio.to_thread(own_postgres.start)
+    topics = relay_topics(RelaySettings(kafka_topic_prefix=topic_prefix))
+    async with TopicReader(stack.kafka_bootstrap, topics) as reader:
+        await _published_and_relayed(restart_database, reader, relay)
+
+
 async def test_an_ingest_consumer_waits_for_postgres_at_start(
     own_postgres: RestartablePostgres, start_kb: StartKb
 ) -> None:
@@ -355,3 +379,58 @@ async def test_an_ingest_consumer_waits_for_postgres_at_start(
         await asyncio.to_thread(own_postgres.start)
     await consumer.wait_for('"ingest.started"', after=0)
     assert consumer.alive(), consumer.tail()
+
+
+async def _answer(port: int, path: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        return await client.get(path)
+
+
+async def _until_ready(port: int, server: Running) -> None:
+    async with asyncio.timeout(WAIT):
+        while (await _answer(port, "/readyz")).status_code != 200:
+            assert server.alive(), server.tail()
+            await asyncio.sleep(0.2)
+
+
+async def test_an_api_waits_for_postgres_at_start(
+    own_postgres: RestartablePostgres, start_kb: StartKb
+) -> None:
+    """`kb serve` started while the server is down listens and waits: alive (/healthz 200),
+    not ready (/readyz 503), a request refused with 503 DATABASE_UNAVAILABLE and a
+    Retry-After; ready once the server is up."""
+    port = free_port()
+    await asyncio.to_thread(own_postgres.stop)
+    try:
+        server = await start_kb("serve", "--port", str(port))
+        await server.wait_for('"database.unavailable"', after=0)
+        assert (await _answer(port, "/healthz")).status_code == 200, server.tail()
+        assert (await _answer(port, "/readyz")).status_code == 503
+        refused = await _answer(port, "/v1/tenants/t1/documents/d1")
+        assert refused.status_code == 503
+        assert refused.json()["errorCode"] == "DATABASE_UNAVAILABLE"
+        assert refused.headers["Retry-After"]
+    finally:
+        await asyncio.to_thread(own_postgres.start)
+    await _until_ready(port, server)
+    await server.wait_for('"serve.ready"', after=0)
+    unknown_key = await _answer(port, "/v1/tenants/t1/documents/d1")
+    assert unknown_key.status_code == 401, unknown_key.text  # the app itself answers now
+    assert server.alive(), server.tail()
+
+
+async def test_sigterm_ends_an_api_waiting_at_start(
+    own_postgres: RestartablePostgres, start_kb: StartKb
+) -> None:
+    """An orchestrator stopping `kb serve` that still waits for the database: exit 0."""
+    await asyncio.to_thread(own_postgres.stop)
+    try:
+        server = await start_kb("serve", "--port", str(free_port()))
+        await server.wait_for('"database.unavailable"', after=0)
+        server.process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(WAIT):
+            code = await server.process.wait()
+        await server.wait_for('"serve.stopped_at_start"', after=0)
+    finally:
+        await asyncio.to_thread(own_postgres.start)
+    assert code == 0, server.tail()

@@ -139,16 +139,12 @@ class MemoryPublishTransaction:
         doc.revision += 1
         return doc.revision
 
-    async def mark_version_published(
+    async def publish_version(
         self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
-    ) -> None:
+    ) -> int:
         version = self._state.versions[(tenant_id, document_id, version_number)]
         version.status = "PUBLISHED"
         version.published_at = version.published_at or _now(now)
-
-    async def set_published_version(
-        self, tenant_id: str, document_id: uuid.UUID, version_number: int, now: datetime | None
-    ) -> int:
         doc = self._state.documents[(tenant_id, document_id)]
         if doc.published_version != version_number:
             doc.published_at = _now(now)

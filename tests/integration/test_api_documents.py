@@ -15,7 +15,7 @@ import pytest
 
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
-from services.publisher.web.api import create_app
+from services.publisher.web.api import PublisherStores, create_app
 from services.runtime.pg.db import create_pool
 from services.runtime.settings import RuntimeSettings
 from tests.support.api import (
@@ -572,7 +572,8 @@ async def test_a_request_that_cannot_get_a_connection_answers_503_quickly(
     pool = await create_pool(publisher_settings)
     try:
         app = create_app(
-            publisher_settings, store=PgPublisherStore(pool, acquire_timeout_seconds=0.2)
+            publisher_settings,
+            stores=PublisherStores(PgPublisherStore(pool, acquire_timeout_seconds=0.2)),
         )
         transport = httpx.ASGITransport(app=app)
         async with (

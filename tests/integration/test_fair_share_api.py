@@ -18,6 +18,7 @@ from services.embedding.hashing import HashingEmbedder
 from services.publisher.bulk.store_pg import PgBulkStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
+from services.publisher.web.api import PublisherStores
 from services.runtime.fair_share.settings import FairShareSettings, TierLimits
 from services.runtime.fair_share.tiers import PgTenantTiers
 from services.runtime.settings import RuntimeSettings
@@ -95,7 +96,7 @@ async def test_a_flooding_tenant_gets_429_while_another_is_served(
     searches = HeldSearches(Searcher(embedder, index), held_tenant="flooder")
     app = create_app(
         PublisherSettings(database_url=settings.database_url),
-        store=PgPublisherStore(app_pool),
+        stores=PublisherStores(PgPublisherStore(app_pool)),
         searcher=searches,
         fair_share_settings=FAIR,
         tenant_tiers=PgTenantTiers(app_pool),
@@ -129,8 +130,7 @@ async def test_publishing_is_limited_by_the_tenants_rate(
     other = await add_tenant(conn, "other-tenant", "standard")
     app = create_app(
         PublisherSettings(database_url=settings.database_url),
-        store=PgPublisherStore(app_pool),
-        bulk_store=PgBulkStore(app_pool),
+        stores=PublisherStores(PgPublisherStore(app_pool), bulk=PgBulkStore(app_pool)),
         fair_share_settings=FAIR,
         tenant_tiers=PgTenantTiers(app_pool),
     )

@@ -7,7 +7,6 @@ never stopped.
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +14,13 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
+from kbtools.chaos.rig.ports import listen_port
 from kbtools.devstack.kafka import LocalKafka
 from kbtools.devstack.settings import DevStackSettings
 from services.runtime.settings import RuntimeSettings
 from tests.support.kafka import TopicReader, publish, relay_settings, relay_topics, running_relay
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _metric(name: str, **labels: str) -> float:
@@ -44,11 +37,13 @@ async def _until(check: Any, timeout_s: float = 60.0) -> None:
 async def test_broker_down_then_up_drains_the_backlog(
     settings: RuntimeSettings, conn: asyncpg.Connection[Any], tmp_path: Path
 ) -> None:
+    # Ports below the ephemeral range: the broker is stopped and started again on them.
+    taken: set[int] = set()
     kafka = LocalKafka(
         DevStackSettings(
             home=tmp_path / "dev",
-            kafka_port=_free_port(),
-            kafka_controller_port=_free_port(),
+            kafka_port=listen_port(taken=taken),
+            kafka_controller_port=listen_port(taken=taken),
             kafka_heap_mb=256,
         )
     )

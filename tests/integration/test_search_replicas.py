@@ -19,6 +19,7 @@ from services.embedding.hashing import HashingEmbedder
 from services.embedding.settings import EmbeddingSettings, HashingConfig
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
+from services.publisher.web.api import PublisherStores
 from services.publisher.web.api import create_app as create_publisher_app
 from services.search.connections import open_search_pool
 from services.search.replicas import PRIMARY, parse_token, replica_name
@@ -279,7 +280,7 @@ async def test_a_status_is_read_on_the_replica_and_on_the_primary_when_it_lags(
     await rotation.check()
     app = create_publisher_app(
         PublisherSettings(database_url=primary_url),
-        store=PgPublisherStore(primary_pool, status_replicas=rotation),
+        stores=PublisherStores(PgPublisherStore(primary_pool, status_replicas=rotation)),
     )
     registry = app.state.metrics.registry
 

@@ -31,7 +31,7 @@ from services.publisher.cli import tenants_app
 from services.publisher.keys import cli as keys_cli
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.publisher.settings import PublisherSettings
-from services.publisher.web.api import create_app
+from services.publisher.web.api import PublisherStores, create_app
 from services.runtime.auth.keys import ApiKeyGrant, Scope, VerificationKey
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.throttle import FailedAuthThrottle
@@ -166,7 +166,7 @@ async def test_concurrent_bad_keys_reach_the_database_at_most_burst_times() -> N
     progress = asyncio.Event()
     store = BlockingStore(progress)
     store.add_tenant("acme", "standard", hash_api_key(new_api_key("acme")))
-    app = create_app(PublisherSettings(), store=store)
+    app = create_app(PublisherSettings(), stores=PublisherStores(store))
     throttle = ObservedThrottle(progress, burst=burst, per_minute=6.0, max_addresses=100)
     _observe(app, throttle)
     transport = httpx.ASGITransport(app=app, client=("192.0.2.7", 40000))

@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 from services.app import create_app as create_composed_app
 from services.embedding.hashing import HashingEmbedder
 from services.publisher.settings import PublisherSettings
+from services.publisher.web.api import PublisherStores
 from services.runtime.auth.keys import ApiKeyGrant
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.throttle import FailedAuthThrottle, client_address
@@ -147,7 +148,7 @@ async def test_principal_tokens_that_fail_count_as_failures() -> None:
     store.add_tenant("acme", "standard", hash_api_key(key))
     app = create_composed_app(
         PublisherSettings(database_url="postgresql://unused/kb"),
-        store=store,
+        stores=PublisherStores(store),
         searcher=Searcher(HashingEmbedder(DIMENSION), FakeIndex()),
         auth_settings=AuthSettings(failed_auth_burst=BURST, failed_auth_per_minute=PER_MINUTE),
     )

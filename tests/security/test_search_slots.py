@@ -25,6 +25,7 @@ from services.embedding.port import Vectors
 from services.embedding.settings import EmbeddingSettings, HashingConfig
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
+from services.publisher.web.api import PublisherStores
 from services.runtime.fair_share.settings import FairShareSettings
 from services.search.connections import open_search_pool
 from services.search.index_pg import PgSearchIndex
@@ -228,7 +229,7 @@ async def test_a_client_that_never_reads_its_answer_does_not_hold_a_slot(
     )
     app = create_app(
         PublisherSettings(database_url=module_database),
-        store=PgPublisherStore(pool),
+        stores=PublisherStores(PgPublisherStore(pool)),
         searcher=Searcher(embedder, index),
         auth_settings=UNTHROTTLED,
         fair_share_settings=FairShareSettings(search_global_concurrency=1),
@@ -355,7 +356,7 @@ async def test_a_search_that_waits_too_long_for_a_slot_is_answered_429(
     )
     app = create_app(
         PublisherSettings(database_url=module_database),
-        store=PgPublisherStore(pool),
+        stores=PublisherStores(PgPublisherStore(pool)),
         searcher=searcher,
         auth_settings=UNTHROTTLED,
         fair_share_settings=fair,
@@ -460,7 +461,7 @@ async def test_a_status_read_on_a_replica_carries_a_token_past_all_it_received(
     await rotation.check()
     app = create_app(
         PublisherSettings(database_url=primary_url),
-        store=PgPublisherStore(primary_pool, status_replicas=rotation),
+        stores=PublisherStores(PgPublisherStore(primary_pool, status_replicas=rotation)),
         searcher=Searcher(embedder, _NoIndex(embedder)),
     )
     primary = await asyncpg.connect(primary_url)

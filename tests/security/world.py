@@ -31,6 +31,7 @@ from services.publisher.ingest.store_pg import PgIngestStore
 from services.publisher.keys.store_pg import KeySpec, PgKeyStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgTenantStore
+from services.publisher.web.api import PublisherStores
 from services.runtime.auth.keys import PrincipalSource, Scope
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.auth.tokens import checked_key_material
@@ -284,9 +285,9 @@ async def world_app(
         )
         app = create_app(
             publisher_settings,
-            store=PgIngestStore(pool),
-            bulk_store=PgBulkStore(pool),
-            erasure_store=PgErasureStore(pool),
+            stores=PublisherStores(
+                PgIngestStore(pool), bulk=PgBulkStore(pool), erasure=PgErasureStore(pool)
+            ),
             searcher=Searcher(embedder, index),
             # The client below speaks plain HTTP: a Secure cookie would never come back.
             operator=build_operator_context(

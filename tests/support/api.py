@@ -18,7 +18,7 @@ from services.publisher.bulk.store_pg import PgBulkStore
 from services.publisher.ingest.store_pg import PgIngestStore
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgTenantStore, open_publisher_pool
-from services.publisher.web.api import create_app
+from services.publisher.web.api import PublisherStores, create_app
 from services.runtime.auth.settings import AuthSettings
 from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.settings import RuntimeSettings
@@ -82,9 +82,9 @@ async def publisher_harness(
     try:
         app = create_app(
             publisher_settings,
-            store=PgIngestStore(pool),
-            bulk_store=PgBulkStore(pool),
-            erasure_store=PgErasureStore(pool),
+            stores=PublisherStores(
+                PgIngestStore(pool), bulk=PgBulkStore(pool), erasure=PgErasureStore(pool)
+            ),
             auth_settings=auth_settings,
         )
         transport = httpx.ASGITransport(app=app)
@@ -216,4 +216,6 @@ def app_with_key(store: Any, auth_settings: AuthSettings) -> tuple[FastAPI, str]
     good API key of its tenant ``acme``."""
     key = new_api_key("acme")
     store.add_tenant("acme", "standard", hash_api_key(key))
-    return create_app(PublisherSettings(), store=store, auth_settings=auth_settings), key
+    return create_app(
+        PublisherSettings(), stores=PublisherStores(store), auth_settings=auth_settings
+    ), key

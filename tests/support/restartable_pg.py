@@ -11,22 +11,15 @@ the server is up again, as an operator's restart or a failover does to a running
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from kbtools.chaos.rig.ports import listen_port
 from kbtools.devstack.postgres import EmbeddedPostgres
 from kbtools.devstack.settings import DevStackSettings
 from tests.support.stack import REPO_ROOT, Stack
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
@@ -49,8 +42,11 @@ class RestartablePostgres:
 @contextmanager
 def restartable_postgres(kafka_bootstrap: str) -> Iterator[RestartablePostgres]:
     home = Path(os.environ.get("KB_TEST_RESTART_HOME") or REPO_ROOT / ".kb" / "test-restart")
-    port = _free_port()
-    settings = DevStackSettings(home=home, pg_port=port, pg_replica_port=_free_port())
+    # Below the ephemeral range: while the server is down, no client connection's local end
+    # can take its port (it would fail to start again, "address already in use").
+    taken: set[int] = set()
+    port = listen_port(taken=taken)
+    settings = DevStackSettings(home=home, pg_port=port, pg_replica_port=listen_port(taken=taken))
     server = EmbeddedPostgres(settings)
     server.down()  # one a killed test session left running, on another port
     url = server.up().url

@@ -23,6 +23,7 @@ from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
 from services.publisher.settings import PublisherSettings
 from services.publisher.store_pg import PgPublisherStore
+from services.publisher.web.api import PublisherStores
 from services.runtime.erasure.erase_pg import PgErasureStore
 from services.runtime.settings import RuntimeSettings
 from services.search.connections import open_search_pool
@@ -221,8 +222,7 @@ async def search_harness(
         searcher = Searcher(embedder, index)
         app = create_app(
             publisher_settings,
-            store=PgPublisherStore(pool),
-            erasure_store=PgErasureStore(pool),
+            stores=PublisherStores(PgPublisherStore(pool), erasure=PgErasureStore(pool)),
             searcher=searcher,
             auth_settings=UNTHROTTLED,
         )
@@ -247,7 +247,7 @@ def generation_search_app(
     search = GenerationSearch(pool, settings, embedder, lambda g: embedder, rotation=rotation)
     app = create_app(
         PublisherSettings(database_url=settings.database_url),
-        store=PgPublisherStore(pool),
+        stores=PublisherStores(PgPublisherStore(pool)),
         searcher=search,
         **app_options,
     )

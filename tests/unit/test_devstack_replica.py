@@ -21,9 +21,9 @@ def test_the_replica_is_started_pointing_at_the_primarys_current_port(tmp_path: 
 
 
 def test_a_port_held_by_a_listener_or_a_client_connection_is_not_bindable() -> None:
-    """kbtools/devstack/process.py: the broker's ports are checked before it starts, since a
-    failed bind of the JVM logs nothing; a client connection's ephemeral end holds a port
-    as a listener does."""
+    """kbtools/devstack/process.py: the broker's ports are checked before it starts, to
+    name the setting to change (the JVM's log says only that the address is in use); a
+    client connection's ephemeral end holds a port as a listener does."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()

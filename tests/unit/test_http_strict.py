@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
 from services.publisher.settings import PublisherSettings
+from services.publisher.web.api import PublisherStores
 from services.publisher.web.bulk_routes import _items
 from services.runtime.commands.cli_support import load_settings
 from services.runtime.errors import ConfigError
@@ -71,7 +72,7 @@ def api() -> Iterator[tuple[int, str]]:
     key = new_api_key("acme")
     store.add_tenant("acme", "standard", hash_api_key(key))
     searcher = Searcher(HashingEmbedder(DIMENSION), FakeIndex())
-    with serving(create_app(SETTINGS, store=store, searcher=searcher)) as port:
+    with serving(create_app(SETTINGS, stores=PublisherStores(store), searcher=searcher)) as port:
         yield port, key
 
 

@@ -14,8 +14,22 @@ import random
 import socket
 from pathlib import Path
 
-# The dev stack's and the shared helper stack's ports, never taken by a run.
-RESERVED = frozenset({55432, 59092, 59093, 56432, 60092})
+from kbtools.devstack.settings import DevStackSettings
+
+# The dev stack's default ports (its replicas' first few too) and the shared helper
+# stack's, never taken by a run: the dev stack's lie in the range a run draws from.
+_DEV = DevStackSettings.model_fields
+_DEV_REPLICAS = 8
+RESERVED = frozenset(
+    {
+        _DEV["pg_port"].default,
+        *range(_DEV["pg_replica_port"].default, _DEV["pg_replica_port"].default + _DEV_REPLICAS),
+        _DEV["kafka_port"].default,
+        _DEV["kafka_controller_port"].default,
+        56432,
+        60092,
+    }
+)
 _LOWEST = 20000
 
 

@@ -16,6 +16,7 @@ from services.embedding.port import Embedder
 from services.embedding.settings import EmbeddingSettings, OpenAIConfig
 from services.embedding.tokens import load_token_counter
 from services.runtime.pg.clock import Clock
+from services.runtime.settings import section_of
 
 if TYPE_CHECKING:
     import asyncpg
@@ -23,31 +24,18 @@ if TYPE_CHECKING:
 
 def quota_plan(settings: EmbeddingSettings) -> QuotaPlan:
     per_minute = settings.rate_tokens_per_minute
-    return QuotaPlan(
-        requests_per_second=settings.rate_requests_per_second,
-        tokens_per_second=None if per_minute is None else per_minute / 60.0,
-        query_reserve=settings.rate_query_reserve,
-        tenant_share=settings.rate_tenant_share,
-        burst_seconds=settings.rate_burst_seconds,
-    )
+    tokens_per_second = None if per_minute is None else per_minute / 60.0
+    return section_of(QuotaPlan, settings, "rate_", tokens_per_second=tokens_per_second)
 
 
 def breaker_policy(settings: EmbeddingSettings) -> BreakerPolicy:
-    return BreakerPolicy(
-        failure_threshold=settings.breaker_failure_threshold,
-        open_seconds=settings.breaker_open_seconds,
-        max_open_seconds=settings.breaker_max_open_seconds,
-        probe_seconds=settings.breaker_probe_seconds,
-    )
+    return section_of(BreakerPolicy, settings, "breaker_")
 
 
 def guard_timing(settings: EmbeddingSettings) -> GuardTiming:
-    return GuardTiming(
-        max_wait_seconds=settings.rate_max_wait_seconds,
-        query_max_wait_seconds=settings.rate_query_max_wait_seconds,
-        default_pause_seconds=settings.rate_default_pause_seconds,
-        refresh_seconds=settings.guard_refresh_seconds,
-        max_pause_seconds=settings.rate_max_pause_seconds,
+    # The one knob not named rate_: how stale a copy of the shared state may be.
+    return section_of(
+        GuardTiming, settings, "rate_", refresh_seconds=settings.guard_refresh_seconds
     )
 
 

@@ -212,26 +212,28 @@ class BulkPublisher:
                     index, document.document_id, 1, PUBLISHED_REVISION, document.index_task_id
                 )
         for index, item in enumerate(items):
-            if item.erase:
-                results[index] = await self._erase(index, tenant_id, item, eraser, now)
-            elif item.delete_revision is not None:
-                results[index] = await self._delete(index, tenant_id, item, now)
-            elif item.document_id is not None:
-                results[index] = await self._new_version(index, tenant_id, item, now)
+            # An item on an existing document runs as its single call does, in that call's
+            # own transaction(s): refused alone.
+            try:
+                if item.erase:
+                    results[index] = await self._erase(index, tenant_id, item, eraser, now)
+                elif item.delete_revision is not None:
+                    results[index] = await self._delete(index, tenant_id, item, now)
+                elif item.document_id is not None:
+                    results[index] = await self._new_version(index, tenant_id, item, now)
+            except KbError as error:
+                results[index] = ItemRefused(index, error)
         return [results[index] for index in range(len(items))]
 
     async def _delete(
         self, index: int, tenant_id: str, item: BulkItem, now: datetime | None
     ) -> ItemResult:
-        """What the single DELETE does, in its own transaction: refused alone."""
+        """What the single DELETE does."""
         assert item.document_id is not None
         assert item.delete_revision is not None
-        try:
-            deleted = await self._publisher.delete_document(
-                tenant_id, item.document_id, expected_revision=item.delete_revision, now=now
-            )
-        except KbError as error:
-            return ItemRefused(index, error)
+        deleted = await self._publisher.delete_document(
+            tenant_id, item.document_id, expected_revision=item.delete_revision, now=now
+        )
         return ItemDeleted(index, item.document_id, deleted.revision, deleted.deleted_at)
 
     async def _erase(
@@ -242,18 +244,13 @@ class BulkPublisher:
         eraser: ErasureRequest | KbError | None,
         now: datetime | None,
     ) -> ItemResult:
-        """What the single erase does (its transaction, then its batches): refused alone."""
+        """What the single erase does (its transaction, then its batches)."""
         assert item.document_id is not None
         if eraser is None:
             raise AssertionError("an erase item without an eraser")  # the route passes one
         if isinstance(eraser, KbError):
             return ItemRefused(index, eraser)
-        try:
-            erased = await self._publisher.erase_document(
-                tenant_id, item.document_id, eraser, now=now
-            )
-        except KbError as error:
-            return ItemRefused(index, error)
+        erased = await self._publisher.erase_document(tenant_id, item.document_id, eraser, now=now)
         return ItemErased(
             index, item.document_id, erased.deleted_at, erased.requested_at, erased.erased_at
         )
@@ -268,25 +265,23 @@ class BulkPublisher:
     async def _new_version(
         self, index: int, tenant_id: str, item: BulkItem, now: datetime | None
     ) -> ItemResult:
+        """What the single upload and publish of a version do."""
         assert item.document_id is not None
         assert item.upload is not None
-        try:
-            with span_under(
-                "kb.publish.bulk_item",
-                None,
-                root=True,
-                links=link_here(),
-                attributes=document_attributes(tenant_id, item.document_id),
-            ):
-                published = await self._publisher.add_and_publish(
-                    tenant_id,
-                    item.document_id,
-                    item.upload,
-                    read_principals=item.read_principals,
-                    now=now,
-                )
-        except KbError as error:
-            return ItemRefused(index, error)
+        with span_under(
+            "kb.publish.bulk_item",
+            None,
+            root=True,
+            links=link_here(),
+            attributes=document_attributes(tenant_id, item.document_id),
+        ):
+            published = await self._publisher.add_and_publish(
+                tenant_id,
+                item.document_id,
+                item.upload,
+                read_principals=item.read_principals,
+                now=now,
+            )
         return ItemPublished(
             index,
             item.document_id,

@@ -93,7 +93,7 @@ async def _consume(
     from aiokafka import AIOKafkaConsumer
 
     from services.publisher.ingest.consumer_kafka import create_topics, start_when_reachable
-    from services.publisher.ingest.pipeline import IngestLoop
+    from services.publisher.ingest.pipeline import IngestLoop, pace_of
     from services.publisher.ingest.retention import RefusalRetention
     from services.runtime.backoff import Backoff
     from services.runtime.logging import get_logger
@@ -133,12 +133,8 @@ async def _consume(
                 tier=tier,
                 metrics=_metrics(),
                 backoff=backoff,
-                batch_size=settings.ingest_batch_size,
-                poll_timeout_seconds=settings.ingest_poll_timeout_seconds,
-                apply_batch=settings.ingest_apply_batch,
-                read_ahead=settings.ingest_read_ahead,
+                pace=pace_of(settings),
                 reports=processor.store,
-                report_seconds=settings.ingest_backlog_report_seconds,
                 before_commit=_hang_before_commit(),
             )
             get_logger(__name__).info("ingest.started", tier=tier, group=group, replay=replay)

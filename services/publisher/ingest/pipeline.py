@@ -34,9 +34,11 @@ from services.publisher.ingest.consumer_kafka import to_record
 from services.publisher.ingest.metrics import IngestMetrics
 from services.publisher.ingest.ports import Backlog, BacklogReports, IngestRecord
 from services.publisher.ingest.process import Handled, Refusal, Verified
+from services.publisher.ingest.settings import IngestSettings
 from services.runtime.backoff import Backoff
 from services.runtime.errors import KbError
 from services.runtime.logging import get_logger
+from services.runtime.settings import section_of
 
 log = get_logger(__name__)
 
@@ -73,6 +75,28 @@ class Window:
         return end
 
 
+@dataclass(frozen=True)
+class IngestPace:
+    """How much the loop reads and applies at once, and how often it reports: its
+    ``KB_INGEST_*`` settings of these names (``report_seconds``:
+    KB_INGEST_BACKLOG_REPORT_SECONDS)."""
+
+    batch_size: int
+    poll_timeout_seconds: float
+    # Most commands applied in one transaction.
+    apply_batch: int = 500
+    # Most records fetched and not yet done.
+    read_ahead: int = 1000
+    # How often the backlog per tenant goes to the operator page.
+    report_seconds: float = 5.0
+
+
+def pace_of(settings: IngestSettings) -> IngestPace:
+    return section_of(
+        IngestPace, settings, "ingest_", report_seconds=settings.ingest_backlog_report_seconds
+    )
+
+
 @dataclass
 class IngestLoop:
     consumer: AIOKafkaConsumer
@@ -80,12 +104,7 @@ class IngestLoop:
     tier: str
     metrics: IngestMetrics
     backoff: Backoff
-    batch_size: int
-    poll_timeout_seconds: float
-    # KB_INGEST_APPLY_BATCH: most commands applied in one transaction.
-    apply_batch: int = 500
-    # KB_INGEST_READ_AHEAD: most records fetched and not yet done.
-    read_ahead: int = 1000
+    pace: IngestPace
     # Tests: awaited, every lane idle, with the count of records done so far, before a
     # commit.
     before_commit: Callable[[int], Awaitable[None]] | None = None
@@ -99,7 +118,6 @@ class IngestLoop:
     _done: int = 0
     # Where the backlog per tenant goes for the operator page, every ``report_seconds``.
     reports: BacklogReports | None = None
-    report_seconds: float = 5.0
     consumer_id: uuid.UUID = field(default_factory=uuid.uuid4)
     _reported: float = float("-inf")
 
@@ -112,12 +130,14 @@ class IngestLoop:
             while not stop.is_set():
                 if until_end is not None and not self._held() and await self._reached(until_end):
                     break
-                if self._held() < self.read_ahead:
+                if self._held() < self.pace.read_ahead:
                     await self._fetch(stop, until_end)
                 else:
                     self._progress.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._progress.wait(), self.poll_timeout_seconds)
+                        await asyncio.wait_for(
+                            self._progress.wait(), self.pace.poll_timeout_seconds
+                        )
                 self._tasks()
                 await self._commit_prefixes()
                 await self._measure_lag()
@@ -147,8 +167,8 @@ class IngestLoop:
         self, stop: asyncio.Event, until_end: dict[TopicPartition, int] | None
     ) -> None:
         batches = await self.consumer.getmany(
-            timeout_ms=int(self.poll_timeout_seconds * 1000),
-            max_records=min(self.batch_size, self.read_ahead - self._held()),
+            timeout_ms=int(self.pace.poll_timeout_seconds * 1000),
+            max_records=min(self.pace.batch_size, self.pace.read_ahead - self._held()),
         )
         for tp, messages in batches.items():
             if until_end is not None:
@@ -175,7 +195,7 @@ class IngestLoop:
         verified, refused = sorted_[0]
         for refusal in refused:
             self._enqueue(tp, UNVERIFIED, [refusal], window, stop)
-        for tenant, runs in tenant_runs(verified, self.apply_batch).items():
+        for tenant, runs in tenant_runs(verified, self.pace.apply_batch).items():
             for run in runs:
                 self._enqueue(tp, tenant, run, window, stop)
 
@@ -221,7 +241,7 @@ class IngestLoop:
                 queue.clear()
                 return
             if tenant != UNVERIFIED:
-                coalesce(queue, self.apply_batch)
+                coalesce(queue, self.pace.apply_batch)
             run = queue[0]
             step: Callable[[], Awaitable[object]]
             if tenant == UNVERIFIED:
@@ -303,7 +323,7 @@ class IngestLoop:
 
     async def _report(self) -> None:
         now = time.monotonic()
-        if self.reports is None or now - self._reported < self.report_seconds:
+        if self.reports is None or now - self._reported < self.pace.report_seconds:
             return
         self._reported = now
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 
@@ -39,17 +40,24 @@ from services.runtime.web.http_problem import (
 log = get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class PublisherStores:
+    """What the publisher writes through, given together: its ``store``, with the ``bulk``
+    store (without one, bulk publishing answers 503) and the ``erasure`` store (without one,
+    an erase answers 500 ERASE_UNAVAILABLE)."""
+
+    store: PublisherStore
+    bulk: BulkStore | None = None
+    erasure: ErasureStore | None = None
+
+
 def create_app(
     settings: PublisherSettings | None = None,
     *,
-    store: PublisherStore | None = None,
-    bulk_store: BulkStore | None = None,
-    erasure_store: ErasureStore | None = None,
+    stores: PublisherStores | None = None,
     auth_settings: AuthSettings | None = None,
 ) -> FastAPI:
-    """The publisher app. Without ``store`` it opens its own pool in its lifespan; a given
-    ``store`` comes with its ``bulk_store`` (without one, bulk publishing answers 503) and its
-    ``erasure_store`` (without one, an erase answers 500 ERASE_UNAVAILABLE).
+    """The publisher app. Without ``stores`` it opens its own pool in its lifespan.
     ``auth_settings``: principal tokens and failed-key throttling (default ``KB_AUTH_*``)."""
     settings = settings or PublisherSettings()
 
@@ -64,26 +72,30 @@ def create_app(
         from services.runtime.erasure.erase_pg import PgErasureStore
 
         pool = await open_publisher_pool(settings)
-        _use_store(
+        _use_stores(
             app,
-            # The publisher's store, with the ingest keys an admin key manages.
-            PgIngestStore(
-                pool,
-                acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,
-                readiness_timeout_seconds=settings.publisher_readiness_timeout_seconds,
-                row_security=walls_the_publisher(settings.db_row_security),
+            PublisherStores(
+                # The publisher's store, with the ingest keys an admin key manages.
+                PgIngestStore(
+                    pool,
+                    acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,
+                    readiness_timeout_seconds=settings.publisher_readiness_timeout_seconds,
+                    row_security=walls_the_publisher(settings.db_row_security),
+                ),
+                bulk=PgBulkStore(
+                    pool,
+                    acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,
+                    row_security=walls_the_publisher(settings.db_row_security),
+                ),
+                erasure=PgErasureStore(pool),
             ),
-            PgBulkStore(
-                pool,
-                acquire_timeout_seconds=settings.publisher_db_acquire_timeout_seconds,
-                row_security=walls_the_publisher(settings.db_row_security),
-            ),
-            PgErasureStore(pool),
         )
         log.info("publisher.started")
         try:
             yield
         finally:
+            # A lifespan entered again (kb serve's start, retried) opens a store anew.
+            app.state.store = app.state.publisher = app.state.bulk_publisher = None
             await pool.close()
             log.info("publisher.stopped")
 
@@ -103,8 +115,8 @@ def create_app(
     app.state.store = None
     app.state.publisher = None
     app.state.bulk_publisher = None
-    if store is not None:
-        _use_store(app, store, bulk_store, erasure_store)
+    if stores is not None:
+        _use_stores(app, stores)
     app.state.metrics = PublisherMetrics()
     app.state.upload_budget = UploadBudget(settings.publisher_max_inflight_upload_bytes)
     app.state.readiness = ReadinessProbe(
@@ -138,24 +150,19 @@ def create_app(
     return app
 
 
-def _use_store(
-    app: FastAPI,
-    store: PublisherStore,
-    bulk_store: BulkStore | None,
-    erasure_store: ErasureStore | None = None,
-) -> None:
+def _use_stores(app: FastAPI, stores: PublisherStores) -> None:
     settings: PublisherSettings = app.state.settings
-    app.state.store = store
+    app.state.store = stores.store
     app.state.publisher = Publisher(
-        store,
+        stores.store,
         max_upload_bytes=settings.publisher_max_upload_bytes,
-        erasure=erasure_store,
+        erasure=stores.erasure,
         erase_batch_rows=settings.publisher_erase_batch_rows,
     )
-    if bulk_store is not None:
+    if stores.bulk is not None:
         app.state.bulk_publisher = BulkPublisher(
             app.state.publisher,
-            bulk_store,
+            stores.bulk,
             max_upload_bytes=settings.publisher_max_upload_bytes,
         )
 

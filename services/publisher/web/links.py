@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 _SAME_TENANT: Final = {"tenantId": "$request.path.tenantId"}
+# The document the answer names: every link of a single document's answer follows it.
+_ANSWERED: Final = "$response.body#/documentId"
 
 
 def _link(operation_id: str, description: str, **parameters: str) -> dict[str, Any]:
@@ -24,17 +26,17 @@ def _link(operation_id: str, description: str, **parameters: str) -> dict[str, A
     }
 
 
-def _publish(description: str, document_id: str, version: str) -> dict[str, Any]:
+def _publish(description: str, version: str, document_id: str = _ANSWERED) -> dict[str, Any]:
     link = _link("publish_version", description, documentId=document_id, versionNumber=version)
     link["requestBody"] = {"revision": "$response.body#/revision"}
     return link
 
 
-def _status(document_id: str) -> dict[str, Any]:
+def _status(document_id: str = _ANSWERED) -> dict[str, Any]:
     return _link("document_status", "Where the document stands.", documentId=document_id)
 
 
-def _add_version(document_id: str) -> dict[str, Any]:
+def _add_version(document_id: str = _ANSWERED) -> dict[str, Any]:
     return _link("add_version", "Upload the document's next version.", documentId=document_id)
 
 
@@ -50,49 +52,46 @@ def links(**named: dict[str, Any]) -> dict[str, Any]:
 AFTER_UPLOAD: Final = links(
     PublishVersion=_publish(
         "Publish the version just uploaded, at the document's revision it answered.",
-        "$response.body#/documentId",
         "$response.body#/versionNumber",
     ),
-    DocumentStatus=_status("$response.body#/documentId"),
-    AddVersion=_add_version("$response.body#/documentId"),
+    DocumentStatus=_status(),
+    AddVersion=_add_version(),
 )
 
 AFTER_PUBLISH: Final = links(
     IndexTask=_index_task("$response.body#/indexTaskId"),
-    DocumentStatus=_status("$response.body#/documentId"),
+    DocumentStatus=_status(),
     Republish=_publish(
         "Publish the same version again, e.g. with another ACL (a new index task).",
-        "$response.body#/documentId",
         "$response.body#/versionNumber",
     ),
-    AddVersion=_add_version("$response.body#/documentId"),
+    AddVersion=_add_version(),
 )
 
 AFTER_STATUS: Final = links(
     PublishLatest=_publish(
         "Publish the document's latest version at its current revision.",
-        "$response.body#/documentId",
         "$response.body#/latestVersion",
     ),
     IndexTask=_index_task("$response.body#/indexTaskId"),
-    AddVersion=_add_version("$response.body#/documentId"),
+    AddVersion=_add_version(),
     Delete=_link(
         "delete_document",
         "Delete the document at its current revision.",
-        documentId="$response.body#/documentId",
+        documentId=_ANSWERED,
         revision="$response.body#/revision",
     ),
 )
 
 AFTER_DELETE: Final = links(
-    DocumentStatus=_status("$response.body#/documentId"),
+    DocumentStatus=_status(),
     # Refused (409 DOCUMENT_DELETED): a delete is final.
-    AddVersion=_add_version("$response.body#/documentId"),
+    AddVersion=_add_version(),
 )
 
-AFTER_ERASE: Final = links(DocumentStatus=_status("$response.body#/documentId"))
+AFTER_ERASE: Final = links(DocumentStatus=_status())
 
-AFTER_INDEX_TASK: Final = links(DocumentStatus=_status("$response.body#/documentId"))
+AFTER_INDEX_TASK: Final = links(DocumentStatus=_status())
 
 # The first item's; a fuzzer gets the others by sending one item at a time.
 AFTER_BULK: Final = links(

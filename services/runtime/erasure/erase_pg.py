@@ -89,19 +89,22 @@ class PgErasureStore:
     table and the outbox, which the API's role may not write); every statement names the
     tenant and the document."""
 
-    def __init__(self, pool: asyncpg.Pool[Any], registry: SchemaRegistry | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        registry: SchemaRegistry | None = None,
+        *,
+        between_batches: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         self._pool = pool
         self._registry = registry or default_registry()
+        # Tests: awaited after each committed batch of an erase, with the step's name.
+        self._between_batches = between_batches
 
     async def erase_content(
-        self,
-        tenant_id: str,
-        document_id: uuid.UUID,
-        *,
-        batch_rows: int,
-        now: datetime | None = None,
-        between_batches: Callable[[str], Awaitable[None]] | None = None,
+        self, tenant_id: str, document_id: uuid.UUID, *, batch_rows: int, now: datetime | None
     ) -> datetime:
+        between_batches = self._between_batches
         with translate_db_errors():
             async with self._pool.acquire() as conn:
                 removed = await _run_steps(

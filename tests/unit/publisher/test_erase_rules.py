@@ -6,7 +6,7 @@ stable code instead of deleting without erasing."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -25,13 +25,7 @@ class CountingErasure:
         self.runs = 0
 
     async def erase_content(
-        self,
-        tenant_id: str,
-        document_id: uuid.UUID,
-        *,
-        batch_rows: int,
-        now: datetime | None = None,
-        between_batches: Callable[[str], Awaitable[None]] | None = None,
+        self, tenant_id: str, document_id: uuid.UUID, *, batch_rows: int, now: datetime | None
     ) -> datetime:
         self.runs += 1
         key = (tenant_id, document_id)

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from services.publisher.ingest.commands import decode_command
 from services.publisher.ingest.metrics import IngestMetrics
-from services.publisher.ingest.pipeline import IngestLoop
+from services.publisher.ingest.pipeline import IngestLoop, IngestPace
 from services.publisher.ingest.ports import CommandAnswer, IngestRecord
 from services.publisher.ingest.process import Handled, Refusal, Verified
 from services.runtime.backoff import Backoff
@@ -102,8 +102,7 @@ async def test_a_lanes_failure_lets_the_others_finish_and_commits_what_is_done()
         tier="standard",
         metrics=IngestMetrics(CollectorRegistry()),
         backoff=Backoff(0.01, 0.01),
-        batch_size=10,
-        poll_timeout_seconds=0.01,
+        pace=IngestPace(batch_size=10, poll_timeout_seconds=0.01),
     )
     with pytest.raises(RuntimeError, match="a bug in the apply"):
         await asyncio.wait_for(loop.run(asyncio.Event()), 30)
@@ -147,8 +146,7 @@ async def test_a_tenants_lane_goes_once_it_is_idle_and_empty() -> None:
         tier="standard",
         metrics=IngestMetrics(CollectorRegistry()),
         backoff=Backoff(0.01, 0.01),
-        batch_size=100,
-        poll_timeout_seconds=0.01,
+        pace=IngestPace(batch_size=100, poll_timeout_seconds=0.01),
         before_commit=before_commit,
     )
     assert await asyncio.wait_for(loop.run(stop), 30) == 25

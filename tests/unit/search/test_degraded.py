@@ -19,6 +19,7 @@ from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.port import Vectors
 from services.publisher.settings import PublisherSettings
+from services.publisher.web.api import PublisherStores
 from services.runtime.errors import KbError
 from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
 from services.runtime.tenancy.tenant_auth import hash_api_key, new_api_key
@@ -232,7 +233,9 @@ async def served(searcher: Searcher) -> AsyncIterator[tuple[httpx.AsyncClient, d
     key = new_api_key("acme")
     store.add_tenant("acme", "standard", hash_api_key(key))
     app = create_app(
-        PublisherSettings(database_url="postgresql://unused/kb"), store=store, searcher=searcher
+        PublisherSettings(database_url="postgresql://unused/kb"),
+        stores=PublisherStores(store),
+        searcher=searcher,
     )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
