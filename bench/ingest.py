@@ -11,9 +11,12 @@ embedding provider (no model: the figures are the pipeline's, not a model's).
    requests at once), then the same documents as signed ``PublishDocument`` commands (inline
    content) sent as fast as the producer can to ``kb.ingest.standard`` and applied by
    `kb ingest run` (a tenant's run of up to ``--apply-batch`` commands per transaction; new
-   documents written together, as the bulk endpoint writes them). Each rate runs from the
-   first request (the first send) to the last answer (the last command recorded in
-   ``ingest_command``). Reported: documents/s of each and ingest/bulk.
+   documents written together, as the bulk endpoint writes them). Each side's requests
+   (commands, built and signed) are made before its clock starts, and the relay has sent
+   every event of what came before (its work does not run into a span); each rate runs from
+   the first request (the first send) to the last answer (the last command recorded in
+   ``ingest_command``). Reported: documents/s of each and ingest/bulk, and the CPU time per
+   item of `kb serve` (bulk) and of `kb ingest run` (commands) over their spans.
 2. Latency, indexer running: one-paragraph documents at ``--rate`` per second for
    ``--seconds`` over HTTP (upload, then publish: the API's two calls), then as many
    commands at the same rate. Per document, from the moment the client sent (its first
@@ -39,14 +42,18 @@ from typing import Any
 
 import asyncpg
 import httpx
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bench.bulk_publish import bulk_rate, upload_and_publish, wait_ready
-from bench.indexing_throughput import corpus, free_port
+from bench.indexing_throughput import corpus, free_port, process_tree_cpu_seconds
 from bench.latency import Bench, pct
 from kbtools.demo.processes import DemoProcesses
 from services.publisher.ingest.signing import public_bytes
-from services.runtime.messaging.events import ingest_topic
+from services.runtime.messaging.events import (
+    document_events_topic,
+    index_hints_topic,
+    ingest_topic,
+)
 from tests.support.ingest import Signer, publish_command
 
 TIER = "standard"
@@ -62,21 +69,26 @@ async def count(url: str, query: str) -> int:
         await conn.close()
 
 
-async def wait_count(url: str, query: str, target: int, limit_seconds: float = 600) -> float:
-    """Polls ``query`` until it reaches ``target``; the monotonic time it did."""
+async def wait_count(
+    url: str, query: str, target: int, limit_seconds: float = 600, poll_seconds: float = 0.05
+) -> float:
+    """Polls ``query`` until it reaches ``target``; the monotonic time it did (late by at
+    most ``poll_seconds`` and a query)."""
     conn = await asyncpg.connect(url)
     try:
         deadline = time.monotonic() + limit_seconds
         while time.monotonic() < deadline:
             if await conn.fetchval(query) >= target:
                 return time.monotonic()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(poll_seconds)
     finally:
         await conn.close()
     raise RuntimeError(f"{query!r} did not reach {target} in {limit_seconds} s")
 
 
 APPLIED = "SELECT count(*) FROM ingest_command"
+# A command ready for the producer: value, key, headers.
+Signed = tuple[bytes, bytes, list[tuple[str, bytes]]]
 SEARCHABLE = "SELECT count(*) FROM document_search_version"
 
 
@@ -92,23 +104,68 @@ class IngestBench:
             bootstrap_servers=bench.kafka, acks="all", linger_ms=5, max_batch_size=1 << 20
         )
 
-    async def send(self, key: str, content: bytes, title: str) -> None:
+    def command(self, key: str, content: bytes, title: str) -> Signed:
+        """A signed command, ready to send: its value, key and headers."""
         value = publish_command(TENANT, key, content, title=title)
-        await self.producer.send_and_wait(
-            self.topic, value, key=f"{TENANT}/{key}".encode(), headers=self.signer.headers(value)
-        )
+        return value, f"{TENANT}/{key}".encode(), self.signer.headers(value)
 
-    async def ingest_rate(self, documents: list[bytes], prefix: str) -> tuple[float, float]:
-        """Documents/s from the first send to the last command recorded, and the seconds
-        the sends took (the producer's share of that time)."""
+    async def send(self, key: str, content: bytes, title: str) -> None:
+        value, key_bytes, headers = self.command(key, content, title)
+        await self.producer.send_and_wait(self.topic, value, key=key_bytes, headers=headers)
+
+    async def ingest_rate(
+        self, documents: list[bytes], prefix: str, ingest_pid: int | None = None
+    ) -> dict[str, float]:
+        """Documents/s from the first send to the last command recorded, the seconds the
+        sends took (the producer's share of that time), and ``kb ingest run``'s CPU time
+        per command over that span. The commands are built and signed before the clock
+        starts (the bulk side builds its requests before it too), then handed to the
+        producer all at once and their acknowledgements awaited together, as a producer
+        that batches sends them."""
+        commands = [
+            self.command(f"{prefix}/{n}", text, f"Doc {n}") for n, text in enumerate(documents)
+        ]
         before = await count(self.url, APPLIED)
+        cpu = process_tree_cpu_seconds(ingest_pid) if ingest_pid else 0.0
         began = time.monotonic()
-        await asyncio.gather(
-            *(self.send(f"{prefix}/{n}", text, f"Doc {n}") for n, text in enumerate(documents))
-        )
+        acks = [
+            await self.producer.send(self.topic, value, key=key, headers=headers)
+            for value, key, headers in commands
+        ]
+        await asyncio.gather(*acks)
         sent = time.monotonic()
-        done = await wait_count(self.url, APPLIED, before + len(documents))
-        return len(documents) / (done - began), sent - began
+        done = await wait_count(self.url, APPLIED, before + len(documents), poll_seconds=0.01)
+        spent = process_tree_cpu_seconds(ingest_pid) - cpu if ingest_pid else 0.0
+        return {
+            "per_second": len(documents) / (done - began),
+            "send_seconds": sent - began,
+            "seconds": done - began,
+            "cpu_ms_per_command": spent / len(documents) * 1000,
+        }
+
+    async def wait_relayed(self, limit_seconds: float = 300) -> None:
+        """Until the relay has sent every outbox row (the end offsets of the event topics
+        add up to the outbox's rows, at least): the relay's work for one side's documents
+        must not run on into the other side's timed span."""
+        prefix = self.env["KB_KAFKA_TOPIC_PREFIX"]
+        topics = [index_hints_topic(TIER, prefix), document_events_topic(prefix)]
+        # No group: subscribed, it is given every partition of the topics (never reads).
+        consumer = AIOKafkaConsumer(*topics, bootstrap_servers=self.bench.kafka)
+        await consumer.start()
+        rows = 0
+        ends: dict[Any, int] = {}
+        try:
+            deadline = time.monotonic() + limit_seconds
+            while time.monotonic() < deadline:
+                rows = await count(self.url, "SELECT count(*) FROM outbox")
+                parts = list(consumer.assignment())
+                ends = await consumer.end_offsets(parts) if parts else {}
+                if parts and sum(ends.values()) >= rows:
+                    return
+                await asyncio.sleep(0.1)
+        finally:
+            await consumer.stop()
+        raise RuntimeError(f"the relay did not catch up in {limit_seconds} s: {rows} rows, {ends}")
 
     async def latencies(
         self, client: httpx.AsyncClient, rate: float, seconds: float, mode: str
@@ -192,9 +249,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "apply_batch": args.apply_batch,
     }
     try:
-        processes.start("api", ["services.cli", "serve", "--port", str(port)], env)
+        api = processes.start("api", ["services.cli", "serve", "--port", str(port)], env).pid
         processes.start("relay", ["services.cli", "relay", "run"], env)
-        processes.start("ingest", ["services.cli", "ingest", "run", "--tier", TIER], env)
+        consumer = processes.start(
+            "ingest", ["services.cli", "ingest", "run", "--tier", TIER], env
+        ).pid
         await ingest.producer.start()
         await wait_ready(base)
         async with httpx.AsyncClient(base_url=base, headers=ingest.headers, timeout=300) as client:
@@ -202,16 +261,25 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             await ingest.ingest_rate(corpus("documents", 2, seed=3), "warm")
             await bulk_rate(client, f"/v1/tenants/{TENANT}/documents/bulk", corpus("d", 2), 2)
             documents = corpus("documents", args.documents, seed=11)
+            await ingest.wait_relayed()
+            cpu = process_tree_cpu_seconds(api)
             bulk = await bulk_rate(
                 client, f"/v1/tenants/{TENANT}/documents/bulk", documents, args.batch
             )
-            event, sending = await ingest.ingest_rate(documents, "t")
+            api_cpu = process_tree_cpu_seconds(api) - cpu
+            await ingest.wait_relayed()  # the bulk's events sent before the commands start
+            event = await ingest.ingest_rate(documents, "t", consumer)
             result["throughput"] = {
                 "bulk_docs_per_second": bulk,
-                "ingest_docs_per_second": event,
-                "ingest_over_bulk": event / bulk,
-                "ingest_send_seconds": sending,
-                "ingest_seconds": len(documents) / event,
+                "ingest_docs_per_second": event["per_second"],
+                "ingest_over_bulk": event["per_second"] / bulk,
+                "ingest_send_seconds": event["send_seconds"],
+                "ingest_seconds": event["seconds"],
+                # CPU time (ticks of 10 ms, from /proc) of `kb serve` per document over the
+                # bulk requests, and of `kb ingest run` per command from the first send to
+                # the last command recorded: what holds still on a loaded machine.
+                "api_cpu_ms_per_document": api_cpu / len(documents) * 1000,
+                "ingest_cpu_ms_per_command": event["cpu_ms_per_command"],
             }
             if args.no_latency:
                 return result

@@ -465,3 +465,22 @@ async def test_a_tenant_flooding_a_partition_does_not_hold_anothers_commands_beh
     assert [(r["version_number"], r["text"]) for r in versions] == [
         (n, f"v{n}") for n in range(1, 12)
     ]
+
+
+async def test_a_running_consumer_removes_the_refusals_past_their_horizon(
+    conn: asyncpg.Connection[Any], env: dict[str, str], producer: AIOKafkaProducer
+) -> None:
+    await add_tenant(conn, "acme")
+    for source, days in (("kb.ingest.standard/0/1", 40), ("kb.ingest.standard/0/2", 20)):
+        await conn.execute(
+            """INSERT INTO ingest_refusal (tenant_id, source, command_id, code, refused_at)
+               VALUES ('acme', $1, $2, 'INGEST_COMMAND_INVALID',
+                       now() - make_interval(days => $3))""",
+            source,
+            uuid.uuid4(),
+            days,
+        )
+    async with ingesting({**env, "KB_INGEST_REFUSAL_RETENTION_DAYS": "30"}):
+        await until(
+            conn, "SELECT string_agg(source, ',') FROM ingest_refusal", "kb.ingest.standard/0/2"
+        )

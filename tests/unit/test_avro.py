@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
 
 from services.runtime.messaging.avro import (
@@ -214,6 +216,35 @@ def test_encoding_a_record_the_schema_refuses_is_a_programming_error() -> None:
         registry.encode("IndexTaskCreated", record)
     with pytest.raises(UnknownEventType):
         registry.encode("NoSuchEvent", record)
+
+
+def test_a_refused_record_is_told_by_its_field_a_union_branch_matched_or_not() -> None:
+    # The yes-or-no validation must refuse what the raising one refused, and still say why.
+    registry = default_registry()
+    missing = _sample("IndexTaskCreated")
+    del missing["taskId"]
+    with pytest.raises(AvroEncodeFailed, match="taskId"):
+        registry.encode("IndexTaskCreated", missing)
+    wrong = {**_sample("DocumentVersionPublished"), "previousPublishedVersion": "one"}
+    with pytest.raises(AvroEncodeFailed, match="previousPublishedVersion"):
+        registry.encode("DocumentVersionPublished", wrong)
+
+
+@pytest.mark.parametrize("event_type", EVENT_TYPES)
+@pytest.mark.parametrize("nulls", [False, True])
+def test_the_body_is_fastavros_own_bytes_whichever_union_branch(
+    event_type: str, nulls: bool
+) -> None:
+    registry = default_registry()
+    schema = registry.writer(event_type)
+    record = _sample(event_type)
+    if nulls:  # every optional field in its null branch
+        for field in _raw(event_type)["fields"]:
+            if isinstance(field["type"], list) and "null" in field["type"]:
+                record[field["name"]] = None
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, schema.parsed, dict(record))
+    assert registry.encode(event_type, record)[10:] == body.getvalue()
 
 
 def test_a_directory_keeps_older_versions_by_file_name(tmp_path: Path) -> None:

@@ -170,3 +170,13 @@ def test_a_key_cannot_be_bound_to_a_hidden_principal() -> None:
     with pytest.raises(ValidationFailed) as refused:
         key_spec(["search"], ["group:support,group:\u00adhr"], False, None)
     assert refused.value.code == "PRINCIPAL_INVALID"
+
+
+def test_every_ascii_character_is_judged_alone_as_amid_printable_text() -> None:
+    # The all-printable-ASCII shortcut must agree with the rule character by character,
+    # DEL and the C0 controls included.
+    for code in range(0x80):
+        ch = chr(code)
+        expected = ch if is_hidden(ch) else None
+        assert hidden_character(f"Refund {ch} policy") == expected, f"U+{code:04X}"
+    assert hidden_character("group:support-EU_2 (ok)") is None

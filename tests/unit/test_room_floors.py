@@ -32,12 +32,13 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"cli", "documents_cli"}),
     ),
     # Publish by event: the commands, their signatures and key cache, settings, ports, counters;
-    # the apply step; its store and the records' processing; Kafka; the loop; `kb ingest`.
+    # the apply step; its store, the refusals' retention and the records' processing; Kafka;
+    # the loop; `kb ingest`.
     "services.publisher.ingest": (
         frozenset({"commands", "signing", "settings", "metrics"}),
         frozenset({"ports", "key_cache"}),
         frozenset({"apply"}),
-        frozenset({"runs", "store_pg"}),
+        frozenset({"runs", "store_pg", "retention"}),
         frozenset({"process"}),
         frozenset({"consumer_kafka"}),
         frozenset({"pipeline"}),

@@ -94,6 +94,7 @@ async def _consume(
 
     from services.publisher.ingest.consumer_kafka import create_topics, start_when_reachable
     from services.publisher.ingest.pipeline import IngestLoop, pace_of
+    from services.publisher.ingest.retention import RefusalRetention
     from services.runtime.backoff import Backoff
     from services.runtime.logging import get_logger
     from services.runtime.messaging.events import (
@@ -137,9 +138,15 @@ async def _consume(
                 before_commit=_hang_before_commit(),
             )
             get_logger(__name__).info("ingest.started", tier=tier, group=group, replay=replay)
-            if not replay:
+            if replay:
+                return await loop.run(stop, until_end=await _ends(consumer, stop))
+            retention = RefusalRetention(processor.store, settings.ingest_refusal_retention_days)
+            beside = asyncio.create_task(retention.run(stop))
+            try:
                 return await loop.run(stop)
-            return await loop.run(stop, until_end=await _ends(consumer, stop))
+            finally:
+                beside.cancel()
+                await asyncio.gather(beside, return_exceptions=True)
         finally:
             await consumer.stop()
 

@@ -93,6 +93,20 @@ INSERT INTO ingest_refusal (tenant_id, source, command_id, code, refused_at)
 VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()))
 ON CONFLICT (tenant_id, source) DO NOTHING
 
+-- name: remove_refusals
+-- $1 days kept, $2 most rows, $3 now (NULL: the database's clock). The oldest refusal
+-- records past the horizon, every tenant's (the process's own role, as report_backlog), by
+-- the refused_at index. SKIP LOCKED: two processes' passes never wait for each other, and
+-- never for a run's transaction.
+DELETE FROM ingest_refusal
+ WHERE (tenant_id, source) IN (
+       SELECT tenant_id, source
+         FROM ingest_refusal
+        WHERE refused_at < coalesce($3::timestamptz, now()) - make_interval(days => $1::integer)
+        ORDER BY refused_at
+        LIMIT $2::integer
+          FOR UPDATE SKIP LOCKED)
+
 -- name: report_backlog
 -- $1 tier, $2 consumer id, $3 tenants, $4 records, $5 oldest sent_at (NULL: unknown), $6
 -- now (NULL: the database's). The process's rows become what it holds now; rows of any

@@ -208,9 +208,26 @@ class IngestLoop:
         queue.append(run)
         lane = self._lanes.get(key)
         if lane is None or lane.done():
-            self._lanes[key] = asyncio.create_task(self._lane(tenant, queue, window, stop))
+            self._lanes[key] = asyncio.create_task(self._lane(key, queue, window, stop))
 
     async def _lane(
+        self,
+        key: tuple[TopicPartition, str],
+        queue: collections.deque[list[Any]],
+        window: Window,
+        stop: asyncio.Event,
+    ) -> None:
+        await self._work(key[1], queue, window, stop)
+        # Idle and empty: dropped, or the lanes would grow with the tenants ever seen until
+        # a rebalance (the tenant's next record makes a new one). Not after a failure: the
+        # task stays for _tasks() to raise it. Nothing awaits between the queue found empty
+        # and this, so no record can have joined it meanwhile.
+        if self._queues.get(key) is queue and not queue:
+            del self._queues[key]
+        if self._lanes.get(key) is asyncio.current_task():
+            del self._lanes[key]
+
+    async def _work(
         self,
         tenant: str,
         queue: collections.deque[list[Any]],

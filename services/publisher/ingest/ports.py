@@ -183,6 +183,13 @@ class BacklogReports(Protocol):
         ...
 
 
+class Refusals(Protocol):
+    async def remove_refusals(self, days: int, most: int, now: datetime | None = None) -> int:
+        """Delete at most ``most`` refusal records older than ``days`` days before ``now``
+        (None: the database's clock), every tenant's; how many went."""
+        ...
+
+
 class DeadLetters(Protocol):
     async def send(self, record: IngestRecord, code: str, detail: str) -> None:
         """Write ``record`` (its bytes, key and headers) to the tier's dead-letter topic

@@ -10,7 +10,7 @@ import asyncio
 import collections
 import contextlib
 import re
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
@@ -89,16 +89,19 @@ class RecordProcessor:
     dead_letters: DeadLetters
     metrics: IngestMetrics
     limits: IngestLimits
-    _slots: collections.defaultdict[str, asyncio.Semaphore] = field(init=False)
+    _slots: TenantSlots = field(init=False)
     _keys: KeyCache = field(init=False)
     # Dead letters sent in a run whose transaction did not commit (a retriable failure
     # after them): its retry records them without sending them again.
     _sent: set[str] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
-        cap = self.limits.tenant_in_flight
-        self._slots = collections.defaultdict(lambda: asyncio.Semaphore(cap))
+        self._slots = TenantSlots(self.limits.tenant_in_flight)
         self._keys = KeyCache(self.store.ingest_keys, self.limits.key_cache_seconds)
+
+    def tenants_in_flight(self) -> set[str]:
+        """The tenants whose slots are kept: those with a command holding or awaiting one."""
+        return self._slots.tenants()
 
     async def handle(self, record: IngestRecord) -> Handled:
         """One record, start to end (what a run of one does)."""
@@ -143,7 +146,7 @@ class RecordProcessor:
     async def apply(self, run: Sequence[Verified]) -> list[Handled]:
         """One tenant's ``run``, in one transaction (an erase: alone, in its own)."""
         tenant = run[0].command.tenant_id
-        async with self._slots[tenant]:
+        async with self._slots.taken(tenant):
             revoked = await self._revoked(tenant, run)
             if isinstance(run[0].command, EraseDocument):
                 assert len(run) == 1
@@ -267,6 +270,36 @@ class RecordProcessor:
         if len(value) > limit:
             raise CommandTooLarge(f"the record has {len(value)} bytes; the limit is {limit}")
         return decode_command(value, max_inline_bytes=self.limits.max_inline_bytes)
+
+
+class TenantSlots:
+    """At most ``cap`` transactions per tenant at once. A tenant's semaphore is made when
+    one of its commands first asks for a slot and dropped once none holds or awaits one, so
+    the process keeps one per tenant at work, not one per tenant ever seen."""
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        # tenant -> its semaphore and how many commands hold or await it
+        self._kept: dict[str, tuple[asyncio.Semaphore, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def taken(self, tenant: str) -> AsyncIterator[None]:
+        semaphore, users = self._kept.get(tenant, (None, 0))
+        if semaphore is None:
+            semaphore = asyncio.Semaphore(self._cap)
+        self._kept[tenant] = (semaphore, users + 1)
+        try:
+            async with semaphore:
+                yield
+        finally:
+            semaphore, users = self._kept[tenant]
+            if users == 1:
+                del self._kept[tenant]
+            else:
+                self._kept[tenant] = (semaphore, users - 1)
+
+    def tenants(self) -> set[str]:
+        return set(self._kept)
 
 
 def _verify_each(

@@ -27,6 +27,12 @@ class IngestSettings(PublisherSettings):
     # A tenant's ingest key is trusted this long once read: a revoked key is accepted at
     # most this long after its revocation (0: read the keys for every run of commands).
     ingest_key_cache_seconds: float = Field(default=10.0, ge=0, le=300)
+    # Days a refused command's record (ingest_refusal: its dead letter sent) is kept, by the
+    # database's clock; 0 keeps them forever. A record is only read again while its topic
+    # still holds it, so this must stay above the ingest topics' retention.ms (Kafka's
+    # default: 7 days): a command redelivered after its record went would be refused and
+    # dead-lettered a second time.
+    ingest_refusal_retention_days: int = Field(default=30, ge=0, le=36500)
     ingest_poll_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
     # Commands of one tenant applied at once across the batch's partitions: a tenant
     # flooding the topic holds at most this many of the process's transactions.

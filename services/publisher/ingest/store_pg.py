@@ -203,6 +203,12 @@ class PgIngestStore(PgPublisherStore):
                     now,
                 )
 
+    async def remove_refusals(self, days: int, most: int, now: datetime | None = None) -> int:
+        with translate_db_errors():
+            async with self._connection() as conn:
+                status = await conn.execute(QUERIES["remove_refusals"], days, most, now)
+        return int(status.rsplit(" ", 1)[-1])
+
 
 class PgIngestKeys:
     """A tenant's ingest keys, written as the tables' owner (`kb tenants ingest-keys`)."""

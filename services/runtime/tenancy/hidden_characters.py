@@ -81,4 +81,8 @@ def is_hidden(ch: str) -> bool:
 
 def hidden_character(text: str) -> str | None:
     """The first character of ``text`` that hides or reorders text, if any."""
+    if text.isascii() and text.isprintable():
+        # Printable ASCII only (U+0020..U+007E: DEL is not printable), the common title
+        # and principal: none hides, and two C scans replace a call per character.
+        return None
     return next((ch for ch in text if is_hidden(ch)), None)

@@ -26,10 +26,10 @@ TP = TopicPartition("kb.ingest.standard", 0)
 
 
 class Consumer:
-    """One batch, then nothing; the commits it was asked for."""
+    """The batches given, then nothing; the commits it was asked for."""
 
-    def __init__(self, messages: list[Any]) -> None:
-        self._batches = [{TP: messages}]
+    def __init__(self, *batches: list[Any]) -> None:
+        self._batches = [{TP: messages} for messages in reversed(batches)]
         self.commits: list[dict[TopicPartition, int]] = []
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, Any]:
@@ -108,3 +108,48 @@ async def test_a_lanes_failure_lets_the_others_finish_and_commits_what_is_done()
         await asyncio.wait_for(loop.run(asyncio.Event()), 30)
     assert processor.applied == [0, 1]
     assert consumer.commits[-1] == {TP: 2}  # the done prefix; the failed record is read again
+
+
+class Applied:
+    """Applies every run at once."""
+
+    async def sort(self, records: Sequence[IngestRecord]) -> tuple[list[Verified], list[Refusal]]:
+        return await Processor().sort(records)
+
+    async def apply(self, run: Sequence[Verified]) -> list[Handled]:
+        return [
+            Handled(CommandAnswer(v.command.command_id, v.command.command_type, uuid.uuid4()))
+            for v in run
+        ]
+
+    async def dead_letter(self, refusal: Refusal) -> None:
+        raise AssertionError("nothing is refused here")
+
+
+async def test_a_tenants_lane_goes_once_it_is_idle_and_empty() -> None:
+    # One lane per (partition, tenant) ever seen would grow with the tenants until a
+    # rebalance; a lane is kept only while it has runs to apply.
+    first = [_message(n, f"t{n}") for n in range(20)]
+    again = [_message(20 + n, f"t{n}") for n in range(5)]  # tenants seen before, anew
+    consumer = Consumer(first, again)
+    held: list[tuple[int, int]] = []
+    stop = asyncio.Event()
+
+    async def before_commit(done: int) -> None:
+        held.append((len(loop._lanes), len(loop._queues)))
+        if done == 25:
+            stop.set()
+
+    loop = IngestLoop(
+        consumer,
+        Applied(),
+        tier="standard",
+        metrics=IngestMetrics(CollectorRegistry()),
+        backoff=Backoff(0.01, 0.01),
+        pace=IngestPace(batch_size=100, poll_timeout_seconds=0.01),
+        before_commit=before_commit,
+    )
+    assert await asyncio.wait_for(loop.run(stop), 30) == 25
+    assert consumer.commits[-1] == {TP: 25}
+    assert held
+    assert set(held) == {(0, 0)}

@@ -354,3 +354,24 @@ def test_a_lanes_waiting_runs_are_joined_up_to_the_size_never_across_an_erase() 
     queue = collections.deque([run(0, 1), run(2), run(3, 4), run(5, erase=True), run(6)])
     coalesce(queue, 4)
     assert [[i.record.offset for i in r] for r in queue] == [[0, 1, 2], [3, 4], [5], [6]]
+
+
+async def test_a_tenants_slots_go_once_none_of_its_commands_holds_or_waits() -> None:
+    # One semaphore per tenant ever seen would grow with the tenants; a tenant's slots are
+    # kept only while a command of its holds or waits for one.
+    signers = [Signer(f"t{n}") for n in range(5)]
+    applier, dead = Applier(), DeadLetters()
+    processor, _ = _processor(applier, dead, *signers, cap=1)
+    applier.gates["t0"] = asyncio.Event()
+    held = [
+        asyncio.create_task(processor.handle(_record(signers[0], publish_command("t0", f"p{n}"))))
+        for n in range(2)
+    ]
+    await applier.reached(1)  # t0's one slot held, its second command waiting
+    for signer in signers[1:]:
+        await processor.handle(_record(signer, publish_command(signer.tenant_id, "p")))
+    assert processor.tenants_in_flight() == {"t0"}
+    applier.gates["t0"].set()
+    await asyncio.gather(*held)
+    assert processor.tenants_in_flight() == set()
+    assert applier.most_at_once["t0"] == 1
