@@ -205,10 +205,13 @@ async def test_one_publish_is_one_trace_from_the_request_to_the_switch(
     (embed,) = _named(trace, "kb.index.embed")
     assert embed.attributes["gen_ai.provider.name"] == "HashingEmbedder"
     assert embed.attributes["kb.embedding.batch_size"] >= 1
+    # One span for the group's transaction (alone in its group, this task's trace holds
+    # it); the switch links to it, as every switch of a group does.
     (group,) = _named(trace, "kb.index.group_commit")
     assert group.attributes["db.operation.batch.size"] >= 1
     # The switch's event goes on from the switch.
     (switch,) = _named(trace, "kb.index.switch")
+    assert switch.links == [group.span_id]
     (switched,) = _sent(
         trace, "kb.document-events", **{"kb.event_type": "DocumentSearchVersionSwitched"}
     )
