@@ -7,9 +7,9 @@ retry, a takeover after a crash) lands in the same trace. The Kafka message that
 claim, when the hint named this task, is a link (``HintContexts``).
 
 Its children: the claim (started before the task was known, so recorded afterwards with
-its own start time), the pipeline's parse-and-chunk and embedding spans, and the pointer
-switch, linked to the span of the group commit its result was written in (one span for
-the group, in the trace of one of its tasks).
+its own start time), the pipeline's parse-and-chunk span (linked to the embedding requests
+its texts went in), and the pointer switch (linked to the group commit its result was
+written in). A request and a group commit are one span each, in one of their tasks' traces.
 """
 
 from __future__ import annotations

@@ -80,6 +80,14 @@ def link_here() -> list[Link]:
     return [Link(context)] if context.is_valid else []
 
 
+def link_current_to(contexts: Sequence[trace.SpanContext]) -> None:
+    """Links from the current span to ``contexts``, the spans of batch steps its work went
+    in (an embedding request): added once known, after the span started."""
+    span = trace.get_current_span()
+    for context in contexts:
+        span.add_link(context)
+
+
 def links_to(*traceparents: str | bytes | None) -> list[Link]:
     """Links to the spans these ``traceparent`` values name (the missing and malformed left
     out)."""
