@@ -19,6 +19,11 @@ Each caller still gets exactly its own rows, and its own errors:
 - a caller that goes away (its lease lost, its task cancelled) leaves the queue: its texts
   not yet sent are dropped, its rows of a request in flight are thrown away.
 A queue serves one model: the callers' chunks never mix models.
+
+Each request is one span (``kb.index.embed``), in the trace of the first of its callers
+that is sampled, and every caller's span links to the requests its texts went in: one span
+for the ten documents a request may carry, not one each (a span costs the indexer as much
+as a short document's embedding by the hashing stand-in).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from opentelemetry.trace import Span, SpanContext
 
 from services.embedding.batching import Batching, RequestBudget
 from services.embedding.port import (
@@ -41,6 +47,8 @@ from services.embedding.port import (
     checked_vectors,
 )
 from services.embedding.tokens import TokenCounter, approximate_tokens
+from services.runtime.tracing.propagation import current_traceparent
+from services.runtime.tracing.spans import Attributes, batch_span, link_current_to, mark_failed
 
 
 @dataclass(eq=False)
@@ -48,6 +56,10 @@ class _Caller:
     texts: Sequence[str]
     rows: Vectors
     done: asyncio.Future[Vectors]
+    # The caller's span, when it traces: its requests' span is started under the first
+    # sampled caller's, and each caller links to the requests it was in.
+    traceparent: str | None = None
+    requests: list[SpanContext] = field(default_factory=list)
     waiting: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -115,7 +127,9 @@ class CoalescingEmbedder(PassedThroughIdentity):
         rows = np.empty((len(texts), self.dimension), dtype=np.float32)
         if not texts:
             return rows
-        caller = _Caller(texts, rows, asyncio.get_running_loop().create_future())
+        caller = _Caller(
+            texts, rows, asyncio.get_running_loop().create_future(), current_traceparent()
+        )
         for position, text in enumerate(texts):
             tokens = self._count(text) if self.max_batch_tokens is not None else 0
             self._queue.append(_Item(caller, position, tokens))
@@ -127,6 +141,7 @@ class CoalescingEmbedder(PassedThroughIdentity):
         finally:
             if not caller.done.done():
                 caller.done.cancel()  # cancelled: what is still queued is dropped when met
+            link_current_to(caller.requests)
 
     async def aclose(self) -> None:
         """Stop the dispatcher and wait for requests in flight (their callers are answered)."""
@@ -221,6 +236,31 @@ class CoalescingEmbedder(PassedThroughIdentity):
         return batch
 
     async def _send(self, batch: list[_Item]) -> None:
+        callers = list(dict.fromkeys(item.caller for item in batch))
+        attributes = self._request_attributes(len(batch), len(callers))
+        with batch_span("kb.index.embed", [c.traceparent for c in callers], attributes) as span:
+            request = span.get_span_context()
+            if request.is_valid:
+                for caller in callers:
+                    caller.requests.append(request)
+            await self._send_traced(batch, span)
+
+    def _request_attributes(self, texts: int, callers: int) -> Attributes:
+        """The GenAI semantic conventions' names: the provider (its class, under the guard),
+        the model, the texts and the request size; and how many callers shared it."""
+        provider: object = self.inner
+        while isinstance(provider, PassedThroughIdentity):
+            provider = provider.inner
+        return {
+            "gen_ai.operation.name": "embeddings",
+            "gen_ai.provider.name": type(provider).__name__,
+            "gen_ai.request.model": self.model,
+            "kb.embedding.texts": texts,
+            "kb.embedding.batch_size": self.batch_size,
+            "kb.embedding.callers": callers,
+        }
+
+    async def _send_traced(self, batch: list[_Item], span: Span) -> None:
         started = time.perf_counter()
         try:
             if self._ready is not None:
@@ -232,6 +272,7 @@ class CoalescingEmbedder(PassedThroughIdentity):
                 source=self.model,
             )
         except InputRefused as refused:
+            mark_failed(span, refused)
             self._refused(batch, refused)
             return
         except asyncio.CancelledError:
@@ -240,6 +281,7 @@ class CoalescingEmbedder(PassedThroughIdentity):
                     caller.done.cancel()
             raise
         except Exception as error:
+            mark_failed(span, error)
             for caller in {item.caller for item in batch}:
                 if not caller.gone:
                     caller.done.set_exception(error)

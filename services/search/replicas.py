@@ -48,7 +48,7 @@ import asyncpg
 
 from services.runtime.errors import ValidationFailed
 from services.runtime.logging import get_logger
-from services.runtime.tracing.spans import span_under
+from services.runtime.tracing.spans import Attributes, annotate, span_under
 from services.search.metrics import REPLICA_IN_ROTATION, REPLICA_LAG, SEARCH_READS, TOKEN_WAIT
 from services.search.primary_position import READ_ERRORS, PrimaryPosition
 from services.search.statements import SearchSettings
@@ -185,12 +185,13 @@ class ReplicaRotation:
     async def choose(self, after: int | None = None) -> ReadTarget:
         """The server a search reads: a replica in rotation (in turn) that has replayed
         ``after`` (waiting for one at most KB_SEARCH_AFTER_WAIT_SECONDS), else the primary.
-        Its span names the server and the wait."""
-        with span_under("kb.search.choose_server", None) as span:
-            target = await self._choose(after)
-            span.set_attribute("kb.search.server", target.name)
-            span.set_attribute("kb.search.after", after is not None)
-            span.set_attribute("kb.search.after_wait_seconds", target.waited_seconds)
+        The choice is attributes of the current span (the request's), not a span of its own:
+        a span would cost as much as choosing. A wait is a span (``kb.search.after_wait``)."""
+        target = await self._choose(after)
+        chosen: Attributes = {"kb.search.server": target.name, "kb.search.after": after is not None}
+        if after is not None:
+            chosen["kb.search.after_wait_seconds"] = target.waited_seconds
+        annotate(chosen)
         return target
 
     async def _choose(self, after: int | None) -> ReadTarget:

@@ -37,7 +37,7 @@ from services.runtime.indexing.index_failures import (
 from services.runtime.logging import get_logger
 from services.runtime.pg.records import copied
 from services.runtime.tenancy.principals import normalise_principals
-from services.runtime.tracing.spans import TENANT_ID, span_under
+from services.runtime.tracing.spans import TENANT_ID, Attributes, span_under
 from services.search.metrics import TIMEOUT_REASON, count_degraded
 
 log = get_logger(__name__)
@@ -320,9 +320,10 @@ class Searcher:
         attributes = {TENANT_ID: request.tenant_id, "kb.search.mode": request.mode.value}
         with span_under("kb.search", None, attributes=attributes) as span:
             result = await self._search_traced(request)
+            outcome: Attributes = {"kb.search.results": len(result.results)}
             if result.degraded is not None:
-                span.set_attribute("kb.search.degraded", result.degraded.value)
-            span.set_attribute("kb.search.results", len(result.results))
+                outcome["kb.search.degraded"] = result.degraded.value
+            span.set_attributes(outcome)
             return result
 
     async def _search_traced(self, request: SearchRequest) -> SearchResult:
@@ -348,7 +349,12 @@ class Searcher:
                 degraded = Degraded.KEYWORD_ONLY
         await between_search_phases()
         candidates = await self._index.candidates(request, query_vector)
-        with span_under("kb.search.fuse", None):
+        if request.mode is SearchMode.HYBRID:
+            with span_under("kb.search.fuse", None):
+                results = rank_results(request, candidates)
+        else:
+            # One list, already ranked by the index: nothing is fused, so no span (a span
+            # costs as much as this step; BENCHMARKS.md#tracing-on-vs-off-issue-46).
             results = rank_results(request, candidates)
         took_ms = (time.perf_counter() - started) * 1000.0
         return SearchResult(results, self._index.generation, round(took_ms, 3), degraded)

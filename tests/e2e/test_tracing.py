@@ -195,20 +195,29 @@ async def test_one_publish_is_one_trace_from_the_request_to_the_switch(
     for step in (
         "kb.index.claim",
         "kb.index.parse_and_chunk",
-        "kb.index.embed",
         "kb.index.group_commit",
         "kb.index.switch",
     ):
         assert [s.parent_span_id for s in _named(trace, step)][:1] == [attempt.span_id], step
     # The version's read and the hand-over to the group commit: moments on the attempt.
     assert attempt.events == ("kb.index.loaded", "kb.index.commit_queued")
+    # One span per embedding request, in the trace of its first document (this one, alone
+    # in its request), under the parse it overlaps; the parse links to it, as every
+    # document in the request does.
+    (parse,) = _named(trace, "kb.index.parse_and_chunk")
     (embed,) = _named(trace, "kb.index.embed")
+    assert embed.parent_span_id == parse.span_id
+    assert parse.links == [embed.span_id]
     assert embed.attributes["gen_ai.provider.name"] == "HashingEmbedder"
     assert embed.attributes["kb.embedding.batch_size"] >= 1
+    assert embed.attributes["kb.embedding.callers"] == 1
+    # One span for the group's transaction (alone in its group, this task's trace holds
+    # it); the switch links to it, as every switch of a group does.
     (group,) = _named(trace, "kb.index.group_commit")
     assert group.attributes["db.operation.batch.size"] >= 1
     # The switch's event goes on from the switch.
     (switch,) = _named(trace, "kb.index.switch")
+    assert switch.links == [group.span_id]
     (switched,) = _sent(
         trace, "kb.document-events", **{"kb.event_type": "DocumentSearchVersionSwitched"}
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -24,6 +25,7 @@ from tests.support.completions import uniform_write
 from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.paused import PausedWrite
 from tests.support.tasks import create_task
+from tests.support.tracing import linked_span_ids, named, one, parent_id, span_id, trace_id, traced
 
 pytestmark = pytest.mark.integration
 
@@ -235,3 +237,32 @@ async def test_completions_one_after_the_other_each_commit(
         await queue.complete(lease, in_transaction=write)
     for lease in leases:
         assert await status(pool, lease) is TaskStatus.SUCCEEDED
+
+
+async def test_a_group_is_one_span_and_each_switch_in_its_own_trace_links_to_it(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    groups: list[int] = []
+    queue = PgTaskQueue(pool, on_completion_group=groups.append)
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    # Each task in a trace of its own, as each attempt's span would carry it.
+    leases = [
+        replace(lease, traceparent=f"00-{n + 1:032x}-{n + 1:016x}-01")
+        for n, lease in enumerate(await claimed(pool, queue, 3))
+    ]
+    with traced() as exported:
+        await asyncio.gather(
+            *(queue.complete(lease, in_transaction=write_for(sink, lease)) for lease in leases)
+        )
+        spans = exported.get_finished_spans()
+    assert groups == [3]
+    group = one(spans, "kb.index.group_commit")  # one for the three, not one a task
+    assert group.attributes is not None
+    assert group.attributes["db.operation.batch.size"] == 3
+    # Under one of the tasks' attempts (the first in write order).
+    assert (trace_id(group), parent_id(group)) in {(1, 1), (2, 2), (3, 3)}
+    switches = named(spans, "kb.index.switch")
+    assert sorted((trace_id(s), parent_id(s)) for s in switches) == [(1, 1), (2, 2), (3, 3)]
+    for switch in switches:
+        assert linked_span_ids(switch) == [span_id(group)]

@@ -20,14 +20,12 @@ from typing import Final, Protocol
 
 import numpy as np
 
-from services.embedding.port import PassedThroughIdentity, Vectors
+from services.embedding.port import Vectors
 from services.index.generation import IndexGeneration
 from services.indexer.chunk import Chunk
 from services.indexer.ports import InTransaction
 from services.indexer.task import Lease
 from services.runtime.logging import get_logger
-from services.runtime.tracing.propagation import current_traceparent
-from services.runtime.tracing.spans import Attributes, span_under
 
 log = get_logger(__name__)
 
@@ -113,8 +111,6 @@ class DocumentRun:
         self.embedded = 0
         self.embed_seconds = 0.0
         self.stage_seconds = 0.0
-        # The attempt's span: each embedding is its child, beside the parse it overlaps.
-        self._traceparent = current_traceparent()
 
     async def take(self, part: list[Chunk]) -> None:
         began = time.perf_counter()
@@ -209,13 +205,11 @@ class DocumentRun:
         wave = self._embedder.batch_size * _REQUESTS_PER_WAVE
         for start in range(0, len(missing), wave):
             batch = missing[start : start + wave]
-            # Every request's answer is checked there (count, dimension, finite values).
-            with span_under(
-                "kb.index.embed", self._traceparent, attributes=self._embed_attributes(len(batch))
-            ):
-                vectors = await self._embedder.embed_all(
-                    [part[rows_of[digest][0]].embedding_input for digest in batch]
-                )
+            # Every request's answer is checked there (count, dimension, finite values). Its
+            # requests are spans of the queue's, which the current span (the parse) links to.
+            vectors = await self._embedder.embed_all(
+                [part[rows_of[digest][0]].embedding_input for digest in batch]
+            )
             for digest, vector in zip(batch, vectors, strict=True):
                 rows[rows_of[digest]] = vector
                 self._remember(digest, vector)
@@ -224,20 +218,6 @@ class DocumentRun:
             await asyncio.sleep(0)
         self.embedded += len(missing)
         return rows
-
-    def _embed_attributes(self, texts: int) -> Attributes:
-        """The GenAI semantic conventions' names: the provider (its class, under the
-        request queue and the guard), the model, the texts and the request size."""
-        provider: object = self._embedder
-        while isinstance(provider, PassedThroughIdentity):
-            provider = provider.inner
-        return {
-            "gen_ai.operation.name": "embeddings",
-            "gen_ai.provider.name": type(provider).__name__,
-            "gen_ai.request.model": self._generation.embedding_model,
-            "kb.embedding.texts": texts,
-            "kb.embedding.batch_size": self._embedder.batch_size,
-        }
 
     def _remember(self, digest: bytes, vector: Vectors) -> None:
         self._recent[digest] = np.array(vector, dtype=np.float32)

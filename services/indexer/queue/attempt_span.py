@@ -7,8 +7,9 @@ retry, a takeover after a crash) lands in the same trace. The Kafka message that
 claim, when the hint named this task, is a link (``HintContexts``).
 
 Its children: the claim (started before the task was known, so recorded afterwards with
-its own start time), the pipeline's load, parse-and-chunk and embedding spans, the wait for
-and the commit of the group the result is written in, and the pointer switch.
+its own start time), the pipeline's parse-and-chunk span (linked to the embedding requests
+its texts went in), and the pointer switch (linked to the group commit its result was
+written in). A request and a group commit are one span each, in one of their tasks' traces.
 """
 
 from __future__ import annotations

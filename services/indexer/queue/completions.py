@@ -69,7 +69,7 @@ from services.runtime.errors import DatabaseBusy, LeaseLost
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.transaction import Transaction
-from services.runtime.tracing.spans import SpansUnder
+from services.runtime.tracing.spans import batch_span
 
 # The fenced UPDATE of one task, in the group's transaction: False when the fence refused it.
 Fence = Callable[[Transaction, Lease], Awaitable[bool]]
@@ -233,8 +233,10 @@ class GroupCommitter:
         return sorted(group, key=lambda c: c.order)
 
     async def _commit(self, group: list[_Completion]) -> None:
-        # A span in each task's trace: the group's transaction, as that task saw it.
-        spans = SpansUnder(
+        # One span for the group's transaction, in one of its tasks' traces; each task's
+        # switch span links to it (sink/together.py). Each task's own outcome is on its
+        # attempt's span.
+        with batch_span(
             "kb.index.group_commit",
             [c.lease.traceparent for c in group],
             {
@@ -242,16 +244,11 @@ class GroupCommitter:
                 "db.operation.name": "COMMIT",
                 "db.operation.batch.size": len(group),
             },
-        )
-        failed: BaseException | None = None
-        try:
-            await self._commit_group(group)
-        except BaseException as error:
-            failed = error
-            raise
-        finally:
-            _unfence(group)  # its transaction is over, committed or not
-            spans.end([c.error or failed for c in group])
+        ):
+            try:
+                await self._commit_group(group)
+            finally:
+                _unfence(group)  # its transaction is over, committed or not
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[PooledConnection]:

@@ -64,7 +64,7 @@ from services.runtime.pg.records import from_row
 from services.runtime.pg.sql import queries_beside
 from services.runtime.pg.transaction import Transaction
 from services.runtime.tenancy.served_acl import TenantDocument, apply_served_acls
-from services.runtime.tracing.spans import SpansUnder
+from services.runtime.tracing.spans import SpansUnder, link_here
 
 QUERIES = queries_beside(__file__, "sink.sql")
 
@@ -225,11 +225,13 @@ async def _switch(
     per changed pointer."""
     if not placed:
         return
-    # A span in each document's trace; its event continues from it.
+    # A span in each document's trace, linked to the group commit's span (the current
+    # one: queue/completions.py); its event continues from it.
     spans = SpansUnder(
         "kb.index.switch",
         [p.write.lease.traceparent for p in placed],
         {"db.system.name": "postgresql", "db.operation.name": "UPDATE"},
+        links=link_here(),
     )
     try:
         switched = await _switch_pointers(conn, placed, registry, now, spans)

@@ -80,6 +80,14 @@ def link_here() -> list[Link]:
     return [Link(context)] if context.is_valid else []
 
 
+def link_current_to(contexts: Sequence[trace.SpanContext]) -> None:
+    """Links from the current span to ``contexts``, the spans of batch steps its work went
+    in (an embedding request): added once known, after the span started."""
+    span = trace.get_current_span()
+    for context in contexts:
+        span.add_link(context)
+
+
 def links_to(*traceparents: str | bytes | None) -> list[Link]:
     """Links to the spans these ``traceparent`` values name (the missing and malformed left
     out)."""
@@ -140,16 +148,45 @@ def mark_failed(span: Span, error: BaseException) -> None:
     span.set_attribute("error.type", code if isinstance(code, str) else type(error).__name__)
 
 
+@contextmanager
+def batch_span(
+    name: str, traceparents: Sequence[str | None], attributes: Attributes
+) -> Iterator[Span]:
+    """One span, current while inside, for a step done once for several traces (a group
+    commit): a child in the first of them that is sampled (of the first traced one when
+    none is), so it is exported whenever one of its items is; none (a no-op span) when no
+    item is traced. The items' own spans started inside link to it (``link_here``): a span
+    per item cost as much as the step itself (BENCHMARKS.md#tracing-on-vs-off-issue-46)."""
+    traced = [t for t in traceparents if t is not None]
+    if not traced:
+        yield trace.INVALID_SPAN
+        return
+    sampled = (t for t in traced if _sampled(t))
+    with span_under(name, next(sampled, traced[0]), attributes=attributes) as span:
+        yield span
+
+
+def _sampled(traceparent: str) -> bool:
+    context = span_context_of(traceparent)
+    return context is not None and context.trace_flags.sampled
+
+
 class SpansUnder:
-    """One span per item of a batch that serves several traces at once (a group commit,
-    the switches it writes): each under its own item's ``traceparent``, none for an item
-    without one, all started together and each ended with its own outcome."""
+    """One span per item of a batch that serves several traces at once (the switches a
+    group commit writes: each is its own document's step, and its event continues from
+    it): each under its own item's ``traceparent``, none for an item without one, all
+    started together (with the same ``links``) and each ended with its own outcome."""
 
     def __init__(
-        self, name: str, traceparents: Sequence[str | None], attributes: Attributes
+        self,
+        name: str,
+        traceparents: Sequence[str | None],
+        attributes: Attributes,
+        links: Sequence[Link] = (),
     ) -> None:
         self.spans: list[Span | None] = [
-            None if t is None else start_span(name, t, attributes=attributes) for t in traceparents
+            None if t is None else start_span(name, t, attributes=attributes, links=links)
+            for t in traceparents
         ]
 
     def traceparent(self, at: int) -> str | None:

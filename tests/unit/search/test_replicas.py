@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from services.runtime.errors import ValidationFailed
+from services.runtime.tracing.spans import span_under
 from services.search.primary_position import PrimaryPosition, SearchTokenAhead
 from services.search.replicas import (
     PRIMARY,
@@ -21,6 +22,7 @@ from services.search.replicas import (
     replica_name,
 )
 from services.search.statements import SearchSettings
+from tests.support.tracing import one, parent_id, span_id, traced
 
 
 class FakePool:
@@ -325,3 +327,23 @@ async def test_a_primary_never_read_keeps_every_replica_out() -> None:
     view = rot.views()[0]
     assert not view.in_rotation
     assert view.lag_seconds is None
+
+
+async def test_the_choice_is_on_the_requests_span_and_only_a_wait_is_a_span() -> None:
+    primary, replica = FakePool(500), FakePool(100)
+    rot = rotation(primary, {"r": replica}, max_lag=3600, wait=0.05)
+    await rot.check()
+    with traced() as exported:
+        with span_under("request", None):
+            await rot.choose()
+        with span_under("waiting request", None):
+            await rot.choose(after=450)  # no replica replays it: waits, then the primary
+        spans = exported.get_finished_spans()
+    assert sorted(s.name for s in spans) == ["kb.search.after_wait", "request", "waiting request"]
+    request, waiting = one(spans, "request"), one(spans, "waiting request")
+    assert request.attributes == {"kb.search.server": "r", "kb.search.after": False}
+    assert waiting.attributes is not None
+    assert waiting.attributes["kb.search.server"] == PRIMARY
+    assert waiting.attributes["kb.search.after"] is True
+    assert float(str(waiting.attributes["kb.search.after_wait_seconds"])) >= 0.05
+    assert parent_id(one(spans, "kb.search.after_wait")) == span_id(waiting)

@@ -332,13 +332,26 @@ async def test_a_search_has_its_steps_as_spans_and_never_its_query_or_principals
     assert search.attributes["kb.tenant_id"] == "acme"
     embed = one(spans, "kb.search.embed_query")
     assert parent_id(embed) == span_id(search)
-    assert parent_id(one(spans, "kb.search.fuse")) == span_id(search)
+    fused = [parent_id(s) for s in named(spans, "kb.search.fuse")]
     if result.degraded is not None:
         assert search.attributes["kb.search.degraded"] == "keyword-only"
         assert embed.attributes is not None
         assert embed.attributes["error.type"] == ErrorCode.EMBEDDING_UNAVAILABLE
+        assert fused == []  # the keyword list alone: nothing fused
     else:
         assert "kb.search.degraded" not in search.attributes
+        assert fused == [span_id(search)]
+    assert search.attributes["kb.search.results"] == len(result.results)
     recorded = every_recorded_text(spans)
     for secret in (query, "whisper-falcon", principal, "provider says no"):
         assert secret not in recorded
+
+
+@pytest.mark.parametrize("mode", [SearchMode.VECTOR, SearchMode.KEYWORD])
+async def test_a_search_of_one_list_has_no_fusion_span(mode: SearchMode) -> None:
+    request = SearchRequest("acme", "refund", ("group:all",), 5, mode)
+    with traced() as exported:
+        await Searcher(HashingEmbedder(DIMENSION), FakeIndex()).search(request)
+        spans = exported.get_finished_spans()
+    expected = {"kb.search", "kb.search.embed_query"} if mode.uses_vector else {"kb.search"}
+    assert {s.name for s in spans} == expected  # FakeIndex reads its lists without spans

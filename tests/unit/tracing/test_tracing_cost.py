@@ -1,7 +1,8 @@
 """What a span costs the indexer, by the work done for it rather than by time: the SDK's
 tracer lookup once per provider, each stored ``traceparent`` parsed once, the resource
 hashed once (the OTLP encoder groups every span by it), and the steps that are moments
-recorded as events on the attempt rather than spans of their own."""
+recorded as events on the attempt rather than spans of their own, and a step done once for
+a batch of documents (a group commit) one span that each document's span links to."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from services.runtime.tracing import propagation
 from services.runtime.tracing.propagation import context_of, span_context_of, traceparent_of
 from services.runtime.tracing.setup import _HashedOnce
-from services.runtime.tracing.spans import mark, span_under
-from tests.support.tracing import one, traced
+from services.runtime.tracing.spans import SpansUnder, batch_span, link_here, mark, span_under
+from tests.support.tracing import linked_span_ids, named, one, parent_id, span_id, trace_id, traced
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -105,3 +106,33 @@ def test_a_moment_is_an_event_on_the_current_span() -> None:
         mark("kb.nowhere")  # no span: nothing, and no error
     attempt = one(exported.get_finished_spans(), "kb.index.attempt")
     assert [event.name for event in attempt.events] == ["kb.index.loaded"]
+
+
+UNSAMPLED = "00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-00"
+
+
+def test_a_step_done_once_for_a_batch_is_one_span_its_items_spans_link_to() -> None:
+    items = [
+        None,
+        UNSAMPLED,
+        TRACEPARENT,
+        "00-2af7651916cd43dd8448eb211c80319c-d7ad6b71692033a1-01",
+    ]
+    with traced() as exported:
+        with batch_span("kb.index.group_commit", items, {"db.operation.batch.size": 4}):
+            switches = SpansUnder("kb.index.switch", items, {}, links=link_here())
+            switches.end()
+        with batch_span("kb.untraced", [None, None], {}) as none:
+            assert not none.is_recording()
+        spans = exported.get_finished_spans()
+    group = one(spans, "kb.index.group_commit")  # one, not one per item
+    # In the first sampled item's trace (the unsampled one's would not be exported).
+    assert (trace_id(group), parent_id(group)) == (
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+    )
+    switched = named(spans, "kb.index.switch")
+    assert len(switched) == 2  # the sampled items': none for the untraced, the unsampled dropped
+    for switch in switched:
+        assert linked_span_ids(switch) == [span_id(group)]
+    assert {s.name for s in spans} == {"kb.index.group_commit", "kb.index.switch"}

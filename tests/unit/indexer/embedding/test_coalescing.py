@@ -13,7 +13,9 @@ from services.embedding import HashingEmbedder, InputRefused, Vectors
 from services.embedding.batching import Batching
 from services.embedding.coalescing import CoalescingEmbedder, RequestStats
 from services.runtime.indexing.index_failures import ErrorCode, IndexingFailed
+from services.runtime.tracing.spans import span_under
 from tests.support.pipeline import RecordingEmbedder
+from tests.support.tracing import linked_span_ids, named, parent_id, span_id, trace_id, traced
 
 DIMENSION = 16
 
@@ -230,3 +232,35 @@ async def test_full_requests_go_out_while_another_is_out() -> None:
     assert inner.requests == [["a", "b"], ["c", "d"]]
     inner.gate.set()
     await asyncio.gather(first, second)
+
+
+async def test_a_request_is_one_span_that_each_of_its_callers_links_to() -> None:
+    inner = Gated()
+    queue = CoalescingEmbedder(inner, Batching(batch_size=8, linger_seconds=0.05))
+    traces = [f"00-{n:032x}-{n:016x}-01" for n in range(1, 5)]
+
+    async def document(traceparent: str, texts: list[str]) -> None:
+        with span_under("kb.index.parse_and_chunk", traceparent):
+            await queue.embed_all(texts)
+
+    with traced() as exported:
+        await asyncio.gather(
+            *(document(t, [f"doc {n} a", f"doc {n} b"]) for n, t in enumerate(traces[:3]))
+        )
+        with pytest.raises(IndexingFailed):
+            await document(traces[3], ["boom"])
+        spans = exported.get_finished_spans()
+    assert [len(r) for r in inner.requests] == [6, 1]
+    shared, failed = named(spans, "kb.index.embed")  # one a request, not one a document
+    assert shared.attributes is not None
+    assert shared.attributes["kb.embedding.texts"] == 6
+    assert shared.attributes["kb.embedding.callers"] == 3
+    assert shared.attributes["gen_ai.provider.name"] == "HashingEmbedder"
+    parses = {trace_id(p): p for p in named(spans, "kb.index.parse_and_chunk")}
+    # In the first caller's trace, under its span; every caller's span links to it.
+    assert (trace_id(shared), parent_id(shared)) == (1, span_id(parses[1]))
+    for n in (1, 2, 3):
+        assert linked_span_ids(parses[n]) == [span_id(shared)]
+    assert failed.attributes is not None
+    assert failed.attributes["error.type"] == ErrorCode.EMBEDDING_UNAVAILABLE
+    assert linked_span_ids(parses[4]) == [span_id(failed)]
