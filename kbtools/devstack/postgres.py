@@ -20,6 +20,7 @@ from pathlib import Path
 import asyncpg
 
 from kbtools.devstack.process import (
+    cmdline,
     pid_alive,
     port_open,
     read_pid,
@@ -146,9 +147,17 @@ class EmbeddedPostgres:
                 f"server log: {self.log_file}"
             )
 
+    def _our_postmaster(self) -> int | None:
+        pid = read_pid(self.data_dir / "postmaster.pid")
+        if pid is None or not pid_alive(pid):
+            return None
+        # A recycled pid (a container restarted without `kb dev down`) belongs to someone
+        # else: only a postmaster of our data directory is ours.
+        return pid if f"-D {self.data_dir}" in cmdline(pid) else None
+
     def status(self) -> ServiceStatus:
         pid = read_pid(self.data_dir / "postmaster.pid")
-        running = pid if pid is not None and pid_alive(pid) else None
+        running = self._our_postmaster()
         return ServiceStatus.of_process(self.name, pid, running, self.port, self.data_dir, self.url)
 
     def up(self) -> ServiceStatus:
@@ -156,8 +165,8 @@ class EmbeddedPostgres:
         if current.running:
             self._ensure_database()
             return current
-        pid = read_pid(self.data_dir / "postmaster.pid")
-        if pid is not None and pid_alive(pid):
+        pid = self._our_postmaster()
+        if pid is not None:
             raise runs_on_another_port(self.name, pid, self.port, self._port_setting)
         if port_open("127.0.0.1", self.port):
             raise ConfigError(
@@ -234,11 +243,9 @@ class EmbeddedPostgres:
         asyncio.run(_create_database(self.port, self.settings.pg_database))
 
     def down(self) -> None:
-        if self.status().state != "running":
-            pid = read_pid(self.data_dir / "postmaster.pid")
-            if pid is None or not pid_alive(pid):
-                (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
-                return
+        if self.status().state != "running" and self._our_postmaster() is None:
+            (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
+            return
         self._run(
             [str(self._bin("pg_ctl")), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"],
             timeout=60,

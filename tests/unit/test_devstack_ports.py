@@ -45,15 +45,38 @@ def test_a_chaos_run_never_draws_a_dev_stack_port() -> None:
 
 
 def test_a_postgres_running_on_another_port_is_not_started_again(tmp_path: Path) -> None:
-    """Its pid file names a live process (this one) while its port is closed: `up` says to
-    stop it first, and leaves its pid file (removing it would let a second server start)."""
+    """Its pid file names a live postmaster of its data directory while its port is closed:
+    `up` says to stop it first, and leaves its pid file (removing it would let a second
+    server start)."""
+    server = EmbeddedPostgres(DevStackSettings(home=tmp_path, pg_port=free_port()))
+    server.data_dir.mkdir(parents=True)
+    pid_file = server.data_dir / "postmaster.pid"
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", "-D", str(server.data_dir)],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        pid_file.write_text(f"{stand_in.pid}\n{server.data_dir}\n")
+        with pytest.raises(ConfigError, match="kb dev down"):
+            server.up()
+        assert pid_file.exists()
+    finally:
+        assert stand_in.stdin is not None
+        stand_in.stdin.close()
+        stand_in.wait()
+
+
+def test_a_recycled_postmaster_pid_is_not_taken_for_the_server(tmp_path: Path) -> None:
+    """A container restarted without `kb dev down`: the pid file's number now belongs to
+    another process (this one). The server is dead, and `down` clears its pid file
+    without signalling that process."""
     server = EmbeddedPostgres(DevStackSettings(home=tmp_path, pg_port=free_port()))
     server.data_dir.mkdir(parents=True)
     pid_file = server.data_dir / "postmaster.pid"
     pid_file.write_text(f"{os.getpid()}\n{server.data_dir}\n")
-    with pytest.raises(ConfigError, match="kb dev down"):
-        server.up()
-    assert pid_file.exists()
+    assert server.status().state == "dead"
+    server.down()
+    assert not pid_file.exists()
 
 
 def test_a_broker_running_on_another_port_is_not_started_again(tmp_path: Path) -> None:
