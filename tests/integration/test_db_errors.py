@@ -6,6 +6,7 @@ after a failover) are then provoked on a real PostgreSQL."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import asyncpg
@@ -111,6 +112,12 @@ MAPPING: list[tuple[Exception, type[KbError], str, bool]] = [
     ),
     (asyncpg.UniqueViolationError("duplicate key"), Conflict, "UNIQUE_VIOLATION", False),
     (asyncpg.ClientConfigurationError("bad sslmode"), ConfigError, "CONFIG_INVALID", False),
+    (
+        ssl.SSLCertVerificationError("certificate verify failed: unable to get issuer"),
+        ConfigError,
+        "CONFIG_INVALID",
+        False,
+    ),
     (asyncpg.PostgresSyntaxError("syntax error"), DatabaseError, "DATABASE_ERROR", False),
     (asyncpg.UndefinedTableError("no such table"), DatabaseError, "DATABASE_ERROR", False),
     (asyncpg.CheckViolationError("check failed"), DatabaseError, "DATABASE_ERROR", False),

@@ -6,6 +6,7 @@ Only adapters import this module; domain code sees :mod:`services.runtime.errors
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -98,6 +99,10 @@ def translate_db_errors() -> Iterator[None]:
         raise
     except asyncpg.ClientConfigurationError as exc:
         raise ConfigError(f"database configuration: {exc}") from exc
+    except ssl.SSLCertVerificationError as exc:
+        # An OSError too, but retrying never makes the server's certificate verify: a
+        # process waiting for the database must stop and say why (a wrong CA, a wrong host).
+        raise ConfigError(f"database certificate not verified: {exc}") from exc
     except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError) as exc:
         raise SerializationConflict(str(exc)) from exc
     except asyncpg.UniqueViolationError as exc:
