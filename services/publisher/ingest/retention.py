@@ -5,9 +5,10 @@ database's clock, a batch (one statement) at a time, once an hour.
 Why the horizon is safe: a refusal record only matters while its command may be read again,
 and Kafka gives a record again only while its topic holds it (a redelivery from the last
 committed offset, or a group whose offsets expired starting over from the earliest record).
-A record still held is younger than the topic's ``retention.ms``, and its refusal younger
-still, so with the topic's retention inside the horizon no command is dead-lettered twice
-(docs/configuration.md).
+A record still held is younger than the topic's ``retention.ms`` plus its ``segment.ms``
+(Kafka deletes whole segments), and its refusal younger still, so with both inside the
+horizon no command is dead-lettered twice (docs/configuration.md; a topic kept forever
+needs the horizon 0, records kept forever too).
 """
 
 from __future__ import annotations
@@ -54,5 +55,9 @@ class RefusalRetention:
                 await self.collect()
             except KbError as error:
                 log.warning("ingest.refusal_retention_failed", code=error.code, error=str(error))
+            except Exception:
+                # Not one of ours (a bug): said, and tried again, rather than ending the
+                # retention for the process's life without a word.
+                log.exception("ingest.refusal_retention_failed", code="INTERNAL_ERROR")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_seconds)

@@ -29,9 +29,9 @@ class IngestSettings(PublisherSettings):
     ingest_key_cache_seconds: float = Field(default=10.0, ge=0, le=300)
     # Days a refused command's record (ingest_refusal: its dead letter sent) is kept, by the
     # database's clock; 0 keeps them forever. A record is only read again while its topic
-    # still holds it, so this must stay above the ingest topics' retention.ms (Kafka's
-    # default: 7 days): a command redelivered after its record went would be refused and
-    # dead-lettered a second time.
+    # still holds it, so this must stay above the ingest topics' retention.ms + segment.ms
+    # (whole segments go; Kafka's defaults: 7 + 7 days), and be 0 for a topic kept forever:
+    # a command redelivered after its record went would be dead-lettered a second time.
     ingest_refusal_retention_days: int = Field(default=30, ge=0, le=36500)
     ingest_poll_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
     # Commands of one tenant applied at once across the batch's partitions: a tenant
