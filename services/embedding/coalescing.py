@@ -240,7 +240,8 @@ class CoalescingEmbedder(PassedThroughIdentity):
         attributes = self._request_attributes(len(batch), len(callers))
         with batch_span("kb.index.embed", [c.traceparent for c in callers], attributes) as span:
             request = span.get_span_context()
-            if request.is_valid:
+            # An unsampled request span is never exported: a link to it would lead nowhere.
+            if request.is_valid and request.trace_flags.sampled:
                 for caller in callers:
                     caller.requests.append(request)
             await self._send_traced(batch, span)
