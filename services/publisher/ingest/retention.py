@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from services.publisher.ingest.ports import Retained
 from services.runtime.errors import KbError
@@ -33,7 +34,13 @@ from services.runtime.logging import get_logger
 
 log = get_logger(__name__)
 
-Remove = Callable[[int, int, datetime | None], Awaitable[int]]
+Kind = Literal["refusals", "commands"]
+# Each kind's log events: its records removed, its pass failed (each kind's pass runs even
+# when the other's failed).
+EVENTS: dict[Kind, tuple[str, str]] = {
+    "refusals": ("ingest.refusals_removed", "ingest.refusal_retention_failed"),
+    "commands": ("ingest.commands_removed", "ingest.command_retention_failed"),
+}
 
 
 @dataclass
@@ -48,33 +55,20 @@ class IngestRetention:
     async def collect(self, now: datetime | None = None, *, max_batches: int = 1000) -> int:
         """Both kinds, each in batches until none is full (or ``max_batches``); how many
         records went."""
-        return await self.collect_refusals(now, max_batches=max_batches) + (
-            await self.collect_commands(now, max_batches=max_batches)
-        )
-
-    async def collect_refusals(
-        self, now: datetime | None = None, *, max_batches: int = 1000
-    ) -> int:
-        removed = await self._collect(
-            self.store.remove_refusals, self.refusal_days, now, max_batches
-        )
-        if removed:
-            log.info("ingest.refusals_removed", rows=removed, days=self.refusal_days)
+        removed = 0
+        for kind in EVENTS:
+            removed += await self.collect_kind(kind, now, max_batches=max_batches)
         return removed
 
-    async def collect_commands(
-        self, now: datetime | None = None, *, max_batches: int = 1000
+    async def collect_kind(
+        self, kind: Kind, now: datetime | None = None, *, max_batches: int = 1000
     ) -> int:
-        removed = await self._collect(
-            self.store.remove_commands, self.command_days, now, max_batches
+        """One kind's records past its horizon, in batches; how many went."""
+        remove, days = (
+            (self.store.remove_refusals, self.refusal_days)
+            if kind == "refusals"
+            else (self.store.remove_commands, self.command_days)
         )
-        if removed:
-            log.info("ingest.commands_removed", rows=removed, days=self.command_days)
-        return removed
-
-    async def _collect(
-        self, remove: Remove, days: int, now: datetime | None, max_batches: int
-    ) -> int:
         if days == 0:
             return 0
         removed = 0
@@ -83,6 +77,8 @@ class IngestRetention:
             removed += done
             if done < self.batch:
                 break
+        if removed:
+            log.info(EVENTS[kind][0], rows=removed, days=days)
         return removed
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -90,8 +86,8 @@ class IngestRetention:
         and tried again at the next one (it never holds the commands up), and one kind's
         failure does not keep the other's pass from running."""
         while not stop.is_set():
-            await _logged(self.collect_refusals(), "ingest.refusal_retention_failed")
-            await _logged(self.collect_commands(), "ingest.command_retention_failed")
+            for kind, (_, failed) in EVENTS.items():
+                await _logged(self.collect_kind(kind), failed)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_seconds)
 
