@@ -187,6 +187,15 @@ async def test_schema_has_every_table_and_key_of_the_design(
     partial = [r["indexdef"] for r in index_defs if " WHERE " in r["indexdef"]]
     claimable = [d for d in partial if "PENDING" in d or "RUNNING" in d]
     assert claimable, "index_task needs partial indexes on claimable states"
+
+    # Migration 0037: the command records' retention takes the oldest first, every tenant's,
+    # by an index leading with applied_at (the others lead with the tenant).
+    command_indexes = await empty_database.fetch(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'ingest_command'"
+    )
+    assert any(r["indexdef"].endswith("USING btree (applied_at)") for r in command_indexes), (
+        "ingest_command needs an index on applied_at for its retention"
+    )
     assert all("SUCCEEDED" not in d and "DEAD" not in d for d in claimable)
 
 

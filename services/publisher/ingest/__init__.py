@@ -5,7 +5,7 @@ Rooms, bottom up: ``commands`` (the commands and their decoding), ``signing`` (E
 ``settings``, ``metrics`` < ``ports``, ``key_cache`` (keys kept a short while) < ``apply``
 (one command's steps, recorded once) < ``runs`` (a tenant's run of commands in one
 transaction, each in a savepoint; new documents written together), ``store_pg`` (the
-PostgreSQL adapter), ``retention`` (refusal records' horizon) < ``process`` (verify, apply
-or dead-letter records) < ``consumer_kafka`` (the Kafka clients) < ``pipeline`` (lanes per
-tenant, read-ahead, offsets after the transactions) < ``cli``.
+PostgreSQL adapter), ``retention`` (refusal and command records' horizons) < ``process``
+(verify, apply or dead-letter records) < ``consumer_kafka`` (the Kafka clients) <
+``pipeline`` (lanes per tenant, read-ahead, offsets after the transactions) < ``cli``.
 """

@@ -94,7 +94,7 @@ async def _consume(
 
     from services.publisher.ingest.consumer_kafka import create_topics, start_when_reachable
     from services.publisher.ingest.pipeline import IngestLoop, pace_of
-    from services.publisher.ingest.retention import RefusalRetention
+    from services.publisher.ingest.retention import IngestRetention
     from services.runtime.backoff import Backoff
     from services.runtime.logging import get_logger
     from services.runtime.messaging.events import (
@@ -140,7 +140,11 @@ async def _consume(
             get_logger(__name__).info("ingest.started", tier=tier, group=group, replay=replay)
             if replay:
                 return await loop.run(stop, until_end=await _ends(consumer, stop))
-            retention = RefusalRetention(processor.store, settings.ingest_refusal_retention_days)
+            retention = IngestRetention(
+                processor.store,
+                refusal_days=settings.ingest_refusal_retention_days,
+                command_days=settings.ingest_command_retention_days,
+            )
             beside = asyncio.create_task(retention.run(stop))
             try:
                 return await loop.run(stop)

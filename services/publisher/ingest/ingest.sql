@@ -97,15 +97,37 @@ ON CONFLICT (tenant_id, source) DO NOTHING
 -- $1 days kept, $2 most rows, $3 now (NULL: the database's clock). The oldest refusal
 -- records past the horizon, every tenant's (the process's own role, as report_backlog), by
 -- the refused_at index. SKIP LOCKED: two processes' passes never wait for each other, and
--- never for a run's transaction.
+-- never for a run's transaction. By ctid: the rows the sub-select locked cannot move before
+-- this statement deletes them, and a TID scan finds them where a join on the key would
+-- read the whole table for every batch.
 DELETE FROM ingest_refusal
- WHERE (tenant_id, source) IN (
-       SELECT tenant_id, source
+ WHERE ctid = ANY(ARRAY(
+       SELECT ctid
          FROM ingest_refusal
         WHERE refused_at < coalesce($3::timestamptz, now()) - make_interval(days => $1::integer)
         ORDER BY refused_at
         LIMIT $2::integer
-          FOR UPDATE SKIP LOCKED)
+          FOR UPDATE SKIP LOCKED))
+
+-- name: remove_commands
+-- $1 days kept, $2 most rows, $3 now (NULL: the database's clock). The oldest command
+-- records past the horizon, every tenant's, by the applied_at index (migration 0037), as
+-- remove_refusals. A record whose index task is still to run stays: the task's switch or
+-- dead event names the command from it (services/indexer). SKIP LOCKED: two passes never
+-- wait for each other, nor for a run's transaction writing a record's answer.
+DELETE FROM ingest_command
+ WHERE ctid = ANY(ARRAY(
+       SELECT c.ctid
+         FROM ingest_command c
+        WHERE c.applied_at < coalesce($3::timestamptz, now()) - make_interval(days => $1::integer)
+          AND NOT EXISTS (
+              SELECT 1
+                FROM index_task t
+               WHERE t.task_id = c.task_id
+                 AND t.status IN ('PENDING', 'RUNNING', 'RETRY_WAIT'))
+        ORDER BY c.applied_at
+        LIMIT $2::integer
+          FOR UPDATE OF c SKIP LOCKED))
 
 -- name: report_backlog
 -- $1 tier, $2 consumer id, $3 tenants, $4 records, $5 oldest sent_at (NULL: unknown), $6

@@ -1,7 +1,9 @@
 """Prometheus metrics of `kb ingest` (docs/metrics.md). Labels: tier, command type, result
 (``applied``, ``repeated`` or a problem code), and on the backlog the tenant -- only one
-whose key verified a command (as many as there are tenants), never a name read from an
-unverified record; never a document or command id."""
+whose key verified a command, never a name read from an unverified record; never a document
+or command id. A tenant's backlog series is there only while it has commands waiting here
+(removed when its backlog is back to none), so the series are as many as the tenants at
+work, not every tenant the process has seen."""
 
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ class IngestMetrics:
             ["tier"],
             registry=registry,
         )
+        # (tier, tenant) -> commands held: the gauge's value, kept here so that the series
+        # can go at none (a child of the gauge read or removed elsewhere could be stale).
+        self._held: dict[tuple[str, str], int] = {}
         self.backlog = Gauge(
             "kb_ingest_backlog",
             "Commands fetched by this process and not yet applied (nor dead-lettered), by "
@@ -45,3 +50,17 @@ class IngestMetrics:
             ["tier", "tenant"],
             registry=registry,
         )
+
+    def held(self, tier: str, tenant: str, records: int) -> None:
+        """``records`` more commands held for the tenant (fewer: negative); at none, its
+        series goes from the exposition."""
+        count = self._held.get((tier, tenant), 0) + records
+        if count > 0:
+            self._held[(tier, tenant)] = count
+            self.backlog.labels(tier, tenant).set(count)
+        else:
+            self._held.pop((tier, tenant), None)
+            self.backlog.remove(tier, tenant)
+
+    def backlog_of(self, tier: str, tenant: str) -> int:
+        return self._held.get((tier, tenant), 0)

@@ -202,7 +202,7 @@ class IngestLoop:
     def _enqueue(
         self, tp: TopicPartition, tenant: str, run: list[Any], window: Window, stop: asyncio.Event
     ) -> None:
-        self.metrics.backlog.labels(self.tier, tenant).inc(len(run))
+        self.metrics.held(self.tier, tenant, len(run))
         key = (tp, tenant)
         queue = self._queues.setdefault(key, collections.deque())
         queue.append(run)
@@ -234,10 +234,12 @@ class IngestLoop:
         window: Window,
         stop: asyncio.Event,
     ) -> None:
-        backlog = self.metrics.backlog.labels(self.tier, tenant)
+        def let_go(records: int) -> None:
+            self.metrics.held(self.tier, tenant, -records)
+
         while queue:
             if stop.is_set():  # its current step is done: the rest is read again
-                backlog.dec(sum(len(r) for r in queue))
+                let_go(sum(len(r) for r in queue))
                 queue.clear()
                 return
             if tenant != UNVERIFIED:
@@ -249,13 +251,13 @@ class IngestLoop:
             else:
                 step = functools.partial(self.processor.apply, run)
             if not await self._until_done(step, run[0].record, stop):
-                backlog.dec(sum(len(r) for r in queue))  # stopped: no longer held here
+                let_go(sum(len(r) for r in queue))  # stopped: no longer held here
                 queue.clear()
                 return
             queue.popleft()
             window.done.update(item.record.offset for item in run)
             self._done += len(run)
-            backlog.dec(len(run))
+            let_go(len(run))
             self._progress.set()
 
     async def _until_done(

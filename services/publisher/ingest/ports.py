@@ -183,10 +183,18 @@ class BacklogReports(Protocol):
         ...
 
 
-class Refusals(Protocol):
+class Retained(Protocol):
+    """The ingest records kept for a horizon (retention.py). Each deletes at most ``most``
+    records older than ``days`` days before ``now`` (None: the database's clock), every
+    tenant's, and says how many went."""
+
     async def remove_refusals(self, days: int, most: int, now: datetime | None = None) -> int:
-        """Delete at most ``most`` refusal records older than ``days`` days before ``now``
-        (None: the database's clock), every tenant's; how many went."""
+        """Refused commands' records (``ingest_refusal``)."""
+        ...
+
+    async def remove_commands(self, days: int, most: int, now: datetime | None = None) -> int:
+        """Applied commands' records (``ingest_command``), but those whose index task is
+        still to run."""
         ...
 
 

@@ -33,6 +33,11 @@ class IngestSettings(PublisherSettings):
     # (whole segments go; Kafka's defaults: 7 + 7 days), and be 0 for a topic kept forever:
     # a command redelivered after its record went would be dead-lettered a second time.
     ingest_refusal_retention_days: int = Field(default=30, ge=0, le=36500)
+    # Days an applied command's record (ingest_command: what keeps a redelivered command
+    # from applying twice) is kept, by the database's clock; 0 keeps them forever. The same
+    # rule: above the ingest and dead-letter topics' retention.ms + segment.ms, 0 for a
+    # topic kept forever, or a command read again after its record went applies again.
+    ingest_command_retention_days: int = Field(default=30, ge=0, le=36500)
     ingest_poll_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
     # Commands of one tenant applied at once across the batch's partitions: a tenant
     # flooding the topic holds at most this many of the process's transactions.

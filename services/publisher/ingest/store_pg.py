@@ -204,9 +204,16 @@ class PgIngestStore(PgPublisherStore):
                 )
 
     async def remove_refusals(self, days: int, most: int, now: datetime | None = None) -> int:
+        return await self._remove("remove_refusals", days, most, now)
+
+    async def remove_commands(self, days: int, most: int, now: datetime | None = None) -> int:
+        return await self._remove("remove_commands", days, most, now)
+
+    async def _remove(self, query: str, days: int, most: int, now: datetime | None) -> int:
+        """A retention batch (ingest.sql's ``remove_*``): how many rows went."""
         with translate_db_errors():
             async with self._connection() as conn:
-                status = await conn.execute(QUERIES["remove_refusals"], days, most, now)
+                status = await conn.execute(QUERIES[query], days, most, now)
         return int(status.rsplit(" ", 1)[-1])
 
 

@@ -66,3 +66,43 @@ async def test_no_cache_reads_every_time() -> None:
     await cache.keys("acme", ["k1"])
     await cache.keys("acme", ["k1"])
     assert len(registry.reads) == 2
+
+
+async def test_the_cache_holds_at_most_its_bound_the_least_recently_used_out_first() -> None:
+    registry, clock = Registry(K1), Clock()
+    cache = KeyCache(registry.lookup, 10, clock, max_entries=5)
+    await cache.keys("tenant-0", ["k1"])
+    for n in range(1, 50):  # ten times the bound, tenant-0 used again all along
+        await cache.keys(f"tenant-{n}", ["k1"])
+        await cache.keys("tenant-0", ["k1"])
+        assert len(cache) <= 5
+    assert len(cache) == 5
+    registry.reads.clear()
+    await cache.keys("tenant-0", ["k1"])  # used the most: kept
+    await cache.keys("tenant-49", ["k1"])
+    assert registry.reads == []
+    await cache.keys("tenant-1", ["k1"])  # among the first out
+    assert registry.reads == [["k1"]]
+
+
+async def test_an_expired_entry_is_gone_after_a_sweep() -> None:
+    registry, clock = Registry(K1, K2), Clock()
+    cache = KeyCache(registry.lookup, 10, clock)
+    await cache.keys("acme", ["k1"])
+    clock.now += 5
+    await cache.keys("beta", ["k2"])
+    clock.now += 5  # acme's is 10 seconds old, beta's 5
+    cache.sweep()
+    assert len(cache) == 1
+    registry.reads.clear()
+    await cache.keys("beta", ["k2"])
+    assert registry.reads == []
+
+
+async def test_a_tenant_seen_once_does_not_stay_once_its_time_is_up() -> None:
+    registry, clock = Registry(K1), Clock()
+    cache = KeyCache(registry.lookup, 10, clock)
+    await cache.keys("acme", ["k1"])
+    clock.now += 10
+    await cache.keys("beta", ["k1"])  # the sweep rides on a later call, once per period
+    assert len(cache) == 1

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from services.publisher.ingest.commands import decode_command
 from services.publisher.ingest.metrics import IngestMetrics
@@ -153,3 +153,72 @@ async def test_a_tenants_lane_goes_once_it_is_idle_and_empty() -> None:
     assert consumer.commits[-1] == {TP: 25}
     assert held
     assert set(held) == {(0, 0)}
+
+
+class Waiting:
+    """Applies tenant "drained" at once; tenant "waiting" once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def sort(self, records: Sequence[IngestRecord]) -> tuple[list[Verified], list[Refusal]]:
+        return await Processor().sort(records)
+
+    async def apply(self, run: Sequence[Verified]) -> list[Handled]:
+        if run[0].command.tenant_id == "waiting":
+            await self.release.wait()
+        return await Applied().apply(run)
+
+    async def dead_letter(self, refusal: Refusal) -> None:
+        raise AssertionError("nothing is refused here")
+
+
+class Watched(IngestMetrics):
+    """Says when a tenant's backlog went back to none."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.drained: dict[str, asyncio.Event] = {}
+
+    def held(self, tier: str, tenant: str, records: int) -> None:
+        super().held(tier, tenant, records)
+        if records < 0 and not self.backlog_of(tier, tenant):
+            self.drained.setdefault(tenant, asyncio.Event()).set()
+
+
+def _backlog_series(registry: CollectorRegistry) -> dict[str, float]:
+    """kb_ingest_backlog's series in the exposition, by tenant."""
+    series: dict[str, float] = {}
+    for line in generate_latest(registry).decode().splitlines():
+        if line.startswith("kb_ingest_backlog{"):
+            labels, value = line.rsplit(" ", 1)
+            tenant = labels.split('tenant="', 1)[1].split('"', 1)[0]
+            series[tenant] = float(value)
+    return series
+
+
+async def test_a_tenants_backlog_series_goes_once_its_backlog_drains() -> None:
+    # A tenant label kept for ever once seen would grow with the tenants a process saw.
+    registry = CollectorRegistry()
+    metrics = Watched(registry)
+    drained = metrics.drained["drained"] = asyncio.Event()
+    processor = Waiting()
+    messages = [_message(0, "waiting"), _message(1, "drained"), _message(2, "drained")]
+    stop = asyncio.Event()
+    loop = IngestLoop(
+        Consumer(messages),
+        processor,
+        tier="standard",
+        metrics=metrics,
+        backoff=Backoff(0.01, 0.01),
+        pace=IngestPace(batch_size=10, poll_timeout_seconds=0.01),
+    )
+    running = asyncio.create_task(loop.run(stop))
+    await asyncio.wait_for(drained.wait(), 30)
+    assert _backlog_series(registry) == {"waiting": 1.0}
+    processor.release.set()
+    await asyncio.wait_for(metrics.drained.setdefault("waiting", asyncio.Event()).wait(), 30)
+    assert _backlog_series(registry) == {}
+    stop.set()
+    assert await asyncio.wait_for(running, 30) == 3
+    assert _backlog_series(registry) == {}
