@@ -210,6 +210,24 @@ async def _restart(server: RestartablePostgres) -> None:
     await asyncio.to_thread(server.restart)
 
 
+async def _stopped_while_waiting(
+    server: RestartablePostgres, start: Start, process: str
+) -> tuple[Running, int]:
+    """``start``'s process, started while the database is down, SIGTERMed once it says it
+    waits: the process and its exit code, after its ``<process>.stopped_at_start`` line."""
+    await asyncio.to_thread(server.stop)
+    try:
+        running = await start()
+        await running.wait_for('"database.unavailable"', after=0)
+        running.process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(WAIT):
+            code = await running.process.wait()
+        await running.wait_for(f'"{process}.stopped_at_start"', after=0)
+    finally:
+        await asyncio.to_thread(server.start)
+    return running, code
+
+
 async def test_an_indexer_waits_for_postgres_at_start(
     own_postgres: RestartablePostgres, restart_database: str, start_indexer: Start
 ) -> None:
@@ -229,16 +247,7 @@ async def test_sigterm_ends_the_wait_at_start(
 ) -> None:
     """An orchestrator stopping an indexer that still waits for the database: a clean exit
     (0), nothing started."""
-    await asyncio.to_thread(own_postgres.stop)
-    try:
-        indexer = await start_indexer()
-        await indexer.wait_for('"database.unavailable"', after=0)
-        indexer.process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(WAIT):
-            code = await indexer.process.wait()
-        await indexer.wait_for('"indexer.stopped_at_start"', after=0)
-    finally:
-        await asyncio.to_thread(own_postgres.start)
+    indexer, code = await _stopped_while_waiting(own_postgres, start_indexer, "indexer")
     assert code == 0, indexer.tail()
 
 
@@ -423,14 +432,7 @@ async def test_sigterm_ends_an_api_waiting_at_start(
     own_postgres: RestartablePostgres, start_kb: StartKb
 ) -> None:
     """An orchestrator stopping `kb serve` that still waits for the database: exit 0."""
-    await asyncio.to_thread(own_postgres.stop)
-    try:
-        server = await start_kb("serve", "--port", str(free_port()))
-        await server.wait_for('"database.unavailable"', after=0)
-        server.process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(WAIT):
-            code = await server.process.wait()
-        await server.wait_for('"serve.stopped_at_start"', after=0)
-    finally:
-        await asyncio.to_thread(own_postgres.start)
+    server, code = await _stopped_while_waiting(
+        own_postgres, lambda: start_kb("serve", "--port", str(free_port())), "serve"
+    )
     assert code == 0, server.tail()
