@@ -19,6 +19,7 @@ from playwright.async_api import Page
 from tests.e2e.test_publisher_serve import kb, kb_serve
 from tests.support.api import free_port
 from tests.support.browser import chromium_page, screenshot_folder
+from tests.support.operator import tier_counts
 from tests.support.tasks import create_task
 
 pytestmark = pytest.mark.e2e
@@ -98,14 +99,7 @@ async def test_operator_page_in_chromium(
             await page.fill("#token", operator_key)
             await page.click("#sign-in")
             await page.wait_for_selector("#tiers")
-            counts = await conn.fetchrow(
-                """SELECT count(*) FILTER (WHERE status IN ('PENDING', 'RETRY_WAIT')
-                                           AND next_attempt_at <= now()) AS due,
-                          count(*) FILTER (WHERE status = 'RUNNING') AS running,
-                          count(*) FILTER (WHERE status = 'DEAD') AS dead
-                     FROM index_task WHERE tier = 'standard'"""
-            )
-            assert counts is not None
+            counts = await tier_counts(conn, "standard")
             assert await metric(page, "standard", "due") == str(counts["due"]) == "1"
             assert await metric(page, "standard", "running") == str(counts["running"])
             assert await metric(page, "standard", "dead") == str(counts["dead"]) == "1"

@@ -72,13 +72,24 @@ async def status(pool: asyncpg.Pool[Any], lease: Lease) -> TaskStatus:
     )
 
 
+async def grouped(
+    pool: asyncpg.Pool[Any], committing_groups: int = 1
+) -> tuple[list[int], PgTaskQueue, PgVectorSink]:
+    """A queue that records the size of each completion group it commits, and a sink ready
+    for the generation."""
+    groups: list[int] = []
+    queue = PgTaskQueue(
+        pool, on_completion_group=groups.append, committing_groups=committing_groups
+    )
+    sink = PgVectorSink(pool)
+    await sink.ensure_generation(GENERATION)
+    return groups, queue, sink
+
+
 async def test_a_lost_lease_in_a_group_writes_nothing_and_the_others_commit(
     pool: asyncpg.Pool[Any],
 ) -> None:
-    groups: list[int] = []
-    queue = PgTaskQueue(pool, on_completion_group=groups.append)
-    sink = PgVectorSink(pool)
-    await sink.ensure_generation(GENERATION)
+    groups, queue, sink = await grouped(pool)
     first, stolen, third = await claimed(pool, queue, 3)
     # Another worker took the middle task over: a new owner and lease generation.
     await pool.execute(
@@ -105,10 +116,7 @@ async def test_a_lost_lease_in_a_group_writes_nothing_and_the_others_commit(
 
 
 async def test_a_failed_write_in_a_group_fails_its_task_only(pool: asyncpg.Pool[Any]) -> None:
-    groups: list[int] = []
-    queue = PgTaskQueue(pool, on_completion_group=groups.append)
-    sink = PgVectorSink(pool)
-    await sink.ensure_generation(GENERATION)
+    groups, queue, sink = await grouped(pool)
     good, bad = await claimed(pool, queue, 2)
     bad_write = write_for(sink, bad)
 
@@ -132,10 +140,7 @@ async def test_a_failed_write_in_a_group_fails_its_task_only(pool: asyncpg.Pool[
 async def test_completions_arriving_during_a_commit_form_the_next_group(
     pool: asyncpg.Pool[Any],
 ) -> None:
-    groups: list[int] = []
-    queue = PgTaskQueue(pool, on_completion_group=groups.append)
-    sink = PgVectorSink(pool)
-    await sink.ensure_generation(GENERATION)
+    groups, queue, sink = await grouped(pool)
     leases = await claimed(pool, queue, 4)
     held = PausedWrite(write_for(sink, leases[0]), before_write=True)
     first = asyncio.create_task(queue.complete(leases[0], in_transaction=held))
@@ -155,10 +160,7 @@ async def test_completions_arriving_during_a_commit_form_the_next_group(
 async def test_with_two_committing_groups_a_held_commit_does_not_hold_the_next(
     pool: asyncpg.Pool[Any],
 ) -> None:
-    groups: list[int] = []
-    queue = PgTaskQueue(pool, on_completion_group=groups.append, committing_groups=2)
-    sink = PgVectorSink(pool)
-    await sink.ensure_generation(GENERATION)
+    groups, queue, sink = await grouped(pool, committing_groups=2)
     held, second, third = await claimed(pool, queue, 3)
     paused = PausedWrite(write_for(sink, held), before_write=True)
     first = asyncio.create_task(queue.complete(held, in_transaction=paused))
@@ -242,10 +244,7 @@ async def test_completions_one_after_the_other_each_commit(
 async def test_a_group_is_one_span_and_each_switch_in_its_own_trace_links_to_it(
     pool: asyncpg.Pool[Any],
 ) -> None:
-    groups: list[int] = []
-    queue = PgTaskQueue(pool, on_completion_group=groups.append)
-    sink = PgVectorSink(pool)
-    await sink.ensure_generation(GENERATION)
+    groups, queue, sink = await grouped(pool)
     # Each task in a trace of its own, as each attempt's span would carry it.
     leases = [
         replace(lease, traceparent=f"00-{n + 1:032x}-{n + 1:016x}-01")

@@ -14,7 +14,13 @@ from services.embedding.hashing import HashingEmbedder
 from services.operator.auth import digest, new_operator_key
 from services.operator.store_pg import PgOperatorStore
 from services.runtime.tenancy.tenant_auth import new_api_key
-from tests.support.operator import hidden, operator_client, operator_settings, sign_in
+from tests.support.operator import (
+    hidden,
+    operator_client,
+    operator_settings,
+    sign_in,
+    tier_counts,
+)
 from tests.support.search import ChunkSpec, add_document, add_version, point_search_at
 from tests.support.tasks import create_task, ensure_tenant
 
@@ -102,14 +108,7 @@ async def test_overview_numbers_are_the_databases(
     async with operator_client(pool, operator_settings(database_url)) as client:
         await sign_in(client)
         html = (await client.get("/ui")).text
-    expected = await pool.fetchrow(
-        """SELECT count(*) FILTER (WHERE status IN ('PENDING','RETRY_WAIT')
-                                   AND next_attempt_at <= now()) AS due,
-                  count(*) FILTER (WHERE status = 'RUNNING') AS running,
-                  count(*) FILTER (WHERE status = 'DEAD') AS dead
-             FROM index_task WHERE tier = 'standard'"""
-    )
-    assert expected is not None
+    expected = await tier_counts(pool, "standard")
     assert cell(html, "standard", "due") == str(expected["due"]) == "2"
     assert cell(html, "standard", "running") == str(expected["running"]) == "1"
     assert cell(html, "standard", "leases_expired") == "1"

@@ -50,3 +50,18 @@ async def sign_in(client: httpx.AsyncClient, token: str = OPERATOR_TOKEN) -> htt
     return await client.post(
         "/ui/login", data={"token": token, "login_token": hidden(form.text, "login_token")}
     )
+
+
+async def tier_counts(db: asyncpg.Pool[Any] | asyncpg.Connection[Any], tier: str) -> dict[str, int]:
+    """What the operator page's tier card should say, counted straight from the queue:
+    tasks due now, running, dead."""
+    row = await db.fetchrow(
+        """SELECT count(*) FILTER (WHERE status IN ('PENDING', 'RETRY_WAIT')
+                                   AND next_attempt_at <= now()) AS due,
+                  count(*) FILTER (WHERE status = 'RUNNING') AS running,
+                  count(*) FILTER (WHERE status = 'DEAD') AS dead
+             FROM index_task WHERE tier = $1""",
+        tier,
+    )
+    assert row is not None
+    return dict(row)
