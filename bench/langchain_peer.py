@@ -26,7 +26,10 @@ on the same PostgreSQL server, each in a database of its own:
 sink maintains on every insert and PGVector does not create, so that both sides pay the
 same index maintenance (BENCHMARKS.md, "Database CPU per document").
 
-Reports docs/s, inputs embedded and requests for each, and the ratios. Needs the ``bench``
+Reports docs/s, inputs embedded and requests for each, and the ratios; and each side's CPU
+seconds by process (the embedding server, the pipeline's own process, PostgreSQL's
+backends), so a rate can be set against the least time that CPU takes on the machine's
+cores (``cpu_bound_seconds``: the total over the cores the bench may use). Needs the ``bench``
 dependency group and DATABASE_URL (or the dev stack). Not part of the test suite.
 """
 
@@ -40,6 +43,7 @@ import statistics
 import time
 from typing import Any
 
+import asyncpg
 import httpx
 
 from bench.databases import recreate_database
@@ -47,7 +51,10 @@ from bench.indexing_throughput import (
     MEDIA_TYPES,
     MODEL_NAME,
     corpus,
+    postgres_cpu_reader,
+    process_tree_cpu_seconds,
     publish,
+    reaped_cpu_seconds,
     run_indexer,
     start_provider,
 )
@@ -87,7 +94,7 @@ def langchain_embeddings(base: str) -> Any:
 
 
 async def run_langchain(
-    admin_url: str, base: str, documents: list[bytes], *, hnsw: bool = False
+    admin_url: str, base: str, server_pid: int, documents: list[bytes], *, hnsw: bool = False
 ) -> dict[str, Any]:
     from langchain_classic.indexes import SQLRecordManager
     from langchain_core.documents import Document
@@ -123,12 +130,20 @@ async def run_langchain(
         for number, content in enumerate(documents)
     ]
     splitter = RecursiveCharacterTextSplitter(chunk_size=1000, chunk_overlap=200)
+    postmaster = await postmaster_of(admin_url)
+    postgres_before = reaped_cpu_seconds(postmaster) if postmaster else 0.0
     server_stats(base, reset=True)
+    server_before = process_tree_cpu_seconds(server_pid)
+    own_before = time.process_time()
     started = time.perf_counter()
     result = index(splitter.split_documents(notes), records, store)
     seconds = time.perf_counter() - started
+    own_cpu = time.process_time() - own_before
+    server_cpu = process_tree_cpu_seconds(server_pid) - server_before
     stats = server_stats(base)
     engine.dispose()
+    await asyncio.sleep(0.5)  # the postmaster reaps the engine's backends
+    postgres_cpu = reaped_cpu_seconds(postmaster) - postgres_before if postmaster else None
     return {
         "seconds": seconds,
         "docs_per_second": len(documents) / seconds,
@@ -136,20 +151,29 @@ async def run_langchain(
         "inputs": stats["inputs"],
         "requests": stats["requests"],
         "model_busy_seconds": stats["busy_seconds"],
+        "cpu_seconds": cpu_seconds(server_cpu, own_cpu, postgres_cpu, seconds),
     }
 
 
 async def run_ours(
-    admin_url: str, base: str, documents: list[bytes], limit_seconds: float
+    admin_url: str, base: str, server_pid: int, documents: list[bytes], limit_seconds: float
 ) -> dict[str, Any]:
     url = await recreate(admin_url, OURS_DB)
     await publish(url, documents, MEDIA_TYPES[CORPUS])
     server_stats(base, reset=True)
+    server_before = process_tree_cpu_seconds(server_pid)
     run = await run_indexer(url, base, len(documents), limit_seconds)
+    server_cpu = process_tree_cpu_seconds(server_pid) - server_before
     stats = server_stats(base)
     if run["first_claim_seconds"] is None or run["dead"]:
         raise SystemExit(f"the indexer did not index every note: {run}")
     seconds = run["seconds"] - run["first_claim_seconds"]
+    succeeded = run["succeeded"]
+    # The indexer from its first claim (start-up left out, as the rate leaves it out); the
+    # database's backends over the whole run (what the start costs them is a few queries).
+    indexer_cpu = run["indexer_steady_cpu_ms_per_document"] * succeeded / 1000
+    postgres_ms = run["postgres_cpu_ms_per_document"]
+    postgres_cpu = None if postgres_ms is None else postgres_ms * succeeded / 1000
     return {
         "seconds": seconds,
         "docs_per_second": run["succeeded"] / seconds,
@@ -158,7 +182,34 @@ async def run_ours(
         "inputs": stats["inputs"],
         "requests": stats["requests"],
         "model_busy_seconds": stats["busy_seconds"],
+        "cpu_seconds": cpu_seconds(server_cpu, indexer_cpu, postgres_cpu, seconds),
     }
+
+
+def cpu_seconds(
+    server: float, pipeline: float, postgres: float | None, wall: float
+) -> dict[str, float | None]:
+    """A side's CPU seconds by process, their total, and the least wall time that total
+    takes on the cores this bench may use: a side cannot be faster than its CPU over the
+    cores, whatever it overlaps."""
+    total = server + pipeline + (postgres or 0.0)
+    cores = len(os.sched_getaffinity(0))
+    return {
+        "embedding_server": round(server, 3),
+        "pipeline": round(pipeline, 3),
+        "postgres": None if postgres is None else round(postgres, 3),
+        "total": round(total, 3),
+        "cpu_bound_seconds": round(total / cores, 3),
+        "wall_seconds": round(wall, 3),
+    }
+
+
+async def postmaster_of(admin_url: str) -> Any:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        return await postgres_cpu_reader(conn)
+    finally:
+        await conn.close()
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -172,8 +223,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     rounds = []
     try:
         for _ in range(args.rounds):
-            ours = await run_ours(admin_url, base, documents, args.timeout)
-            langchain = await run_langchain(admin_url, base, documents, hnsw=args.langchain_hnsw)
+            ours = await run_ours(admin_url, base, provider.pid, documents, args.timeout)
+            langchain = await run_langchain(
+                admin_url, base, provider.pid, documents, hnsw=args.langchain_hnsw
+            )
             rounds.append(
                 {
                     "ours": ours,
