@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from kbtools.chaos.checks.answers import ChunkSets, check_answers, documents_of
 from kbtools.chaos.checks.commands import check_commands
+from kbtools.chaos.checks.converge import check_pointers
 from kbtools.chaos.checks.dead_letters import DeadLetter, check_poisons, dead_letter
 from kbtools.chaos.checks.logs import lease_figures, search_reads
 from kbtools.chaos.checks.queries import QUERIES
@@ -144,7 +145,7 @@ class Checker:
         try:
             records = await self._outbox_in_kafka(conn)
             await self._tasks(conn)
-            await self._pointers(conn)
+            await check_pointers(conn, self.result)
             await self._chunks(conn)
             self._pointer_forward(records)
             await self._stale_leases(conn, records)
@@ -232,31 +233,6 @@ class Checker:
                         "no DEAD for a provider fault", f"{where} DEAD {row['error_code']}"
                     )
         figures["dead codes"] = dict(codes)
-
-    async def _pointers(self, conn: asyncpg.Connection[Any]) -> None:
-        """Each served version is the newest version whose task of the served model
-        succeeded; a document with a succeeded task is served."""
-        rows = await conn.fetch(QUERIES["pointers"])
-        invariant = "pointer at newest indexed version"
-        for row in rows:
-            where = f"{row['tenant_id']}/{row['document_id']}"
-            if row["deleted"]:
-                continue  # expected gone, at a tombstone: removals.check_final
-            if row["served"] is None:
-                if row["newest_any"] is not None:
-                    self.result.violate(
-                        invariant, f"{where}: v{row['newest_any']} indexed, none served"
-                    )
-            elif row["newest"] is not None and row["served"] != row["newest"]:
-                self.result.violate(
-                    invariant,
-                    f"{where}: serves v{row['served']} ({row['embedding_model']}), newest "
-                    f"indexed v{row['newest']}",
-                )
-        self.result.figures["documents"] = len(rows)
-        self.result.figures["documents served"] = sum(
-            r["served"] is not None and not r["deleted"] for r in rows
-        )
 
     async def _chunks(self, conn: asyncpg.Connection[Any]) -> None:
         invariant = "one chunk set per served version"

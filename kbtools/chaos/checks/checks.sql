@@ -2,30 +2,38 @@
 -- services read theirs: named queries, loaded once (services/runtime/pg/sql.py).
 
 -- name: pointers
--- Each document's served version beside the newest version whose task succeeded, for the
--- served model (newest; a task of no named generation builds the served one) and for any
--- model (newest_any); a deleted document is served by its tombstone, not by a version (the
--- checks of deletes judge it: kbtools/chaos/checks/removals.py). Hash joins and one
--- aggregate: polled every half second while the run converges, over thousands of documents
--- in the long run.
+-- Each document's served version beside the newest version whose task succeeded in the
+-- pointer's own generation (newest; a task of no named generation builds the served one)
+-- and in any generation (newest_any); a deleted document is served by its tombstone, not by
+-- a version (the checks of deletes judge it: kbtools/chaos/checks/removals.py). A
+-- generation is its model and chunk settings, as its chunks say: a pointer's settings are
+-- its strategy id without the code digest (chunking_settings in services/index/
+-- generation.py); two generations of one model differ in them, and a version one of them
+-- built is no version the other's pointer should be at. Hash joins and one aggregate:
+-- polled every half second while the run converges, over thousands of documents in the
+-- long run.
 WITH succeeded AS (
-    SELECT t.tenant_id, t.document_id, g.embedding_model,
-           max(t.version_number) AS newest
+    SELECT t.tenant_id, t.document_id, t.generation_id, g.embedding_model,
+           g.chunking_settings, max(t.version_number) AS newest
       FROM index_task t
       LEFT JOIN search_generation g ON g.generation_id = t.generation_id
      WHERE t.status = 'SUCCEEDED'
-     GROUP BY 1, 2, 3)
+     GROUP BY 1, 2, 3, 4, 5)
 SELECT d.tenant_id, d.document_id, d.deleted_at IS NOT NULL AS deleted,
        s.version_number AS served, s.embedding_model,
-       max(x.newest) FILTER (WHERE x.embedding_model IS NULL
-                                OR x.embedding_model = s.embedding_model) AS newest,
+       max(x.newest) FILTER (
+           WHERE x.generation_id IS NULL
+              OR (x.embedding_model = s.embedding_model
+                  AND x.chunking_settings = split_part(s.chunking_strategy, ':code=', 1))
+       ) AS newest,
        max(x.newest) AS newest_any
   FROM document d
   LEFT JOIN document_search_version s
     ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
   LEFT JOIN succeeded x
     ON x.tenant_id = d.tenant_id AND x.document_id = d.document_id
- GROUP BY d.tenant_id, d.document_id, d.deleted_at, s.version_number, s.embedding_model
+ GROUP BY d.tenant_id, d.document_id, d.deleted_at, s.version_number, s.embedding_model,
+          s.chunking_strategy
 
 -- name: not_current
 -- Live documents not served at their newest indexed version (pointers).

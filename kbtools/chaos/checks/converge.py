@@ -8,11 +8,37 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 
 from kbtools.chaos.checks.queries import QUERIES
+from kbtools.chaos.checks.result import CheckResult
 from kbtools.chaos.rig.topology import ChaosStack
+
+
+async def check_pointers(conn: asyncpg.Connection[Any], result: CheckResult) -> None:
+    """Each served version is the newest version whose task succeeded in the pointer's own
+    generation; a document with a succeeded task is served."""
+    rows = await conn.fetch(QUERIES["pointers"])
+    invariant = "pointer at newest indexed version"
+    for row in rows:
+        where = f"{row['tenant_id']}/{row['document_id']}"
+        if row["deleted"]:
+            continue  # expected gone, at a tombstone: removals.check_final
+        if row["served"] is None:
+            if row["newest_any"] is not None:
+                result.violate(invariant, f"{where}: v{row['newest_any']} indexed, none served")
+        elif row["newest"] is not None and row["served"] != row["newest"]:
+            result.violate(
+                invariant,
+                f"{where}: serves v{row['served']} ({row['embedding_model']}), newest "
+                f"indexed v{row['newest']}",
+            )
+    result.figures["documents"] = len(rows)
+    result.figures["documents served"] = sum(
+        r["served"] is not None and not r["deleted"] for r in rows
+    )
 
 
 async def settle(stack: ChaosStack, timeout_s: float) -> float | None:
