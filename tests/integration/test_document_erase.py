@@ -29,6 +29,7 @@ from tests.integration.test_document_delete import found, published, status, wor
 from tests.support.api import ApiTenant, add_tenant, publish, upload
 from tests.support.cli import kb
 from tests.support.kafka import TopicReader, relay_settings, relay_topics, running_relay
+from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.pipeline import running_pipeline
 from tests.support.search import SearchHarness, search_harness
 
@@ -309,6 +310,60 @@ async def test_a_large_document_is_erased_in_batches_and_a_failure_between_them_
     assert await content_rows(conn, document_id) == GONE
     assert (await status(api, acme, document_id))["erasedAt"] is not None
     assert batches.count("chunks") == 2
+
+
+async def test_a_concurrent_remover_does_not_end_a_step_early(
+    api: SearchHarness,
+    acme: ApiTenant,
+    pool: asyncpg.Pool[Any],
+    conn: asyncpg.Connection[Any],
+    database_url: str,
+) -> None:
+    """Another session (the collector, say) deletes rows of the batch being taken and
+    commits while that batch waits for them: the batch removes fewer rows than asked though
+    more are left. The step goes on until a batch removes nothing, so the erase finishes."""
+    document_id, _ = await indexed(
+        api, acme, pool, marked_text(40), max_tokens=16, slice_chunks=2, stream_above_chunks=0
+    )
+    assert (await content_rows(conn, document_id))["chunks"] > 15
+    publisher = api.app.state.publisher
+    publisher._erase_batch_rows = 5
+    remover = await asyncpg.connect(database_url)
+    watcher = await asyncpg.connect(database_url)
+    committed: list[asyncio.Task[None]] = []
+
+    async def commit_once_the_batch_waits(removing: asyncpg.transaction.Transaction) -> None:
+        await wait_until_blocked_on_a_lock(watcher)
+        await removing.commit()
+
+    async def between(step: str) -> None:
+        if step != "chunks" or committed:
+            return
+        # The first rows of the next batch, deleted and not yet committed: the batch's
+        # snapshot still counts them, and it waits on their row locks.
+        removing = remover.transaction()
+        await removing.start()
+        removed = await remover.execute(
+            "DELETE FROM knowledge_chunk WHERE (version_number, embedding_model, chunk_id) IN"
+            " (SELECT version_number, embedding_model, chunk_id FROM knowledge_chunk"
+            "   WHERE tenant_id = 'acme' AND document_id = $1"
+            "   ORDER BY version_number, embedding_model, chunk_id LIMIT 3)",
+            uuid.UUID(document_id),
+        )
+        assert removed == "DELETE 3"
+        committed.append(asyncio.create_task(commit_once_the_batch_waits(removing)))
+
+    publisher._erasure = PgErasureStore(pool, between_batches=between)
+    try:
+        await publisher.erase_document(
+            "acme", uuid.UUID(document_id), ErasureRequest(requested_by="cli")
+        )
+        await committed[0]
+    finally:
+        await remover.close()
+        await watcher.close()
+    assert await content_rows(conn, document_id) == GONE
+    assert await conn.fetchval("SELECT erased_at IS NOT NULL FROM document_erasure")
 
 
 async def test_kb_documents_erase(

@@ -172,10 +172,10 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"load"}),
         frozenset({"searcher"}),
     ),
-    # The invariants' names and the logs' figures; one check per concept, and the table;
-    # the checker that runs them all.
+    # The invariants' names, the logs' figures and the checks' SQL; one check per concept,
+    # and the table; the checker that runs them all.
     "kbtools.chaos.checks": (
-        frozenset({"result", "logs"}),
+        frozenset({"result", "logs", "queries"}),
         frozenset(
             {"answers", "commands", "converge", "dead_letters", "removals", "rerun", "report"}
         ),

@@ -14,10 +14,11 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from kbtools.chaos.checks.answers import ChunkSets, check_answers, documents_of
-from kbtools.chaos.checks.commands import COMMANDS_SQL, VERSIONS_SQL, check_commands
-from kbtools.chaos.checks.converge import POINTERS_SQL
+from kbtools.chaos.checks.commands import check_commands
+from kbtools.chaos.checks.converge import check_pointers
 from kbtools.chaos.checks.dead_letters import DeadLetter, check_poisons, dead_letter
 from kbtools.chaos.checks.logs import lease_figures, search_reads
+from kbtools.chaos.checks.queries import QUERIES
 from kbtools.chaos.checks.removals import (
     check_dump,
     check_final,
@@ -144,18 +145,18 @@ class Checker:
         try:
             records = await self._outbox_in_kafka(conn)
             await self._tasks(conn)
-            await self._pointers(conn)
+            await check_pointers(conn, self.result)
             await self._chunks(conn)
             self._pointer_forward(records)
             await self._stale_leases(conn, records)
             await self._answers(conn)
             self._reads_from_log()
             await self._removals(conn, records)
-            commands = [dict(r.items()) for r in await conn.fetch(COMMANDS_SQL)]
+            commands = [dict(r.items()) for r in await conn.fetch(QUERIES["ingest_commands"])]
             check_commands(
                 self.load.commands,
                 commands,
-                [dict(r.items()) for r in await conn.fetch(VERSIONS_SQL)],
+                [dict(r.items()) for r in await conn.fetch(QUERIES["ingest_versions"])],
                 self.result,
             )
             applied = {(r["tenant_id"], r["command_id"]) for r in commands}
@@ -176,7 +177,7 @@ class Checker:
     async def _outbox_in_kafka(self, conn: asyncpg.Connection[Any]) -> list[KafkaRecord]:
         """Every committed outbox row in Kafka, each document's events first seen in the
         order of their outbox positions. Waits a little for relays still catching up."""
-        rows = await conn.fetch("SELECT event_id::text, aggregate_key, position FROM outbox")
+        rows = await conn.fetch(QUERIES["outbox_events"])
         committed = {row["event_id"]: row for row in rows}
         deadline = time.monotonic() + 60
         while True:
@@ -211,10 +212,7 @@ class Checker:
         return records
 
     async def _tasks(self, conn: asyncpg.Connection[Any]) -> None:
-        rows = await conn.fetch(
-            "SELECT task_id, status, error_code, attempts, tenant_id, document_id, "
-            "version_number FROM index_task"
-        )
+        rows = await conn.fetch(QUERIES["tasks"])
         figures = self.result.figures
         figures["tasks"] = len(rows)
         figures["tasks succeeded"] = sum(r["status"] == "SUCCEEDED" for r in rows)
@@ -236,58 +234,16 @@ class Checker:
                     )
         figures["dead codes"] = dict(codes)
 
-    async def _pointers(self, conn: asyncpg.Connection[Any]) -> None:
-        """Each served version is the newest version whose task of the served model
-        succeeded; a document with a succeeded task is served."""
-        rows = await conn.fetch(POINTERS_SQL)
-        invariant = "pointer at newest indexed version"
-        for row in rows:
-            where = f"{row['tenant_id']}/{row['document_id']}"
-            if row["deleted"]:
-                continue  # expected gone, at a tombstone: removals.check_final
-            if row["served"] is None:
-                if row["newest_any"] is not None:
-                    self.result.violate(
-                        invariant, f"{where}: v{row['newest_any']} indexed, none served"
-                    )
-            elif row["newest"] is not None and row["served"] != row["newest"]:
-                self.result.violate(
-                    invariant,
-                    f"{where}: serves v{row['served']} ({row['embedding_model']}), newest "
-                    f"indexed v{row['newest']}",
-                )
-        self.result.figures["documents"] = len(rows)
-        self.result.figures["documents served"] = sum(
-            r["served"] is not None and not r["deleted"] for r in rows
-        )
-
     async def _chunks(self, conn: asyncpg.Connection[Any]) -> None:
         invariant = "one chunk set per served version"
-        duplicates = await conn.fetch(
-            """
-            SELECT tenant_id, document_id, version_number, embedding_model, ordinal, count(*)
-              FROM knowledge_chunk
-             GROUP BY 1, 2, 3, 4, 5
-            HAVING count(*) > 1
-            """
-        )
+        duplicates = await conn.fetch(QUERIES["duplicate_chunks"])
         for row in duplicates:
             self.result.violate(
                 invariant,
                 f"{row['tenant_id']}/{row['document_id']} v{row['version_number']} ordinal "
                 f"{row['ordinal']}: {row['count']} chunks",
             )
-        mismatched = await conn.fetch(
-            """
-            SELECT s.tenant_id, s.document_id, s.version_number, s.chunk_count,
-                   (SELECT count(*) FROM knowledge_chunk c
-                     WHERE c.tenant_id = s.tenant_id AND c.document_id = s.document_id
-                       AND c.version_number = s.version_number
-                       AND c.embedding_model = s.embedding_model) AS stored
-              FROM document_search_version s
-             WHERE s.deleted_at IS NULL
-            """
-        )
+        mismatched = await conn.fetch(QUERIES["served_chunk_counts"])
         for row in mismatched:
             if row["chunk_count"] is not None and row["chunk_count"] != row["stored"]:
                 self.result.violate(
@@ -327,16 +283,8 @@ class Checker:
         succeeded for that very version: a write under a lost lease would name an attempt
         that did not finish, or another version's task."""
         invariant = "no write by a stale lease"
-        tasks = {
-            str(r["task_id"]): r
-            for r in await conn.fetch(
-                "SELECT task_id, status, document_id::text, version_number FROM index_task"
-            )
-        }
-        served = await conn.fetch(
-            "SELECT tenant_id, document_id::text, version_number, task_id::text "
-            "FROM document_search_version WHERE deleted_at IS NULL"  # a tombstone: no task
-        )
+        tasks = {str(r["task_id"]): r for r in await conn.fetch(QUERIES["task_versions"])}
+        served = await conn.fetch(QUERIES["served_tasks"])
         for row in served:
             task = tasks.get(row["task_id"] or "")
             if (
@@ -410,12 +358,10 @@ class Checker:
     async def _answers(self, conn: asyncpg.Connection[Any]) -> None:
         owners = {
             str(r["document_id"]): r["tenant_id"]
-            for r in await conn.fetch("SELECT tenant_id, document_id FROM document")
+            for r in await conn.fetch(QUERIES["document_owners"])
         }
         acl: dict[tuple[str, int], set[str]] = defaultdict(set, self._readers())
-        for row in await conn.fetch(
-            "SELECT document_id::text, version_number, principal FROM document_version_acl"
-        ):
+        for row in await conn.fetch(QUERIES["version_readers"]):
             acl[(row["document_id"], row["version_number"])].add(row["principal"])
         whole = "search: one whole version per document"
         fenced = "search: within ACL and tenant"
@@ -457,17 +403,11 @@ class Checker:
     async def _chunk_sets(self, conn: asyncpg.Connection[Any]) -> ChunkSets:
         """The chunk sets of every version of the documents the answers hold."""
         sets = ChunkSets()
-        for row in await conn.fetch(
-            "SELECT generation_id, embedding_model, is_default FROM search_generation"
-        ):
+        for row in await conn.fetch(QUERIES["generation_models"]):
             sets.models[row["generation_id"]] = row["embedding_model"]
             if row["is_default"]:
                 sets.models[None] = row["embedding_model"]
-        rows = await conn.fetch(
-            "SELECT document_id::text, version_number, embedding_model, chunk_id, md5(text) "
-            "FROM knowledge_chunk WHERE document_id = ANY($1::uuid[])",
-            documents_of(self.searches.answers),
-        )
+        rows = await conn.fetch(QUERIES["answered_chunks"], documents_of(self.searches.answers))
         for row in rows:
             sets.add(
                 row["document_id"],

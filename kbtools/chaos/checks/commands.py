@@ -11,18 +11,6 @@ from kbtools.chaos.checks.result import INGEST_ONCE, CheckResult
 from kbtools.chaos.traffic.ingest import SentCommand
 from services.publisher.ingest.commands import PUBLISH_DOCUMENT
 
-COMMANDS_SQL = """
-SELECT tenant_id, command_id::text, command_type, document_id::text, version_number
-  FROM ingest_command
-"""
-# Every version of a document a command published: each must be some command's, once.
-VERSIONS_SQL = """
-SELECT v.tenant_id, v.document_id::text, v.version_number
-  FROM document_version v
- WHERE (v.tenant_id, v.document_id) IN (
-       SELECT tenant_id, document_id FROM ingest_command WHERE document_id IS NOT NULL)
-"""
-
 
 def check_commands(
     sent: Sequence[SentCommand],

@@ -8,48 +8,37 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 
+from kbtools.chaos.checks.queries import QUERIES
+from kbtools.chaos.checks.result import CheckResult
 from kbtools.chaos.rig.topology import ChaosStack
 
-# Each document's served version beside the newest version whose task succeeded, for the
-# served model (newest; a task of no named generation builds the served one) and for any
-# model (newest_any); a deleted document is served by its tombstone, not by a version (the
-# checks of deletes judge it: kbtools/chaos/checks/removals.py). Hash joins and one aggregate:
-# polled every half second while the run converges, over thousands of documents in the
-# long run.
-POINTERS_SQL = """
-    WITH succeeded AS (
-        SELECT t.tenant_id, t.document_id, g.embedding_model,
-               max(t.version_number) AS newest
-          FROM index_task t
-          LEFT JOIN search_generation g ON g.generation_id = t.generation_id
-         WHERE t.status = 'SUCCEEDED'
-         GROUP BY 1, 2, 3)
-    SELECT d.tenant_id, d.document_id, d.deleted_at IS NOT NULL AS deleted,
-           s.version_number AS served, s.embedding_model,
-           max(x.newest) FILTER (WHERE x.embedding_model IS NULL
-                                    OR x.embedding_model = s.embedding_model) AS newest,
-           max(x.newest) AS newest_any
-      FROM document d
-      LEFT JOIN document_search_version s
-        ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
-      LEFT JOIN succeeded x
-        ON x.tenant_id = d.tenant_id AND x.document_id = d.document_id
-     GROUP BY d.tenant_id, d.document_id, d.deleted_at, s.version_number, s.embedding_model
-"""
-_NOT_CURRENT_SQL = f"""
-SELECT count(*) FROM ({POINTERS_SQL}) p
- WHERE NOT p.deleted
-   AND ((p.served IS NULL AND p.newest_any IS NOT NULL)
-        OR (p.newest IS NOT NULL AND p.served <> p.newest))
-"""
-_LIVE_TASKS_SQL = """
-SELECT count(*) FROM index_task
- WHERE status IN ('PENDING', 'RUNNING', 'RETRY_WAIT')
-   AND ($1::timestamptz IS NULL OR created_at <= $1)
-"""
+
+async def check_pointers(conn: asyncpg.Connection[Any], result: CheckResult) -> None:
+    """Each served version is the newest version whose task succeeded in the pointer's own
+    generation; a document with a succeeded task is served."""
+    rows = await conn.fetch(QUERIES["pointers"])
+    invariant = "pointer at newest indexed version"
+    for row in rows:
+        where = f"{row['tenant_id']}/{row['document_id']}"
+        if row["deleted"]:
+            continue  # expected gone, at a tombstone: removals.check_final
+        if row["served"] is None:
+            if row["newest_any"] is not None:
+                result.violate(invariant, f"{where}: v{row['newest_any']} indexed, none served")
+        elif row["newest"] is not None and row["served"] != row["newest"]:
+            result.violate(
+                invariant,
+                f"{where}: serves v{row['served']} ({row['embedding_model']}), newest "
+                f"indexed v{row['newest']}",
+            )
+    result.figures["documents"] = len(rows)
+    result.figures["documents served"] = sum(
+        r["served"] is not None and not r["deleted"] for r in rows
+    )
 
 
 async def settle(stack: ChaosStack, timeout_s: float) -> float | None:
@@ -81,9 +70,9 @@ async def _left(stack: ChaosStack, *, pointers: bool, created_by: datetime | Non
     try:
         conn = await asyncpg.connect(stack.database_url, timeout=5)
         try:
-            left = int(await conn.fetchval(_LIVE_TASKS_SQL, created_by))
+            left = int(await conn.fetchval(QUERIES["live_tasks"], created_by))
             if pointers and left == 0:
-                left = int(await conn.fetchval(_NOT_CURRENT_SQL))
+                left = int(await conn.fetchval(QUERIES["not_current"]))
             return left
         finally:
             await conn.close()
@@ -101,18 +90,15 @@ async def replica_caught_up(stack: ChaosStack, timeout_s: float) -> str | None:
         try:
             primary = await asyncpg.connect(stack.database_url, timeout=5)
             try:
-                target = await primary.fetchval("SELECT pg_current_wal_lsn()::text")
+                target = await primary.fetchval(QUERIES["wal_position"])
                 state = await primary.fetchval(
-                    "SELECT state FROM pg_stat_replication WHERE application_name = $1",
-                    stack.replica.application_name,
+                    QUERIES["replication_state"], stack.replica.application_name
                 )
             finally:
                 await primary.close()
             replica = await asyncpg.connect(stack.replica.url, timeout=5)
             try:
-                behind = await replica.fetchval(
-                    "SELECT pg_wal_lsn_diff($1::text::pg_lsn, pg_last_wal_replay_lsn())", target
-                )
+                behind = await replica.fetchval(QUERIES["replay_behind"], target)
             finally:
                 await replica.close()
             if state == "streaming" and behind is not None and behind <= 0:

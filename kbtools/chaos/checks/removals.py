@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from kbtools.chaos.checks.queries import QUERIES
 from kbtools.chaos.checks.result import DELETE_FINAL, DELETED_UNANSWERED, ERASED_GONE, CheckResult
 from kbtools.chaos.traffic.load import Removal
 from kbtools.chaos.traffic.searcher import Answer
@@ -220,29 +221,6 @@ def check_kafka(records: Iterable[_Record], erased: Mapping[str, str], result: C
 
 # --- final --------------------------------------------------------------------------------
 
-_STATES_SQL = """
-SELECT d.tenant_id, d.document_id::text, d.deleted_at IS NOT NULL AS deleted,
-       s.deleted_at IS NOT NULL AS tombstone, e.requested_at IS NOT NULL AS erasing,
-       e.erased_at IS NOT NULL AS erased,
-       (SELECT count(*) FROM knowledge_chunk c
-         WHERE c.tenant_id = d.tenant_id AND c.document_id = d.document_id) AS chunks,
-       (SELECT count(*) FROM document_version v
-         WHERE v.tenant_id = d.tenant_id AND v.document_id = d.document_id
-           AND octet_length(v.content) > 0) AS with_bytes
-  FROM document d
-  LEFT JOIN document_search_version s
-    ON s.tenant_id = d.tenant_id AND s.document_id = d.document_id
-  LEFT JOIN document_erasure e
-    ON e.tenant_id = d.tenant_id AND e.document_id = d.document_id
-"""
-_CANCELLED_SQL = """
-SELECT t.tenant_id, t.document_id::text, count(*) AS tasks
-  FROM index_task t
-  JOIN document d ON d.tenant_id = t.tenant_id AND d.document_id = t.document_id
- WHERE t.error_code = 'DOCUMENT_DELETED' AND d.deleted_at IS NULL
- GROUP BY 1, 2
-"""
-
 
 async def check_final(
     conn: asyncpg.Connection[Any],
@@ -254,7 +232,7 @@ async def check_final(
     """What the database and Kafka hold of the deleted and erased documents. ``unanswered``:
     documents whose delete or erase the driver never had an answer to (it may have
     committed)."""
-    for row in await conn.fetch(_STATES_SQL):
+    for row in await conn.fetch(QUERIES["removal_states"]):
         document_id = row["document_id"]
         where = f"{row['tenant_id']}/{document_id}"
         g = gone.get(document_id)
@@ -273,7 +251,7 @@ async def check_final(
                 f"{where}: erase finished {row['erased']} (asked {row['erasing']}), "
                 f"{row['chunks']} chunks, {row['with_bytes']} versions with bytes left",
             )
-    for row in await conn.fetch(_CANCELLED_SQL):
+    for row in await conn.fetch(QUERIES["cancelled_live_documents"]):
         result.violate(
             DELETE_FINAL,
             f"{row['tenant_id']}/{row['document_id']}: not deleted, yet {row['tasks']} of its "

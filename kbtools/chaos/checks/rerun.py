@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from kbtools.chaos.checks.queries import QUERIES
 from kbtools.chaos.checks.result import RERUN_SAME_CHUNKS, CheckResult
 
 # chunk id -> (ordinal, md5 of its text)
@@ -38,16 +39,7 @@ def sample_size(documents: int) -> int:
 
 async def pick(conn: asyncpg.Connection[Any], seed: int, count: int) -> list[ServedVersion]:
     """``count`` served versions with chunks, drawn from the seed."""
-    rows = await conn.fetch(
-        """
-        SELECT s.tenant_id, s.document_id::text, s.version_number, s.embedding_model,
-               s.task_id::text
-          FROM document_search_version s
-          JOIN index_task t ON t.task_id = s.task_id AND t.status = 'SUCCEEDED'
-         WHERE s.chunk_count > 0
-         ORDER BY s.tenant_id, s.document_id
-        """
-    )
+    rows = await conn.fetch(QUERIES["rerun_candidates"])
     served = [ServedVersion(*row) for row in rows]
     return random.Random(seed * 31 + 7).sample(served, min(count, len(served)))
 
@@ -58,9 +50,7 @@ async def chunk_sets(
     sets: dict[ServedVersion, ChunkSet] = {}
     for version in versions:
         rows = await conn.fetch(
-            "SELECT chunk_id, ordinal, md5(text) FROM knowledge_chunk "
-            "WHERE tenant_id = $1 AND document_id = $2::uuid AND version_number = $3 "
-            "AND embedding_model = $4",
+            QUERIES["version_chunk_set"],
             version.tenant_id,
             version.document_id,
             version.version_number,
@@ -74,14 +64,7 @@ async def damage(conn: asyncpg.Connection[Any], versions: list[ServedVersion]) -
     """Delete each version's last chunk: the drift that makes the repair re-run its task."""
     for version in versions:
         await conn.execute(
-            """
-            DELETE FROM knowledge_chunk
-             WHERE tenant_id = $1 AND document_id = $2::uuid AND version_number = $3
-               AND embedding_model = $4
-               AND ordinal = (SELECT max(ordinal) FROM knowledge_chunk
-                               WHERE tenant_id = $1 AND document_id = $2::uuid
-                                 AND version_number = $3 AND embedding_model = $4)
-            """,
+            QUERIES["damage_version"],
             version.tenant_id,
             version.document_id,
             version.version_number,
@@ -99,10 +82,7 @@ async def reruns(
     counts: dict[ServedVersion, int] = {}
     for version in versions:
         counts[version] = await conn.fetchval(
-            "SELECT count(*) FROM index_task_requeue r "
-            "JOIN index_task t ON t.task_id = r.task_id "
-            "WHERE t.tenant_id = $1 AND t.document_id = $2::uuid AND t.version_number = $3 "
-            "AND r.previous_error_code = 'INDEX_DRIFT'",
+            QUERIES["drift_reruns"],
             version.tenant_id,
             version.document_id,
             version.version_number,

@@ -22,7 +22,9 @@ import httpx
 
 from kbtools.chaos.rig.schedule import Fault, FaultKind
 from kbtools.chaos.rig.topology import ChaosStack
+from services.runtime.pg.sql import queries_beside
 
+QUERIES = queries_beside(__file__, "rig.sql")
 SECOND_MODEL = "hashing-v1-256"
 SECOND_CHUNK_TOKENS = 200
 SWITCHED_TENANT = "acme"
@@ -185,12 +187,7 @@ class FaultDriver:
             return False
         try:
             while time.monotonic() < deadline:
-                # A worker's lease owner is <host>:<pid>:<random>.
-                if await conn.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM index_task WHERE status = 'RUNNING' "
-                    "AND lease_owner LIKE '%:' || $1::text || ':%')",
-                    str(pid),
-                ):
+                if await conn.fetchval(QUERIES["worker_holds_running_task"], str(pid)):
                     return True
                 await asyncio.sleep(0.05)
         except (OSError, asyncpg.PostgresError):
@@ -223,13 +220,7 @@ class FaultDriver:
         try:
             held: list[str] = []
             while time.monotonic() < deadline:
-                rows = await conn.fetch(
-                    "SELECT task_id::text, status, lease_owner LIKE $1 AS mine FROM index_task "
-                    "WHERE (status = 'RUNNING' AND lease_owner LIKE $1) "
-                    "OR task_id = ANY($2::uuid[])",
-                    owner,
-                    held,
-                )
+                rows = await conn.fetch(QUERIES["held_tasks"], owner, held)
                 committed, held = completed_since([dict(r.items()) for r in rows])
                 if committed is not None:
                     with contextlib.suppress(ProcessLookupError):

@@ -44,15 +44,12 @@ from services.publisher.ingest.commands import (
 )
 from services.publisher.ingest.signing import KEY_ID_HEADER, SIGNATURE_HEADER, sign
 from services.runtime.messaging.events import ingest_topic
+from services.runtime.pg.sql import queries_beside
 
 SHARE = 0.25  # of the publishes of new documents, those sent as a command
 ANSWER_WITHIN_S = 120.0  # as long as the HTTP client retries through an outage
 
-ANSWER_SQL = """
-SELECT document_id::text, version_number, revision, task_id::text
-  FROM ingest_command
- WHERE tenant_id = $1 AND command_id = $2
-"""
+QUERIES = queries_beside(__file__, "traffic.sql")
 
 
 @dataclass(frozen=True)
@@ -199,9 +196,9 @@ class IngestProducer:
                 conn = await asyncpg.connect(self.database_url, timeout=2)
                 try:
                     while time.monotonic() < until:
-                        row = await conn.fetchrow(ANSWER_SQL, tenant_id, command_id)
+                        row = await conn.fetchrow(QUERIES["command_answer"], tenant_id, command_id)
                         if row is not None and (row["version_number"] or not wait_version):
-                            token = await conn.fetchval("SELECT pg_current_wal_lsn()::text")
+                            token = await conn.fetchval(QUERIES["wal_position"])
                             return {**dict(row.items()), "searchToken": token}
                         await asyncio.sleep(0.05)
                 finally:

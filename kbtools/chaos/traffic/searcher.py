@@ -26,7 +26,9 @@ import httpx
 from kbtools.chaos.rig.topology import ChaosStack
 from kbtools.chaos.traffic.load import GROUPS, OUTSIDER, WORDS, Published, Removal, lsn_of
 from kbtools.demo.client import Tenant
+from services.runtime.pg.sql import queries_beside
 
+QUERIES = queries_beside(__file__, "traffic.sql")
 TOKEN_SHARE = 0.25  # of the searches, those that follow a document's status with its token
 DELETED_SHARE = 0.1  # those that pass a delete's token, filtered to its document
 PRIMARY_SHARE = 0.1  # those sent to the primary-only API
@@ -92,7 +94,7 @@ class ReplayWatch:
             try:
                 if conn is None:
                     conn = await asyncpg.connect(self.url, timeout=2)
-                position = await conn.fetchval("SELECT pg_last_wal_replay_lsn()::text")
+                position = await conn.fetchval(QUERIES["replay_position"])
                 if position:
                     self.latest = lsn_of(position)
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):

@@ -211,7 +211,9 @@ async def _run_steps(
     batch_rows: int,
     between_batches: Callable[[str], Awaitable[None]] | None,
 ) -> dict[str, int]:
-    """Each step's batches until one removes fewer rows than a batch; rows per step."""
+    """Each step's batches until one removes nothing; rows per step. A short batch is no
+    sign of the end: rows another session (the collector) deleted while the batch waited on
+    their locks are skipped, not counted, and the rows past the batch are still there."""
     removed: dict[str, int] = {}
     for step, query in steps:
         while True:
@@ -220,7 +222,7 @@ async def _run_steps(
             removed[step] = removed.get(step, 0) + count
             if between_batches is not None:
                 await between_batches(step)
-            if count < batch_rows:
+            if count == 0:
                 break
     return removed
 

@@ -22,6 +22,7 @@ from services.runtime.errors import (
     SerializationConflict,
 )
 from services.runtime.pg.sql import queries_beside
+from services.runtime.pg.tls_files import check_tls_files
 from services.runtime.settings import RuntimeSettings
 
 _QUERIES = queries_beside(__file__, "db.sql")
@@ -60,6 +61,9 @@ async def create_pool(settings: RuntimeSettings, **overrides: Any) -> asyncpg.Po
         },
     }
     options.update(overrides)
+    # Before connecting: a TLS file the URL names but that is missing would fail like a
+    # server that is away, and be waited for for ever (services/runtime/pg/tls_files.py).
+    check_tls_files(settings.database_url)
     with translate_db_errors():
         pool = await asyncpg.create_pool(settings.database_url, **options)
     assert pool is not None
@@ -75,6 +79,7 @@ async def create_pool_without_session_reset(
 
 
 async def connect(settings: RuntimeSettings) -> asyncpg.Connection[Any]:
+    check_tls_files(settings.database_url)
     with translate_db_errors():
         conn: asyncpg.Connection[Any] = await asyncpg.connect(settings.database_url)
     await _init_connection(conn)

@@ -1,0 +1,73 @@
+"""A TLS file the database URL names is read before the first connection
+(services/runtime/pg/tls_files.py): missing or unreadable, it is a ConfigError naming the
+parameter and the path, never the password; a file asyncpg would not read is not asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.runtime.errors import ConfigError
+from services.runtime.pg.db import connect, create_pool
+from services.runtime.pg.tls_files import check_tls_files
+from services.runtime.settings import RuntimeSettings
+
+PASSWORD = "s3cretpw"
+BASE = f"postgresql://kb:{PASSWORD}@127.0.0.1:1/kb"
+
+
+@pytest.fixture
+def readable(tmp_path: Path) -> str:
+    path = tmp_path / "ca.pem"
+    path.write_text("-----BEGIN CERTIFICATE-----\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("parameter", ["sslrootcert", "sslcert", "sslkey", "sslcrl"])
+def test_a_missing_file_named_by_the_url_is_a_config_error(parameter: str, tmp_path: Path) -> None:
+    missing = tmp_path / "absent.pem"
+    with pytest.raises(ConfigError) as caught:
+        check_tls_files(f"{BASE}?sslmode=verify-full&{parameter}={missing}", {})
+    assert f"{parameter}={missing}" in caught.value.message
+    assert PASSWORD not in caught.value.message
+    assert not caught.value.retriable
+
+
+def test_a_directory_in_place_of_the_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="sslrootcert"):
+        check_tls_files(f"{BASE}?sslmode=require&sslrootcert={tmp_path}", {})
+
+
+def test_the_environment_variable_is_checked_when_the_url_names_none(tmp_path: Path) -> None:
+    missing = str(tmp_path / "absent.pem")
+    with pytest.raises(ConfigError, match=f"PGSSLROOTCERT={missing}"):
+        check_tls_files(f"{BASE}?sslmode=verify-ca", {"PGSSLROOTCERT": missing})
+    with pytest.raises(ConfigError, match=f"PGSSLCERT={missing}"):
+        check_tls_files(BASE, {"PGSSLCERT": missing})  # TCP: prefer, the cert is sent
+
+
+def test_readable_files_pass(readable: str) -> None:
+    check_tls_files(f"{BASE}?sslmode=verify-full&sslrootcert={readable}&sslcert={readable}", {})
+
+
+def test_files_asyncpg_would_not_read_are_not_asked_for(tmp_path: Path) -> None:
+    missing = str(tmp_path / "absent.pem")
+    for parameter in ("sslrootcert", "sslcert", "sslkey", "sslcrl"):
+        check_tls_files(f"{BASE}?sslmode=disable&{parameter}={missing}", {})
+        # No sslmode and a Unix socket: no TLS at all.
+        check_tls_files(f"postgresql://kb@%2Ftmp/kb?{parameter}={missing}", {})
+    # Below require asyncpg does not verify the server: its CA file is not read.
+    check_tls_files(f"{BASE}?sslmode=prefer&sslrootcert={missing}", {})
+    check_tls_files(f"{BASE}?sslrootcert={missing}", {"PGSSLMODE": "allow"})
+
+
+async def test_the_pool_and_a_connection_refuse_before_connecting(tmp_path: Path) -> None:
+    # Port 1: were a connection tried, its refusal would be a retriable DatabaseUnavailable.
+    settings = RuntimeSettings(
+        database_url=f"{BASE}?sslmode=verify-full&sslrootcert={tmp_path / 'absent.pem'}"
+    )
+    with pytest.raises(ConfigError, match="sslrootcert"):
+        await create_pool(settings)
+    with pytest.raises(ConfigError, match="sslrootcert"):
+        await connect(settings)
