@@ -24,6 +24,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    DEFAULT_OFF,
     DEFAULT_ON,
     ParentBased,
     Sampler,
@@ -208,95 +211,99 @@ def current(span: trace.Span) -> Iterator[None]:
         otel_context.detach(token)
 
 
-def test_a_root_span_with_attributes_events_and_a_new_name() -> None:
-    def scenario(start: Start) -> list[trace.Span]:
-        span = start(
-            "kb.root",
-            context=Context(),
-            kind=SpanKind.SERVER,
-            attributes={"kb.a": "x", "kb.n": 1, "kb.f": 0.5, "kb.b": True},
-            start_time=T0,
-        )
-        span.set_attribute("kb.a", "y")  # set again: moves to the end, as the SDK's
-        span.set_attributes({"kb.m": 2, "kb.n": 3})
-        span.add_event("kb.loaded", timestamp=T0 + 1)
-        span.add_event("kb.queued", {"kb.k": 1, "kb.l": "z"}, timestamp=T0 + 2)
-        span.update_name("kb.root.renamed")
-        span.end(T0 + 9)
-        span.set_attribute("kb.late", 1)  # after the end: nothing
-        span.add_event("kb.late", timestamp=T0 + 10)
-        span.end(T0 + 11)  # twice: the first end holds
-        return [span]
+def root(start: Start) -> list[trace.Span]:
+    span = start(
+        "kb.root",
+        context=Context(),
+        kind=SpanKind.SERVER,
+        attributes={"kb.a": "x", "kb.n": 1, "kb.f": 0.5, "kb.b": True},
+        start_time=T0,
+    )
+    span.set_attribute("kb.a", "y")  # set again: moves to the end, as the SDK's
+    span.set_attributes({"kb.m": 2, "kb.n": 3})
+    span.add_event("kb.loaded", timestamp=T0 + 1)
+    span.add_event("kb.queued", {"kb.k": 1, "kb.l": "z"}, timestamp=T0 + 2)
+    span.update_name("kb.root.renamed")
+    span.end(T0 + 9)
+    span.set_attribute("kb.late", 1)  # after the end: nothing
+    span.add_event("kb.late", timestamp=T0 + 10)
+    span.end(T0 + 11)  # twice: the first end holds
+    return [span]
 
-    sdk, lean = run_both(scenario)
+
+def test_a_root_span_with_attributes_events_and_a_new_name() -> None:
+    sdk, lean = run_both(root)
     assert [s.name for s in sdk.spans] == ["kb.root.renamed"]
     assert_equal_runs(sdk, lean)
 
 
-def test_a_child_of_a_traceparent_keeps_its_trace_and_state() -> None:
-    def scenario(start: Start) -> list[trace.Span]:
-        spans = [
-            start("kb.child", context=remote(SAMPLED), attributes={"kb.x": 1}, start_time=T0),
-            start("kb.stateful", context=remote(SAMPLED, TraceState([("kb", "1")])), start_time=T0),
-        ]
-        for span in spans:
-            span.end(T0 + 5)
-        return spans
+def remote_child(start: Start) -> list[trace.Span]:
+    spans = [
+        start("kb.child", context=remote(SAMPLED), attributes={"kb.x": 1}, start_time=T0),
+        start("kb.stateful", context=remote(SAMPLED, TraceState([("kb", "1")])), start_time=T0),
+    ]
+    for span in spans:
+        span.end(T0 + 5)
+    return spans
 
-    sdk, lean = run_both(scenario)
+
+def test_a_child_of_a_traceparent_keeps_its_trace_and_state() -> None:
+    sdk, lean = run_both(remote_child)
     assert len(sdk.spans) == 2
     assert sdk.spans[0].parent is not None
     assert sdk.spans[0].parent.is_remote
     assert_equal_runs(sdk, lean)
 
 
-def test_a_child_of_the_current_span() -> None:
-    def scenario(start: Start) -> list[trace.Span]:
-        parent = start("kb.parent", start_time=T0)
-        with current(parent):
-            child = start("kb.child", kind=SpanKind.CLIENT, start_time=T0 + 1)
-            child.end(T0 + 2)
-        parent.end(T0 + 3)
-        return [parent, child]
+def current_child(start: Start) -> list[trace.Span]:
+    parent = start("kb.parent", start_time=T0)
+    with current(parent):
+        child = start("kb.child", kind=SpanKind.CLIENT, start_time=T0 + 1)
+        child.end(T0 + 2)
+    parent.end(T0 + 3)
+    return [parent, child]
 
-    sdk, lean = run_both(scenario)
+
+def test_a_child_of_the_current_span() -> None:
+    sdk, lean = run_both(current_child)
     child = sdk.spans[0]
     assert child.parent is not None
     assert child.parent.span_id == sdk.spans[1].context.span_id
     assert_equal_runs(sdk, lean)
 
 
-def test_links_given_at_the_start_and_added_later() -> None:
+def linked(start: Start) -> list[trace.Span]:
     a = trace.get_current_span(remote(SAMPLED)).get_span_context()
     b = trace.get_current_span(remote(UNSAMPLED)).get_span_context()
+    span = start(
+        "kb.linked",
+        links=[Link(a), Link(b, {"kb.why": "hint"}), Link(INVALID_SPAN_CONTEXT)],
+        start_time=T0,
+    )
+    span.add_link(b)
+    span.add_link(INVALID_SPAN_CONTEXT)  # nothing to say: no link
+    span.add_link(INVALID_SPAN_CONTEXT, {"kb.why": "lost"})  # kept, as the SDK keeps it
+    span.end(T0 + 1)
+    return [span]
 
-    def scenario(start: Start) -> list[trace.Span]:
-        span = start(
-            "kb.linked",
-            links=[Link(a), Link(b, {"kb.why": "hint"}), Link(INVALID_SPAN_CONTEXT)],
-            start_time=T0,
-        )
-        span.add_link(b)
-        span.add_link(INVALID_SPAN_CONTEXT)  # nothing to say: no link
-        span.add_link(INVALID_SPAN_CONTEXT, {"kb.why": "lost"})  # kept, as the SDK keeps it
-        span.end(T0 + 1)
-        return [span]
 
-    sdk, lean = run_both(scenario)
+def test_links_given_at_the_start_and_added_later() -> None:
+    sdk, lean = run_both(linked)
     assert len(sdk.spans[0].links) == 4
     assert_equal_runs(sdk, lean)
 
 
-def test_an_unsampled_parent_exports_nothing_and_propagates_its_context() -> None:
-    def scenario(start: Start) -> list[trace.Span]:
-        span = start("kb.unsampled", context=remote(UNSAMPLED), start_time=T0)
-        with current(span):
-            child = start("kb.unsampled.child", start_time=T0)
-        child.end()
-        span.end()
-        return [span, child]
+def unsampled(start: Start) -> list[trace.Span]:
+    span = start("kb.unsampled", context=remote(UNSAMPLED), start_time=T0)
+    with current(span):
+        child = start("kb.unsampled.child", start_time=T0)
+    child.end(T0 + 1)
+    span.end(T0 + 2)
+    return [span, child]
 
-    sdk, lean = run_both(scenario)
+
+def test_an_unsampled_parent_exports_nothing_and_propagates_its_context() -> None:
+    sdk, lean = run_both(unsampled)
     assert sdk.spans == []
     assert lean.spans == []
     for span in lean.returned:
@@ -306,17 +313,18 @@ def test_an_unsampled_parent_exports_nothing_and_propagates_its_context() -> Non
     assert_equal_runs(sdk, lean)
 
 
+def roots(start: Start) -> list[trace.Span]:
+    spans = [start(f"kb.root.{n}", start_time=T0 + n) for n in range(24)]
+    for span in spans:
+        span.end(T0 + 100)
+    return spans
+
+
 @pytest.mark.parametrize(
     "sampler", [TraceIdRatioBased(0.5), ParentBased(TraceIdRatioBased(0.5))], ids=repr
 )
 def test_a_trace_id_ratio_sampler_decides_alike(sampler: Sampler) -> None:
-    def scenario(start: Start) -> list[trace.Span]:
-        spans = [start(f"kb.root.{n}", start_time=T0 + n) for n in range(24)]
-        for span in spans:
-            span.end(T0 + 100)
-        return spans
-
-    sdk, lean = run_both(scenario, sampler=sampler)
+    sdk, lean = run_both(roots, sampler=sampler)
     assert 0 < len(sdk.spans) < 24  # some sampled, some not: the decision is tested
     assert_equal_runs(sdk, lean)
 
@@ -325,24 +333,25 @@ class Refused(Exception):
     code = "kb.refused"
 
 
-def test_a_failed_span_is_marked_alike() -> None:
-    def scenario(start: Start) -> list[trace.Span]:
-        failed = start("kb.failed", start_time=T0)
-        mark_failed(failed, ConfigError("a message that may quote a document"))
-        coded = start("kb.coded", start_time=T0)
-        mark_failed(coded, Refused())
-        ok = start("kb.ok", start_time=T0)
-        ok.set_status(StatusCode.OK)
-        ok.set_status(Status(StatusCode.ERROR))  # OK is final
-        described = start("kb.described", start_time=T0)
-        described.set_status(StatusCode.ERROR, "why")
-        described.set_status(StatusCode.UNSET)  # changes nothing
-        spans = [failed, coded, ok, described]
-        for span in spans:
-            span.end(T0 + 1)
-        return spans
+def failed(start: Start) -> list[trace.Span]:
+    failed = start("kb.failed", start_time=T0)
+    mark_failed(failed, ConfigError("a message that may quote a document"))
+    coded = start("kb.coded", start_time=T0)
+    mark_failed(coded, Refused())
+    ok = start("kb.ok", start_time=T0)
+    ok.set_status(StatusCode.OK)
+    ok.set_status(Status(StatusCode.ERROR))  # OK is final
+    described = start("kb.described", start_time=T0)
+    described.set_status(StatusCode.ERROR, "why")
+    described.set_status(StatusCode.UNSET)  # changes nothing
+    spans = [failed, coded, ok, described]
+    for span in spans:
+        span.end(T0 + 1)
+    return spans
 
-    sdk, lean = run_both(scenario)
+
+def test_a_failed_span_is_marked_alike() -> None:
+    sdk, lean = run_both(failed)
     assert [s.status.status_code for s in sdk.spans] == [
         StatusCode.ERROR,
         StatusCode.ERROR,
@@ -387,6 +396,21 @@ def _crowded(start: Start) -> list[trace.Span]:
 def test_attribute_values_and_limits_as_the_sdk_applies_them(limits: SpanLimits) -> None:
     sdk, lean = run_both(_crowded, limits=limits)
     assert_equal_runs(sdk, lean)
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    # The lean path answers the first four by their rule; the last is asked, as any other.
+    [ALWAYS_ON, ALWAYS_OFF, DEFAULT_ON, DEFAULT_OFF, ParentBased(ALWAYS_ON)],
+    ids=["always_on", "always_off", "parentbased_always_on", "parentbased_always_off", "asked"],
+)
+@pytest.mark.parametrize(
+    "scenario", [root, remote_child, current_child, linked, unsampled, roots, failed, _crowded]
+)
+def test_every_case_under_the_standard_samplers(
+    scenario: Callable[[Start], list[trace.Span]], sampler: Sampler
+) -> None:
+    assert_equal_runs(*run_both(scenario, sampler=sampler))
 
 
 def test_the_standard_attribute_count_limit_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
