@@ -52,10 +52,12 @@ def _tracers() -> tuple[trace.Tracer, LeanTracer | None]:
     if kept is not None and kept[0] is provider:
         return kept[1], kept[2]
     found = provider.get_tracer(TRACER_NAME)
+    if isinstance(provider, trace.ProxyTracerProvider):
+        # Tracing off (or not yet on): not kept, its tracer would keep the first real one
+        # it met.
+        return found, None
     lean = LeanTracer(found) if LeanTracer.covers(found) else None
-    # Not the proxy's: its tracer would keep the first real one it met.
-    if not isinstance(provider, trace.ProxyTracerProvider):
-        _kept = (provider, found, lean)
+    _kept = (provider, found, lean)
     return found, lean
 
 

@@ -423,16 +423,21 @@ def test_the_standard_attribute_count_limit_is_honoured(monkeypatch: pytest.Monk
 
 def test_the_services_spans_take_the_lean_path_and_keep_the_sdks_own_children() -> None:
     with traced() as exported:
-        with span_under("kb.search", None, attributes={"kb.search.mode": "vector"}) as outer:
-            assert isinstance(outer, LeanSpan)
-            # An instrumentation's span (the SDK's tracer) parents through the context.
-            sdk_child = trace.get_tracer("kb-test").start_span("http.client")
-            sdk_child.end()
+        # An instrumentation's spans (the SDK's tracer) and ours parent each other through
+        # the context: the request's server span, ours, an HTTP client's span.
+        instrumentation = trace.get_tracer("kb-test")
+        with (
+            instrumentation.start_as_current_span("http.server") as server,
+            span_under("kb.search", None, attributes={"kb.search.mode": "vector"}) as ours,
+        ):
+            assert isinstance(ours, LeanSpan)
+            instrumentation.start_span("http.client").end()
         assert isinstance(start_span("kb.root", None, root=True), LeanSpan)
     spans = {s.name: s for s in exported.get_finished_spans()}
-    child_parent = spans["http.client"].parent
-    assert child_parent is not None
-    assert child_parent.span_id == outer.get_span_context().span_id
+    assert [spans["kb.search"].parent, spans["http.client"].parent] == [
+        server.get_span_context(),
+        ours.get_span_context(),
+    ]
 
 
 def test_a_tracer_counting_its_spans_keeps_the_sdks_path(monkeypatch: pytest.MonkeyPatch) -> None:
