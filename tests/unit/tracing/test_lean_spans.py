@@ -18,7 +18,13 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import (
+    ReadableSpan,
+    SpanLimits,
+    SpanProcessor,
+    TracerProvider,
+    _TracerConfig,
+)
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -109,6 +115,7 @@ def run_both(
     scenario: Callable[[Start], list[trace.Span]],
     sampler: Sampler = DEFAULT_ON,
     limits: SpanLimits | None = None,
+    prepare: Callable[[SdkTracer], None] = lambda tracer: None,
 ) -> tuple[Run, Run]:
     """``scenario`` through the SDK's tracer, then through the lean path, each with a
     provider of its own configured alike."""
@@ -127,6 +134,7 @@ def run_both(
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         sdk = provider.get_tracer("kb-pipeline", "4.6", "https://schema/1", {"kb.scope": 1})
         assert isinstance(sdk, SdkTracer)
+        prepare(sdk)
         start: Start = (
             LeanTracer(sdk).start_span
             if lean
@@ -453,3 +461,30 @@ def test_a_tracer_counting_its_spans_keeps_the_sdks_path(monkeypatch: pytest.Mon
         assert not isinstance(span, LeanSpan)
         assert span.is_recording()
         span.end()
+
+
+def test_a_disabled_tracer_returns_its_parents_context_alike() -> None:
+    def disabled(start: Start) -> list[trace.Span]:
+        span = start("kb.disabled", context=remote(SAMPLED), start_time=T0)
+        span.end(T0 + 1)
+        return [span]
+
+    def disable(tracer: SdkTracer) -> None:
+        tracer._set_tracer_config(_TracerConfig(is_enabled=False))
+
+    sdk, lean = run_both(disabled, prepare=disable)
+    assert lean.spans == []
+    assert not lean.returned[0].is_recording()
+    assert_equal_runs(sdk, lean)
+
+
+def test_an_exception_recorded_on_a_lean_span_keeps_only_its_type() -> None:
+    with traced() as exported:
+        span = start_span("kb.recorded", None)
+        span.record_exception(ConfigError("a message that may quote a document"))
+        span.end()
+    (event,) = exported.get_finished_spans()[0].events
+    assert (event.name, dict(event.attributes or {})) == (
+        "exception",
+        {"exception.type": "ConfigError"},
+    )
