@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from types import TracebackType
 from typing import Final, TypedDict, Unpack
 
 from opentelemetry import context as otel_context
@@ -20,6 +21,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
+from services.runtime.tracing.lean import LeanTracer
 from services.runtime.tracing.propagation import context_of, span_context_of, traceparent_of
 
 TRACER_NAME: Final = "kb-pipeline"
@@ -38,19 +40,28 @@ def tracer() -> trace.Tracer:
     imported (a no-op tracer until then, and when it is off). Kept while the provider is
     the same one: the SDK's lookup costs a fifth of a span (it edits the warning filters
     each time)."""
-    global _tracer
+    return _tracers()[0]
+
+
+def _tracers() -> tuple[trace.Tracer, LeanTracer | None]:
+    """The provider's tracer, and the lean path over it when it can take its spans
+    (``lean.py``: what the SDK's span costs that ours need not)."""
+    global _kept
     provider = trace.get_tracer_provider()
-    kept = _tracer
+    kept = _kept
     if kept is not None and kept[0] is provider:
-        return kept[1]
+        return kept[1], kept[2]
     found = provider.get_tracer(TRACER_NAME)
-    # Not the proxy's: its tracer would keep the first real one it met.
-    if not isinstance(provider, trace.ProxyTracerProvider):
-        _tracer = (provider, found)
-    return found
+    if isinstance(provider, trace.ProxyTracerProvider):
+        # Tracing off (or not yet on): not kept, its tracer would keep the first real one
+        # it met.
+        return found, None
+    lean = LeanTracer(found) if LeanTracer.covers(found) else None
+    _kept = (provider, found, lean)
+    return found, lean
 
 
-_tracer: tuple[trace.TracerProvider, trace.Tracer] | None = None
+_kept: tuple[trace.TracerProvider, trace.Tracer, LeanTracer | None] | None = None
 
 
 def document_attributes(
@@ -108,9 +119,20 @@ def start_span(name: str, traceparent: str | bytes | None, **options: Unpack[Spa
     names none; of none when ``root``), neither current nor ended: for a span whose end is
     elsewhere (an attempt, ended when its result is written). Exceptions are never
     recorded by the SDK (their messages may quote a document): ``mark_failed``."""
-    return tracer().start_span(
+    context = Context() if options.get("root") else context_of(traceparent)
+    sdk, lean = _tracers()
+    if lean is not None:
+        return lean.start_span(
+            name,
+            context,
+            options.get("kind", SpanKind.INTERNAL),
+            options.get("attributes"),
+            options.get("links", ()),
+            options.get("start_time"),
+        )
+    return sdk.start_span(
         name,
-        context=Context() if options.get("root") else context_of(traceparent),
+        context=context,
         kind=options.get("kind", SpanKind.INTERNAL),
         attributes=options.get("attributes"),
         links=options.get("links", ()),
@@ -120,23 +142,40 @@ def start_span(name: str, traceparent: str | bytes | None, **options: Unpack[Spa
     )
 
 
-@contextmanager
 def span_under(
     name: str, traceparent: str | bytes | None, **options: Unpack[SpanOptions]
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """``start_span``'s span as the current one, ended on exit; an exception escaping it
     marks it failed, by its code or type alone (``mark_failed``)."""
-    span = start_span(name, traceparent, **options)
-    # What trace.use_span does, without its own generator and exception handling: this
-    # runs several times for each document indexed.
-    token = otel_context.attach(trace.set_span_in_context(span))
-    try:
-        yield span
-    except BaseException as error:
-        mark_failed(span, error)
-        raise
-    finally:
-        otel_context.detach(token)
+    return _Current(name, traceparent, options)
+
+
+class _Current(AbstractContextManager[Span]):
+    """What ``trace.use_span`` does, without a generator and its exception handling: this
+    runs several times for each document indexed, and three times for each search."""
+
+    __slots__ = ("_name", "_options", "_span", "_token", "_traceparent")
+
+    def __init__(self, name: str, traceparent: str | bytes | None, options: SpanOptions) -> None:
+        self._name = name
+        self._traceparent = traceparent
+        self._options = options
+
+    def __enter__(self) -> Span:
+        span = self._span = start_span(self._name, self._traceparent, **self._options)
+        self._token = otel_context.attach(trace.set_span_in_context(span))
+        return span
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        span = self._span
+        if error is not None:
+            mark_failed(span, error)
+        otel_context.detach(self._token)
         span.end()
 
 
