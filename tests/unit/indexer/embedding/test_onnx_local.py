@@ -125,3 +125,16 @@ async def test_the_vectors_are_the_same_whatever_the_runs_the_split_and_the_orde
         reordered = await embedder.embed([texts[i] for i in shuffled])
         np.testing.assert_allclose(reordered, alone[shuffled], atol=1e-5)
         await embedder.aclose()
+
+
+async def test_warm_up_logs_the_plan_it_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from structlog.testing import capture_logs
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    embedder = OnnxLocalEmbedder()
+    with capture_logs() as logs:
+        await embedder.warm_up()
+    (loaded,) = [line for line in logs if line["event"] == "embedding.model_loaded"]
+    assert loaded["usable_cores"] == 3
+    assert (loaded["intra_op_threads"], loaded["runs_per_request"]) == (1, 3)
+    assert loaded["max_concurrent_inferences"] == 1
