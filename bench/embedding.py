@@ -128,7 +128,10 @@ def main() -> None:
     for threads in arguments.threads:
         bare = BareLoop(threads)
         ours = OnnxLocalEmbedder(
-            intra_op_threads=threads, inference_batch_size=arguments.inference_batch_size
+            intra_op_threads=threads,
+            inference_batch_size=arguments.inference_batch_size,
+            # One run at a time, as the bare loop: the threads are what is compared.
+            runs_per_request=1,
         )
         asyncio.run(ours.warm_up())
         for name, texts in sets.items():

@@ -49,6 +49,8 @@ def build_model(kind: str, inference_batch: int, threads: int = 2, runs: int = 1
         inference_batch_size=inference_batch,
         intra_op_threads=threads,
         max_concurrent_inferences=runs,
+        # The server shares a request out itself (embed_in_runs): one run a call.
+        runs_per_request=1,
     )
 
 

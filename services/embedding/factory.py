@@ -33,6 +33,7 @@ def build_embedder(
         return OnnxLocalEmbedder(
             intra_op_threads=provider.intra_op_threads,
             max_concurrent_inferences=provider.max_concurrent_inferences,
+            runs_per_request=provider.runs_per_request,
             inference_batch_size=provider.inference_batch_size,
         )
     if isinstance(provider, OpenAIConfig):

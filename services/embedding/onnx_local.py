@@ -6,8 +6,11 @@ sha256 before it is run; the tokenizer is the ``tokenizer.json`` data file shipp
 matches sentence-transformers: inputs truncated at 256 tokens, mean pooling of
 ``last_hidden_state`` over the attention mask, then L2 normalisation.
 
-One onnxruntime session per model file and thread setting per process, created on first use.
-Inference runs in a thread, never on the event loop.
+One onnxruntime session per model file and thread setting per process, created on first use
+and shared by every run (``InferenceSession.run`` is safe to call concurrently; the runs'
+activations are their own). A request's inputs, sorted by length, are shared out between
+the plan's model runs at once (services/embedding/onnx_runs.py). Inference runs in threads,
+never on the event loop.
 """
 
 from __future__ import annotations
@@ -24,10 +27,14 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from services.embedding.onnx_runs import InferencePlan, Lanes, plan_inference, usable_cores
 from services.embedding.port import FixedIdentity, Vectors
 from services.embedding.tokens import TokenizerSpec
 from services.runtime.errors import ConfigError
+from services.runtime.logging import get_logger
 from services.runtime.native_memory import limit_malloc_arenas, release_freed_memory
+
+_log = get_logger(__name__)
 
 MODEL_NAME: Final = "all-MiniLM-L6-v2-onnx-int8"
 DIMENSION: Final = 384
@@ -78,54 +85,24 @@ class _RuntimeKey:
     intra_op_threads: int
 
 
-class _Runtime:
-    """An onnxruntime session and its tokenizer, shared by every thread of the process
+class ModelRuns:
+    """The model's session and its tokenizer, shared by every thread of the process
     (``InferenceSession.run`` and ``Tokenizer.encode_batch`` are safe to call concurrently;
-    the tokenizer is configured once, before it is shared)."""
+    the tokenizer is configured once, before it is shared). ``session`` is anything with
+    onnxruntime's ``run`` (tests record the calls)."""
 
-    def __init__(self, key: _RuntimeKey) -> None:
-        verify_sha256(key.model_file, key.expected_sha256)
-        limit_malloc_arenas()
-        import onnxruntime
-        from tokenizers import Tokenizer
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = key.intra_op_threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Without the CPU arena the memory of a batch's activations goes back when the batch
-        # is done; with it, the arena keeps its high-water mark for the process's life, at
-        # the same speed (BENCHMARKS.md).
-        options.enable_cpu_mem_arena = False
-        # Nor a cached allocation plan per input shape: every batch has another sequence
-        # length, and the planned blocks come on top of what the run needs.
-        options.enable_mem_pattern = False
-        # Spinning threads burn the cores other work (parsing, the event loop) needs.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session: Any = onnxruntime.InferenceSession(
-            str(key.model_file), sess_options=options, providers=["CPUExecutionProvider"]
-        )
-        try:
-            tokenizer = Tokenizer.from_file(str(key.tokenizer_file))
-        except Exception as error:  # the tokenizers library raises plain Exception
-            raise ModelFileRejected(
-                f"tokenizer file {key.tokenizer_file} unusable: {error}"
-            ) from error
-        # The file pads every input to 128 and truncates at 128: pad per batch instead (to
-        # the longest input) and truncate where sentence-transformers does.
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(max_length=MAX_SEQ_LENGTH)
+    def __init__(self, session: Any, tokenizer: Any) -> None:
+        self.session = session
         self.tokenizer = tokenizer
 
-    def embed(self, texts: Sequence[str], sub_batch: int) -> Vectors:
+    def embed(self, texts: Sequence[str], sub_batch: int, lanes: Lanes) -> Vectors:
         encodings = self.tokenizer.encode_batch(list(texts))
         lengths = [len(encoding.ids) for encoding in encodings]
         # Sorted by length, each sub-batch pads to nearly nothing; rows go back by index.
         order = sorted(range(len(texts)), key=lengths.__getitem__)
         out = np.empty((len(texts), DIMENSION), dtype=np.float32)
-        for start in range(0, len(order), sub_batch):
-            rows = order[start : start + sub_batch]
+
+        def run(rows: list[int]) -> None:
             width = max(lengths[row] for row in rows)
             ids = np.zeros((len(rows), width), dtype=np.int64)
             mask = np.zeros((len(rows), width), dtype=np.int64)
@@ -139,8 +116,47 @@ class _Runtime:
                 ["last_hidden_state"],
                 {"input_ids": ids, "attention_mask": mask, "token_type_ids": types},
             )
+            # Each run writes its own rows: no two lanes touch the same one.
             out[rows] = _mean_pool_normalised(hidden, mask)
+
+        lanes.run(
+            run, [order[start : start + sub_batch] for start in range(0, len(order), sub_batch)]
+        )
         return out
+
+
+def _load(key: _RuntimeKey) -> ModelRuns:
+    verify_sha256(key.model_file, key.expected_sha256)
+    limit_malloc_arenas()
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = key.intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Without the CPU arena the memory of a batch's activations goes back when the batch
+    # is done; with it, the arena keeps its high-water mark for the process's life, at
+    # the same speed (BENCHMARKS.md).
+    options.enable_cpu_mem_arena = False
+    # Nor a cached allocation plan per input shape: every batch has another sequence
+    # length, and the planned blocks come on top of what the run needs.
+    options.enable_mem_pattern = False
+    # Spinning threads burn the cores other work (parsing, the event loop) needs.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = onnxruntime.InferenceSession(
+        str(key.model_file), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+    try:
+        tokenizer = Tokenizer.from_file(str(key.tokenizer_file))
+    except Exception as error:  # the tokenizers library raises plain Exception
+        raise ModelFileRejected(f"tokenizer file {key.tokenizer_file} unusable: {error}") from error
+    # The file pads every input to 128 and truncates at 128: pad per batch instead (to
+    # the longest input) and truncate where sentence-transformers does.
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=MAX_SEQ_LENGTH)
+    return ModelRuns(session, tokenizer)
 
 
 def _mean_pool_normalised(
@@ -154,31 +170,40 @@ def _mean_pool_normalised(
     return result
 
 
-_RUNTIMES: dict[_RuntimeKey, _Runtime] = {}
+_RUNTIMES: dict[_RuntimeKey, ModelRuns] = {}
 _RUNTIMES_LOCK = threading.Lock()
 
 
-def _runtime(key: _RuntimeKey) -> _Runtime:
+def _runtime(key: _RuntimeKey) -> ModelRuns:
     with _RUNTIMES_LOCK:
         runtime = _RUNTIMES.get(key)
         if runtime is None:
-            runtime = _RUNTIMES[key] = _Runtime(key)
+            runtime = _RUNTIMES[key] = _load(key)
         return runtime
 
 
 class OnnxLocalEmbedder(FixedIdentity):
+    """``runs_per_request`` None: as many one-thread runs as the usable cores allow, up to
+    four (services/embedding/onnx_runs.py); the other two settings mean what they say."""
+
     def __init__(
         self,
         *,
-        intra_op_threads: int = 2,
+        intra_op_threads: int = 1,
         max_concurrent_inferences: int = 1,
+        runs_per_request: int | None = None,
         inference_batch_size: int = 1,
         model_file: Path | None = None,
         tokenizer_file: Path | None = None,
         expected_sha256: str = MODEL_SHA256,
     ) -> None:
-        if intra_op_threads < 1 or max_concurrent_inferences < 1 or inference_batch_size < 1:
-            raise ValueError("threads, concurrent inferences and inference batch size must be >= 1")
+        if inference_batch_size < 1:
+            raise ValueError("the inference batch size must be >= 1")
+        self.plan: InferencePlan = plan_inference(
+            intra_op_threads=intra_op_threads,
+            runs_per_request=runs_per_request,
+            max_concurrent_inferences=max_concurrent_inferences,
+        )
         self._key = _RuntimeKey(
             model_file=model_file or default_model_file(),
             tokenizer_file=tokenizer_file or default_tokenizer_file(),
@@ -193,6 +218,7 @@ class OnnxLocalEmbedder(FixedIdentity):
         )
         super().__init__(MODEL_NAME, DIMENSION, tokenizer)
         self._inference_batch_size = inference_batch_size
+        self._lanes = Lanes(self.plan.runs_per_request, max_concurrent_inferences)
         # Requests beyond this wait on the loop instead of fighting over the same cores.
         self._slots = asyncio.Semaphore(max_concurrent_inferences)
 
@@ -200,12 +226,20 @@ class OnnxLocalEmbedder(FixedIdentity):
         """Check the model file and create the session now, so a bad install fails at start
         (ModelFileRejected) rather than inside the first task."""
         await asyncio.to_thread(_runtime, self._key)
+        _log.info(
+            "embedding.model_loaded",
+            model=MODEL_NAME,
+            usable_cores=usable_cores(),
+            intra_op_threads=self.plan.intra_op_threads,
+            runs_per_request=self.plan.runs_per_request,
+            max_concurrent_inferences=self.plan.max_concurrent_inferences,
+        )
 
     def embed_sync(self, texts: Sequence[str]) -> Vectors:
         if not texts:
             return np.empty((0, DIMENSION), dtype=np.float32)
         try:
-            return _runtime(self._key).embed(texts, self._inference_batch_size)
+            return _runtime(self._key).embed(texts, self._inference_batch_size, self._lanes)
         finally:
             release_freed_memory()
 
@@ -214,5 +248,6 @@ class OnnxLocalEmbedder(FixedIdentity):
             return await asyncio.to_thread(self.embed_sync, list(texts))
 
     async def aclose(self) -> None:
-        # The session belongs to the process, shared by every embedder built on it.
-        return None
+        # The session belongs to the process, shared by every embedder built on it; the
+        # run threads are this embedder's.
+        self._lanes.close()

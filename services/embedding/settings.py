@@ -35,6 +35,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from services.embedding.onnx_runs import plan_inference
 from services.index.ann import check_model_name
 from services.runtime.errors import ConfigError
 
@@ -46,15 +47,32 @@ class OnnxLocalConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["onnx-local"] = "onnx-local"
-    # onnxruntime threads per inference; 2 fits the small machines this runs on.
-    intra_op_threads: int = Field(default=2, ge=1, le=64)
-    # Inferences at once per process; more than one only helps with many spare cores.
+    # How these three combine, and why one-thread runs: services/embedding/onnx_runs.py.
+    # onnxruntime threads inside one model run.
+    intra_op_threads: int = Field(default=1, ge=1, le=64)
+    # Requests embedded at once per process; more than one only helps with many spare cores.
     max_concurrent_inferences: int = Field(default=1, ge=1, le=64)
     # Texts per model run inside one request (sorted by length, padded to the longest).
     # 1 by default: a run over several texts holds the activations of all of them on top of
     # the model, and one text at a time is no slower on a small machine (no padding at all;
     # issue 9, BENCHMARKS.md).
     inference_batch_size: int = Field(default=1, ge=1, le=1024)
+    # Model runs at once sharing out one request's inputs; unset: the usable cores' worth
+    # (what the two above leave), up to four. Declared last: its check reads the others.
+    runs_per_request: int | None = Field(default=None, ge=1, le=64, validate_default=True)
+
+    @field_validator("runs_per_request")
+    @classmethod
+    def _threads_at_once(cls, value: int | None, info: ValidationInfo) -> int | None:
+        threads, requests = (
+            info.data.get(name) for name in ("intra_op_threads", "max_concurrent_inferences")
+        )
+        if threads is not None and requests is not None:
+            # Checked where the process starts too (its cores may differ); here, at once.
+            plan_inference(
+                intra_op_threads=threads, runs_per_request=value, max_concurrent_inferences=requests
+            )
+        return value
 
 
 class OpenAIConfig(BaseModel):

@@ -145,3 +145,60 @@ def test_a_ceiling_below_its_floor_names_both(
     assert caught.value.message == (
         f"invalid embedding settings: {ceiling}: Value error, must be at least {floor} (120.0)"
     )
+
+
+@pytest.mark.parametrize(
+    ("variables", "cores", "plan"),
+    [
+        ({}, {0, 1}, (1, 2, 1)),
+        ({}, set(range(8)), (1, 4, 1)),
+        # The former default, set: what it always meant, one run of two threads.
+        ({"KB_EMBEDDING_INTRA_OP_THREADS": "2"}, {0, 1}, (2, 1, 1)),
+        ({"KB_EMBEDDING_MAX_CONCURRENT_INFERENCES": "2"}, {0, 1}, (1, 1, 2)),
+        ({"KB_EMBEDDING_RUNS_PER_REQUEST": "3"}, {0}, (1, 3, 1)),
+        (
+            {"KB_EMBEDDING_INTRA_OP_THREADS": "2", "KB_EMBEDDING_RUNS_PER_REQUEST": "2"},
+            {0, 1},
+            (2, 2, 1),
+        ),
+    ],
+)
+def test_the_offline_models_runs_combine_the_settings_and_the_cores(
+    monkeypatch: pytest.MonkeyPatch,
+    variables: dict[str, str],
+    cores: set[int],
+    plan: tuple[int, int, int],
+) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: cores, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    embedder = build_embedder(load_embedding_settings())
+    assert isinstance(embedder, OnnxLocalEmbedder)
+    made = embedder.plan
+    assert (made.intra_op_threads, made.runs_per_request, made.max_concurrent_inferences) == plan
+
+
+@pytest.mark.parametrize(
+    ("variables", "names"),
+    [
+        ({"KB_EMBEDDING_RUNS_PER_REQUEST": "0"}, ["KB_EMBEDDING_RUNS_PER_REQUEST"]),
+        ({"KB_EMBEDDING_RUNS_PER_REQUEST": "two"}, ["KB_EMBEDDING_RUNS_PER_REQUEST"]),
+        ({"KB_EMBEDDING_INTRA_OP_THREADS": "0"}, ["KB_EMBEDDING_INTRA_OP_THREADS"]),
+        (
+            {
+                "KB_EMBEDDING_INTRA_OP_THREADS": "16",
+                "KB_EMBEDDING_MAX_CONCURRENT_INFERENCES": "32",
+            },
+            ["KB_EMBEDDING_INTRA_OP_THREADS (16)", "model threads at once, more than 256"],
+        ),
+    ],
+)
+def test_a_bad_combination_of_the_offline_models_runs_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], names: list[str]
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_embedding_settings()
+    for name in names:
+        assert name in str(caught.value)

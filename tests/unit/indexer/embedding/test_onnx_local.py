@@ -99,3 +99,42 @@ async def test_concurrent_requests_share_the_session_and_get_their_own_rows() ->
     alone = await embedder.embed(texts)
     together = await asyncio.gather(*(embedder.embed([text]) for text in texts))
     np.testing.assert_allclose(np.vstack(together), alone, atol=1e-5)
+
+
+async def test_the_vectors_are_the_same_whatever_the_runs_the_split_and_the_order() -> None:
+    import random
+
+    texts = [
+        "tail " * 300,
+        "ok",
+        "Items can be returned within 30 days",
+        "a much longer sentence about shipping and returns " * 5,
+        "x",
+        "refund policy",
+        "the warehouse ships on weekdays " * 12,
+    ]
+    # One run of two threads, the former default: each text alone.
+    former = OnnxLocalEmbedder(intra_op_threads=2, runs_per_request=1)
+    alone = np.vstack([await former.embed([text]) for text in texts])
+    shuffled = list(range(len(texts)))
+    random.Random(3).shuffle(shuffled)
+    for runs, sub_batch in ((1, 1), (2, 1), (3, 2), (4, 1), (2, 3)):
+        embedder = OnnxLocalEmbedder(runs_per_request=runs, inference_batch_size=sub_batch)
+        assert embedder.plan.runs_per_request == runs
+        np.testing.assert_allclose(await embedder.embed(texts), alone, atol=1e-5)
+        reordered = await embedder.embed([texts[i] for i in shuffled])
+        np.testing.assert_allclose(reordered, alone[shuffled], atol=1e-5)
+        await embedder.aclose()
+
+
+async def test_warm_up_logs_the_plan_it_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from structlog.testing import capture_logs
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    embedder = OnnxLocalEmbedder()
+    with capture_logs() as logs:
+        await embedder.warm_up()
+    (loaded,) = [line for line in logs if line["event"] == "embedding.model_loaded"]
+    assert loaded["usable_cores"] == 3
+    assert (loaded["intra_op_threads"], loaded["runs_per_request"]) == (1, 3)
+    assert loaded["max_concurrent_inferences"] == 1

@@ -1,0 +1,147 @@
+"""How the offline model uses the cores: model runs at once, threads per run, requests at once.
+
+Three settings combine (docs/configuration.md, ``onnx-local``):
+
+- ``intra_op_threads``: onnxruntime threads inside one model run (default 1);
+- ``runs_per_request``: model runs at once that share out one request's inputs;
+- ``max_concurrent_inferences``: requests the process embeds at once (default 1).
+
+At most ``intra_op_threads * runs_per_request * max_concurrent_inferences`` threads run the
+model at once. Unset, ``runs_per_request`` fills the cores the process may use
+(``os.sched_getaffinity``) with what the other two leave, up to four: on two cores, two
+one-thread runs at once. Two threads of one run wait for each other at every step, so any
+other process's moment on a core stalls both; two one-thread runs lose only the one
+(BENCHMARKS.md, "The offline default on two cores"). More than four runs mostly wait on
+memory bandwidth, and the indexer's parse processes need cores too.
+
+This module imports no runtime: the settings validate a combination with it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+T = TypeVar("T")
+
+MAX_AUTO_RUNS: Final = 4
+# More model threads than this at once is a typo, not a plan (each setting alone is <= 64).
+MAX_MODEL_THREADS: Final = 256
+
+
+@dataclass(frozen=True)
+class InferencePlan:
+    """What the process runs: ``runs_per_request`` runs of ``intra_op_threads`` threads
+    per request, ``max_concurrent_inferences`` requests at once."""
+
+    intra_op_threads: int
+    runs_per_request: int
+    max_concurrent_inferences: int
+
+    @property
+    def model_threads(self) -> int:
+        """The most threads running the model at once."""
+        return self.intra_op_threads * self.runs_per_request * self.max_concurrent_inferences
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, which a container's cpuset sets),
+    not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity outside Linux
+        return os.cpu_count() or 1
+
+
+def plan_inference(
+    *,
+    intra_op_threads: int = 1,
+    runs_per_request: int | None = None,
+    max_concurrent_inferences: int = 1,
+    cores: int | None = None,
+) -> InferencePlan:
+    """The plan the settings ask for; ``runs_per_request`` None: fill ``cores`` (the usable
+    cores by default). ValueError, naming the variables, for a plan that cannot run."""
+    named = {
+        "KB_EMBEDDING_INTRA_OP_THREADS": intra_op_threads,
+        "KB_EMBEDDING_MAX_CONCURRENT_INFERENCES": max_concurrent_inferences,
+    }
+    if runs_per_request is not None:
+        named["KB_EMBEDDING_RUNS_PER_REQUEST"] = runs_per_request
+    for name, value in named.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, not {value}")
+    if runs_per_request is None:
+        available = usable_cores() if cores is None else cores
+        per_run = intra_op_threads * max_concurrent_inferences
+        runs_per_request = max(1, min(MAX_AUTO_RUNS, available // per_run))
+    plan = InferencePlan(intra_op_threads, runs_per_request, max_concurrent_inferences)
+    if plan.model_threads > MAX_MODEL_THREADS:
+        raise ValueError(
+            f"KB_EMBEDDING_INTRA_OP_THREADS ({intra_op_threads}) x "
+            f"KB_EMBEDDING_RUNS_PER_REQUEST ({runs_per_request}) x "
+            f"KB_EMBEDDING_MAX_CONCURRENT_INFERENCES ({max_concurrent_inferences}) is "
+            f"{plan.model_threads} model threads at once, more than {MAX_MODEL_THREADS}"
+        )
+    return plan
+
+
+class Lanes:
+    """Shares out a list of work items between up to ``width`` threads at once, the calling
+    thread among them: each lane takes the next item when it is done with one, so a lane
+    that got long inputs does not hold the others up. Helper threads are kept between calls
+    (``calls_at_once`` callers may share them) and stopped by ``close``."""
+
+    def __init__(self, width: int, calls_at_once: int = 1) -> None:
+        self.width = width
+        self._helpers = (width - 1) * calls_at_once
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def run(self, work: Callable[[T], None], items: Sequence[T]) -> None:
+        """``work`` on every item; the first error, once every lane has stopped."""
+        lanes = min(self.width, len(items))
+        if lanes <= 1:
+            for item in items:
+                work(item)
+            return
+        feed = iter(items)
+        feed_lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def lane() -> None:
+            while not errors:
+                with feed_lock:
+                    item = next(feed, _END)
+                if item is _END:
+                    return
+                try:
+                    work(item)  # type: ignore[arg-type]
+                except BaseException as error:  # handed to the caller below
+                    errors.append(error)
+                    return
+
+        helpers = [self._pool().submit(lane) for _ in range(lanes - 1)]
+        lane()
+        wait(helpers)
+        if errors:
+            raise errors[0]
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._helpers, thread_name_prefix="onnx-run")
+            return self._executor
+
+    def close(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+
+_END: Final = object()

@@ -1,0 +1,167 @@
+"""Sharing a request's inputs between model runs at once, with a session that records its
+calls (no model): which thread ran what, and that every row comes back to its input."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from services.embedding.onnx_local import MAX_SEQ_LENGTH, ModelRuns, default_tokenizer_file
+from services.embedding.onnx_runs import Lanes, plan_inference
+
+# A fake hidden state per token id: the pooled vector tells which text a row came from.
+TABLE = np.random.default_rng(5).standard_normal((97, 384)).astype(np.float32)
+
+
+class RecordingSession:
+    """onnxruntime's ``run``, answering from TABLE; its first ``meet`` calls wait for each
+    other, so they pass only if that many runs are under way at once."""
+
+    def __init__(self, meet: int = 1, fail_on_width: int | None = None) -> None:
+        self.calls: list[tuple[str, tuple[int, int]]] = []
+        self._meeting = threading.Barrier(meet, timeout=30) if meet > 1 else None
+        self._meet = meet
+        self._fail_on_width = fail_on_width
+        self._lock = threading.Lock()
+
+    def run(self, outputs: list[str], feeds: dict[str, Any]) -> list[Any]:
+        ids = feeds["input_ids"]
+        with self._lock:
+            self.calls.append((threading.current_thread().name, ids.shape))
+            first = len(self.calls) <= self._meet
+        if self._meeting is not None and first:
+            self._meeting.wait()
+        if ids.shape[1] == self._fail_on_width:
+            raise RuntimeError("the run failed")
+        return [TABLE[ids % len(TABLE)]]
+
+
+def tokenizer() -> Tokenizer:
+    loaded = Tokenizer.from_file(str(default_tokenizer_file()))
+    loaded.no_padding()
+    loaded.enable_truncation(max_length=MAX_SEQ_LENGTH)
+    return loaded
+
+
+def expected(texts: list[str]) -> Any:
+    rows = []
+    for text in texts:
+        pooled = TABLE[np.array(tokenizer().encode(text).ids) % len(TABLE)].mean(axis=0)
+        rows.append(pooled / np.linalg.norm(pooled))
+    return np.vstack(rows)
+
+
+TEXTS = [
+    "tail " * 300,
+    "ok",
+    "a much longer sentence about shipping and returns " * 4,
+    "refund",
+    "Items can be returned within 30 days",
+    "x",
+    "the warehouse " * 40,
+]
+
+
+def test_one_request_is_shared_out_between_runs_at_once() -> None:
+    session = RecordingSession(meet=2)
+    lanes = Lanes(2)
+    try:
+        vectors = ModelRuns(session, tokenizer()).embed(TEXTS, 1, lanes)
+    finally:
+        lanes.close()
+    # The first two runs met: two were under way at once, on two threads.
+    assert len({thread for thread, _ in session.calls}) == 2
+    assert len(session.calls) == len(TEXTS)
+    np.testing.assert_allclose(vectors, expected(TEXTS), atol=1e-5)
+
+
+@pytest.mark.parametrize(("runs", "sub_batch"), [(1, 1), (2, 1), (3, 2), (4, 3), (9, 1)])
+def test_rows_come_back_in_the_inputs_order_whatever_the_split(runs: int, sub_batch: int) -> None:
+    session = RecordingSession()
+    lanes = Lanes(runs)
+    try:
+        vectors = ModelRuns(session, tokenizer()).embed(TEXTS, sub_batch, lanes)
+    finally:
+        lanes.close()
+    np.testing.assert_allclose(vectors, expected(TEXTS), atol=1e-5)
+    # Sorted by length first: the runs' widths rise, so each sub-batch pads little.
+    widths = [shape[1] for _, shape in session.calls]
+    assert sorted(widths) == sorted(
+        max(len(tokenizer().encode(TEXTS[row]).ids) for row in rows)
+        for rows in _length_sorted_batches(TEXTS, sub_batch)
+    )
+
+
+def _length_sorted_batches(texts: list[str], size: int) -> list[list[int]]:
+    lengths = [len(tokenizer().encode(text).ids) for text in texts]
+    order = sorted(range(len(texts)), key=lengths.__getitem__)
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
+def test_a_failed_run_fails_the_request_and_stops_the_other_runs() -> None:
+    widest = max(len(tokenizer().encode(text).ids) for text in TEXTS)
+    session = RecordingSession(fail_on_width=len(tokenizer().encode("refund").ids))
+    lanes = Lanes(2)
+    try:
+        with pytest.raises(RuntimeError, match="the run failed"):
+            ModelRuns(session, tokenizer()).embed(TEXTS, 1, lanes)
+    finally:
+        lanes.close()
+    # The widest input is the last in length order: nobody took it after the failure.
+    assert widest not in [shape[1] for _, shape in session.calls]
+
+
+@pytest.mark.parametrize(
+    ("settings", "cores", "plan"),
+    [
+        ({}, 1, (1, 1, 1)),
+        ({}, 2, (1, 2, 1)),
+        ({}, 3, (1, 3, 1)),
+        ({}, 64, (1, 4, 1)),
+        # The former default, set explicitly: one run of two threads on two cores.
+        ({"intra_op_threads": 2}, 2, (2, 1, 1)),
+        ({"intra_op_threads": 2}, 8, (2, 4, 1)),
+        ({"max_concurrent_inferences": 2}, 4, (1, 2, 2)),
+        ({"intra_op_threads": 4}, 2, (4, 1, 1)),
+        # Set, it is what runs, whatever the cores.
+        ({"runs_per_request": 3}, 1, (1, 3, 1)),
+        ({"runs_per_request": 1}, 16, (1, 1, 1)),
+    ],
+)
+def test_the_plan_fills_the_cores_with_what_is_not_set(
+    settings: dict[str, int], cores: int, plan: tuple[int, int, int]
+) -> None:
+    made = plan_inference(cores=cores, **settings)
+    assert (made.intra_op_threads, made.runs_per_request, made.max_concurrent_inferences) == plan
+
+
+def test_the_cores_are_those_the_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3}, raising=False)
+    assert plan_inference().runs_per_request == 1
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 5, 6}, raising=False)
+    assert plan_inference().runs_per_request == 3
+
+
+@pytest.mark.parametrize(
+    ("settings", "names"),
+    [
+        ({"intra_op_threads": 0}, ["KB_EMBEDDING_INTRA_OP_THREADS"]),
+        ({"runs_per_request": 0}, ["KB_EMBEDDING_RUNS_PER_REQUEST"]),
+        ({"max_concurrent_inferences": -1}, ["KB_EMBEDDING_MAX_CONCURRENT_INFERENCES"]),
+        (
+            {"intra_op_threads": 16, "runs_per_request": 4, "max_concurrent_inferences": 8},
+            ["512 model threads", "KB_EMBEDDING_RUNS_PER_REQUEST (4)"],
+        ),
+    ],
+)
+def test_a_plan_that_cannot_run_is_refused_by_name(
+    settings: dict[str, int], names: list[str]
+) -> None:
+    with pytest.raises(ValueError, match="KB_EMBEDDING_") as caught:
+        plan_inference(cores=2, **settings)
+    for name in names:
+        assert name in str(caught.value)
