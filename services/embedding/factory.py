@@ -30,12 +30,8 @@ def build_embedder(
     if isinstance(provider, OnnxLocalConfig):
         from services.embedding.onnx_local import OnnxLocalEmbedder
 
-        return OnnxLocalEmbedder(
-            intra_op_threads=provider.intra_op_threads,
-            max_concurrent_inferences=provider.max_concurrent_inferences,
-            runs_per_request=provider.runs_per_request,
-            inference_batch_size=provider.inference_batch_size,
-        )
+        # The config's fields, but its kind, are the embedder's keyword arguments.
+        return OnnxLocalEmbedder(**provider.model_dump(exclude={"kind"}))
     if isinstance(provider, OpenAIConfig):
         from services.embedding.openai_http import OpenAIHttpEmbedder
 
