@@ -51,6 +51,13 @@ def test_readable_files_pass(readable: str) -> None:
     check_tls_files(f"{BASE}?sslmode=verify-full&sslrootcert={readable}&sslcert={readable}", {})
 
 
+@pytest.mark.parametrize("mode", ["verify_full", "verify_ca"])
+def test_the_underscore_spellings_asyncpg_accepts_are_checked(mode: str, tmp_path: Path) -> None:
+    missing = tmp_path / "absent.pem"
+    with pytest.raises(ConfigError, match=f"sslrootcert={missing}"):
+        check_tls_files(f"{BASE}?sslmode={mode}&sslrootcert={missing}", {})
+
+
 def test_files_asyncpg_would_not_read_are_not_asked_for(tmp_path: Path) -> None:
     missing = str(tmp_path / "absent.pem")
     for parameter in ("sslrootcert", "sslcert", "sslkey", "sslcrl"):

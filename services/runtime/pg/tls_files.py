@@ -10,6 +10,7 @@ Only the files asyncpg (0.32) would read are checked: none when TLS is off (``ss
 disable``, or no ``sslmode`` and only Unix-socket hosts); the client certificate and key
 from ``allow`` up; the root certificate and revocation list from ``require`` up, where
 asyncpg verifies the server. Each is the URL's parameter, else its ``PGSSL*`` variable.
+``sslmode`` is read as asyncpg reads it: ``verify_full`` is ``verify-full``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from collections.abc import Mapping
 
 from services.runtime.errors import ConfigError
 
-# sslmode values, weakest first (libpq's names, as asyncpg parses them).
-_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# sslmode values, weakest first, spelt as asyncpg parses them (``-`` read as ``_``).
+_MODES = ("disable", "allow", "prefer", "require", "verify_ca", "verify_full")
 # (URL parameter, its environment variable, the weakest sslmode at which asyncpg reads it).
 _FILES = (
     ("sslcert", "PGSSLCERT", "allow"),
@@ -37,6 +38,7 @@ def check_tls_files(dsn: str, environ: Mapping[str, str] | None = None) -> None:
     parsed = urllib.parse.urlsplit(dsn)
     query = dict(urllib.parse.parse_qsl(parsed.query))  # the last of a repeated one, as asyncpg
     mode = query.get("sslmode") or env.get("PGSSLMODE") or _default_mode(parsed, query, env)
+    mode = mode.replace("-", "_")
     if mode not in _MODES:
         return  # asyncpg refuses the mode itself (ClientConfigurationError: a ConfigError)
     for parameter, variable, weakest in _FILES:
