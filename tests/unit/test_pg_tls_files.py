@@ -12,23 +12,24 @@ from services.runtime.errors import ConfigError
 from services.runtime.pg.db import connect, create_pool
 from services.runtime.pg.tls_files import check_tls_files
 from services.runtime.settings import RuntimeSettings
+from tests.support.tls import KEY_PASSWORD, Pki, make_pki
 
 PASSWORD = "s3cretpw"
 BASE = f"postgresql://kb:{PASSWORD}@127.0.0.1:1/kb"
 
 
 @pytest.fixture
-def readable(tmp_path: Path) -> str:
-    path = tmp_path / "ca.pem"
-    path.write_text("-----BEGIN CERTIFICATE-----\n")
-    return str(path)
+def pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path)
 
 
 @pytest.mark.parametrize("parameter", ["sslrootcert", "sslcert", "sslkey", "sslcrl"])
-def test_a_missing_file_named_by_the_url_is_a_config_error(parameter: str, tmp_path: Path) -> None:
-    missing = tmp_path / "absent.pem"
+def test_a_missing_file_named_by_the_url_is_a_config_error(parameter: str, pki: Pki) -> None:
+    missing = pki.ca.parent / "absent.pem"
+    # The key is read only with a certificate: named here, the certificate is a good one.
+    cert = f"&sslcert={pki.cert}" if parameter == "sslkey" else ""
     with pytest.raises(ConfigError) as caught:
-        check_tls_files(f"{BASE}?sslmode=verify-full&{parameter}={missing}", {})
+        check_tls_files(f"{BASE}?sslmode=verify-full&{parameter}={missing}{cert}", {})
     assert f"{parameter}={missing}" in caught.value.message
     assert PASSWORD not in caught.value.message
     assert not caught.value.retriable
@@ -47,8 +48,17 @@ def test_the_environment_variable_is_checked_when_the_url_names_none(tmp_path: P
         check_tls_files(BASE, {"PGSSLCERT": missing})  # TCP: prefer, the cert is sent
 
 
-def test_readable_files_pass(readable: str) -> None:
-    check_tls_files(f"{BASE}?sslmode=verify-full&sslrootcert={readable}&sslcert={readable}", {})
+def test_valid_files_pass(pki: Pki) -> None:
+    check_tls_files(
+        f"{BASE}?sslmode=verify-full&sslrootcert={pki.ca}&sslcert={pki.cert}&sslkey={pki.key}"
+        f"&sslcrl={pki.crl}",
+        {},
+    )
+    check_tls_files(
+        f"{BASE}?sslmode=require&sslcert={pki.cert}&sslkey={pki.encrypted_key}"
+        f"&sslpassword={KEY_PASSWORD}",
+        {},
+    )
 
 
 @pytest.mark.parametrize("mode", ["verify_full", "verify_ca"])
@@ -56,6 +66,25 @@ def test_the_underscore_spellings_asyncpg_accepts_are_checked(mode: str, tmp_pat
     missing = tmp_path / "absent.pem"
     with pytest.raises(ConfigError, match=f"sslrootcert={missing}"):
         check_tls_files(f"{BASE}?sslmode={mode}&sslrootcert={missing}", {})
+
+
+def test_a_key_without_a_certificate_is_not_read(tmp_path: Path) -> None:
+    """A stale PGSSLKEY with no certificate: asyncpg never opens it, so neither does the
+    check (no ~/.postgresql/postgresql.crt either)."""
+    missing = str(tmp_path / "absent.key")
+    check_tls_files(f"{BASE}?sslmode=verify-full", {"PGSSLKEY": missing, "HOME": str(tmp_path)})
+    check_tls_files(f"{BASE}?sslmode=require&sslkey={missing}", {"HOME": str(tmp_path)})
+
+
+def test_the_default_certificate_brings_the_key_in(pki: Pki, tmp_path: Path) -> None:
+    """With ~/.postgresql/postgresql.crt present asyncpg loads it, with the named key."""
+    home = tmp_path / "home"
+    (home / ".postgresql").mkdir(parents=True)
+    (home / ".postgresql" / "postgresql.crt").write_bytes(pki.cert.read_bytes())
+    env = {"HOME": str(home), "PGSSLKEY": str(pki.key)}
+    check_tls_files(f"{BASE}?sslmode=require", env)
+    with pytest.raises(ConfigError, match="PGSSLKEY="):
+        check_tls_files(f"{BASE}?sslmode=require", env | {"PGSSLKEY": str(tmp_path / "absent")})
 
 
 def test_files_asyncpg_would_not_read_are_not_asked_for(tmp_path: Path) -> None:

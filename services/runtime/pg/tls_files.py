@@ -7,9 +7,11 @@ would wait for the database for ever. Read here first, such a file is a ``Config
 naming the parameter and the path (never the URL, which may hold a password).
 
 Only the files asyncpg (0.32) would read are checked: none when TLS is off (``sslmode=
-disable``, or no ``sslmode`` and only Unix-socket hosts); the client certificate and key
-from ``allow`` up; the root certificate and revocation list from ``require`` up, where
-asyncpg verifies the server. Each is the URL's parameter, else its ``PGSSL*`` variable.
+disable``, or no ``sslmode`` and only Unix-socket hosts); the client certificate from
+``allow`` up, and its key only with a certificate (named, or ``~/.postgresql/
+postgresql.crt`` when it exists: asyncpg reads no key else); the root certificate and
+revocation list from ``require`` up, where asyncpg verifies the server. Each is the URL's
+parameter, else its ``PGSSL*`` variable.
 ``sslmode`` is read as asyncpg reads it: ``verify_full`` is ``verify-full``.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 from collections.abc import Mapping
+from pathlib import Path
 
 from services.runtime.errors import ConfigError
 
@@ -41,8 +44,11 @@ def check_tls_files(dsn: str, environ: Mapping[str, str] | None = None) -> None:
     mode = mode.replace("-", "_")
     if mode not in _MODES:
         return  # asyncpg refuses the mode itself (ClientConfigurationError: a ConfigError)
+    cert = query.get("sslcert") or env.get("PGSSLCERT") or _default_file(env, "postgresql.crt")
     for parameter, variable, weakest in _FILES:
         path = query.get(parameter) or env.get(variable)
+        if parameter == "sslkey" and not cert:
+            continue  # asyncpg reads the key only with a certificate
         if path and _MODES.index(mode) >= _MODES.index(weakest):
             _check_readable(parameter if parameter in query else variable, path)
 
@@ -57,6 +63,15 @@ def _default_mode(
     if hosts and all(host.startswith("/") for host in hosts):
         return "disable"
     return "prefer"  # a TCP host, or none named: asyncpg's default list holds localhost
+
+
+def _default_file(env: Mapping[str, str], name: str) -> str | None:
+    """``~/.postgresql/<name>`` when it exists: asyncpg loads it then, and skips it else."""
+    home = env.get("HOME") or (os.path.expanduser("~") if env is os.environ else None)
+    if not home or home == "~":
+        return None
+    path = Path(home, ".postgresql", name)
+    return str(path) if path.is_file() else None
 
 
 def _check_readable(name: str, path: str) -> None:
