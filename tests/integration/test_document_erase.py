@@ -491,6 +491,7 @@ async def test_a_batch_held_open_blocks_no_publish_or_search_of_another_document
     )
     async with pool.acquire() as held, held.transaction():
         batch = await held.fetchrow(ERASE_QUERIES["erase_chunks"], "acme", doc, 5)
+        assert batch is not None
         assert batch["removed"] == 5
         await held.execute(ERASE_QUERIES["erase_version_content"], "acme", doc, 5)
         # Blocked, they would wait for the batch's commit, which comes only after them.

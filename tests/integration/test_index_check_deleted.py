@@ -319,6 +319,7 @@ async def test_no_removal_statement_touches_a_live_document(
     for query in ERASE_QUERIES:
         if query.startswith("erase_"):
             batch = await pool.fetchrow(ERASE_QUERIES[query], "acme", live, 100)
+            assert batch is not None
             assert (batch["removed"], batch["seen"]) == (0, 0), query
     assert await rows_of(conn, live) == before
     assert await found(api, acme) == {live_id}

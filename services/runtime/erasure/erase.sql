@@ -144,18 +144,16 @@ SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS 
 WITH doomed AS (
     SELECT principal, permission
       FROM document_acl
-     WHERE tenant_id = $1
-       AND document_id = $2
+     WHERE (tenant_id, document_id) = ($1, $2)
        AND EXISTS (
            -- include: deleted_document
        )
      LIMIT $3
 ), gone AS (
+    -- The served ACL's key is the document's and (principal, permission).
     DELETE FROM document_acl a
-     USING doomed d
-     WHERE a.tenant_id = $1
-       AND a.document_id = $2
-       AND (a.principal, a.permission) = (d.principal, d.permission)
+     WHERE (a.tenant_id, a.document_id) = ($1, $2)
+       AND (a.principal, a.permission) IN (SELECT principal, permission FROM doomed)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
@@ -190,18 +188,15 @@ WITH doomed AS (
     SELECT q.requeue_id
       FROM index_task_requeue q
       JOIN index_task t ON t.task_id = q.task_id
-     WHERE t.tenant_id = $1
-       AND t.document_id = $2
-       AND q.previous_error_message IS NOT NULL
+     WHERE q.previous_error_message IS NOT NULL
+       AND (t.tenant_id, t.document_id) = ($1, $2)
        AND EXISTS (
            -- include: deleted_document
        )
      LIMIT $3
 ), gone AS (
-    UPDATE index_task_requeue r
-       SET previous_error_message = NULL
-      FROM doomed d
-     WHERE r.requeue_id = d.requeue_id
+    UPDATE index_task_requeue r SET previous_error_message = NULL
+     WHERE r.requeue_id IN (SELECT requeue_id FROM doomed)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
