@@ -312,7 +312,10 @@ async def test_a_large_document_is_erased_in_batches_and_a_failure_between_them_
     assert batches.count("chunks") == 2
 
 
+# Some of the next batch's rows, or all of them (the batch then removes nothing at all).
+@pytest.mark.parametrize("taken", [3, 5], ids=["some", "all"])
 async def test_a_concurrent_remover_does_not_end_a_step_early(
+    taken: int,
     api: SearchHarness,
     acme: ApiTenant,
     pool: asyncpg.Pool[Any],
@@ -321,7 +324,8 @@ async def test_a_concurrent_remover_does_not_end_a_step_early(
 ) -> None:
     """Another session (the collector, say) deletes rows of the batch being taken and
     commits while that batch waits for them: the batch removes fewer rows than asked though
-    more are left. The step goes on until a batch removes nothing, so the erase finishes."""
+    more are left, or none at all when every row it took is gone. The step goes on until a
+    batch finds nothing of the step left, so the erase finishes."""
     document_id, _ = await indexed(
         api, acme, pool, marked_text(40), max_tokens=16, slice_chunks=2, stream_above_chunks=0
     )
@@ -339,18 +343,19 @@ async def test_a_concurrent_remover_does_not_end_a_step_early(
     async def between(step: str) -> None:
         if step != "chunks" or committed:
             return
-        # The first rows of the next batch, deleted and not yet committed: the batch's
-        # snapshot still counts them, and it waits on their row locks.
+        # The first rows of the next batch (of 5), deleted and not yet committed: the
+        # batch's snapshot still counts them, and it waits on their row locks.
         removing = remover.transaction()
         await removing.start()
         removed = await remover.execute(
             "DELETE FROM knowledge_chunk WHERE (version_number, embedding_model, chunk_id) IN"
             " (SELECT version_number, embedding_model, chunk_id FROM knowledge_chunk"
             "   WHERE tenant_id = 'acme' AND document_id = $1"
-            "   ORDER BY version_number, embedding_model, chunk_id LIMIT 3)",
+            "   ORDER BY version_number, embedding_model, chunk_id LIMIT $2)",
             uuid.UUID(document_id),
+            taken,
         )
-        assert removed == "DELETE 3"
+        assert removed == f"DELETE {taken}"
         committed.append(asyncio.create_task(commit_once_the_batch_waits(removing)))
 
     publisher._erasure = PgErasureStore(pool, between_batches=between)
@@ -485,7 +490,9 @@ async def test_a_batch_held_open_blocks_no_publish_or_search_of_another_document
         doc,
     )
     async with pool.acquire() as held, held.transaction():
-        assert await held.execute(ERASE_QUERIES["erase_chunks"], "acme", doc, 5) == "DELETE 5"
+        batch = await held.fetchrow(ERASE_QUERIES["erase_chunks"], "acme", doc, 5)
+        assert batch is not None
+        assert batch["removed"] == 5
         await held.execute(ERASE_QUERIES["erase_version_content"], "acme", doc, 5)
         # Blocked, they would wait for the batch's commit, which comes only after them.
         async with asyncio.timeout(30):

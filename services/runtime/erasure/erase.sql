@@ -7,7 +7,10 @@
 -- rows only; searches read their snapshot). Every statement is idempotent: a re-run after a
 -- crash does again only what is left, and two erases of one document running at once only
 -- wait for each other's row locks (a row the other removed is skipped, a payload the other
--- rewrote is rewritten to the same bytes). The fence: every removal names a deleted
+-- rewrote is rewritten to the same bytes). Each batch returns ``removed``, the rows it
+-- changed, and ``seen``, the rows its snapshot held for it: a batch whose rows another
+-- session deleted while it waited on their locks removes none though more are left, so a
+-- step ends only with a batch that saw nothing. The fence: every removal names a deleted
 -- document (document.deleted_at, final by migration 0030's trigger) in its own statement,
 -- so no batch, whoever runs it, ever touches a live document's rows.
 
@@ -33,10 +36,13 @@ WITH doomed AS (
            -- include: deleted_document
        )
      LIMIT $3
+), gone AS (
+    DELETE FROM knowledge_chunk_stream s
+     USING doomed d
+     WHERE (s.task_id, s.lease_attempt, s.ordinal) = (d.task_id, d.lease_attempt, d.ordinal)
+    RETURNING 1
 )
-DELETE FROM knowledge_chunk_stream s
- USING doomed d
- WHERE (s.task_id, s.lease_attempt, s.ordinal) = (d.task_id, d.lease_attempt, d.ordinal)
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
 
 -- name: erase_chunks
 -- $1 tenant, $2 document, $3 batch rows. Chunks and embeddings of every version in every
@@ -48,26 +54,40 @@ DELETE FROM knowledge_chunk_stream s
 -- (all of them when it has fewer). One index range scan, whatever the statistics say: a
 -- join of the batch's keys back to the table was planned as a nested loop over every chunk
 -- of a just-indexed document (its partition's statistics still saying "1 row"), quadratic
--- in its size (a 10,000-chunk document took minutes).
-DELETE FROM knowledge_chunk k
- WHERE k.tenant_id = $1
-   AND k.document_id = $2
-   AND EXISTS (
-       -- include: deleted_document
-   )
-   AND (NOT EXISTS (SELECT 1
-                      FROM knowledge_chunk l
-                     WHERE l.tenant_id = $1
-                       AND l.document_id = $2
-                    OFFSET $3 - 1)
-        OR (k.version_number, k.embedding_model, k.chunk_id)
-           <= (SELECT l.version_number, l.embedding_model, l.chunk_id
-                 FROM knowledge_chunk l
-                WHERE l.tenant_id = $1
-                  AND l.document_id = $2
-                ORDER BY l.version_number, l.embedding_model, l.chunk_id
-               OFFSET $3 - 1
-                LIMIT 1))
+-- in its size (a 10,000-chunk document took minutes). ``seen``: whether the snapshot held
+-- any chunk of the deleted document (0 or 1).
+WITH gone AS (
+    DELETE FROM knowledge_chunk k
+     WHERE k.tenant_id = $1
+       AND k.document_id = $2
+       AND EXISTS (
+           -- include: deleted_document
+       )
+       AND (NOT EXISTS (SELECT 1
+                          FROM knowledge_chunk l
+                         WHERE l.tenant_id = $1
+                           AND l.document_id = $2
+                        OFFSET $3 - 1)
+            OR (k.version_number, k.embedding_model, k.chunk_id)
+               <= (SELECT l.version_number, l.embedding_model, l.chunk_id
+                     FROM knowledge_chunk l
+                    WHERE l.tenant_id = $1
+                      AND l.document_id = $2
+                    ORDER BY l.version_number, l.embedding_model, l.chunk_id
+                   OFFSET $3 - 1
+                    LIMIT 1))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS removed,
+       (SELECT count(*)
+          FROM (SELECT 1
+                  FROM knowledge_chunk l
+                 WHERE l.tenant_id = $1
+                   AND l.document_id = $2
+                   AND EXISTS (
+                       -- include: deleted_document
+                   )
+                 LIMIT 1) s) AS seen
 
 -- name: erase_version_content
 -- $1 tenant, $2 document, $3 batch rows. Every version's uploaded bytes (the text is
@@ -85,13 +105,16 @@ WITH doomed AS (
        )
      ORDER BY version_number
      LIMIT $3
+), gone AS (
+    UPDATE document_version v
+       SET content = ''::bytea
+      FROM doomed d
+     WHERE v.tenant_id = $1
+       AND v.document_id = $2
+       AND v.version_number = d.version_number
+    RETURNING 1
 )
-UPDATE document_version v
-   SET content = ''::bytea
-  FROM doomed d
- WHERE v.tenant_id = $1
-   AND v.document_id = $2
-   AND v.version_number = d.version_number
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
 
 -- name: erase_version_acl
 -- $1 tenant, $2 document, $3 batch rows. The versions' ACLs (principals are people).
@@ -104,28 +127,36 @@ WITH doomed AS (
            -- include: deleted_document
        )
      LIMIT $3
+), gone AS (
+    DELETE FROM document_version_acl a
+     USING doomed d
+     WHERE a.tenant_id = $1
+       AND a.document_id = $2
+       AND (a.version_number, a.principal, a.permission)
+           = (d.version_number, d.principal, d.permission)
+    RETURNING 1
 )
-DELETE FROM document_version_acl a
- USING doomed d
- WHERE a.tenant_id = $1
-   AND a.document_id = $2
-   AND (a.version_number, a.principal, a.permission)
-       = (d.version_number, d.principal, d.permission)
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
 
 -- name: erase_served_acl
 -- $1 tenant, $2 document, $3 batch rows. The served ACL: the delete drops it in its own
 -- transaction; a row found here was put back by hand or by a restore.
-DELETE FROM document_acl a
- WHERE a.tenant_id = $1
-   AND a.document_id = $2
-   AND EXISTS (
-       -- include: deleted_document
-   )
-   AND (a.principal, a.permission) IN (SELECT principal, permission
-                                          FROM document_acl
-                                         WHERE tenant_id = $1
-                                           AND document_id = $2
-                                         LIMIT $3)
+WITH doomed AS (
+    SELECT principal, permission
+      FROM document_acl
+     WHERE (tenant_id, document_id) = ($1, $2)
+       AND EXISTS (
+           -- include: deleted_document
+       )
+     LIMIT $3
+), gone AS (
+    -- The served ACL's key is the document's and (principal, permission).
+    DELETE FROM document_acl a
+     WHERE (a.tenant_id, a.document_id) = ($1, $2)
+       AND (a.principal, a.permission) IN (SELECT principal, permission FROM doomed)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
 
 -- name: erase_task_messages
 -- $1 tenant, $2 document, $3 batch rows. Task rows and their codes stay; their error texts
@@ -142,26 +173,33 @@ WITH doomed AS (
            -- include: deleted_document
        )
      LIMIT $3
+), gone AS (
+    UPDATE index_task t
+       SET error_message = NULL
+      FROM doomed d
+     WHERE t.task_id = d.task_id
+    RETURNING 1
 )
-UPDATE index_task t
-   SET error_message = NULL
-  FROM doomed d
- WHERE t.task_id = d.task_id
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
 
 -- name: erase_requeue_messages
 -- $1 tenant, $2 document, $3 batch rows. The requeue audit's copies of those texts.
-UPDATE index_task_requeue r
-   SET previous_error_message = NULL
- WHERE r.requeue_id IN (SELECT q.requeue_id
-                          FROM index_task_requeue q
-                          JOIN index_task t ON t.task_id = q.task_id
-                         WHERE t.tenant_id = $1
-                           AND t.document_id = $2
-                           AND q.previous_error_message IS NOT NULL
-                           AND EXISTS (
-                               -- include: deleted_document
-                           )
-                         LIMIT $3)
+WITH doomed AS (
+    SELECT q.requeue_id
+      FROM index_task_requeue q
+      JOIN index_task t ON t.task_id = q.task_id
+     WHERE q.previous_error_message IS NOT NULL
+       AND (t.tenant_id, t.document_id) = ($1, $2)
+       AND EXISTS (
+           -- include: deleted_document
+       )
+     LIMIT $3
+), gone AS (
+    UPDATE index_task_requeue r SET previous_error_message = NULL
+     WHERE r.requeue_id IN (SELECT requeue_id FROM doomed)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
 
 -- name: outbox_rows_to_scrub
 -- $1 aggregate key, $2 event types, $3 after this position, $4 batch rows. The document's

@@ -211,18 +211,18 @@ async def _run_steps(
     batch_rows: int,
     between_batches: Callable[[str], Awaitable[None]] | None,
 ) -> dict[str, int]:
-    """Each step's batches until one removes nothing; rows per step. A short batch is no
-    sign of the end: rows another session (the collector) deleted while the batch waited on
-    their locks are skipped, not counted, and the rows past the batch are still there."""
+    """Each step's batches until one sees nothing of the step left; rows per step. What a
+    batch removed is no sign of the end: rows another session (the collector) deleted while
+    the batch waited on their locks are skipped, not counted, and the rows past the batch
+    are still there, even when the batch removed none."""
     removed: dict[str, int] = {}
     for step, query in steps:
         while True:
-            status = await conn.execute(QUERIES[query], tenant_id, document_id, batch_rows)
-            count = _affected(status)
-            removed[step] = removed.get(step, 0) + count
+            batch = await conn.fetchrow(QUERIES[query], tenant_id, document_id, batch_rows)
+            removed[step] = removed.get(step, 0) + batch["removed"]
             if between_batches is not None:
                 await between_batches(step)
-            if count == 0:
+            if batch["seen"] == 0:
                 break
     return removed
 

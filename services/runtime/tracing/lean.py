@@ -300,8 +300,20 @@ class LeanSpan(trace.Span, ReadableSpan):
         timestamp: int | None = None,
         escaped: bool = False,
     ) -> None:
-        """Only the exception's type: its message and traceback may quote a document."""
-        recorded = {"exception.type": type(exception).__qualname__, **(attributes or {})}
+        """The exception's type named as the SDK names it, and whether it escaped; never
+        its message nor its traceback, which may quote a document."""
+        kind = type(exception)
+        module = kind.__module__
+        named = (
+            f"{module}.{kind.__qualname__}"
+            if module and module != "builtins"
+            else kind.__qualname__
+        )
+        recorded = {
+            "exception.type": named,
+            "exception.escaped": str(escaped),
+            **(attributes or {}),
+        }
         self.add_event("exception", recorded, timestamp)
 
     def end(self, end_time: int | None = None) -> None:

@@ -173,10 +173,14 @@ class _Current(AbstractContextManager[Span]):
         traceback: TracebackType | None,
     ) -> None:
         span = self._span
-        if error is not None:
-            mark_failed(span, error)
-        otel_context.detach(self._token)
-        span.end()
+        try:
+            if error is not None:
+                mark_failed(span, error)
+        finally:
+            # Whatever marking the failure raises, the context attached on entry must not
+            # outlive the span, nor the span stay unended.
+            otel_context.detach(self._token)
+            span.end()
 
 
 def mark_failed(span: Span, error: BaseException) -> None:

@@ -478,13 +478,29 @@ def test_a_disabled_tracer_returns_its_parents_context_alike() -> None:
     assert_equal_runs(sdk, lean)
 
 
-def test_an_exception_recorded_on_a_lean_span_keeps_only_its_type() -> None:
+@pytest.mark.parametrize(
+    ("error", "escaped", "named"),
+    [
+        (ConfigError("a message that may quote a document"), False, "services.runtime.errors."),
+        (ValueError("a message that may quote a document"), True, ""),
+    ],
+)
+def test_an_exception_recorded_on_a_lean_span_keeps_only_its_type(
+    error: Exception, escaped: bool, named: str
+) -> None:
+    """As the SDK's record_exception names it (module and qualified name, a builtin by its
+    bare name, and whether it escaped), without its message and traceback."""
     with traced() as exported:
         span = start_span("kb.recorded", None)
-        span.record_exception(ConfigError("a message that may quote a document"))
+        span.record_exception(error, escaped=escaped)
         span.end()
     (event,) = exported.get_finished_spans()[0].events
-    assert (event.name, dict(event.attributes or {})) == (
-        "exception",
-        {"exception.type": "ConfigError"},
-    )
+    expected = {
+        "exception.type": named + type(error).__qualname__,
+        "exception.escaped": str(escaped),
+    }
+    assert (event.name, dict(event.attributes or {})) == ("exception", expected)
+    sdk_span = TracerProvider().get_tracer("kb.test").start_span("kb.recorded")
+    sdk_span.record_exception(error, escaped=escaped)
+    sdk_attributes = dict(sdk_span.events[0].attributes or {})  # type: ignore[attr-defined]
+    assert {k: sdk_attributes[k] for k in expected} == expected

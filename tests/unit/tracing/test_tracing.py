@@ -130,6 +130,26 @@ def test_log_lines_carry_the_ids_of_the_current_span() -> None:
     assert "0af7651916cd43dd8448eb211c80319c" in line
 
 
+class _UnreadableCode(Exception):
+    @property
+    def code(self) -> str:
+        raise RuntimeError("the code cannot be read")
+
+
+def test_a_span_whose_failure_cannot_be_marked_still_ends_and_leaves_the_context() -> None:
+    """An error whose ``code`` property raises makes mark_failed raise in the span's exit:
+    the context attached on entry is detached and the span ended all the same."""
+    with traced() as exported:
+        before = current_traceparent()
+        with (
+            pytest.raises(RuntimeError, match="the code cannot be read"),
+            span_under("kb.publish", TRACEPARENT),
+        ):
+            raise _UnreadableCode
+        assert current_traceparent() == before
+        assert [span.name for span in exported.get_finished_spans()] == ["kb.publish"]
+
+
 class _Traced(InMemoryTaskQueue):
     """Claims hand out leases carrying the publish's context, as the task row does."""
 
