@@ -9,8 +9,11 @@ import random
 import signal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import Field
 
+from services.runtime import redaction
 from services.runtime.backoff import Backoff
 from services.runtime.commands.cli_support import (
     EXIT_BAD_INPUT,
@@ -86,6 +89,55 @@ def test_redaction_masks_the_environments_secrets_wherever_they_appear() -> None
     for secret in ("s3cret/pw", "sk-live-1234567890", "kafkapw99"):
         assert secret not in text
     assert "level info" in text
+
+
+# One credential of each shape the patterns know, alone in a line: redaction first checks
+# whether a text could hold any of them, and a shape that check misses would go unmasked.
+_EACH_SHAPE = (
+    ("Authorization: BEARER sk-abc.def", "sk-abc.def"),
+    ("key kb.acme.AbCdEfGhIjKlMnOpQr given", "AbCdEfGhIjKlMnOpQr"),
+    ("operator kbop.AbCdEfGhIjKlMnOpQr given", "AbCdEfGhIjKlMnOpQr"),
+    ("jwt eyJhbGciOi.eyJzdWIi.c2lnbmF0dXJl here", "c2lnbmF0dXJl"),
+    ("ApiKey=k-9 sent", "k-9"),
+    ("api-key: k-9 sent", "k-9"),
+    ("TOKEN=xyz123", "xyz123"),
+    ("client_secret='s-1'", "s-1"),
+    ("Password: p@ss", "p@ss"),
+    ("passwd=p@ss", "p@ss"),
+    ("PWD=p@ss", "p@ss"),
+    ("credentials: c-3", "c-3"),
+    ("AMQP://guest:hunter2@broker/", "hunter2"),
+)
+
+
+@pytest.mark.parametrize(("text", "secret"), _EACH_SHAPE)
+def test_redaction_masks_each_shape_of_credential_alone(text: str, secret: str) -> None:
+    masked = redact(text, secrets=())
+    assert secret not in masked
+    assert "***" in masked
+
+
+def test_redaction_leaves_text_without_credentials_as_it_was() -> None:
+    for text in ("task_id=3f1c6a2e-6c1b-4a57", "tenant-1", "owner host-12 kb", "eyJ alone", ""):
+        assert redact(text, secrets=()) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([text for text, _ in _EACH_SHAPE] + [" ", "=", ":", "@", "/", "."])
+        | st.text(max_size=12),
+        max_size=8,
+    )
+)
+def test_redaction_masks_what_every_pattern_run_on_the_text_masks(parts: list[str]) -> None:
+    text = "".join(parts)
+    expected = text
+    for pattern in redaction._PATTERNS:
+        expected = pattern.sub(
+            lambda m: m.group(1) + "***" + (m.group(2) if m.lastindex == 2 else ""), expected
+        )
+    assert redact(text, secrets=()) == expected
 
 
 class _Strict(RuntimeSettings):
