@@ -212,3 +212,28 @@ async def test_a_signal_sets_the_stop_event_and_handlers_are_restored() -> None:
     # Outside the block the loop no longer handles them: the default handling is back.
     assert not loop.remove_signal_handler(signal.SIGTERM)
     assert not loop.remove_signal_handler(signal.SIGINT)
+
+
+def test_the_start_up_heap_is_frozen_after_its_garbage_is_collected() -> None:
+    import gc
+    import weakref
+
+    from services.runtime.heap import freeze_start_up_heap
+
+    class Node:
+        other: object = None
+
+    kept = Node()
+    garbage = Node()
+    garbage.other = garbage  # a cycle only a collection frees
+    gone = weakref.ref(garbage)
+    del garbage
+    try:
+        frozen = freeze_start_up_heap()
+        # What lives on is left out of every later collection; the cycle was freed first.
+        assert gone() is None
+        assert frozen == gc.get_freeze_count() > 0
+        assert not any(obj is kept for obj in gc.get_objects())
+    finally:
+        gc.unfreeze()
+    assert any(obj is kept for obj in gc.get_objects())
