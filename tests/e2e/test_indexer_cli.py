@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from services.runtime.heap import YOUNG_COLLECTION_THRESHOLD
 from tests.support.stack import REPO_ROOT
 from tests.support.tasks import create_task
 
@@ -246,6 +247,7 @@ async def test_the_start_up_heap_is_frozen_before_the_first_claim(
     worker = await start_worker(KB_EMBEDDING_PROVIDER="hashing")
     frozen = await worker.wait_for("heap.frozen")
     assert frozen["objects"] > 10_000
+    assert frozen["young_collection_threshold"] == YOUNG_COLLECTION_THRESHOLD
     await worker.wait_for("task.claimed")
     worker.process.send_signal(signal.SIGTERM)
     assert await worker.exit_code() == 0

@@ -237,3 +237,17 @@ def test_the_start_up_heap_is_frozen_after_its_garbage_is_collected() -> None:
     finally:
         gc.unfreeze()
     assert any(obj is kept for obj in gc.get_objects())
+
+
+def test_young_collections_wait_for_more_objects_and_the_older_rules_stay() -> None:
+    import gc
+
+    from services.runtime.heap import YOUNG_COLLECTION_THRESHOLD, collect_young_less_often
+
+    before = gc.get_threshold()
+    try:
+        collect_young_less_often()
+        assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *before[1:])
+        assert before[0] < YOUNG_COLLECTION_THRESHOLD
+    finally:
+        gc.set_threshold(*before)
