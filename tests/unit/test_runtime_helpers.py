@@ -107,6 +107,9 @@ _EACH_SHAPE = (
     ("PWD=p@ss", "p@ss"),
     ("credentials: c-3", "c-3"),
     ("AMQP://guest:hunter2@broker/", "hunter2"),
+    # Matched case-blind by the patterns' rules: the long s is an s, the Kelvin sign a k.
+    ("client_\u017fecret=s-2", "s-2"),
+    ("api\u212aey=k-10", "k-10"),
 )
 
 
