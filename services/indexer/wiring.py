@@ -50,6 +50,7 @@ from services.indexer.sink.tenant_graphs import PgTenantGraphs
 from services.runtime.backoff import Backoff
 from services.runtime.commands.cli_options import serve_metrics
 from services.runtime.commands.cli_support import load_settings, run_async
+from services.runtime.heap import collect_young_less_often, freeze_start_up_heap
 from services.runtime.identity import owner_id
 from services.runtime.logging import get_logger
 from services.runtime.pg.waiting import Step, StoppedWaiting, once, retrying
@@ -354,6 +355,13 @@ def run_workers(
                 log.info("hints.off", tier=tier, poll_seconds=settings.indexer_poll_seconds)
             await asyncio.gather(*jobs)
 
+        # Everything start-up made (modules, pools, the pipeline) lives as long as the
+        # process: out of the collector's full passes, which walked it all to free nothing.
+        log.info(
+            "heap.frozen",
+            objects=freeze_start_up_heap(),
+            young_collection_threshold=collect_young_less_often(),
+        )
         await main(stop)
 
     try:

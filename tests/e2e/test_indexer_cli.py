@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from services.runtime.heap import YOUNG_COLLECTION_THRESHOLD
 from tests.support.stack import REPO_ROOT
 from tests.support.tasks import create_task
 
@@ -235,6 +236,21 @@ async def test_a_worker_killed_mid_task_is_taken_over_after_its_lease(
     successor.process.send_signal(signal.SIGTERM)
     assert await successor.exit_code() == 0
     assert any('"event": "worker.stopped"' in line for line in successor.lines)
+
+
+async def test_the_start_up_heap_is_frozen_before_the_first_claim(
+    start_worker: Any, pool: asyncpg.Pool[Any]
+) -> None:
+    # The collector's full passes then skip what start-up made (BENCHMARKS.md: the
+    # indexer's CPU per document).
+    await create_task(pool)
+    worker = await start_worker(KB_EMBEDDING_PROVIDER="hashing")
+    frozen = await worker.wait_for("heap.frozen")
+    assert frozen["objects"] > 10_000
+    assert frozen["young_collection_threshold"] == YOUNG_COLLECTION_THRESHOLD
+    await worker.wait_for("task.claimed")
+    worker.process.send_signal(signal.SIGTERM)
+    assert await worker.exit_code() == 0
 
 
 async def test_sigterm_lets_the_running_task_finish_within_the_grace_period(

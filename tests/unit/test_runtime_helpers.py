@@ -9,8 +9,11 @@ import random
 import signal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import Field
 
+from services.runtime import redaction
 from services.runtime.backoff import Backoff
 from services.runtime.commands.cli_support import (
     EXIT_BAD_INPUT,
@@ -88,6 +91,58 @@ def test_redaction_masks_the_environments_secrets_wherever_they_appear() -> None
     assert "level info" in text
 
 
+# One credential of each shape the patterns know, alone in a line: redaction first checks
+# whether a text could hold any of them, and a shape that check misses would go unmasked.
+_EACH_SHAPE = (
+    ("Authorization: BEARER sk-abc.def", "sk-abc.def"),
+    ("key kb.acme.AbCdEfGhIjKlMnOpQr given", "AbCdEfGhIjKlMnOpQr"),
+    ("operator kbop.AbCdEfGhIjKlMnOpQr given", "AbCdEfGhIjKlMnOpQr"),
+    ("jwt eyJhbGciOi.eyJzdWIi.c2lnbmF0dXJl here", "c2lnbmF0dXJl"),
+    ("ApiKey=k-9 sent", "k-9"),
+    ("api-key: k-9 sent", "k-9"),
+    ("TOKEN=xyz123", "xyz123"),
+    ("client_secret='s-1'", "s-1"),
+    ("Password: p@ss", "p@ss"),
+    ("passwd=p@ss", "p@ss"),
+    ("PWD=p@ss", "p@ss"),
+    ("credentials: c-3", "c-3"),
+    ("AMQP://guest:hunter2@broker/", "hunter2"),
+    # Matched case-blind by the patterns' rules: the long s is an s, the Kelvin sign a k.
+    ("client_\u017fecret=s-2", "s-2"),
+    ("api\u212aey=k-10", "k-10"),
+)
+
+
+@pytest.mark.parametrize(("text", "secret"), _EACH_SHAPE)
+def test_redaction_masks_each_shape_of_credential_alone(text: str, secret: str) -> None:
+    masked = redact(text, secrets=())
+    assert secret not in masked
+    assert "***" in masked
+
+
+def test_redaction_leaves_text_without_credentials_as_it_was() -> None:
+    for text in ("task_id=3f1c6a2e-6c1b-4a57", "tenant-1", "owner host-12 kb", "eyJ alone", ""):
+        assert redact(text, secrets=()) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([text for text, _ in _EACH_SHAPE] + [" ", "=", ":", "@", "/", "."])
+        | st.text(max_size=12),
+        max_size=8,
+    )
+)
+def test_redaction_masks_what_every_pattern_run_on_the_text_masks(parts: list[str]) -> None:
+    text = "".join(parts)
+    expected = text
+    for pattern in redaction._PATTERNS:
+        expected = pattern.sub(
+            lambda m: m.group(1) + "***" + (m.group(2) if m.lastindex == 2 else ""), expected
+        )
+    assert redact(text, secrets=()) == expected
+
+
 class _Strict(RuntimeSettings):
     strict_limit: int = Field(default=1, ge=1)
 
@@ -160,3 +215,42 @@ async def test_a_signal_sets_the_stop_event_and_handlers_are_restored() -> None:
     # Outside the block the loop no longer handles them: the default handling is back.
     assert not loop.remove_signal_handler(signal.SIGTERM)
     assert not loop.remove_signal_handler(signal.SIGINT)
+
+
+def test_the_start_up_heap_is_frozen_after_its_garbage_is_collected() -> None:
+    import gc
+    import weakref
+
+    from services.runtime.heap import freeze_start_up_heap
+
+    class Node:
+        other: object = None
+
+    kept = Node()
+    garbage = Node()
+    garbage.other = garbage  # a cycle only a collection frees
+    gone = weakref.ref(garbage)
+    del garbage
+    try:
+        frozen = freeze_start_up_heap()
+        # What lives on is left out of every later collection; the cycle was freed first.
+        assert gone() is None
+        assert frozen == gc.get_freeze_count() > 0
+        assert not any(obj is kept for obj in gc.get_objects())
+    finally:
+        gc.unfreeze()
+    assert any(obj is kept for obj in gc.get_objects())
+
+
+def test_young_collections_wait_for_more_objects_and_the_older_rules_stay() -> None:
+    import gc
+
+    from services.runtime.heap import YOUNG_COLLECTION_THRESHOLD, collect_young_less_often
+
+    before = gc.get_threshold()
+    try:
+        collect_young_less_often()
+        assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *before[1:])
+        assert before[0] < YOUNG_COLLECTION_THRESHOLD
+    finally:
+        gc.set_threshold(*before)

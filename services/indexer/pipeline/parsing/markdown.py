@@ -25,8 +25,17 @@ _CONTAINERS_CLOSE = frozenset(
 )
 
 
+# Built at first use and kept: building it (its rule chains, its renderer) took more of
+# the indexer's CPU than parsing a short note does. A parse keeps its state (link
+# references among it) in objects of its own, so documents share nothing through it.
+_PARSER: MarkdownIt | None = None
+
+
 def _markdown() -> MarkdownIt:
-    return MarkdownIt("commonmark").enable(["table", "strikethrough"])
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = MarkdownIt("commonmark").enable(["table", "strikethrough"])
+    return _PARSER
 
 
 def inline_text(children: Sequence[Token] | None) -> str:

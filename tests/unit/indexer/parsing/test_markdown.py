@@ -84,3 +84,30 @@ def test_front_matter_is_metadata_not_a_heading() -> None:
 def test_a_thematic_break_later_on_is_not_front_matter() -> None:
     content = b"Intro.\n\n---\n\nMore.\n"
     assert parsed(content) == [((), "Intro.\n\nMore.")]
+
+
+def test_the_tokenizer_is_built_once_and_carries_nothing_between_documents(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Building markdown-it's parser (its rule chains, its renderer) cost more than parsing
+    # a short note: it is built once a process, and a document's link references must not
+    # reach the next document through it.
+    from markdown_it import MarkdownIt
+
+    from services.indexer.pipeline.parsing import markdown
+
+    built: list[MarkdownIt] = []
+    real_init = MarkdownIt.__init__
+
+    def counting_init(self: MarkdownIt, *args: object, **kwargs: object) -> None:
+        built.append(self)
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(MarkdownIt, "__init__", counting_init)
+    monkeypatch.setattr(markdown, "_PARSER", None, raising=False)
+    defines = b"# One\n\nSee [the guide][g].\n\n[g]: https://example.com/guide\n"
+    uses = b"# Two\n\nSee [the guide][g].\n"
+    alone = parsed(uses)
+    assert parsed(defines) == [(("One",), "See the guide.")]
+    assert parsed(uses) == alone == [(("Two",), "See [the guide][g].")]
+    assert len(built) == 1
