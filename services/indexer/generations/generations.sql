@@ -457,7 +457,10 @@ SELECT tenant_id FROM tenant ORDER BY tenant_id
 -- generation's chunks of one tenant (partition pruned by the tenant, then the reuse index's
 -- (tenant, model) prefix), in a transaction of its own so the lock and WAL of one statement
 -- stay small. A chunk a search pointer names is never deleted (a pointer no switch rewrote:
--- written by hand, say); the loop ends when a batch deletes nothing.
+-- written by hand, say). ``removed``: the rows it deleted; ``seen``: the rows its snapshot
+-- held for it. A batch whose rows another session (a second retire, the collector, a
+-- document erase) deleted while it waited on their locks removes none though more are
+-- left, so the loop ends only with a batch that saw nothing.
 WITH doomed AS (
     SELECT k.tenant_id, k.document_id, k.version_number, k.embedding_model, k.chunk_id
       FROM knowledge_chunk k
@@ -472,31 +475,39 @@ WITH doomed AS (
                           AND s.embedding_model = k.embedding_model
                           AND s.chunking_strategy = k.chunking_strategy)
      LIMIT $4
+), gone AS (
+    DELETE FROM knowledge_chunk k
+     USING doomed d
+     WHERE (k.tenant_id, k.document_id, k.version_number, k.embedding_model, k.chunk_id)
+           = (d.tenant_id, d.document_id, d.version_number, d.embedding_model, d.chunk_id)
+    RETURNING 1
 )
-DELETE FROM knowledge_chunk k
- USING doomed d
- WHERE k.tenant_id = d.tenant_id
-   AND k.document_id = d.document_id
-   AND k.version_number = d.version_number
-   AND k.embedding_model = d.embedding_model
-   AND k.chunk_id = d.chunk_id
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
 
 -- name: delete_document_versions_batch
 -- $1 generation, $2 batch size (document_generation_version_generation finds them).
-DELETE FROM document_generation_version
- WHERE ctid IN (SELECT ctid FROM document_generation_version
-                 WHERE generation_id = $1
-                 LIMIT $2)
+-- ``removed`` and ``seen`` as delete_chunk_batch's: a second retire takes the same rows.
+WITH doomed AS (
+    SELECT ctid FROM document_generation_version WHERE generation_id = $1 LIMIT $2
+), gone AS (
+    DELETE FROM document_generation_version
+     WHERE ctid IN (SELECT ctid FROM doomed)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
 
 -- name: delete_task_batch
 -- $1 generation, $2 batch size. Its tasks, finished by now (end_unfinished_tasks), with their
 -- requeue history: the queue does not keep the work of a generation that is gone.
+-- ``removed`` and ``seen`` as delete_chunk_batch's: a second retire takes the same rows.
 WITH doomed AS (
     SELECT task_id FROM index_task WHERE generation_id = $1 LIMIT $2
 ), history AS (
     DELETE FROM index_task_requeue r USING doomed d WHERE r.task_id = d.task_id
+), gone AS (
+    DELETE FROM index_task k USING doomed d WHERE k.task_id = d.task_id RETURNING 1
 )
-DELETE FROM index_task k USING doomed d WHERE k.task_id = d.task_id
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM doomed) AS seen
 
 -- name: model_still_used
 -- $1 generation, $2 model: another generation not retired embeds with it, or a search

@@ -49,6 +49,9 @@ class PgRetirement:
     lock_timeout: str = "2s"
     drop_attempts: int = 5
     drop_pause_seconds: float = 1.0
+    # Called after each batch with its step's name ("chunks", "documents", "tasks"): the
+    # tests' way in between two batches, to race them with another remover.
+    between_batches: Callable[[str], Awaitable[None]] | None = None
 
     async def retire(self, generation_id: int) -> RetireOutcome:
         """Refuses the default and a generation any tenant serves; otherwise stops building
@@ -99,10 +102,11 @@ class PgRetirement:
         log.info("generation.retiring", generation_id=generation_id, tasks_ended=rows_of(ended))
         chunks = await self._delete_chunks(generation)
         documents = await self._batches(
-            _statement(QUERIES["delete_document_versions_batch"], generation_id, self.batch_size)
+            "documents",
+            _statement(QUERIES["delete_document_versions_batch"], generation_id, self.batch_size),
         )
         tasks = await self._batches(
-            _statement(QUERIES["delete_task_batch"], generation_id, self.batch_size)
+            "tasks", _statement(QUERIES["delete_task_batch"], generation_id, self.batch_size)
         )
         dropped = await self._drop_indexes(generation)
         with translate_db_errors():
@@ -149,26 +153,32 @@ class PgRetirement:
                 continue
             for tenant in tenants:
                 deleted += await self._batches(
+                    "chunks",
                     _statement(
                         QUERIES["delete_chunk_batch"],
                         tenant,
                         model,
                         chunk_settings,
                         self.batch_size,
-                    )
+                    ),
                 )
         return deleted
 
-    async def _batches(self, step: Callable[[Any], Awaitable[str]]) -> int:
-        """Runs ``step`` (one bounded DELETE) in transactions of its own until it deletes
-        nothing; the rows deleted in all."""
+    async def _batches(self, name: str, step: Callable[[Any], Awaitable[Any]]) -> int:
+        """Runs ``step`` (one bounded DELETE) in transactions of its own until a batch sees
+        nothing of the step left; the rows this retire deleted in all. What a batch removed
+        is no sign of the end: rows another session (a second retire, the collector, a
+        document erase) deleted while the batch waited on their locks are skipped, not
+        counted, and the rows past the batch are still there, even when it removed none."""
         total = 0
         while True:
             with translate_db_errors():
                 async with self.pool.acquire() as conn, conn.transaction():
-                    rows = rows_of(await step(conn))
-            total += rows
-            if rows == 0:
+                    batch = await step(conn)
+            total += int(batch["removed"])
+            if self.between_batches is not None:
+                await self.between_batches(name)
+            if batch["seen"] == 0:
                 return total
 
     async def _drop_indexes(self, generation: SearchGeneration) -> list[str]:
@@ -218,11 +228,12 @@ class PgRetirement:
         )
 
 
-def _statement(sql: str, *args: Any) -> Callable[[Any], Awaitable[str]]:
-    """One statement with its arguments, to run on the connection it is given."""
+def _statement(sql: str, *args: Any) -> Callable[[Any], Awaitable[Any]]:
+    """One batch statement with its arguments, to run on the connection it is given: its
+    row of ``removed`` and ``seen``."""
 
-    def run(conn: Any) -> Awaitable[str]:
-        result: Awaitable[str] = conn.execute(sql, *args)
+    def run(conn: Any) -> Awaitable[Any]:
+        result: Awaitable[Any] = conn.fetchrow(sql, *args)
         return result
 
     return run
