@@ -373,6 +373,46 @@ async def test_a_collector_round_during_a_completion_leaves_its_mark_for_the_nex
         await pool.close()
 
 
+async def test_a_batch_whose_rows_another_session_took_leaves_the_document_marked(
+    pool: asyncpg.Pool[Any], sink: PgVectorSink, database_url: str
+) -> None:
+    """Version retention, an erase or a retire deletes the rows the collector's next batch
+    takes and commits while that batch waits on their locks: the batch removes none of them,
+    yet its snapshot held a full batch and more superseded rows are left past it. The
+    document stays marked until a batch sees fewer rows than it holds, so none are left."""
+    batch = 5
+    created = await create_task(pool)
+    queue = PgTaskQueue(pool)
+    await complete(queue, sink, await claim(queue, created.task_id), version_texts(1, 12))
+    v2 = await claim(queue, await publish_version(pool, created, 2))
+    await complete(queue, sink, v2, version_texts(2, 3))
+    second = await asyncpg.connect(database_url)
+    watcher = await asyncpg.connect(database_url)
+    try:
+        taking = second.transaction()
+        await taking.start()
+        # The collector's statement with the collector's arguments on the same rows picks
+        # the rows its first batch picks; deleted and not yet committed, that batch's
+        # snapshot still holds them and it waits on their row locks.
+        args = (created.tenant_id, [created.document_id], 0, batch, CODE_MARK)
+        taken = await second.fetchrow(QUERIES["delete_superseded_chunks"], *args)
+        assert taken is not None
+        assert (len(taken["removed"]), taken["seen"]) == (batch, batch)
+        collector = GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=batch))
+        collecting = asyncio.create_task(collector.collect(max_documents=100))
+        await wait_until_blocked_on_a_lock(watcher)
+        await taking.commit()
+        done = await collecting
+    finally:
+        await second.close()
+        await watcher.close()
+    assert done.chunks == 12 - batch
+    assert await marked(pool) == set()
+    assert await chunk_versions(pool, created.document_id) == {
+        generation_key(GENERATION): [2, 2, 2]
+    }
+
+
 class _PausedConnection:
     """A real connection whose first statement after BEGIN (whichever list or path runs
     first: it takes the REPEATABLE READ snapshot) reports and then waits to be let go."""
@@ -730,10 +770,10 @@ async def test_the_collectors_delete_walks_the_primary_key_of_the_tenants_partit
                     "EXPLAIN (FORMAT JSON) " + QUERIES["delete_superseded_chunks"], *args
                 )
             )
-        root = plan[0]["Plan"]
-        assert root["Operation"] == "Delete", plan_cache_mode
-        assert [t["Relation Name"] for t in root["Target Tables"]] == [partition], plan_cache_mode
-        scans = list(_plan_nodes(root))
+        scans = list(_plan_nodes(plan[0]["Plan"]))
+        [delete] = [node for node in scans if node["Node Type"] == "ModifyTable"]
+        assert delete["Operation"] == "Delete", plan_cache_mode
+        assert [t["Relation Name"] for t in delete["Target Tables"]] == [partition], plan_cache_mode
         chunk_scans = [
             node
             for node in scans

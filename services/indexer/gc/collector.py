@@ -107,7 +107,7 @@ class GarbageCollector:
                 for row in due:
                     by_tenant.setdefault(row["tenant_id"], []).append(row["document_id"])
                 for tenant_id, document_ids in by_tenant.items():
-                    rows = await conn.fetch(
+                    [batch] = await conn.fetch(
                         QUERIES["delete_superseded_chunks"],
                         tenant_id,
                         document_ids,
@@ -115,8 +115,10 @@ class GarbageCollector:
                         self._batch_rows,
                         CODE_MARK,
                     )
-                    deleted.update((tenant_id, row["document_id"]) for row in rows)
-                    if len(rows) < self._batch_rows:
+                    deleted.update((tenant_id, document_id) for document_id in batch["removed"])
+                    # What it removed says nothing: rows another session deleted while the
+                    # batch waited on their locks are skipped, with more rows left past them.
+                    if batch["seen"] < self._batch_rows:
                         clean.extend((tenant_id, document_id) for document_id in document_ids)
                 if clean:
                     await conn.execute(

@@ -44,8 +44,11 @@ SELECT tenant_id, document_id
 -- any generation has complete (document_generation_version) or that the search pointer
 -- names; every version of the family below it is deleted except the newest $3 of them.
 -- Families that nothing serves (a generation being retired: `kb index generations retire`
--- deletes those) and versions above the served one are left alone. The document of every
--- row deleted comes back.
+-- deletes those) and versions above the served one are left alone. ``removed``: the
+-- document of every row deleted; ``seen``: the rows its snapshot held for the batch. Rows
+-- that version retention, an erase or a retire deleted while the batch waited on their locks
+-- are skipped, so a batch may remove fewer than it saw with more rows left past it: only
+-- ``seen`` below the batch size says the documents are clean.
 -- Why it is safe without the pointer's lock: a served version only moves forward (the
 -- pointer's and document_generation_version's forward-only triggers), so a version below
 -- an old reading of it is below every later one too, and is never served again. A search
@@ -103,19 +106,22 @@ victim AS (
      WHERE c.tenant_id = $1
        AND c.document_id = ANY ($2::uuid[])
      LIMIT $4::integer
+), gone AS (
+    DELETE FROM knowledge_chunk c
+     USING victim v
+     WHERE c.tenant_id = $1
+       AND c.document_id = v.document_id
+       AND c.version_number = v.version_number
+       AND c.embedding_model = v.embedding_model
+       AND c.chunk_id = v.chunk_id
+    RETURNING c.document_id
 )
-DELETE FROM knowledge_chunk c
- USING victim v
- WHERE c.tenant_id = $1
-   AND c.document_id = v.document_id
-   AND c.version_number = v.version_number
-   AND c.embedding_model = v.embedding_model
-   AND c.chunk_id = v.chunk_id
-RETURNING c.document_id
+SELECT coalesce((SELECT array_agg(document_id) FROM gone), '{}') AS removed,
+       (SELECT count(*) FROM victim) AS seen
 
 -- name: forget_documents
--- $1 tenants, $2 documents: their marks, once a round deleted fewer rows of them than a
--- batch (they are clean).
+-- $1 tenants, $2 documents: their marks, once a round's batch of them saw fewer rows than
+-- a batch holds (they are clean).
 DELETE FROM index_gc_due g
  USING unnest($1::text[], $2::uuid[]) AS f (tenant_id, document_id)
  WHERE g.tenant_id = f.tenant_id

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from types import TracebackType
 from typing import Final, TypedDict, Unpack
 
@@ -175,10 +175,13 @@ class _Current(AbstractContextManager[Span]):
         span = self._span
         try:
             if error is not None:
-                mark_failed(span, error)
+                # The application's error is what its caller handles and retries on: a
+                # failure to record it on the span must not take its place.
+                with suppress(Exception):
+                    mark_failed(span, error)
         finally:
-            # Whatever marking the failure raises, the context attached on entry must not
-            # outlive the span, nor the span stay unended.
+            # The context attached on entry must not outlive the span, nor the span stay
+            # unended.
             otel_context.detach(self._token)
             span.end()
 

@@ -9,6 +9,7 @@ metadata and skipped.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 
 from markdown_it import MarkdownIt
@@ -29,13 +30,24 @@ _CONTAINERS_CLOSE = frozenset(
 # the indexer's CPU than parsing a short note does. A parse keeps its state (link
 # references among it) in objects of its own, so documents share nothing through it.
 _PARSER: MarkdownIt | None = None
+_BUILDING = threading.Lock()
+# markdown-it compiles a rule chain on its first use, publishing it empty before filling
+# it, and ParsePool(inline=True) parses in several threads at once: one parse of this
+# compiles the core, block, inline and inline2 chains before any thread can see the parser.
+_WARM_UP = "# a\n\nb *c*\n"
 
 
 def _markdown() -> MarkdownIt:
     global _PARSER
-    if _PARSER is None:
-        _PARSER = MarkdownIt("commonmark").enable(["table", "strikethrough"])
-    return _PARSER
+    parser = _PARSER
+    if parser is None:
+        with _BUILDING:
+            parser = _PARSER
+            if parser is None:
+                parser = MarkdownIt("commonmark").enable(["table", "strikethrough"])
+                parser.parse(_WARM_UP)
+                _PARSER = parser
+    return parser
 
 
 def inline_text(children: Sequence[Token] | None) -> str:

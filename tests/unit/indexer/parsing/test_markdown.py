@@ -111,3 +111,67 @@ def test_the_tokenizer_is_built_once_and_carries_nothing_between_documents(
     assert parsed(defines) == [(("One",), "See the guide.")]
     assert parsed(uses) == alone == [(("Two",), "See [the guide][g].")]
     assert len(built) == 1
+
+
+_RACED = b"# Title\n\nSome *text* with `code` and a [link](https://example.com).\n\n" + (
+    b"- one\n- two\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n> quoted ~~gone~~\n"
+)
+
+
+def test_threads_first_parses_on_a_fresh_parser_all_see_every_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The parser is built lazily and shared by the threads of ParsePool(inline=True):
+    # markdown-it compiles its rule chains on first use, publishing an empty chain before
+    # filling it, so a thread must never get the parser before its chains are compiled.
+    import sys
+    import threading
+
+    from services.indexer.pipeline.parsing import markdown
+
+    monkeypatch.setattr(markdown, "_PARSER", None)
+    expected = parsed(_RACED)
+    # Switching threads far more often than usual makes the window show up in a few
+    # hundred rounds, as it does on a loaded machine.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads_count = 6
+    wrong: list[object] = []
+    try:
+        for _ in range(300):
+            monkeypatch.setattr(markdown, "_PARSER", None)
+            start = threading.Barrier(threads_count)
+            results: list[object] = []
+
+            def first_parse(start: threading.Barrier = start, out: list[object] = results) -> None:
+                start.wait()
+                try:
+                    out.append(parsed(_RACED))
+                except Exception as error:  # what a thread saw is what the test reports
+                    out.append(repr(error))
+
+            threads = [threading.Thread(target=first_parse) for _ in range(threads_count)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            wrong.extend(result for result in results if result != expected)
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []
+
+
+def test_the_shared_parser_is_published_with_every_rule_chain_compiled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.indexer.pipeline.parsing import markdown
+
+    monkeypatch.setattr(markdown, "_PARSER", None)
+    parser = markdown._markdown()
+    caches: list[object] = [
+        parser.core.ruler.__cache__,
+        parser.block.ruler.__cache__,
+        parser.inline.ruler.__cache__,
+        parser.inline.ruler2.__cache__,
+    ]
+    assert [cache is not None for cache in caches] == [True] * 4
