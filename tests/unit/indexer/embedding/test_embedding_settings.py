@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from services.embedding.factory import build_embedder
@@ -168,8 +170,11 @@ def test_the_offline_models_runs_combine_the_settings_and_the_cores(
     variables: dict[str, str],
     cores: set[int],
     plan: tuple[int, int, int],
+    tmp_path: Path,
 ) -> None:
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: cores, raising=False)
+    # No CPU quota: the cores are the affinity, whatever cgroup runs the tests.
+    monkeypatch.setattr("services.embedding.onnx_runs.CGROUP_ROOT", tmp_path)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     embedder = build_embedder(load_embedding_settings())

@@ -4,6 +4,7 @@ calls (no model): which thread ran what, and that every row comes back to its in
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from services.embedding.onnx_local import MAX_SEQ_LENGTH, ModelRuns, default_tokenizer_file
-from services.embedding.onnx_runs import Lanes, plan_inference
+from services.embedding.onnx_runs import Lanes, cgroup_cpu_quota, plan_inference, usable_cores
 
 # A fake hidden state per token id: the pooled vector tells which text a row came from.
 TABLE = np.random.default_rng(5).standard_normal((97, 384)).astype(np.float32)
@@ -139,7 +140,10 @@ def test_the_plan_fills_the_cores_with_what_is_not_set(
     assert (made.intra_op_threads, made.runs_per_request, made.max_concurrent_inferences) == plan
 
 
-def test_the_cores_are_those_the_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cores_are_those_the_process_may_use(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr("services.embedding.onnx_runs.CGROUP_ROOT", tmp_path)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3}, raising=False)
     assert plan_inference().runs_per_request == 1
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 5, 6}, raising=False)
@@ -165,3 +169,92 @@ def test_a_plan_that_cannot_run_is_refused_by_name(
         plan_inference(cores=2, **settings)
     for name in names:
         assert name in str(caught.value)
+
+
+def fake_root(tmp_path: Path, files: dict[str, str | bytes]) -> Path:
+    """A folder holding ``proc/self/cgroup`` and ``sys/fs/cgroup/...`` as a host would."""
+    for name, content in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    return tmp_path
+
+
+V2 = "sys/fs/cgroup"
+V1 = "sys/fs/cgroup/cpu,cpuacct"
+
+
+@pytest.mark.parametrize(
+    ("files", "cpus"),
+    [
+        # cgroup v2, the process's own cgroup (Kubernetes limits.cpu: 2).
+        (
+            {
+                "proc/self/cgroup": "0::/kubepods/pod1/app\n",
+                f"{V2}/kubepods/pod1/app/cpu.max": "200000 100000\n",
+                f"{V2}/kubepods/cpu.max": "max 100000\n",
+            },
+            2,
+        ),
+        # v2, a container that sees its own cgroup as the mount root; 1.5 CPUs round up.
+        ({"proc/self/cgroup": "0::/\n", f"{V2}/cpu.max": "150000 100000\n"}, 2),
+        # v2, a parent's quota binds its children.
+        (
+            {
+                "proc/self/cgroup": "0::/a/b\n",
+                f"{V2}/a/b/cpu.max": "max 100000\n",
+                f"{V2}/a/cpu.max": "100000 100000\n",
+            },
+            1,
+        ),
+        # Half a CPU is still one core to run on.
+        ({f"{V2}/cpu.max": "50000 100000"}, 1),
+        ({"proc/self/cgroup": "0::/\n", f"{V2}/cpu.max": "max 100000\n"}, None),
+        # cgroup v1 (docker --cpus=3): the host path in /proc is not mounted in the container.
+        (
+            {
+                "proc/self/cgroup": "4:memory:/docker/c1\n3:cpu,cpuacct:/docker/c1\n0::/\n",
+                f"{V1}/cpu.cfs_quota_us": "300000\n",
+                f"{V1}/cpu.cfs_period_us": "100000\n",
+            },
+            3,
+        ),
+        (
+            {
+                "proc/self/cgroup": "3:cpu,cpuacct:/\n",
+                f"{V1}/cpu.cfs_quota_us": "-1\n",
+                f"{V1}/cpu.cfs_period_us": "100000\n",
+            },
+            None,
+        ),
+        # No cgroup files at all, or garbage: no quota.
+        ({}, None),
+        ({"proc/self/cgroup": "0::/\n"}, None),
+        ({f"{V2}/cpu.max": "lots 100000"}, None),
+        ({f"{V2}/cpu.max": "200000"}, None),
+        ({f"{V2}/cpu.max": b"\xff\xfe"}, None),
+        ({f"{V1}/cpu.cfs_quota_us": "200000"}, None),
+        ({"proc/self/cgroup": b"\xff:::", f"{V2}/cpu.max": "100000 100000"}, 1),
+    ],
+)
+def test_the_cgroup_quota_is_read_from_v1_and_v2_files(
+    tmp_path: Path, files: dict[str, str | bytes], cpus: int | None
+) -> None:
+    assert cgroup_cpu_quota(fake_root(tmp_path, files)) == cpus
+
+
+def test_a_cpu_quota_caps_the_cores_the_affinity_shows(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A pod limited to 2 CPUs on a 16-core node: its affinity is all 16 cores.
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    root = fake_root(tmp_path, {"proc/self/cgroup": "0::/\n", f"{V2}/cpu.max": "200000 100000"})
+    monkeypatch.setattr("services.embedding.onnx_runs.CGROUP_ROOT", root)
+    assert usable_cores() == 2
+    assert plan_inference().runs_per_request == 2
+    # A quota above the affinity changes nothing: the cpuset is the tighter bound.
+    (root / V2 / "cpu.max").write_text("3200000 100000")
+    assert usable_cores() == 16
