@@ -249,5 +249,6 @@ class OnnxLocalEmbedder(FixedIdentity):
 
     async def aclose(self) -> None:
         # The session belongs to the process, shared by every embedder built on it; the
-        # run threads are this embedder's.
+        # run threads are this embedder's. A request still embedding finishes; one after
+        # this runs on its caller's thread alone (services/embedding/onnx_runs.py, Lanes).
         self._lanes.close()

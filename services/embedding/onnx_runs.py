@@ -23,7 +23,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
@@ -157,12 +157,17 @@ class Lanes:
     """Shares out a list of work items between up to ``width`` threads at once, the calling
     thread among them: each lane takes the next item when it is done with one, so a lane
     that got long inputs does not hold the others up. Helper threads are kept between calls
-    (``calls_at_once`` callers may share them) and stopped by ``close``."""
+    (``calls_at_once`` callers may share them) and stopped by ``close``.
+
+    After ``close`` (a shutdown while requests are still embedding) every call still does
+    all its work, in the caller's lane alone: a request in flight finishes rather than
+    failing at the last moment, and no helper thread is started that nobody would stop."""
 
     def __init__(self, width: int, calls_at_once: int = 1) -> None:
         self.width = width
         self._helpers = (width - 1) * calls_at_once
         self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     def run(self, work: Callable[[T], None], items: Sequence[T]) -> None:
@@ -188,22 +193,37 @@ class Lanes:
                     errors.append(error)
                     return
 
-        helpers = [self._pool().submit(lane) for _ in range(lanes - 1)]
+        helpers = self._start(lane, lanes - 1)
         lane()
+        # Whatever was submitted runs to its end before ``run`` returns: no helper writes
+        # into a result its caller has given up on.
         wait(helpers)
         if errors:
             raise errors[0]
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _start(self, lane: Callable[[], None], count: int) -> list[Future[None]]:
+        """Up to ``count`` helpers, submitted under the lock ``close`` takes, so none is
+        handed a shut executor; none once closed."""
+        helpers: list[Future[None]] = []
         with self._lock:
+            if self._closed:
+                return helpers
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self._helpers, thread_name_prefix="onnx-run")
-            return self._executor
+            try:
+                for _ in range(count):
+                    helpers.append(self._executor.submit(lane))
+            except RuntimeError:  # the interpreter is exiting: the caller's lane does the rest
+                pass
+        return helpers
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             executor, self._executor = self._executor, None
         if executor is not None:
+            # Helpers already submitted finish their call (its caller waits for them); then
+            # the threads end.
             executor.shutdown(wait=False)
 
 

@@ -258,3 +258,68 @@ def test_a_cpu_quota_caps_the_cores_the_affinity_shows(
     # A quota above the affinity changes nothing: the cpuset is the tighter bound.
     (root / V2 / "cpu.max").write_text("3200000 100000")
     assert usable_cores() == 16
+
+
+class GatedSession(RecordingSession):
+    """Its first run says it is under way (``inside``) and waits for ``go``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = threading.Event()
+        self.go = threading.Event()
+
+    def run(self, outputs: list[str], feeds: dict[str, Any]) -> list[Any]:
+        first = not self.inside.is_set()
+        self.inside.set()
+        if first:
+            assert self.go.wait(timeout=30)
+        return super().run(outputs, feeds)
+
+
+def run_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name.startswith("onnx-run_")}
+
+
+def stopped(before: set[threading.Thread]) -> set[threading.Thread]:
+    """The run threads started since ``before`` that are still alive once the idle ones
+    have had the chance to end (each is joined: ordered, not timed)."""
+    started = run_threads() - before
+    for thread in started:
+        thread.join(timeout=30)
+    return {thread for thread in started if thread.is_alive()}
+
+
+def test_a_call_after_close_runs_in_the_callers_lane_and_starts_no_thread() -> None:
+    before = run_threads()
+    session = RecordingSession()
+    lanes = Lanes(3)
+    runs = ModelRuns(session, tokenizer())
+    runs.embed(TEXTS, 1, lanes)
+    lanes.close()
+    assert not stopped(before)
+    session.calls.clear()
+    vectors = runs.embed(TEXTS, 1, lanes)
+    np.testing.assert_allclose(vectors, expected(TEXTS), atol=1e-5)
+    assert {thread for thread, _ in session.calls} == {threading.current_thread().name}
+    assert not stopped(before)
+
+
+def test_closing_during_a_run_lets_it_finish_and_leaves_no_thread() -> None:
+    before = run_threads()
+    session = GatedSession()
+    lanes = Lanes(2, calls_at_once=2)
+    runs = ModelRuns(session, tokenizer())
+    results: list[Any] = []
+    first = threading.Thread(target=lambda: results.append(runs.embed(TEXTS, 1, lanes)))
+    first.start()
+    assert session.inside.wait(timeout=30)
+    # A run is under way (one lane waits inside the model): the embedder closes now.
+    lanes.close()
+    # Another request arriving after the close takes its caller's lane alone.
+    later = runs.embed(TEXTS[:3], 1, lanes)
+    session.go.set()
+    first.join(timeout=30)
+    assert not first.is_alive()
+    np.testing.assert_allclose(results[0], expected(TEXTS), atol=1e-5)
+    np.testing.assert_allclose(later, expected(TEXTS[:3]), atol=1e-5)
+    assert not stopped(before)
