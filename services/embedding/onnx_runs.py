@@ -12,7 +12,9 @@ affinity, capped by its cgroup's CPU quota) with what the other two leave, up to
 two cores, two one-thread runs at once. Two threads of one run wait for each other at every
 step, so any other process's moment on a core stalls both; two one-thread runs lose only
 the one (BENCHMARKS.md, "The offline default on two cores"). More than four runs mostly wait on
-memory bandwidth, and the indexer's parse processes need cores too.
+memory bandwidth, and the indexer's parse processes need cores too. With
+``inference_batch_size`` above one, unset ``runs_per_request`` is one: a run's memory grows
+with its inputs, and that setting used to mean one batch in memory at a time.
 
 This module imports no runtime: the settings validate a combination with it.
 """
@@ -125,19 +127,26 @@ def plan_inference(
     intra_op_threads: int = 1,
     runs_per_request: int | None = None,
     max_concurrent_inferences: int = 1,
+    inference_batch_size: int = 1,
     cores: int | None = None,
 ) -> InferencePlan:
     """The plan the settings ask for; ``runs_per_request`` None: fill ``cores`` (the usable
-    cores by default). ValueError, naming the variables, for a plan that cannot run."""
+    cores by default), or one run when a run takes several inputs. ValueError, naming the
+    variables, for a plan that cannot run."""
     named = {
         "KB_EMBEDDING_INTRA_OP_THREADS": intra_op_threads,
         "KB_EMBEDDING_MAX_CONCURRENT_INFERENCES": max_concurrent_inferences,
+        "KB_EMBEDDING_INFERENCE_BATCH_SIZE": inference_batch_size,
     }
     if runs_per_request is not None:
         named["KB_EMBEDDING_RUNS_PER_REQUEST"] = runs_per_request
     for name, value in named.items():
         if value < 1:
             raise ValueError(f"{name} must be at least 1, not {value}")
+    if runs_per_request is None and inference_batch_size > 1:
+        # Each run holds the activations of all its inputs: an operator who sized memory
+        # for one batch at a time keeps one run at a time unless they ask for more.
+        runs_per_request = 1
     if runs_per_request is None:
         available = usable_cores() if cores is None else cores
         per_run = intra_op_threads * max_concurrent_inferences

@@ -131,6 +131,10 @@ def test_a_failed_run_fails_the_request_and_stops_the_other_runs() -> None:
         # Set, it is what runs, whatever the cores.
         ({"runs_per_request": 3}, 1, (1, 3, 1)),
         ({"runs_per_request": 1}, 16, (1, 1, 1)),
+        # Several inputs a run: one run at a time (memory), unless runs are asked for.
+        ({"inference_batch_size": 16}, 8, (1, 1, 1)),
+        ({"inference_batch_size": 2}, 2, (1, 1, 1)),
+        ({"inference_batch_size": 16, "runs_per_request": 3}, 8, (1, 3, 1)),
     ],
 )
 def test_the_plan_fills_the_cores_with_what_is_not_set(
@@ -156,6 +160,7 @@ def test_the_cores_are_those_the_process_may_use(
         ({"intra_op_threads": 0}, ["KB_EMBEDDING_INTRA_OP_THREADS"]),
         ({"runs_per_request": 0}, ["KB_EMBEDDING_RUNS_PER_REQUEST"]),
         ({"max_concurrent_inferences": -1}, ["KB_EMBEDDING_MAX_CONCURRENT_INFERENCES"]),
+        ({"inference_batch_size": 0}, ["KB_EMBEDDING_INFERENCE_BATCH_SIZE"]),
         (
             {"intra_op_threads": 16, "runs_per_request": 4, "max_concurrent_inferences": 8},
             ["512 model threads", "KB_EMBEDDING_RUNS_PER_REQUEST (4)"],
