@@ -4,6 +4,8 @@ calls (no model): which thread ran what, and that every row comes back to its in
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,10 @@ class RecordingSession:
     """onnxruntime's ``run``, answering from TABLE; its first ``meet`` calls wait for each
     other, so they pass only if that many runs are under way at once."""
 
-    def __init__(self, meet: int = 1, fail_on_width: int | None = None) -> None:
+    def __init__(self, meet: int = 1) -> None:
         self.calls: list[tuple[str, tuple[int, int]]] = []
         self._meeting = threading.Barrier(meet, timeout=30) if meet > 1 else None
         self._meet = meet
-        self._fail_on_width = fail_on_width
         self._lock = threading.Lock()
 
     def run(self, outputs: list[str], feeds: dict[str, Any]) -> list[Any]:
@@ -36,8 +37,6 @@ class RecordingSession:
             first = len(self.calls) <= self._meet
         if self._meeting is not None and first:
             self._meeting.wait()
-        if ids.shape[1] == self._fail_on_width:
-            raise RuntimeError("the run failed")
         return [TABLE[ids % len(TABLE)]]
 
 
@@ -103,17 +102,48 @@ def _length_sorted_batches(texts: list[str], size: int) -> list[list[int]]:
     return [order[start : start + size] for start in range(0, len(order), size)]
 
 
-def test_a_failed_run_fails_the_request_and_stops_the_other_runs() -> None:
-    widest = max(len(tokenizer().encode(text).ids) for text in TEXTS)
-    session = RecordingSession(fail_on_width=len(tokenizer().encode("refund").ids))
+def test_a_failed_run_fails_the_request_and_stops_the_other_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caller_inside, helper_done = threading.Event(), threading.Event()
+
+    class SignallingExecutor(ThreadPoolExecutor):
+        """Says when a helper's lane has ended: its error is recorded by then."""
+
+        def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+            def lane() -> None:
+                try:
+                    fn(*args, **kwargs)
+                finally:
+                    helper_done.set()
+
+            return super().submit(lane)
+
+    class FailingHelperSession(RecordingSession):
+        """Fails in the helper's lane while the caller's lane is inside a run; that run
+        ends only once the helper's lane has ended, so the caller's lane looks for its next
+        item after the failure, however the threads are scheduled."""
+
+        def run(self, outputs: list[str], feeds: dict[str, Any]) -> list[Any]:
+            answer = super().run(outputs, feeds)
+            if threading.current_thread().name.startswith("onnx-run_"):
+                assert caller_inside.wait(timeout=30)
+                raise RuntimeError("the run failed")
+            caller_inside.set()
+            assert helper_done.wait(timeout=30)
+            return answer
+
+    monkeypatch.setattr("services.embedding.onnx_runs.ThreadPoolExecutor", SignallingExecutor)
+    session = FailingHelperSession()
     lanes = Lanes(2)
     try:
         with pytest.raises(RuntimeError, match="the run failed"):
             ModelRuns(session, tokenizer()).embed(TEXTS, 1, lanes)
     finally:
         lanes.close()
-    # The widest input is the last in length order: nobody took it after the failure.
-    assert widest not in [shape[1] for _, shape in session.calls]
+    # One run a lane: the helper's failed, and the caller's lane took nothing after it.
+    threads = sorted(thread.split("_")[0] for thread, _ in session.calls)
+    assert threads == ["MainThread", "onnx-run"]
 
 
 @pytest.mark.parametrize(
