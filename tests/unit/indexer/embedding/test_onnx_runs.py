@@ -14,7 +14,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from services.embedding.onnx_local import MAX_SEQ_LENGTH, ModelRuns, default_tokenizer_file
-from services.embedding.onnx_runs import Lanes, cgroup_cpu_quota, plan_inference, usable_cores
+from services.embedding.onnx_runs import (
+    MAX_MODEL_THREADS,
+    Lanes,
+    cgroup_cpu_quota,
+    plan_inference,
+    usable_cores,
+)
 
 # A fake hidden state per token id: the pooled vector tells which text a row came from.
 TABLE = np.random.default_rng(5).standard_normal((97, 384)).astype(np.float32)
@@ -204,6 +210,16 @@ def test_a_plan_that_cannot_run_is_refused_by_name(
         plan_inference(cores=2, **settings)
     for name in names:
         assert name in str(caught.value)
+
+
+def test_the_docs_warn_of_a_combination_the_ceiling_now_refuses() -> None:
+    # Each setting alone is within its bounds; only the product crosses the ceiling.
+    docs = (Path(__file__).resolve().parents[4] / "docs" / "configuration.md").read_text()
+    example = "KB_EMBEDDING_INTRA_OP_THREADS=16 KB_EMBEDDING_MAX_CONCURRENT_INFERENCES=32"
+    assert f"`{example}`" in docs
+    assert f"ceiling of {MAX_MODEL_THREADS} model threads" in docs
+    with pytest.raises(ValueError, match="KB_EMBEDDING_MAX_CONCURRENT_INFERENCES \\(32\\)"):
+        plan_inference(intra_op_threads=16, max_concurrent_inferences=32, cores=2)
 
 
 def fake_root(tmp_path: Path, files: dict[str, str | bytes]) -> Path:
