@@ -16,8 +16,10 @@ The bare embedder: the same texts through ``OnnxLocalEmbedder`` as the pipeline 
 peak memory is its own), the sides alternating: inputs/s and the process's peak RSS, and
 the largest difference between the two sides' vectors.
 
-``--side NAME:VARIABLE=VALUE,...`` adds a side (``two-a-run:KB_EMBEDDING_INFERENCE_BATCH_SIZE=2``),
-measured in turn with the others; the first side is the one the ratios divide by.
+``--side NAME:VARIABLE=VALUE,...`` adds a side, measured in turn with the others; the first
+side is the one the ratios divide by. Two inputs a run, two runs at once as the default
+on two cores: ``two-a-run:KB_EMBEDDING_INFERENCE_BATCH_SIZE=2,KB_EMBEDDING_RUNS_PER_REQUEST=2``
+(that batch size alone means one run at a time).
 
 Needs DATABASE_URL (or the dev stack: `kb dev up`) unless ``--skip-indexer``. Not part of
 the test suite; nothing is downloaded.

@@ -184,7 +184,8 @@ def _runtime(key: _RuntimeKey) -> ModelRuns:
 
 class OnnxLocalEmbedder(FixedIdentity):
     """``runs_per_request`` None: as many one-thread runs as the usable cores allow, up to
-    four (services/embedding/onnx_runs.py); the other two settings mean what they say."""
+    four, or one when ``inference_batch_size`` is above one (services/embedding/onnx_runs.py);
+    the other settings mean what they say."""
 
     def __init__(
         self,
@@ -203,6 +204,7 @@ class OnnxLocalEmbedder(FixedIdentity):
             intra_op_threads=intra_op_threads,
             runs_per_request=runs_per_request,
             max_concurrent_inferences=max_concurrent_inferences,
+            inference_batch_size=inference_batch_size,
         )
         self._key = _RuntimeKey(
             model_file=model_file or default_model_file(),
@@ -249,5 +251,6 @@ class OnnxLocalEmbedder(FixedIdentity):
 
     async def aclose(self) -> None:
         # The session belongs to the process, shared by every embedder built on it; the
-        # run threads are this embedder's.
+        # run threads are this embedder's. A request still embedding finishes; one after
+        # this runs on its caller's thread alone (services/embedding/onnx_runs.py, Lanes).
         self._lanes.close()

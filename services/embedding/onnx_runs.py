@@ -7,23 +7,27 @@ Three settings combine (docs/configuration.md, ``onnx-local``):
 - ``max_concurrent_inferences``: requests the process embeds at once (default 1).
 
 At most ``intra_op_threads * runs_per_request * max_concurrent_inferences`` threads run the
-model at once. Unset, ``runs_per_request`` fills the cores the process may use
-(``os.sched_getaffinity``) with what the other two leave, up to four: on two cores, two
-one-thread runs at once. Two threads of one run wait for each other at every step, so any
-other process's moment on a core stalls both; two one-thread runs lose only the one
-(BENCHMARKS.md, "The offline default on two cores"). More than four runs mostly wait on
-memory bandwidth, and the indexer's parse processes need cores too.
+model at once. Unset, ``runs_per_request`` fills the cores the process may use (its
+affinity, capped by its cgroup's CPU quota) with what the other two leave, up to four: on
+two cores, two one-thread runs at once. Two threads of one run wait for each other at every
+step, so any other process's moment on a core stalls both; two one-thread runs lose only
+the one (BENCHMARKS.md, "The offline default on two cores"). More than four runs mostly wait on
+memory bandwidth, and the indexer's parse processes need cores too. With
+``inference_batch_size`` above one, unset ``runs_per_request`` is one: a run's memory grows
+with its inputs, and that setting used to mean one batch in memory at a time.
 
 This module imports no runtime: the settings validate a combination with it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, TypeVar
 
 T = TypeVar("T")
@@ -48,13 +52,74 @@ class InferencePlan:
         return self.intra_op_threads * self.runs_per_request * self.max_concurrent_inferences
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity, which a container's cpuset sets),
-    not the machine's."""
+def usable_cores(cgroup_root: Path | None = None) -> int:
+    """The cores this process may use, not the machine's: its affinity (which a container's
+    cpuset sets), capped by its cgroup's CPU quota (``docker --cpus``, Kubernetes'
+    ``limits.cpu``), which the affinity does not show. ``cgroup_root``: where ``/proc`` and
+    ``/sys`` are read from (tests give a folder of fake files; default ``CGROUP_ROOT``)."""
     try:
-        return len(os.sched_getaffinity(0))
+        affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity outside Linux
-        return os.cpu_count() or 1
+        affinity = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(CGROUP_ROOT if cgroup_root is None else cgroup_root)
+    return affinity if quota is None else max(1, min(affinity, quota))
+
+
+# Read when usable_cores is called, so a test can point it at fake files.
+CGROUP_ROOT: Path = Path("/")
+
+
+def cgroup_cpu_quota(root: Path) -> int | None:
+    """The CPUs the process's cgroup quota allows, rounded up (1.5 CPUs: 2), or None: no
+    quota, no cgroup, or nothing readable. The lowest quota of the process's own cgroup and
+    its ancestors up to the mount (a container usually sees its own cgroup as the mount
+    root), cgroup v2 ``cpu.max`` and v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us`` alike."""
+    quotas = [
+        quota
+        for folder in _cpu_cgroup_folders(root)
+        if (quota := _folder_quota(folder)) is not None
+    ]
+    return min(quotas, default=None)
+
+
+def _cpu_cgroup_folders(root: Path) -> list[Path]:
+    mounts = root / "sys" / "fs" / "cgroup"
+    # Without /proc/self/cgroup, the mounts' roots alone.
+    memberships = [("", "/"), ("cpu", "/")]
+    try:
+        lines = (root / "proc" / "self" / "cgroup").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and (parts[1] == "" or "cpu" in parts[1].split(",")):
+            memberships.append((parts[1], parts[2]))
+    folders = []
+    for controllers, path in memberships:
+        # v2: one hierarchy at the mount; v1: the cpu controller's own mount.
+        for mount in [mounts] if controllers == "" else [mounts / controllers, mounts / "cpu"]:
+            folder = mount / path.strip("/")
+            folders += [up for up in (folder, *folder.parents) if up.is_relative_to(mount)]
+    return folders
+
+
+def _folder_quota(folder: Path) -> int | None:
+    try:
+        if (folder / "cpu.max").is_file():
+            quota, period = (folder / "cpu.max").read_text().split()
+            if quota == "max":
+                return None
+        elif (folder / "cpu.cfs_quota_us").is_file():
+            quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
+        else:
+            return None
+        cpus, periods = int(quota), int(period)
+    except (OSError, UnicodeDecodeError, ValueError):  # unreadable or garbage: no quota
+        return None
+    if cpus <= 0 or periods <= 0:  # v1 writes -1 for none
+        return None
+    return max(1, math.ceil(cpus / periods))
 
 
 def plan_inference(
@@ -62,19 +127,26 @@ def plan_inference(
     intra_op_threads: int = 1,
     runs_per_request: int | None = None,
     max_concurrent_inferences: int = 1,
+    inference_batch_size: int = 1,
     cores: int | None = None,
 ) -> InferencePlan:
     """The plan the settings ask for; ``runs_per_request`` None: fill ``cores`` (the usable
-    cores by default). ValueError, naming the variables, for a plan that cannot run."""
+    cores by default), or one run when a run takes several inputs. ValueError, naming the
+    variables, for a plan that cannot run."""
     named = {
         "KB_EMBEDDING_INTRA_OP_THREADS": intra_op_threads,
         "KB_EMBEDDING_MAX_CONCURRENT_INFERENCES": max_concurrent_inferences,
+        "KB_EMBEDDING_INFERENCE_BATCH_SIZE": inference_batch_size,
     }
     if runs_per_request is not None:
         named["KB_EMBEDDING_RUNS_PER_REQUEST"] = runs_per_request
     for name, value in named.items():
         if value < 1:
             raise ValueError(f"{name} must be at least 1, not {value}")
+    if runs_per_request is None and inference_batch_size > 1:
+        # Each run holds the activations of all its inputs: an operator who sized memory
+        # for one batch at a time keeps one run at a time unless they ask for more.
+        runs_per_request = 1
     if runs_per_request is None:
         available = usable_cores() if cores is None else cores
         per_run = intra_op_threads * max_concurrent_inferences
@@ -94,12 +166,17 @@ class Lanes:
     """Shares out a list of work items between up to ``width`` threads at once, the calling
     thread among them: each lane takes the next item when it is done with one, so a lane
     that got long inputs does not hold the others up. Helper threads are kept between calls
-    (``calls_at_once`` callers may share them) and stopped by ``close``."""
+    (``calls_at_once`` callers may share them) and stopped by ``close``.
+
+    After ``close`` (a shutdown while requests are still embedding) every call still does
+    all its work, in the caller's lane alone: a request in flight finishes rather than
+    failing at the last moment, and no helper thread is started that nobody would stop."""
 
     def __init__(self, width: int, calls_at_once: int = 1) -> None:
         self.width = width
         self._helpers = (width - 1) * calls_at_once
         self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     def run(self, work: Callable[[T], None], items: Sequence[T]) -> None:
@@ -125,22 +202,37 @@ class Lanes:
                     errors.append(error)
                     return
 
-        helpers = [self._pool().submit(lane) for _ in range(lanes - 1)]
+        helpers = self._start(lane, lanes - 1)
         lane()
+        # Whatever was submitted runs to its end before ``run`` returns: no helper writes
+        # into a result its caller has given up on.
         wait(helpers)
         if errors:
             raise errors[0]
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _start(self, lane: Callable[[], None], count: int) -> list[Future[None]]:
+        """Up to ``count`` helpers, submitted under the lock ``close`` takes, so none is
+        handed a shut executor; none once closed."""
+        helpers: list[Future[None]] = []
         with self._lock:
+            if self._closed:
+                return helpers
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self._helpers, thread_name_prefix="onnx-run")
-            return self._executor
+            try:
+                for _ in range(count):
+                    helpers.append(self._executor.submit(lane))
+            except RuntimeError:  # the interpreter is exiting: the caller's lane does the rest
+                pass
+        return helpers
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             executor, self._executor = self._executor, None
         if executor is not None:
+            # Helpers already submitted finish their call (its caller waits for them); then
+            # the threads end.
             executor.shutdown(wait=False)
 
 

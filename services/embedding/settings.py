@@ -58,20 +58,18 @@ class OnnxLocalConfig(BaseModel):
     # issue 9, BENCHMARKS.md).
     inference_batch_size: int = Field(default=1, ge=1, le=1024)
     # Model runs at once sharing out one request's inputs; unset: the usable cores' worth
-    # (what the two above leave), up to four. Declared last: its check reads the others.
+    # (what the threads and requests leave), up to four, or one when a run takes several
+    # inputs (memory). Declared last: its check reads the others.
     runs_per_request: int | None = Field(default=None, ge=1, le=64, validate_default=True)
 
     @field_validator("runs_per_request")
     @classmethod
     def _threads_at_once(cls, value: int | None, info: ValidationInfo) -> int | None:
-        threads, requests = (
-            info.data.get(name) for name in ("intra_op_threads", "max_concurrent_inferences")
-        )
-        if threads is not None and requests is not None:
+        names = ("intra_op_threads", "max_concurrent_inferences", "inference_batch_size")
+        others: dict[str, int] = {name: info.data[name] for name in names if name in info.data}
+        if len(others) == len(names):  # else one of them failed: that error says enough
             # Checked where the process starts too (its cores may differ); here, at once.
-            plan_inference(
-                intra_op_threads=threads, runs_per_request=value, max_concurrent_inferences=requests
-            )
+            plan_inference(runs_per_request=value, **others)
         return value
 
 

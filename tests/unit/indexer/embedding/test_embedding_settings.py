@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from services.embedding.factory import build_embedder
@@ -156,6 +158,14 @@ def test_a_ceiling_below_its_floor_names_both(
         ({"KB_EMBEDDING_INTRA_OP_THREADS": "2"}, {0, 1}, (2, 1, 1)),
         ({"KB_EMBEDDING_MAX_CONCURRENT_INFERENCES": "2"}, {0, 1}, (1, 1, 2)),
         ({"KB_EMBEDDING_RUNS_PER_REQUEST": "3"}, {0}, (1, 3, 1)),
+        # An operator's batch of 16 a run stays one batch in memory at a time...
+        ({"KB_EMBEDDING_INFERENCE_BATCH_SIZE": "16"}, set(range(8)), (1, 1, 1)),
+        # ...unless they ask for more runs.
+        (
+            {"KB_EMBEDDING_INFERENCE_BATCH_SIZE": "16", "KB_EMBEDDING_RUNS_PER_REQUEST": "2"},
+            set(range(8)),
+            (1, 2, 1),
+        ),
         (
             {"KB_EMBEDDING_INTRA_OP_THREADS": "2", "KB_EMBEDDING_RUNS_PER_REQUEST": "2"},
             {0, 1},
@@ -168,8 +178,11 @@ def test_the_offline_models_runs_combine_the_settings_and_the_cores(
     variables: dict[str, str],
     cores: set[int],
     plan: tuple[int, int, int],
+    tmp_path: Path,
 ) -> None:
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: cores, raising=False)
+    # No CPU quota: the cores are the affinity, whatever cgroup runs the tests.
+    monkeypatch.setattr("services.embedding.onnx_runs.CGROUP_ROOT", tmp_path)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     embedder = build_embedder(load_embedding_settings())

@@ -127,10 +127,14 @@ async def test_the_vectors_are_the_same_whatever_the_runs_the_split_and_the_orde
         await embedder.aclose()
 
 
-async def test_warm_up_logs_the_plan_it_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_warm_up_logs_the_plan_it_chose(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from structlog.testing import capture_logs
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    # No CPU quota: the cores are the affinity, whatever cgroup runs the tests.
+    monkeypatch.setattr("services.embedding.onnx_runs.CGROUP_ROOT", tmp_path)
     embedder = OnnxLocalEmbedder()
     with capture_logs() as logs:
         await embedder.warm_up()
