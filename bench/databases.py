@@ -21,12 +21,16 @@ async def drop_database(admin_url: str, name: str) -> None:
         await admin.close()
 
 
-async def recreate_database(admin_url: str, name: str, *, migrate: bool = False) -> str:
-    """Database ``name`` created anew (empty, or with our migrations); its URL."""
+async def recreate_database(
+    admin_url: str, name: str, *, migrate: bool = False, template: str | None = None
+) -> str:
+    """Database ``name`` created anew (empty, a copy of ``template``, or with our
+    migrations); its URL."""
     await drop_database(admin_url, name)
     admin = await asyncpg.connect(admin_url)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        copied = f' TEMPLATE "{template}"' if template else ""
+        await admin.execute(f'CREATE DATABASE "{name}"{copied}')
     finally:
         await admin.close()
     url = url_for(admin_url, name)

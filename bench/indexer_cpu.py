@@ -35,9 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
-from bench.databases import drop_database, url_for
+from bench.databases import drop_database, recreate_database
 from bench.indexing_throughput import MEDIA_TYPES, corpus, publish, run_indexer, start_provider
 from bench.pipeline import recreate
 
@@ -73,13 +71,7 @@ def same_migrations(commits: list[str]) -> bool:
 
 
 async def copy_of_template(admin_url: str) -> str:
-    await drop_database(admin_url, RUN_DB)
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{RUN_DB}" TEMPLATE "{TEMPLATE_DB}"')
-    finally:
-        await admin.close()
-    return url_for(admin_url, RUN_DB)
+    return await recreate_database(admin_url, RUN_DB, template=TEMPLATE_DB)
 
 
 async def one_run(admin_url: str, code: Path, count: int, log_level: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from tests.integration.test_document_delete import found, published, status, wor
 from tests.support.api import ApiTenant, add_tenant, publish, upload
 from tests.support.cli import kb
 from tests.support.kafka import TopicReader, relay_settings, relay_topics, running_relay
-from tests.support.locks import wait_until_blocked_on_a_lock
+from tests.support.locks import RowTaker
 from tests.support.pipeline import running_pipeline
 from tests.support.search import SearchHarness, search_harness
 
@@ -332,41 +332,31 @@ async def test_a_concurrent_remover_does_not_end_a_step_early(
     assert (await content_rows(conn, document_id))["chunks"] > 15
     publisher = api.app.state.publisher
     publisher._erase_batch_rows = 5
-    remover = await asyncpg.connect(database_url)
-    watcher = await asyncpg.connect(database_url)
-    committed: list[asyncio.Task[None]] = []
+    async with RowTaker(database_url) as taker:
 
-    async def commit_once_the_batch_waits(removing: asyncpg.transaction.Transaction) -> None:
-        await wait_until_blocked_on_a_lock(watcher)
-        await removing.commit()
+        async def between(step: str) -> None:
+            if step != "chunks" or taker.took:
+                return
+            # The first rows of the next batch (of 5), deleted and not yet committed: the
+            # batch's snapshot still counts them, and it waits on their row locks.
+            removed = await taker.take(
+                "WITH gone AS (DELETE FROM knowledge_chunk"
+                " WHERE (version_number, embedding_model, chunk_id) IN"
+                " (SELECT version_number, embedding_model, chunk_id FROM knowledge_chunk"
+                "   WHERE tenant_id = 'acme' AND document_id = $1"
+                "   ORDER BY version_number, embedding_model, chunk_id LIMIT $2)"
+                " RETURNING 1) SELECT count(*) AS removed FROM gone",
+                uuid.UUID(document_id),
+                taken,
+            )
+            assert removed is not None
+            assert removed["removed"] == taken
 
-    async def between(step: str) -> None:
-        if step != "chunks" or committed:
-            return
-        # The first rows of the next batch (of 5), deleted and not yet committed: the
-        # batch's snapshot still counts them, and it waits on their row locks.
-        removing = remover.transaction()
-        await removing.start()
-        removed = await remover.execute(
-            "DELETE FROM knowledge_chunk WHERE (version_number, embedding_model, chunk_id) IN"
-            " (SELECT version_number, embedding_model, chunk_id FROM knowledge_chunk"
-            "   WHERE tenant_id = 'acme' AND document_id = $1"
-            "   ORDER BY version_number, embedding_model, chunk_id LIMIT $2)",
-            uuid.UUID(document_id),
-            taken,
-        )
-        assert removed == f"DELETE {taken}"
-        committed.append(asyncio.create_task(commit_once_the_batch_waits(removing)))
-
-    publisher._erasure = PgErasureStore(pool, between_batches=between)
-    try:
+        publisher._erasure = PgErasureStore(pool, between_batches=between)
         await publisher.erase_document(
             "acme", uuid.UUID(document_id), ErasureRequest(requested_by="cli")
         )
-        await committed[0]
-    finally:
-        await remover.close()
-        await watcher.close()
+        await taker.committed()
     assert await content_rows(conn, document_id) == GONE
     assert await conn.fetchval("SELECT erased_at IS NOT NULL FROM document_erasure")
 

@@ -4,7 +4,6 @@ a document erase)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import asyncpg
@@ -20,7 +19,7 @@ from tests.support.generations import (
     new_generation,
     register_default,
 )
-from tests.support.locks import wait_until_blocked_on_a_lock
+from tests.support.locks import RowTaker
 
 pytestmark = pytest.mark.integration
 
@@ -47,33 +46,20 @@ async def test_a_batch_whose_rows_another_retire_took_does_not_end_its_step(
         "documents": ("delete_document_versions_batch", (g, BATCH)),
         "tasks": ("delete_task_batch", (g, BATCH)),
     }[step]
-    second = await asyncpg.connect(database_url)
-    watcher = await asyncpg.connect(database_url)
-    committed: list[asyncio.Task[None]] = []
+    async with RowTaker(database_url) as taker:
 
-    async def commit_once_the_batch_waits(taking: asyncpg.transaction.Transaction) -> None:
-        await wait_until_blocked_on_a_lock(watcher)
-        await taking.commit()
+        async def between(name: str) -> None:
+            if name != step or taker.took:
+                return
+            # The same statement with the same arguments on the same rows picks the rows
+            # the first retire's next batch picks; deleted and not yet committed, that
+            # batch's snapshot still holds them and it waits on their row locks.
+            taken = await taker.take(QUERIES[statement], *args)
+            assert taken is not None
+            assert (taken["removed"], taken["seen"]) == (BATCH, BATCH)
 
-    async def between(name: str) -> None:
-        if name != step or committed:
-            return
-        # The same statement with the same arguments on the same rows picks the rows the
-        # first retire's next batch picks; deleted and not yet committed, that batch's
-        # snapshot still holds them and it waits on their row locks.
-        taking = second.transaction()
-        await taking.start()
-        taken = await second.fetchrow(QUERIES[statement], *args)
-        assert taken is not None
-        assert (taken["removed"], taken["seen"]) == (BATCH, BATCH)
-        committed.append(asyncio.create_task(commit_once_the_batch_waits(taking)))
-
-    try:
         outcome = await PgRetirement(pool, batch_size=BATCH, between_batches=between).retire(g)
-        await committed[0]
-    finally:
-        await second.close()
-        await watcher.close()
+        await taker.committed()
 
     left = {
         "chunks": await pool.fetchval(

@@ -45,7 +45,7 @@ from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, Searcher, SearchMode, SearchRequest
 from services.search.statements import SearchSettings, VectorPath
 from tests.support.clock import ManualClock
-from tests.support.locks import wait_until_blocked_on_a_lock
+from tests.support.locks import RowTaker, wait_until_blocked_on_a_lock
 from tests.support.search import EXACT_MAX_CHUNKS
 from tests.support.stack import REPO_ROOT
 from tests.support.tasks import create_task
@@ -386,26 +386,17 @@ async def test_a_batch_whose_rows_another_session_took_leaves_the_document_marke
     await complete(queue, sink, await claim(queue, created.task_id), version_texts(1, 12))
     v2 = await claim(queue, await publish_version(pool, created, 2))
     await complete(queue, sink, v2, version_texts(2, 3))
-    second = await asyncpg.connect(database_url)
-    watcher = await asyncpg.connect(database_url)
-    try:
-        taking = second.transaction()
-        await taking.start()
+    async with RowTaker(database_url) as taker:
         # The collector's statement with the collector's arguments on the same rows picks
         # the rows its first batch picks; deleted and not yet committed, that batch's
         # snapshot still holds them and it waits on their row locks.
         args = (created.tenant_id, [created.document_id], 0, batch, CODE_MARK)
-        taken = await second.fetchrow(QUERIES["delete_superseded_chunks"], *args)
+        taken = await taker.take(QUERIES["delete_superseded_chunks"], *args)
         assert taken is not None
         assert (len(taken["removed"]), taken["seen"]) == (batch, batch)
         collector = GarbageCollector(pool, GcSettings(keep_previous=0, gc_batch_rows=batch))
-        collecting = asyncio.create_task(collector.collect(max_documents=100))
-        await wait_until_blocked_on_a_lock(watcher)
-        await taking.commit()
-        done = await collecting
-    finally:
-        await second.close()
-        await watcher.close()
+        done = await collector.collect(max_documents=100)
+        await taker.committed()
     assert done.chunks == 12 - batch
     assert await marked(pool) == set()
     assert await chunk_versions(pool, created.document_id) == {

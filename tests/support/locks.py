@@ -24,3 +24,42 @@ async def wait_until_blocked_on_a_lock(
             if blocked >= backends:
                 return
             await asyncio.sleep(0.02)
+
+
+class RowTaker:
+    """A second session that takes the rows a batch is about to take (its statement run in
+    a transaction left open) and commits once that batch waits on their row locks: the
+    race in which a batch's snapshot holds rows it then finds gone."""
+
+    def __init__(self, database_url: str) -> None:
+        self._database_url = database_url
+        self._commits: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> RowTaker:
+        self._second = await asyncpg.connect(self._database_url)
+        self._watcher = await asyncpg.connect(self._database_url)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._second.close()
+        await self._watcher.close()
+
+    @property
+    def took(self) -> bool:
+        return bool(self._commits)
+
+    async def take(self, query: str, *args: Any) -> asyncpg.Record | None:
+        """``query``'s first row, run by the second session in a transaction committed
+        once a backend of the database waits on a lock."""
+        taking = self._second.transaction()
+        await taking.start()
+        row = await self._second.fetchrow(query, *args)
+        self._commits.append(asyncio.create_task(self._commit_once_blocked(taking)))
+        return row
+
+    async def committed(self) -> None:
+        await self._commits[0]
+
+    async def _commit_once_blocked(self, taking: asyncpg.transaction.Transaction) -> None:
+        await wait_until_blocked_on_a_lock(self._watcher)
+        await taking.commit()
