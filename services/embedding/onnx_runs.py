@@ -92,6 +92,10 @@ def _cpu_cgroup_folders(root: Path) -> list[Path]:
         lines = []
     for line in lines:
         parts = line.split(":", 2)
+        # A path with ".." (a process outside its cgroup namespace's root) names no folder
+        # under the mount: the mount's root alone then.
+        if ".." in parts[-1].split("/"):
+            continue
         if len(parts) == 3 and (parts[1] == "" or "cpu" in parts[1].split(",")):
             memberships.append((parts[1], parts[2]))
     folders = []

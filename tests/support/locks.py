@@ -37,12 +37,23 @@ class RowTaker:
 
     async def __aenter__(self) -> RowTaker:
         self._second = await asyncpg.connect(self._database_url)
-        self._watcher = await asyncpg.connect(self._database_url)
+        try:
+            self._watcher = await asyncpg.connect(self._database_url)
+        except BaseException:
+            await self._second.close()
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self._second.close()
-        await self._watcher.close()
+        # A commit still waiting (the code under test failed first) must not outlive the
+        # connections it polls.
+        for commit in self._commits:
+            commit.cancel()
+        await asyncio.gather(*self._commits, return_exceptions=True)
+        try:
+            await self._second.close()
+        finally:
+            await self._watcher.close()
 
     @property
     def took(self) -> bool:

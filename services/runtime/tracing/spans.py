@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Final, TypedDict, Unpack
 
@@ -175,10 +175,7 @@ class _Current(AbstractContextManager[Span]):
         span = self._span
         try:
             if error is not None:
-                # The application's error is what its caller handles and retries on: a
-                # failure to record it on the span must not take its place.
-                with suppress(Exception):
-                    mark_failed(span, error)
+                mark_failed(span, error)
         finally:
             # The context attached on entry must not outlive the span, nor the span stay
             # unended.
@@ -190,7 +187,10 @@ def mark_failed(span: Span, error: BaseException) -> None:
     """The span failed with ``error``: its stable code (or its type) as ``error.type`` and
     no message, no traceback (an error's message may quote the document)."""
     span.set_status(Status(StatusCode.ERROR))
-    code = getattr(error, "code", None)
+    try:
+        code = getattr(error, "code", None)
+    except Exception:  # a property that raises: the type names the error then
+        code = None
     span.set_attribute("error.type", code if isinstance(code, str) else type(error).__name__)
 
 

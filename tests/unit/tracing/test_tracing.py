@@ -137,9 +137,9 @@ class _UnreadableCode(Exception):
 
 
 def test_a_span_whose_failure_cannot_be_marked_still_ends_and_leaves_the_context() -> None:
-    """An error whose ``code`` property raises makes mark_failed raise in the span's exit:
-    the application's error propagates, not the tracing one, and the context attached on
-    entry is detached and the span ended all the same."""
+    """An error whose ``code`` property raises: mark_failed names it by its type instead of
+    raising (every caller of it, a span's exit or a batch's, goes on), the application's
+    error propagates, and the context attached on entry is detached and the span ended."""
     with traced() as exported:
         before = current_traceparent()
         with (
@@ -150,6 +150,9 @@ def test_a_span_whose_failure_cannot_be_marked_still_ends_and_leaves_the_context
         assert raised.value.__context__ is None
         assert current_traceparent() == before
         assert [span.name for span in exported.get_finished_spans()] == ["kb.publish"]
+        (span,) = exported.get_finished_spans()
+        assert span.attributes is not None
+        assert span.attributes["error.type"] == "_UnreadableCode"
 
 
 class _Traced(InMemoryTaskQueue):

@@ -289,6 +289,18 @@ V1 = "sys/fs/cgroup/cpu,cpuacct"
         ({f"{V2}/cpu.max": b"\xff\xfe"}, None),
         ({f"{V1}/cpu.cfs_quota_us": "200000"}, None),
         ({"proc/self/cgroup": b"\xff:::", f"{V2}/cpu.max": "100000 100000"}, 1),
+        # Outside its cgroup namespace's root the kernel writes a path with "..": not a
+        # folder under the mount, and never the quota of one outside it.
+        (
+            {
+                "proc/self/cgroup": "0::/../sib/x\n",
+                f"{V2}/cpu.max": "max 100000\n",
+                "sys/fs/sib/x/cpu.max": "100000 100000\n",
+                "sys/fs/sib/cpu.max": "100000 100000\n",
+                "sys/fs/cpu.max": "100000 100000\n",
+            },
+            None,
+        ),
     ],
 )
 def test_the_cgroup_quota_is_read_from_v1_and_v2_files(
