@@ -27,9 +27,10 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from services.embedding.onnx_runs import InferencePlan, Lanes, plan_inference, usable_cores
+from services.embedding.onnx_runs import InferencePlan, Lanes, plan_inference
 from services.embedding.port import FixedIdentity, Vectors
 from services.embedding.tokens import TokenizerSpec
+from services.runtime.cpus import usable_cores
 from services.runtime.errors import ConfigError
 from services.runtime.logging import get_logger
 from services.runtime.native_memory import limit_malloc_arenas, release_freed_memory

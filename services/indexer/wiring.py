@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -50,6 +49,7 @@ from services.indexer.sink.tenant_graphs import PgTenantGraphs
 from services.runtime.backoff import Backoff
 from services.runtime.commands.cli_options import serve_metrics
 from services.runtime.commands.cli_support import load_settings, run_async
+from services.runtime.cpus import usable_cores
 from services.runtime.heap import collect_young_less_often, freeze_start_up_heap
 from services.runtime.identity import owner_id
 from services.runtime.logging import get_logger
@@ -100,7 +100,7 @@ async def pipeline_indexer(
             max_tokens=settings.indexer_chunk_max_tokens,
             overlap_tokens=settings.indexer_chunk_overlap_tokens,
         )
-        workers = settings.indexer_parse_workers or max(1, min(slots, os.cpu_count() or 1))
+        workers = settings.indexer_parse_workers or max(1, min(slots, usable_cores()))
         parse_pool = ParsePool(
             workers=workers,
             limits=ParseLimits(

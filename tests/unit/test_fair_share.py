@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -530,7 +531,22 @@ def test_the_limits_of_a_tier_fall_back_to_the_flat_settings(
     assert settings.limits("unknown-tier", Kind.PUBLISH) == Limits(4, 0.0, 1)
 
 
-def test_the_search_slots_default_to_one_per_two_cpus_of_the_process() -> None:
+def test_the_search_slots_follow_a_cpu_quota_the_affinity_does_not_show(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A pod limited to 2 CPUs on a 16-core node: one search slot, not eight.
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/cpu.max").write_text("200000 100000\n")
+    monkeypatch.setattr("services.runtime.cpus.CGROUP_ROOT", tmp_path)
+    assert FairShareSettings().search_slots() == 1
+
+
+def test_the_search_slots_default_to_one_per_two_cpus_of_the_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No cgroup quota (a folder without cgroup files): the affinity alone counts.
+    monkeypatch.setattr("services.runtime.cpus.CGROUP_ROOT", tmp_path)
     assert FairShareSettings().search_slots() == max(1, len(os.sched_getaffinity(0)) // 2)
     assert FairShareSettings(search_global_concurrency=0).search_slots() == 0
     assert FairShare(FairShareSettings(search_global_concurrency=0)).slots is None

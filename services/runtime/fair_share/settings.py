@@ -9,16 +9,17 @@ by queueing far more than the process can run.
 from __future__ import annotations
 
 import enum
-import os
 from dataclasses import dataclass
 from typing import Annotated, Final, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.runtime.cpus import usable_cores
+
 TIER_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 # The cores one hybrid search keeps busy: its vector and keyword lists run at once on two
-# connections, and the query model (onnx-local) runs two threads.
+# connections, with the query's model run (onnx-local) beside them.
 CPUS_PER_SEARCH: Final = 2
 
 
@@ -89,7 +90,7 @@ class FairShareSettings(BaseSettings):
         """The process's search slots (0: none)."""
         if self.search_global_concurrency is not None:
             return self.search_global_concurrency
-        return max(1, len(os.sched_getaffinity(0)) // CPUS_PER_SEARCH)
+        return max(1, usable_cores() // CPUS_PER_SEARCH)
 
     def limits(self, tier: str | None, kind: Kind) -> Limits:
         """``kind``'s limits for a tenant of ``tier`` (None: unknown, the flat settings)."""

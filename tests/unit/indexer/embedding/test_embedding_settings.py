@@ -182,7 +182,7 @@ def test_the_offline_models_runs_combine_the_settings_and_the_cores(
 ) -> None:
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: cores, raising=False)
     # No CPU quota: the cores are the affinity, whatever cgroup runs the tests.
-    monkeypatch.setattr("services.embedding.onnx_runs.CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr("services.runtime.cpus.CGROUP_ROOT", tmp_path)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     embedder = build_embedder(load_embedding_settings())

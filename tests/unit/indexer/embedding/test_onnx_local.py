@@ -134,7 +134,7 @@ async def test_warm_up_logs_the_plan_it_chose(
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     # No CPU quota: the cores are the affinity, whatever cgroup runs the tests.
-    monkeypatch.setattr("services.embedding.onnx_runs.CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr("services.runtime.cpus.CGROUP_ROOT", tmp_path)
     embedder = OnnxLocalEmbedder()
     with capture_logs() as logs:
         await embedder.warm_up()

@@ -14,13 +14,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from services.embedding.onnx_local import MAX_SEQ_LENGTH, ModelRuns, default_tokenizer_file
-from services.embedding.onnx_runs import (
-    MAX_MODEL_THREADS,
-    Lanes,
-    cgroup_cpu_quota,
-    plan_inference,
-    usable_cores,
-)
+from services.embedding.onnx_runs import MAX_MODEL_THREADS, Lanes, plan_inference
+from services.runtime.cpus import cgroup_cpu_quota, usable_cores
 
 # A fake hidden state per token id: the pooled vector tells which text a row came from.
 TABLE = np.random.default_rng(5).standard_normal((97, 384)).astype(np.float32)
@@ -183,7 +178,7 @@ def test_the_plan_fills_the_cores_with_what_is_not_set(
 def test_the_cores_are_those_the_process_may_use(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("services.embedding.onnx_runs.CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr("services.runtime.cpus.CGROUP_ROOT", tmp_path)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3}, raising=False)
     assert plan_inference().runs_per_request == 1
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 5, 6}, raising=False)
@@ -315,7 +310,7 @@ def test_a_cpu_quota_caps_the_cores_the_affinity_shows(
     # A pod limited to 2 CPUs on a 16-core node: its affinity is all 16 cores.
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
     root = fake_root(tmp_path, {"proc/self/cgroup": "0::/\n", f"{V2}/cpu.max": "200000 100000"})
-    monkeypatch.setattr("services.embedding.onnx_runs.CGROUP_ROOT", root)
+    monkeypatch.setattr("services.runtime.cpus.CGROUP_ROOT", root)
     assert usable_cores() == 2
     assert plan_inference().runs_per_request == 2
     # A quota above the affinity changes nothing: the cpuset is the tighter bound.
