@@ -30,7 +30,7 @@ import numpy.typing as npt
 from services.embedding.onnx_runs import InferencePlan, Lanes, plan_inference
 from services.embedding.port import FixedIdentity, Vectors
 from services.embedding.tokens import TokenizerSpec
-from services.runtime.cpus import usable_cores
+from services.runtime.cpus import cpu_quota, usable_cores
 from services.runtime.errors import ConfigError
 from services.runtime.logging import get_logger
 from services.runtime.native_memory import limit_malloc_arenas, release_freed_memory
@@ -233,6 +233,7 @@ class OnnxLocalEmbedder(FixedIdentity):
             "embedding.model_loaded",
             model=MODEL_NAME,
             usable_cores=usable_cores(),
+            cpu_quota=cpu_quota(),
             intra_op_threads=self.plan.intra_op_threads,
             runs_per_request=self.plan.runs_per_request,
             max_concurrent_inferences=self.plan.max_concurrent_inferences,

@@ -26,6 +26,12 @@ def usable_cores(cgroup_root: Path | None = None) -> int:
 CGROUP_ROOT: Path = Path("/")
 
 
+def cpu_quota() -> int | None:
+    """The CPUs this process's cgroup quota allows (cgroup_cpu_quota), or None: for a start
+    log line to say which bound sized the process, the affinity or the quota."""
+    return cgroup_cpu_quota(CGROUP_ROOT)
+
+
 def cgroup_cpu_quota(root: Path) -> int | None:
     """The CPUs the process's cgroup quota allows, rounded up (1.5 CPUs: 2), or None: no
     quota, no cgroup, or nothing readable. The lowest quota of the process's own cgroup and

@@ -140,5 +140,26 @@ async def test_warm_up_logs_the_plan_it_chose(
         await embedder.warm_up()
     (loaded,) = [line for line in logs if line["event"] == "embedding.model_loaded"]
     assert loaded["usable_cores"] == 3
+    assert loaded["cpu_quota"] is None
     assert (loaded["intra_op_threads"], loaded["runs_per_request"]) == (1, 3)
     assert loaded["max_concurrent_inferences"] == 1
+
+
+async def test_warm_up_logs_the_cpu_quota_that_capped_the_cores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from structlog.testing import capture_logs
+
+    # A pod limited to 1.5 CPUs on a 16-core node: the quota, not the affinity, sized it.
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text("0::/\n")
+    (tmp_path / "sys" / "fs" / "cgroup").mkdir(parents=True)
+    (tmp_path / "sys" / "fs" / "cgroup" / "cpu.max").write_text("150000 100000\n")
+    monkeypatch.setattr("services.runtime.cpus.CGROUP_ROOT", tmp_path)
+    embedder = OnnxLocalEmbedder()
+    with capture_logs() as logs:
+        await embedder.warm_up()
+    (loaded,) = [line for line in logs if line["event"] == "embedding.model_loaded"]
+    assert (loaded["cpu_quota"], loaded["usable_cores"]) == (2, 2)
+    assert loaded["runs_per_request"] == 2
