@@ -22,9 +22,12 @@ on the same PostgreSQL server, each in a database of its own:
   ``OpenAIEmbeddings(check_embedding_ctx_length=False)`` does below 1,000 texts; that class
   would bring in the openai and tiktoken packages for nothing measured here).
 
-``--langchain-hnsw``: LangChain's embedding table gets the HNSW index (cosine) that our
-sink maintains on every insert and PGVector does not create, so that both sides pay the
-same index maintenance (BENCHMARKS.md, "Database CPU per document").
+``--partition-graphs``: our indexer runs with KB_INDEXER_PARTITION_GRAPHS=true, as before
+it was off by default: every chunk insert then pays an HNSW insert into its partition's
+graph (the notes' tenants stay below the tenant-graph threshold, so with it off our side
+maintains no HNSW graph at all). ``--langchain-hnsw``: LangChain's embedding table gets the
+HNSW index (cosine) that PGVector does not create; with ``--partition-graphs`` both sides
+pay the same index maintenance (BENCHMARKS.md, "Database CPU per document").
 
 Reports docs/s, inputs embedded and requests for each, and the ratios; and each side's CPU
 seconds by process (the embedding server, the pipeline's own process, PostgreSQL's
@@ -156,13 +159,18 @@ async def run_langchain(
 
 
 async def run_ours(
-    admin_url: str, base: str, server_pid: int, documents: list[bytes], limit_seconds: float
+    admin_url: str,
+    base: str,
+    server_pid: int,
+    documents: list[bytes],
+    limit_seconds: float,
+    settings: dict[str, str],
 ) -> dict[str, Any]:
     url = await recreate(admin_url, OURS_DB)
     await publish(url, documents, MEDIA_TYPES[CORPUS])
     server_stats(base, reset=True)
     server_before = process_tree_cpu_seconds(server_pid)
-    run = await run_indexer(url, base, len(documents), limit_seconds)
+    run = await run_indexer(url, base, len(documents), limit_seconds, settings=settings)
     server_cpu = process_tree_cpu_seconds(server_pid) - server_before
     stats = server_stats(base)
     if run["first_claim_seconds"] is None or run["dead"]:
@@ -220,10 +228,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     provider, base = start_provider(
         args.model, args.inference_batch, args.model_threads, args.runs_at_once
     )
+    settings = {"KB_INDEXER_PARTITION_GRAPHS": "true" if args.partition_graphs else "false"}
     rounds = []
     try:
         for _ in range(args.rounds):
-            ours = await run_ours(admin_url, base, provider.pid, documents, args.timeout)
+            ours = await run_ours(admin_url, base, provider.pid, documents, args.timeout, settings)
             langchain = await run_langchain(
                 admin_url, base, provider.pid, documents, hnsw=args.langchain_hnsw
             )
@@ -245,6 +254,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "model_threads": args.model_threads,
         "runs_at_once": args.runs_at_once,
         "langchain_hnsw": args.langchain_hnsw,
+        "partition_graphs": args.partition_graphs,
         "documents": len(documents),
         "mean_characters": sum(map(len, documents)) / len(documents),
         "rounds": rounds,
@@ -275,7 +285,12 @@ def main() -> None:
     parser.add_argument(
         "--langchain-hnsw",
         action="store_true",
-        help="give LangChain's table the HNSW index ours maintains (like for like)",
+        help="give LangChain's table the HNSW index PGVector does not create",
+    )
+    parser.add_argument(
+        "--partition-graphs",
+        action="store_true",
+        help="run our indexer with KB_INDEXER_PARTITION_GRAPHS=true (an HNSW insert a chunk)",
     )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(measure(args)), indent=2))

@@ -212,7 +212,7 @@ async def run(args: argparse.Namespace) -> None:
         try:
             strategy = next(iter(indexed.values())).strategy_id
             t = timed()
-            await PgVectorSink(pool).ensure_generation(
+            await PgVectorSink(pool, partition_graphs=True).ensure_generation(
                 IndexGeneration(embedder.model, embedder.dimension, strategy)
             )
             lines.append(f"- HNSW index build {t():.1f} s")

@@ -49,7 +49,7 @@ async def measure_row_security(
         leakproof = await full_text_match_is_leakproof(pools[False])
         if prewarmed:
             log(f"prewarmed {await prewarm(pools[True])} blocks")
-        await PgVectorSink(pools[False]).ensure_generation(
+        await PgVectorSink(pools[False], partition_graphs=True).ensure_generation(
             IndexGeneration(model, DIMENSION, STRATEGY)
         )
         generation = Generation(model, DIMENSION)

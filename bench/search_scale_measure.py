@@ -164,7 +164,9 @@ async def measure(
     try:
         if args.prewarm:
             log(f"prewarmed {await prewarm(pool)} blocks")
-        await PgVectorSink(pool).ensure_generation(IndexGeneration(model, DIMENSION, STRATEGY))
+        await PgVectorSink(pool, partition_graphs=True).ensure_generation(
+            IndexGeneration(model, DIMENSION, STRATEGY)
+        )
         generation = Generation(model, DIMENSION)
         index = PgSearchIndex(pool, generation, settings)
         exact_index = index_on_path(pool, generation, settings, VectorPath.EXACT)

@@ -187,7 +187,7 @@ async def run(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         # The graph must fit in maintenance_work_mem or the build crawls (15 min vs a few at
         # 100k x 384 here).
-        sink = PgVectorSink(pool, index_build_memory="1GB")
+        sink = PgVectorSink(pool, index_build_memory="1GB", partition_graphs=True)
         await sink.ensure_generation(IndexGeneration(MODEL, DIMENSION, STRATEGY))
         built = time.perf_counter() - started
         async with pool.acquire() as conn:

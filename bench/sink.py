@@ -269,7 +269,7 @@ async def main(argv: list[str]) -> None:
             # The HNSW index starts empty (building it over the plain phase's rows would take
             # minutes) and grows through the phase, for both variants alike.
             await pool.execute("TRUNCATE knowledge_chunk")
-            await PgVectorSink(pool).ensure_generation(GENERATION)
+            await PgVectorSink(pool, partition_graphs=True).ensure_generation(GENERATION)
             hnsw = await phase(
                 pool,
                 "hnsw",

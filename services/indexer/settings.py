@@ -92,6 +92,12 @@ class IndexerSettings(RuntimeSettings):
     indexer_tenant_graph_min_chunks: int = Field(default=5_000, ge=0)
     # How often `kb indexer run` looks for tenants that have grown past it.
     indexer_tenant_graph_check_seconds: float = Field(default=300.0, gt=0)
+    # Whether the indexers build each model's partitioned HNSW index (one graph per
+    # partition of knowledge_chunk). Off: search walks only the tenants' own graphs and ranks
+    # a tenant without one exactly, and no chunk write pays an insert into a graph no search
+    # walks (docs/architecture.md, "The vector index"). An index already built is kept (and
+    # maintained) until `kb index partition-graphs drop`.
+    indexer_partition_graphs: bool = False
     # Wall time one document's parse + chunk may take (DOCUMENT_PARSE_TIMEOUT beyond it).
     indexer_parse_budget_seconds: float = Field(default=120.0, gt=0)
     # Processes parsing documents; by default one per slot, at most one per CPU.

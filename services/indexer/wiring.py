@@ -112,7 +112,11 @@ async def pipeline_indexer(
         )
         pipelines: GenerationPipelines | None = None
         try:
-            sink = PgVectorSink(pool, index_build_memory=settings.indexer_index_build_memory)
+            sink = PgVectorSink(
+                pool,
+                index_build_memory=settings.indexer_index_build_memory,
+                partition_graphs=settings.indexer_partition_graphs,
+            )
             generation = index_generation(embedder, strategy)
             await step("ensure_generation", lambda: sink.ensure_generation(generation))
             default = await step(
@@ -298,6 +302,7 @@ def run_workers(
     SIGTERM/SIGINT. A database away at start is waited for (``database.unavailable``), as
     the loops wait for it once running: a supervisor need not restart the process."""
     use_hints = settings.indexer_hints if hints is None else hints
+    warn_without_graphs(settings)
     # Read before anything starts: a bad KB_INDEX_* stops the process with its name.
     collecting = load_settings(GcSettings)
     retaining = load_settings(RetentionSettings)
@@ -368,6 +373,21 @@ def run_workers(
         with_worker(settings, tier, slots, _work, wrap=wrap, observer=observer, stop=stop)
     except StoppedWaiting as stopped:
         log.info("indexer.stopped_at_start", step=str(stopped))
+
+
+def warn_without_graphs(settings: IndexerSettings) -> bool:
+    """Logs ``ann_index.none`` when neither graph is built: every search then ranks its
+    readable chunks exactly, however many. Allowed (tenants that all stay small need no
+    graph), but rarely what a large one wants. True when it warned."""
+    if settings.indexer_partition_graphs or settings.indexer_tenant_graph_min_chunks > 0:
+        return False
+    log.warning(
+        "ann_index.none",
+        reason="no HNSW graph is built: every search ranks its readable chunks exactly",
+        partition_graphs="KB_INDEXER_PARTITION_GRAPHS",
+        tenant_graphs="KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS",
+    )
+    return True
 
 
 def run_once(settings: IndexerSettings, tier: str) -> RunOnceResult:

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-from services.index.ann import tenant_ann_index_name
+from services.index.ann import ann_index_name, tenant_ann_index_name
 from services.search.kept import KeptFor
 from services.search.searcher import Generation, SearchRequest
 from services.search.statements import (
@@ -88,10 +88,11 @@ class VectorPaths:
         self, conn: Connection, request: SearchRequest, kept: PathChoice | None = None
     ) -> VectorPath:
         """ANN when the principals may read more than ``search_exact_max_chunks`` chunks of
-        the tenant, else EXACT: how the vector list finds its chunks, and whether the keyword
-        list probes its candidates or starts from the readable documents. Sets the
-        transaction up for the path: call it inside the search's transaction, before the
-        statement. ``kept``: a choice already looked up."""
+        the tenant and there is a graph to walk (the tenant's own, or the model's
+        partitioned index), else EXACT: how the vector list finds its chunks, and whether
+        the keyword list probes its candidates or starts from the readable documents. Sets
+        the transaction up for the path: call it inside the search's transaction, before
+        the statement. ``kept``: a choice already looked up."""
         choice = kept or await self._choice(conn, request)
         await conn.execute(self.settings_sql(request, choice))
         return choice.path
@@ -122,6 +123,7 @@ class VectorPaths:
                 list(document_ids) if document_ids is not None else None,
                 self._settings.search_exact_max_chunks,
                 self._tenant_graph(request.tenant_id),
+                ann_index_name(self._generation.embedding_model),
             )
             if row is None:  # a SELECT without FROM: always one row
                 raise AssertionError("choose_vector_path returned no row")

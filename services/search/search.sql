@@ -13,15 +13,24 @@ SELECT pg_export_snapshot()
 -- name: choose_vector_path
 -- The vector list's path (statements.VectorPath): ANN when the principals $2 may read more
 -- than $5 chunks of tenant $1's current search versions of model $3 (within the document
--- ids filter $4), else EXACT; and whether the tenant has a valid graph of its own ($6), which
--- the ANN path then walks with its own ef_search. paths.py keeps the answer a short while
--- and sets the transaction up for the path (statements.vector_path_settings_sql). It reads the readable documents' chunk counts
--- (written by each switch) only until their running sum passes $5 -- the window emits row
--- by row, and EXISTS stops at the first row over -- so a principal who may read the whole
--- tenant costs $5 / (chunks per document) pointer rows, not the tenant's (an index-only scan
--- of migrations/0016's index). Hybrid's keyword list follows the same path
+-- ids filter $4) AND there is a graph to walk, else EXACT; and whether the tenant has a
+-- valid graph of its own ($6), which the ANN path then walks with its own ef_search.
+-- paths.py keeps the answer a short while and sets the transaction up for the path
+-- (statements.vector_path_settings_sql).
+-- A graph to walk: the tenant's own ($6), or the model's partitioned index ($7), valid once
+-- every partition's part is attached -- the indexers build it only with
+-- KB_INDEXER_PARTITION_GRAPHS. Without either, ANN's settings (sorting off, no
+-- materialize) would make a plan that reads the tenant's partition in full and slowly:
+-- EXACT reads the readable documents' chunks instead. Both are looked up first, by name (an
+-- index probe of pg_class each), and the count is skipped when neither is valid (CASE
+-- evaluates in order). The count reads the readable documents' chunk counts (written by
+-- each switch) only until their running sum passes $5 -- the window emits row by row, and
+-- EXISTS stops at the first row over -- so a principal who may read the whole tenant costs
+-- $5 / (chunks per document) pointer rows, not the tenant's (an index-only scan of
+-- migrations/0016's index). Hybrid's keyword list follows the same path
 -- (statement_fragments.pgsql: searchable_chunks).
-SELECT CASE WHEN EXISTS (
+SELECT CASE WHEN NOT (g.tenant_graph OR g.partition_graph) THEN 'exact'
+            WHEN EXISTS (
          SELECT 1
            FROM (SELECT sum(coalesce(s.chunk_count, 0)) OVER (ROWS UNBOUNDED PRECEDING) AS running
                    FROM document_search_version s
@@ -37,17 +46,20 @@ SELECT CASE WHEN EXISTS (
                              AND a.principal = ANY ($2::text[]))) r
           WHERE r.running > $5)
        THEN 'ann' ELSE 'exact' END AS path,
-       -- The tenant's own graph (services/indexer/sink/tenant_graphs.py), valid: the planner
-       -- walks it rather than its partition's (the smaller index).
-       EXISTS (
-         SELECT 1
-           FROM pg_class c
-           JOIN pg_index i ON i.indexrelid = c.oid
-          WHERE c.relname = $6::text
-            AND c.relnamespace = (
-                  -- include: knowledge_chunk_schema
-                )
-            AND i.indisvalid) AS tenant_graph
+       g.tenant_graph
+  FROM (
+        -- The tenant's own graph (services/indexer/sink/tenant_graphs.py) and the model's
+        -- partitioned index (services/index/ann.py), each when valid: the planner walks the
+        -- tenant's rather than its partition's (the smaller index).
+        SELECT coalesce(bool_or(c.relname = $6::text), false) AS tenant_graph,
+               coalesce(bool_or(c.relname = $7::text), false) AS partition_graph
+          FROM pg_class c
+          JOIN pg_index i ON i.indexrelid = c.oid
+         WHERE c.relname IN ($6::text, $7::text)
+           AND c.relnamespace = (
+                 -- include: knowledge_chunk_schema
+               )
+           AND i.indisvalid) g
 
 -- name: undo_vector_path
 -- Back to the session's planner settings $1 (statements.PLANNER_SETTINGS), after the vector

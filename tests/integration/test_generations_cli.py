@@ -16,7 +16,12 @@ import pytest
 
 from services.index.ann import ann_index_name, tenant_ann_index_name
 from services.index.generations import SearchGeneration
-from services.indexer.generations.model import GENERATION_RETIRED, GenerationSpec, SwitchRefused
+from services.indexer.generations.model import (
+    GENERATION_RETIRED,
+    AnnIndexBuild,
+    GenerationSpec,
+    SwitchRefused,
+)
 from services.indexer.generations.retire import PgRetirement
 from services.indexer.generations.store_pg import PgGenerations
 from services.runtime.errors import BadInput, DatabaseBusy, NotFound
@@ -271,12 +276,19 @@ async def test_retire_deletes_the_generation_in_batches_and_can_run_again(
         g,
         docs[0].document_id,
     )
-    store = PgGenerations(pool, batch_size=2)
+    store = PgGenerations(pool, batch_size=2, partition_graphs=True)
     generation = SearchGeneration.from_record(
         await one_row(pool, "SELECT * FROM search_generation WHERE generation_id = $1", g)
     )
-    assert await store.ensure_ann_index(generation)
-    assert not await store.ensure_ann_index(generation)  # there already
+    assert await PgGenerations(pool).ensure_ann_index(generation) is AnnIndexBuild.OFF
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_class WHERE relname = $1", ann_index_name(NEW_MODEL)
+        )
+        == 0
+    )
+    assert await store.ensure_ann_index(generation) is AnnIndexBuild.BUILT
+    assert await store.ensure_ann_index(generation) is AnnIndexBuild.PRESENT
     assert (
         await pool.fetchval(
             "SELECT count(*) FROM pg_class WHERE relname = $1", ann_index_name(NEW_MODEL)
@@ -475,12 +487,17 @@ async def test_cli_refuses_bad_input_with_exit_2_and_changes_nothing(
     assert tuple(await one_row(pool, counts)) == before
 
 
+@pytest.mark.parametrize("partition_graphs", [False, True])
 async def test_cli_creates_lists_and_switches(
-    pool: asyncpg.Pool[Any], service_env: dict[str, str]
+    pool: asyncpg.Pool[Any], service_env: dict[str, str], partition_graphs: bool
 ) -> None:
     await register_default(pool)
     doc = await add_document(pool, "acme")
-    env = {**service_env, "KB_EMBEDDING_PROVIDER": "hashing"}
+    env = {
+        **service_env,
+        "KB_EMBEDDING_PROVIDER": "hashing",
+        "KB_INDEXER_PARTITION_GRAPHS": str(partition_graphs).lower(),
+    }
 
     created = kb(
         env,
@@ -502,11 +519,19 @@ async def test_cli_creates_lists_and_switches(
     assert created.returncode == 0, created.stderr
     g = int(created.stdout.strip())
     assert "1 backfill tasks enqueued" in created.stderr
-    assert await pool.fetchval(
+    valid = await pool.fetchval(
         "SELECT indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
         " WHERE c.relname = $1",
         ann_index_name(NEW_MODEL),
     )
+    if partition_graphs:
+        assert valid is True
+        assert f"partition graphs of {NEW_MODEL}: built" in created.stderr
+    else:
+        assert valid is None  # no such index
+        assert (
+            f"partition graphs of {NEW_MODEL}: off (KB_INDEXER_PARTITION_GRAPHS)" in created.stderr
+        )
     listed = kb(env, "index", "generations", "list")
     assert listed.returncode == 0, listed.stderr
     assert f"{g}  default  {NEW_MODEL}  4  200/0  ACTIVE  -  serving=0  built=1" in listed.stdout
@@ -640,7 +665,8 @@ async def test_a_retire_that_cannot_drop_the_index_for_a_long_transaction_stays_
     generation = SearchGeneration.from_record(
         await one_row(pool, "SELECT * FROM search_generation WHERE generation_id = $1", g)
     )
-    assert await PgGenerations(pool).ensure_ann_index(generation)
+    built = await PgGenerations(pool, partition_graphs=True).ensure_ann_index(generation)
+    assert built is AnnIndexBuild.BUILT
     reader = await asyncpg.connect(database_url)
     try:
         reading = reader.transaction()

@@ -1,6 +1,7 @@
 """Which path the vector list takes, and that it is the path's plan: principals who may read
-many chunks walk their tenant partition's HNSW graph, principals who may read few get every
-readable chunk ranked exactly (real PostgreSQL, migrations/0014's partitions)."""
+many chunks walk an HNSW graph (their tenant's own, or their tenant partition's) when there
+is one, principals who may read few -- or many with no graph to walk -- get every readable
+chunk ranked exactly (real PostgreSQL, migrations/0014's partitions)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.index.ann import partition_ann_index_name
+from services.index.ann import ann_index_name, partition_ann_index_name, tenant_ann_index_name
+from services.indexer.sink.tenant_graphs import PgTenantGraphs
 from services.runtime.settings import RuntimeSettings
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Generation, SearchMode, SearchRequest
@@ -129,6 +131,51 @@ async def test_many_readable_chunks_walk_the_tenant_partitions_graph(
     request = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.VECTOR)
     candidates = await index.candidates(request, api.embedder.embed_sync(["refunds"])[0])
     assert len(candidates.vector) == 10
+
+
+async def test_many_readable_chunks_walk_a_graph_only_when_there_is_one(
+    api: SearchHarness, settings: RuntimeSettings, conn: asyncpg.Connection[Any], corpus: str
+) -> None:
+    """ANN's settings (sorting off, no materialize) make a graphless plan slow: with neither
+    the partition's graph nor the tenant's own, many readable chunks are ranked exactly."""
+    model = api.embedder.model
+
+    def searcher(exact_max_chunks: int) -> PgSearchIndex:
+        return PgSearchIndex(
+            api.pool,
+            Generation(model, api.embedder.dimension),
+            SearchSettings(
+                database_url=settings.database_url,
+                search_exact_max_chunks=exact_max_chunks,
+                search_path_cache_seconds=0,
+            ),
+        )
+
+    counting, exact = searcher(EXACT_MAX_CHUNKS), searcher(10_000_000)
+    request = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.HYBRID)
+    vector = api.embedder.embed_sync(["refunds"])[0]
+
+    # The partition graph only (KB_INDEXER_PARTITION_GRAPHS on).
+    path, indexes = await plan_of(counting, api, "group:many")
+    assert path is VectorPath.ANN
+    assert partition_ann_index_name(model, corpus) in indexes
+
+    # Neither graph: exact, and the very list of exact ranking.
+    await conn.execute(f"DROP INDEX {ann_index_name(model)}")
+    path, indexes = await plan_of(counting, api, "group:many")
+    assert path is VectorPath.EXACT
+    assert not [name for name in indexes if name.startswith("knowledge_chunk_ann_")]
+    graphless = await counting.candidates(request, vector)
+    assert len({c.document_id for c in graphless.vector}) > 1
+    assert graphless == await exact.candidates(request, vector)
+
+    # The tenant's own graph only.
+    assert await PgTenantGraphs(api.pool, min_chunks=1).ensure(model, api.embedder.dimension) == [
+        "acme"
+    ]
+    path, indexes = await plan_of(counting, api, "group:many")
+    assert path is VectorPath.ANN
+    assert indexes.count(tenant_ann_index_name(model, "acme")) == 1
 
 
 async def test_the_ann_path_probes_each_candidates_pointer_and_acl_rows(

@@ -407,7 +407,8 @@ async def test_concurrent_ensure_generation_builds_one_valid_hnsw_index_that_que
     wide_pool: asyncpg.Pool[Any],
 ) -> None:
     generation = IndexGeneration("concurrent-model", DIMENSION, "s1")
-    sinks = [PgVectorSink(wide_pool) for _ in range(5)]
+    # KB_INDEXER_PARTITION_GRAPHS on: the model's partitioned index is built.
+    sinks = [PgVectorSink(wide_pool, partition_graphs=True) for _ in range(5)]
     await asyncio.gather(*(sink.ensure_generation(generation) for sink in sinks))
     await sinks[0].ensure_generation(generation)
     # A second strategy of the same model shares the model's index.
@@ -507,7 +508,7 @@ async def test_an_invalid_index_left_by_a_failed_build_is_dropped_and_rebuilt(
         created.document_id,
         generation.embedding_model,
     )
-    sink = PgVectorSink(pool, index_build_memory="77MB")
+    sink = PgVectorSink(pool, index_build_memory="77MB", partition_graphs=True)
     with pytest.raises(Exception, match="expected 384 dimensions"):
         await sink.ensure_generation(generation)
     [leftover] = await ann_indexes(pool)
@@ -528,10 +529,28 @@ async def test_an_invalid_index_left_by_a_failed_build_is_dropped_and_rebuilt(
 
 async def test_the_hnsw_build_runs_with_its_own_memory_budget(pool: asyncpg.Pool[Any]) -> None:
     # An unparsable budget fails the build itself: the setting reaches the build's session.
-    sink = PgVectorSink(pool, index_build_memory="a lot")
+    sink = PgVectorSink(pool, index_build_memory="a lot", partition_graphs=True)
     with pytest.raises(Exception, match="maintenance_work_mem"):
         await sink.ensure_generation(IndexGeneration("budget-model", DIMENSION, "s1"))
     assert await ann_indexes(pool) == []
+
+
+async def test_with_partition_graphs_off_a_generation_is_registered_without_one(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    generation = IndexGeneration("graphless-model", DIMENSION, "s1")
+    sink = PgVectorSink(pool)  # KB_INDEXER_PARTITION_GRAPHS' default: off
+    await sink.ensure_generation(generation)
+    assert await ann_indexes(pool) == []
+    assert [g.generation for g in await sink.generations()] == [generation]
+
+    # One an indexer built with them on is left as it is: no DROP, which would take
+    # knowledge_chunk's ACCESS EXCLUSIVE lock.
+    await PgVectorSink(pool, partition_graphs=True).ensure_generation(generation)
+    await sink.ensure_generation(generation)
+    [kept] = await ann_indexes(pool)
+    assert kept["relname"] == generation.ann_index_name
+    assert kept["indisvalid"]
 
 
 async def test_a_model_keeps_one_dimension(pool: asyncpg.Pool[Any], sink: PgVectorSink) -> None:

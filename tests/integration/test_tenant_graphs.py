@@ -13,7 +13,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.index.ann import partition_ann_index_name, tenant_ann_index_name
+from services.index.ann import ann_index_name, partition_ann_index_name, tenant_ann_index_name
+from services.index.generation import IndexGeneration
+from services.indexer.sink.pgvector import PgVectorSink
 from services.indexer.sink.tenant_graphs import QUERIES as GRAPH_QUERIES
 from services.indexer.sink.tenant_graphs import PgTenantGraphs
 from services.runtime.settings import RuntimeSettings
@@ -24,6 +26,7 @@ from tests.support.api import add_tenant
 from tests.support.cli import kb
 from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.search import (
+    STRATEGY,
     ChunkSpec,
     SearchHarness,
     add_document,
@@ -78,7 +81,22 @@ async def same_partition_as(conn: asyncpg.Connection[Any], tenant: str) -> str:
 
 
 @pytest.fixture
+async def graphless(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
+    """The model's generation as an indexer with KB_INDEXER_PARTITION_GRAPHS off (the
+    default) registers it: no partitioned index."""
+    async with search_harness(settings) as harness:
+        await PgVectorSink(harness.pool).ensure_generation(
+            IndexGeneration(harness.embedder.model, harness.embedder.dimension, STRATEGY)
+        )
+        yield harness
+
+
+@pytest.fixture
 async def corpus(api: SearchHarness, conn: asyncpg.Connection[Any]) -> str:
+    return await add_corpus(conn, api)
+
+
+async def add_corpus(conn: asyncpg.Connection[Any], api: SearchHarness) -> str:
     """acme (200 chunks) shares its partition with a smaller neighbour (100); "small" has
     10. Returns acme's partition."""
     await add_documents(conn, api, "acme", LARGE // CHUNKS_PER_DOCUMENT)
@@ -169,6 +187,27 @@ async def test_search_walks_the_tenants_graph_with_its_own_ef_search(
     assert ef_search == str(TENANT_EF_SEARCH)
     assert indexes.count(tenant_ann_index_name(api.embedder.model, "acme")) == 1
     assert partition_ann_index_name(api.embedder.model, corpus) not in indexes
+
+
+async def test_with_partition_graphs_off_a_large_tenant_gets_its_graph_and_search_walks_it(
+    graphless: SearchHarness, conn: asyncpg.Connection[Any]
+) -> None:
+    api = graphless
+    corpus = await add_corpus(conn, api)
+    # The model's partitioned index and its partitions' parts.
+    model_indexes = "SELECT count(*) FROM pg_class WHERE relname = $1 OR relname LIKE $1 || '\\_p%'"
+    assert await conn.fetchval(model_indexes, ann_index_name(api.embedder.model)) == 0
+    # No graph to walk: ranked exactly, however many chunks are readable.
+    path, _, indexes = await vector_list_of(api)
+    assert path is VectorPath.EXACT
+
+    assert await ensure(api) == ["acme"]
+    assert (await graph_of(conn, api, "acme"))["partition"] == corpus
+    path, ef_search, indexes = await vector_list_of(api)
+    assert path is VectorPath.ANN
+    assert ef_search == str(TENANT_EF_SEARCH)
+    assert indexes.count(tenant_ann_index_name(api.embedder.model, "acme")) == 1
+    assert await conn.fetchval(model_indexes, ann_index_name(api.embedder.model)) == 0
 
 
 async def test_an_invalid_graph_is_not_walked_and_is_built_again(

@@ -44,8 +44,11 @@ class ChunkSpec:
 
 
 async def create_ann_index(pool: asyncpg.Pool[Any], model: str, dimension: int) -> None:
-    """The model's generation and HNSW index, as every indexer worker ensures them at start."""
-    await PgVectorSink(pool).ensure_generation(IndexGeneration(model, dimension, STRATEGY))
+    """The model's generation and partitioned HNSW index, as every indexer worker ensures
+    them at start with KB_INDEXER_PARTITION_GRAPHS on."""
+    await PgVectorSink(pool, partition_graphs=True).ensure_generation(
+        IndexGeneration(model, dimension, STRATEGY)
+    )
 
 
 async def add_document(

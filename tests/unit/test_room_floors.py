@@ -145,7 +145,7 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
     ),
     "services.indexer.maintenance": (
         frozenset({"index_check"}),
-        frozenset({"index_check_pg"}),
+        frozenset({"index_check_pg", "partition_graphs"}),
         frozenset({"cli"}),
     ),
     # The chaos run: the system it runs and breaks, what it sends to it, the checks of its

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from services.indexer.generations.model import (
+    AnnIndexBuild,
     GenerationSpec,
     GenerationStatus,
     SwitchRefused,
@@ -29,6 +30,14 @@ if TYPE_CHECKING:
     from services.indexer.generations.store_pg import PgGenerations
     from services.indexer.settings import IndexerSettings
 
+# The report line of the model's partitioned HNSW index (one graph per partition).
+_ANN_INDEX = {
+    AnnIndexBuild.BUILT: "built",
+    AnnIndexBuild.PRESENT: "there already",
+    AnnIndexBuild.BUSY: "another process is building them",
+    AnnIndexBuild.OFF: "off (KB_INDEXER_PARTITION_GRAPHS)",
+}
+
 generations_app = typer.Typer(
     help="Build a tenant's index with another embedding model beside the served one, "
     "switch its search to it, roll back, retire.",
@@ -41,7 +50,11 @@ def _run(settings: IndexerSettings, work: Any) -> Any:
     from services.indexer.pool import with_pool
 
     async def _work(pool: asyncpg.Pool[Any]) -> Any:
-        store = PgGenerations(pool, index_build_memory=settings.indexer_index_build_memory)
+        store = PgGenerations(
+            pool,
+            index_build_memory=settings.indexer_index_build_memory,
+            partition_graphs=settings.indexer_partition_graphs,
+        )
         return await work(store)
 
     return with_pool(settings, 1, _work)
@@ -108,11 +121,11 @@ def create(
 
     async def _work(store: PgGenerations) -> Any:
         outcome = await store.create(spec, wanted, max_attempts=settings.indexer_max_attempts)
-        built = await store.ensure_ann_index(outcome.generation)
+        ann_index = await store.ensure_ann_index(outcome.generation)
         graphs = await store.tenant_graphs(
             outcome.generation, wanted, min_chunks=settings.indexer_tenant_graph_min_chunks
         )
-        return dataclasses.replace(outcome, ann_index_built=built, tenant_graphs=graphs)
+        return dataclasses.replace(outcome, ann_index=ann_index, tenant_graphs=graphs)
 
     outcome = _run(settings, _work)
     generation = outcome.generation
@@ -124,12 +137,10 @@ def create(
         "tasks enqueued",
         err=True,
     )
-    if outcome.ann_index_built is None:
-        typer.echo(
-            f"ANN index of {generation.embedding_model}: another process is building it", err=True
-        )
-    elif outcome.ann_index_built:
-        typer.echo(f"ANN index of {generation.embedding_model}: built", err=True)
+    typer.echo(
+        f"partition graphs of {generation.embedding_model}: {_ANN_INDEX[outcome.ann_index]}",
+        err=True,
+    )
     if outcome.tenant_graphs is None:
         typer.echo(
             f"tenant graphs of {generation.embedding_model}: another process is building them "

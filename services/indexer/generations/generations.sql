@@ -526,11 +526,6 @@ SELECT c.relname AS index_name, c.relkind = 'I' AS partitioned
    AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'knowledge_chunk'::regclass)
  ORDER BY c.relkind = 'I', c.relname
 
--- name: set_local_lock_timeout
--- Transaction-level (SET LOCAL): how long the DROP INDEX of a model's partitioned ANN index
--- may wait for knowledge_chunk's lock before it gives up (retire.py).
-SELECT set_config('lock_timeout', $1::text, true)
-
 -- name: finish_retiring
 UPDATE search_generation
    SET state = 'RETIRED', retired_at = coalesce($2::timestamptz, now())

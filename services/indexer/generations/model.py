@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Final
 
 from services.index.ann import check_model_name
@@ -96,6 +97,15 @@ def same_chunks(a: SearchGeneration, spec: GenerationSpec) -> bool:
     )
 
 
+class AnnIndexBuild(StrEnum):
+    """What `generations create` did about the model's partitioned HNSW index."""
+
+    BUILT = "built"
+    PRESENT = "present"  # valid already
+    BUSY = "busy"  # another process holds the model's lock (it is building it)
+    OFF = "off"  # KB_INDEXER_PARTITION_GRAPHS is false: not built
+
+
 @dataclass(frozen=True)
 class CreateOutcome:
     generation: SearchGeneration
@@ -103,7 +113,7 @@ class CreateOutcome:
     pinned: list[str]  # tenants pinned to the default generation now
     added: list[str]  # tenants built in the generation from now on
     backfill_tasks: int
-    ann_index_built: bool | None = None  # None: not built (another process holds its lock)
+    ann_index: AnnIndexBuild = AnnIndexBuild.OFF
     # The tenants given a graph of the model's own; None: another process was building them.
     tenant_graphs: list[str] | None = field(default_factory=list)
 

@@ -9,7 +9,6 @@ after a crash, it goes on from RETIRING.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass
@@ -27,7 +26,8 @@ from services.indexer.generations.model import (
     RetireOutcome,
 )
 from services.indexer.generations.queries import QUERIES, rows_of
-from services.runtime.errors import BadInput, DatabaseBusy, NotFound
+from services.indexer.sink.pgvector import PartitionedDrop
+from services.runtime.errors import BadInput, NotFound
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
 
@@ -207,25 +207,11 @@ class PgRetirement:
         return dropped
 
     async def _drop_partitioned(self, conn: Any, name: str) -> None:
-        """DROP INDEX of the model's partitioned index takes knowledge_chunk's ACCESS
-        EXCLUSIVE lock: queued behind a long transaction, it would hold up every search and
-        completion queued behind it. So each try gives up after a short lock_timeout; after
+        """A few tries, each within a short lock_timeout (pgvector.PartitionedDrop); after
         the last, DatabaseBusy (exit 1), the generation stays RETIRING and a second run of
         the command tries again (its deletes find nothing left)."""
-        for attempt in range(self.drop_attempts):
-            try:
-                async with conn.transaction():
-                    await conn.fetchval(QUERIES["set_local_lock_timeout"], self.lock_timeout)
-                    await conn.execute(f"DROP INDEX IF EXISTS {name}")
-                return
-            except asyncpg.LockNotAvailableError:
-                log.warning("generation.index_drop_waited", index=name, attempt=attempt + 1)
-                if attempt + 1 < self.drop_attempts:
-                    await asyncio.sleep(self.drop_pause_seconds)
-        raise DatabaseBusy(
-            f"index {name}: knowledge_chunk stayed locked by other transactions; run "
-            "`kb index generations retire` again"
-        )
+        drop = PartitionedDrop(self.lock_timeout, self.drop_attempts, self.drop_pause_seconds)
+        await drop.run(conn, name, again="kb index generations retire")
 
 
 def _statement(sql: str, *args: Any) -> Callable[[Any], Awaitable[Any]]:

@@ -19,6 +19,7 @@ from services.index.generation import IndexGeneration
 from services.index.generations import SearchGeneration
 from services.indexer.generations.model import (
     RETIRE_BATCH,
+    AnnIndexBuild,
     CreateOutcome,
     GenerationSpec,
     GenerationStatus,
@@ -56,11 +57,13 @@ class PgGenerations:
         now: datetime | None = None,
         batch_size: int = RETIRE_BATCH,
         index_build_memory: str = "1GB",
+        partition_graphs: bool = False,
     ) -> None:
         self._pool = pool
         self._now = now  # tests pin the clock; otherwise the database's
         self._batch = batch_size
         self._build_memory = index_build_memory
+        self._partition_graphs = partition_graphs  # KB_INDEXER_PARTITION_GRAPHS
 
     # --- create --------------------------------------------------------------------------
 
@@ -184,11 +187,14 @@ class PgGenerations:
 
     async def ensure_ann_index(
         self, generation: SearchGeneration, *, wait_seconds: float = 60.0
-    ) -> bool | None:
-        """Builds the model's ANN index now (CREATE INDEX CONCURRENTLY, partition by
-        partition) unless it is there and valid: True when built, False when it was there,
-        None when another process held the model's lock for ``wait_seconds`` (the indexers
-        build it when they first build the generation). Outside any transaction."""
+    ) -> AnnIndexBuild:
+        """Builds the model's partitioned ANN index now (CREATE INDEX CONCURRENTLY,
+        partition by partition) unless it is there and valid: BUSY when another process held
+        the model's lock for ``wait_seconds`` (the indexers build it when they first build
+        the generation), OFF with partition graphs off (one already there is left alone, as
+        the sink does). Outside any transaction."""
+        if not self._partition_graphs:
+            return AnnIndexBuild.OFF
         model = generation.embedding_model
         index = IndexGeneration(
             model, generation.dimension, f"search-generation-{generation.generation_id}"
@@ -196,14 +202,14 @@ class PgGenerations:
         with translate_db_errors():
             async with self._pool.acquire() as conn:
                 if await conn.fetchval(SINK_QUERIES["ann_index_state"], index.ann_index_name):
-                    return False
+                    return AnnIndexBuild.PRESENT
                 if not await _try_lock(conn, model, wait_seconds):
-                    return None
+                    return AnnIndexBuild.BUSY
                 try:
                     await build_model_ann_index(conn, index, self._build_memory)
                 finally:
                     await conn.fetchval(SINK_QUERIES["release_generation_lock"], model)
-        return True
+        return AnnIndexBuild.BUILT
 
     async def tenant_graphs(
         self, generation: SearchGeneration, tenants: Sequence[str] | None, *, min_chunks: int

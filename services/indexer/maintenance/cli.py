@@ -1,4 +1,5 @@
-"""`kb index check [--tenant T] [--repair]`, `kb index tenant-graphs [--min-chunks N]`.
+"""`kb index check [--tenant T] [--repair]`, `kb index tenant-graphs [--min-chunks N]`,
+`kb index partition-graphs drop [--model M]`.
 
 check -- stdout: one line per drift, naming the document and the kind, with counts and ids
 only, never content (and, with --repair, whether the check run after its task finished, or
@@ -15,6 +16,14 @@ retention -- stderr: the superseded versions whose content was removed. Exit 0.
 tenant-graphs -- stdout: one line per graph built; stderr: the summary. Exit 0 when every
 large tenant of every registered model has its graph, 1 when another process was building
 them (run it again later).
+
+partition-graphs drop -- stdout: one line per partitioned index dropped; stderr: a line per
+model and the summary. Exit 0 when no model named has a partition graph left, 1 when one is
+kept (a tenant at or over KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS has no valid graph of its own:
+run `kb index tenant-graphs`, then this again) or knowledge_chunk stayed locked through every
+try (run it again), 2 when KB_INDEXER_PARTITION_GRAPHS is true (the indexers would build it
+again), when KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS is 0 (no tenant would have a graph) or on a
+bad --model; nothing is dropped then.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import typer
 
 from services.indexer.generations.cli import generations_app
 from services.runtime.commands import cli_support
-from services.runtime.errors import BadInput
+from services.runtime.errors import BadInput, ConfigError
 
 if TYPE_CHECKING:
     import uuid
@@ -43,6 +52,12 @@ index_app = typer.Typer(
 )
 
 index_app.add_typer(generations_app, name="generations")
+
+partition_graphs_app = typer.Typer(
+    help="The models' partitioned HNSW indexes (one graph per partition of knowledge_chunk).",
+    no_args_is_help=True,
+)
+index_app.add_typer(partition_graphs_app, name="partition-graphs")
 
 _TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 REPAIRED_BY = "kb index check --repair"
@@ -273,6 +288,73 @@ def tenant_graphs(
             for tenant in built:
                 typer.echo(f"built  {model}  {tenant}")
             typer.echo(f"tenant graphs of {model}: {len(built)} built", err=True)
+        return done
+
+    from services.indexer.pool import with_pool
+
+    if not with_pool(settings, 1, _work):
+        raise typer.Exit(cli_support.EXIT_FAILURE)
+
+
+@partition_graphs_app.callback()
+def _partition_graphs() -> None:
+    """The models' partitioned HNSW indexes (one graph per partition of knowledge_chunk)."""
+
+
+@partition_graphs_app.command("drop")
+def drop_partition_graphs(
+    model: str | None = typer.Option(
+        None, "--model", help="Only this model's (default: every registered model's)."
+    ),
+) -> None:
+    """Drop a model's partitioned HNSW index, left by indexers that ran with
+    KB_INDEXER_PARTITION_GRAPHS on: every chunk write keeps paying an insert into it until
+    then. Refused for a model while a tenant at or over KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS
+    has no valid graph of its own (`kb index tenant-graphs` builds them)."""
+    from services.index.ann import check_model_name
+    from services.indexer.pool import load_settings
+    from services.runtime.logging import configure_logging
+
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format, service="indexer")
+    if settings.indexer_partition_graphs:
+        raise ConfigError(
+            "KB_INDEXER_PARTITION_GRAPHS is true: the indexers would build the partition "
+            "graphs again; set it to false on every indexer first"
+        )
+    min_chunks = settings.indexer_tenant_graph_min_chunks
+    if min_chunks <= 0:
+        raise ConfigError(
+            "KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS is 0 (no tenant graphs): without the partition "
+            "graphs no search would walk a graph; set it first"
+        )
+    if model is not None:
+        try:
+            check_model_name(model)
+        except ValueError as error:
+            raise BadInput(str(error)) from None
+
+    async def _work(pool: asyncpg.Pool[Any]) -> bool:
+        from services.indexer.maintenance.partition_graphs import RERUN, PgPartitionGraphs
+
+        graphs = PgPartitionGraphs(pool, min_chunks=min_chunks)
+        done = True
+        for name in [model] if model is not None else await graphs.models():
+            outcome = await graphs.drop(name)
+            if outcome.dropped:
+                typer.echo(f"dropped  {name}  {outcome.index}")
+                typer.echo(f"partition graphs of {name}: dropped", err=True)
+            elif outcome.missing:
+                done = False
+                typer.echo(
+                    f"partition graphs of {name}: kept, {len(outcome.missing)} tenants of at "
+                    f"least {min_chunks} chunks have no graph of their own ("
+                    + ", ".join(outcome.missing[:20])
+                    + f"): run `kb index tenant-graphs`, then `{RERUN}` again",
+                    err=True,
+                )
+            else:
+                typer.echo(f"partition graphs of {name}: none", err=True)
         return done
 
     from services.indexer.pool import with_pool

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -105,6 +106,7 @@ class PgVectorSink:
         write_timeout_seconds: float = 30.0,
         write_timeout_per_chunk_seconds: float = 0.05,
         index_build_memory: str = "1GB",
+        partition_graphs: bool = False,
     ) -> None:
         self._pool = pool
         self._clock = clock or DatabaseClock()
@@ -113,6 +115,8 @@ class PgVectorSink:
         self._write_timeout = write_timeout_seconds
         self._write_timeout_per_chunk = write_timeout_per_chunk_seconds
         self._index_build_memory = index_build_memory
+        # KB_INDEXER_PARTITION_GRAPHS: whether the model's partitioned HNSW index is built.
+        self._partition_graphs = partition_graphs
         self._known = KnownEmbeddings(pool)
 
     def write_timeout_ms(self, chunk_count: int) -> int:
@@ -123,9 +127,12 @@ class PgVectorSink:
         return max(1, round(seconds * 1000))
 
     async def ensure_generation(self, generation: IndexGeneration) -> None:
-        """Register ``generation`` and build its model's HNSW index if it is missing or
-        INVALID (left behind by an interrupted build). Safe from many workers at once: one
-        builds while the others wait for it, then find the index valid."""
+        """Register ``generation`` and, with partition graphs on, build its model's
+        partitioned HNSW index if it is missing or INVALID (left behind by an interrupted
+        build). Safe from many workers at once: one builds while the others wait for it,
+        then find the index valid. With them off an index already there is left alone:
+        dropping it takes knowledge_chunk's ACCESS EXCLUSIVE lock (`kb index
+        partition-graphs drop` does it, when the operator says so)."""
         model = generation.embedding_model
         # The connection too: one the pool cannot make (the server restarting) is the
         # database away, not a bug (a lazily built generation's task would die of it).
@@ -134,7 +141,8 @@ class PgVectorSink:
                 await self._lock_generation(conn, model)
                 try:
                     await self._register(conn, generation)
-                    await ensure_ann_index(conn, generation, self._index_build_memory)
+                    if self._partition_graphs:
+                        await ensure_ann_index(conn, generation, self._index_build_memory)
                 finally:
                     await conn.fetchval(QUERIES["release_generation_lock"], model)
 
@@ -342,3 +350,34 @@ async def _ensure_partition_ann_index(
         await conn.execute(create_partition_ann_index_sql(model, generation.dimension, partition))
     if state is None or not state["attached"]:
         await conn.execute(attach_partition_ann_index_sql(model, partition))
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionedDrop:
+    """DROP INDEX of a model's partitioned index takes knowledge_chunk's ACCESS EXCLUSIVE
+    lock: queued behind a long transaction, it would hold up every search and completion
+    queued behind it. So each of ``attempts`` tries gives up after a short ``lock_timeout``
+    (a PostgreSQL duration), ``pause_seconds`` apart."""
+
+    lock_timeout: str = "2s"
+    attempts: int = 5
+    pause_seconds: float = 1.0
+
+    async def run(self, conn: Executor, name: str, *, again: str) -> None:
+        """Drops index ``name`` (one of our index names, never user input); after the last
+        try, DatabaseBusy (exit 1) telling the operator to run ``again`` (the command) once
+        more."""
+        for attempt in range(self.attempts):
+            try:
+                async with conn.transaction():
+                    await conn.fetchval(QUERIES["set_local_lock_timeout"], self.lock_timeout)
+                    await conn.execute(f"DROP INDEX IF EXISTS {name}")
+                return
+            except asyncpg.LockNotAvailableError:
+                log.warning("ann_index.drop_waited", index=name, attempt=attempt + 1)
+                if attempt + 1 < self.attempts:
+                    await asyncio.sleep(self.pause_seconds)
+        raise DatabaseBusy(
+            f"index {name}: knowledge_chunk stayed locked by other transactions; "
+            f"run `{again}` again"
+        )

@@ -208,6 +208,11 @@ SELECT i.indisvalid AS valid
  WHERE c.relname = $1
    AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'knowledge_chunk'::regclass)
 
+-- name: set_local_lock_timeout
+-- Transaction-level (SET LOCAL): how long the DROP INDEX of a model's partitioned ANN index
+-- may wait for knowledge_chunk's lock before it gives up (pgvector.PartitionedDrop).
+SELECT set_config('lock_timeout', $1::text, true)
+
 -- name: knowledge_chunk_partitions
 -- The partitions of knowledge_chunk (migrations/0014), each of which holds its part of every
 -- model's ANN index.

@@ -73,6 +73,22 @@ class PgTenantGraphs:
             lambda conn: conn.fetch(QUERIES["large_tenants"], None, self._min_chunks, tenants),
         )
 
+    async def missing(self, model: str) -> list[str]:
+        """The tenants of at least ``min_chunks`` served chunks of ``model`` that have no
+        valid graph of their own (none yet, or an INVALID one), the largest first."""
+        with translate_db_errors():
+            async with self._pool.acquire() as conn:
+                large = await conn.fetch(QUERIES["large_tenants"], model, self._min_chunks, None)
+                return [
+                    row["tenant_id"]
+                    for row in large
+                    if await conn.fetchval(
+                        SINK_QUERIES["ann_index_state"],
+                        tenant_ann_index_name(model, row["tenant_id"]),
+                    )
+                    is not True
+                ]
+
     async def _ensure(
         self, model: str, dimension: int, large_tenants: Callable[[Any], Awaitable[Any]]
     ) -> list[str] | None:

@@ -91,3 +91,33 @@ def test_a_parse_memory_limit_is_off_or_leaves_room_to_parse(limit: int, ok: boo
         return
     with pytest.raises(ValidationError, match="at least 536870912"):
         IndexerSettings(indexer_parse_memory_limit_bytes=limit)
+
+
+def test_partition_graphs_are_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert IndexerSettings().indexer_partition_graphs is False
+    monkeypatch.setenv("KB_INDEXER_PARTITION_GRAPHS", "true")
+    assert IndexerSettings().indexer_partition_graphs is True
+
+
+@pytest.mark.parametrize(
+    ("partition_graphs", "min_chunks", "warned"),
+    [(False, 0, True), (True, 0, False), (False, 5_000, False), (True, 5_000, False)],
+)
+def test_an_indexer_that_builds_no_graph_at_all_says_so_at_start(
+    partition_graphs: bool, min_chunks: int, warned: bool
+) -> None:
+    from structlog.testing import capture_logs
+
+    from services.indexer.wiring import warn_without_graphs
+
+    settings = IndexerSettings(
+        indexer_partition_graphs=partition_graphs, indexer_tenant_graph_min_chunks=min_chunks
+    )
+    with capture_logs() as logs:
+        assert warn_without_graphs(settings) is warned
+    events = [entry for entry in logs if entry["event"] == "ann_index.none"]
+    assert len(events) == int(warned)
+    for event in events:
+        assert event["log_level"] == "warning"
+        assert "KB_INDEXER_PARTITION_GRAPHS" in event.values()
+        assert "KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS" in event.values()
