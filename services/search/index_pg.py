@@ -108,7 +108,7 @@ class PgSearchIndex:
         kept: PathChoice | None = None,
     ) -> VectorPath:
         """The vector list's path, its transaction set up for it (paths.py)."""
-        return await self._paths.set_up(conn, request, kept)
+        return (await self._paths.set_up(conn, request, kept)).path
 
     async def candidates(self, request: SearchRequest, query_vector: Vectors | None) -> Candidates:
         vector = None
@@ -224,20 +224,21 @@ class PgSearchIndex:
         """Hybrid: the two lists at once, on two connections sharing ``conn``'s snapshot
         (exported, and imported by the second's transaction before anything else), so they
         still see each document at one version. The vector list, the longer of the two,
-        starts on ``conn`` at once, choosing the path both lists follow unless a recent
-        choice is kept (and set up with the transaction); the keyword list waits for the
-        second connection and the path."""
+        starts on ``conn`` at once, choosing the paths of both lists unless a recent choice
+        is kept (and set up with the transaction); the keyword list waits for the second
+        connection and its path."""
         snapshot = await conn.fetchval(QUERIES["export_snapshot"])
+        # The keyword list's path: it may differ from the vector list's (PathChoice).
         chosen: asyncio.Future[VectorPath] = asyncio.get_running_loop().create_future()
         if kept is not None:
-            chosen.set_result(kept.path)
+            chosen.set_result(kept.keyword_path)
 
         async def vector_first() -> list[asyncpg.Record]:
             if kept is not None:
                 return await vector_list(conn, kept.path)
-            path = await self.vector_path(conn, request)
-            chosen.set_result(path)
-            return await vector_list(conn, path)
+            choice = await self._paths.set_up(conn, request)
+            chosen.set_result(choice.keyword_path)
+            return await vector_list(conn, choice.path)
 
         try:
             async with asyncio.TaskGroup() as group:

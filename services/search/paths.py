@@ -40,9 +40,18 @@ PathKey: TypeAlias = tuple[str, tuple[str, ...], tuple[uuid.UUID, ...] | None]
 
 @dataclass(frozen=True)
 class PathChoice:
+    # The vector list's: ANN only when broad and there is a graph to walk.
     path: VectorPath
     # The tenant has a valid graph of its own (tenant_graphs): it sets the ef_search.
     tenant_graph: bool
+    # The principals may read more than search_exact_max_chunks chunks.
+    broad: bool
+
+    @property
+    def keyword_path(self) -> VectorPath:
+        """The keyword list's plan follows how much the principals read, graph or not:
+        broad readers probe each full-text candidate (statement_fragments.pgsql)."""
+        return VectorPath.ANN if self.broad else VectorPath.EXACT
 
 
 def path_key(request: SearchRequest) -> PathKey:
@@ -77,7 +86,7 @@ class VectorPaths:
         """For a list that does not choose: the kept path, else EXACT's (the keyword list
         then starts from the readable documents, as for few of them)."""
         kept = self.kept(request)
-        path = kept.path if kept is not None else VectorPath.EXACT
+        path = kept.keyword_path if kept is not None else VectorPath.EXACT
 
         async def source() -> VectorPath:
             return path
@@ -86,16 +95,17 @@ class VectorPaths:
 
     async def set_up(
         self, conn: Connection, request: SearchRequest, kept: PathChoice | None = None
-    ) -> VectorPath:
+    ) -> PathChoice:
         """ANN when the principals may read more than ``search_exact_max_chunks`` chunks of
         the tenant and there is a graph to walk (the tenant's own, or the model's
-        partitioned index), else EXACT: how the vector list finds its chunks, and whether
-        the keyword list probes its candidates or starts from the readable documents. Sets
-        the transaction up for the path: call it inside the search's transaction, before
-        the statement. ``kept``: a choice already looked up."""
+        partitioned index), else EXACT: how the vector list finds its chunks (and, by
+        ``keyword_path``, whether the keyword list probes its candidates or starts from the
+        readable documents). Sets the transaction up for the vector path: call it inside
+        the search's transaction, before the statement. ``kept``: a choice already looked
+        up."""
         choice = kept or await self._choice(conn, request)
         await conn.execute(self.settings_sql(request, choice))
-        return choice.path
+        return choice
 
     def settings_sql(self, request: SearchRequest, choice: PathChoice) -> str:
         """The SET LOCAL statements of ``choice`` (statements.vector_path_settings_sql), for
@@ -125,9 +135,9 @@ class VectorPaths:
                 self._tenant_graph(request.tenant_id),
                 ann_index_name(self._generation.embedding_model),
             )
-            if row is None:  # a SELECT without FROM: always one row
+            if row is None:  # one-row subqueries cross-joined: always one row
                 raise AssertionError("choose_vector_path returned no row")
-            choice = PathChoice(VectorPath(row["path"]), row["tenant_graph"])
+            choice = PathChoice(VectorPath(row["path"]), row["tenant_graph"], row["broad"])
             self._cache.put(key, choice)
         return choice
 

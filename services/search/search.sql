@@ -11,43 +11,46 @@
 SELECT pg_export_snapshot()
 
 -- name: choose_vector_path
--- The vector list's path (statements.VectorPath): ANN when the principals $2 may read more
--- than $5 chunks of tenant $1's current search versions of model $3 (within the document
--- ids filter $4) AND there is a graph to walk, else EXACT; and whether the tenant has a
--- valid graph of its own ($6), which the ANN path then walks with its own ef_search.
--- paths.py keeps the answer a short while and sets the transaction up for the path
--- (statements.vector_path_settings_sql).
+-- The vector list's path (statements.VectorPath) and what decides it: `broad`, whether the
+-- principals $2 may read more than $5 chunks of tenant $1's current search versions of model
+-- $3 (within the document ids filter $4); whether the tenant has a valid graph of its own
+-- ($6), which the ANN path then walks with its own ef_search; and `path`, ANN when broad AND
+-- there is a graph to walk, else EXACT. paths.py keeps the answer a short while and sets the
+-- transaction up for the path (statements.vector_path_settings_sql).
 -- A graph to walk: the tenant's own ($6), or the model's partitioned index ($7), valid once
 -- every partition's part is attached -- the indexers build it only with
--- KB_INDEXER_PARTITION_GRAPHS. Without either, ANN's settings (sorting off, no
--- materialize) would make a plan that reads the tenant's partition in full and slowly:
--- EXACT reads the readable documents' chunks instead. Both are looked up first, by name (an
--- index probe of pg_class each), and the count is skipped when neither is valid (CASE
--- evaluates in order). The count reads the readable documents' chunk counts (written by
--- each switch) only until their running sum passes $5 -- the window emits row by row, and
--- EXISTS stops at the first row over -- so a principal who may read the whole tenant costs
--- $5 / (chunks per document) pointer rows, not the tenant's (an index-only scan of
--- migrations/0016's index). Hybrid's keyword list follows the same path
--- (statement_fragments.pgsql: searchable_chunks).
-SELECT CASE WHEN NOT (g.tenant_graph OR g.partition_graph) THEN 'exact'
-            WHEN EXISTS (
-         SELECT 1
-           FROM (SELECT sum(coalesce(s.chunk_count, 0)) OVER (ROWS UNBOUNDED PRECEDING) AS running
-                   FROM document_search_version s
-                  WHERE s.tenant_id = $1
-                    AND s.embedding_model = $3
-                    AND ($4::uuid[] IS NULL OR s.document_id = ANY ($4::uuid[]))
-                    AND EXISTS (
-                          SELECT 1
-                            FROM document_acl a
-                           WHERE a.tenant_id = s.tenant_id
-                             AND a.document_id = s.document_id
-                             AND a.permission = 'READ'
-                             AND a.principal = ANY ($2::text[]))) r
-          WHERE r.running > $5)
-       THEN 'ann' ELSE 'exact' END AS path,
+-- KB_INDEXER_PARTITION_GRAPHS. Without either, ANN's settings (sorting off, no materialize)
+-- would make a plan that reads the tenant's partition in full and slowly: EXACT reads the
+-- readable documents' chunks instead. Both are looked up by name (an index probe of
+-- pg_class each). Hybrid's keyword list follows `broad` alone, graph or not
+-- (statement_fragments.pgsql: searchable_chunks): its plan depends on how much the
+-- principals read, not on the vector index.
+-- The count reads the readable documents' chunk counts (written by each switch) only until
+-- their running sum passes $5 -- the window emits row by row, and EXISTS stops at the first
+-- row over -- so a principal who may read the whole tenant costs $5 / (chunks per document)
+-- pointer rows, not the tenant's (an index-only scan of migrations/0016's index).
+SELECT CASE WHEN b.broad AND (g.tenant_graph OR g.partition_graph) THEN 'ann'
+            ELSE 'exact' END AS path,
+       b.broad,
        g.tenant_graph
   FROM (
+        SELECT EXISTS (
+                 SELECT 1
+                   FROM (SELECT sum(coalesce(s.chunk_count, 0))
+                                  OVER (ROWS UNBOUNDED PRECEDING) AS running
+                           FROM document_search_version s
+                          WHERE s.tenant_id = $1
+                            AND s.embedding_model = $3
+                            AND ($4::uuid[] IS NULL OR s.document_id = ANY ($4::uuid[]))
+                            AND EXISTS (
+                                  SELECT 1
+                                    FROM document_acl a
+                                   WHERE a.tenant_id = s.tenant_id
+                                     AND a.document_id = s.document_id
+                                     AND a.permission = 'READ'
+                                     AND a.principal = ANY ($2::text[]))) r
+                  WHERE r.running > $5) AS broad) b
+ CROSS JOIN (
         -- The tenant's own graph (services/indexer/sink/tenant_graphs.py) and the model's
         -- partitioned index (services/index/ann.py), each when valid: the planner walks the
         -- tenant's rather than its partition's (the smaller index).

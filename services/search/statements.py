@@ -40,7 +40,8 @@ class VectorPath(Enum):
     """How the vector list finds the nearest readable chunks (statement_fragments.pgsql:
     vector_list_ann, vector_list_exact)."""
 
-    # Walk the tenant partition's HNSW graph, filters probed per candidate, iterating.
+    # Walk an HNSW graph (the tenant's own, else its partition's), filters probed per
+    # candidate, iterating.
     ANN = "ann"
     # Rank every chunk the principals may read: exact, and cheap while they are few.
     EXACT = "exact"

@@ -160,12 +160,16 @@ async def test_many_readable_chunks_walk_a_graph_only_when_there_is_one(
     assert path is VectorPath.ANN
     assert partition_ann_index_name(model, corpus) in indexes
 
-    # Neither graph: exact, and the very list of exact ranking.
+    # Neither graph: the vector list exact, and the very list of exact ranking; the keyword
+    # list still probes each candidate, as for any principal who reads this much.
     await conn.execute(f"DROP INDEX {ann_index_name(model)}")
     path, indexes = await plan_of(counting, api, "group:many")
     assert path is VectorPath.EXACT
     assert not [name for name in indexes if name.startswith("knowledge_chunk_ann_")]
+    keyword_paths = KeywordPaths(counting._keyword_sql)
+    counting._keyword_sql = keyword_paths
     graphless = await counting.candidates(request, vector)
+    assert keyword_paths.read == [VectorPath.ANN]
     assert len({c.document_id for c in graphless.vector}) > 1
     assert graphless == await exact.candidates(request, vector)
 
@@ -176,6 +180,18 @@ async def test_many_readable_chunks_walk_a_graph_only_when_there_is_one(
     path, indexes = await plan_of(counting, api, "group:many")
     assert path is VectorPath.ANN
     assert indexes.count(tenant_ann_index_name(model, "acme")) == 1
+
+
+class KeywordPaths(dict[Any, str]):
+    """A search index's keyword statements, noting the path of each one a search reads."""
+
+    def __init__(self, statements: Any) -> None:
+        super().__init__(statements)
+        self.read: list[VectorPath] = []
+
+    def __getitem__(self, key: Any) -> str:
+        self.read.append(key[0])
+        return super().__getitem__(key)
 
 
 async def test_the_ann_path_probes_each_candidates_pointer_and_acl_rows(

@@ -14,8 +14,8 @@ from services.search.statements import (
     vector_path_settings_sql,
 )
 
-ANN = PathChoice(VectorPath.ANN, tenant_graph=True)
-EXACT = PathChoice(VectorPath.EXACT, tenant_graph=False)
+ANN = PathChoice(VectorPath.ANN, tenant_graph=True, broad=True)
+EXACT = PathChoice(VectorPath.EXACT, tenant_graph=False, broad=False)
 
 
 class Clock:
@@ -35,6 +35,13 @@ def request(principals: tuple[str, ...], **filters: object) -> SearchRequest:
         SearchMode.VECTOR,
         SearchFilter(**filters),  # type: ignore[arg-type]
     )
+
+
+def test_the_keyword_list_follows_how_much_the_principals_read_not_the_graph() -> None:
+    graphless_broad = PathChoice(VectorPath.EXACT, tenant_graph=False, broad=True)
+    assert graphless_broad.keyword_path is VectorPath.ANN
+    assert ANN.keyword_path is VectorPath.ANN
+    assert EXACT.keyword_path is VectorPath.EXACT
 
 
 def test_a_choice_is_kept_until_its_time_is_up() -> None:

@@ -8,9 +8,11 @@ WITH vector_list AS (
     -- slot vector_list: vector_list_ann
     -- The vector list on the ANN path: the $5 searchable chunks ($1 to $4, as
     -- searchable_chunks) nearest to the query vector $6, ordered by the model's HNSW expression
-    -- (slot chunk_vector), which only the tenant partition's part of the model's index serves
-    -- (the path's custom plans, statements.vector_path_settings_sql, see the tenant as a value
-    -- and prune to its partition, migrations/0014).
+    -- (slot chunk_vector), which the tenant's own graph serves, or, where the indexers build
+    -- them (KB_INDEXER_PARTITION_GRAPHS), the tenant partition's part of the model's index (the
+    -- path's custom plans, statements.vector_path_settings_sql, see the tenant as a value and
+    -- prune to its partition, migrations/0014). Taken only when one of them is valid
+    -- (search.sql: choose_vector_path).
     WITH searchable AS NOT MATERIALIZED (
         -- The chunks principals $2 may search in tenant $1 -- the current search version's, READ by
         -- one of them, within the request's filters -- for the keyword list on every path and the
