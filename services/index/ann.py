@@ -7,9 +7,10 @@ index identity), so each model gets its own partial expression index:
         USING hnsw (<vector_expression(dimension)> vector_cosine_ops)
         WHERE <model_predicate(model)>
 
-``knowledge_chunk`` is partitioned by tenant (migrations/0014): the index is a partitioned
-index, one HNSW graph per partition, built partition by partition (``build_ann_index_sql``).
-A large tenant also gets a graph of its own (``create_tenant_ann_index_sql``): the same
+``knowledge_chunk`` is partitioned by tenant (migrations/0014): the model's index, when the
+indexers build it (KB_INDEXER_PARTITION_GRAPHS, off by default), is a partitioned index, one
+HNSW graph per partition, built partition by partition (``build_ann_index_sql``). A large
+tenant gets a graph of its own (``create_tenant_ann_index_sql``): the same
 expression on its partition, the predicate narrowed to the tenant, which a query of that
 tenant (the tenant a literal in its custom plan) prefers, being the smaller index.
 
@@ -108,6 +109,13 @@ def attach_partition_ann_index_sql(model: str, partition: str) -> str:
 def drop_partition_ann_index_sql(model: str, partition: str) -> str:
     """Drops one partition's part (an INVALID leftover of an interrupted build)."""
     return f"DROP INDEX CONCURRENTLY IF EXISTS {partition_ann_index_name(model, partition)}"
+
+
+def drop_ann_index_sql(model: str) -> str:
+    """Drops the model's partitioned index and the parts attached to it. Not CONCURRENTLY
+    (a partitioned index cannot be): it takes knowledge_chunk's ACCESS EXCLUSIVE lock, so
+    the caller bounds its waits (indexer/sink/pgvector.PartitionedDrop)."""
+    return f"DROP INDEX IF EXISTS {ann_index_name(model)}"
 
 
 def build_ann_index_sql(

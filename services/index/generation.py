@@ -1,6 +1,6 @@
 """The index's identity: what a document version is indexed as. A generation is one
 embedding model with its dimension and one chunking strategy; its chunks live in
-``knowledge_chunk`` under that model's name, with an ANN index named after it
+``knowledge_chunk`` under that model's name, its HNSW graphs named after it
 (``services.index.ann``). The indexer writes generations, search reads them.
 
 A strategy id ends with the digest of the code that chunked: strategies that differ only

@@ -95,7 +95,7 @@ class IndexerSettings(RuntimeSettings):
     # Whether the indexers build each model's partitioned HNSW index (one graph per
     # partition of knowledge_chunk). Off: search walks only the tenants' own graphs and ranks
     # a tenant without one exactly, and no chunk write pays an insert into a graph no search
-    # walks (docs/architecture.md, "The vector index"). An index already built is kept (and
+    # walks (docs/architecture.md, "The indexer", ANN indexes). An index already built is kept (and
     # maintained) until `kb index partition-graphs drop`.
     indexer_partition_graphs: bool = False
     # Wall time one document's parse + chunk may take (DOCUMENT_PARSE_TIMEOUT beyond it).

@@ -337,11 +337,10 @@ def run_workers(
                 sampler.run(stop),
                 collector.run(stop, interval_seconds=collecting.gc_interval_seconds),
                 retention.run(stop),
+                # Every model served or live, not only this indexer's: a tenant switched
+                # to another model (`kb index generations switch`) may stay on it.
                 tenant_graphs.run(
-                    stop,
-                    generation.embedding_model,
-                    generation.dimension,
-                    interval_seconds=settings.indexer_tenant_graph_check_seconds,
+                    stop, interval_seconds=settings.indexer_tenant_graph_check_seconds
                 ),
             ]
             if use_hints:

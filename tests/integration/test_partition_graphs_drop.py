@@ -4,6 +4,7 @@ has no graph of its own, and while the indexers would build them again (real Pos
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -11,22 +12,33 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.index.ann import ann_index_name
+from services.index.ann import (
+    ann_index_name,
+    create_partition_ann_index_sql,
+    partition_ann_index_name,
+)
+from services.index.generation import IndexGeneration
 from services.indexer.maintenance.partition_graphs import PgPartitionGraphs
-from services.indexer.sink.pgvector import PartitionedDrop
+from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
+from services.indexer.sink.pgvector import PartitionedDrop, PgVectorSink
+from services.indexer.sink.tenant_graphs import QUERIES as GRAPH_QUERIES
 from services.runtime.errors import DatabaseBusy
 from services.runtime.settings import RuntimeSettings
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Candidates, Generation, SearchMode, SearchRequest
-from services.search.statements import SearchSettings
+from services.search.statements import SearchSettings, VectorPath
 from tests.integration.test_tenant_graphs import LARGE, add_corpus, ensure
 from tests.support.cli import kb_async
-from tests.support.search import SearchHarness, create_ann_index, search_harness
+from tests.support.locks import wait_until_blocked_on_a_lock
+from tests.support.search import (
+    STRATEGY,
+    SearchHarness,
+    create_ann_index,
+    partition_graph_indexes,
+    search_harness,
+)
 
 pytestmark = pytest.mark.integration
-
-# The model's partitioned index and its partitions' parts (not the tenants' graphs, _t...).
-PARTITION_GRAPH = "SELECT count(*) FROM pg_class WHERE relname = $1 OR relname LIKE $1 || '\\_p%'"
 
 
 @pytest.fixture
@@ -56,18 +68,33 @@ async def drop(env: dict[str, str], *args: str) -> Run:
 
 
 async def partition_graph(conn: asyncpg.Connection[Any], api: SearchHarness) -> int:
-    count: int = await conn.fetchval(PARTITION_GRAPH, ann_index_name(api.embedder.model))
-    return count
+    return await partition_graph_indexes(conn, api.embedder.model)
 
 
-async def search(api: SearchHarness, tenant: str, exact_max_chunks: int = 50) -> Candidates:
+def searching(
+    api: SearchHarness, tenant: str, exact_max_chunks: int
+) -> tuple[PgSearchIndex, SearchRequest]:
     index = PgSearchIndex(
         api.pool,
         Generation(api.embedder.model, api.embedder.dimension),
         SearchSettings(search_exact_max_chunks=exact_max_chunks, search_path_cache_seconds=0),
     )
-    request = SearchRequest(tenant, "policy refunds", ("group:all",), 10, SearchMode.HYBRID)
+    return index, SearchRequest(tenant, "policy refunds", ("group:all",), 10, SearchMode.HYBRID)
+
+
+async def search(api: SearchHarness, tenant: str, exact_max_chunks: int = 50) -> Candidates:
+    index, request = searching(api, tenant, exact_max_chunks)
     return await index.candidates(request, api.embedder.embed_sync(["policy refunds"])[0])
+
+
+async def vector_path(api: SearchHarness, tenant: str, exact_max_chunks: int = 50) -> VectorPath:
+    """The path the tenant's vector list takes (50: under both tenants' chunks)."""
+    index, request = searching(api, tenant, exact_max_chunks)
+    async with (
+        api.pool.acquire() as conn,
+        conn.transaction(readonly=True, isolation="repeatable_read"),
+    ):
+        return await index.vector_path(conn, request)
 
 
 async def test_refused_while_a_large_tenant_has_no_graph_of_its_own(
@@ -111,6 +138,8 @@ async def test_drops_once_every_large_tenant_has_its_graph_and_search_answers_th
     # acme walks its own graph, as before; the neighbour (over the exact threshold, no graph
     # of its own) is ranked exactly now.
     assert await search(api, "acme") == before
+    assert await vector_path(api, "acme") is VectorPath.ANN
+    assert await vector_path(api, neighbour) is VectorPath.EXACT
     graphless = await search(api, neighbour)
     assert graphless.vector
     assert graphless == await search(api, neighbour, exact_max_chunks=10_000_000)
@@ -178,3 +207,112 @@ async def test_a_long_transaction_on_the_table_makes_it_give_up_and_keep_the_ind
 
     assert (await graphs.drop(api.embedder.model)).dropped
     assert await partition_graph(conn, api) == 0
+
+
+@pytest.mark.parametrize(
+    "lock",
+    [GRAPH_QUERIES["try_tenant_graphs_lock"], SINK_QUERIES["try_generation_lock"]],
+    ids=["tenant-graphs", "generation"],
+)
+async def test_another_process_building_the_models_graphs_makes_it_exit_1_at_once(
+    api: SearchHarness, conn: asyncpg.Connection[Any], env: dict[str, str], lock: str
+) -> None:
+    """A second session holding one of the model's locks (a tenant-graphs round, an indexer
+    building the partitioned index): tried, never waited for; nothing checked or dropped."""
+    await add_corpus(conn, api)
+    assert await ensure(api) == ["acme"]
+    parts = await partition_graph(conn, api)
+    assert await conn.fetchval(lock, api.embedder.model)
+
+    result = await drop(env)
+
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    assert "another process is building its graphs" in result.stderr
+    assert await partition_graph(conn, api) == parts
+
+
+async def test_each_try_is_bounded_by_a_statement_timeout_twice_its_lock_timeout(
+    conn: asyncpg.Connection[Any],
+) -> None:
+    async with conn.transaction():
+        await conn.fetchrow(SINK_QUERIES["set_local_drop_timeouts"], "1500ms")
+        assert await conn.fetchval("SHOW lock_timeout") == "1500ms"
+        assert await conn.fetchval("SHOW statement_timeout") == "3s"
+    assert await conn.fetchval("SHOW lock_timeout") == "0"
+
+
+async def test_a_cancelled_try_is_tried_again(
+    api: SearchHarness, conn: asyncpg.Connection[Any], database_url: str
+) -> None:
+    """A try ended by its statement_timeout (a cancel) is one more try, as a lock timeout
+    is: here the cancel comes from a second session while the DROP waits."""
+    await add_corpus(conn, api)
+    assert await ensure(api) == ["acme"]
+    graphs = PgPartitionGraphs(api.pool, min_chunks=LARGE, dropping=PartitionedDrop("60s", 2, 0))
+    reader = await asyncpg.connect(database_url)
+    try:
+        reading = reader.transaction()
+        await reading.start()
+        await reader.fetch("SELECT chunk_id FROM knowledge_chunk LIMIT 1")  # its lock, held
+        dropping = asyncio.create_task(graphs.drop(api.embedder.model))
+        await wait_until_blocked_on_a_lock(conn)
+        first_try = await conn.fetchrow(
+            "SELECT pid, query_start FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        assert first_try is not None
+        assert await conn.fetchval("SELECT pg_cancel_backend($1)", first_try["pid"])
+        # The second try, waiting in turn.
+        await wait_until_blocked_on_a_lock(conn, started_after=first_try["query_start"])
+        await reading.rollback()
+        assert (await asyncio.wait_for(dropping, timeout=30)).dropped
+    finally:
+        await reader.close()
+    assert await partition_graph(conn, api) == 0
+
+
+@pytest.fixture
+async def graphless(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
+    """The model registered by an indexer with partition graphs off: no partitioned index."""
+    async with search_harness(settings) as harness:
+        await PgVectorSink(harness.pool).ensure_generation(
+            IndexGeneration(harness.embedder.model, harness.embedder.dimension, STRATEGY)
+        )
+        yield harness
+
+
+async def test_parts_left_unattached_by_an_interrupted_build_are_dropped_and_reported(
+    graphless: SearchHarness, conn: asyncpg.Connection[Any], env: dict[str, str]
+) -> None:
+    api = graphless
+    model, dimension = api.embedder.model, api.embedder.dimension
+    partition = await add_corpus(conn, api)
+    assert await ensure(api) == ["acme"]
+    # What a build interrupted before its parent, or its ATTACH, leaves: a part of no index.
+    await conn.execute(
+        create_partition_ann_index_sql(model, dimension, partition, concurrently=False)
+    )
+    assert await partition_graph(conn, api) == 1
+
+    result = await drop(env)
+
+    assert result.returncode == 0, result.stderr
+    part = partition_ann_index_name(model, partition)
+    assert result.stdout == f"dropped  {model}  {part}  (unattached part)\n"
+    assert f"partition graphs of {model}: dropped, 1 unattached parts" in result.stderr
+    assert await partition_graph(conn, api) == 0
+    assert await vector_path(api, "acme") is VectorPath.ANN
+
+
+async def test_the_models_of_live_generations_are_dropped_too(
+    api: SearchHarness, conn: asyncpg.Connection[Any]
+) -> None:
+    await conn.execute(
+        "INSERT INTO search_generation (provider_profile, embedding_model, dimension,"
+        " chunk_max_tokens, chunk_overlap_tokens, state) VALUES"
+        " ('default', 'live-model', 8, 96, 0, 'ACTIVE'),"
+        " ('default', 'retired-model', 8, 96, 0, 'RETIRED')"
+    )
+    graphs = PgPartitionGraphs(api.pool, min_chunks=LARGE)
+    assert await graphs.models() == sorted([api.embedder.model, "live-model"])

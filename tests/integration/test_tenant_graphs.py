@@ -13,7 +13,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.index.ann import ann_index_name, partition_ann_index_name, tenant_ann_index_name
+from services.embedding.hashing import HashingEmbedder
+from services.index.ann import partition_ann_index_name, tenant_ann_index_name
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
 from services.indexer.sink.tenant_graphs import QUERIES as GRAPH_QUERIES
@@ -32,6 +33,7 @@ from tests.support.search import (
     add_document,
     add_version,
     create_ann_index,
+    partition_graph_indexes,
     point_search_at,
     search_harness,
 )
@@ -52,14 +54,20 @@ async def api(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
 
 
 async def add_documents(
-    conn: asyncpg.Connection[Any], api: SearchHarness, tenant: str, documents: int
+    conn: asyncpg.Connection[Any],
+    api: SearchHarness,
+    tenant: str,
+    documents: int,
+    embedder: HashingEmbedder | None = None,
 ) -> None:
+    """``documents`` of 10 chunks each, served by ``embedder``'s model (default: api's)."""
+    embedder = embedder or api.embedder
     await add_tenant(conn, tenant, "standard")
     for n in range(documents):
         document_id = await add_document(conn, tenant, title=f"Doc {n}", read=("group:all",))
         chunks = [ChunkSpec(f"clause {c} of {tenant} policy {n}") for c in range(10)]
-        await add_version(conn, tenant, document_id, 1, chunks, api.embedder)
-        await point_search_at(conn, tenant, document_id, 1, api.embedder.model)
+        await add_version(conn, tenant, document_id, 1, chunks, embedder)
+        await point_search_at(conn, tenant, document_id, 1, embedder.model)
 
 
 async def same_partition_as(conn: asyncpg.Connection[Any], tenant: str) -> str:
@@ -194,9 +202,7 @@ async def test_with_partition_graphs_off_a_large_tenant_gets_its_graph_and_searc
 ) -> None:
     api = graphless
     corpus = await add_corpus(conn, api)
-    # The model's partitioned index and its partitions' parts.
-    model_indexes = "SELECT count(*) FROM pg_class WHERE relname = $1 OR relname LIKE $1 || '\\_p%'"
-    assert await conn.fetchval(model_indexes, ann_index_name(api.embedder.model)) == 0
+    assert await partition_graph_indexes(conn, api.embedder.model) == 0
     # No graph to walk: ranked exactly, however many chunks are readable.
     path, _, indexes = await vector_list_of(api)
     assert path is VectorPath.EXACT
@@ -207,7 +213,7 @@ async def test_with_partition_graphs_off_a_large_tenant_gets_its_graph_and_searc
     assert path is VectorPath.ANN
     assert ef_search == str(TENANT_EF_SEARCH)
     assert indexes.count(tenant_ann_index_name(api.embedder.model, "acme")) == 1
-    assert await conn.fetchval(model_indexes, ann_index_name(api.embedder.model)) == 0
+    assert await partition_graph_indexes(conn, api.embedder.model) == 0
 
 
 async def test_an_invalid_graph_is_not_walked_and_is_built_again(
@@ -248,28 +254,69 @@ async def test_no_graphs_when_the_size_is_zero(
     assert await graph_of(conn, api, "acme") is None
 
 
-async def test_the_indexers_round_builds_graphs_until_stopped(
-    api: SearchHarness, corpus: str, conn: asyncpg.Connection[Any]
-) -> None:
-    graphs = graphs_of(api)
-    first_round = asyncio.Event()
-    ensure_now = graphs.ensure
+async def one_round(graphs: PgTenantGraphs) -> dict[str, list[str] | None]:
+    """What the indexer's first round (``run``) built, the rounds stopped after it."""
+    first_round: asyncio.Future[dict[str, list[str] | None]] = (
+        asyncio.get_running_loop().create_future()
+    )
+    round_now = graphs.ensure_every_model
 
-    async def observed(model: str, dimension: int) -> list[str] | None:
-        built = await ensure_now(model, dimension)
-        first_round.set()
+    async def observed() -> dict[str, list[str] | None]:
+        built = await round_now()
+        first_round.set_result(built)
         return built
 
-    graphs.ensure = observed  # type: ignore[method-assign]
+    graphs.ensure_every_model = observed  # type: ignore[method-assign]
     stop = asyncio.Event()
-    rounds = asyncio.create_task(
-        graphs.run(stop, api.embedder.model, api.embedder.dimension, interval_seconds=3600)
-    )
-    await asyncio.wait_for(first_round.wait(), timeout=30)
-    assert (await graph_of(conn, api, "acme"))["valid"]
+    rounds = asyncio.create_task(graphs.run(stop, interval_seconds=3600))
+    built = await asyncio.wait_for(first_round, timeout=30)
     # Stopping does not wait for the next round's hour.
     stop.set()
     await asyncio.wait_for(rounds, timeout=10)
+    return built
+
+
+async def test_the_indexers_round_builds_graphs_until_stopped(
+    api: SearchHarness, corpus: str, conn: asyncpg.Connection[Any]
+) -> None:
+    assert await one_round(graphs_of(api)) == {api.embedder.model: ["acme"]}
+    assert (await graph_of(conn, api, "acme"))["valid"]
+
+
+async def test_the_indexers_round_gives_a_tenant_on_a_second_model_its_graph(
+    graphless: SearchHarness, conn: asyncpg.Connection[Any]
+) -> None:
+    """A tenant switched to another model than the indexer's (`kb index generations
+    switch`) may stay on it: the round covers every model served or live."""
+    api = graphless
+    second = HashingEmbedder(32)
+    await PgVectorSink(api.pool).ensure_generation(
+        IndexGeneration(second.model, second.dimension, STRATEGY)
+    )
+    await conn.execute(
+        "INSERT INTO search_generation (provider_profile, embedding_model, dimension,"
+        " chunk_max_tokens, chunk_overlap_tokens) VALUES ('default', $1, $2, 96, 0)",
+        second.model,
+        second.dimension,
+    )
+    await add_documents(conn, api, "small", 1)
+    await add_documents(conn, api, "acme", LARGE // CHUNKS_PER_DOCUMENT, embedder=second)
+    # A retired generation's model no pointer names any more is left out.
+    await conn.execute(
+        "INSERT INTO search_generation (provider_profile, embedding_model, dimension,"
+        " chunk_max_tokens, chunk_overlap_tokens, state) VALUES ('default', 'gone', 8, 96, 0,"
+        " 'RETIRED')"
+    )
+
+    built = await one_round(graphs_of(api))
+
+    assert built == {api.embedder.model: [], second.model: ["acme"]}
+    valid = await conn.fetchval(
+        "SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+        " WHERE c.relname = $1",
+        tenant_ann_index_name(second.model, "acme"),
+    )
+    assert valid is True
 
 
 async def test_kb_index_tenant_graphs_builds_them_now(
@@ -306,9 +353,7 @@ async def test_stopping_cuts_a_build_short_and_the_next_round_builds_it_again(
     await holding.start()
     await conn.execute(f"LOCK TABLE {corpus} IN SHARE UPDATE EXCLUSIVE MODE")
     stop = asyncio.Event()
-    rounds = asyncio.create_task(
-        graphs_of(api).run(stop, api.embedder.model, api.embedder.dimension, interval_seconds=3600)
-    )
+    rounds = asyncio.create_task(graphs_of(api).run(stop, interval_seconds=3600))
     await wait_until_blocked_on_a_lock(api.pool)
     stop.set()
     # Shutdown does not wait for the build.

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 
 async def wait_until_blocked_on_a_lock(
-    db: asyncpg.Pool[Any] | asyncpg.Connection[Any], backends: int = 1
+    db: asyncpg.Pool[Any] | asyncpg.Connection[Any],
+    backends: int = 1,
+    *,
+    started_after: datetime | None = None,
 ) -> None:
-    """Returns once ``backends`` backends of the database wait for a lock (at most 30 s).
+    """Returns once ``backends`` backends of the database wait for a lock (at most 30 s),
+    in statements started after ``started_after`` when given (a retry, not the first try).
     ``db``: a pool, or a connection of its own when the pool's idle connections must stay
     free for what is being watched; not one inside a transaction (pg_stat_activity is read
     once per transaction)."""
@@ -20,6 +25,8 @@ async def wait_until_blocked_on_a_lock(
             blocked = await db.fetchval(
                 "SELECT count(*) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                "   AND ($1::timestamptz IS NULL OR query_start > $1)",
+                started_after,
             )
             if blocked >= backends:
                 return

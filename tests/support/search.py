@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from services.app import create_app
 from services.embedding.hashing import HashingEmbedder
 from services.embedding.port import Embedder
+from services.index.ann import ann_index_name
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
 from services.publisher.settings import PublisherSettings
@@ -49,6 +50,16 @@ async def create_ann_index(pool: asyncpg.Pool[Any], model: str, dimension: int) 
     await PgVectorSink(pool, partition_graphs=True).ensure_generation(
         IndexGeneration(model, dimension, STRATEGY)
     )
+
+
+async def partition_graph_indexes(conn: asyncpg.Connection[Any], model: str) -> int:
+    """How many of the model's partitioned HNSW index and its partitions' parts (attached
+    or not) exist; the tenants' graphs (``_t...``) are not counted."""
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM pg_class WHERE relname = $1 OR relname LIKE $1 || '\\_p%'",
+        ann_index_name(model),
+    )
+    return count
 
 
 async def add_document(

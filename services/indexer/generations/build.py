@@ -1,7 +1,8 @@
 """How the indexer builds a search generation's pipeline when a task of it first arrives
 (pipeline/generations.py): the embedder of its provider profile with its model and dimension
 (services.embedding.profiles), guarded as the default's is for a remote provider, its
-chunking, its model's index generation and ANN index, and its chunking settings recorded.
+chunking, its model's index generation (and, with KB_INDEXER_PARTITION_GRAPHS on, the
+model's partitioned ANN index), and its chunking settings recorded.
 """
 
 from __future__ import annotations

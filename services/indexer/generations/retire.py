@@ -199,19 +199,19 @@ class PgRetirement:
                     name = row["index_name"]
                     if not _OUR_INDEX.match(name):
                         continue
-                    if row["partitioned"]:
-                        await self._drop_partitioned(conn, name)
+                    if row["partitioned"]:  # the model's own (ann_index_name)
+                        await self._drop_partitioned(conn, model)
                     else:
                         await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
                     dropped.append(name)
         return dropped
 
-    async def _drop_partitioned(self, conn: Any, name: str) -> None:
+    async def _drop_partitioned(self, conn: Any, model: str) -> None:
         """A few tries, each within a short lock_timeout (pgvector.PartitionedDrop); after
         the last, DatabaseBusy (exit 1), the generation stays RETIRING and a second run of
         the command tries again (its deletes find nothing left)."""
         drop = PartitionedDrop(self.lock_timeout, self.drop_attempts, self.drop_pause_seconds)
-        await drop.run(conn, name, again="kb index generations retire")
+        await drop.run(conn, model, again="kb index generations retire")
 
 
 def _statement(sql: str, *args: Any) -> Callable[[Any], Awaitable[Any]]:

@@ -14,14 +14,16 @@ gc -- stderr: the chunks collected. Exit 0.
 retention -- stderr: the superseded versions whose content was removed. Exit 0.
 
 tenant-graphs -- stdout: one line per graph built; stderr: the summary. Exit 0 when every
-large tenant of every registered model has its graph, 1 when another process was building
+large tenant of every model served or live has its graph, 1 when another process was building
 them (run it again later).
 
-partition-graphs drop -- stdout: one line per partitioned index dropped; stderr: a line per
-model and the summary. Exit 0 when no model named has a partition graph left, 1 when one is
-kept (a tenant at or over KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS has no valid graph of its own:
-run `kb index tenant-graphs`, then this again) or knowledge_chunk stayed locked through every
-try (run it again), 2 when KB_INDEXER_PARTITION_GRAPHS is true (the indexers would build it
+partition-graphs drop -- stdout: one line per partitioned index dropped, and per part of one
+left unattached (an interrupted build's); stderr: a line per model and the summary. Exit 0
+when no model named has a partition graph left, 1 when one is kept (a tenant at or over
+KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS has no valid graph of its own: run `kb index
+tenant-graphs`, then this again), another process was building the model's graphs (its
+generation or tenant-graphs lock held), or knowledge_chunk stayed locked through every try
+(run it again), 2 when KB_INDEXER_PARTITION_GRAPHS is true (the indexers would build it
 again), when KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS is 0 (no tenant would have a graph) or on a
 bad --model; nothing is dropped then.
 """
@@ -257,8 +259,8 @@ def tenant_graphs(
         help="Tenants of at least this many chunks (default KB_INDEXER_TENANT_GRAPH_MIN_CHUNKS).",
     ),
 ) -> None:
-    """Build the HNSW graph of each tenant large enough to have its own, for every
-    registered model, now (`kb indexer run` does it every
+    """Build the HNSW graph of each tenant large enough to have its own, for every model
+    served or of a live generation, now (`kb indexer run` does it every
     KB_INDEXER_TENANT_GRAPH_CHECK_SECONDS): after a bulk load, say."""
     from services.indexer.pool import load_settings
     from services.runtime.logging import configure_logging
@@ -268,19 +270,15 @@ def tenant_graphs(
     threshold = min_chunks if min_chunks is not None else settings.indexer_tenant_graph_min_chunks
 
     async def _work(pool: asyncpg.Pool[Any]) -> bool:
-        from services.indexer.sink.pgvector import PgVectorSink
         from services.indexer.sink.tenant_graphs import PgTenantGraphs
 
         graphs = PgTenantGraphs(
             pool, min_chunks=threshold, index_build_memory=settings.indexer_index_build_memory
         )
         done = True
-        models = {
-            g.generation.embedding_model: g.generation
-            for g in await PgVectorSink(pool).generations()
-        }
-        for model, generation in models.items():
-            built = await graphs.ensure(model, generation.dimension)
+        # The indexers' rounds' models: each served or live.
+        for model, dimension in await graphs.models():
+            built = await graphs.ensure(model, dimension)
             if built is None:
                 typer.echo(f"tenant graphs of {model}: another process is building them", err=True)
                 done = False
@@ -304,7 +302,9 @@ def _partition_graphs() -> None:
 @partition_graphs_app.command("drop")
 def drop_partition_graphs(
     model: str | None = typer.Option(
-        None, "--model", help="Only this model's (default: every registered model's)."
+        None,
+        "--model",
+        help="Only this model's (default: every registered or live generation's model's).",
     ),
 ) -> None:
     """Drop a model's partitioned HNSW index, left by indexers that ran with
@@ -341,9 +341,23 @@ def drop_partition_graphs(
         done = True
         for name in [model] if model is not None else await graphs.models():
             outcome = await graphs.drop(name)
-            if outcome.dropped:
-                typer.echo(f"dropped  {name}  {outcome.index}")
-                typer.echo(f"partition graphs of {name}: dropped", err=True)
+            if outcome.busy:
+                done = False
+                typer.echo(
+                    f"partition graphs of {name}: another process is building its graphs; "
+                    f"run `{RERUN}` again later",
+                    err=True,
+                )
+            elif outcome.dropped or outcome.leftovers:
+                if outcome.dropped:
+                    typer.echo(f"dropped  {name}  {outcome.index}")
+                for index in outcome.leftovers:
+                    typer.echo(f"dropped  {name}  {index}  (unattached part)")
+                typer.echo(
+                    f"partition graphs of {name}: dropped"
+                    + (f", {len(outcome.leftovers)} unattached parts" if outcome.leftovers else ""),
+                    err=True,
+                )
             elif outcome.missing:
                 done = False
                 typer.echo(

@@ -6,27 +6,42 @@ index, but one already built stays, and PostgreSQL keeps inserting every chunk i
 goes only when the operator says so, and only once no search needs it: every tenant at or
 over the tenant-graph threshold has a valid graph of its own (a tenant under it is ranked
 exactly, or walks its own graph once it crosses it). The DROP takes knowledge_chunk's ACCESS
-EXCLUSIVE lock, so it gives up after a short lock_timeout and tries again a few times
-(pgvector.PartitionedDrop), as a generation's retire does.
+EXCLUSIVE lock, so it gives up after a short lock_timeout and statement_timeout and tries
+again a few times (pgvector.PartitionedDrop), as a generation's retire does.
+
+Nothing is checked or dropped while another process builds the model's graphs: the model's
+generation lock (an indexer building the partitioned index) and its tenant-graphs lock (a
+round building tenants' graphs) are tried, never waited for, and held through the drop.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import asyncpg
 
-from services.index.ann import ann_index_name
+from services.index.ann import ann_index_name, drop_partition_ann_index_sql
 from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
-from services.indexer.sink.pgvector import PartitionedDrop, PgVectorSink
+from services.indexer.sink.pgvector import PartitionedDrop
+from services.indexer.sink.tenant_graphs import QUERIES as GRAPH_QUERIES
 from services.indexer.sink.tenant_graphs import PgTenantGraphs
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
+from services.runtime.pg.sql import queries_beside
 
+QUERIES = queries_beside(__file__, "partition_graphs.sql")
 log = get_logger(__name__)
 
 RERUN = "kb index partition-graphs drop"
+
+# The model's locks the drop holds, each tried: (take, release) in sink.sql/tenant_graphs.sql.
+_LOCKS = (
+    (SINK_QUERIES["try_generation_lock"], SINK_QUERIES["release_generation_lock"]),
+    (GRAPH_QUERIES["try_tenant_graphs_lock"], GRAPH_QUERIES["release_tenant_graphs_lock"]),
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,10 @@ class ModelDrop:
     dropped: bool
     # Tenants at or over the threshold without a valid graph of their own: the index kept.
     missing: tuple[str, ...] = ()
+    # Another process held one of the model's locks (it is building): nothing checked.
+    busy: bool = False
+    # Parts of the model's index attached to no parent, dropped (concurrently).
+    leftovers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,25 +68,53 @@ class PgPartitionGraphs:
     dropping: PartitionedDrop = field(default_factory=PartitionedDrop)
 
     async def models(self) -> list[str]:
-        """Every registered model (each generation's index is named after its model)."""
-        registered = await PgVectorSink(self.pool).generations()
-        return sorted({g.generation.embedding_model for g in registered})
+        """Every registered model and every live search generation's."""
+        with translate_db_errors():
+            rows = await self.pool.fetch(QUERIES["models"])
+        return [row["embedding_model"] for row in rows]
 
     async def drop(self, model: str) -> ModelDrop:
-        """Drops ``model``'s partitioned index unless a tenant at or over the threshold
-        lacks a valid graph of its own; ``dropped`` False with no ``missing``: there was
-        none. DatabaseBusy when knowledge_chunk stayed locked through every try."""
+        """Drops ``model``'s partitioned index and its unattached parts unless a tenant at
+        or over the threshold lacks a valid graph of its own, or another process holds the
+        model's generation or tenant-graphs lock (``busy``); ``dropped`` False otherwise:
+        there was none. DatabaseBusy when knowledge_chunk stayed locked through every try."""
         name = ann_index_name(model)
         with translate_db_errors():
-            if await self.pool.fetchval(SINK_QUERIES["ann_index_state"], name) is None:
-                return ModelDrop(model, name, dropped=False)
-            missing = await PgTenantGraphs(self.pool, min_chunks=self.min_chunks).missing(model)
-            if missing:
-                log.warning(
-                    "partition_graph.kept", model=model, index=name, tenants_without_graph=missing
-                )
-                return ModelDrop(model, name, dropped=False, missing=tuple(missing))
-            async with self.pool.acquire() as conn:
-                await self.dropping.run(conn, name, again=RERUN)
-        log.info("partition_graph.dropped", model=model, index=name)
-        return ModelDrop(model, name, dropped=True)
+            async with self.pool.acquire() as conn, _model_locks(conn, model) as held:
+                if not held:
+                    log.warning("partition_graph.busy", model=model, index=name)
+                    return ModelDrop(model, name, dropped=False, busy=True)
+                state = await conn.fetchval(SINK_QUERIES["ann_index_state"], name)
+                parts = await conn.fetch(QUERIES["unattached_parts"], name)
+                if state is None and not parts:
+                    return ModelDrop(model, name, dropped=False)
+                graphs = PgTenantGraphs(self.pool, min_chunks=self.min_chunks)
+                if missing := await graphs.missing(model, conn):
+                    log.warning("partition_graph.kept", model=model, tenants_without_graph=missing)
+                    return ModelDrop(model, name, dropped=False, missing=tuple(missing))
+                if state is not None:
+                    await self.dropping.run(conn, model, again=RERUN)
+                # Unattached parts block nothing: each goes without knowledge_chunk's lock.
+                for part in parts:
+                    await conn.execute(drop_partition_ann_index_sql(model, part["partition"]))
+        leftovers = tuple(part["index_name"] for part in parts)
+        log.info("partition_graph.dropped", model=model, index=name, leftovers=leftovers)
+        return ModelDrop(model, name, dropped=state is not None, leftovers=leftovers)
+
+
+@asynccontextmanager
+async def _model_locks(conn: Any, model: str) -> AsyncIterator[bool]:
+    """The model's generation and tenant-graphs locks, tried on ``conn`` (session-level,
+    never waited for: a session waiting holds a snapshot a builder's CREATE INDEX
+    CONCURRENTLY would wait for); True when both are held, released on the way out."""
+    taken: list[str] = []
+    try:
+        for take, release in _LOCKS:
+            if not await conn.fetchval(take, model):
+                yield False
+                return
+            taken.append(release)
+        yield True
+    finally:
+        for release in reversed(taken):
+            await conn.fetchval(release, model)

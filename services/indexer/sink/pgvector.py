@@ -1,6 +1,7 @@
 """The indexer's sink on PostgreSQL + pgvector: the one short fenced transaction that makes a
 document version searchable, the reuse of embeddings already in the index, and the
-registration of index generations with their ANN index.
+registration of index generations (with, when KB_INDEXER_PARTITION_GRAPHS is on, their model's
+partitioned ANN index).
 
 The write runs inside ``PgTaskQueue.complete``'s transaction, after the fenced UPDATE that
 marks the task SUCCEEDED (the task row is locked by then): chunks, the forward-only search
@@ -38,9 +39,11 @@ import numpy as np
 import numpy.typing as npt
 
 from services.index.ann import (
+    ann_index_name,
     attach_partition_ann_index_sql,
     create_parent_ann_index_sql,
     create_partition_ann_index_sql,
+    drop_ann_index_sql,
     drop_partition_ann_index_sql,
     partition_ann_index_name,
 )
@@ -357,23 +360,25 @@ class PartitionedDrop:
     """DROP INDEX of a model's partitioned index takes knowledge_chunk's ACCESS EXCLUSIVE
     lock: queued behind a long transaction, it would hold up every search and completion
     queued behind it. So each of ``attempts`` tries gives up after a short ``lock_timeout``
-    (a PostgreSQL duration), ``pause_seconds`` apart."""
+    (a PostgreSQL duration) for any one lock, and after twice that in all (statement_timeout:
+    the DROP takes each partition's lock in turn, holding the parent's meanwhile),
+    ``pause_seconds`` apart."""
 
     lock_timeout: str = "2s"
     attempts: int = 5
     pause_seconds: float = 1.0
 
-    async def run(self, conn: Executor, name: str, *, again: str) -> None:
-        """Drops index ``name`` (one of our index names, never user input); after the last
-        try, DatabaseBusy (exit 1) telling the operator to run ``again`` (the command) once
-        more."""
+    async def run(self, conn: Executor, model: str, *, again: str) -> None:
+        """Drops ``model``'s partitioned index; after the last try, DatabaseBusy (exit 1)
+        telling the operator to run ``again`` (the command) once more."""
+        name = ann_index_name(model)
         for attempt in range(self.attempts):
             try:
                 async with conn.transaction():
-                    await conn.fetchval(QUERIES["set_local_lock_timeout"], self.lock_timeout)
-                    await conn.execute(f"DROP INDEX IF EXISTS {name}")
+                    await conn.fetchrow(QUERIES["set_local_drop_timeouts"], self.lock_timeout)
+                    await conn.execute(drop_ann_index_sql(model))
                 return
-            except asyncpg.LockNotAvailableError:
+            except (asyncpg.LockNotAvailableError, asyncpg.QueryCanceledError):
                 log.warning("ann_index.drop_waited", index=name, attempt=attempt + 1)
                 if attempt + 1 < self.attempts:
                     await asyncio.sleep(self.pause_seconds)

@@ -6,7 +6,7 @@
 -- $1 tenants, $2 documents: one (tenant, document) pair per element (one for a write of its
 -- own; a group written together has several: together.py); $3 now; $4 the write's statement
 -- timeout (ms), set for the rest of the transaction (SET LOCAL: the statements after this one
--- insert the rows, whose ANN index takes time by the row; this one and the generation's
+-- insert the rows, whose HNSW graphs take time by the row; this one and the generation's
 -- lock before it wait under the pool's). First each document's
 -- mark for the collector (gc.sql: mark_document, whose lock comes before the pointer's and
 -- any chunk row's): `marked` is read by a one-time filter, which the executor evaluates
@@ -179,7 +179,8 @@ SELECT pg_advisory_unlock(hashtextextended('kb.index_generation:' || $1::text, 0
 -- $1 model, $2 strategy, $3 dimension, $4 ANN index name, $5 the versions of the code that
 -- chunks (jsonb, chunking_code.py; NULL: not known), $6 now. Returns the dimension the model
 -- is registered with (its first generation's): a different one is a configuration error,
--- since the model's one ANN index casts every embedding of the model to that dimension.
+-- since the model's HNSW graphs (index/ann.py) cast every embedding of the model to that
+-- dimension.
 -- A generation registered before is registered again: registered_at says which generation
 -- of a model the indexers started last chunk with (`kb index check`: chunked by older code).
 WITH registered AS (
@@ -208,14 +209,19 @@ SELECT i.indisvalid AS valid
  WHERE c.relname = $1
    AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'knowledge_chunk'::regclass)
 
--- name: set_local_lock_timeout
--- Transaction-level (SET LOCAL): how long the DROP INDEX of a model's partitioned ANN index
--- may wait for knowledge_chunk's lock before it gives up (pgvector.PartitionedDrop).
-SELECT set_config('lock_timeout', $1::text, true)
+-- name: set_local_drop_timeouts
+-- Transaction-level (SET LOCAL), for the DROP INDEX of a model's partitioned ANN index
+-- (pgvector.PartitionedDrop): $1 (a duration, '2s') for any one lock it waits for, twice
+-- that for the statement -- lock_timeout applies per lock, and the DROP waits for each
+-- partition's in turn while it holds knowledge_chunk's ACCESS EXCLUSIVE lock.
+SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
+       set_config('statement_timeout',
+                  (ceil(extract(epoch FROM 2 * $1::text::interval) * 1000))::bigint::text,
+                  true) AS statement_timeout
 
 -- name: knowledge_chunk_partitions
--- The partitions of knowledge_chunk (migrations/0014), each of which holds its part of every
--- model's ANN index.
+-- The partitions of knowledge_chunk (migrations/0014): a model's partitioned ANN index, when
+-- built (KB_INDEXER_PARTITION_GRAPHS), has a part on each.
 SELECT c.relname AS partition
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid

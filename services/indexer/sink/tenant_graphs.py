@@ -1,16 +1,20 @@
 """A large tenant's own HNSW graph of a model, kept by the indexer.
 
-Every search is within one tenant. The partition's graph (index/ann.py) holds the few tenants
-hashed to that partition, so a search walks past the others' chunks and needs a longer
-candidate list (ef_search), and more time, for the same recall than a graph of the
-tenant's chunks alone (BENCHMARKS.md). So each tenant whose current versions hold at least
-``min_chunks`` chunks of the model gets a partial HNSW index of its own on its partition
-(ann.create_tenant_ann_index_sql); a smaller tenant is ranked exactly by search anyway
-(``KB_SEARCH_EXACT_MAX_CHUNKS``), which is why the two thresholds share their default.
+Every search is within one tenant. A partition's graph (index/ann.py; built only with
+KB_INDEXER_PARTITION_GRAPHS) holds the few tenants hashed to that partition, so a search
+walks past the others' chunks and needs a longer candidate list (ef_search), and more time,
+for the same recall than a graph of the tenant's chunks alone (BENCHMARKS.md); without
+partition graphs a tenant's own is the only graph there is. So each tenant whose current
+versions hold at least ``min_chunks`` chunks of the model gets a partial HNSW index of its
+own on its partition (ann.create_tenant_ann_index_sql); a smaller tenant is ranked exactly
+by search anyway (``KB_SEARCH_EXACT_MAX_CHUNKS``), which is why the two thresholds share
+their default.
 
 Built with CREATE INDEX CONCURRENTLY, one tenant at a time, by whichever indexer process
-takes the model's tenant-graphs lock; the others skip the round. A graph is never dropped
-here, except an INVALID one (an interrupted build), which is dropped and built again.
+takes the model's tenant-graphs lock; the others skip that model. A round covers every
+model a search pointer names or a live search generation embeds with (``models``). A graph
+is never dropped here, except an INVALID one (an interrupted build), which is dropped and
+built again.
 """
 
 from __future__ import annotations
@@ -73,21 +77,44 @@ class PgTenantGraphs:
             lambda conn: conn.fetch(QUERIES["large_tenants"], None, self._min_chunks, tenants),
         )
 
-    async def missing(self, model: str) -> list[str]:
+    async def missing(self, model: str, conn: Any = None) -> list[str]:
         """The tenants of at least ``min_chunks`` served chunks of ``model`` that have no
-        valid graph of their own (none yet, or an INVALID one), the largest first."""
+        valid graph of their own (none yet, or an INVALID one), the largest first. On
+        ``conn`` when given (a caller holding the pool's one connection), else the pool's."""
+        if conn is None:
+            with translate_db_errors():
+                async with self._pool.acquire() as conn:
+                    return await self.missing(model, conn)
+        missing: list[str] = []
         with translate_db_errors():
-            async with self._pool.acquire() as conn:
-                large = await conn.fetch(QUERIES["large_tenants"], model, self._min_chunks, None)
-                return [
-                    row["tenant_id"]
-                    for row in large
-                    if await conn.fetchval(
-                        SINK_QUERIES["ann_index_state"],
-                        tenant_ann_index_name(model, row["tenant_id"]),
-                    )
-                    is not True
-                ]
+            large = await conn.fetch(QUERIES["large_tenants"], model, self._min_chunks, None)
+            for row in large:
+                name = tenant_ann_index_name(model, row["tenant_id"])
+                if await conn.fetchval(SINK_QUERIES["ann_index_state"], name) is not True:
+                    missing.append(row["tenant_id"])
+        return missing
+
+    async def models(self) -> list[tuple[str, int]]:
+        """The models whose tenants may need a graph, with their dimension: each that a
+        search pointer names or a live (not retired) search generation embeds with -- not
+        only the indexer's own: a tenant switched to another model may stay on it."""
+        with translate_db_errors():
+            rows = await self._pool.fetch(QUERIES["graph_models"])
+        return [(row["embedding_model"], row["dimension"]) for row in rows]
+
+    async def ensure_every_model(self) -> dict[str, list[str] | None]:
+        """One round: ``ensure`` for each of ``models``, each under its own lock (None: another
+        process holds that model's). A model whose round fails is logged and left to the
+        next round; the others go on."""
+        if self._min_chunks <= 0:
+            return {}
+        done: dict[str, list[str] | None] = {}
+        for model, dimension in await self.models():
+            try:
+                done[model] = await self.ensure(model, dimension)
+            except Exception as error:
+                log.warning("tenant_graph.round_failed", model=model, error=repr(error))
+        return done
 
     async def _ensure(
         self, model: str, dimension: int, large_tenants: Callable[[Any], Awaitable[Any]]
@@ -118,21 +145,19 @@ class PgTenantGraphs:
                     await conn.fetchval(QUERIES["release_tenant_graphs_lock"], model)
         return built
 
-    async def run(
-        self, stop: asyncio.Event, model: str, dimension: int, *, interval_seconds: float
-    ) -> None:
-        """``ensure`` now and every ``interval_seconds`` until ``stop``; a failed round is
-        logged and tried again at the next. ``stop`` cuts a build short (a large tenant's
-        takes minutes, longer than a shutdown's grace): the index it leaves INVALID is
-        dropped and built again by the next round, here or in another process."""
+    async def run(self, stop: asyncio.Event, *, interval_seconds: float) -> None:
+        """``ensure_every_model`` now and every ``interval_seconds`` until ``stop``; a failed
+        round is logged and tried again at the next. ``stop`` cuts a build short (a large
+        tenant's takes minutes, longer than a shutdown's grace): the index it leaves INVALID
+        is dropped and built again by the next round, here or in another process."""
         while not stop.is_set():
-            building = await unless_stopped(self.ensure(model, dimension), stop)
+            building = await unless_stopped(self.ensure_every_model(), stop)
             if building.cancelled():
-                log.info("tenant_graph.round_stopped", model=model)
+                log.info("tenant_graph.round_stopped")
                 return
             if (error := building.exception()) is not None:
                 # A round fails alone (the database away, say); the next one tries again.
-                log.warning("tenant_graph.round_failed", model=model, error=repr(error))
+                log.warning("tenant_graph.round_failed", error=repr(error))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval_seconds)
 

@@ -31,3 +31,16 @@ SELECT pg_try_advisory_lock(hashtextextended('kb.tenant_graphs:' || $1::text, 0)
 
 -- name: release_tenant_graphs_lock
 SELECT pg_advisory_unlock(hashtextextended('kb.tenant_graphs:' || $1::text, 0))
+
+-- name: graph_models
+-- The models of the indexers' rounds, with their dimension: each that a search pointer
+-- names (one row per document: a pass over the pointers per registered model, every few
+-- minutes, beside large_tenants' own) or a live search generation embeds with.
+SELECT embedding_model, dimension
+  FROM search_generation
+ WHERE state <> 'RETIRED'
+ UNION
+SELECT g.embedding_model, g.dimension
+  FROM (SELECT DISTINCT embedding_model, dimension FROM index_generation) g
+ WHERE EXISTS (SELECT 1 FROM document_search_version p WHERE p.embedding_model = g.embedding_model)
+ ORDER BY embedding_model
