@@ -1,11 +1,13 @@
-"""The vector list's path (statements.VectorPath): chosen by counting what the principals
-may read (search.sql: choose_vector_path), kept a short while per tenant, principal set and
-document filter, and set up in the search's transaction (statements.vector_path_settings_sql).
+"""The lists' paths (statements.VectorPath): chosen by counting what the principals may read
+and looking up the graphs there are to walk (search.sql: choose_vector_path), kept a short
+while per tenant, principal set and document filter, and set up in the search's transaction
+(statements.vector_path_settings_sql). The vector list walks a graph only when one exists;
+the keyword list's plan follows the count alone (PathChoice.keyword_path).
 
 Counting the chunks the principals may read, up to the exact-ranking threshold, takes a
 noticeable share of a search for a principal who reads much of a large tenant: on every
-search, until kept. A choice only decides how fast the vector list is found, never which
-chunks are eligible: the version and ACL filters are in every statement whatever the path.
+search, until kept. A choice only decides how fast the lists are found, never which chunks
+are eligible: the version and ACL filters are in every statement whatever the path.
 A stale choice (the principals gained or lost access since) therefore costs time, not
 correctness, and at most ``ttl_seconds`` of it.
 """

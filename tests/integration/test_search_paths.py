@@ -194,6 +194,36 @@ class KeywordPaths(dict[Any, str]):
         return super().__getitem__(key)
 
 
+async def test_a_kept_graphless_choice_still_gives_the_keyword_list_the_probing_plan(
+    api: SearchHarness, settings: RuntimeSettings, conn: asyncpg.Connection[Any], corpus: str
+) -> None:
+    """With the choice kept, hybrid and keyword-only searches read it instead of counting:
+    they too must give the keyword list the count's plan, not the vector list's path."""
+    model = api.embedder.model
+    await conn.execute(f"DROP INDEX {ann_index_name(model)}")
+    index = PgSearchIndex(
+        api.pool,
+        Generation(model, api.embedder.dimension),
+        SearchSettings(
+            database_url=settings.database_url,
+            search_exact_max_chunks=EXACT_MAX_CHUNKS,
+            search_path_cache_seconds=300,
+        ),
+    )
+    keyword_paths = KeywordPaths(index._keyword_sql)
+    index._keyword_sql = keyword_paths
+    hybrid = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.HYBRID)
+    vector = api.embedder.embed_sync(["refunds"])[0]
+    first = await index.candidates(hybrid, vector)  # counts, and keeps the choice
+    kept = index._paths.kept(hybrid)
+    assert kept is not None
+    assert (kept.path, kept.keyword_path) == (VectorPath.EXACT, VectorPath.ANN)
+    assert await index.candidates(hybrid, vector) == first  # the kept choice
+    keyword = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.KEYWORD)
+    await index.candidates(keyword, None)
+    assert keyword_paths.read == [VectorPath.ANN] * 3
+
+
 async def test_the_ann_path_probes_each_candidates_pointer_and_acl_rows(
     api: SearchHarness, index: PgSearchIndex, corpus: str
 ) -> None:
