@@ -27,6 +27,10 @@ import re
 
 from services.runtime.tenancy.tenant_ids import TENANT_ID_PATTERN
 
+# pgvector's HNSW indexes a `vector` of at most this many dimensions: CREATE INDEX over more
+# fails, and CONCURRENTLY leaves an INVALID index behind.
+HNSW_MAX_DIMENSION = 2000
+
 _SAFE_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 
 

@@ -337,8 +337,8 @@ def run_workers(
                 sampler.run(stop),
                 collector.run(stop, interval_seconds=collecting.gc_interval_seconds),
                 retention.run(stop),
-                # Every model served or live, not only this indexer's: a tenant switched
-                # to another model (`kb index generations switch`) may stay on it.
+                # Every model served, not only this indexer's: a tenant switched to
+                # another model (`kb index generations switch`) may stay on it.
                 tenant_graphs.run(
                     stop, interval_seconds=settings.indexer_tenant_graph_check_seconds
                 ),

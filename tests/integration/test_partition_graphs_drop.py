@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -23,13 +24,13 @@ from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
 from services.indexer.sink.pgvector import PartitionedDrop, PgVectorSink
 from services.indexer.sink.tenant_graphs import QUERIES as GRAPH_QUERIES
 from services.runtime.errors import DatabaseBusy
+from services.runtime.pg.db import create_pool_without_session_reset
 from services.runtime.settings import RuntimeSettings
 from services.search.index_pg import PgSearchIndex
 from services.search.searcher import Candidates, Generation, SearchMode, SearchRequest
 from services.search.statements import SearchSettings, VectorPath
 from tests.integration.test_tenant_graphs import LARGE, add_corpus, ensure
 from tests.support.cli import kb_async
-from tests.support.locks import wait_until_blocked_on_a_lock
 from tests.support.search import (
     STRATEGY,
     SearchHarness,
@@ -235,11 +236,36 @@ async def test_another_process_building_the_models_graphs_makes_it_exit_1_at_onc
 async def test_each_try_is_bounded_by_a_statement_timeout_twice_its_lock_timeout(
     conn: asyncpg.Connection[Any],
 ) -> None:
+    statement_timeout = await conn.fetchval("SHOW statement_timeout")
     async with conn.transaction():
         await conn.fetchrow(SINK_QUERIES["set_local_drop_timeouts"], "1500ms")
         assert await conn.fetchval("SHOW lock_timeout") == "1500ms"
         assert await conn.fetchval("SHOW statement_timeout") == "3s"
     assert await conn.fetchval("SHOW lock_timeout") == "0"
+    assert await conn.fetchval("SHOW statement_timeout") == statement_timeout
+
+
+async def drop_blocked_by(
+    conn: asyncpg.Connection[Any], blocker: int, *, started_after: datetime | None = None
+) -> asyncpg.Record:
+    """The DROP INDEX waiting on ``blocker``'s lock (at most 30 s), in a statement started
+    after ``started_after`` when given: that backend and no other (a search of the pool
+    queued behind it waits on a lock too)."""
+    async with asyncio.timeout(30):
+        while True:
+            waiting = await conn.fetch(
+                "SELECT pid, query_start FROM pg_stat_activity"
+                " WHERE datname = current_database() AND query LIKE 'DROP INDEX%'"
+                "   AND $1 = ANY (pg_blocking_pids(pid))"
+                "   AND ($2::timestamptz IS NULL OR query_start > $2)",
+                blocker,
+                started_after,
+            )
+            if waiting:
+                assert len(waiting) == 1
+                row: asyncpg.Record = waiting[0]
+                return row
+            await asyncio.sleep(0.02)
 
 
 async def test_a_cancelled_try_is_tried_again(
@@ -256,15 +282,10 @@ async def test_a_cancelled_try_is_tried_again(
         await reading.start()
         await reader.fetch("SELECT chunk_id FROM knowledge_chunk LIMIT 1")  # its lock, held
         dropping = asyncio.create_task(graphs.drop(api.embedder.model))
-        await wait_until_blocked_on_a_lock(conn)
-        first_try = await conn.fetchrow(
-            "SELECT pid, query_start FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        assert first_try is not None
+        first_try = await drop_blocked_by(conn, reader.get_server_pid())
         assert await conn.fetchval("SELECT pg_cancel_backend($1)", first_try["pid"])
         # The second try, waiting in turn.
-        await wait_until_blocked_on_a_lock(conn, started_after=first_try["query_start"])
+        await drop_blocked_by(conn, reader.get_server_pid(), started_after=first_try["query_start"])
         await reading.rollback()
         assert (await asyncio.wait_for(dropping, timeout=30)).dropped
     finally:
@@ -303,6 +324,71 @@ async def test_parts_left_unattached_by_an_interrupted_build_are_dropped_and_rep
     assert f"partition graphs of {model}: dropped, 1 unattached parts" in result.stderr
     assert await partition_graph(conn, api) == 0
     assert await vector_path(api, "acme") is VectorPath.ANN
+
+
+async def test_only_the_models_parts_are_dropped_not_a_reindex_leftover(
+    graphless: SearchHarness, conn: asyncpg.Connection[Any], env: dict[str, str]
+) -> None:
+    """A REINDEX CONCURRENTLY interrupted leaves <part>_ccnew: it is no part of the model's
+    index, whatever LIKE says, and stays."""
+    api = graphless
+    model, dimension = api.embedder.model, api.embedder.dimension
+    partition = await add_corpus(conn, api)
+    assert await ensure(api) == ["acme"]
+    await conn.execute(
+        create_partition_ann_index_sql(model, dimension, partition, concurrently=False)
+    )
+    part = partition_ann_index_name(model, partition)
+    await conn.execute(f"CREATE INDEX {part}_ccnew ON {partition} (chunk_id)")
+
+    result = await drop(env)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"dropped  {model}  {part}  (unattached part)\n"
+    assert await conn.fetchval("SELECT to_regclass($1) IS NULL", part)
+    assert await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{part}_ccnew")
+
+
+async def test_a_part_waiting_past_the_lock_timeout_exits_1_and_the_session_is_set_back(
+    graphless: SearchHarness,
+    conn: asyncpg.Connection[Any],
+    database_url: str,
+    settings: RuntimeSettings,
+) -> None:
+    """DROP INDEX CONCURRENTLY of a part waits for the transactions on its partition while
+    the command holds the model's locks: bounded by the parent drop's lock_timeout, which
+    the session (its pool resets nothing) has as before afterwards."""
+    api = graphless
+    model, dimension = api.embedder.model, api.embedder.dimension
+    partition = await add_corpus(conn, api)
+    assert await ensure(api) == ["acme"]
+    await conn.execute(
+        create_partition_ann_index_sql(model, dimension, partition, concurrently=False)
+    )
+    pool = await create_pool_without_session_reset(settings, min_size=1, max_size=1)
+    reader = await asyncpg.connect(database_url)
+    try:
+        before = await pool.fetchrow(
+            "SELECT current_setting('lock_timeout') AS lock_timeout,"
+            " current_setting('statement_timeout') AS statement_timeout"
+        )
+        graphs = PgPartitionGraphs(pool, min_chunks=LARGE, dropping=PartitionedDrop("100ms", 1, 0))
+        async with reader.transaction():
+            await reader.fetch(f"SELECT chunk_id FROM {partition} LIMIT 1")  # its lock, held
+            with pytest.raises(DatabaseBusy, match="partition-graphs drop` again"):
+                await graphs.drop(model)
+        after = await pool.fetchrow(
+            "SELECT current_setting('lock_timeout') AS lock_timeout,"
+            " current_setting('statement_timeout') AS statement_timeout"
+        )
+        assert after == before
+        assert await partition_graph(conn, api) == 1
+
+        assert (await graphs.drop(model)).leftovers == (partition_ann_index_name(model, partition),)
+        assert await partition_graph(conn, api) == 0
+    finally:
+        await reader.close()
+        await pool.close()
 
 
 async def test_the_models_of_live_generations_are_dropped_too(

@@ -12,9 +12,10 @@ from typing import Any
 
 import asyncpg
 import pytest
+import structlog
 
 from services.embedding.hashing import HashingEmbedder
-from services.index.ann import partition_ann_index_name, tenant_ann_index_name
+from services.index.ann import HNSW_MAX_DIMENSION, partition_ann_index_name, tenant_ann_index_name
 from services.index.generation import IndexGeneration
 from services.indexer.sink.pgvector import PgVectorSink
 from services.indexer.sink.tenant_graphs import QUERIES as GRAPH_QUERIES
@@ -308,9 +309,19 @@ async def test_the_indexers_round_gives_a_tenant_on_a_second_model_its_graph(
         " 'RETIRED')"
     )
 
-    built = await one_round(graphs_of(api))
+    # The indexer's own model has no tenant past the size: the round does not even try its
+    # lock (held here), nor the live generation's one no pointer names.
+    await conn.execute(
+        "INSERT INTO search_generation (provider_profile, embedding_model, dimension,"
+        " chunk_max_tokens, chunk_overlap_tokens) VALUES ('default', 'unserved', 8, 96, 0)"
+    )
+    assert await conn.fetchval(GRAPH_QUERIES["try_tenant_graphs_lock"], api.embedder.model)
+    try:
+        built = await one_round(graphs_of(api))
+    finally:
+        await conn.fetchval(GRAPH_QUERIES["release_tenant_graphs_lock"], api.embedder.model)
 
-    assert built == {api.embedder.model: [], second.model: ["acme"]}
+    assert built == {second.model: ["acme"]}
     valid = await conn.fetchval(
         "SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
         " WHERE c.relname = $1",
@@ -364,3 +375,88 @@ async def test_stopping_cuts_a_build_short_and_the_next_round_builds_it_again(
 
     assert await ensure(api) == ["acme"]
     assert (await graph_of(conn, api, "acme"))["valid"]
+
+
+async def give_a_chunk_another_dimension(
+    conn: asyncpg.Connection[Any], api: SearchHarness, tenant: str
+) -> None:
+    """One of the tenant's chunks of the model gets an embedding of half its dimension: the
+    build of the tenant's graph fails (the cast to the model's vector type), every time."""
+    await conn.execute(
+        "UPDATE knowledge_chunk SET embedding = array_fill(0.5, ARRAY[$1::int])::vector,"
+        " embedding_dimension = $1"
+        " WHERE chunk_id = (SELECT chunk_id FROM knowledge_chunk WHERE tenant_id = $2 LIMIT 1)",
+        api.embedder.dimension // 2,
+        tenant,
+    )
+
+
+async def test_one_tenants_failed_build_leaves_the_next_tenants_their_graphs(
+    graphless: SearchHarness, conn: asyncpg.Connection[Any]
+) -> None:
+    """acme's build (the largest, built first) fails every round: one of its chunks holds an
+    embedding of another dimension than the model's. Its neighbour still gets its graph."""
+    api = graphless
+    await add_corpus(conn, api)
+    neighbour = await same_partition_as(conn, "acme")
+    await give_a_chunk_another_dimension(conn, api, "acme")
+
+    with structlog.testing.capture_logs() as logs:
+        built = await one_round(graphs_of(api, min_chunks=LARGE // 2))
+
+    assert built == {api.embedder.model: [neighbour]}
+    assert (await graph_of(conn, api, neighbour))["valid"]
+    failed = [entry for entry in logs if entry["event"] == "tenant_graph.build_failed"]
+    assert [(entry["tenant_id"], entry["model"]) for entry in failed] == [
+        ("acme", api.embedder.model)
+    ]
+    assert failed[0]["code"] == "DATABASE_ERROR"
+
+
+async def test_kb_index_tenant_graphs_exits_1_naming_a_tenant_whose_build_failed(
+    graphless: SearchHarness, conn: asyncpg.Connection[Any], service_env: dict[str, str]
+) -> None:
+    api = graphless
+    await add_corpus(conn, api)
+    neighbour = await same_partition_as(conn, "acme")
+    await give_a_chunk_another_dimension(conn, api, "acme")
+
+    result = kb(service_env, "index", "tenant-graphs", "--min-chunks", str(LARGE // 2))
+
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == f"built  {api.embedder.model}  {neighbour}\n"
+    assert f"tenant graphs of {api.embedder.model}: 1 tenants still have none (acme)" in (
+        result.stderr
+    )
+
+
+async def test_a_model_of_more_dimensions_than_hnsw_takes_gets_no_graph(
+    graphless: SearchHarness, conn: asyncpg.Connection[Any]
+) -> None:
+    """pgvector's HNSW refuses a vector over 2,000 dimensions: no build is tried (it would
+    leave an INVALID index, dropped and built again every round), one warning a round."""
+    api = graphless
+    wide = HashingEmbedder(HNSW_MAX_DIMENSION + 1)
+    await conn.execute(
+        "INSERT INTO search_generation (provider_profile, embedding_model, dimension,"
+        " chunk_max_tokens, chunk_overlap_tokens) VALUES ('default', $1, $2, 96, 0)",
+        wide.model,
+        wide.dimension,
+    )
+    await add_documents(conn, api, "acme", LARGE // CHUNKS_PER_DOCUMENT, embedder=wide)
+
+    with structlog.testing.capture_logs() as logs:
+        built = await one_round(graphs_of(api))
+
+    assert built == {wide.model: []}
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_class WHERE relname = $1",
+            tenant_ann_index_name(wide.model, "acme"),
+        )
+        == 0
+    )
+    warned = [entry for entry in logs if entry["event"] == "tenant_graph.dimension_unsupported"]
+    assert [(entry["model"], entry["dimension"]) for entry in warned] == [
+        (wide.model, wide.dimension)
+    ]

@@ -14,8 +14,8 @@ gc -- stderr: the chunks collected. Exit 0.
 retention -- stderr: the superseded versions whose content was removed. Exit 0.
 
 tenant-graphs -- stdout: one line per graph built; stderr: the summary. Exit 0 when every
-large tenant of every model served or live has its graph, 1 when another process was building
-them (run it again later).
+large tenant of every model served has its graph, 1 when another process was building them
+(run it again later) or a tenant's build failed (logged: tenant_graph.build_failed).
 
 partition-graphs drop -- stdout: one line per partitioned index dropped, and per part of one
 left unattached (an interrupted build's); stderr: a line per model and the summary. Exit 0
@@ -260,7 +260,7 @@ def tenant_graphs(
     ),
 ) -> None:
     """Build the HNSW graph of each tenant large enough to have its own, for every model
-    served or of a live generation, now (`kb indexer run` does it every
+    the search pointers serve it by, now (`kb indexer run` does it every
     KB_INDEXER_TENANT_GRAPH_CHECK_SECONDS): after a bulk load, say."""
     from services.indexer.pool import load_settings
     from services.runtime.logging import configure_logging
@@ -276,9 +276,9 @@ def tenant_graphs(
             pool, min_chunks=threshold, index_build_memory=settings.indexer_index_build_memory
         )
         done = True
-        # The indexers' rounds' models: each served or live.
-        for model, dimension in await graphs.models():
-            built = await graphs.ensure(model, dimension)
+        # The indexers' round, now: the models whose pointers give a tenant past the size.
+        for model, dimension, large in await graphs.large_by_model():
+            built = await graphs.ensure_tenants(model, dimension, large)
             if built is None:
                 typer.echo(f"tenant graphs of {model}: another process is building them", err=True)
                 done = False
@@ -286,6 +286,15 @@ def tenant_graphs(
             for tenant in built:
                 typer.echo(f"built  {model}  {tenant}")
             typer.echo(f"tenant graphs of {model}: {len(built)} built", err=True)
+            # A build that failed (logged, tenant_graph.build_failed) or was not tried.
+            if without := await graphs.missing(model):
+                typer.echo(
+                    f"tenant graphs of {model}: {len(without)} tenants still have none ("
+                    + ", ".join(without[:20])
+                    + ")",
+                    err=True,
+                )
+                done = False
         return done
 
     from services.indexer.pool import with_pool

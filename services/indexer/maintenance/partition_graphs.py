@@ -16,18 +16,20 @@ round building tenants' graphs) are tried, never waited for, and held through th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import asyncpg
 
-from services.index.ann import ann_index_name, drop_partition_ann_index_sql
+from services.index.ann import ann_index_name
 from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
 from services.indexer.sink.pgvector import PartitionedDrop
 from services.indexer.sink.tenant_graphs import QUERIES as GRAPH_QUERIES
 from services.indexer.sink.tenant_graphs import PgTenantGraphs
+from services.runtime.errors import DatabaseBusy
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.sql import queries_beside
@@ -85,7 +87,14 @@ class PgPartitionGraphs:
                     log.warning("partition_graph.busy", model=model, index=name)
                     return ModelDrop(model, name, dropped=False, busy=True)
                 state = await conn.fetchval(SINK_QUERIES["ann_index_state"], name)
-                parts = await conn.fetch(QUERIES["unattached_parts"], name)
+                # Only the model's parts (<name>_pNN), not a REINDEX CONCURRENTLY leftover
+                # (<name>_pNN_ccnew) or anything else LIKE matches: each name goes into a DROP.
+                part = re.compile(rf"^{re.escape(name)}_p\d+$")
+                parts = [
+                    row["index_name"]
+                    for row in await conn.fetch(QUERIES["unattached_parts"], name)
+                    if part.match(row["index_name"])
+                ]
                 if state is None and not parts:
                     return ModelDrop(model, name, dropped=False)
                 graphs = PgTenantGraphs(self.pool, min_chunks=self.min_chunks)
@@ -94,12 +103,30 @@ class PgPartitionGraphs:
                     return ModelDrop(model, name, dropped=False, missing=tuple(missing))
                 if state is not None:
                     await self.dropping.run(conn, model, again=RERUN)
-                # Unattached parts block nothing: each goes without knowledge_chunk's lock.
-                for part in parts:
-                    await conn.execute(drop_partition_ann_index_sql(model, part["partition"]))
-        leftovers = tuple(part["index_name"] for part in parts)
+                await self._drop_parts(conn, name, parts)
+        leftovers = tuple(parts)
         log.info("partition_graph.dropped", model=model, index=name, leftovers=leftovers)
         return ModelDrop(model, name, dropped=state is not None, leftovers=leftovers)
+
+    async def _drop_parts(self, conn: Any, name: str, parts: Sequence[str]) -> None:
+        """Unattached parts block nothing: each goes concurrently, without knowledge_chunk's
+        lock. It still waits for the transactions on its partition, holding the model's locks
+        meanwhile: each wait is bounded by the parent drop's lock_timeout (a session setting,
+        as DROP INDEX CONCURRENTLY runs in no transaction), set back afterwards since the
+        indexer's pool does not reset sessions. DatabaseBusy (exit 1) after a timeout."""
+        if not parts:
+            return
+        await conn.fetchval(QUERIES["set_session_lock_timeout"], self.dropping.lock_timeout)
+        try:
+            for part in parts:
+                await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {part}")
+        except asyncpg.LockNotAvailableError as error:
+            raise DatabaseBusy(
+                f"index {name}: a part's partition stayed in use by other transactions; "
+                f"run `{RERUN}` again"
+            ) from error
+        finally:
+            await conn.execute(QUERIES["reset_lock_timeout"])
 
 
 @asynccontextmanager

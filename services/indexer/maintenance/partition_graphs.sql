@@ -21,3 +21,11 @@ SELECT c.relname AS index_name, t.relname AS partition
    AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'knowledge_chunk'::regclass)
    AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid)
  ORDER BY c.relname
+
+-- name: set_session_lock_timeout
+-- For the DROP INDEX CONCURRENTLY of unattached parts, which runs in no transaction (so not
+-- SET LOCAL); reset_lock_timeout sets it back.
+SELECT set_config('lock_timeout', $1::text, false)
+
+-- name: reset_lock_timeout
+RESET lock_timeout

@@ -11,28 +11,34 @@ by search anyway (``KB_SEARCH_EXACT_MAX_CHUNKS``), which is why the two threshol
 their default.
 
 Built with CREATE INDEX CONCURRENTLY, one tenant at a time, by whichever indexer process
-takes the model's tenant-graphs lock; the others skip that model. A round covers every
-model a search pointer names or a live search generation embeds with (``models``). A graph
-is never dropped here, except an INVALID one (an interrupted build), which is dropped and
-built again.
+takes the model's tenant-graphs lock; the others skip that model. A round reads the large
+tenants of every model the search pointers name in one pass (``large_by_model``) and takes
+the lock only of a model that has one; a live generation's model no pointer names yet needs
+nothing from it (`kb index generations create` built its graphs, ``ensure_for_new_model``).
+One tenant's failed build is logged and the next tenant's goes on. A model of more
+dimensions than HNSW takes (``HNSW_MAX_DIMENSION``) gets none. A graph is never dropped here,
+except an INVALID one (an interrupted build), which is dropped and built again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
 
 from services.index.ann import (
+    HNSW_MAX_DIMENSION,
     create_tenant_ann_index_sql,
     drop_tenant_ann_index_sql,
     tenant_ann_index_name,
 )
 from services.indexer.sink.pgvector import QUERIES as SINK_QUERIES
 from services.indexer.sink.pgvector import index_build_session
+from services.runtime.errors import DatabaseUnavailable
 from services.runtime.logging import get_logger
 from services.runtime.pg.db import translate_db_errors
 from services.runtime.pg.sql import queries_beside
@@ -40,6 +46,9 @@ from services.runtime.signals import unless_stopped
 
 QUERIES = queries_beside(__file__, "tenant_graphs.sql")
 log = get_logger(__name__)
+
+# A model, its dimension and its large tenants' rows (large_tenants_by_model), largest first.
+ModelTenants = tuple[str, int, list[Any]]
 
 
 class PgTenantGraphs:
@@ -94,32 +103,56 @@ class PgTenantGraphs:
                     missing.append(row["tenant_id"])
         return missing
 
-    async def models(self) -> list[tuple[str, int]]:
-        """The models whose tenants may need a graph, with their dimension: each that a
-        search pointer names or a live (not retired) search generation embeds with -- not
-        only the indexer's own: a tenant switched to another model may stay on it."""
+    async def large_by_model(self) -> list[ModelTenants]:
+        """Each model whose search pointers give a tenant at least ``min_chunks`` chunks,
+        with its dimension and those tenants, the largest first: one pass over the pointers
+        for every model."""
+        if self._min_chunks <= 0:
+            return []
         with translate_db_errors():
-            rows = await self._pool.fetch(QUERIES["graph_models"])
-        return [(row["embedding_model"], row["dimension"]) for row in rows]
+            rows = await self._pool.fetch(QUERIES["large_tenants_by_model"], self._min_chunks)
+        return [
+            (model, dimension, list(large))
+            for (model, dimension), large in itertools.groupby(
+                rows, key=lambda row: (row["embedding_model"], row["dimension"])
+            )
+        ]
+
+    async def ensure_tenants(
+        self, model: str, dimension: int, large: Sequence[Any]
+    ) -> list[str] | None:
+        """``ensure`` for the tenants ``large`` (rows of ``large_by_model``) already read."""
+
+        async def given(_conn: Any) -> Sequence[Any]:
+            return large
+
+        return await self._ensure(model, dimension, given)
 
     async def ensure_every_model(self) -> dict[str, list[str] | None]:
-        """One round: ``ensure`` for each of ``models``, each under its own lock (None: another
-        process holds that model's). A model whose round fails is logged and left to the
-        next round; the others go on."""
-        if self._min_chunks <= 0:
-            return {}
+        """One round: ``ensure_tenants`` for each model of ``large_by_model``, each under its
+        own lock (None: another process holds that model's). A model whose round fails is
+        logged and left to the next round; the others go on."""
         done: dict[str, list[str] | None] = {}
-        for model, dimension in await self.models():
+        for model, dimension, large in await self.large_by_model():
             try:
-                done[model] = await self.ensure(model, dimension)
+                done[model] = await self.ensure_tenants(model, dimension, large)
             except Exception as error:
                 log.warning("tenant_graph.round_failed", model=model, error=repr(error))
         return done
 
     async def _ensure(
-        self, model: str, dimension: int, large_tenants: Callable[[Any], Awaitable[Any]]
+        self, model: str, dimension: int, large_tenants: Callable[[Any], Awaitable[Sequence[Any]]]
     ) -> list[str] | None:
         if self._min_chunks <= 0:
+            return []
+        if dimension > HNSW_MAX_DIMENSION:
+            # The build would fail and leave an INVALID index to drop and build again.
+            log.warning(
+                "tenant_graph.dimension_unsupported",
+                model=model,
+                dimension=dimension,
+                max_dimension=HNSW_MAX_DIMENSION,
+            )
             return []
         built: list[str] = []
         with translate_db_errors():
@@ -127,23 +160,44 @@ class PgTenantGraphs:
                 if not await conn.fetchval(QUERIES["try_tenant_graphs_lock"], model):
                     return None
                 try:
-                    large = await large_tenants(conn)
-                    for row in large:
-                        tenant = row["tenant_id"]
-                        if await _ensure_tenant_graph(
-                            conn, model, dimension, tenant, row["partition"], self._build_memory
-                        ):
-                            log.info(
-                                "tenant_graph.built",
-                                model=model,
-                                tenant_id=tenant,
-                                chunks=row["chunks"],
-                                index=tenant_ann_index_name(model, tenant),
-                            )
-                            built.append(tenant)
+                    for row in await large_tenants(conn):
+                        if await self._build_one(conn, model, dimension, row):
+                            built.append(row["tenant_id"])
                 finally:
                     await conn.fetchval(QUERIES["release_tenant_graphs_lock"], model)
         return built
+
+    async def _build_one(self, conn: Any, model: str, dimension: int, row: Any) -> bool:
+        """True when it built the tenant's graph. A failed build is logged and False: the
+        next tenant's goes on (one tenant whose build always fails would otherwise keep every
+        smaller one from its graph), and the next round tries it again. A connection gone
+        fails the model's round (every next build would fail the same)."""
+        tenant = row["tenant_id"]
+        try:
+            with translate_db_errors():
+                made = await _ensure_tenant_graph(
+                    conn, model, dimension, tenant, row["partition"], self._build_memory
+                )
+        except DatabaseUnavailable:
+            raise
+        except Exception as error:
+            log.warning(
+                "tenant_graph.build_failed",
+                model=model,
+                tenant_id=tenant,
+                code=getattr(error, "code", type(error).__name__),
+                error=repr(error),
+            )
+            return False
+        if made:
+            log.info(
+                "tenant_graph.built",
+                model=model,
+                tenant_id=tenant,
+                chunks=row["chunks"],
+                index=tenant_ann_index_name(model, tenant),
+            )
+        return made
 
     async def run(self, stop: asyncio.Event, *, interval_seconds: float) -> None:
         """``ensure_every_model`` now and every ``interval_seconds`` until ``stop``; a failed

@@ -4,7 +4,8 @@
 -- $1 model (NULL: any), $2 chunks, $3 tenants (NULL: every tenant). Tenants whose current
 -- search versions (of model $1) hold at least $2 chunks (the chunk counts each switch writes
 -- on the pointer), the largest first, with the partition of knowledge_chunk that holds them.
--- With a model: the tenants of a served model, every few minutes. Without: the tenants a new
+-- With a model: the tenants of a served model (`kb index partition-graphs drop`'s check; the
+-- indexers' round reads every model's at once: large_tenants_by_model). Without: the tenants a new
 -- generation (`kb index generations create`) gives a graph of their own before its backfill
 -- starts, while it has no chunk yet (an empty partial index, then kept as the backfill
 -- inserts), once per create. A full pass over the pointers (one row per document): never
@@ -32,15 +33,26 @@ SELECT pg_try_advisory_lock(hashtextextended('kb.tenant_graphs:' || $1::text, 0)
 -- name: release_tenant_graphs_lock
 SELECT pg_advisory_unlock(hashtextextended('kb.tenant_graphs:' || $1::text, 0))
 
--- name: graph_models
--- The models of the indexers' rounds, with their dimension: each that a search pointer
--- names (one row per document: a pass over the pointers per registered model, every few
--- minutes, beside large_tenants' own) or a live search generation embeds with.
-SELECT embedding_model, dimension
-  FROM search_generation
- WHERE state <> 'RETIRED'
- UNION
-SELECT g.embedding_model, g.dimension
-  FROM (SELECT DISTINCT embedding_model, dimension FROM index_generation) g
- WHERE EXISTS (SELECT 1 FROM document_search_version p WHERE p.embedding_model = g.embedding_model)
- ORDER BY embedding_model
+-- name: large_tenants_by_model
+-- $1 chunks. The indexers' round, every few minutes: the tenants of at least $1 chunks of
+-- each model their current search versions hold, every model in one pass over the pointers
+-- (one row per document), by model then the largest first, each with its partition of
+-- knowledge_chunk and the model's dimension (of its generation: a model that has none has no
+-- graph to build). A model no large tenant serves costs nothing more.
+SELECT s.embedding_model, d.dimension, s.tenant_id, s.chunks, p.relname AS partition
+  FROM (SELECT embedding_model, tenant_id, sum(coalesce(chunk_count, 0)) AS chunks
+          FROM document_search_version
+         GROUP BY 1, 2
+        HAVING sum(coalesce(chunk_count, 0)) >= $1) s
+ CROSS JOIN LATERAL (
+        SELECT g.dimension
+          FROM (SELECT dimension FROM index_generation WHERE embedding_model = s.embedding_model
+                 UNION ALL
+                SELECT dimension FROM search_generation WHERE embedding_model = s.embedding_model) g
+         LIMIT 1) d
+ CROSS JOIN LATERAL (
+        SELECT c.relname
+          FROM pg_class c
+         WHERE c.oid = (SELECT k.tableoid FROM knowledge_chunk k
+                         WHERE k.tenant_id = s.tenant_id LIMIT 1)) p
+ ORDER BY s.embedding_model, s.chunks DESC, s.tenant_id
