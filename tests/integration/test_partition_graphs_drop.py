@@ -34,7 +34,6 @@ from tests.support.cli import kb_async
 from tests.support.search import (
     STRATEGY,
     SearchHarness,
-    create_ann_index,
     partition_graph_indexes,
     search_harness,
 )
@@ -45,8 +44,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def api(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
     """A deployment whose indexers ran with KB_INDEXER_PARTITION_GRAPHS on."""
-    async with search_harness(settings) as harness:
-        await create_ann_index(harness.pool, harness.embedder.model, harness.embedder.dimension)
+    async with search_harness(settings, partition_graphs=True) as harness:
         yield harness
 
 

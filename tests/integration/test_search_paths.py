@@ -27,7 +27,6 @@ from tests.support.search import (
     SearchHarness,
     add_document,
     add_version,
-    create_ann_index,
     point_search_at,
     search_harness,
 )
@@ -41,20 +40,29 @@ EXACT_MAX_CHUNKS = 100  # "few": one document (10 chunks); "many": all 400
 
 @pytest.fixture
 async def api(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
-    async with search_harness(settings) as harness:
-        await create_ann_index(harness.pool, harness.embedder.model, harness.embedder.dimension)
+    async with search_harness(settings, partition_graphs=True) as harness:
         yield harness
+
+
+def search_index(
+    api: SearchHarness,
+    settings: RuntimeSettings,
+    exact_max_chunks: int = EXACT_MAX_CHUNKS,
+    cache_seconds: float | None = None,
+) -> PgSearchIndex:
+    """The harness's search index with the test's thresholds (cache: the default, or
+    ``cache_seconds``)."""
+    search = SearchSettings(
+        database_url=settings.database_url, search_exact_max_chunks=exact_max_chunks
+    )
+    if cache_seconds is not None:
+        search = search.model_copy(update={"search_path_cache_seconds": cache_seconds})
+    return PgSearchIndex(api.pool, Generation(api.embedder.model, api.embedder.dimension), search)
 
 
 @pytest.fixture
 async def index(api: SearchHarness, settings: RuntimeSettings) -> PgSearchIndex:
-    return PgSearchIndex(
-        api.pool,
-        Generation(api.embedder.model, api.embedder.dimension),
-        SearchSettings(
-            database_url=settings.database_url, search_exact_max_chunks=EXACT_MAX_CHUNKS
-        ),
-    )
+    return search_index(api, settings)
 
 
 @pytest.fixture
@@ -139,19 +147,8 @@ async def test_many_readable_chunks_walk_a_graph_only_when_there_is_one(
     """ANN's settings (sorting off, no materialize) make a graphless plan slow: with neither
     the partition's graph nor the tenant's own, many readable chunks are ranked exactly."""
     model = api.embedder.model
-
-    def searcher(exact_max_chunks: int) -> PgSearchIndex:
-        return PgSearchIndex(
-            api.pool,
-            Generation(model, api.embedder.dimension),
-            SearchSettings(
-                database_url=settings.database_url,
-                search_exact_max_chunks=exact_max_chunks,
-                search_path_cache_seconds=0,
-            ),
-        )
-
-    counting, exact = searcher(EXACT_MAX_CHUNKS), searcher(10_000_000)
+    counting = search_index(api, settings, cache_seconds=0)
+    exact = search_index(api, settings, 10_000_000, cache_seconds=0)
     request = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.HYBRID)
     vector = api.embedder.embed_sync(["refunds"])[0]
 
@@ -201,15 +198,7 @@ async def test_a_kept_graphless_choice_still_gives_the_keyword_list_the_probing_
     they too must give the keyword list the count's plan, not the vector list's path."""
     model = api.embedder.model
     await conn.execute(f"DROP INDEX {ann_index_name(model)}")
-    index = PgSearchIndex(
-        api.pool,
-        Generation(model, api.embedder.dimension),
-        SearchSettings(
-            database_url=settings.database_url,
-            search_exact_max_chunks=EXACT_MAX_CHUNKS,
-            search_path_cache_seconds=300,
-        ),
-    )
+    index = search_index(api, settings, cache_seconds=300)
     keyword_paths = KeywordPaths(index._keyword_sql)
     index._keyword_sql = keyword_paths
     hybrid = SearchRequest("acme", "refunds", ("group:many",), 10, SearchMode.HYBRID)

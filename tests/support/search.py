@@ -214,9 +214,12 @@ async def search_harness(
     dimension: int = 64,
     pool_size: int = 6,
     vector_path: VectorPath | None = None,
+    partition_graphs: bool = False,
 ) -> AsyncIterator[SearchHarness]:
     """The composed app (publisher + search) over the test's database, in-process.
-    ``vector_path`` makes every vector list take that path (None: as search chooses)."""
+    ``vector_path`` makes every vector list take that path (None: as search chooses);
+    ``partition_graphs``: the model's partitioned HNSW index built first, as by indexers run
+    with KB_INDEXER_PARTITION_GRAPHS on."""
     publisher_settings = PublisherSettings(
         database_url=settings.database_url,
         kafka_bootstrap_servers=settings.kafka_bootstrap_servers,
@@ -225,6 +228,8 @@ async def search_harness(
     pool = await open_search_pool(publisher_settings)
     try:
         embedder = HashingEmbedder(dimension)
+        if partition_graphs:
+            await create_ann_index(pool, embedder.model, dimension)
         index = PgSearchIndex(
             pool,
             Generation(embedder.model, dimension),
