@@ -96,6 +96,9 @@ class PgTenantGraphs:
                     return await self.missing(model, conn)
         missing: list[str] = []
         with translate_db_errors():
+            dimension = await conn.fetchval(QUERIES["model_dimension"], model)
+            if dimension is not None and dimension > HNSW_MAX_DIMENSION:
+                return []  # no graph can be built: its tenants are ranked exactly by design
             large = await conn.fetch(QUERIES["large_tenants"], model, self._min_chunks, None)
             for row in large:
                 name = tenant_ann_index_name(model, row["tenant_id"])
@@ -181,13 +184,21 @@ class PgTenantGraphs:
         except DatabaseUnavailable:
             raise
         except Exception as error:
+            cause = error.__cause__
             log.warning(
                 "tenant_graph.build_failed",
                 model=model,
                 tenant_id=tenant,
                 code=getattr(error, "code", type(error).__name__),
+                sqlstate=getattr(cause, "sqlstate", None),
                 error=repr(error),
             )
+            if isinstance(cause, asyncpg.InsufficientResourcesError):
+                raise  # out of disk or memory: every next build would fail the same way
+            # The INVALID index a failed CREATE INDEX CONCURRENTLY leaves is still kept up
+            # by every insert of the tenant until the next round: dropped now if it can be.
+            with contextlib.suppress(Exception):
+                await conn.execute(drop_tenant_ann_index_sql(model, tenant))
             return False
         if made:
             log.info(

@@ -38,7 +38,8 @@ SELECT pg_advisory_unlock(hashtextextended('kb.tenant_graphs:' || $1::text, 0))
 -- each model their current search versions hold, every model in one pass over the pointers
 -- (one row per document), by model then the largest first, each with its partition of
 -- knowledge_chunk and the model's dimension (of its generation: a model that has none has no
--- graph to build). A model no large tenant serves costs nothing more.
+-- graph to build; the registered one first, as model_dimension). A model no large tenant
+-- serves costs nothing more.
 SELECT s.embedding_model, d.dimension, s.tenant_id, s.chunks, p.relname AS partition
   FROM (SELECT embedding_model, tenant_id, sum(coalesce(chunk_count, 0)) AS chunks
           FROM document_search_version
@@ -46,9 +47,12 @@ SELECT s.embedding_model, d.dimension, s.tenant_id, s.chunks, p.relname AS parti
         HAVING sum(coalesce(chunk_count, 0)) >= $1) s
  CROSS JOIN LATERAL (
         SELECT g.dimension
-          FROM (SELECT dimension FROM index_generation WHERE embedding_model = s.embedding_model
+          FROM (SELECT 1 AS rank, dimension FROM index_generation
+                 WHERE embedding_model = s.embedding_model
                  UNION ALL
-                SELECT dimension FROM search_generation WHERE embedding_model = s.embedding_model) g
+                SELECT 2, dimension FROM search_generation
+                 WHERE embedding_model = s.embedding_model AND state <> 'RETIRED') g
+         ORDER BY g.rank
          LIMIT 1) d
  CROSS JOIN LATERAL (
         SELECT c.relname
@@ -56,3 +60,14 @@ SELECT s.embedding_model, d.dimension, s.tenant_id, s.chunks, p.relname AS parti
          WHERE c.oid = (SELECT k.tableoid FROM knowledge_chunk k
                          WHERE k.tenant_id = s.tenant_id LIMIT 1)) p
  ORDER BY s.embedding_model, s.chunks DESC, s.tenant_id
+
+-- name: model_dimension
+-- $1 model: its dimension, as large_tenants_by_model reads it -- the registered generation's
+-- (index_generation), else a live search generation's; a retired one may have had another.
+SELECT g.dimension
+  FROM (SELECT 1 AS rank, dimension FROM index_generation WHERE embedding_model = $1
+         UNION ALL
+        SELECT 2, dimension FROM search_generation
+         WHERE embedding_model = $1 AND state <> 'RETIRED') g
+ ORDER BY g.rank
+ LIMIT 1
