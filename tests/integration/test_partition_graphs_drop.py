@@ -301,17 +301,26 @@ async def graphless(settings: RuntimeSettings) -> AsyncIterator[SearchHarness]:
         yield harness
 
 
+async def leave_an_unattached_part(conn: asyncpg.Connection[Any], api: SearchHarness) -> str:
+    """acme's corpus and own graph, and what a build interrupted before its parent, or its
+    ATTACH, leaves: a part of the model's index on acme's partition, of no index; the
+    partition's name."""
+    partition = await add_corpus(conn, api)
+    assert await ensure(api) == ["acme"]
+    await conn.execute(
+        create_partition_ann_index_sql(
+            api.embedder.model, api.embedder.dimension, partition, concurrently=False
+        )
+    )
+    return partition
+
+
 async def test_parts_left_unattached_by_an_interrupted_build_are_dropped_and_reported(
     graphless: SearchHarness, conn: asyncpg.Connection[Any], env: dict[str, str]
 ) -> None:
     api = graphless
-    model, dimension = api.embedder.model, api.embedder.dimension
-    partition = await add_corpus(conn, api)
-    assert await ensure(api) == ["acme"]
-    # What a build interrupted before its parent, or its ATTACH, leaves: a part of no index.
-    await conn.execute(
-        create_partition_ann_index_sql(model, dimension, partition, concurrently=False)
-    )
+    model = api.embedder.model
+    partition = await leave_an_unattached_part(conn, api)
     assert await partition_graph(conn, api) == 1
 
     result = await drop(env)
@@ -330,12 +339,8 @@ async def test_only_the_models_parts_are_dropped_not_a_reindex_leftover(
     """A REINDEX CONCURRENTLY interrupted leaves <part>_ccnew: it is no part of the model's
     index, whatever LIKE says, and stays."""
     api = graphless
-    model, dimension = api.embedder.model, api.embedder.dimension
-    partition = await add_corpus(conn, api)
-    assert await ensure(api) == ["acme"]
-    await conn.execute(
-        create_partition_ann_index_sql(model, dimension, partition, concurrently=False)
-    )
+    model = api.embedder.model
+    partition = await leave_an_unattached_part(conn, api)
     part = partition_ann_index_name(model, partition)
     await conn.execute(f"CREATE INDEX {part}_ccnew ON {partition} (chunk_id)")
 

@@ -1,5 +1,5 @@
 """`kb index partition-graphs drop`: the way off the partition graphs for a deployment that
-has them (docs/operations.md, "Upgrade: partition graphs off").
+has them (docs/operations.md, "Partition graphs").
 
 With KB_INDEXER_PARTITION_GRAPHS off the indexers no longer build a model's partitioned HNSW
 index, but one already built stays, and PostgreSQL keeps inserting every chunk into it. It
