@@ -112,14 +112,15 @@ class PgTenantGraphs:
         for every model."""
         if self._min_chunks <= 0:
             return []
+        found: list[ModelTenants] = []
         with translate_db_errors():
-            rows = await self._pool.fetch(QUERIES["large_tenants_by_model"], self._min_chunks)
-        return [
-            (model, dimension, list(large))
-            for (model, dimension), large in itertools.groupby(
-                rows, key=lambda row: (row["embedding_model"], row["dimension"])
-            )
-        ]
+            async with self._pool.acquire() as conn:
+                rows = await conn.fetch(QUERIES["large_tenants_by_model"], self._min_chunks)
+                for model, large in itertools.groupby(rows, key=lambda row: row["embedding_model"]):
+                    dimension = await conn.fetchval(QUERIES["model_dimension"], model)
+                    if dimension is not None:
+                        found.append((model, dimension, list(large)))
+        return found
 
     async def ensure_tenants(
         self, model: str, dimension: int, large: Sequence[Any]

@@ -37,23 +37,13 @@ SELECT pg_advisory_unlock(hashtextextended('kb.tenant_graphs:' || $1::text, 0))
 -- $1 chunks. The indexers' round, every few minutes: the tenants of at least $1 chunks of
 -- each model their current search versions hold, every model in one pass over the pointers
 -- (one row per document), by model then the largest first, each with its partition of
--- knowledge_chunk and the model's dimension (of its generation: a model that has none has no
--- graph to build; the registered one first, as model_dimension). A model no large tenant
--- serves costs nothing more.
-SELECT s.embedding_model, d.dimension, s.tenant_id, s.chunks, p.relname AS partition
+-- knowledge_chunk (the model's dimension is read apart, model_dimension). A model no large
+-- tenant serves costs nothing more.
+SELECT s.embedding_model, s.tenant_id, s.chunks, p.relname AS partition
   FROM (SELECT embedding_model, tenant_id, sum(coalesce(chunk_count, 0)) AS chunks
           FROM document_search_version
          GROUP BY 1, 2
         HAVING sum(coalesce(chunk_count, 0)) >= $1) s
- CROSS JOIN LATERAL (
-        SELECT g.dimension
-          FROM (SELECT 1 AS rank, dimension FROM index_generation
-                 WHERE embedding_model = s.embedding_model
-                 UNION ALL
-                SELECT 2, dimension FROM search_generation
-                 WHERE embedding_model = s.embedding_model AND state <> 'RETIRED') g
-         ORDER BY g.rank
-         LIMIT 1) d
  CROSS JOIN LATERAL (
         SELECT c.relname
           FROM pg_class c
@@ -62,8 +52,9 @@ SELECT s.embedding_model, d.dimension, s.tenant_id, s.chunks, p.relname AS parti
  ORDER BY s.embedding_model, s.chunks DESC, s.tenant_id
 
 -- name: model_dimension
--- $1 model: its dimension, as large_tenants_by_model reads it -- the registered generation's
--- (index_generation), else a live search generation's; a retired one may have had another.
+-- $1 model: its dimension -- the registered generation's (index_generation), else a live
+-- search generation's (a retired one may have had another); no row: a model without a
+-- generation, which has no graph to build.
 SELECT g.dimension
   FROM (SELECT 1 AS rank, dimension FROM index_generation WHERE embedding_model = $1
          UNION ALL
