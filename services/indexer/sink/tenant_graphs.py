@@ -180,7 +180,7 @@ class PgTenantGraphs:
         try:
             with translate_db_errors():
                 made = await _ensure_tenant_graph(
-                    conn, model, dimension, tenant, row["partition"], self._build_memory
+                    conn, model, dimension, tenant, self._build_memory
                 )
         except DatabaseUnavailable:
             raise
@@ -229,9 +229,10 @@ class PgTenantGraphs:
 
 
 async def _ensure_tenant_graph(
-    conn: Any, model: str, dimension: int, tenant: str, partition: str, build_memory: str
+    conn: Any, model: str, dimension: int, tenant: str, build_memory: str
 ) -> bool:
-    """True when it built the tenant's graph, False when a valid one was there."""
+    """True when it built the tenant's graph, False when a valid one was there (or the
+    tenant has no chunk to build it on)."""
     name = tenant_ann_index_name(model, tenant)
     valid = await conn.fetchval(SINK_QUERIES["ann_index_state"], name)
     if valid is True:
@@ -240,5 +241,8 @@ async def _ensure_tenant_graph(
         if valid is False:
             log.warning("tenant_graph.invalid_dropped", model=model, tenant_id=tenant, index=name)
             await conn.execute(drop_tenant_ann_index_sql(model, tenant))
+        partition = await conn.fetchval(QUERIES["tenant_partition"], tenant)
+        if partition is None:  # no chunk left (all deleted since its pointers were read)
+            return False
         await conn.execute(create_tenant_ann_index_sql(model, dimension, partition, tenant))
     return True
